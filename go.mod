@@ -1,0 +1,3 @@
+module github.com/slowrank/slowrank
+
+go 1.26
