@@ -1,0 +1,59 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/slowrank/slowrank/detector"
+)
+
+// detectorFlags are shared by every command that runs the detector.
+func detectorFlags() []cli.Flag {
+	d := detector.DefaultConfig()
+	return []cli.Flag{
+		&cli.DurationFlag{Name: "window", Value: d.Window, Usage: "evaluation window of event time", EnvVars: []string{"SLOWRANK_WINDOW"}},
+		&cli.Float64Flag{Name: "threshold", Value: d.Threshold, Usage: "relative deviation from the fastest comparable rank that makes a window slow", EnvVars: []string{"SLOWRANK_THRESHOLD"}},
+		&cli.DurationFlag{Name: "floor", Value: d.Floor, Usage: "absolute difference below which a relative deviation never makes a window slow", EnvVars: []string{"SLOWRANK_FLOOR"}},
+		&cli.IntFlag{Name: "consecutive", Value: d.Consecutive, Usage: "consecutive slow windows before a straggler alert", EnvVars: []string{"SLOWRANK_CONSECUTIVE"}},
+		&cli.IntFlag{Name: "min-references", Value: d.MinReferences, Usage: "comparable ranks needed for a valid comparison", EnvVars: []string{"SLOWRANK_MIN_REFERENCES"}},
+		&cli.Float64Flag{Name: "token-tolerance", Value: d.TokenTolerance, Usage: "relative token-count difference within which workloads are comparable", EnvVars: []string{"SLOWRANK_TOKEN_TOLERANCE"}},
+		&cli.StringFlag{Name: "phases", Value: strings.Join(d.Phases, ","), Usage: "comma-separated phases to evaluate", EnvVars: []string{"SLOWRANK_PHASES"}},
+		&cli.StringFlag{Name: "cohort-type", Value: d.CohortType, Usage: "topology group type that forms cohorts (ranks outside such groups form one world cohort)", EnvVars: []string{"SLOWRANK_COHORT_TYPE"}},
+		&cli.DurationFlag{Name: "lateness", Value: d.Lateness, Usage: "how long a window waits for late facts before it is settled", EnvVars: []string{"SLOWRANK_LATENESS"}},
+		&cli.IntFlag{Name: "evict-after", Value: d.EvictAfter, Usage: "windows of silence after which a rank's state is evicted", EnvVars: []string{"SLOWRANK_EVICT_AFTER"}},
+		&cli.BoolFlag{Name: "emit-ok", Usage: "also emit verdicts for plain ok evaluations", EnvVars: []string{"SLOWRANK_EMIT_OK"}},
+	}
+}
+
+// detectorConfig builds and validates the detector configuration from flags.
+func detectorConfig(c *cli.Context) (detector.Config, error) {
+	cfg := detector.DefaultConfig()
+	cfg.Window = c.Duration("window")
+	cfg.Threshold = c.Float64("threshold")
+	cfg.Floor = c.Duration("floor")
+	cfg.Consecutive = c.Int("consecutive")
+	cfg.MinReferences = c.Int("min-references")
+	cfg.TokenTolerance = c.Float64("token-tolerance")
+	cfg.Phases = nil
+	for _, p := range strings.Split(c.String("phases"), ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			cfg.Phases = append(cfg.Phases, p)
+		}
+	}
+	cfg.CohortType = c.String("cohort-type")
+	cfg.Lateness = c.Duration("lateness")
+	cfg.EvictAfter = c.Int("evict-after")
+	cfg.EmitOK = c.Bool("emit-ok")
+	if err := cfg.Validate(); err != nil {
+		return cfg, cli.Exit(fmt.Sprintf("invalid detector flags: %s", strings.ReplaceAll(err.Error(), "\n", "; ")), exitUsage)
+	}
+	return cfg, nil
+}
+
+// durationMS formats milliseconds for humans.
+func durationMS(ms float64) string {
+	return time.Duration(ms * float64(time.Millisecond)).Round(10 * time.Microsecond).String()
+}

@@ -1,0 +1,26 @@
+// Package detector owns slowrank's verdicts: it turns per-rank step facts into
+// straggler verdicts with the semantics of DESIGN.md section 4.
+//
+// For every job it assigns step facts to windows of event time by their end
+// (window = floor((end_ns - t0) / window)), builds cohorts from topology
+// (communicator groups of the configured type, default "dp"; the whole job
+// when there is no topology), and, per window and phase, compares each rank's
+// median with the median of the fastest comparable member of its cohort.
+// Comparable means the same workload fingerprint or token counts within a
+// tolerance; without workload evidence the comparison falls back to the
+// cohort and is marked degraded. A window is slow when the deviation reaches
+// the relative threshold and the absolute difference reaches the floor. A
+// candidate becomes a straggler after the configured number of consecutive
+// slow windows; uncertain windows and gaps break a candidate's streak but
+// never recover an active alert.
+//
+// The package is pure and deterministic: no clocks, no I/O, no goroutines, no
+// logging. Time only advances through the facts themselves or through
+// Advance, to which the caller passes a watermark of event time. The same
+// facts in the same order always produce the same verdicts. A Detector is not
+// safe for concurrent use; callers serialise access.
+//
+// State is bounded: per job at most Config.MaxRanks ranks (more are rejected
+// and counted), ranks silent for Config.EvictAfter windows are evicted
+// (counted), and at most Config.MaxJobs jobs are tracked.
+package detector

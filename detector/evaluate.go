@@ -1,0 +1,336 @@
+package detector
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+)
+
+// cohort is a set of ranks compared with each other in one window.
+type cohort struct {
+	id    string
+	ranks []int // sorted
+}
+
+// member is one cohort rank's evidence in one window.
+type member struct {
+	rank   int
+	rw     *rankWindow // nil when the rank sent nothing in the window
+	fp     string
+	tokens int64
+	hasWL  bool
+	med    []float64 // per phase; NaN when absent
+}
+
+// evaluation is the outcome of one (member, phase) before the state machine.
+type evaluation struct {
+	done      bool // the phase was evaluated for this member
+	outcome   outcome
+	value     float64
+	reference float64
+	refRank   int
+	deviation float64
+	degraded  bool
+	coverage  float64
+	reason    string
+}
+
+// settle evaluates window idx of job j and returns its verdicts.
+func (d *Detector) settle(j *job, idx int64) []Verdict {
+	win := j.pending[idx]
+	delete(j.pending, idx)
+	if idx >= j.next {
+		j.next = idx + 1
+	}
+	if win == nil {
+		return nil
+	}
+	j.stats.windows++
+	topo := j.topology(win.topo)
+	var out []Verdict
+	for _, c := range d.cohorts(j, topo) {
+		out = append(out, d.evaluateCohort(j, win, c, topo)...)
+	}
+	d.evict(j, idx)
+	j.stats.verdicts += int64(len(out))
+	return out
+}
+
+// topology returns the topology a window is judged under: the highest version
+// not newer than the window's facts' tag, or the latest when untagged.
+func (j *job) topology(tag int) *Topology {
+	if len(j.topos) == 0 {
+		return nil
+	}
+	if tag == 0 {
+		return j.topos[j.latest]
+	}
+	best := -1
+	for v := range j.topos {
+		if v <= tag && v > best {
+			best = v
+		}
+	}
+	if best < 0 {
+		return nil
+	}
+	return j.topos[best]
+}
+
+func topoRanks(t *Topology) []int {
+	var rs []int
+	for _, r := range t.Ranks {
+		rs = append(rs, r.Rank)
+	}
+	for _, g := range t.Groups {
+		rs = append(rs, g.Ranks...)
+	}
+	slices.Sort(rs)
+	return slices.Compact(rs)
+}
+
+// cohorts splits the job's known ranks into cohorts: groups of the configured
+// type first (a rank joins the first such group by id), the rest in "world".
+func (d *Detector) cohorts(j *job, topo *Topology) []cohort {
+	assigned := map[int]bool{}
+	var out []cohort
+	if topo != nil {
+		groups := slices.Clone(topo.Groups)
+		sort.Slice(groups, func(a, b int) bool { return groups[a].ID < groups[b].ID })
+		for _, g := range groups {
+			if g.Type != d.cfg.CohortType {
+				continue
+			}
+			c := cohort{id: g.ID}
+			for _, r := range g.Ranks {
+				if _, known := j.ranks[r]; known && !assigned[r] {
+					assigned[r] = true
+					c.ranks = append(c.ranks, r)
+				}
+			}
+			if len(c.ranks) > 0 {
+				slices.Sort(c.ranks)
+				out = append(out, c)
+			}
+		}
+	}
+	rest := cohort{id: "world"}
+	for r := range j.ranks {
+		if !assigned[r] {
+			rest.ranks = append(rest.ranks, r)
+		}
+	}
+	if len(rest.ranks) > 0 {
+		slices.Sort(rest.ranks)
+		out = append(out, rest)
+	}
+	return out
+}
+
+func (d *Detector) members(win *window, c cohort) []member {
+	ms := make([]member, len(c.ranks))
+	for i, r := range c.ranks {
+		m := member{rank: r, rw: win.ranks[r], med: make([]float64, len(d.cfg.Phases))}
+		for p := range m.med {
+			m.med[p] = math.NaN()
+		}
+		if m.rw != nil {
+			for p, vals := range m.rw.values {
+				if len(vals) > 0 {
+					m.med[p] = d.median(vals)
+				}
+			}
+			m.fp = modeFP(m.rw.fps)
+			if len(m.rw.tokens) > 0 {
+				m.tokens = medianInt(m.rw.tokens)
+			}
+			m.hasWL = m.fp != "" || m.tokens > 0
+		}
+		ms[i] = m
+	}
+	return ms
+}
+
+func (d *Detector) evaluateCohort(j *job, win *window, c cohort, topo *Topology) []Verdict {
+	ms := d.members(win, c)
+	nPhases := len(d.cfg.Phases)
+	evals := make([][]evaluation, len(ms))
+	for i := range evals {
+		evals[i] = make([]evaluation, nPhases)
+	}
+	for p := 0; p < nPhases; p++ {
+		d.evaluatePhase(ms, p, evals)
+	}
+	var out []Verdict
+	for i, m := range ms {
+		rs := j.ranks[m.rank]
+		for p := 0; p < nPhases; p++ {
+			e := evals[i][p]
+			if !e.done {
+				continue
+			}
+			if v, ok := d.transition(j, win, rs, ms, i, p, e, evals[i]); ok {
+				v.Cohort = c.id
+				if topo != nil {
+					v.Topo = topo.Version
+				}
+				out = append(out, v)
+			}
+		}
+	}
+	return out
+}
+
+// evaluatePhase fills evals[*][p] for every member of a cohort.
+func (d *Detector) evaluatePhase(ms []member, p int, evals [][]evaluation) {
+	// Members that measured the phase, fastest first (ties by rank).
+	var measured []int
+	maxSteps := 0
+	for i, m := range ms {
+		if !math.IsNaN(m.med[p]) {
+			measured = append(measured, i)
+			if n := len(m.rw.values[p]); n > maxSteps {
+				maxSteps = n
+			}
+		}
+	}
+	if len(measured) == 0 {
+		return // nobody in the cohort measured it: not evaluated here
+	}
+	sort.Slice(measured, func(a, b int) bool {
+		ma, mb := ms[measured[a]], ms[measured[b]]
+		if ma.med[p] != mb.med[p] {
+			return ma.med[p] < mb.med[p]
+		}
+		return ma.rank < mb.rank
+	})
+	phase := d.cfg.Phases[p]
+	floorMS := float64(d.cfg.Floor) / 1e6
+	for i, m := range ms {
+		e := &evals[i][p]
+		e.done, e.refRank = true, -1
+		if math.IsNaN(m.med[p]) {
+			e.outcome = outcomeUncertain
+			if m.rw == nil {
+				e.reason = fmt.Sprintf("no steps in window while %d peers measured %s", len(measured), phase)
+			} else {
+				e.reason = fmt.Sprintf("%s not measured while %d peers measured it", phase, len(measured))
+			}
+			continue
+		}
+		e.value = m.med[p]
+		e.coverage = float64(len(m.rw.values[p])) / float64(maxSteps)
+		ref, count, degraded := d.reference(ms, measured, i)
+		e.degraded = degraded || !m.hasWL
+		if count < d.cfg.MinReferences {
+			e.outcome = outcomeUncertain
+			if m.hasWL {
+				e.reason = fmt.Sprintf("workload present but %d comparable references among %d members that measured %s (need %d)", count, len(measured)-1, phase, d.cfg.MinReferences)
+			} else {
+				e.reason = fmt.Sprintf("only %d other members measured %s (need %d)", count, phase, d.cfg.MinReferences)
+			}
+			continue
+		}
+		rm := ms[ref]
+		e.reference, e.refRank = rm.med[p], rm.rank
+		if !(e.reference > 0) {
+			e.outcome = outcomeUncertain
+			e.reason = fmt.Sprintf("reference %s median of rank %d is 0 ms: relative deviation undefined", phase, rm.rank)
+			continue
+		}
+		e.deviation = e.value/e.reference - 1
+		if e.deviation >= d.cfg.Threshold && e.value-e.reference >= floorMS {
+			e.outcome = outcomeSlow
+		} else {
+			e.outcome = outcomeOK
+		}
+	}
+}
+
+// reference scans measured (fastest first) for the fastest member comparable
+// with ms[self]. It counts comparable members up to MinReferences and reports
+// whether the chosen reference lacked workload evidence.
+func (d *Detector) reference(ms []member, measured []int, self int) (ref, count int, degraded bool) {
+	ref = -1
+	for _, k := range measured {
+		if k == self || !d.comparable(ms[self], ms[k]) {
+			continue
+		}
+		if ref < 0 {
+			ref = k
+			degraded = !ms[k].hasWL
+		}
+		count++
+		if count >= d.cfg.MinReferences {
+			break
+		}
+	}
+	return ref, count, degraded
+}
+
+// comparable reports whether two members did comparable work. Without
+// workload evidence on either side they are compared (degraded); with
+// evidence, equal fingerprints or tokens within tolerance are comparable.
+func (d *Detector) comparable(a, b member) bool {
+	if !a.hasWL || !b.hasWL {
+		return true
+	}
+	if a.fp != "" && a.fp == b.fp {
+		return true
+	}
+	if a.tokens > 0 && b.tokens > 0 {
+		hi, lo := max(a.tokens, b.tokens), min(a.tokens, b.tokens)
+		return float64(hi-lo) <= d.cfg.TokenTolerance*float64(hi)
+	}
+	return false
+}
+
+// comparableRanks lists (bounded) and counts the members comparable with
+// ms[self] that measured phase p, in rank order.
+func (d *Detector) comparableRanks(ms []member, self, p int) ([]int, int) {
+	list := []int{}
+	n := 0
+	for k, m := range ms {
+		if k == self || math.IsNaN(m.med[p]) || !d.comparable(ms[self], m) {
+			continue
+		}
+		n++
+		if len(list) < MaxListedComparable {
+			list = append(list, m.rank)
+		}
+	}
+	return list, n
+}
+
+func (d *Detector) median(vals []float64) float64 {
+	s := append(d.scratchValues[:0], vals...)
+	slices.Sort(s)
+	d.scratchValues = s
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+func medianInt(vals []int64) int64 {
+	s := slices.Clone(vals)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// modeFP returns the most frequent fingerprint (ties: the smallest string).
+func modeFP(fps map[string]int) string {
+	best, bestN := "", 0
+	for fp, n := range fps {
+		if n > bestN || (n == bestN && fp < best) {
+			best, bestN = fp, n
+		}
+	}
+	return best
+}

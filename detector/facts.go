@@ -1,0 +1,161 @@
+package detector
+
+// The types in this file are the public JSONL contracts of DESIGN.md section 5.
+// Fields may be added; existing names and meanings must not change.
+
+// Fact kinds as they appear in the "kind" field of a JSONL line.
+const (
+	KindTopology = "topology"
+	KindStep     = "step"
+	KindVerdict  = "verdict"
+	KindSummary  = "summary"
+)
+
+// Phase names of DESIGN.md section 3.
+const (
+	PhaseStep        = "step"
+	PhaseCompute     = "compute"
+	PhaseHost        = "host"
+	PhaseSyncWait    = "sync_wait"
+	PhaseComm        = "comm"
+	PhaseExposedComm = "exposed_comm"
+	PhaseCollWait    = "coll_wait"
+	PhaseIdle        = "idle"
+	PhaseAttention   = "attention"
+	PhaseMoE         = "moe"
+)
+
+// Hints attached to verdicts. They are diagnostic hints, never a root-cause claim.
+const (
+	HintGPUStreamStall = "gpu_stream_stall"
+	HintHostOnlyStall  = "host_only_stall"
+)
+
+// States of the per (rank, phase) state machine as written in verdicts.
+const (
+	StateOK        = "ok"
+	StateCandidate = "candidate"
+	StateStraggler = "straggler"
+	StateRecovered = "recovered"
+	StateUncertain = "uncertain"
+)
+
+// Topology describes the ranks of a job and the communicator groups they form.
+// A newer Version supersedes older ones for step facts tagged with it.
+type Topology struct {
+	Kind    string     `json:"kind"`
+	Job     string     `json:"job"`
+	Version int        `json:"version"`
+	Ranks   []RankInfo `json:"ranks,omitempty"`
+	Groups  []Group    `json:"groups,omitempty"`
+}
+
+// RankInfo identifies where a rank runs.
+type RankInfo struct {
+	Rank      int    `json:"rank"`
+	Host      string `json:"host,omitempty"`
+	LocalRank int    `json:"local_rank"`
+	PID       int    `json:"pid,omitempty"`
+}
+
+// Group is one communicator group. Type is "dp", "tp", "pp", "ep", "world" or
+// any other label; the detector builds cohorts from groups of its configured type.
+type Group struct {
+	ID    string `json:"id"`
+	Type  string `json:"type"`
+	Ranks []int  `json:"ranks"`
+}
+
+// Step is the fact of one training step of one rank. Phase values are
+// milliseconds; a phase that was not measured is absent from Phases, never 0.
+type Step struct {
+	Kind     string             `json:"kind"`
+	Job      string             `json:"job"`
+	Topo     int                `json:"topo,omitempty"`
+	Rank     int                `json:"rank"`
+	Step     int64              `json:"step"`
+	Host     string             `json:"host,omitempty"`
+	StartNS  int64              `json:"start_ns"`
+	EndNS    int64              `json:"end_ns"`
+	Phases   map[string]float64 `json:"phases"`
+	GPU      bool               `json:"gpu"`
+	Workload *Workload          `json:"workload,omitempty"`
+
+	// Extensions (not in the original contract; all optional).
+
+	// Epoch is the agent's attach epoch: it grows when an agent re-attaches
+	// to a running process, so that restarts never double-count a step.
+	Epoch int `json:"epoch,omitempty"`
+	// LastArrival is true when this rank was the last to arrive at the
+	// majority of the step's collectives (culprit evidence).
+	LastArrival *bool `json:"last_arrival,omitempty"`
+	// ArrivalLagMS is how long after the first rank this rank arrived at the
+	// step's collectives, median over the step's collectives.
+	ArrivalLagMS *float64 `json:"arrival_lag_ms,omitempty"`
+}
+
+// Workload is the evidence that two steps did comparable work: equal
+// fingerprints are comparable, and token counts within a tolerance are.
+type Workload struct {
+	FP     string `json:"fp,omitempty"`
+	Tokens int64  `json:"tokens,omitempty"`
+}
+
+// Verdict is the detector's judgement of one (window, rank, phase).
+type Verdict struct {
+	Kind          string  `json:"kind"`
+	Job           string  `json:"job"`
+	Window        int64   `json:"window"`
+	WindowStartNS int64   `json:"window_start_ns"`
+	WindowEndNS   int64   `json:"window_end_ns"`
+	Rank          int     `json:"rank"`
+	State         string  `json:"state"`
+	Phase         string  `json:"phase"`
+	Hint          string  `json:"hint"`
+	ValueMS       float64 `json:"value_ms"`
+	ReferenceMS   float64 `json:"reference_ms"`
+	ReferenceRank int     `json:"reference_rank"`
+	Deviation     float64 `json:"deviation"`
+	// ComparableRanks lists at most MaxListedComparable ranks, lowest first;
+	// ComparableCount is the full number.
+	ComparableRanks          []int   `json:"comparable_ranks"`
+	Consecutive              int     `json:"consecutive"`
+	Coverage                 float64 `json:"coverage"`
+	WorkloadEvidenceDegraded bool    `json:"workload_evidence_degraded"`
+	Reason                   string  `json:"reason"`
+
+	// Extensions.
+	AlertActive     bool   `json:"alert_active,omitempty"`
+	ComparableCount int    `json:"comparable_count"`
+	Cohort          string `json:"cohort,omitempty"`
+	Topo            int    `json:"topo,omitempty"`
+	// SinceWindow is the first window of the current slow streak (set for
+	// candidate and straggler states).
+	SinceWindow *int64 `json:"since_window,omitempty"`
+	// LastArrivalShare is the share of the rank's steps in the window in
+	// which it arrived last at the collectives, when that evidence exists.
+	LastArrivalShare *float64 `json:"last_arrival_share,omitempty"`
+}
+
+// Summary closes a replay (and an agent's verdict stream on stop).
+type Summary struct {
+	Kind       string `json:"kind"`
+	Job        string `json:"job"`
+	Stragglers []int  `json:"stragglers"`
+	// WorstRank is the rank most in need of attention: an active straggler
+	// always ranks above a candidate, which ranks above an uncertain one.
+	WorstRank      *int     `json:"worst_rank"`
+	WorstPhase     string   `json:"worst_phase,omitempty"`
+	WorstState     string   `json:"worst_state,omitempty"`
+	WorstDeviation *float64 `json:"worst_deviation,omitempty"`
+	Windows        int64    `json:"windows"`
+	Facts          int64    `json:"facts"`
+	Verdicts       int64    `json:"verdicts"`
+	Alerts         int64    `json:"alerts"`
+	Late           int64    `json:"late"`
+	Duplicates     int64    `json:"duplicates"`
+	Evicted        int64    `json:"evicted"`
+	RejectedRanks  int64    `json:"rejected_ranks"`
+	InvalidLines   int64    `json:"invalid_lines,omitempty"`
+	UnknownKinds   int64    `json:"unknown_kinds,omitempty"`
+}

@@ -1,0 +1,116 @@
+package detector
+
+// dedupeRing is the number of recent (epoch, step) keys remembered per rank to
+// recognise duplicates. Facts of one rank arrive roughly in step order, so a
+// short ring suffices and keeps state per rank small and bounded.
+const dedupeRing = 16
+
+// rankState is the bounded, long-lived state of one rank of one job.
+type rankState struct {
+	lastSeen int64 // last window with a fact (or the window the rank became known)
+	recent   [dedupeRing]stepKey
+	nRecent  uint8
+	head     uint8
+	phases   []phaseState
+}
+
+type stepKey struct {
+	epoch int32
+	step  int64
+}
+
+// seen records (epoch, step) and reports whether it was already there.
+func (r *rankState) seen(epoch int, step int64) bool {
+	k := stepKey{int32(epoch), step}
+	for i := 0; i < int(r.nRecent); i++ {
+		if r.recent[i] == k {
+			return true
+		}
+	}
+	r.recent[r.head] = k
+	r.head = (r.head + 1) % dedupeRing
+	if r.nRecent < dedupeRing {
+		r.nRecent++
+	}
+	return false
+}
+
+// phaseState is the state machine of one (rank, phase). The candidate streak
+// and the active alert are kept apart: uncertainty breaks a streak but never
+// ends an alert; only valid evidence within threshold recovers.
+type phaseState struct {
+	streak     int32 // consecutive slow windows
+	alert      bool  // an active straggler alert
+	evaluated  bool  // lastWin is meaningful
+	lastWin    int64 // last window in which the phase was evaluated
+	since      int64 // first window of the current streak
+	alertSince int64 // first window of the streak that raised the active alert
+	// Kept for the summary.
+	lastState  string
+	lastDev    float64
+	lastWindow int64
+}
+
+// outcome is the evidence of one window for one (rank, phase).
+type outcome uint8
+
+const (
+	outcomeOK outcome = iota
+	outcomeSlow
+	outcomeUncertain
+)
+
+// step advances the state machine by one window of evidence and returns the
+// state to report and the number of consecutive slow windows.
+func (p *phaseState) step(win int64, o outcome, consecutive int) string {
+	if p.evaluated && win != p.lastWin+1 {
+		// A window gap breaks a candidate's streak; it is no recovery.
+		p.streak = 0
+	}
+	p.evaluated, p.lastWin = true, win
+	switch o {
+	case outcomeSlow:
+		if p.streak == 0 {
+			p.since = win
+		}
+		p.streak++
+		if p.alert || int(p.streak) >= consecutive {
+			p.alert = true
+			return StateStraggler
+		}
+		return StateCandidate
+	case outcomeUncertain:
+		p.streak = 0
+		return StateUncertain
+	default:
+		p.streak = 0
+		if p.alert {
+			p.alert = false
+			return StateRecovered
+		}
+		return StateOK
+	}
+}
+
+func (d *Detector) rank(j *job, r int, win int64) *rankState {
+	if rs, ok := j.ranks[r]; ok {
+		return rs
+	}
+	if len(j.ranks) >= d.cfg.MaxRanks {
+		j.stats.rejectedRanks++
+		return nil
+	}
+	rs := &rankState{lastSeen: win, phases: make([]phaseState, len(d.cfg.Phases))}
+	j.ranks[r] = rs
+	return rs
+}
+
+// evict forgets ranks silent for EvictAfter windows before win.
+func (d *Detector) evict(j *job, win int64) {
+	for r, rs := range j.ranks {
+		if win-rs.lastSeen > int64(d.cfg.EvictAfter) {
+			delete(j.ranks, r)
+			j.stats.evicted++
+		}
+	}
+}
