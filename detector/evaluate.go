@@ -130,8 +130,10 @@ func (d *Detector) cohorts(j *job, topo *Topology) []cohort {
 
 func (d *Detector) members(win *window, c cohort) []member {
 	ms := make([]member, len(c.ranks))
+	nPhases := len(d.cfg.Phases)
+	meds := make([]float64, len(c.ranks)*nPhases)
 	for i, r := range c.ranks {
-		m := member{rank: r, rw: win.ranks[r], med: make([]float64, len(d.cfg.Phases))}
+		m := member{rank: r, rw: win.ranks[r], med: meds[i*nPhases : (i+1)*nPhases : (i+1)*nPhases]}
 		for p := range m.med {
 			m.med[p] = math.NaN()
 		}
@@ -155,12 +157,17 @@ func (d *Detector) members(win *window, c cohort) []member {
 func (d *Detector) evaluateCohort(j *job, win *window, c cohort, topo *Topology) []Verdict {
 	ms := d.members(win, c)
 	nPhases := len(d.cfg.Phases)
+	slab := make([]evaluation, len(ms)*nPhases)
 	evals := make([][]evaluation, len(ms))
 	for i := range evals {
-		evals[i] = make([]evaluation, nPhases)
+		evals[i] = slab[i*nPhases : (i+1)*nPhases : (i+1)*nPhases]
 	}
 	for p := 0; p < nPhases; p++ {
 		d.evaluatePhase(ms, p, evals)
+	}
+	caches := make([]map[signature]*comparableSet, nPhases)
+	for p := range caches {
+		caches[p] = map[signature]*comparableSet{}
 	}
 	var out []Verdict
 	for i, m := range ms {
@@ -170,7 +177,7 @@ func (d *Detector) evaluateCohort(j *job, win *window, c cohort, topo *Topology)
 			if !e.done {
 				continue
 			}
-			if v, ok := d.transition(j, win, rs, ms, i, p, e, evals[i]); ok {
+			if v, ok := d.transition(j, win, rs, ms, i, p, e, evals[i], caches[p]); ok {
 				v.Cohort = c.id
 				if topo != nil {
 					v.Topo = topo.Version
@@ -286,21 +293,52 @@ func (d *Detector) comparable(a, b member) bool {
 	return false
 }
 
+// comparableSet is the comparable members of one workload signature for one
+// phase: at most MaxListedComparable+1 ranks (so that removing the asking
+// rank still leaves a full list) and the full count.
+type comparableSet struct {
+	list  []int
+	count int
+}
+
+type signature struct {
+	hasWL  bool
+	fp     string
+	tokens int64
+}
+
 // comparableRanks lists (bounded) and counts the members comparable with
-// ms[self] that measured phase p, in rank order.
-func (d *Detector) comparableRanks(ms []member, self, p int) ([]int, int) {
-	list := []int{}
-	n := 0
-	for k, m := range ms {
-		if k == self || math.IsNaN(m.med[p]) || !d.comparable(ms[self], m) {
-			continue
+// ms[self] that measured phase p, in rank order. Members with the same
+// workload signature share one scan, so a window with many non-ok verdicts
+// stays linear in the usual case of few distinct workloads.
+func (d *Detector) comparableRanks(ms []member, self, p int, cache map[signature]*comparableSet) ([]int, int) {
+	me := ms[self]
+	sig := signature{me.hasWL, me.fp, me.tokens}
+	set := cache[sig]
+	if set == nil {
+		set = &comparableSet{}
+		for _, m := range ms {
+			if math.IsNaN(m.med[p]) || !d.comparable(me, m) {
+				continue
+			}
+			set.count++
+			if len(set.list) <= MaxListedComparable {
+				set.list = append(set.list, m.rank)
+			}
 		}
-		n++
-		if len(list) < MaxListedComparable {
-			list = append(list, m.rank)
+		cache[sig] = set
+	}
+	list := make([]int, 0, min(len(set.list), MaxListedComparable))
+	for _, r := range set.list {
+		if r != me.rank && len(list) < MaxListedComparable {
+			list = append(list, r)
 		}
 	}
-	return list, n
+	count := set.count
+	if !math.IsNaN(me.med[p]) {
+		count-- // a measured member is always comparable with itself
+	}
+	return list, count
 }
 
 func (d *Detector) median(vals []float64) float64 {

@@ -5,7 +5,7 @@ import "fmt"
 // transition runs the state machine of (m, phase p) on evaluation e and
 // builds the verdict; ok is false for a plain ok that need not be emitted.
 // mine holds all phase evaluations of the member, for hints.
-func (d *Detector) transition(j *job, win *window, rs *rankState, ms []member, self, p int, e evaluation, mine []evaluation) (Verdict, bool) {
+func (d *Detector) transition(j *job, win *window, rs *rankState, ms []member, self, p int, e evaluation, mine []evaluation, cache map[signature]*comparableSet) (Verdict, bool) {
 	m := ms[self]
 	ps := &rs.phases[p]
 	wasAlert := ps.alert
@@ -40,7 +40,7 @@ func (d *Detector) transition(j *job, win *window, rs *rankState, ms []member, s
 		AlertActive:              ps.alert,
 	}
 	if e.refRank >= 0 || e.outcome != outcomeUncertain {
-		v.ComparableRanks, v.ComparableCount = d.comparableRanks(ms, self, p)
+		v.ComparableRanks, v.ComparableCount = d.comparableRanks(ms, self, p, cache)
 	}
 	switch state {
 	case StateCandidate:

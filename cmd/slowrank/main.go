@@ -33,7 +33,7 @@ func main() {
 }
 
 func newApp() *cli.App {
-	return &cli.App{
+	app := &cli.App{
 		Name:    "slowrank",
 		Usage:   "find the slow rank of a distributed GPU training job, live, without code changes",
 		Version: version,
@@ -58,8 +58,17 @@ func newApp() *cli.App {
 			replayCommand(),
 			simulateCommand(),
 		},
-		OnUsageError: func(c *cli.Context, err error, _ bool) error {
-			return cli.Exit(err.Error(), exitUsage)
-		},
+		// main prints errors and picks the exit code; never exit inside Run.
+		ExitErrHandler: func(*cli.Context, error) {},
+		OnUsageError:   usageError,
 	}
+	for _, c := range app.Commands {
+		c.OnUsageError = usageError
+	}
+	return app
+}
+
+// usageError turns a flag parsing error into a one-line message and exit 2.
+func usageError(c *cli.Context, err error, _ bool) error {
+	return cli.Exit(fmt.Sprintf("%s: %v (see --help)", c.Command.FullName(), err), exitUsage)
 }

@@ -1,0 +1,61 @@
+# slowrank — build, test and demo. Run as root on Debian 12 (see README.md).
+SHELL      := /bin/bash
+GO         ?= go
+OUT_DIR    ?= bin
+CUDA_HOME  ?= /usr/local/cuda
+VERSION    ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+GOFLAGS_BUILD := -trimpath -ldflags "-X main.version=$(VERSION)"
+FUZZTIME   ?= 10s
+export OUT_DIR CUDA_HOME
+
+.PHONY: all build test unit-test race-test fuzz-test lint generate check-generated demo bench clean help
+
+all: build
+
+help: ## list targets
+	@grep -hE '^[a-z][a-zA-Z_-]*:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+
+# Fragments owned by the packages that need native builds.
+-include bpf/bpf.mk
+-include cupti/cupti.mk
+-include test/fakelibs/fakelibs.mk
+
+build: ## build the slowrank binary into bin/
+	$(GO) build $(GOFLAGS_BUILD) -o $(OUT_DIR)/slowrank ./cmd/slowrank
+
+lint: ## gofmt and go vet
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go' | grep -v '_bpfe[lb]\.go$$')); \
+	if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
+	$(GO) vet ./...
+
+generate: ## regenerate committed generated code (bpf2go)
+	$(GO) generate ./...
+
+check-generated: generate ## fail when generated code differs from what is committed
+	git diff --exit-code -- '*.go' '*.o' || (echo "generated files are stale: run make generate and commit"; exit 1)
+
+unit-test: ## go test with the race detector (privileged tests run as root)
+	$(GO) test -race -count=1 ./...
+
+fuzz-test: ## run every fuzz target for FUZZTIME
+	@set -e; for pkg in $$($(GO) list ./...); do \
+	  dir=$$($(GO) list -f '{{.Dir}}' $$pkg); \
+	  for f in $$(grep -hoE '^func (Fuzz[A-Za-z0-9_]+)' $$dir/*_test.go 2>/dev/null | awk '{print $$2}'); do \
+	    echo "fuzz $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
+	  done; done
+
+test: lint build unit-test fuzz-test ## everything CI runs
+
+demo: build ## simulate a job with two slow ranks and judge it
+	@mkdir -p out
+	$(OUT_DIR)/slowrank simulate --ranks 8 --duration 60s --dp-groups 1 \
+	  --slow rank=3,phase=compute,from=20s,factor=1.15 \
+	  --slow rank=5,phase=host,from=30s,add=15ms --output out/demo-facts.jsonl
+	$(OUT_DIR)/slowrank replay --input out/demo-facts.jsonl --output out/demo-verdicts.jsonl --report
+	@echo "facts: out/demo-facts.jsonl  verdicts: out/demo-verdicts.jsonl"
+
+bench: ## Go benchmarks of the detector
+	$(GO) test -run '^$$' -bench . -benchmem ./detector/
+
+clean:
+	rm -rf $(OUT_DIR) out

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/slowrank/slowrank/detector"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+// run runs the CLI with args and returns stdout and the exit code.
+func run(t *testing.T, stdin string, args ...string) (string, int) {
+	t.Helper()
+	dir := t.TempDir()
+	out := filepath.Join(dir, "out")
+	inFile := filepath.Join(dir, "in")
+	os.WriteFile(inFile, []byte(stdin), 0o600)
+	full := []string{"slowrank"}
+	for _, a := range args {
+		a = strings.ReplaceAll(a, "$OUT", out)
+		a = strings.ReplaceAll(a, "$IN", inFile)
+		full = append(full, a)
+	}
+	err := newApp().Run(full)
+	code := 0
+	var ec cli.ExitCoder
+	switch {
+	case errors.As(err, &ec):
+		code = ec.ExitCode()
+	case err != nil:
+		code = 1
+	}
+	b, _ := os.ReadFile(out)
+	return string(b), code
+}
+
+func simulateFacts(t *testing.T, args ...string) string {
+	t.Helper()
+	out, code := run(t, "", append([]string{"simulate", "--output", "$OUT"}, args...)...)
+	if code != 0 {
+		t.Fatalf("simulate exit %d", code)
+	}
+	return out
+}
+
+func TestReplayGolden(t *testing.T) {
+	facts := simulateFacts(t, "--ranks", "8", "--duration", "60s", "--dp-groups", "2",
+		"--slow", "rank=3,phase=compute,from=20s,factor=1.15",
+		"--slow", "rank=6,phase=host,from=10s,to=40s,add=15ms",
+		"--gap", "from=45s,to=52s,ranks=1")
+	got, code := run(t, facts, "replay", "--input", "$IN", "--output", "$OUT")
+	if code != 0 {
+		t.Fatalf("replay exit %d", code)
+	}
+	golden := filepath.Join("testdata", "replay.golden.jsonl")
+	if *update {
+		os.WriteFile(filepath.Join("testdata", "replay.facts.jsonl"), []byte(facts), 0o644)
+		os.WriteFile(golden, []byte(got), 0o644)
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create)", err)
+	}
+	if got != string(want) {
+		t.Fatalf("replay output differs from %s (run with -update after checking the change)", golden)
+	}
+	for _, s := range []string{`"rank":3,"state":"straggler","phase":"compute","hint":"gpu_stream_stall"`,
+		`"rank":6,"state":"recovered","phase":"host"`, `"stragglers":[3]`} {
+		if !strings.Contains(got, s) {
+			t.Errorf("output lacks %s", s)
+		}
+	}
+}
+
+func TestReplayIsDeterministicAndOrderFree(t *testing.T) {
+	facts := simulateFacts(t, "--ranks", "6", "--duration", "40s", "--slow", "rank=2,phase=compute,from=5s,factor=1.2")
+	a, _ := run(t, facts, "replay", "--input", "$IN", "--output", "$OUT")
+	b, _ := run(t, facts, "replay", "--input", "$IN", "--output", "$OUT")
+	lines := strings.Split(strings.TrimSpace(facts), "\n")
+	for i, j := 0, len(lines)-1; i < j; i, j = i+1, j-1 {
+		lines[i], lines[j] = lines[j], lines[i]
+	}
+	c, _ := run(t, strings.Join(lines, "\n"), "replay", "--input", "$IN", "--output", "$OUT")
+	if a != b || a != c || !strings.Contains(a, `"state":"straggler"`) {
+		t.Fatalf("replays differ or found nothing:\n%s\n---\n%s", a, c)
+	}
+}
+
+func TestReplayInvalidInput(t *testing.T) {
+	good := `{"kind":"step","job":"j","rank":0,"step":1,"end_ns":1,"phases":{"compute":1}}`
+	input := good + "\n" + `{"kind":"step","job":"j","rank":0` + "\n" + `{"kind":"future-kind"}` + "\n"
+	if _, code := run(t, input, "replay", "--input", "$IN", "--output", "$OUT"); code != exitUsage {
+		t.Errorf("malformed line: exit %d, want %d", code, exitUsage)
+	}
+	var buf bytes.Buffer
+	_, err := replay(strings.NewReader(input), &buf, detector.DefaultConfig(), false)
+	if err == nil || !strings.Contains(err.Error(), "line 2") {
+		t.Errorf("error %v does not name line 2", err)
+	}
+	out, code := run(t, input, "replay", "--skip-invalid", "--input", "$IN", "--output", "$OUT")
+	if code != 0 || !strings.Contains(out, `"invalid_lines":1`) || !strings.Contains(out, `"unknown_kinds":1`) {
+		t.Errorf("skip-invalid: exit %d, output %s", code, out)
+	}
+}
+
+func TestBadFlagsExitTwo(t *testing.T) {
+	for _, args := range [][]string{
+		{"replay", "--input", "/does/not/exist"},
+		{"replay", "--threshold", "-1", "--input", "$IN"},
+		{"replay", "--no-such-flag"},
+		{"simulate", "--slow", "rank=3,phase=disk,from=1s,factor=2", "--output", "$OUT"},
+		{"simulate", "--ranks", "0", "--output", "$OUT"},
+	} {
+		if _, code := run(t, "", args...); code != exitUsage {
+			t.Errorf("%v: exit %d, want %d", args, code, exitUsage)
+		}
+	}
+}
+
+func TestCreateOutputRefusesSymlink(t *testing.T) {
+	dir := t.TempDir()
+	target := filepath.Join(dir, "victim")
+	os.WriteFile(target, []byte("keep"), 0o600)
+	link := filepath.Join(dir, "out.jsonl")
+	os.Symlink(target, link)
+	if _, _, err := createOutput(link); err == nil {
+		t.Fatal("created output through a symlink")
+	}
+	if b, _ := os.ReadFile(target); string(b) != "keep" {
+		t.Fatal("symlink target was modified")
+	}
+}
