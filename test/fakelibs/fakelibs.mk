@@ -1,0 +1,81 @@
+# test/fakelibs/fakelibs.mk — fake NCCL/CUDA libraries and the fake trainer.
+#
+# Standalone, from the repository root:
+#   make -f test/fakelibs/fakelibs.mk fakelibs            # -> bin/fakelibs/
+#   make -f test/fakelibs/fakelibs.mk fakelibs OUT_DIR=/tmp/x
+# Or `include test/fakelibs/fakelibs.mk` from another Makefile: the fragment
+# keeps that Makefile's default goal and prefixes all its variables.
+#
+# Output ($(OUT_DIR)/fakelibs): libcuda.so.1, libcudart.so.12, libnccl.so.2
+# (real sonames; unversioned .so symlinks), faketrainer (linked against all
+# three, RUNPATH $ORIGIN) and faketrainer-dlopen (loads libnccl.so.2 late).
+
+FAKELIBS_SAVED_GOAL := $(.DEFAULT_GOAL)
+FAKELIBS_DIR := $(patsubst %/,%,$(dir $(lastword $(MAKEFILE_LIST))))
+FAKETRAINER_DIR := $(patsubst %/,%,$(dir $(FAKELIBS_DIR)))/faketrainer
+
+OUT_DIR ?= bin
+FAKELIBS_OUT := $(OUT_DIR)/fakelibs
+FAKELIBS_CC ?= gcc
+FAKELIBS_CUDART_MAJOR ?= 12
+FAKELIBS_WERROR ?= -Werror
+FAKELIBS_CFLAGS ?= -std=c11 -D_GNU_SOURCE -O2 -g -fno-omit-frame-pointer \
+	-Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wformat=2 $(FAKELIBS_WERROR)
+FAKELIBS_INC := -I$(FAKELIBS_DIR)/include -I$(FAKELIBS_DIR)
+FAKELIBS_LIBFLAGS := -shared -fPIC -fvisibility=hidden -Wl,-z,defs -Wl,--enable-new-dtags -Wl,-rpath,'$$ORIGIN'
+
+FAKELIBS_CUDA := $(FAKELIBS_OUT)/libcuda.so.1
+FAKELIBS_CUDART := $(FAKELIBS_OUT)/libcudart.so.$(FAKELIBS_CUDART_MAJOR)
+FAKELIBS_NCCL := $(FAKELIBS_OUT)/libnccl.so.2
+FAKELIBS_TRAINER := $(FAKELIBS_OUT)/faketrainer
+FAKELIBS_TRAINER_DL := $(FAKELIBS_OUT)/faketrainer-dlopen
+FAKELIBS_HDRS := $(wildcard $(FAKELIBS_DIR)/include/*.h) $(FAKELIBS_DIR)/fakegpu.h $(lastword $(MAKEFILE_LIST))
+
+.PHONY: fakelibs fakelibs-clean
+
+fakelibs: $(FAKELIBS_CUDA) $(FAKELIBS_CUDART) $(FAKELIBS_NCCL) $(FAKELIBS_TRAINER) $(FAKELIBS_TRAINER_DL) \
+	$(FAKELIBS_OUT)/libcuda.so $(FAKELIBS_OUT)/libcudart.so $(FAKELIBS_OUT)/libnccl.so
+
+$(FAKELIBS_OUT):
+	mkdir -p $@
+
+$(FAKELIBS_CUDA): $(FAKELIBS_DIR)/fakegpu.c $(FAKELIBS_DIR)/cuda.c $(FAKELIBS_HDRS) | $(FAKELIBS_OUT)
+	$(FAKELIBS_CC) $(FAKELIBS_CFLAGS) $(FAKELIBS_INC) $(FAKELIBS_LIBFLAGS) -Wl,-soname,libcuda.so.1 \
+		-o $@ $(FAKELIBS_DIR)/fakegpu.c $(FAKELIBS_DIR)/cuda.c -lpthread
+
+# NVIDIA versions every libcudart symbol with the soname ("cudaMalloc@@libcudart.so.12").
+$(FAKELIBS_OUT)/libcudart.map: $(lastword $(MAKEFILE_LIST)) | $(FAKELIBS_OUT)
+	printf 'libcudart.so.%s {\n  global: cuda*;\n  local: *;\n};\n' $(FAKELIBS_CUDART_MAJOR) > $@
+
+$(FAKELIBS_CUDART): $(FAKELIBS_DIR)/cudart.c $(FAKELIBS_HDRS) $(FAKELIBS_OUT)/libcudart.map $(FAKELIBS_CUDA)
+	$(FAKELIBS_CC) $(FAKELIBS_CFLAGS) $(FAKELIBS_INC) $(FAKELIBS_LIBFLAGS) \
+		-Wl,-soname,libcudart.so.$(FAKELIBS_CUDART_MAJOR) -Wl,--version-script=$(FAKELIBS_OUT)/libcudart.map \
+		-o $@ $(FAKELIBS_DIR)/cudart.c -L$(FAKELIBS_OUT) -l:libcuda.so.1
+
+$(FAKELIBS_NCCL): $(FAKELIBS_DIR)/nccl.c $(FAKELIBS_HDRS) $(FAKELIBS_CUDA)
+	$(FAKELIBS_CC) $(FAKELIBS_CFLAGS) $(FAKELIBS_INC) $(FAKELIBS_LIBFLAGS) -Wl,-soname,libnccl.so.2 \
+		-o $@ $(FAKELIBS_DIR)/nccl.c -L$(FAKELIBS_OUT) -l:libcuda.so.1
+
+$(FAKELIBS_OUT)/libcuda.so: $(FAKELIBS_CUDA)
+	ln -sf libcuda.so.1 $@
+$(FAKELIBS_OUT)/libcudart.so: $(FAKELIBS_CUDART)
+	ln -sf libcudart.so.$(FAKELIBS_CUDART_MAJOR) $@
+$(FAKELIBS_OUT)/libnccl.so: $(FAKELIBS_NCCL)
+	ln -sf libnccl.so.2 $@
+
+$(FAKELIBS_TRAINER): $(FAKETRAINER_DIR)/faketrainer.c $(FAKELIBS_HDRS) $(FAKELIBS_CUDA) $(FAKELIBS_CUDART) $(FAKELIBS_NCCL)
+	$(FAKELIBS_CC) $(FAKELIBS_CFLAGS) $(FAKELIBS_INC) -DFT_LINKED_NCCL=1 -Wl,--no-as-needed \
+		-Wl,--enable-new-dtags -Wl,-rpath,'$$ORIGIN' -o $@ $(FAKETRAINER_DIR)/faketrainer.c \
+		-L$(FAKELIBS_OUT) -l:libnccl.so.2 -l:libcudart.so.$(FAKELIBS_CUDART_MAJOR) -l:libcuda.so.1 -ldl -lpthread -lm
+
+$(FAKELIBS_TRAINER_DL): $(FAKETRAINER_DIR)/faketrainer.c $(FAKELIBS_HDRS) $(FAKELIBS_CUDA) $(FAKELIBS_CUDART) $(FAKELIBS_NCCL)
+	$(FAKELIBS_CC) $(FAKELIBS_CFLAGS) $(FAKELIBS_INC) -DFT_LINKED_NCCL=0 -Wl,--no-as-needed \
+		-Wl,--enable-new-dtags -Wl,-rpath,'$$ORIGIN' -o $@ $(FAKETRAINER_DIR)/faketrainer.c \
+		-L$(FAKELIBS_OUT) -l:libcudart.so.$(FAKELIBS_CUDART_MAJOR) -l:libcuda.so.1 -ldl -lpthread -lm
+
+fakelibs-clean:
+	rm -rf $(FAKELIBS_OUT)
+
+ifneq ($(FAKELIBS_SAVED_GOAL),)
+.DEFAULT_GOAL := $(FAKELIBS_SAVED_GOAL)
+endif
