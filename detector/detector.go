@@ -20,6 +20,33 @@ type Detector struct {
 	order         []string
 	rejectedJobs  int64
 	scratchValues []float64
+	settled       []SettledWindow
+}
+
+// SettledWindow names a window that has been judged, with or without verdicts.
+type SettledWindow struct {
+	Job            string
+	Index          int64
+	StartNS, EndNS int64
+}
+
+// TakeSettled returns the windows settled since the last call, in settlement
+// order, and forgets them. Exporters use it to release buffered steps of
+// windows that produced no verdicts.
+func (d *Detector) TakeSettled() []SettledWindow {
+	s := d.settled
+	d.settled = nil
+	return s
+}
+
+// WindowOf returns the window index a step of job ending at endNS falls in,
+// and false when the job has no origin yet.
+func (d *Detector) WindowOf(job string, endNS int64) (int64, bool) {
+	j, ok := d.jobs[job]
+	if !ok || !j.hasT0 {
+		return 0, false
+	}
+	return d.windowIndex(j, endNS), true
 }
 
 // New returns a detector; it fails when cfg is invalid.

@@ -36,6 +36,9 @@ type evaluation struct {
 	reason    string
 }
 
+// maxSettledKept bounds the settled-window list between TakeSettled calls.
+const maxSettledKept = 4096
+
 // settle evaluates window idx of job j and returns its verdicts.
 func (d *Detector) settle(j *job, idx int64) []Verdict {
 	win := j.pending[idx]
@@ -47,6 +50,11 @@ func (d *Detector) settle(j *job, idx int64) []Verdict {
 		return nil
 	}
 	j.stats.windows++
+	start, end := d.windowBounds(j, idx)
+	if len(d.settled) >= maxSettledKept {
+		d.settled = append(d.settled[:0], d.settled[len(d.settled)/2:]...) // nobody is taking them
+	}
+	d.settled = append(d.settled, SettledWindow{Job: j.name, Index: idx, StartNS: start, EndNS: end})
 	topo := j.topology(win.topo)
 	var out []Verdict
 	for _, c := range d.cohorts(j, topo) {
