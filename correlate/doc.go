@@ -1,0 +1,119 @@
+// Package correlate turns the raw intervals of unmodified training
+// processes into step facts and topology facts (detector.Step,
+// detector.Topology): step boundaries, phases, collective arrival order,
+// workload fingerprints and communicator groups.
+//
+// It owns no I/O, clock, goroutine or kernel resource: the agent converts
+// decoded BPF events (host calls, communicator creation) and CUPTI records
+// (device intervals) into this package's types, feeds them to a
+// Correlator and drains facts. Time is event time: CLOCK_MONOTONIC
+// nanoseconds carried by the records, moved on by Advance.
+//
+// # Concurrency
+//
+// A Correlator is not safe for concurrent use. One goroutine calls the Add
+// methods, Advance, Drain, Flush, Forget and Stats.
+//
+// # Input contract
+//
+//   - SetRank before a process's events, where possible.
+//   - Host calls of one process in the order of their end, as the BPF ring
+//     buffer delivers them. The collective sequence number of a
+//     communicator is the order of arrival of its calls, which NCCL makes
+//     identical on all members; a communicator created before the agent
+//     attached gets sequence numbers relative to the attach.
+//   - Device records in any order within Config.DeviceReorder of event
+//     time after their step ended; duplicates are detected by (correlation
+//     id, start).
+//   - Coverage marks for every period in which device collection was on;
+//     without them every step is gpu:false.
+//   - Kernel names: DeviceInterval.Name or Config.KernelName; a NameID
+//     must denote one name within its process. Without names, steps carry
+//     no fingerprint (fingerprints of per-process ids would not be
+//     comparable across ranks).
+//
+// # Steps
+//
+// Steps are found without configuration. Each communicator's call
+// sequence becomes tokens: a collective signature (op, count, datatype),
+// or S for the first synchronisation after a collective. The step detector
+// (see period.go) locks onto the cycle of that sequence: the period whose
+// latest run of repetition is longest and covers Config.Repeats cycles,
+// rotated so that a step starts with its first collective and ends with
+// the return of the synchronisation that follows its last collective.
+// Decisions depend only on the token sequence, so all members of a
+// communicator number the same iteration alike. A fresh lock is tentative
+// until it holds ConfirmCycles more cycles (PromoteCycles when another
+// cycle was already confirmed: evaluation loops and checkpoints shorter
+// than that are dropped and counted); a departure from the cycle drops the
+// partial iteration, and a known cycle is re-locked after one instance.
+// Each process's step clock is the communicator that locked first; one
+// with more ranks takes over (at once while the clock is still tentative,
+// else once confirmed), so that as many ranks as possible share the
+// numbering; indices stay increasing across a change of clock. Without any
+// collective (after 64 synchronisations) the synchronisation calls
+// themselves are the sequence; a process that reports HostMarker calls is
+// cut at markers only (HostCall.Count > 0 is the step index).
+//
+// # Phases
+//
+// Phases follow DESIGN.md section 3, in milliseconds. An interval belongs
+// to the step in which it ended and is clipped to that step for the union
+// arithmetic. host, sync_wait and coll_wait need the host probes
+// (RankInfo.Probes, or inferred from the first such interval); compute,
+// comm, exposed_comm, idle, and attention/moe when such kernels ran, need
+// the step to lie inside a coverage period with no device records lost.
+// A phase that was not measured is absent, never 0.
+//
+// # Arrival order
+//
+// For every communicator with at least two members on this host, the host
+// start times of the calls with the same sequence number give who arrived
+// last (LastArrival: last at most of the step's collectives) and how late
+// (ArrivalLagMS: median lag behind the first). Arrivals within
+// Config.ArrivalTie are broken by the step's device communication time
+// (the last to arrive waits least) when both ranks have it, else they do
+// not vote. A step waits for the other local members to issue its
+// collectives at most Config.ArrivalWait or ArrivalWaitSteps later steps;
+// ranks on other hosts are never waited for.
+//
+// # Settling
+//
+// A closed step is settled in order: host records after
+// Config.HostReorder, arrival evidence, then device records (for a step
+// inside a coverage period) once the process's device records have passed
+// its end by Config.DeviceSlack, or after Config.DeviceReorder. Records for
+// a settled step count as late. Drain emits settled steps; Flush settles
+// everything.
+//
+// # Workload fingerprint
+//
+// FNV-1a based 64-bit hash of the multiset of the step's compute kernels
+// (name, grid, block), computed as an order-independent sum of mixed
+// per-kernel hashes: equal multisets give equal strings on every rank.
+//
+// # Topology
+//
+// Communicators come from CommInit: the ncclUniqueId hash identifies a
+// communicator on every host; a split's identity is derived from its
+// parent's, the split's ordinal on the parent and the color. Group types:
+// "world" when nranks equals RankInfo.WorldSize; "pp" for point-to-point
+// only; "ep" with all-to-all; "dp" for each rank's largest communicator
+// with per-step all-reduce or reduce-scatter traffic unless that is the
+// world (pure data parallelism stays "world"); "tp" for other traffic;
+// "other" without traffic. Groups list the global ranks of their local
+// members (all ranks for "world"); ids ("dp-1a2b3c4d") derive from the
+// unique id, so hosts agree on them. The version increases whenever the
+// content changes: communicators created, destroyed (AddCommDestroy) or
+// rebuilt with a new unique id, processes replaced, types refined. A step
+// carries the version in effect when it closed (when that version was
+// emitted before the next change, else the current one).
+//
+// # Bounds
+//
+// Per process and communicator everything is bounded: token history
+// ((Repeats+1)·MaxPeriod), known cycles (8), signatures (4096, then the
+// detector restarts), record buffers (MaxHostRecords, MaxDeviceRecords;
+// overflow marks the affected steps), pending steps (MaxPending), arrival
+// slots (1024 sequence numbers per communicator).
+package correlate

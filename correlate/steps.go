@@ -1,0 +1,483 @@
+package correlate
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/slowrank/slowrank/detector"
+)
+
+// pendingStep is a closed step awaiting its records and its peers.
+type pendingStep struct {
+	start, end int64
+	idx        int64
+	clock, gen uint32
+	serial     int    // topology serial when the step closed
+	serialJob  string // the job of that serial
+	tentative  bool
+	// Settling stages, in order: host records, arrival, device records.
+	hostDone, arrDone, devDone bool
+
+	valid bool // host records complete
+	gpu   bool
+	ph    [nPhases]float64
+	has   uint16 // bit per phase
+	fp    string
+	colls []collRef
+
+	// Arrival evidence gathered at the arrival stage; ties are resolved
+	// with the peers' device measurements at emission.
+	lagMS            float64
+	hasLag           bool
+	votes, lastVotes int
+	ties             []tieSet
+	self             *proc
+}
+
+type collRef struct {
+	grp   uint32
+	seq   uint64
+	start int64
+}
+
+// tieSet counts collectives at which this rank and the listed peers
+// arrived within ArrivalTie of each other and last.
+type tieSet struct {
+	procs []*proc // self included
+	n     int
+}
+
+const (
+	phStep = iota
+	phHost
+	phSync
+	phCollWait
+	phCompute
+	phComm
+	phExposed
+	phIdle
+	phAttn
+	phMoE
+	nPhases
+)
+
+var phaseNames = [nPhases]string{
+	phStep:     detector.PhaseStep,
+	phHost:     detector.PhaseHost,
+	phSync:     detector.PhaseSyncWait,
+	phCollWait: detector.PhaseCollWait,
+	phCompute:  detector.PhaseCompute,
+	phComm:     detector.PhaseComm,
+	phExposed:  detector.PhaseExposedComm,
+	phIdle:     detector.PhaseIdle,
+	phAttn:     detector.PhaseAttention,
+	phMoE:      detector.PhaseMoE,
+}
+
+func (s *pendingStep) set(ph int, ns int64) {
+	s.ph[ph] = float64(ns) / 1e6
+	s.has |= 1 << ph
+}
+
+// onEvents hands the step detector's events of pc to the process's step
+// timeline when pc is (or becomes) the process's clock.
+func (c *Correlator) onEvents(p *proc, pc *procComm) {
+	d := pc.det
+	if len(d.events) == 0 {
+		return
+	}
+	evs := d.events
+	d.events = d.events[:0]
+	if !pc.regular && d.hasKnown() {
+		pc.regular = true
+		if pc.grp != nil {
+			c.markGroupDirty(pc.grp)
+		}
+	}
+	if p.markerMode {
+		return
+	}
+	if p.clock != pc && !c.takeClock(p, pc, evs) {
+		return
+	}
+	c.apply(p, evs)
+}
+
+// takeClock decides whether pc becomes the clock of p. The clock is the
+// first communicator that locks. A communicator with more ranks (more
+// ranks agree on its step numbering) takes over once confirmed, or at once
+// while the clock is itself tentative or unlocked; any confirmed lock takes
+// over from the synchronisation fallback at once and from a clock that has
+// stayed unlocked for PromoteCycles of its cycles.
+func (c *Correlator) takeClock(p *proc, pc *procComm, evs []detEvent) bool {
+	d := pc.det
+	if !d.locked {
+		return false
+	}
+	cur := p.clock
+	confirmed := !d.tentative
+	curSettled := cur != nil && cur.det.locked && !cur.det.tentative
+	switch {
+	case cur == nil:
+	case pc.sync:
+		return false
+	case cur.sync:
+	case pc.nranks() > cur.nranks() && (confirmed || !curSettled):
+	case confirmed && !cur.det.locked:
+		for _, e := range evs {
+			if e.kind == evBoundary {
+				p.clockIdle++
+			}
+		}
+		if p.clockIdle < c.cfg.PromoteCycles {
+			return false
+		}
+	default:
+		return false
+	}
+	c.dropTentative(p)
+	p.clock = pc
+	p.clockSerial++
+	p.clockIdle = 0
+	p.switched = true
+	p.haveOpen = false
+	return true
+}
+
+func (c *Correlator) apply(p *proc, evs []detEvent) {
+	for _, e := range evs {
+		switch e.kind {
+		case evStart:
+			p.open(e.t)
+		case evBoundary:
+			p.clockIdle = 0
+			if p.haveOpen && e.t > p.openStart {
+				idx := e.idx + p.idxOffset
+				if idx <= p.lastIdx && p.switched {
+					p.idxOffset += p.lastIdx + 1 - idx
+					idx = p.lastIdx + 1
+				}
+				if idx > p.lastIdx {
+					p.switched = false
+					c.closeStep(p, p.openStart, e.t, idx, e.gen, e.tentative)
+				}
+			}
+			p.open(e.t)
+		case evBreak:
+			p.haveOpen = false
+		case evRetract:
+			c.retractGen(p, p.clockSerial, e.gen)
+			p.haveOpen = false
+		case evConfirm:
+			for _, s := range p.pending {
+				if s.clock == p.clockSerial && s.gen == e.gen {
+					s.tentative = false
+				}
+			}
+		}
+	}
+}
+
+func (c *Correlator) closeStep(p *proc, start, end, idx int64, gen uint32, tentative bool) {
+	var s *pendingStep
+	if n := len(p.free); n > 0 {
+		s, p.free = p.free[n-1], p.free[:n-1]
+		colls, ties := s.colls[:0], s.ties[:0]
+		*s = pendingStep{colls: colls, ties: ties}
+	} else {
+		s = &pendingStep{}
+	}
+	s.start, s.end, s.idx, s.self = start, end, idx, p
+	s.clock, s.gen, s.tentative = p.clockSerial, gen, tentative
+	s.serial, s.serialJob = c.job(p.info.Job).serial, p.info.Job
+	p.pending = append(p.pending, s)
+	p.lastIdx, p.lastEnd = idx, end
+	if len(p.pending) > c.cfg.MaxPending {
+		p.stats.Evicted++
+		c.recycle(p, 0)
+	}
+}
+
+func (c *Correlator) recycle(p *proc, i int) {
+	s := p.pending[i]
+	p.pending = slices.Delete(p.pending, i, i+1)
+	if len(p.free) < 16 {
+		p.free = append(p.free, s)
+	}
+}
+
+// retractGen withdraws the tentative steps of one lock.
+func (c *Correlator) retractGen(p *proc, clock, gen uint32) {
+	for i := 0; i < len(p.pending); {
+		s := p.pending[i]
+		if s.tentative && s.clock == clock && s.gen == gen {
+			p.stats.Retracted++
+			c.recycle(p, i)
+			continue
+		}
+		i++
+	}
+	c.rewind(p)
+}
+
+// dropTentative withdraws every tentative step of p.
+func (c *Correlator) dropTentative(p *proc) {
+	for i := 0; i < len(p.pending); {
+		if p.pending[i].tentative {
+			p.stats.Retracted++
+			c.recycle(p, i)
+			continue
+		}
+		i++
+	}
+	c.rewind(p)
+}
+
+func (c *Correlator) rewind(p *proc) {
+	p.lastIdx, p.lastEnd = p.emitIdx, p.emitEnd
+	if n := len(p.pending); n > 0 {
+		p.lastIdx, p.lastEnd = p.pending[n-1].idx, p.pending[n-1].end
+	}
+}
+
+// pump settles due steps: first every process measures its due steps, then
+// steps whose peers have reported are emitted, so that arrival evidence can
+// use the peers' measurements of the same step.
+func (c *Correlator) pump(force bool) {
+	c.refreshOrder()
+	for _, p := range c.order {
+		c.measureDue(p, force)
+	}
+	for _, p := range c.order {
+		c.emitReady(p, force)
+	}
+}
+
+// due is when a step can be measured: HostReorder after its end, and for
+// a covered step once device records reached DeviceSlack past its end or,
+// failing that, DeviceReorder after its end.
+func (c *Correlator) due(p *proc, s *pendingStep) int64 {
+	d := s.end + int64(c.cfg.HostReorder)
+	if p.cov.contains(s.start, s.end) && p.maxDevEnd < s.end+int64(c.cfg.DeviceSlack) {
+		d = max(d, s.end+int64(c.cfg.DeviceReorder))
+	}
+	return d
+}
+
+// measureDue runs the settling stages of p's steps in order, as far as
+// their allowances have passed (all of them when force).
+func (c *Correlator) measureDue(p *proc, force bool) {
+	for i, s := range p.pending {
+		if s.devDone {
+			continue
+		}
+		if s.tentative {
+			return
+		}
+		if !s.hostDone {
+			if !force && c.now < s.end+int64(c.cfg.HostReorder) {
+				return
+			}
+			c.measureHost(p, s)
+		}
+		if !s.arrDone {
+			if !c.arrivalReady(p, s) {
+				if !force && c.now < s.end+int64(c.cfg.ArrivalWait) && len(p.pending)-1-i < c.cfg.ArrivalWaitSteps {
+					return
+				}
+				p.stats.ArrivalTimeout++
+			}
+			c.arrivalStage(p, s)
+			s.arrDone = true
+		}
+		if !force && c.now < c.due(p, s) {
+			return
+		}
+		c.measureDevice(p, s)
+	}
+}
+
+func (c *Correlator) emitReady(p *proc, _ bool) {
+	for len(p.pending) > 0 {
+		s := p.pending[0]
+		if !s.devDone {
+			return
+		}
+		c.emit(p, s)
+		p.emitIdx, p.emitEnd = s.idx, s.end
+		c.recycle(p, 0)
+	}
+}
+
+// measureHost assigns the buffered host records that end inside the step
+// (an interval belongs to the step in which it ended; it is clipped to the
+// step for the union arithmetic) and computes the host phases.
+func (c *Correlator) measureHost(p *proc, s *pendingStep) {
+	sc := &c.sc
+	sc.sync, sc.blocked, sc.collWait = sc.sync[:0], sc.blocked[:0], sc.collWait[:0]
+	for p.host.len() > 0 {
+		r := p.host.front()
+		if r.end > s.end {
+			break
+		}
+		if r.end <= s.start {
+			p.stats.Unassigned++
+			p.host.pop()
+			continue
+		}
+		sp := span{max(r.start, s.start), r.end}
+		switch r.kind {
+		case rSync:
+			sc.sync = append(sc.sync, sp)
+			sc.blocked = append(sc.blocked, sp)
+		case rCollWait:
+			sc.collWait = append(sc.collWait, sp)
+			sc.blocked = append(sc.blocked, sp)
+		case rColl:
+			s.colls = append(s.colls, collRef{grp: r.ref, seq: r.aux, start: r.start})
+		}
+		p.host.pop()
+	}
+	s.valid = p.host.holeEnd <= s.start && !p.hostHoles.overlaps(s.start, s.end)
+
+	stepNS := s.end - s.start
+	s.set(phStep, stepNS)
+	syncOn := p.info.Probes&ProbeSync != 0 || (p.info.Probes == 0 && p.sawSync)
+	collOn := p.info.Probes&ProbeCollWait != 0 || (p.info.Probes == 0 && p.sawCollWait)
+	if syncOn {
+		s.set(phSync, unionNS(sc.sync))
+	}
+	if collOn {
+		s.set(phCollWait, unionNS(sc.collWait))
+	}
+	if syncOn || collOn {
+		s.set(phHost, stepNS-unionNS(sc.blocked))
+	}
+	s.hostDone = true
+	p.hostConsumed = s.end
+	p.hostHoles.prune(s.end)
+}
+
+// measureDevice assigns the buffered device records that end inside the
+// step and computes the device phases and the fingerprint.
+func (c *Correlator) measureDevice(p *proc, s *pendingStep) {
+	sc := &c.sc
+	stepNS := s.end - s.start
+
+	// Device records.
+	sc.compute, sc.comm, sc.attn, sc.moe = sc.compute[:0], sc.comm[:0], sc.attn[:0], sc.moe[:0]
+	var fpSum, fpSum2 uint64
+	var kernels int
+	named := true
+	for p.dev.len() > 0 {
+		r := p.dev.front()
+		if r.end > s.end {
+			break
+		}
+		if r.end <= s.start {
+			p.stats.Unassigned++
+			p.dev.pop()
+			continue
+		}
+		sp := span{max(r.start, s.start), r.end}
+		switch r.kind {
+		case rComm:
+			sc.comm = append(sc.comm, sp)
+		case rCopy:
+			sc.compute = append(sc.compute, sp)
+		default:
+			sc.compute = append(sc.compute, sp)
+			if r.kind == rAttn {
+				sc.attn = append(sc.attn, sp)
+			} else if r.kind == rMoE {
+				sc.moe = append(sc.moe, sp)
+			}
+			kernels++
+			if r.aux == 0 {
+				named = false
+			}
+			fpSum += r.aux
+			fpSum2 += mix64(r.aux ^ 0x5bd1e9955bd1e995)
+		}
+		p.dev.pop()
+	}
+	covered := p.cov.contains(s.start, s.end)
+	s.gpu = covered && p.dev.holeEnd <= s.start && !p.devHoles.overlaps(s.start, s.end)
+	if covered && !s.gpu {
+		p.stats.DegradedSteps++
+	}
+	var commNS int64
+	if s.gpu {
+		computeNS := unionNS(sc.compute)
+		commNS = unionNS(sc.comm)
+		allNS := unionMergedNS(sc.compute, sc.comm)
+		s.set(phCompute, computeNS)
+		s.set(phComm, commNS)
+		s.set(phExposed, allNS-computeNS)
+		s.set(phIdle, stepNS-allNS)
+		if len(sc.attn) > 0 {
+			s.set(phAttn, unionNS(sc.attn))
+		}
+		if len(sc.moe) > 0 {
+			s.set(phMoE, unionNS(sc.moe))
+		}
+		if kernels > 0 && named {
+			h := uint64(fnvOffset)
+			for _, v := range [3]uint64{fpSum, fpSum2, uint64(kernels)} {
+				for b := 0; b < 8; b++ {
+					h ^= (v >> (8 * b)) & 0xff
+					h *= fnvPrime
+				}
+			}
+			s.fp = fmt.Sprintf("%016x", h)
+		}
+	}
+	p.recent[uint64(s.idx)%recentN] = recentComm{idx: s.idx, commNS: commNS, ok: s.gpu}
+
+	s.devDone = true
+	p.consumed = s.end
+	p.cov.prune(s.end)
+	p.devHoles.prune(s.end)
+}
+
+func (c *Correlator) emit(p *proc, s *pendingStep) {
+	if !s.valid {
+		p.stats.InvalidSteps++
+		return
+	}
+	if !p.hasInfo {
+		p.stats.NoRankSteps++
+		return
+	}
+	j := c.job(p.info.Job)
+	c.refreshTopology(j)
+	topo := j.version
+	if s.serialJob == p.info.Job {
+		topo = j.versionFor(s.serial)
+	}
+	phases := make(map[string]float64, 10)
+	for i := range nPhases {
+		if s.has&(1<<i) != 0 {
+			phases[phaseNames[i]] = s.ph[i]
+		}
+	}
+	st := detector.Step{
+		Kind:    detector.KindStep,
+		Job:     p.info.Job,
+		Topo:    topo,
+		Rank:    p.info.Rank,
+		Step:    s.idx,
+		Host:    p.info.Host,
+		StartNS: s.start,
+		EndNS:   s.end,
+		Phases:  phases,
+		GPU:     s.gpu,
+		Epoch:   p.info.Epoch,
+	}
+	if s.fp != "" {
+		st.Workload = &detector.Workload{FP: s.fp}
+	}
+	st.LastArrival, st.ArrivalLagMS = c.arrivalFields(s)
+	c.steps = append(c.steps, st)
+	p.stats.Steps++
+}

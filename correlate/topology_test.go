@@ -1,0 +1,161 @@
+package correlate
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/slowrank/slowrank/detector"
+)
+
+// TP=2 × DP=4 on one host of 8 ranks: the world communicator, two DP
+// communicators carrying the gradient all-reduce, four TP communicators.
+func TestTopologyLabels(t *testing.T) {
+	ranks := []int{0, 1, 2, 3, 4, 5, 6, 7}
+	c := newTest(Config{}, ranks...)
+	var b batch
+	for _, r := range ranks {
+		p := pid(r)
+		c.AddCommInit(CommInit{PID: p, Comm: 0x100, NRanks: 8, Rank: r, UniqueIDHash: 0xaaaa})
+		c.AddCommInit(CommInit{PID: p, Comm: 0x200, NRanks: 2, Rank: r % 2, Parent: 0x100, Color: r / 2})
+		c.AddCommInit(CommInit{PID: p, Comm: 0x300, NRanks: 4, Rank: r / 2, Parent: 0x100, Color: r % 2})
+		b.coll(p, 0x100, "allreduce", 1, 0, 10*us) // barrier
+	}
+	for i := range 12 {
+		base := ms + int64(i)*10*ms
+		for _, r := range ranks {
+			p := pid(r)
+			b.coll(p, 0x200, "allreduce", 4096, base+1*ms, base+1*ms+10*us)
+			b.coll(p, 0x200, "allreduce", 4096, base+2*ms, base+2*ms+10*us)
+			b.coll(p, 0x300, "allreduce", 1<<20, base+5*ms, base+5*ms+10*us)
+			b.sync(p, base+8*ms, base+10*ms)
+		}
+	}
+	b.feed(c)
+	steps, topos := c.Flush()
+	if len(topos) != 1 {
+		t.Fatalf("%d topology facts: %+v", len(topos), topos)
+	}
+	top := topos[0]
+	if top.Kind != detector.KindTopology || top.Job != "j1" || top.Version != 1 || len(top.Ranks) != 8 {
+		t.Fatalf("topology %+v", top)
+	}
+	count := map[string][]string{}
+	for _, g := range top.Groups {
+		count[g.Type] = append(count[g.Type], fmt.Sprint(g.Ranks))
+	}
+	want := map[string][]string{
+		"world": {"[0 1 2 3 4 5 6 7]"},
+		"dp":    {"[0 2 4 6]", "[1 3 5 7]"},
+		"tp":    {"[0 1]", "[2 3]", "[4 5]", "[6 7]"},
+	}
+	for typ, groups := range want {
+		got := count[typ]
+		if len(got) != len(groups) {
+			t.Fatalf("%s groups %v, want %v", typ, got, groups)
+		}
+		for _, g := range groups {
+			found := false
+			for _, x := range got {
+				found = found || x == g
+			}
+			if !found {
+				t.Fatalf("%s groups %v lack %v", typ, got, g)
+			}
+		}
+	}
+	if len(top.Groups) != 7 {
+		t.Fatalf("groups %+v", top.Groups)
+	}
+	m := byRank(steps)
+	for _, r := range ranks {
+		if len(m[r]) < 9 {
+			t.Fatalf("rank %d: %d steps", r, len(m[r]))
+		}
+		for _, s := range m[r] {
+			if s.Topo != 1 {
+				t.Fatalf("step topo %d", s.Topo)
+			}
+		}
+		// All ranks number the same iteration alike.
+		if m[r][0].Step != m[0][0].Step || m[r][0].EndNS != m[0][0].EndNS {
+			t.Fatalf("rank %d first step %d@%d, rank 0 %d@%d", r, m[r][0].Step, m[r][0].EndNS, m[0][0].Step, m[0][0].EndNS)
+		}
+	}
+}
+
+// A communicator rebuilt mid-run (elastic restart inside the processes:
+// destroy, then a new unique id) gives a new topology version; steps are
+// tagged with the version in effect when they ended, and indices go on.
+func TestCommunicatorRebuilt(t *testing.T) {
+	c := newTest(Config{}, 0, 1)
+	for r := range 2 {
+		c.AddCommInit(CommInit{PID: pid(r), Comm: uint64(0x10 + r), NRanks: 2, Rank: r, UniqueIDHash: 0x1111})
+	}
+	var b batch
+	simulate(&b, []uint32{pid(0), pid(1)}, 0, repeat("AB S", 20), 0, 10*ms, nil)
+	commOf(&b)
+	b.feed(c)
+	steps1, topos1 := c.Drain()
+	for r := range 2 {
+		c.AddCommDestroy(CommDestroy{PID: pid(r), Comm: uint64(0x10 + r), AtNS: 201 * ms})
+		c.AddCommInit(CommInit{PID: pid(r), Comm: uint64(0x20 + r), NRanks: 2, Rank: r, UniqueIDHash: 0x2222, AtNS: 202 * ms})
+	}
+	simulate(&b, []uint32{pid(0), pid(1)}, 0, repeat("AB S", 20), 300*ms, 10*ms, nil)
+	for i := range b.host {
+		if b.host[i].Kind == HostCollective {
+			b.host[i].Comm = uint64(0x20 + b.host[i].PID - 100)
+		}
+	}
+	b.feed(c)
+	steps2, topos2 := c.Flush()
+	topos := append(topos1, topos2...)
+	if len(topos) != 2 || topos[0].Version != 1 || topos[1].Version != 2 {
+		t.Fatalf("topologies %+v", topos)
+	}
+	if topos[0].Groups[0].ID == topos[1].Groups[0].ID {
+		t.Fatalf("same group id after rebuild: %+v", topos)
+	}
+	m := byRank(append(steps1, steps2...))
+	for r := range 2 {
+		checkContiguous(t, m[r])
+		var v1, v2 int
+		for _, s := range m[r] {
+			switch {
+			case s.EndNS <= 200*ms && s.Topo == 1:
+				v1++
+			case s.StartNS >= 300*ms && s.Topo == 2:
+				v2++
+			default:
+				t.Fatalf("rank %d step %d [%d,%d] topo %d", r, s.Step, s.StartNS, s.EndNS, s.Topo)
+			}
+		}
+		if v1 != 19 || v2 != 19 {
+			t.Fatalf("rank %d: %d steps before, %d after", r, v1, v2)
+		}
+	}
+}
+
+// Processes replaced (elastic restart with new pids) bump the version too.
+func TestRanksReplaced(t *testing.T) {
+	c := newTest(Config{}, 0)
+	c.AddCommInit(CommInit{PID: pid(0), Comm: 1, NRanks: 1, UniqueIDHash: 0x1})
+	var b batch
+	simulate(&b, []uint32{pid(0)}, 1, repeat("AB S", 10), 0, 10*ms, nil)
+	b.feed(c)
+	c.Forget(pid(0))
+	c.SetRank(RankInfo{PID: 999, Rank: 0, Job: "j1", Host: "h0"})
+	c.AddCommInit(CommInit{PID: 999, Comm: 1, NRanks: 1, UniqueIDHash: 0x2})
+	simulate(&b, []uint32{999}, 1, repeat("AB S", 10), 200*ms, 10*ms, nil)
+	b.feed(c)
+	steps, topos := c.Flush()
+	if len(topos) != 2 || topos[1].Version != 2 || topos[1].Ranks[0].PID != 999 {
+		t.Fatalf("topologies %+v", topos)
+	}
+	if len(steps) != 18 {
+		t.Fatalf("%d steps", len(steps))
+	}
+	st := c.Stats()
+	if len(st) != 1 || st[0].Steps != 18 || st[0].PID != 999 {
+		t.Fatalf("stats %+v", st)
+	}
+}

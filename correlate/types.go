@@ -1,0 +1,263 @@
+package correlate
+
+import "time"
+
+// HostKind says what a host interval is.
+type HostKind uint8
+
+// Host interval kinds.
+const (
+	// HostCollective is a (non-blocking) NCCL collective or point-to-point
+	// call: ncclAllReduce, ncclAllGather, ncclSend, ... It feeds the step
+	// detector and the arrival order; its duration is not a phase.
+	HostCollective HostKind = iota + 1
+	// HostSyncWait is a host thread blocked in a device synchronisation
+	// (cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize).
+	HostSyncWait
+	// HostCollWait is a host thread blocked inside a blocking collective
+	// (torch c10d with gloo, Work::wait). With Op set it is also a
+	// collective of the step detector and the arrival order.
+	HostCollWait
+	// HostGroupStart and HostGroupEnd are ncclGroupStart/ncclGroupEnd.
+	// They are counted and otherwise ignored.
+	HostGroupStart
+	HostGroupEnd
+	// HostMarker is a call of a configured per-step marker symbol. Once a
+	// process reports a marker its steps are cut at markers only.
+	HostMarker
+)
+
+// HostCall is one host interval of one thread: a uprobe entry/return pair.
+type HostCall struct {
+	PID, TID uint32
+	Kind     HostKind
+	// Op is the collective ("allreduce", "allgather", "reducescatter",
+	// "broadcast", "reduce", "send", "recv", "alltoall", ...) or, for a
+	// synchronisation, the function ("cudaStreamSynchronize").
+	Op       string
+	Count    uint64 // elements
+	Datatype uint32 // ncclDataType_t
+	// Comm is the communicator handle in the process (ncclComm_t). Zero
+	// for c10d calls whose group is unknown: they form one default group
+	// per job.
+	Comm   uint64
+	Stream uint64 // cudaStream_t
+	// StartNS and EndNS are CLOCK_MONOTONIC. For HostMarker, Count > 0 is
+	// taken as the explicit index of the step that the marker ends.
+	StartNS, EndNS int64
+}
+
+// CommInit is an NCCL communicator creation (ncclCommInitRank*,
+// ncclCommSplit) seen in one process.
+type CommInit struct {
+	PID    uint32
+	Comm   uint64 // the new handle; 0 when a split returned no communicator
+	NRanks int
+	Rank   int // rank in the communicator
+	// UniqueIDHash is a hash of the ncclUniqueId shared by all members.
+	// Zero for ncclCommSplit: the identity is then derived from the
+	// parent's identity, the split's ordinal on the parent and Color.
+	UniqueIDHash uint64
+	Parent       uint64 // parent handle for ncclCommSplit
+	Color, Key   int
+	AtNS         int64
+}
+
+// CommDestroy is ncclCommDestroy/ncclCommAbort in one process.
+type CommDestroy struct {
+	PID  uint32
+	Comm uint64
+	AtNS int64
+}
+
+// DeviceKind is the CUPTI activity kind of a device interval.
+type DeviceKind uint8
+
+// Device interval kinds.
+const (
+	DeviceKernel DeviceKind = iota
+	DeviceMemcpy
+	DeviceMemset
+)
+
+// KernelClass is the classification of a kernel by the injection library.
+type KernelClass uint8
+
+// Kernel classes.
+const (
+	ClassOther KernelClass = iota
+	ClassComm              // NCCL and other communication kernels
+	ClassAttention
+	ClassGEMM
+	ClassMoE // grouped GEMM, routing, permutation
+	ClassCopy
+)
+
+// DeviceInterval is one CUPTI activity record, on the host's
+// CLOCK_MONOTONIC timeline.
+type DeviceInterval struct {
+	PID            uint32
+	Kind           DeviceKind
+	Class          KernelClass
+	StartNS, EndNS int64
+	Device, Stream uint32
+	// NameID is the per-process kernel name id; Name, when set, is the
+	// kernel name itself. The workload fingerprint hashes names, so that it
+	// is comparable across processes: Name is used when set, otherwise
+	// Config.KernelName(PID, NameID).
+	NameID      uint32
+	Name        string
+	Grid, Block [3]uint32
+	Corr        uint32 // CUPTI correlation id
+}
+
+// Coverage says that device collection of a process was on from StartNS to
+// EndNS. EndNS == 0 leaves the period open; a later Coverage with the same
+// StartNS closes it.
+type Coverage struct {
+	PID            uint32
+	StartNS, EndNS int64
+}
+
+// Drop reports records lost by capture (ring buffer or CUPTI buffer full)
+// between FromNS and ToNS. PID 0 applies to every process.
+type Drop struct {
+	PID          uint32
+	Host, Device uint64
+	FromNS, ToNS int64
+}
+
+// Probes says which host measurements are attached for a process.
+type Probes uint8
+
+// Probe flags. A zero Probes means "infer": a measurement counts as
+// attached once the process has reported one such interval.
+const (
+	ProbeSync Probes = 1 << iota
+	ProbeCollWait
+)
+
+// RankInfo is the identity of the training process PID.
+type RankInfo struct {
+	PID       uint32
+	Rank      int
+	LocalRank int
+	WorldSize int // 0 when unknown
+	Host      string
+	Job       string
+	Epoch     int
+	Probes    Probes
+}
+
+// Config tunes a Correlator. The zero value is usable; zero fields take the
+// defaults given in brackets.
+type Config struct {
+	// Host names the host in facts of ranks whose RankInfo has none.
+	Host string
+	// Repeats is how many consecutive repetitions of a collective cycle
+	// lock the step detector onto it [3].
+	Repeats int
+	// MaxPeriod is the longest cycle, in calls per communicator, that is
+	// searched [2048].
+	MaxPeriod int
+	// ConfirmCycles is how many further cycles a communicator's first lock
+	// must hold before its steps are released [2].
+	ConfirmCycles int
+	// PromoteCycles is how many further cycles a new cycle must hold on a
+	// communicator that already has one before its steps are released;
+	// shorter excursions (evaluation loops, checkpoints) are dropped [16].
+	PromoteCycles int
+	// NoSyncMinCalls: a cycle without any synchronisation is accepted only
+	// after this many collective calls without one [1024].
+	NoSyncMinCalls int
+	// HostReorder is how long after a step's end host records may still
+	// arrive [100ms].
+	HostReorder time.Duration
+	// DeviceReorder is how long after a step's end device records may
+	// still arrive; later ones count as late [3s]. A covered step is
+	// settled earlier once the process's device records have reached
+	// DeviceSlack past its end (CUPTI delivers records in completion
+	// order per buffer) [50ms].
+	DeviceReorder time.Duration
+	DeviceSlack   time.Duration
+	// ArrivalWait bounds how long a step waits for the other local members
+	// of its communicators [1s]; ArrivalWaitSteps bounds it in later
+	// steps of the same rank [2].
+	ArrivalWait      time.Duration
+	ArrivalWaitSteps int
+	// ArrivalTie: host arrivals closer than this are a tie, broken by
+	// device communication time when known [20µs].
+	ArrivalTie time.Duration
+	// MaxHostRecords and MaxDeviceRecords bound the per-process buffers of
+	// records not yet assigned to an emitted step [16384, 131072].
+	MaxHostRecords   int
+	MaxDeviceRecords int
+	// MaxPending bounds the per-process steps awaiting emission [4096].
+	MaxPending int
+	// KernelName resolves a per-process kernel name id; nil when names
+	// come in DeviceInterval.Name or not at all (then no fingerprint).
+	KernelName func(pid, nameID uint32) string
+}
+
+func (c Config) withDefaults() Config {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	defD := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&c.Repeats, 3)
+	if c.Repeats < 2 {
+		c.Repeats = 2
+	}
+	def(&c.MaxPeriod, 2048)
+	def(&c.ConfirmCycles, 2)
+	def(&c.PromoteCycles, 16)
+	def(&c.NoSyncMinCalls, 1024)
+	defD(&c.HostReorder, 100*time.Millisecond)
+	defD(&c.DeviceReorder, 3*time.Second)
+	defD(&c.DeviceSlack, 50*time.Millisecond)
+	defD(&c.ArrivalWait, time.Second)
+	def(&c.ArrivalWaitSteps, 2)
+	defD(&c.ArrivalTie, 20*time.Microsecond)
+	def(&c.MaxHostRecords, 1<<14)
+	def(&c.MaxDeviceRecords, 1<<17)
+	def(&c.MaxPending, 4096)
+	if c.MaxPending < c.PromoteCycles+c.Repeats+4 {
+		c.MaxPending = c.PromoteCycles + c.Repeats + 4
+	}
+	return c
+}
+
+// RankStats are the counters of one rank (all its processes so far).
+type RankStats struct {
+	Job  string
+	Rank int // -1 for processes without RankInfo
+	PID  uint32
+
+	HostCalls     uint64 // host intervals received
+	DeviceRecords uint64 // device intervals received
+	Steps         uint64 // step facts emitted
+
+	Late      uint64 // records after their step was settled (or beyond the buffers)
+	Duplicate uint64 // device records seen before (same corr id and start)
+	Reordered uint64 // records that arrived out of order and were placed correctly
+
+	DroppedHost   uint64 // host records lost by capture (Drop)
+	DroppedDevice uint64 // device records lost by capture (Drop)
+
+	IrregularCalls uint64 // collective calls outside a locked cycle
+	Retracted      uint64 // tentative steps withdrawn (short excursions, false locks)
+	Relocks        uint64 // locks regained on a known cycle
+	Unassigned     uint64 // records that fell outside every step
+	Evicted        uint64 // records or steps pushed out of full buffers
+
+	InvalidSteps   uint64 // steps not emitted because host records were lost
+	DegradedSteps  uint64 // covered steps emitted gpu:false because device records were lost
+	NoRankSteps    uint64 // steps dropped because the process had no RankInfo
+	ArrivalTimeout uint64 // steps emitted before every local peer reported
+}
