@@ -28,11 +28,11 @@ lint: ## gofmt and go vet
 	if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
 
-generate: ## regenerate committed generated code (bpf2go)
-	$(GO) generate ./...
+generate: bpf-generate ## regenerate committed generated code (bpf2go)
 
 check-generated: generate ## fail when generated code differs from what is committed
-	git diff --exit-code -- '*.go' '*.o' || (echo "generated files are stale: run make generate and commit"; exit 1)
+	@if [ -n "$$(git status --porcelain -- bpf cupti)" ]; then git status --porcelain -- bpf cupti; git diff --stat; \
+	  echo "generated files are stale: run make generate and commit"; exit 1; fi
 
 unit-test: ## go test with the race detector (privileged tests run as root)
 	$(GO) test -race -count=1 ./...

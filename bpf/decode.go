@@ -1,0 +1,142 @@
+package bpf
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+)
+
+// ErrMalformed is returned (wrapped) by Decode for a record it refuses.
+var ErrMalformed = errors.New("malformed event")
+
+// Flags of sr_comm_init_event and sr_group_event (events.h).
+const (
+	commFIDValid   = 0x1
+	commFCommValid = 0x2
+	commFParent    = 0x4
+	groupFReturn   = 0x1
+)
+
+// HashUniqueID is the hash BPF computes over an ncclUniqueId (128 bytes):
+// FNV-1a 64. Ranks that share a communicator report the same value.
+func HashUniqueID(id []byte) uint64 {
+	h := fnv.New64a()
+	h.Write(id)
+	return h.Sum64()
+}
+
+func malformed(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrMalformed, fmt.Sprintf(format, args...))
+}
+
+// Decode turns one ring buffer record into a typed event. It is pure and
+// strict: the size must match the type exactly (batches: within bounds), the
+// type and probe id must be known and agree, and end must not precede start.
+// Errors wrap ErrMalformed. The returned event does not alias b.
+func Decode(b []byte) (Event, error) {
+	if len(b) < headerSize {
+		return nil, malformed("record of %d bytes is shorter than the %d-byte header", len(b), headerSize)
+	}
+	le := binary.LittleEndian
+	h := Header{
+		Type:    EventType(le.Uint32(b[0:])),
+		Probe:   ProbeID(le.Uint32(b[4:])),
+		PID:     le.Uint32(b[8:]),
+		TID:     le.Uint32(b[12:]),
+		StartNs: le.Uint64(b[16:]),
+		EndNs:   le.Uint64(b[24:]),
+	}
+	if h.Type < EventColl || h.Type > EventBatch {
+		return nil, malformed("unknown event type %d", uint32(h.Type))
+	}
+	info, ok := probeInfos[h.Probe]
+	if !ok {
+		return nil, malformed("unknown probe id %d", uint32(h.Probe))
+	}
+	if info.typ != h.Type {
+		return nil, malformed("probe %s emits %s records, got type %s", h.Probe, info.typ, h.Type)
+	}
+	if h.EndNs < h.StartNs {
+		return nil, malformed("%s: end %d before start %d", h.Probe, h.EndNs, h.StartNs)
+	}
+	exact := func(n int) error {
+		if len(b) != n {
+			return malformed("%s record of %d bytes, want %d", h.Type, len(b), n)
+		}
+		return nil
+	}
+	switch h.Type {
+	case EventColl:
+		if err := exact(collSize); err != nil {
+			return nil, err
+		}
+		return &CollEvent{
+			Header:   h,
+			Count:    le.Uint64(b[32:]),
+			Comm:     le.Uint64(b[40:]),
+			Stream:   le.Uint64(b[48:]),
+			Datatype: le.Uint32(b[56:]),
+			RedOp:    le.Uint32(b[60:]),
+			Peer:     int32(le.Uint32(b[64:])),
+			Ret:      int32(le.Uint32(b[68:])),
+		}, nil
+	case EventCommInit:
+		if err := exact(commInitSize); err != nil {
+			return nil, err
+		}
+		flags := le.Uint32(b[76:])
+		return &CommInitEvent{
+			Header:    h,
+			IDHash:    le.Uint64(b[32:]),
+			IDValid:   flags&commFIDValid != 0,
+			Comm:      le.Uint64(b[40:]),
+			CommValid: flags&commFCommValid != 0,
+			Parent:    le.Uint64(b[48:]),
+			IsSplit:   flags&commFParent != 0,
+			NRanks:    int32(le.Uint32(b[56:])),
+			Rank:      int32(le.Uint32(b[60:])),
+			Color:     int32(le.Uint32(b[64:])),
+			Key:       int32(le.Uint32(b[68:])),
+			Ret:       int32(le.Uint32(b[72:])),
+			NIDs:      le.Uint32(b[80:]),
+		}, nil
+	case EventSync:
+		if err := exact(syncSize); err != nil {
+			return nil, err
+		}
+		return &SyncEvent{Header: h, Handle: le.Uint64(b[32:]), Ret: int32(le.Uint32(b[40:]))}, nil
+	case EventGroup:
+		if err := exact(groupSize); err != nil {
+			return nil, err
+		}
+		flags := le.Uint32(b[36:])
+		if flags&groupFReturn == 0 && h.EndNs != h.StartNs {
+			return nil, malformed("%s marker with a duration", h.Probe)
+		}
+		return &GroupEvent{Header: h, Ret: int32(le.Uint32(b[32:])), HasReturn: flags&groupFReturn != 0}, nil
+	case EventTorch:
+		if err := exact(torchSize); err != nil {
+			return nil, err
+		}
+		e := &TorchEvent{Header: h, Arg0: le.Uint64(b[32:]), Arg1: le.Uint64(b[40:])}
+		e.Self = e.Arg0
+		if info.selfArg == 1 {
+			e.Self = e.Arg1
+		}
+		return e, nil
+	case EventBatch:
+		if len(b) < batchDataOffset || len(b) > batchDataOffset+BatchMax {
+			return nil, malformed("batch record of %d bytes outside [%d, %d]", len(b), batchDataOffset, batchDataOffset+BatchMax)
+		}
+		n := le.Uint32(b[32:])
+		if n > BatchMax || int(n) > len(b)-batchDataOffset {
+			return nil, malformed("batch length %d exceeds record (%d data bytes, max %d)", n, len(b)-batchDataOffset, BatchMax)
+		}
+		data := make([]byte, n)
+		copy(data, b[batchDataOffset:])
+		return &BatchEvent{Header: h, Data: data}, nil
+	}
+	// Unreachable while probeInfos only maps to the types above.
+	return nil, malformed("unknown event type %d", uint32(h.Type))
+}

@@ -1,0 +1,235 @@
+package bpf
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+var (
+	fakeOnce sync.Once
+	fakeDir  string
+	fakeErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if fakeDir != "" {
+		os.RemoveAll(fakeDir)
+	}
+	os.Exit(code)
+}
+
+// requireBPF skips unless the test can load programs and create uprobes.
+func requireBPF(tb testing.TB) {
+	tb.Helper()
+	if os.Geteuid() != 0 {
+		tb.Skip("needs root (BPF programs and uprobes)")
+	}
+	if err := CheckSupport(); err != nil {
+		tb.Skipf("kernel lacks BPF support: %v", err)
+	}
+}
+
+// fakeLibs compiles testdata/fakelib once per test binary: libraries with the
+// real NCCL/CUDA/torch/CUPTI-injection symbol names and a child program.
+func fakeLibs(tb testing.TB) string {
+	tb.Helper()
+	fakeOnce.Do(func() { fakeDir, fakeErr = buildFakeLibs() })
+	if fakeErr != nil {
+		if errors.Is(fakeErr, exec.ErrNotFound) {
+			tb.Skipf("no C toolchain: %v", fakeErr)
+		}
+		tb.Fatalf("build fake libraries: %v", fakeErr)
+	}
+	return fakeDir
+}
+
+func buildFakeLibs() (string, error) {
+	src, err := filepath.Abs("testdata/fakelib")
+	if err != nil {
+		return "", err
+	}
+	dir, err := os.MkdirTemp("", "slowrank-bpf-fake-")
+	if err != nil {
+		return "", err
+	}
+	// -fno-ipa-icf: identical bodies must stay separate functions, as in the
+	// real libraries (an ICF thunk would trigger two probes for one call).
+	if err := os.Mkdir(filepath.Join(dir, "bss"), 0o755); err != nil {
+		return "", err
+	}
+	cflags := []string{"-O2", "-g", "-fPIC", "-fno-ipa-icf", "-Wall", "-I", src, "-fno-omit-frame-pointer"}
+	steps := [][]string{
+		{"gcc", "-shared", "-Wl,-soname,libnccl.so.2", "-o", "libnccl.so.2", src + "/nccl.c"},
+		{"gcc", "-shared", "-Wl,-soname,libcudart.so.13", "-o", "libcudart.so.13", src + "/cudart.c"},
+		{"gcc", "-shared", "-Wl,-soname,libcuda.so.1", "-o", "libcuda.so.1", src + "/cuda.c"},
+		{"gcc", "-shared", "-o", "libslowrank_cupti.so", src + "/cupti.c"},
+		{"gcc", "-shared", "-DSEMAPHORE_IN_BSS", "-o", "bss/libslowrank_cupti.so", src + "/cupti.c"},
+		{"g++", "-shared", "-o", "libtorch_cpu.so", src + "/torch.cpp"},
+		{"gcc", "-o", "child", src + "/child.c", "-L.", "-l:libnccl.so.2", "-l:libcudart.so.13",
+			"-l:libcuda.so.1", "-l:libslowrank_cupti.so", "-l:libtorch_cpu.so", "-Wl,-rpath," + dir},
+	}
+	for _, s := range steps {
+		args := append(append([]string{}, cflags...), s[1:]...)
+		cmd := exec.Command(s[0], args...)
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			os.RemoveAll(dir)
+			return "", fmt.Errorf("%s: %w\n%s", strings.Join(cmd.Args, " "), err, out)
+		}
+	}
+	return dir, nil
+}
+
+// child drives testdata/fakelib/child.c over its stdin/stdout.
+type child struct {
+	tb  testing.TB
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	out *bufio.Scanner
+	pid int
+}
+
+func startChild(tb testing.TB, dir string, env ...string) *child {
+	tb.Helper()
+	cmd := exec.Command(filepath.Join(dir, "child"))
+	// The fakes are found through the child's DT_RUNPATH; an inherited
+	// LD_LIBRARY_PATH (GPU hosts set one) would win and load the real libcuda.
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "LD_LIBRARY_PATH=") && !strings.HasPrefix(kv, "LD_PRELOAD=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, env...)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		tb.Fatalf("start child: %v", err)
+	}
+	c := &child{tb: tb, cmd: cmd, in: in, out: bufio.NewScanner(out), pid: cmd.Process.Pid}
+	tb.Cleanup(c.stop)
+	if line := c.line(); !strings.HasPrefix(line, "ready ") {
+		tb.Fatalf("child said %q, want ready", line)
+	}
+	return c
+}
+
+func (c *child) send(cmd string) {
+	c.tb.Helper()
+	if _, err := io.WriteString(c.in, cmd+"\n"); err != nil {
+		c.tb.Fatalf("write %q to child: %v", cmd, err)
+	}
+}
+
+func (c *child) line() string {
+	c.tb.Helper()
+	done := make(chan bool, 1)
+	go func() { done <- c.out.Scan() }()
+	select {
+	case ok := <-done:
+		if !ok {
+			c.tb.Fatalf("child output ended: %v", c.out.Err())
+		}
+		return c.out.Text()
+	case <-time.After(30 * time.Second):
+		c.tb.Fatal("child did not answer in 30s")
+	}
+	return ""
+}
+
+// semaphore asks the child for slowrank_cupti_semaphore as its library sees it.
+func (c *child) semaphore() int {
+	c.tb.Helper()
+	c.send("sem")
+	var v int
+	if _, err := fmt.Sscanf(c.line(), "sem %d", &v); err != nil {
+		c.tb.Fatalf("parse sem: %v", err)
+	}
+	return v
+}
+
+func (c *child) stop() {
+	if c.cmd.ProcessState != nil {
+		return
+	}
+	io.WriteString(c.in, "quit\n")
+	c.in.Close()
+	done := make(chan struct{})
+	go func() { c.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		c.cmd.Process.Kill()
+		<-done
+	}
+}
+
+// collector reads a Reader in the background and keeps events per pid.
+type collector struct {
+	mu     sync.Mutex
+	events []Event
+	errs   []error
+	done   chan struct{}
+}
+
+func collect(r *Reader) *collector {
+	c := &collector{done: make(chan struct{})}
+	go func() {
+		defer close(c.done)
+		for {
+			ev, err := r.Read()
+			if errors.Is(err, ErrClosed) {
+				return
+			}
+			c.mu.Lock()
+			if err != nil {
+				c.errs = append(c.errs, err)
+			} else {
+				c.events = append(c.events, ev)
+			}
+			c.mu.Unlock()
+		}
+	}()
+	return c
+}
+
+// waitFor polls until want(events of pid) is true or the timeout passes, and
+// returns the events of pid.
+func (c *collector) waitFor(pid int, timeout time.Duration, want func([]Event) bool) []Event {
+	deadline := time.Now().Add(timeout)
+	for {
+		evs := c.of(pid)
+		if want(evs) || time.Now().After(deadline) {
+			return evs
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (c *collector) of(pid int) []Event {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []Event
+	for _, e := range c.events {
+		if int(e.Base().PID) == pid {
+			out = append(out, e)
+		}
+	}
+	return out
+}

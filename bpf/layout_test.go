@@ -1,0 +1,158 @@
+//go:build 386 || amd64
+
+package bpf
+
+import (
+	"os"
+	"regexp"
+	"strconv"
+	"testing"
+	"unsafe"
+)
+
+// The decoder reads records at fixed offsets; these pin the bpf2go mirrors
+// of events.h (and so the C layout) to the offsets decode.go uses.
+func TestLayout(t *testing.T) {
+	type field struct {
+		name      string
+		got, want uintptr
+	}
+	var (
+		h  slowrankSrEventHdr
+		c  slowrankSrCollEvent
+		ci slowrankSrCommInitEvent
+		s  slowrankSrSyncEvent
+		g  slowrankSrGroupEvent
+		to slowrankSrTorchEvent
+		b  slowrankSrBatchEvent
+	)
+	checks := []field{
+		{"sizeof(sr_event_hdr)", unsafe.Sizeof(h), headerSize},
+		{"hdr.type", unsafe.Offsetof(h.Type), 0},
+		{"hdr.probe_id", unsafe.Offsetof(h.ProbeId), 4},
+		{"hdr.pid", unsafe.Offsetof(h.Pid), 8},
+		{"hdr.tid", unsafe.Offsetof(h.Tid), 12},
+		{"hdr.start_ns", unsafe.Offsetof(h.StartNs), 16},
+		{"hdr.end_ns", unsafe.Offsetof(h.EndNs), 24},
+
+		{"sizeof(sr_coll_event)", unsafe.Sizeof(c), collSize},
+		{"coll.count", unsafe.Offsetof(c.Count), 32},
+		{"coll.comm", unsafe.Offsetof(c.Comm), 40},
+		{"coll.stream", unsafe.Offsetof(c.Stream), 48},
+		{"coll.datatype", unsafe.Offsetof(c.Datatype), 56},
+		{"coll.redop", unsafe.Offsetof(c.Redop), 60},
+		{"coll.peer", unsafe.Offsetof(c.Peer), 64},
+		{"coll.ret", unsafe.Offsetof(c.Ret), 68},
+
+		{"sizeof(sr_comm_init_event)", unsafe.Sizeof(ci), commInitSize},
+		{"comm_init.id_hash", unsafe.Offsetof(ci.IdHash), 32},
+		{"comm_init.comm", unsafe.Offsetof(ci.Comm), 40},
+		{"comm_init.parent_comm", unsafe.Offsetof(ci.ParentComm), 48},
+		{"comm_init.nranks", unsafe.Offsetof(ci.Nranks), 56},
+		{"comm_init.rank", unsafe.Offsetof(ci.Rank), 60},
+		{"comm_init.color", unsafe.Offsetof(ci.Color), 64},
+		{"comm_init.key", unsafe.Offsetof(ci.Key), 68},
+		{"comm_init.ret", unsafe.Offsetof(ci.Ret), 72},
+		{"comm_init.flags", unsafe.Offsetof(ci.Flags), 76},
+		{"comm_init.n_ids", unsafe.Offsetof(ci.N_ids), 80},
+
+		{"sizeof(sr_sync_event)", unsafe.Sizeof(s), syncSize},
+		{"sync.handle", unsafe.Offsetof(s.Handle), 32},
+		{"sync.ret", unsafe.Offsetof(s.Ret), 40},
+
+		{"sizeof(sr_group_event)", unsafe.Sizeof(g), groupSize},
+		{"group.ret", unsafe.Offsetof(g.Ret), 32},
+		{"group.flags", unsafe.Offsetof(g.Flags), 36},
+
+		{"sizeof(sr_torch_event)", unsafe.Sizeof(to), torchSize},
+		{"torch.arg0", unsafe.Offsetof(to.Arg0), 32},
+		{"torch.arg1", unsafe.Offsetof(to.Arg1), 40},
+
+		{"sizeof(sr_batch_event)", unsafe.Sizeof(b), batchDataOffset + BatchMax},
+		{"batch.len", unsafe.Offsetof(b.Len), 32},
+		{"batch.data", unsafe.Offsetof(b.Data), batchDataOffset},
+	}
+	for _, f := range checks {
+		if f.got != f.want {
+			t.Errorf("%s = %d, want %d", f.name, f.got, f.want)
+		}
+	}
+}
+
+func TestGeneratedEnums(t *testing.T) {
+	types := map[slowrankSrEventType]EventType{
+		slowrankSrEventTypeSR_EV_COLL:      EventColl,
+		slowrankSrEventTypeSR_EV_COMM_INIT: EventCommInit,
+		slowrankSrEventTypeSR_EV_SYNC:      EventSync,
+		slowrankSrEventTypeSR_EV_GROUP:     EventGroup,
+		slowrankSrEventTypeSR_EV_TORCH:     EventTorch,
+		slowrankSrEventTypeSR_EV_BATCH:     EventBatch,
+	}
+	for c, g := range types {
+		if uint32(c) != uint32(g) {
+			t.Errorf("event type %v: C %d, Go %d", g, c, g)
+		}
+	}
+	if slowrankSrCounterSR_CNT_MAX != 8 {
+		t.Errorf("SR_CNT_MAX = %d: Stats reads 8 counters", slowrankSrCounterSR_CNT_MAX)
+	}
+	if slowrankSrCounterSR_CNT_EVENTS != 0 || slowrankSrCounterSR_CNT_RINGBUF_FULL != 1 ||
+		slowrankSrCounterSR_CNT_BATCH_OVERSIZE != 2 || slowrankSrCounterSR_CNT_MISSING_ENTRY != 3 ||
+		slowrankSrCounterSR_CNT_FILTERED != 4 || slowrankSrCounterSR_CNT_READ_FAULT != 5 ||
+		slowrankSrCounterSR_CNT_ENTRY_OVERWRITTEN != 6 || slowrankSrCounterSR_CNT_INFLIGHT_FAILED != 7 {
+		t.Error("counter indexes moved: update Stats")
+	}
+}
+
+// TestHeaderConstants reads events.h so that a new probe id, a version bump
+// or a batch size change cannot go unnoticed by the Go side.
+func TestHeaderConstants(t *testing.T) {
+	src, err := os.ReadFile("events.h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	define := func(name string) int {
+		m := regexp.MustCompile(`(?m)^#define ` + name + ` (\d+)$`).FindSubmatch(src)
+		if m == nil {
+			t.Fatalf("events.h lacks #define %s", name)
+		}
+		v, _ := strconv.Atoi(string(m[1]))
+		return v
+	}
+	if v := define("SLOWRANK_EVENTS_VERSION"); v != EventsVersion {
+		t.Errorf("SLOWRANK_EVENTS_VERSION = %d, EventsVersion = %d", v, EventsVersion)
+	}
+	if v := define("SLOWRANK_BATCH_MAX"); v != BatchMax {
+		t.Errorf("SLOWRANK_BATCH_MAX = %d, BatchMax = %d", v, BatchMax)
+	}
+	if v := define("SR_BATCH_DATA_OFFSET"); v != batchDataOffset {
+		t.Errorf("SR_BATCH_DATA_OFFSET = %d, want %d", v, batchDataOffset)
+	}
+	ids := regexp.MustCompile(`(?m)^\s*(SR_PROBE_\w+) = (\d+),`).FindAllSubmatch(src, -1)
+	if len(ids) == 0 {
+		t.Fatal("no SR_PROBE_ ids in events.h")
+	}
+	seen := map[ProbeID]bool{}
+	for _, m := range ids {
+		v, _ := strconv.Atoi(string(m[2]))
+		id := ProbeID(v)
+		seen[id] = true
+		if _, ok := probeInfos[id]; !ok {
+			t.Errorf("%s = %d has no ProbeSpec", m[1], v)
+		}
+	}
+	for id := range probeInfos {
+		if !seen[id] {
+			t.Errorf("probe %s (%d) not in events.h", id, uint32(id))
+		}
+	}
+	// The injection library's ABI header, when present, must agree.
+	if abi, err := os.ReadFile("../cupti/slowrank_abi.h"); err == nil {
+		m := regexp.MustCompile(`(?m)^#define SLOWRANK_BATCH_MAX\s+\(?(\d+)`).FindSubmatch(abi)
+		if m == nil {
+			t.Errorf("cupti/slowrank_abi.h lacks SLOWRANK_BATCH_MAX")
+		} else if v, _ := strconv.Atoi(string(m[1])); v != BatchMax {
+			t.Errorf("cupti SLOWRANK_BATCH_MAX = %d, bpf BatchMax = %d", v, BatchMax)
+		}
+	}
+}

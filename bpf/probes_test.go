@@ -1,0 +1,204 @@
+package bpf
+
+import (
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+)
+
+// Every spec names programs that exist with the right section, and every
+// program of the object is used by a spec.
+func TestSpecsMatchObject(t *testing.T) {
+	spec, err := loadSlowrank()
+	if errors.Is(err, ErrNotSupported) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := map[string]bool{}
+	for _, s := range specs {
+		for _, name := range []string{s.Entry, s.Return} {
+			if name == "" {
+				continue
+			}
+			used[name] = true
+			ps := spec.Programs[name]
+			if ps == nil {
+				t.Errorf("%s: program %q not in object", s.Name(), name)
+				continue
+			}
+			wantSec := "uprobe"
+			if name == s.Return {
+				wantSec = "uretprobe"
+			}
+			if ps.Type != ebpf.Kprobe || ps.SectionName != wantSec {
+				t.Errorf("%s: %s is %v in %q, want kprobe in %q", s.Name(), name, ps.Type, ps.SectionName, wantSec)
+			}
+		}
+		if s.ID.EventType() == 0 {
+			t.Errorf("%s: probe id %d maps to no event type", s.Name(), uint32(s.ID))
+		}
+		if (s.Symbol == "") == (s.Qualified == "") {
+			t.Errorf("spec %d: exactly one of Symbol and Qualified must be set", s.ID)
+		}
+		if s.Qualified != "" {
+			if _, err := mangledPrefixes(s.Qualified); err != nil {
+				t.Error(err)
+			}
+		}
+		// Only markers and the CUPTI batch are entry-only.
+		entryOnly := s.ID == ProbeNCCLGroupStart || s.ID == ProbeCUPTIEmit
+		if entryOnly != (s.Return == "") {
+			t.Errorf("%s: entry-only is %v", s.Name(), s.Return == "")
+		}
+	}
+	for name := range spec.Programs {
+		if !used[name] {
+			t.Errorf("program %q is used by no spec", name)
+		}
+	}
+}
+
+func TestSpecsUnique(t *testing.T) {
+	seen := map[string]bool{}
+	progs := map[string]ProbeID{}
+	for _, s := range specs {
+		key := s.Kind.String() + "/" + s.Name()
+		if seen[key] {
+			t.Errorf("duplicate spec %s", key)
+		}
+		seen[key] = true
+		// Alternate spellings may share programs only with the same id.
+		if id, ok := progs[s.Entry]; ok && id != s.ID {
+			t.Errorf("program %s shared by ids %d and %d", s.Entry, id, s.ID)
+		}
+		progs[s.Entry] = s.ID
+	}
+}
+
+func TestPrepareSpec(t *testing.T) {
+	for _, tc := range []struct {
+		opts    Options
+		ring    uint32
+		wantErr bool
+	}{
+		{Options{}, DefaultRingBufferSize, false},
+		{Options{RingBufferSize: 1 << 16}, 1 << 16, false},
+		{Options{RingBufferSize: 3 << 16}, 0, true},
+		{Options{RingBufferSize: 1024}, 0, true},
+		{Options{RingBufferSize: -4096}, 0, true},
+		{Options{InflightEntries: -1}, 0, true},
+		{Options{MaxTracked: 1 << 30}, 0, true},
+		{Options{WakeupBytes: -1}, 0, true},
+		{Options{PollInterval: -1}, 0, true},
+	} {
+		spec, err := loadSlowrank()
+		if errors.Is(err, ErrNotSupported) {
+			t.Skip(err)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = prepareSpec(spec, tc.opts)
+		if (err != nil) != tc.wantErr {
+			t.Errorf("%+v: err %v, wantErr %v", tc.opts, err, tc.wantErr)
+			continue
+		}
+		if err == nil && spec.Maps["events"].MaxEntries != tc.ring {
+			t.Errorf("%+v: ring %d, want %d", tc.opts, spec.Maps["events"].MaxEntries, tc.ring)
+		}
+	}
+}
+
+func TestClassifyLibrary(t *testing.T) {
+	for path, want := range map[string]LibKind{
+		"/usr/lib/x86_64-linux-gnu/libnccl.so.2":                              LibNCCL,
+		"/opt/venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2": LibNCCL,
+		"/opt/rocm/lib/librccl.so.1.0":                                        LibNCCL,
+		"/usr/local/cuda/lib64/libcudart.so.13.0.48":                          LibCUDART,
+		"/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06":                      LibCUDA,
+		"/usr/lib/x86_64-linux-gnu/libcuda.so.1":                              LibCUDA,
+		"/venv/torch/lib/libtorch_cuda.so":                                    LibTorch,
+		"/venv/torch/lib/libtorch_cpu.so":                                     LibTorch,
+		"/opt/slowrank/lib/libslowrank_cupti.so":                              LibCUPTI,
+		"/usr/lib/libcudnn.so.9":                                              0,
+		"/usr/lib/libcuda_wrapper.so":                                         0,
+		"/usr/lib/libcudart_static.a":                                         0,
+		"/usr/lib/libtorch.so":                                                0,
+		"/usr/lib/libnccl-net.so":                                             0,
+	} {
+		got, ok := ClassifyLibrary(path)
+		if got != want || ok != (want != 0) {
+			t.Errorf("ClassifyLibrary(%s) = %v, %v; want %v", path, got, ok, want)
+		}
+	}
+}
+
+func TestMangledPrefixes(t *testing.T) {
+	got, err := mangledPrefixes("c10d::ProcessGroupNCCL::_allgather_base")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"_ZN4c10d16ProcessGroupNCCL15_allgather_baseE", "_ZNK4c10d16ProcessGroupNCCL15_allgather_baseE"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+	for _, bad := range []string{"allreduce", "c10d::", "c10d::Foo<int>::bar", "c10d::operator()"} {
+		if _, err := mangledPrefixes(bad); err == nil {
+			t.Errorf("mangledPrefixes(%q) succeeded", bad)
+		}
+	}
+}
+
+func TestResolve(t *testing.T) {
+	ls := &libSymbols{funcs: map[string]uint64{
+		"ncclAllReduce": 0x1000,
+		// Two overloads, a cold clone and a similarly named method.
+		"_ZN4c10d16ProcessGroupGloo9allreduceERSt6vectorIN2at6TensorESaIS3_EERKNS_16AllreduceOptionsE":                     0x2000,
+		"_ZN4c10d16ProcessGroupGloo9allreduceERSt6vectorIN2at6TensorESaIS3_EE":                                             0x2100,
+		"_ZN4c10d16ProcessGroupGloo9allreduceERSt6vectorIN2at6TensorESaIS3_EERKNS_16AllreduceOptionsE.cold":                0x2200,
+		"_ZN4c10d16ProcessGroupGloo19allreduce_coalescedERSt6vectorIN2at6TensorESaIS3_EERKNS_25AllreduceCoalescedOptionsE": 0x3000,
+	}}
+	in := []ProbeSpec{
+		{ID: ProbeNCCLAllReduce, Symbol: "ncclAllReduce"},
+		{ID: ProbeNCCLBroadcast, Symbol: "ncclBroadcast"},
+		{ID: ProbeTorchGlooAllreduce, Qualified: "c10d::ProcessGroupGloo::allreduce"},
+		{ID: ProbeTorchGlooAllreduceCoalesced, Qualified: "c10d::ProcessGroupGloo::allreduce_coalesced"},
+	}
+	found, missing := resolve(in, ls)
+	var got []string
+	for _, r := range found {
+		got = append(got, r.spec.ID.String()+"@"+strings.TrimPrefix(r.elfName, "_ZN4c10d16ProcessGroupGloo"))
+	}
+	want := []string{
+		"ncclAllReduce@ncclAllReduce",
+		"c10d::ProcessGroupGloo::allreduce@9allreduceERSt6vectorIN2at6TensorESaIS3_EE",
+		"c10d::ProcessGroupGloo::allreduce@9allreduceERSt6vectorIN2at6TensorESaIS3_EERKNS_16AllreduceOptionsE",
+		"c10d::ProcessGroupGloo::allreduce_coalesced@19allreduce_coalescedERSt6vectorIN2at6TensorESaIS3_EERKNS_25AllreduceCoalescedOptionsE",
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("found:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if len(missing) != 1 || missing[0].ID != ProbeNCCLBroadcast {
+		t.Errorf("missing = %v", missing)
+	}
+}
+
+func TestProbeIDString(t *testing.T) {
+	if s := ProbeNCCLAllReduce.String(); s != "ncclAllReduce" {
+		t.Errorf("got %q", s)
+	}
+	if s := ProbeNCCLAllToAll.String(); s != "ncclAlltoAll" {
+		t.Errorf("got %q", s)
+	}
+	if s := ProbeTorchNCCLBarrier.String(); s != "c10d::ProcessGroupNCCL::barrier" {
+		t.Errorf("got %q", s)
+	}
+	if s := ProbeID(999).String(); s != "ProbeID(999)" {
+		t.Errorf("got %q", s)
+	}
+}

@@ -1,0 +1,129 @@
+package bpf
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cilium/ebpf/ringbuf"
+)
+
+// ErrClosed is returned by Reader.Read after Close (it is os.ErrClosed).
+var ErrClosed = os.ErrClosed
+
+// ErrFlushed is returned by Reader.Read once every record pending at Flush
+// has been read.
+var ErrFlushed = ringbuf.ErrFlushed
+
+// Reader drains the ring buffer and decodes records. Read must be called
+// from one goroutine at a time; Close and SetDeadline may be called from any
+// goroutine.
+type Reader struct {
+	p        *Probes
+	rd       *ringbuf.Reader
+	rec      ringbuf.Record
+	once     sync.Once
+	cerr     error
+	deadline atomic.Int64 // unix ns, 0 = none
+
+	read      atomic.Uint64
+	malformed atomic.Uint64
+}
+
+// NewReader opens a reader on the ring buffer. A BPF ring buffer has one
+// consumer: open one Reader per Probes.
+func (p *Probes) NewReader() (*Reader, error) {
+	rd, err := ringbuf.NewReader(p.events)
+	if err != nil {
+		return nil, fmt.Errorf("open ring buffer reader: %w", err)
+	}
+	r := &Reader{p: p, rd: rd}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		rd.Close()
+		return nil, fmt.Errorf("open ring buffer reader: %w", ErrClosed)
+	}
+	p.readers[r] = struct{}{}
+	return r, nil
+}
+
+// Read blocks until a record is available and returns it decoded. Records
+// reach it within Options.PollInterval (BPF does not wake the reader for each
+// record). After Close it returns an error matching ErrClosed; past a
+// deadline one matching os.ErrDeadlineExceeded. A record the decoder refuses
+// is counted and returned as an error matching ErrMalformed: the caller may
+// keep reading.
+func (r *Reader) Read() (Event, error) {
+	for {
+		user := r.deadline.Load()
+		dl := time.Now().Add(r.p.poll)
+		if user != 0 && user < dl.UnixNano() {
+			dl = time.Unix(0, user)
+		}
+		r.rd.SetDeadline(dl)
+		err := r.rd.ReadInto(&r.rec)
+		switch {
+		case err == nil:
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			if user != 0 && time.Now().UnixNano() >= user {
+				return nil, fmt.Errorf("read ring buffer: %w", err)
+			}
+			continue // poll tick: look again
+		case errors.Is(err, ringbuf.ErrClosed):
+			return nil, ErrClosed
+		case errors.Is(err, ringbuf.ErrFlushed):
+			return nil, ErrFlushed
+		default:
+			return nil, fmt.Errorf("read ring buffer: %w", err)
+		}
+		ev, err := Decode(r.rec.RawSample)
+		if err != nil {
+			r.malformed.Add(1)
+			return nil, err
+		}
+		r.read.Add(1)
+		return ev, nil
+	}
+}
+
+// SetDeadline makes Read return os.ErrDeadlineExceeded once t has passed and
+// no record is pending; a Read already waiting notices within PollInterval.
+// The zero time means no deadline. Safe from any goroutine.
+func (r *Reader) SetDeadline(t time.Time) {
+	if t.IsZero() {
+		r.deadline.Store(0)
+		return
+	}
+	r.deadline.Store(max(t.UnixNano(), 1))
+}
+
+// Flush makes Read return every record already in the ring buffer without
+// waiting, then ErrFlushed once. Use it to drain on shutdown after detaching.
+func (r *Reader) Flush() error { return r.rd.Flush() }
+
+// Pending is the number of unread bytes in the ring buffer.
+func (r *Reader) Pending() int { return r.rd.AvailableBytes() }
+
+// Decoded and Malformed count records returned by Read.
+func (r *Reader) Decoded() uint64   { return r.read.Load() }
+func (r *Reader) Malformed() uint64 { return r.malformed.Load() }
+
+// Close unblocks a pending Read and releases the reader. It is the first
+// thing to close on shutdown (before attachments and Probes).
+func (r *Reader) Close() error {
+	r.p.forgetReader(r)
+	return r.close()
+}
+
+func (r *Reader) close() error {
+	r.once.Do(func() {
+		if err := r.rd.Close(); err != nil {
+			r.cerr = fmt.Errorf("close ring buffer reader: %w", err)
+		}
+	})
+	return r.cerr
+}
