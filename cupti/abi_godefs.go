@@ -1,0 +1,55 @@
+//go:build ignore
+
+// Input of `go tool cgo -godefs` (make cupti-generate): the Go mirror of
+// slowrank_abi.h, written to abi_defs.go.
+
+package cupti
+
+/*
+#include "slowrank_abi.h"
+*/
+import "C"
+
+const (
+	BatchMagic   = C.SLOWRANK_BATCH_MAGIC
+	ABIVersion   = C.SLOWRANK_ABI_VERSION
+	BatchMax     = C.SLOWRANK_BATCH_MAX
+	RecordAlign  = C.SLOWRANK_RECORD_ALIGN
+	RecordMin    = C.SLOWRANK_RECORD_MIN
+	NameMax      = C.SLOWRANK_NAME_MAX
+	ControlMagic = C.SLOWRANK_CONTROL_MAGIC
+	ControlVer   = C.SLOWRANK_CONTROL_VERSION
+
+	batchFlagEpochStart = C.SLOWRANK_BATCH_F_EPOCH_START
+	batchFlagFinal      = C.SLOWRANK_BATCH_F_FINAL
+
+	recKernel     = C.SLOWRANK_REC_KERNEL
+	recMemcpy     = C.SLOWRANK_REC_MEMCPY
+	recMemset     = C.SLOWRANK_REC_MEMSET
+	recName       = C.SLOWRANK_REC_NAME
+	recStats      = C.SLOWRANK_REC_STATS
+	recTransition = C.SLOWRANK_REC_TRANSITION
+
+	kernelFlagSerial    = C.SLOWRANK_KERNEL_F_SERIAL
+	nameFlagTruncated   = C.SLOWRANK_NAME_F_TRUNCATED
+	numClasses          = C.SLOWRANK_CLASS_COUNT
+	numStats            = C.SLOWRANK_STAT_COUNT
+	defaultDutyOnMs     = C.SLOWRANK_DEFAULT_ON_MS
+	defaultDutyPeriodMs = C.SLOWRANK_DEFAULT_PERIOD_MS
+)
+
+type rawBatchHeader C.struct_slowrank_batch_header
+
+type rawRecordHeader C.struct_slowrank_record_header
+
+type rawKernel C.struct_slowrank_kernel_record
+
+type rawCopy C.struct_slowrank_copy_record
+
+type rawName C.struct_slowrank_name_record
+
+type rawStats C.struct_slowrank_stats_record
+
+type rawTransition C.struct_slowrank_transition_record
+
+type rawControl C.struct_slowrank_cupti_control

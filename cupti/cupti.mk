@@ -1,0 +1,95 @@
+# cupti/cupti.mk - builds and tests the CUPTI injection library.
+#
+# Include it from the top-level Makefile (`include cupti/cupti.mk`) or run it
+# alone from the repository root: `make -f cupti/cupti.mk cupti-test`.
+#
+#   make cupti           $(OUT_DIR)/libslowrank_cupti.so
+#   make cupti-headers   fetch Debian's cuda.h into $(CUPTI_CACHE) when missing
+#   make cupti-test      C unit tests (converter, dlopen + InitializeInjection)
+#   make cupti-test-tsan test_inject against a ThreadSanitizer build of the library
+#   make cupti-generate  regenerate cupti/abi_defs.go from slowrank_abi.h
+#   make cupti-clean
+#
+# Headers: a CUDA toolkit under $(CUDA_HOME) when it has cupti.h (the GPU
+# machine: /usr/local/cuda/targets/x86_64-linux/include); otherwise Debian's
+# libcupti-dev in /usr/include plus cuda.h extracted from nvidia-cuda-dev into
+# $(CUPTI_CACHE) (done by cupti-headers, automatically when needed).
+
+CUPTI_DIR := $(patsubst %/,%,$(dir $(lastword $(MAKEFILE_LIST))))
+CUPTI_ROOT := $(abspath $(CUPTI_DIR)/..)
+
+OUT_DIR ?= bin
+CUDA_HOME ?= /usr/local/cuda
+CUPTI_CACHE ?= $(CUPTI_ROOT)/.cache/cuda-include
+CUPTI_CC ?= $(CC)
+CUPTI_OPT ?= -O2 -g
+CUPTI_WARN ?= -Wall -Wextra -Wno-deprecated-declarations
+CUPTI_EXTRA_CFLAGS ?=
+CUPTI_TEST_SAN ?= -fsanitize=address,undefined -fno-omit-frame-pointer
+GO ?= go
+
+CUPTI_TOOLKIT_HEADER := $(firstword $(wildcard \
+	$(CUDA_HOME)/targets/x86_64-linux/include/cupti.h \
+	$(CUDA_HOME)/extras/CUPTI/include/cupti.h \
+	$(CUDA_HOME)/include/cupti.h))
+
+ifneq ($(CUPTI_TOOLKIT_HEADER),)
+CUPTI_INCLUDES := -I$(CUDA_HOME)/include -I$(CUDA_HOME)/targets/x86_64-linux/include \
+	-I$(CUDA_HOME)/extras/CUPTI/include
+CUPTI_HEADER_DEPS :=
+else
+# Debian: /usr/include/cupti.h (libcupti-dev) first, the extracted cuda.h after.
+CUPTI_INCLUDES := -idirafter $(CUPTI_CACHE)/usr/include
+CUPTI_HEADER_DEPS := $(CUPTI_CACHE)/usr/include/cuda.h
+endif
+
+CUPTI_CFLAGS := -std=c11 $(CUPTI_OPT) $(CUPTI_WARN) -fPIC -fvisibility=hidden \
+	-I$(CUPTI_DIR) $(CUPTI_INCLUDES) $(CUPTI_EXTRA_CFLAGS)
+CUPTI_LIB := $(OUT_DIR)/libslowrank_cupti.so
+CUPTI_LIB_SRCS := $(CUPTI_DIR)/slowrank_cupti.c $(CUPTI_DIR)/slowrank_convert.c
+CUPTI_HDRS := $(CUPTI_DIR)/slowrank_abi.h $(CUPTI_DIR)/slowrank_convert.h
+CUPTI_TEST_OUT := $(OUT_DIR)/cupti-test
+
+.PHONY: cupti cupti-headers cupti-test cupti-test-tsan cupti-generate cupti-clean
+
+cupti: $(CUPTI_LIB)
+
+$(CUPTI_LIB): $(CUPTI_LIB_SRCS) $(CUPTI_HDRS) $(CUPTI_HEADER_DEPS)
+	@mkdir -p $(OUT_DIR)
+	$(CUPTI_CC) $(CUPTI_CFLAGS) -shared -o $@ $(CUPTI_LIB_SRCS) \
+		-Wl,-z,nodelete -Wl,-z,relro -Wl,-z,now -Wl,--no-undefined -ldl -lpthread
+
+cupti-headers: $(CUPTI_CACHE)/usr/include/cuda.h
+
+$(CUPTI_CACHE)/usr/include/cuda.h:
+	$(CUPTI_DIR)/fetch-cuda-headers.sh $(CUPTI_CACHE)
+
+$(CUPTI_TEST_OUT)/test_convert: $(CUPTI_DIR)/test_convert.c $(CUPTI_DIR)/slowrank_convert.c $(CUPTI_HDRS) $(CUPTI_HEADER_DEPS)
+	@mkdir -p $(CUPTI_TEST_OUT)
+	$(CUPTI_CC) $(CUPTI_CFLAGS) $(CUPTI_TEST_SAN) -o $@ $(CUPTI_DIR)/test_convert.c $(CUPTI_DIR)/slowrank_convert.c
+
+$(CUPTI_TEST_OUT)/test_inject: $(CUPTI_DIR)/test_inject.c $(CUPTI_DIR)/slowrank_abi.h
+	@mkdir -p $(CUPTI_TEST_OUT)
+	$(CUPTI_CC) -std=c11 $(CUPTI_OPT) $(CUPTI_WARN) -I$(CUPTI_DIR) -o $@ $(CUPTI_DIR)/test_inject.c -ldl -lpthread
+
+# test_convert rewrites cupti/testdata/converter.batches and the converter
+# seeds of the Go fuzz corpus (deterministic: CI may diff them).
+cupti-test: $(CUPTI_LIB) $(CUPTI_TEST_OUT)/test_convert $(CUPTI_TEST_OUT)/test_inject
+	$(CUPTI_TEST_OUT)/test_convert $(CUPTI_DIR)/testdata
+	timeout 60 $(CUPTI_TEST_OUT)/test_inject $(CUPTI_LIB)
+
+# The runtime (control thread, seqlock, semaphore) under ThreadSanitizer.
+cupti-test-tsan: $(CUPTI_LIB_SRCS) $(CUPTI_HDRS) $(CUPTI_DIR)/test_inject.c $(CUPTI_HEADER_DEPS)
+	@mkdir -p $(CUPTI_TEST_OUT)/tsan
+	$(CUPTI_CC) $(CUPTI_CFLAGS) -Wno-tsan -fsanitize=thread -shared -o $(CUPTI_TEST_OUT)/tsan/libslowrank_cupti.so \
+		$(CUPTI_LIB_SRCS) -ldl -lpthread
+	$(CUPTI_CC) -std=c11 $(CUPTI_OPT) -fsanitize=thread -I$(CUPTI_DIR) -o $(CUPTI_TEST_OUT)/tsan/test_inject \
+		$(CUPTI_DIR)/test_inject.c -ldl -lpthread
+	TSAN_OPTIONS=halt_on_error=1 timeout 120 $(CUPTI_TEST_OUT)/tsan/test_inject $(CUPTI_TEST_OUT)/tsan/libslowrank_cupti.so
+
+# The Go mirror of slowrank_abi.h (also part of `go generate ./...`).
+cupti-generate:
+	cd $(CUPTI_DIR) && $(GO) generate ./
+
+cupti-clean:
+	rm -rf $(CUPTI_LIB) $(CUPTI_TEST_OUT)

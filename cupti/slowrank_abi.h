@@ -1,0 +1,311 @@
+//go:build ignore
+
+/*
+ * slowrank_abi.h - the batch ABI between libslowrank_cupti.so and the agent.
+ *
+ * This header is the single definition of every structure that crosses the
+ * boundary between the injection library (C), the BPF program that copies
+ * batches into the ring buffer, and the Go decoder (package cupti). It does
+ * not depend on any CUDA or CUPTI header: the layout is fixed, little-endian
+ * (x86-64 and aarch64), naturally aligned, and versioned by
+ * SLOWRANK_ABI_VERSION. Sizes and offsets are pinned by _Static_assert below
+ * and by the Go tests (cupti/abi_test.go); regenerate the Go mirror with
+ * `make cupti-generate` after any change.
+ *
+ * Rules for changing it:
+ *   - Appending fields to a record (growing its `size`) keeps the version:
+ *     decoders read the prefix they know and skip the rest.
+ *   - A new record kind keeps the version: decoders skip unknown kinds by
+ *     `size` and count them.
+ *   - Anything else (moving, resizing or re-typing a field) bumps
+ *     SLOWRANK_ABI_VERSION.
+ */
+#ifndef SLOWRANK_ABI_H
+#define SLOWRANK_ABI_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------- */
+/* Batches                                                                 */
+/* ---------------------------------------------------------------------- */
+
+/* "SRCB" read as a little-endian u32. */
+#define SLOWRANK_BATCH_MAGIC 0x42435253u
+#define SLOWRANK_ABI_VERSION 1
+/* Largest batch handed to slowrank_cupti_emit, header included. */
+#define SLOWRANK_BATCH_MAX 16384
+/* Every record starts 8-byte aligned and its size is a multiple of 8. */
+#define SLOWRANK_RECORD_ALIGN 8
+/* Smallest legal record (a bare record header padded to the alignment). */
+#define SLOWRANK_RECORD_MIN 8
+/* Bound on the bytes of a kernel name carried by a name definition. */
+#define SLOWRANK_NAME_MAX 512
+
+/* Batch header flags. */
+#define SLOWRANK_BATCH_F_EPOCH_START (1u << 0) /* first batch of an attach epoch: names are re-sent */
+#define SLOWRANK_BATCH_F_FINAL       (1u << 1) /* last batch of the process (exit flush) */
+
+/* Clock of the record timestamps. Record timestamps are always CLOCK_MONOTONIC
+ * nanoseconds; clock_source says how the library obtained them. */
+#define SLOWRANK_CLOCK_MONOTONIC_CALLBACK 0 /* cuptiActivityRegisterTimestampCallback returned CLOCK_MONOTONIC */
+#define SLOWRANK_CLOCK_CALIBRATED         1 /* CUPTI's clock + clock_offset_ns (already applied) */
+#define SLOWRANK_CLOCK_UNKNOWN            2 /* no calibration yet: timestamps are CUPTI's raw clock */
+
+struct slowrank_batch_header {
+	uint32_t magic;            /*  0 SLOWRANK_BATCH_MAGIC */
+	uint16_t version;          /*  4 SLOWRANK_ABI_VERSION */
+	uint16_t flags;            /*  6 SLOWRANK_BATCH_F_* */
+	uint32_t pid;              /*  8 getpid() of the training process (its own pid namespace) */
+	uint32_t count;            /* 12 number of records that follow */
+	uint64_t seq;              /* 16 batch sequence number, starts at 1, +1 per emitted batch (completion order) */
+	uint64_t cupti_dropped;    /* 24 cumulative records CUPTI reported dropped (no buffer / buffer full) */
+	uint64_t lib_dropped;      /* 32 cumulative records the library saw but did not emit */
+	uint32_t total_len;        /* 40 bytes of this batch, header included (<= SLOWRANK_BATCH_MAX) */
+	uint16_t header_size;      /* 44 sizeof(struct slowrank_batch_header); records start here */
+	uint16_t clock_source;     /* 46 SLOWRANK_CLOCK_* */
+	int64_t  clock_offset_ns;  /* 48 monotonic = cupti + offset (already applied to the records) */
+	uint32_t clock_bracket_ns; /* 56 width of the tightest calibration bracket (0 for the callback) */
+	uint32_t generation;       /* 60 control-block generation the library was applying */
+};
+
+/* Every record starts with this. `size` covers the whole record including
+ * this header and its padding; it is a multiple of SLOWRANK_RECORD_ALIGN. */
+struct slowrank_record_header {
+	uint16_t kind; /* SLOWRANK_REC_* */
+	uint16_t size;
+};
+
+#define SLOWRANK_REC_KERNEL     1
+#define SLOWRANK_REC_MEMCPY     2
+#define SLOWRANK_REC_MEMSET     3
+#define SLOWRANK_REC_NAME       4
+#define SLOWRANK_REC_STATS      5
+#define SLOWRANK_REC_TRANSITION 6
+
+/* Kernel classes, decided once per distinct name when it is interned. */
+#define SLOWRANK_CLASS_OTHER         0
+#define SLOWRANK_CLASS_COMMUNICATION 1 /* nccl*Kernel*, ncclDevKernel*, nvshmem */
+#define SLOWRANK_CLASS_ATTENTION     2 /* flash, fmha, sdpa, attention */
+#define SLOWRANK_CLASS_GEMM          3 /* gemm, cutlass, cublas, xmma, nvjet */
+#define SLOWRANK_CLASS_MOE           4 /* grouped gemm, moe, all-to-all, token permute */
+#define SLOWRANK_CLASS_COPY          5 /* copy kernels */
+#define SLOWRANK_CLASS_COUNT         6
+
+/* Kernel record flags. */
+#define SLOWRANK_KERNEL_F_SERIAL (1u << 0) /* came from CUPTI_ACTIVITY_KIND_KERNEL (serialised mode) */
+
+struct slowrank_kernel_record {
+	uint16_t kind;        /*  0 SLOWRANK_REC_KERNEL */
+	uint16_t size;        /*  2 */
+	uint8_t  kclass;      /*  4 SLOWRANK_CLASS_* */
+	uint8_t  flags;       /*  5 SLOWRANK_KERNEL_F_* */
+	uint16_t reserved;    /*  6 */
+	uint64_t start_ns;    /*  8 CLOCK_MONOTONIC */
+	uint64_t end_ns;      /* 16 CLOCK_MONOTONIC */
+	uint32_t device;      /* 24 */
+	uint32_t context;     /* 28 */
+	uint32_t stream;      /* 32 */
+	uint32_t correlation; /* 36 */
+	int32_t  grid_x;      /* 40 */
+	int32_t  grid_y;      /* 44 */
+	int32_t  grid_z;      /* 48 */
+	int32_t  block_x;     /* 52 */
+	int32_t  block_y;     /* 56 */
+	int32_t  block_z;     /* 60 */
+	uint32_t name_id;     /* 64 0 = no name */
+	uint32_t reserved2;   /* 68 */
+};
+
+/* Memcpy and memset share one layout. */
+struct slowrank_copy_record {
+	uint16_t kind;        /*  0 SLOWRANK_REC_MEMCPY or SLOWRANK_REC_MEMSET */
+	uint16_t size;        /*  2 */
+	uint8_t  copy_kind;   /*  4 CUpti_ActivityMemcpyKind (memcpy); 0 for memset */
+	uint8_t  src_kind;    /*  5 CUpti_ActivityMemoryKind (memcpy); memset: memory kind */
+	uint8_t  dst_kind;    /*  6 CUpti_ActivityMemoryKind (memcpy); 0 for memset */
+	uint8_t  flags;       /*  7 CUpti_ActivityFlag low byte (async bit) */
+	uint64_t start_ns;    /*  8 CLOCK_MONOTONIC */
+	uint64_t end_ns;      /* 16 CLOCK_MONOTONIC */
+	uint64_t bytes;       /* 24 */
+	uint32_t device;      /* 32 */
+	uint32_t context;     /* 36 */
+	uint32_t stream;      /* 40 */
+	uint32_t correlation; /* 44 */
+};
+
+/* Name definition: sent once per name per process and attach epoch, always
+ * in the same batch as (and before) the first record that uses it. */
+#define SLOWRANK_NAME_F_TRUNCATED (1u << 0)
+
+struct slowrank_name_record {
+	uint16_t kind;     /*  0 SLOWRANK_REC_NAME */
+	uint16_t size;     /*  2 = round_up(16 + len, 8) */
+	uint16_t len;      /*  4 bytes that follow (<= SLOWRANK_NAME_MAX), no NUL */
+	uint8_t  kclass;   /*  6 SLOWRANK_CLASS_* */
+	uint8_t  flags;    /*  7 SLOWRANK_NAME_F_* */
+	uint32_t name_id;  /*  8 > 0, unique per process, never reused */
+	uint32_t full_len; /* 12 length of the untruncated name */
+	/* char bytes[len]; then zero padding */
+};
+
+/* Counters: cumulative since the process started. */
+#define SLOWRANK_STAT_RECORDS_SEEN        0  /* CUPTI records walked */
+#define SLOWRANK_STAT_KERNELS             1
+#define SLOWRANK_STAT_MEMCPYS             2
+#define SLOWRANK_STAT_MEMSETS             3
+#define SLOWRANK_STAT_UNKNOWN_KINDS       4  /* CUPTI records of kinds the library does not convert */
+#define SLOWRANK_STAT_BAD_RECORDS         5  /* truncated or without valid timestamps */
+#define SLOWRANK_STAT_NAMES               6  /* distinct names interned */
+#define SLOWRANK_STAT_NAMES_OVERFLOW      7  /* kernels whose name did not fit the table (name_id 0) */
+#define SLOWRANK_STAT_BUFFERS_REQUESTED   8
+#define SLOWRANK_STAT_BUFFERS_REFUSED     9  /* pool exhausted: CUPTI got no buffer and drops */
+#define SLOWRANK_STAT_BUFFERS_COMPLETED   10
+#define SLOWRANK_STAT_BATCHES             11
+#define SLOWRANK_STAT_BATCH_BYTES         12
+#define SLOWRANK_STAT_FLUSHES             13
+#define SLOWRANK_STAT_ENABLES             14 /* off -> on transitions */
+#define SLOWRANK_STAT_ATTACHES            15 /* semaphore 0 -> non-zero */
+#define SLOWRANK_STAT_CUPTI_ERRORS        16
+#define SLOWRANK_STAT_ON_NS               17 /* total time with activity kinds enabled */
+#define SLOWRANK_STAT_DISCARDED_DETACHED  18 /* records completed while no agent was attached */
+#define SLOWRANK_STAT_COUNT               19
+
+struct slowrank_stats_record {
+	uint16_t kind;     /* 0 SLOWRANK_REC_STATS */
+	uint16_t size;     /* 2 = 8 + 8 * n */
+	uint16_t n;        /* 4 number of counters that follow */
+	uint16_t reserved; /* 6 */
+	/* uint64_t counters[n]; indexed by SLOWRANK_STAT_* */
+};
+
+/* Collection transition: activity kinds were enabled (on=1) or disabled at timestamp.
+ * Between an "on" and the next "off" of a process, missing kernels mean an idle
+ * GPU; outside, device timing is simply absent. */
+#define SLOWRANK_REASON_DUTY       0 /* duty cycle phase */
+#define SLOWRANK_REASON_ESCALATION 1 /* escalate_until_ns */
+#define SLOWRANK_REASON_ATTACH     2 /* agent attached / detached */
+#define SLOWRANK_REASON_EXIT       3 /* process exit */
+#define SLOWRANK_REASON_ERROR      4 /* CUPTI refused: collection stopped */
+
+struct slowrank_transition_record {
+	uint16_t kind;   /*  0 SLOWRANK_REC_TRANSITION */
+	uint16_t size;   /*  2 = 16 */
+	uint8_t  on;     /*  4 1 = enabled, 0 = disabled */
+	uint8_t  reason; /*  5 SLOWRANK_REASON_* */
+	uint16_t mode;   /*  6 SLOWRANK_DUTY_* in force */
+	uint64_t timestamp; /*  8 CLOCK_MONOTONIC ns */
+};
+
+/* ---------------------------------------------------------------------- */
+/* Control block (agent -> library, and library status -> agent)           */
+/* ---------------------------------------------------------------------- */
+
+/* "SRCT" read as a little-endian u32. */
+#define SLOWRANK_CONTROL_MAGIC   0x54435253u
+#define SLOWRANK_CONTROL_VERSION 1
+
+#define SLOWRANK_DUTY_OFF    0 /* never collect */
+#define SLOWRANK_DUTY_ALWAYS 1 /* collect while attached */
+#define SLOWRANK_DUTY_TIME   2 /* on for on_ms of every period_ms, phase from CLOCK_MONOTONIC + phase_offset_ns */
+#define SLOWRANK_DUTY_STEPS  3 /* on while (step % n_steps) < k_steps; the agent writes `step` */
+
+/* Library state, in `state`. */
+#define SLOWRANK_STATE_INIT        0 /* InitializeInjection not run yet */
+#define SLOWRANK_STATE_IDLE        1 /* no agent attached: nothing enabled, no buffers */
+#define SLOWRANK_STATE_ON          2 /* attached, activity kinds enabled */
+#define SLOWRANK_STATE_OFF_PHASE   3 /* attached, duty cycle off-phase */
+#define SLOWRANK_STATE_UNAVAILABLE 4 /* libcupti could not be loaded */
+#define SLOWRANK_STATE_REFUSED     5 /* CUPTI refused (another subscriber, privileges...): retried on next attach */
+#define SLOWRANK_STATE_DISABLED    6 /* SLOWRANK_CUPTI_DISABLE=1 */
+
+/* status_flags */
+#define SLOWRANK_STATUS_CUPTI_LOADED  (1u << 0)
+#define SLOWRANK_STATUS_CUPTI_READY   (1u << 1) /* callbacks registered */
+#define SLOWRANK_STATUS_TS_CALLBACK   (1u << 2) /* CLOCK_MONOTONIC timestamp callback active */
+#define SLOWRANK_STATUS_CALIBRATED    (1u << 3) /* offset calibration in use */
+#define SLOWRANK_STATUS_THREAD_ALIVE  (1u << 4)
+#define SLOWRANK_STATUS_FORCED_ATTACH (1u << 5) /* SLOWRANK_CUPTI_FORCE_ATTACH=1 (debug) */
+
+/*
+ * Protocol. The library exports one instance, `slowrank_cupti_control`.
+ * The agent finds its address from the library's symbol table and the
+ * process's mappings and writes it through /proc/PID/mem:
+ *   1. write generation = g+1 (odd: update in progress),
+ *   2. write the fields between `mode` and `name_resend`,
+ *   3. write generation = g+2 (even).
+ * The library polls every <= 50 ms and applies a configuration only when it
+ * reads the same even generation before and after copying the fields.
+ * `step` is written alone (aligned u64) at step boundaries, outside that
+ * protocol. Fields from `state` on are written only by the library.
+ */
+struct slowrank_cupti_control {
+	/* fixed at build time */
+	uint32_t magic;               /*   0 SLOWRANK_CONTROL_MAGIC */
+	uint16_t version;             /*   4 SLOWRANK_CONTROL_VERSION */
+	uint16_t size;                /*   6 sizeof(struct slowrank_cupti_control) */
+	/* written by the agent */
+	uint32_t generation;          /*   8 odd while the agent writes */
+	uint32_t mode;                /*  12 SLOWRANK_DUTY_* */
+	uint32_t on_ms;               /*  16 TIME: on-phase length */
+	uint32_t period_ms;           /*  20 TIME: period */
+	uint32_t k_steps;             /*  24 STEPS: on-steps per n */
+	uint32_t n_steps;             /*  28 STEPS: period in steps */
+	int64_t  phase_offset_ns;     /*  32 TIME: added to CLOCK_MONOTONIC before the modulo */
+	uint64_t escalate_until_ns;   /*  40 CLOCK_MONOTONIC; collect (ALWAYS) until then */
+	uint32_t name_resend;         /*  48 changing it makes the library re-send every name */
+	uint32_t reserved0;           /*  52 */
+	uint64_t step;                /*  56 STEPS: current step, written by the agent */
+	/* written by the library */
+	uint32_t state;               /*  64 SLOWRANK_STATE_* */
+	uint32_t status_flags;        /*  68 SLOWRANK_STATUS_* */
+	uint32_t applied_generation;  /*  72 last generation applied */
+	int32_t  last_error;          /*  76 last CUptiResult != CUPTI_SUCCESS (0 = none) */
+	uint64_t on_ns_total;         /*  80 cumulative ns with activity kinds enabled */
+	uint64_t enables;             /*  88 off -> on transitions */
+	uint64_t batches;             /*  96 batches emitted */
+	uint64_t records;             /* 104 records emitted */
+	uint64_t cupti_dropped;       /* 112 */
+	uint64_t lib_dropped;         /* 120 */
+	uint64_t heartbeat_ns;        /* 128 CLOCK_MONOTONIC of the control thread's last poll */
+	uint32_t cupti_version;       /* 136 cuptiGetVersion() of the loaded libcupti (0 = none) */
+	uint32_t reserved1;           /* 140 */
+};
+
+/* Defaults when the agent never writes the block: 200 ms of every 20 s. */
+#define SLOWRANK_DEFAULT_MODE      SLOWRANK_DUTY_TIME
+#define SLOWRANK_DEFAULT_ON_MS     200
+#define SLOWRANK_DEFAULT_PERIOD_MS 20000
+
+/* ---------------------------------------------------------------------- */
+/* Exported symbols of libslowrank_cupti.so                                */
+/* ---------------------------------------------------------------------- */
+#define SLOWRANK_SYM_EMIT      "slowrank_cupti_emit"
+#define SLOWRANK_SYM_SEMAPHORE "slowrank_cupti_semaphore"
+#define SLOWRANK_SYM_CONTROL   "slowrank_cupti_control"
+#define SLOWRANK_SEMAPHORE_SECTION ".probes"
+
+#ifndef __cplusplus
+#define SLOWRANK_ABI_ASSERT(c, m) _Static_assert(c, m)
+#else
+#define SLOWRANK_ABI_ASSERT(c, m) static_assert(c, m)
+#endif
+
+SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_batch_header) == 64, "batch header size");
+SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_record_header) == 4, "record header size");
+SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_kernel_record) == 72, "kernel record size");
+SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_copy_record) == 48, "copy record size");
+SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_name_record) == 16, "name record size");
+SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_stats_record) == 8, "stats record size");
+SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_transition_record) == 16, "transition record size");
+SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_cupti_control) == 144, "control block size");
+SLOWRANK_ABI_ASSERT(SLOWRANK_BATCH_MAX <= 65535, "record sizes are u16");
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SLOWRANK_ABI_H */

@@ -1,0 +1,1130 @@
+//go:build ignore
+
+/*
+ * slowrank_cupti.c - the CUPTI injection library (libslowrank_cupti.so).
+ *
+ * Loaded by the CUDA driver through CUDA_INJECTION64_PATH, which calls
+ * InitializeInjection() from cuInit. The library:
+ *   - never links libcupti: it dlopens it, so it loads on any host;
+ *   - does nothing CUPTI-related until an agent attaches its uprobe on
+ *     slowrank_cupti_emit (the kernel then raises slowrank_cupti_semaphore);
+ *   - while attached, follows the duty cycle in slowrank_cupti_control,
+ *     enabling CONCURRENT_KERNEL + MEMCPY + MEMSET for on-phases only;
+ *   - converts completed CUPTI buffers into batches (slowrank_abi.h) and hands
+ *     each to slowrank_cupti_emit(), the only hand-off (BPF copies the bytes);
+ *   - never aborts, blocks the application or prints more than one status
+ *     line (SLOWRANK_CUPTI_DEBUG=1 prints more).
+ *
+ * Environment:
+ *   SLOWRANK_CUPTI_DISABLE=1      do nothing at all
+ *   SLOWRANK_CUPTI_LIB=PATH       use exactly this libcupti
+ *   SLOWRANK_CUPTI_DEBUG=1        verbose stderr (attach, transitions, exit counters)
+ *   SLOWRANK_CUPTI_QUIET=1        not even the status line
+ *   SLOWRANK_CUPTI_BUFFERS=N      buffer pool size (2..64, default 8)
+ *   SLOWRANK_CUPTI_BUFFER_KB=K    buffer size in KiB (64..8192, default 1024)
+ *   SLOWRANK_CUPTI_FORCE_ATTACH=1 behave as if an agent were attached (validation only)
+ *   SLOWRANK_CUPTI_MODE=always|off|time:ON_MS:PERIOD_MS   initial duty mode (validation only)
+ *   SLOWRANK_CUPTI_DUMP=PATH      append every batch as [u32 len][bytes] to PATH (validation only)
+ */
+#define _GNU_SOURCE
+#include "slowrank_convert.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <limits.h>
+#include <link.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SR_EXPORT __attribute__((visibility("default")))
+#if defined(__GNUC__) && !defined(__clang__)
+#define SR_NOIPA __attribute__((noipa))
+#else
+#define SR_NOIPA
+#endif
+
+/* ---------------------------------------------------------------------- */
+/* Exported ABI                                                            */
+/* ---------------------------------------------------------------------- */
+
+/* Uprobe reference counter (ref_ctr_offset): non-zero exactly while an agent's
+ * uprobe on slowrank_cupti_emit is attached. Lives in .probes, like USDT
+ * semaphores, so it is file-backed and easy to locate. */
+SR_EXPORT __attribute__((section(".probes"), used)) volatile uint16_t slowrank_cupti_semaphore;
+
+/* Duty-cycle control and status, see slowrank_abi.h. */
+SR_EXPORT __attribute__((used, aligned(64))) struct slowrank_cupti_control slowrank_cupti_control = {
+	.magic = SLOWRANK_CONTROL_MAGIC,
+	.version = SLOWRANK_CONTROL_VERSION,
+	.size = sizeof(struct slowrank_cupti_control),
+	.mode = SLOWRANK_DEFAULT_MODE,
+	.on_ms = SLOWRANK_DEFAULT_ON_MS,
+	.period_ms = SLOWRANK_DEFAULT_PERIOD_MS,
+};
+
+/* The hand-off: the agent uprobes this function and copies `len` bytes from
+ * `batch`. Deliberately empty; the barrier keeps calls from being elided. */
+SR_EXPORT __attribute__((noinline, used)) SR_NOIPA void slowrank_cupti_emit(const void *batch, uint32_t len)
+{
+	__asm__ __volatile__("" : : "r"(batch), "r"(len) : "memory");
+}
+
+SR_EXPORT int InitializeInjection(void);
+
+/* ---------------------------------------------------------------------- */
+/* CUPTI entry points (resolved with dlsym)                                */
+/* ---------------------------------------------------------------------- */
+
+typedef uint64_t (*sr_ts_fn)(void);
+typedef void (*sr_cb_fn)(void *, CUpti_CallbackDomain, CUpti_CallbackId, const void *);
+
+struct cupti_api {
+	void *handle;
+	char path[PATH_MAX];
+	uint32_t version;
+	CUptiResult (*GetVersion)(uint32_t *);
+	CUptiResult (*GetResultString)(CUptiResult, const char **);
+	CUptiResult (*Subscribe)(CUpti_SubscriberHandle *, sr_cb_fn, void *);
+	CUptiResult (*Unsubscribe)(CUpti_SubscriberHandle);
+	CUptiResult (*ActivityRegisterCallbacks)(CUpti_BuffersCallbackRequestFunc,
+						 CUpti_BuffersCallbackCompleteFunc);
+	CUptiResult (*ActivityEnable)(CUpti_ActivityKind);
+	CUptiResult (*ActivityDisable)(CUpti_ActivityKind);
+	CUptiResult (*ActivityFlushAll)(uint32_t);
+	CUptiResult (*ActivityGetNextRecord)(uint8_t *, size_t, CUpti_Activity **);
+	CUptiResult (*ActivityGetNumDroppedRecords)(CUcontext, uint32_t, size_t *);
+	CUptiResult (*GetTimestamp)(uint64_t *);
+	CUptiResult (*ActivityRegisterTimestampCallback)(sr_ts_fn); /* optional (CUDA >= 12.x) */
+};
+
+static const CUpti_ActivityKind sr_kinds[] = {
+	CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, /* never CUPTI_ACTIVITY_KIND_KERNEL: it serialises */
+	CUPTI_ACTIVITY_KIND_MEMCPY,
+	CUPTI_ACTIVITY_KIND_MEMSET,
+};
+#define SR_NKINDS (sizeof(sr_kinds) / sizeof(sr_kinds[0]))
+
+/* ---------------------------------------------------------------------- */
+/* State                                                                   */
+/* ---------------------------------------------------------------------- */
+
+#define SR_POLL_NS       (50ull * 1000000ull)
+#define SR_FLUSH_NS      (100ull * 1000000ull)
+#define SR_STATS_NS      (1000ull * 1000000ull)
+#define SR_CALIB_NS      (1000ull * 1000000ull)
+#define SR_EXIT_WAIT_NS  (300ull * 1000000ull)
+#define SR_POOL_MAX      64
+
+struct pool_slot {
+	_Atomic int given; /* 1 while CUPTI holds it */
+	uint8_t *_Atomic mem;
+};
+
+struct duty_cfg {
+	uint32_t mode, on_ms, period_ms, k_steps, n_steps, name_resend;
+	int64_t phase_offset_ns;
+	uint64_t escalate_until_ns;
+};
+
+static struct {
+	_Atomic int initialized;
+	int disabled;
+	int debug;
+	int quiet;
+	int force_attach;
+	pid_t pid;
+	_Atomic int forked_child;
+
+	struct cupti_api api;
+	int loaded;
+	int ready;       /* callbacks registered */
+	int refused;     /* CUPTI refused during this attach epoch */
+	int refusal_printed;
+	int on;          /* kinds enabled */
+	int attached;
+	uint64_t on_since;
+	int ts_callback;
+
+	/* conversion (guarded by mu) */
+	pthread_mutex_t mu;
+	struct slowrank_conv *conv;
+	int dump_fd;
+
+	/* buffer pool (lock-free for bufferRequested) */
+	struct pool_slot pool[SR_POOL_MAX];
+	int npool;
+	size_t bufsize;
+	_Atomic int pool_keep;
+	_Atomic int convert_on; /* completed buffers are converted (attached) */
+
+	/* runtime counters, merged into stats records */
+	_Atomic uint64_t c_requested, c_refused, c_completed, c_flushes, c_enables, c_attaches,
+		c_cupti_errors, c_on_ns, c_discarded;
+
+	/* control thread */
+	pthread_t thread;
+	pthread_mutex_t ctl_mu;
+	pthread_cond_t ctl_cond;
+	int thread_started;
+	int exit_requested;
+	int exit_done;
+
+	/* duty config */
+	struct duty_cfg cfg;
+	uint32_t applied_generation;
+	uint32_t last_resend;
+	uint64_t last_flush, last_stats, last_calib;
+	int32_t last_error;
+} g = {
+	.mu = PTHREAD_MUTEX_INITIALIZER,
+	.ctl_mu = PTHREAD_MUTEX_INITIALIZER,
+	.dump_fd = -1,
+};
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Timestamp callback for CUPTI: record timestamps in CLOCK_MONOTONIC. */
+static uint64_t CUPTIAPI sr_timestamp(void)
+{
+	return mono_ns();
+}
+
+static void logline(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void logline(const char *fmt, ...)
+{
+	char buf[768];
+	int n = snprintf(buf, sizeof(buf), "slowrank-cupti: pid %d: ", (int)getpid());
+	va_list ap;
+	va_start(ap, fmt);
+	if (n > 0 && (size_t)n < sizeof(buf))
+		n += vsnprintf(buf + n, sizeof(buf) - (size_t)n, fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		return;
+	if ((size_t)n >= sizeof(buf) - 1)
+		n = (int)sizeof(buf) - 2;
+	buf[n++] = '\n';
+	ssize_t w = write(STDERR_FILENO, buf, (size_t)n);
+	(void)w;
+}
+
+#define DEBUGF(...)                          \
+	do {                                 \
+		if (g.debug)                 \
+			logline(__VA_ARGS__); \
+	} while (0)
+
+static const char *result_string(CUptiResult r)
+{
+	const char *s = NULL;
+	if (g.api.GetResultString && g.api.GetResultString(r, &s) == CUPTI_SUCCESS && s)
+		return s;
+	return "CUPTI error";
+}
+
+static void set_state(uint32_t st)
+{
+	__atomic_store_n(&slowrank_cupti_control.state, st, __ATOMIC_RELAXED);
+}
+
+static void set_status_flag(uint32_t f, int on)
+{
+	if (on)
+		__atomic_fetch_or(&slowrank_cupti_control.status_flags, f, __ATOMIC_RELAXED);
+	else
+		__atomic_fetch_and(&slowrank_cupti_control.status_flags, ~f, __ATOMIC_RELAXED);
+}
+
+static void cupti_error(const char *what, CUptiResult r)
+{
+	atomic_fetch_add(&g.c_cupti_errors, 1);
+	g.last_error = (int32_t)r;
+	__atomic_store_n(&slowrank_cupti_control.last_error, (int32_t)r, __ATOMIC_RELAXED);
+	DEBUGF("%s: %s (%d)", what, result_string(r), (int)r);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Loading libcupti                                                        */
+/* ---------------------------------------------------------------------- */
+
+#define SR_SYM(field, name)                                                   \
+	do {                                                                  \
+		void *p_ = dlsym(h, name);                                    \
+		memcpy(&api->field, &p_, sizeof(p_));                         \
+	} while (0)
+
+static int bind_api(void *h, struct cupti_api *api)
+{
+	SR_SYM(GetVersion, "cuptiGetVersion");
+	SR_SYM(GetResultString, "cuptiGetResultString");
+	SR_SYM(Subscribe, "cuptiSubscribe");
+	SR_SYM(Unsubscribe, "cuptiUnsubscribe");
+	SR_SYM(ActivityRegisterCallbacks, "cuptiActivityRegisterCallbacks");
+	SR_SYM(ActivityEnable, "cuptiActivityEnable");
+	SR_SYM(ActivityDisable, "cuptiActivityDisable");
+	SR_SYM(ActivityFlushAll, "cuptiActivityFlushAll");
+	SR_SYM(ActivityGetNextRecord, "cuptiActivityGetNextRecord");
+	SR_SYM(ActivityGetNumDroppedRecords, "cuptiActivityGetNumDroppedRecords");
+	SR_SYM(GetTimestamp, "cuptiGetTimestamp");
+	SR_SYM(ActivityRegisterTimestampCallback, "cuptiActivityRegisterTimestampCallback");
+	return api->GetVersion && api->Subscribe && api->Unsubscribe &&
+	       api->ActivityRegisterCallbacks && api->ActivityEnable && api->ActivityDisable &&
+	       api->ActivityFlushAll && api->ActivityGetNextRecord && api->GetTimestamp;
+}
+
+static int try_open(const char *path)
+{
+	if (!path || !*path)
+		return 0;
+	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!h) {
+		DEBUGF("dlopen %s: %s", path, dlerror());
+		return 0;
+	}
+	struct cupti_api api;
+	memset(&api, 0, sizeof(api));
+	if (!bind_api(h, &api)) {
+		DEBUGF("%s: missing CUPTI symbols", path);
+		dlclose(h);
+		return 0;
+	}
+	api.handle = h;
+	snprintf(api.path, sizeof(api.path), "%s", path);
+	/* Prefer the resolved file name for the status line. */
+	struct link_map *lm = NULL;
+	if (dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_name && lm->l_name[0])
+		snprintf(api.path, sizeof(api.path), "%s", lm->l_name);
+	if (api.GetVersion(&api.version) != CUPTI_SUCCESS)
+		api.version = 0;
+	g.api = api;
+	return 1;
+}
+
+static int try_glob(const char *pattern)
+{
+	glob_t gl;
+	int ok = 0;
+	if (glob(pattern, 0, NULL, &gl) != 0)
+		return 0;
+	for (size_t i = 0; i < gl.gl_pathc && !ok; i++)
+		ok = try_open(gl.gl_pathv[i]);
+	globfree(&gl);
+	return ok;
+}
+
+struct loaded_paths {
+	char cupti[PATH_MAX];
+	char cudart_dir[PATH_MAX];
+	char torch_dir[PATH_MAX];
+};
+
+static void set_dir(char *dst, const char *path)
+{
+	snprintf(dst, PATH_MAX, "%s", path);
+	char *slash = strrchr(dst, '/');
+	if (slash)
+		*slash = 0;
+	else
+		dst[0] = 0;
+}
+
+static int phdr_cb(struct dl_phdr_info *info, size_t size, void *arg)
+{
+	(void)size;
+	struct loaded_paths *lp = arg;
+	const char *n = info->dlpi_name;
+	if (!n || n[0] != '/')
+		return 0;
+	const char *base = strrchr(n, '/') + 1;
+	if (!lp->cupti[0] && strncmp(base, "libcupti.so", 11) == 0)
+		snprintf(lp->cupti, PATH_MAX, "%s", n);
+	else if (!lp->cudart_dir[0] && strncmp(base, "libcudart.so", 12) == 0)
+		set_dir(lp->cudart_dir, n);
+	else if (!lp->torch_dir[0] && strncmp(base, "libtorch_cuda.so", 16) == 0)
+		set_dir(lp->torch_dir, n);
+	return 0;
+}
+
+static int try_dir_patterns(const char *dir, const char *const *rel)
+{
+	char pat[PATH_MAX + 64];
+	for (; *rel; rel++) {
+		snprintf(pat, sizeof(pat), "%s/%s", dir, *rel);
+		if (try_glob(pat))
+			return 1;
+	}
+	return 0;
+}
+
+static int load_cupti(void)
+{
+	const char *explicit_path = getenv("SLOWRANK_CUPTI_LIB");
+	if (explicit_path && *explicit_path)
+		return try_open(explicit_path);
+
+	struct loaded_paths lp;
+	memset(&lp, 0, sizeof(lp));
+	dl_iterate_phdr(phdr_cb, &lp);
+	/* 1. The libcupti already in the process (torch/Kineto links it). */
+	if (lp.cupti[0] && try_open(lp.cupti))
+		return 1;
+	/* 2. The CUDA toolkit. */
+	static const char *const toolkit[] = {
+		"extras/CUPTI/lib64/libcupti.so*", "targets/x86_64-linux/lib/libcupti.so*",
+		"targets/sbsa-linux/lib/libcupti.so*", "lib64/libcupti.so*", NULL};
+	const char *homes[] = {getenv("CUDA_HOME"), getenv("CUDA_PATH"), "/usr/local/cuda"};
+	for (size_t i = 0; i < sizeof(homes) / sizeof(homes[0]); i++)
+		if (homes[i] && *homes[i] && try_dir_patterns(homes[i], toolkit))
+			return 1;
+	/* 3. The nvidia-cuda-cupti pip package next to the loaded libcudart/torch. */
+	static const char *const pip_from_cudart[] = {
+		"libcupti.so*", "../../cuda_cupti/lib/libcupti.so*", "../../cu13/lib/libcupti.so*",
+		"../../cu12/lib/libcupti.so*", NULL};
+	static const char *const pip_from_torch[] = {
+		"libcupti.so*", "../../nvidia/cuda_cupti/lib/libcupti.so*",
+		"../../nvidia/cu13/lib/libcupti.so*", "../../nvidia/cu12/lib/libcupti.so*", NULL};
+	if (lp.cudart_dir[0] && try_dir_patterns(lp.cudart_dir, pip_from_cudart))
+		return 1;
+	if (lp.torch_dir[0] && try_dir_patterns(lp.torch_dir, pip_from_torch))
+		return 1;
+	/* 4. The dynamic linker's search path. */
+	static const char *const sonames[] = {"libcupti.so", "libcupti.so.13", "libcupti.so.12",
+					      "libcupti.so.11.8", NULL};
+	for (const char *const *s = sonames; *s; s++)
+		if (try_open(*s))
+			return 1;
+	return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Buffers                                                                 */
+/* ---------------------------------------------------------------------- */
+
+static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records)
+{
+	*buffer = NULL;
+	*size = 0;
+	*max_records = 0;
+	atomic_fetch_add(&g.c_requested, 1);
+	for (int i = 0; i < g.npool; i++) {
+		int expected = 0;
+		if (!atomic_compare_exchange_strong(&g.pool[i].given, &expected, 1))
+			continue;
+		uint8_t *mem = atomic_load(&g.pool[i].mem);
+		if (!mem) {
+			mem = aligned_alloc(64, g.bufsize);
+			if (!mem) {
+				atomic_store(&g.pool[i].given, 0);
+				break;
+			}
+			atomic_store(&g.pool[i].mem, mem);
+		}
+		*buffer = mem;
+		*size = g.bufsize;
+		return;
+	}
+	/* Pool exhausted: CUPTI gets no buffer and counts the records it drops. */
+	atomic_fetch_add(&g.c_refused, 1);
+}
+
+static void release_buffer(uint8_t *buffer)
+{
+	for (int i = 0; i < g.npool; i++) {
+		if (atomic_load(&g.pool[i].mem) != buffer)
+			continue;
+		if (!atomic_load(&g.pool_keep)) {
+			atomic_store(&g.pool[i].mem, NULL);
+			free(buffer);
+		}
+		atomic_store(&g.pool[i].given, 0);
+		return;
+	}
+	/* Not one of ours: leave it alone. */
+}
+
+static int outstanding_buffers(void)
+{
+	int n = 0;
+	for (int i = 0; i < g.npool; i++)
+		n += atomic_load(&g.pool[i].given);
+	return n;
+}
+
+static void free_idle_buffers(void)
+{
+	for (int i = 0; i < g.npool; i++) {
+		int expected = 0;
+		if (!atomic_compare_exchange_strong(&g.pool[i].given, &expected, 1))
+			continue;
+		uint8_t *mem = atomic_exchange(&g.pool[i].mem, NULL);
+		free(mem);
+		atomic_store(&g.pool[i].given, 0);
+	}
+}
+
+static int cupti_next(void *user, uint8_t *buf, size_t valid, CUpti_Activity **rec)
+{
+	(void)user;
+	CUptiResult r = g.api.ActivityGetNextRecord(buf, valid, rec);
+	if (r == CUPTI_SUCCESS)
+		return SLOWRANK_NEXT_OK;
+	if (r == CUPTI_ERROR_MAX_LIMIT_REACHED)
+		return SLOWRANK_NEXT_END;
+	return SLOWRANK_NEXT_ERROR;
+}
+
+static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size,
+				      size_t valid)
+{
+	(void)size;
+	atomic_fetch_add(&g.c_completed, 1);
+	if (buffer && valid > 0 && !atomic_load(&g.forked_child)) {
+		pthread_mutex_lock(&g.mu);
+		if (atomic_load(&g.convert_on) && g.conv) {
+			slowrank_convert_buffer(g.conv, buffer, valid, cupti_next, NULL);
+		} else {
+			CUpti_Activity *rec = NULL;
+			uint64_t n = 0;
+			while (g.api.ActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS)
+				n++;
+			atomic_fetch_add(&g.c_discarded, n);
+		}
+		size_t dropped = 0;
+		if (g.api.ActivityGetNumDroppedRecords &&
+		    g.api.ActivityGetNumDroppedRecords(ctx, stream, &dropped) == CUPTI_SUCCESS && dropped &&
+		    g.conv)
+			slowrank_conv_add_cupti_dropped(g.conv, dropped);
+		pthread_mutex_unlock(&g.mu);
+	}
+	if (buffer)
+		release_buffer(buffer);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Emitting                                                                */
+/* ---------------------------------------------------------------------- */
+
+static void write_full(int fd, const void *p, size_t n)
+{
+	const uint8_t *b = p;
+	while (n > 0) {
+		ssize_t w = write(fd, b, n);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return;
+		b += w;
+		n -= (size_t)w;
+	}
+}
+
+static void rt_emit(void *user, const void *batch, uint32_t len)
+{
+	(void)user;
+	slowrank_cupti_emit(batch, len);
+	if (g.dump_fd >= 0) {
+		write_full(g.dump_fd, &len, sizeof(len));
+		write_full(g.dump_fd, batch, len);
+	}
+}
+
+/* Caller holds g.mu. */
+static void sync_counters(void)
+{
+	struct slowrank_conv *c = g.conv;
+	uint64_t on_ns = atomic_load(&g.c_on_ns);
+	if (g.on)
+		on_ns += mono_ns() - g.on_since;
+	slowrank_conv_set_counter(c, SLOWRANK_STAT_BUFFERS_REQUESTED, atomic_load(&g.c_requested));
+	slowrank_conv_set_counter(c, SLOWRANK_STAT_BUFFERS_REFUSED, atomic_load(&g.c_refused));
+	slowrank_conv_set_counter(c, SLOWRANK_STAT_BUFFERS_COMPLETED, atomic_load(&g.c_completed));
+	slowrank_conv_set_counter(c, SLOWRANK_STAT_FLUSHES, atomic_load(&g.c_flushes));
+	slowrank_conv_set_counter(c, SLOWRANK_STAT_ENABLES, atomic_load(&g.c_enables));
+	slowrank_conv_set_counter(c, SLOWRANK_STAT_ATTACHES, atomic_load(&g.c_attaches));
+	slowrank_conv_set_counter(c, SLOWRANK_STAT_CUPTI_ERRORS, atomic_load(&g.c_cupti_errors));
+	slowrank_conv_set_counter(c, SLOWRANK_STAT_ON_NS, on_ns);
+	slowrank_conv_set_counter(c, SLOWRANK_STAT_DISCARDED_DETACHED, atomic_load(&g.c_discarded));
+}
+
+static void emit_stats(int final)
+{
+	pthread_mutex_lock(&g.mu);
+	if (g.conv) {
+		sync_counters();
+		slowrank_conv_stats(g.conv, final);
+	}
+	pthread_mutex_unlock(&g.mu);
+}
+
+static void emit_transition(int on, int reason, uint64_t ts)
+{
+	pthread_mutex_lock(&g.mu);
+	if (g.conv)
+		slowrank_conv_transition(g.conv, on, reason, (int)g.cfg.mode, ts);
+	pthread_mutex_unlock(&g.mu);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Clock                                                                   */
+/* ---------------------------------------------------------------------- */
+
+static void calibrate(void)
+{
+	uint64_t best_w = UINT64_MAX;
+	int64_t best_off = 0;
+	for (int i = 0; i < 16; i++) {
+		uint64_t t = 0;
+		uint64_t a = mono_ns();
+		CUptiResult r = g.api.GetTimestamp(&t);
+		uint64_t b = mono_ns();
+		if (r != CUPTI_SUCCESS || t == 0)
+			continue;
+		uint64_t w = b - a;
+		if (w < best_w) {
+			best_w = w;
+			best_off = (int64_t)(a + w / 2) - (int64_t)t;
+		}
+	}
+	g.last_calib = mono_ns();
+	pthread_mutex_lock(&g.mu);
+	if (best_w != UINT64_MAX)
+		slowrank_conv_set_clock(g.conv, SLOWRANK_CLOCK_CALIBRATED, best_off,
+					best_w > UINT32_MAX ? UINT32_MAX : (uint32_t)best_w);
+	else
+		slowrank_conv_set_clock(g.conv, SLOWRANK_CLOCK_UNKNOWN, 0, 0);
+	pthread_mutex_unlock(&g.mu);
+	set_status_flag(SLOWRANK_STATUS_CALIBRATED, best_w != UINT64_MAX);
+	DEBUGF("clock calibrated: offset %lld ns, bracket %llu ns", (long long)best_off,
+	       (unsigned long long)best_w);
+}
+
+/* ---------------------------------------------------------------------- */
+/* CUPTI setup and collection                                              */
+/* ---------------------------------------------------------------------- */
+
+static void CUPTIAPI noop_callback(void *u, CUpti_CallbackDomain d, CUpti_CallbackId id, const void *p)
+{
+	(void)u;
+	(void)d;
+	(void)id;
+	(void)p;
+}
+
+static void refuse(const char *what, CUptiResult r)
+{
+	cupti_error(what, r);
+	g.refused = 1;
+	set_state(SLOWRANK_STATE_REFUSED);
+	if (!g.refusal_printed && !g.quiet) {
+		g.refusal_printed = 1;
+		const char *why = r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
+					  ? " (another tool owns CUPTI: Kineto/nsys?)"
+					  : "";
+		logline("backing off, %s: %s (%d)%s", what, result_string(r), (int)r, why);
+	}
+}
+
+/* Registers callbacks and the clock, once per process. Returns 1 when ready. */
+static int setup_cupti(void)
+{
+	if (g.ready)
+		return 1;
+	if (!g.loaded || g.refused)
+		return 0;
+	CUpti_SubscriberHandle sub;
+	CUptiResult r = g.api.Subscribe(&sub, noop_callback, NULL);
+	if (r != CUPTI_SUCCESS) {
+		refuse("cuptiSubscribe", r);
+		return 0;
+	}
+	g.api.Unsubscribe(sub); /* only a probe: leave the slot to Kineto */
+	r = g.api.ActivityRegisterCallbacks(buffer_requested, buffer_completed);
+	if (r != CUPTI_SUCCESS) {
+		refuse("cuptiActivityRegisterCallbacks", r);
+		return 0;
+	}
+	g.ts_callback = 0;
+	if (g.api.ActivityRegisterTimestampCallback) {
+		r = g.api.ActivityRegisterTimestampCallback(sr_timestamp);
+		if (r == CUPTI_SUCCESS)
+			g.ts_callback = 1;
+		else
+			cupti_error("cuptiActivityRegisterTimestampCallback", r);
+	}
+	if (g.ts_callback) {
+		pthread_mutex_lock(&g.mu);
+		slowrank_conv_set_clock(g.conv, SLOWRANK_CLOCK_MONOTONIC_CALLBACK, 0, 0);
+		pthread_mutex_unlock(&g.mu);
+		set_status_flag(SLOWRANK_STATUS_TS_CALLBACK, 1);
+	} else {
+		calibrate();
+	}
+	g.ready = 1;
+	set_status_flag(SLOWRANK_STATUS_CUPTI_READY, 1);
+	DEBUGF("CUPTI ready (clock: %s)", g.ts_callback ? "monotonic callback" : "calibrated");
+	return 1;
+}
+
+static void disable_kinds(void)
+{
+	for (size_t i = 0; i < SR_NKINDS; i++) {
+		CUptiResult r = g.api.ActivityDisable(sr_kinds[i]);
+		if (r != CUPTI_SUCCESS)
+			cupti_error("cuptiActivityDisable", r);
+	}
+}
+
+static void collection_off(int reason, uint64_t now)
+{
+	if (!g.on)
+		return;
+	disable_kinds();
+	g.on = 0;
+	atomic_fetch_add(&g.c_on_ns, now - g.on_since);
+	emit_transition(0, reason, now);
+	DEBUGF("collection off (reason %d)", reason);
+}
+
+static int collection_on(int reason, uint64_t now)
+{
+	if (g.on)
+		return 1;
+	for (size_t i = 0; i < SR_NKINDS; i++) {
+		CUptiResult r = g.api.ActivityEnable(sr_kinds[i]);
+		if (r != CUPTI_SUCCESS) {
+			disable_kinds();
+			refuse("cuptiActivityEnable", r);
+			emit_transition(0, SLOWRANK_REASON_ERROR, now);
+			return 0;
+		}
+	}
+	g.on = 1;
+	g.on_since = now;
+	atomic_fetch_add(&g.c_enables, 1);
+	emit_transition(1, reason, now);
+	DEBUGF("collection on (reason %d)", reason);
+	return 1;
+}
+
+static void flush(uint32_t flags)
+{
+	CUptiResult r = g.api.ActivityFlushAll(flags);
+	atomic_fetch_add(&g.c_flushes, 1);
+	if (r != CUPTI_SUCCESS)
+		cupti_error("cuptiActivityFlushAll", r);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Control block                                                           */
+/* ---------------------------------------------------------------------- */
+
+static void read_control(void)
+{
+	/* The agent writes through /proc/PID/mem: every field may change under us. */
+#define SR_LD(f) __atomic_load_n(&slowrank_cupti_control.f, __ATOMIC_RELAXED)
+	uint32_t g1 = __atomic_load_n(&slowrank_cupti_control.generation, __ATOMIC_ACQUIRE);
+	if (g1 & 1)
+		return; /* the agent is writing */
+	struct duty_cfg d;
+	d.mode = SR_LD(mode);
+	d.on_ms = SR_LD(on_ms);
+	d.period_ms = SR_LD(period_ms);
+	d.k_steps = SR_LD(k_steps);
+	d.n_steps = SR_LD(n_steps);
+	d.phase_offset_ns = SR_LD(phase_offset_ns);
+	d.escalate_until_ns = SR_LD(escalate_until_ns);
+	d.name_resend = SR_LD(name_resend);
+#undef SR_LD
+	__atomic_thread_fence(__ATOMIC_ACQUIRE);
+	uint32_t g2 = __atomic_load_n(&slowrank_cupti_control.generation, __ATOMIC_ACQUIRE);
+	if (g1 != g2)
+		return;
+	g.cfg = d;
+	if (g1 != g.applied_generation) {
+		g.applied_generation = g1;
+		__atomic_store_n(&slowrank_cupti_control.applied_generation, g1, __ATOMIC_RELAXED);
+		pthread_mutex_lock(&g.mu);
+		if (g.conv)
+			slowrank_conv_set_generation(g.conv, g1);
+		pthread_mutex_unlock(&g.mu);
+		DEBUGF("control generation %u: mode %u on %u ms / %u ms, k %u / n %u", g1, d.mode, d.on_ms,
+		       d.period_ms, d.k_steps, d.n_steps);
+	}
+	if (d.name_resend != g.last_resend) {
+		g.last_resend = d.name_resend;
+		pthread_mutex_lock(&g.mu);
+		if (g.conv)
+			slowrank_conv_new_epoch(g.conv);
+		pthread_mutex_unlock(&g.mu);
+	}
+}
+
+/* Decides the phase; *wake_ns gets the time until the next boundary. */
+static int duty_wants_on(uint64_t now, int *reason, uint64_t *wake_ns)
+{
+	const struct duty_cfg *d = &g.cfg;
+	*wake_ns = SR_POLL_NS;
+	*reason = SLOWRANK_REASON_DUTY;
+	if (d->escalate_until_ns > now) {
+		*reason = SLOWRANK_REASON_ESCALATION;
+		if (d->escalate_until_ns - now < *wake_ns)
+			*wake_ns = d->escalate_until_ns - now;
+		return 1;
+	}
+	switch (d->mode) {
+	case SLOWRANK_DUTY_ALWAYS:
+		return 1;
+	case SLOWRANK_DUTY_TIME: {
+		if (d->period_ms == 0 || d->on_ms >= d->period_ms)
+			return 1;
+		if (d->on_ms == 0)
+			return 0;
+		uint64_t t = now + (uint64_t)d->phase_offset_ns; /* wraps as intended */
+		uint64_t period = (uint64_t)d->period_ms * 1000000ull;
+		uint64_t pos = t % period;
+		uint64_t on_len = (uint64_t)d->on_ms * 1000000ull;
+		uint64_t left = pos < on_len ? on_len - pos : period - pos;
+		if (left < *wake_ns)
+			*wake_ns = left;
+		return pos < on_len;
+	}
+	case SLOWRANK_DUTY_STEPS: {
+		if (d->n_steps == 0)
+			return 0;
+		uint64_t step = __atomic_load_n(&slowrank_cupti_control.step, __ATOMIC_RELAXED);
+		return (step % d->n_steps) < d->k_steps;
+	}
+	case SLOWRANK_DUTY_OFF:
+	default:
+		return 0;
+	}
+}
+
+static void update_status(uint64_t now)
+{
+	struct slowrank_cupti_control *c = &slowrank_cupti_control;
+	uint64_t on_ns = atomic_load(&g.c_on_ns) + (g.on ? now - g.on_since : 0);
+	__atomic_store_n(&c->on_ns_total, on_ns, __ATOMIC_RELAXED);
+	__atomic_store_n(&c->enables, atomic_load(&g.c_enables), __ATOMIC_RELAXED);
+	pthread_mutex_lock(&g.mu);
+	if (g.conv) {
+		__atomic_store_n(&c->batches, slowrank_conv_counter(g.conv, SLOWRANK_STAT_BATCHES),
+				 __ATOMIC_RELAXED);
+		__atomic_store_n(&c->records, slowrank_conv_records_emitted(g.conv), __ATOMIC_RELAXED);
+		__atomic_store_n(&c->cupti_dropped, slowrank_conv_cupti_dropped(g.conv), __ATOMIC_RELAXED);
+		__atomic_store_n(&c->lib_dropped, slowrank_conv_lib_dropped(g.conv), __ATOMIC_RELAXED);
+	}
+	pthread_mutex_unlock(&g.mu);
+	__atomic_store_n(&c->heartbeat_ns, now, __ATOMIC_RELAXED);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Control thread                                                          */
+/* ---------------------------------------------------------------------- */
+
+static void on_attach(uint64_t now)
+{
+	g.attached = 1;
+	g.refused = 0; /* a new agent: try CUPTI again */
+	atomic_fetch_add(&g.c_attaches, 1);
+	atomic_store(&g.pool_keep, 1);
+	atomic_store(&g.convert_on, 1);
+	pthread_mutex_lock(&g.mu);
+	if (g.conv)
+		slowrank_conv_new_epoch(g.conv);
+	pthread_mutex_unlock(&g.mu);
+	DEBUGF("agent attached (semaphore %u)", (unsigned)slowrank_cupti_semaphore);
+	if (g.loaded && setup_cupti()) {
+		set_state(SLOWRANK_STATE_OFF_PHASE);
+		g.last_flush = g.last_stats = now;
+		emit_stats(0);
+	} else {
+		if (!g.loaded)
+			set_state(SLOWRANK_STATE_UNAVAILABLE);
+		/* Tell the agent through the ring buffer too: no device records. */
+		emit_transition(0, SLOWRANK_REASON_ERROR, now);
+		emit_stats(0);
+	}
+}
+
+static void on_detach(uint64_t now)
+{
+	g.attached = 0;
+	atomic_store(&g.convert_on, 0);
+	atomic_store(&g.pool_keep, 0);
+	if (g.ready) {
+		collection_off(SLOWRANK_REASON_ATTACH, now);
+		flush(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED); /* hand every buffer back */
+	}
+	free_idle_buffers();
+	if (g.loaded)
+		set_state(SLOWRANK_STATE_IDLE);
+	DEBUGF("agent detached");
+}
+
+static void on_exit_request(void)
+{
+	uint64_t now = mono_ns();
+	if (g.ready && (g.on || outstanding_buffers() > 0)) {
+		collection_off(SLOWRANK_REASON_EXIT, now);
+		flush(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+	}
+	if (g.attached && g.ready)
+		emit_stats(1);
+}
+
+static void *control_main(void *arg)
+{
+	(void)arg;
+	pthread_setname_np(pthread_self(), "slowrank-cupti");
+	setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
+	set_status_flag(SLOWRANK_STATUS_THREAD_ALIVE, 1);
+
+	g.loaded = load_cupti();
+	if (g.loaded) {
+		set_status_flag(SLOWRANK_STATUS_CUPTI_LOADED, 1);
+		__atomic_store_n(&slowrank_cupti_control.cupti_version, g.api.version, __ATOMIC_RELAXED);
+		set_state(SLOWRANK_STATE_IDLE);
+		if (!g.quiet)
+			logline("ready, libcupti %s (api %u); collection off until an agent attaches%s",
+				g.api.path, g.api.version, g.force_attach ? " (forced attach)" : "");
+	} else {
+		set_state(SLOWRANK_STATE_UNAVAILABLE);
+		atomic_fetch_add(&g.c_cupti_errors, 1);
+		if (!g.quiet)
+			logline("inactive, libcupti not found (set SLOWRANK_CUPTI_LIB or CUDA_HOME)");
+	}
+
+	pthread_mutex_lock(&g.ctl_mu);
+	for (;;) {
+		if (g.exit_requested)
+			break;
+		pthread_mutex_unlock(&g.ctl_mu);
+
+		uint64_t now = mono_ns();
+		uint64_t wake = SR_POLL_NS;
+		read_control();
+		int sem = __atomic_load_n(&slowrank_cupti_semaphore, __ATOMIC_RELAXED) != 0 || g.force_attach;
+		if (sem && !g.attached)
+			on_attach(now);
+		else if (!sem && g.attached)
+			on_detach(now);
+
+		if (g.attached && g.ready && !g.refused) {
+			int reason;
+			int want = duty_wants_on(now, &reason, &wake);
+			if (want && !g.on)
+				collection_on(reason, now);
+			else if (!want && g.on)
+				collection_off(reason, now);
+			if (!g.refused)
+				set_state(g.on ? SLOWRANK_STATE_ON : SLOWRANK_STATE_OFF_PHASE);
+			if ((g.on || outstanding_buffers() > 0) && now - g.last_flush >= SR_FLUSH_NS) {
+				flush(0);
+				g.last_flush = now;
+			}
+			if (now - g.last_stats >= SR_STATS_NS) {
+				emit_stats(0);
+				g.last_stats = now;
+			}
+			if (!g.ts_callback && now - g.last_calib >= SR_CALIB_NS)
+				calibrate();
+			if (g.on && SR_FLUSH_NS < wake)
+				wake = SR_FLUSH_NS;
+		}
+		update_status(now);
+
+		if (wake < 1000000ull)
+			wake = 1000000ull;
+		struct timespec ts;
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		uint64_t deadline = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + wake;
+		ts.tv_sec = (time_t)(deadline / 1000000000ull);
+		ts.tv_nsec = (long)(deadline % 1000000000ull);
+		pthread_mutex_lock(&g.ctl_mu);
+		if (!g.exit_requested)
+			pthread_cond_timedwait(&g.ctl_cond, &g.ctl_mu, &ts);
+	}
+	pthread_mutex_unlock(&g.ctl_mu);
+
+	on_exit_request();
+	update_status(mono_ns());
+	set_status_flag(SLOWRANK_STATUS_THREAD_ALIVE, 0);
+
+	pthread_mutex_lock(&g.ctl_mu);
+	g.exit_done = 1;
+	pthread_cond_broadcast(&g.ctl_cond);
+	pthread_mutex_unlock(&g.ctl_mu);
+	return NULL;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Process lifecycle                                                       */
+/* ---------------------------------------------------------------------- */
+
+static void at_exit(void)
+{
+	if (!atomic_load(&g.initialized) || atomic_load(&g.forked_child) || getpid() != g.pid)
+		return;
+	static _Atomic int once;
+	if (atomic_exchange(&once, 1))
+		return;
+	if (g.thread_started) {
+		struct timespec ts;
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		uint64_t deadline = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + SR_EXIT_WAIT_NS;
+		ts.tv_sec = (time_t)(deadline / 1000000000ull);
+		ts.tv_nsec = (long)(deadline % 1000000000ull);
+		pthread_mutex_lock(&g.ctl_mu);
+		g.exit_requested = 1;
+		pthread_cond_broadcast(&g.ctl_cond);
+		while (!g.exit_done)
+			if (pthread_cond_timedwait(&g.ctl_cond, &g.ctl_mu, &ts) == ETIMEDOUT)
+				break;
+		pthread_mutex_unlock(&g.ctl_mu);
+	}
+	if (g.debug) {
+		struct slowrank_cupti_control *c = &slowrank_cupti_control;
+		logline("exit: state %u attaches %llu enables %llu on_ms %llu batches %llu records %llu "
+			"cupti_dropped %llu lib_dropped %llu buffers %llu/%llu refused %llu errors %llu",
+			__atomic_load_n(&c->state, __ATOMIC_RELAXED),
+			(unsigned long long)atomic_load(&g.c_attaches),
+			(unsigned long long)atomic_load(&g.c_enables),
+			(unsigned long long)(__atomic_load_n(&c->on_ns_total, __ATOMIC_RELAXED) / 1000000ull),
+			(unsigned long long)__atomic_load_n(&c->batches, __ATOMIC_RELAXED),
+			(unsigned long long)__atomic_load_n(&c->records, __ATOMIC_RELAXED),
+			(unsigned long long)__atomic_load_n(&c->cupti_dropped, __ATOMIC_RELAXED),
+			(unsigned long long)__atomic_load_n(&c->lib_dropped, __ATOMIC_RELAXED),
+			(unsigned long long)atomic_load(&g.c_completed),
+			(unsigned long long)atomic_load(&g.c_requested),
+			(unsigned long long)atomic_load(&g.c_refused),
+			(unsigned long long)atomic_load(&g.c_cupti_errors));
+	}
+}
+
+__attribute__((destructor)) static void sr_fini(void)
+{
+	at_exit();
+}
+
+static void at_fork_child(void)
+{
+	/* No control thread in the child; CUDA is unusable there anyway. */
+	atomic_store(&g.forked_child, 1);
+	atomic_store(&g.convert_on, 0);
+}
+
+static int env_flag(const char *name)
+{
+	const char *v = getenv(name);
+	return v && *v && strcmp(v, "0") != 0 && strcmp(v, "false") != 0;
+}
+
+static long env_long(const char *name, long def, long lo, long hi)
+{
+	const char *v = getenv(name);
+	if (!v || !*v)
+		return def;
+	char *end = NULL;
+	long n = strtol(v, &end, 10);
+	if (!end || *end || n < lo || n > hi)
+		return def;
+	return n;
+}
+
+static void initial_mode(void)
+{
+	const char *m = getenv("SLOWRANK_CUPTI_MODE");
+	if (!m || !*m)
+		return;
+	struct slowrank_cupti_control *c = &slowrank_cupti_control;
+	unsigned on = 0, period = 0;
+	if (strcmp(m, "always") == 0)
+		c->mode = SLOWRANK_DUTY_ALWAYS;
+	else if (strcmp(m, "off") == 0)
+		c->mode = SLOWRANK_DUTY_OFF;
+	else if (sscanf(m, "time:%u:%u", &on, &period) == 2) {
+		c->mode = SLOWRANK_DUTY_TIME;
+		c->on_ms = on;
+		c->period_ms = period;
+	}
+}
+
+SR_EXPORT int InitializeInjection(void)
+{
+	int expected = 0;
+	if (!atomic_compare_exchange_strong(&g.initialized, &expected, 1))
+		return 1;
+	g.pid = getpid();
+	g.debug = env_flag("SLOWRANK_CUPTI_DEBUG");
+	g.quiet = env_flag("SLOWRANK_CUPTI_QUIET") && !g.debug;
+	if (env_flag("SLOWRANK_CUPTI_DISABLE")) {
+		g.disabled = 1;
+		set_state(SLOWRANK_STATE_DISABLED);
+		if (!g.quiet)
+			logline("disabled by SLOWRANK_CUPTI_DISABLE");
+		return 1;
+	}
+	g.force_attach = env_flag("SLOWRANK_CUPTI_FORCE_ATTACH");
+	set_status_flag(SLOWRANK_STATUS_FORCED_ATTACH, g.force_attach);
+	g.npool = (int)env_long("SLOWRANK_CUPTI_BUFFERS", 8, 2, SR_POOL_MAX);
+	g.bufsize = (size_t)env_long("SLOWRANK_CUPTI_BUFFER_KB", 1024, 64, 8192) * 1024u;
+	initial_mode();
+	const char *dump = getenv("SLOWRANK_CUPTI_DUMP");
+	if (dump && *dump)
+		g.dump_fd = open(dump, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+
+	struct slowrank_conv_config cfg = {.pid = (uint32_t)g.pid, .emit = rt_emit, .emit_user = NULL};
+	g.conv = slowrank_conv_new(&cfg);
+	if (!g.conv) {
+		if (!g.quiet)
+			logline("inactive, out of memory");
+		set_state(SLOWRANK_STATE_UNAVAILABLE);
+		return 1;
+	}
+
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&g.ctl_cond, &ca);
+	pthread_condattr_destroy(&ca);
+
+	pthread_atfork(NULL, NULL, at_fork_child);
+	atexit(at_exit);
+
+	/* The thread must not take the application's signals. */
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	pthread_attr_t attr;
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	pthread_attr_setstacksize(&attr, 256 * 1024);
+	int rc = pthread_create(&g.thread, &attr, control_main, NULL);
+	pthread_attr_destroy(&attr);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (rc != 0) {
+		if (!g.quiet)
+			logline("inactive, cannot start the control thread: %s", strerror(rc));
+		set_state(SLOWRANK_STATE_UNAVAILABLE);
+		return 1;
+	}
+	g.thread_started = 1;
+	return 1;
+}

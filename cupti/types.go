@@ -1,0 +1,183 @@
+package cupti
+
+import "strconv"
+
+// Class is the kind of work a kernel does, decided by the injection library
+// from the kernel's name once per distinct name.
+type Class uint8
+
+// Kernel classes (SLOWRANK_CLASS_* in slowrank_abi.h).
+const (
+	ClassOther         Class = 0
+	ClassCommunication Class = 1 // nccl*Kernel*, ncclDevKernel*, nvshmem, custom all-reduce
+	ClassAttention     Class = 2 // flash, fmha, sdpa, attention
+	ClassGEMM          Class = 3 // gemm, cutlass, cublas, xmma, nvjet
+	ClassMoE           Class = 4 // grouped gemm, moe, all-to-all, token permute
+	ClassCopy          Class = 5 // copy kernels
+)
+
+var classNames = [...]string{"other", "communication", "attention", "gemm", "moe", "copy"}
+
+func (c Class) String() string {
+	if int(c) < len(classNames) {
+		return classNames[c]
+	}
+	return "class(" + strconv.Itoa(int(c)) + ")"
+}
+
+// ClockSource says how the library put record timestamps on CLOCK_MONOTONIC.
+type ClockSource uint16
+
+// Clock sources (SLOWRANK_CLOCK_*).
+const (
+	// ClockMonotonicCallback: CUPTI called the library's CLOCK_MONOTONIC
+	// timestamp callback; no conversion was needed.
+	ClockMonotonicCallback ClockSource = 0
+	// ClockCalibrated: CUPTI's own clock plus Header.ClockOffsetNs, measured
+	// with a bracket of Header.ClockBracketNs and already applied.
+	ClockCalibrated ClockSource = 1
+	// ClockUnknown: not calibrated; timestamps are CUPTI's raw clock.
+	ClockUnknown ClockSource = 2
+)
+
+func (c ClockSource) String() string {
+	switch c {
+	case ClockMonotonicCallback:
+		return "monotonic_callback"
+	case ClockCalibrated:
+		return "calibrated"
+	case ClockUnknown:
+		return "unknown"
+	}
+	return "clock(" + strconv.Itoa(int(c)) + ")"
+}
+
+// Reason is why collection was switched on or off.
+type Reason uint8
+
+// Transition reasons (SLOWRANK_REASON_*).
+const (
+	ReasonDuty       Reason = 0
+	ReasonEscalation Reason = 1
+	ReasonAttach     Reason = 2
+	ReasonExit       Reason = 3
+	ReasonError      Reason = 4
+)
+
+func (r Reason) String() string {
+	switch r {
+	case ReasonDuty:
+		return "duty"
+	case ReasonEscalation:
+		return "escalation"
+	case ReasonAttach:
+		return "attach"
+	case ReasonExit:
+		return "exit"
+	case ReasonError:
+		return "error"
+	}
+	return "reason(" + strconv.Itoa(int(r)) + ")"
+}
+
+// DutyMode selects when the library collects while an agent is attached.
+type DutyMode uint32
+
+// Duty modes (SLOWRANK_DUTY_*).
+const (
+	DutyOff    DutyMode = 0 // never
+	DutyAlways DutyMode = 1 // all the time
+	DutyTime   DutyMode = 2 // On of every Period, phase from CLOCK_MONOTONIC + PhaseOffset
+	DutySteps  DutyMode = 3 // while step % NSteps < KSteps; the agent writes the step
+)
+
+func (m DutyMode) String() string {
+	switch m {
+	case DutyOff:
+		return "off"
+	case DutyAlways:
+		return "always"
+	case DutyTime:
+		return "time"
+	case DutySteps:
+		return "steps"
+	}
+	return "mode(" + strconv.Itoa(int(m)) + ")"
+}
+
+// State is the library's state, as published in its control block.
+type State uint32
+
+// Library states (SLOWRANK_STATE_*).
+const (
+	StateInit        State = 0 // InitializeInjection has not run
+	StateIdle        State = 1 // no agent attached: nothing enabled
+	StateOn          State = 2 // attached, collecting
+	StateOffPhase    State = 3 // attached, duty-cycle off-phase
+	StateUnavailable State = 4 // libcupti could not be loaded
+	StateRefused     State = 5 // CUPTI refused (another subscriber...); retried on the next attach
+	StateDisabled    State = 6 // SLOWRANK_CUPTI_DISABLE=1
+)
+
+var stateNames = [...]string{"init", "idle", "on", "off_phase", "unavailable", "refused", "disabled"}
+
+func (s State) String() string {
+	if int(s) < len(stateNames) {
+		return stateNames[s]
+	}
+	return "state(" + strconv.Itoa(int(s)) + ")"
+}
+
+// StatusFlags are the library's SLOWRANK_STATUS_* bits.
+type StatusFlags uint32
+
+// Status flags.
+const (
+	StatusCUPTILoaded  StatusFlags = 1 << 0
+	StatusCUPTIReady   StatusFlags = 1 << 1
+	StatusTSCallback   StatusFlags = 1 << 2
+	StatusCalibrated   StatusFlags = 1 << 3
+	StatusThreadAlive  StatusFlags = 1 << 4
+	StatusForcedAttach StatusFlags = 1 << 5
+)
+
+// Stat indexes Stats.Counters (SLOWRANK_STAT_*). All counters are cumulative
+// since the training process started.
+type Stat int
+
+// Counters of a stats record.
+const (
+	StatRecordsSeen       Stat = 0  // CUPTI records walked
+	StatKernels           Stat = 1  // kernel records emitted
+	StatMemcpys           Stat = 2  // memcpy records emitted
+	StatMemsets           Stat = 3  // memset records emitted
+	StatUnknownKinds      Stat = 4  // CUPTI records of kinds not converted
+	StatBadRecords        Stat = 5  // truncated or without valid timestamps (also in LibDropped)
+	StatNames             Stat = 6  // distinct names interned
+	StatNamesOverflow     Stat = 7  // kernels whose name did not fit the library's table
+	StatBuffersRequested  Stat = 8  // buffers CUPTI asked for
+	StatBuffersRefused    Stat = 9  // requests refused: pool exhausted, CUPTI drops
+	StatBuffersCompleted  Stat = 10 // buffers CUPTI handed back
+	StatBatches           Stat = 11 // batches emitted
+	StatBatchBytes        Stat = 12 // bytes emitted
+	StatFlushes           Stat = 13 // cuptiActivityFlushAll calls
+	StatEnables           Stat = 14 // off -> on transitions
+	StatAttaches          Stat = 15 // semaphore 0 -> non-zero
+	StatCUPTIErrors       Stat = 16 // CUPTI calls that failed
+	StatOnNs              Stat = 17 // total ns with collection enabled
+	StatDiscardedDetached Stat = 18 // records completed while no agent was attached
+	NumStats                   = numStats
+)
+
+var statNames = [...]string{
+	"records_seen", "kernels", "memcpys", "memsets", "unknown_kinds", "bad_records", "names",
+	"names_overflow", "buffers_requested", "buffers_refused", "buffers_completed", "batches",
+	"batch_bytes", "flushes", "enables", "attaches", "cupti_errors", "on_ns", "discarded_detached",
+}
+
+func (s Stat) String() string {
+	if s >= 0 && int(s) < len(statNames) {
+		return statNames[s]
+	}
+	return "stat(" + strconv.Itoa(int(s)) + ")"
+}
