@@ -55,6 +55,7 @@ func newApp() *cli.App {
 			return nil
 		},
 		Commands: []*cli.Command{
+			agentCommand(),
 			replayCommand(),
 			simulateCommand(),
 		},

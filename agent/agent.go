@@ -1,0 +1,268 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/slowrank/slowrank/bpf"
+	"github.com/slowrank/slowrank/correlate"
+	"github.com/slowrank/slowrank/detector"
+)
+
+// Config configures an Agent.
+type Config struct {
+	// ProcRoot is the proc filesystem ("" for /proc).
+	ProcRoot string
+	Selector Selector
+	// HostName names this host in facts.
+	HostName string
+	// Job overrides the job id found in the processes' environment.
+	Job string
+	// Epoch is the attach epoch carried by facts: it grows across agent
+	// restarts so that a restarted agent never double-counts a step.
+	Epoch int
+
+	Detector  detector.Config
+	Correlate correlate.Config
+	Duty      DutyConfig
+	// DeviceCollection lets the agent steer the injection library's duty
+	// cycle; without it the library keeps its built-in default.
+	DeviceCollection bool
+	// ProbeTorch attaches the torch c10d probes (gloo jobs need them; with
+	// NCCL they double the probes per collective).
+	ProbeTorch bool
+
+	RingBufferSize int
+	// Tick is how often event time advances (steps released, windows
+	// settled by the wall clock).
+	Tick time.Duration
+	// InputQueue bounds the records between the ring-buffer reader and the
+	// pipeline; overflow is counted as lost records.
+	InputQueue int
+	// ForgetDelay is how long records of an exited process may still arrive.
+	ForgetDelay time.Duration
+
+	Sinks  []Sink
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns working defaults.
+func DefaultConfig() Config {
+	return Config{
+		Detector: detector.DefaultConfig(), Duty: DefaultDutyConfig(), DeviceCollection: true, ProbeTorch: true,
+		RingBufferSize: 8 << 20, Tick: 200 * time.Millisecond, InputQueue: 1 << 16, ForgetDelay: time.Second,
+		Epoch: int(time.Now().Unix()),
+	}
+}
+
+// Agent watches training processes and judges their ranks. Start it with Run;
+// Run returns after the context is cancelled, once the last window has been
+// settled and handed to the sinks.
+type Agent struct {
+	cfg      Config
+	log      *slog.Logger
+	probes   *bpf.Probes
+	reader   *bpf.Reader
+	watcher  *Watcher
+	pipe     *pipeline
+	duty     *Duty
+	conv     *converter
+	counters *counters
+	in       chan any
+	att      *attacher
+	started  time.Time
+
+	planMu sync.Mutex
+	plan   *DutyPlan // last duty plan applied, for Status
+}
+
+func (a *Agent) dutyPlan() *DutyPlan {
+	a.planMu.Lock()
+	defer a.planMu.Unlock()
+	return a.plan
+}
+
+// New checks that this host supports the agent, loads the BPF programs and
+// prepares discovery. Nothing is attached until Run. On error, everything
+// acquired so far is released.
+func New(cfg Config) (*Agent, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	log := cfg.Logger.With("component", "agent")
+	if cfg.Tick <= 0 || cfg.InputQueue <= 0 {
+		return nil, errors.New("agent config: tick and input queue must be positive")
+	}
+	det, err := detector.New(cfg.Detector)
+	if err != nil {
+		return nil, err
+	}
+	w, err := NewWatcher(WatcherConfig{ProcRoot: cfg.ProcRoot, Selector: cfg.Selector, Logger: cfg.Logger.With("component", "discovery")})
+	if err != nil {
+		return nil, err
+	}
+	if err := bpf.CheckSupport(); err != nil {
+		return nil, fmt.Errorf("this host cannot run the agent: %w", err)
+	}
+	probes, err := bpf.Load(bpf.Options{RingBufferSize: cfg.RingBufferSize, Logger: cfg.Logger.With("component", "bpf")})
+	if err != nil {
+		return nil, fmt.Errorf("load BPF programs: %w", err)
+	}
+	reader, err := probes.NewReader()
+	if err != nil {
+		probes.Close()
+		return nil, fmt.Errorf("open ring buffer: %w", err)
+	}
+	c := newCounters()
+	if cfg.Correlate.Host == "" {
+		cfg.Correlate.Host = cfg.HostName
+	}
+	var duty *Duty
+	if cfg.DeviceCollection {
+		duty = NewDuty(cfg.Duty)
+	}
+	a := &Agent{
+		cfg: cfg, log: log, probes: probes, reader: reader, watcher: w, duty: duty,
+		pipe:     newPipeline(log, correlate.New(cfg.Correlate), det, duty, cfg.Sinks),
+		conv:     newConverter(c),
+		counters: c,
+		in:       make(chan any, cfg.InputQueue),
+		started:  time.Now(),
+	}
+	a.att = newAttacher(a)
+	return a, nil
+}
+
+// Run attaches to training processes as they appear and runs until ctx is
+// cancelled; then it detaches, settles the last window and returns.
+func (a *Agent) Run(ctx context.Context) error {
+	wctx, stopWatch := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); a.watcher.Run(wctx) }()
+	readDone := make(chan struct{})
+	go func() { defer wg.Done(); defer close(readDone); a.readLoop() }()
+
+	tick := time.NewTicker(a.cfg.Tick)
+	defer tick.Stop()
+	var lastDuty time.Time
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case ev, ok := <-a.watcher.Events():
+			if ok {
+				a.att.handle(ev)
+			}
+		case in := <-a.in:
+			a.pipe.handle(in)
+		case now := <-tick.C:
+			mono := monotonicNow()
+			a.att.forgetDue(mono)
+			a.drainInput()
+			a.pipe.tick(mono)
+			if a.duty != nil && now.Sub(lastDuty) >= time.Second {
+				lastDuty = now
+				plan := a.duty.Plan(mono)
+				a.att.applyDuty(plan)
+				a.planMu.Lock()
+				a.plan = &plan
+				a.planMu.Unlock()
+			}
+			a.refreshCounters()
+		}
+	}
+	a.log.Info("stopping: detaching and settling the last window")
+	stopWatch()
+	a.att.detachAll()
+	if err := a.reader.Flush(); err != nil && !errors.Is(err, bpf.ErrClosed) {
+		a.log.Warn("flush ring buffer", "err", err)
+	}
+	select {
+	case <-readDone:
+	case <-time.After(2 * time.Second):
+		a.counters.add("shutdown_read_timeout", 1)
+		a.reader.Close()
+	}
+	a.drainInput()
+	a.pipe.flush(monotonicNow())
+	wg.Wait()
+	a.refreshCounters()
+	return nil
+}
+
+// readLoop moves ring-buffer events into the pipeline's queue without ever
+// blocking on it: a full queue counts the lost records.
+func (a *Agent) readLoop() {
+	var buf []any
+	for {
+		ev, err := a.reader.Read()
+		switch {
+		case errors.Is(err, bpf.ErrFlushed), errors.Is(err, bpf.ErrClosed):
+			return
+		case errors.Is(err, bpf.ErrMalformed):
+			a.counters.add("events_malformed", 1)
+			continue
+		case err != nil:
+			a.counters.add("read_errors", 1)
+			a.log.Warn("read ring buffer", "err", err)
+			return
+		}
+		a.counters.add("events", 1)
+		buf = a.conv.convert(ev, buf[:0])
+		for _, in := range buf {
+			select {
+			case a.in <- in:
+			default:
+				a.counters.add("events_lost_queue", 1)
+			}
+		}
+	}
+}
+
+// drainInput hands everything queued to the pipeline (before a tick, so that
+// a tick sees all records that had arrived).
+func (a *Agent) drainInput() {
+	for {
+		select {
+		case in := <-a.in:
+			a.pipe.handle(in)
+		default:
+			return
+		}
+	}
+}
+
+// Close releases the BPF objects (links, maps, programs). Call it after Run.
+func (a *Agent) Close() error {
+	return a.probes.Close()
+}
+
+func (a *Agent) refreshCounters() {
+	if st, err := a.probes.Stats(); err == nil {
+		a.counters.set("ringbuf_lost", int64(st.Lost()))
+	}
+	a.counters.set("events_decoded", int64(a.reader.Decoded()))
+	ws := a.watcher.Stats()
+	a.counters.set("processes_tracked", int64(ws.Tracked))
+	a.counters.set("discovery_denied", int64(ws.Denied))
+}
+
+// Summaries returns the detector's end-of-run summaries; call after Run.
+func (a *Agent) Summaries() []detector.Summary { return a.pipe.det.Summaries() }
+
+// Counters returns a copy of the agent's health counters.
+func (a *Agent) Counters() map[string]int64 { return a.counters.snapshot() }
+
+func monotonicNow() int64 {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return ts.Nano()
+}

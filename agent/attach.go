@@ -1,0 +1,360 @@
+package agent
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/slowrank/slowrank/bpf"
+	"github.com/slowrank/slowrank/correlate"
+	"github.com/slowrank/slowrank/cupti"
+)
+
+// attacher turns discovery events into attachments: one per library file
+// (uprobes live on the inode and fire in every process mapping it), a BPF
+// filter entry per training process, and duty-cycle writes into the
+// injection library's control block. Only the agent's main goroutine calls it.
+type attacher struct {
+	a     *Agent
+	libs  map[FileID]*libEntry
+	procs map[ProcessKey]*procEntry
+	// forgets are exited processes whose records may still be in flight.
+	forgets  []pendingForget
+	nextRank int
+	closing  sync.WaitGroup
+
+	mu   sync.Mutex // guards view, read by Status from other goroutines
+	view []ProcessView
+}
+
+type libEntry struct {
+	kind  LibraryKind
+	path  string
+	att   *bpf.Attachment // nil when attaching failed
+	users map[ProcessKey]bool
+}
+
+type procEntry struct {
+	proc Process
+	rank int
+	job  string
+	libs map[FileID]bool
+	// injection library state (duty cycle writes)
+	inject    *Library
+	ctlAddr   uint64
+	ctlGen    uint32
+	lastDuty  cupti.Duty
+	dutyValid bool
+}
+
+type pendingForget struct {
+	at   int64
+	pid  uint32
+	rank int
+}
+
+// ProcessView is what the agent knows of one training process.
+type ProcessView struct {
+	PID       int      `json:"pid"`
+	Rank      int      `json:"rank"`
+	Job       string   `json:"job"`
+	Libraries []string `json:"libraries"`
+	Injected  bool     `json:"injected"`
+}
+
+func newAttacher(a *Agent) *attacher {
+	return &attacher{a: a, libs: map[FileID]*libEntry{}, procs: map[ProcessKey]*procEntry{}}
+}
+
+func (t *attacher) handle(ev Event) {
+	switch e := ev.(type) {
+	case *ProcessAdded:
+		t.added(e.Process)
+	case *LibraryMapped:
+		t.mapped(e.ProcessKey, e.Library)
+	case *LibraryUnmapped:
+		t.unmapped(e.ProcessKey, e.Library.File)
+	case *ProcessExited:
+		t.exited(e.ProcessKey)
+	}
+	t.refreshView()
+}
+
+func (t *attacher) added(p Process) {
+	if _, ok := t.procs[p.ProcessKey]; ok {
+		return
+	}
+	rank := p.Identity.Rank
+	if rank < 0 {
+		rank = 1_000_000 + t.nextRank // no rank in the environment: a stable synthetic one
+		t.nextRank++
+	}
+	job := t.a.cfg.Job
+	if job == "" {
+		job = p.Identity.JobID
+	}
+	if job == "" {
+		job = "default"
+	}
+	pe := &procEntry{proc: p, rank: rank, job: job, libs: map[FileID]bool{}}
+	t.procs[p.ProcessKey] = pe
+	localRank := p.Identity.LocalRank
+	if localRank < 0 {
+		localRank = 0
+	}
+	world := max(p.Identity.WorldSize, 0)
+	// The rank's identity reaches the pipeline before any of its events:
+	// BPF only emits them after Track, and the main goroutine owns both.
+	t.a.pipe.handle(correlate.RankInfo{
+		PID: uint32(p.PID), Rank: rank, LocalRank: localRank, WorldSize: world,
+		Host: t.a.cfg.HostName, Job: job, Epoch: t.a.cfg.Epoch,
+	})
+	if err := t.a.probes.Track(uint32(p.PID), uint32(rank)); err != nil {
+		t.a.counters.add("track_errors", 1)
+		t.a.log.Warn("track process", "pid", p.PID, "err", err)
+	}
+	t.a.log.Info("training process found", "pid", p.PID, "rank", rank, "job", job, "selected_by", p.SelectedBy)
+}
+
+func (t *attacher) mapped(k ProcessKey, lib Library) {
+	pe := t.procs[k]
+	if pe == nil {
+		return
+	}
+	pe.libs[lib.File] = true
+	if lib.Kind == KindCUPTIInject {
+		l := lib
+		pe.inject, pe.dutyValid, pe.ctlAddr = &l, false, 0
+	}
+	if le := t.libs[lib.File]; le != nil {
+		le.users[k] = true
+		return
+	}
+	le := &libEntry{kind: lib.Kind, path: lib.Path, users: map[ProcessKey]bool{k: true}}
+	t.libs[lib.File] = le
+	kind, ok := bpfKind(lib.Kind)
+	if !ok || (kind == bpf.LibTorch && !t.a.cfg.ProbeTorch) {
+		return
+	}
+	path := lib.HostPath
+	if lib.Deleted {
+		path = lib.MapFilesPath
+	}
+	start := time.Now()
+	att, err := t.a.probes.AttachLibrary(path, kind)
+	if err != nil {
+		t.a.counters.add("attach_errors", 1)
+		t.a.log.Warn("attach library", "path", lib.Path, "pid", k.PID, "err", err)
+		return
+	}
+	le.att = att
+	if missing, required := att.Missing(); len(missing) > 0 {
+		t.a.counters.add("symbols_missing", int64(len(missing)))
+		lvl := "debug"
+		if required {
+			lvl = "warn"
+		}
+		t.logAt(lvl, "library lacks probed symbols", "path", lib.Path, "missing", len(missing), "stripped", att.Stripped)
+	}
+	t.a.counters.add("libraries_attached", 1)
+	t.a.counters.add("probes_attached", int64(att.Attached()))
+	t.a.log.Info("attached", "library", filepath.Base(lib.Path), "kind", lib.Kind, "probes", att.Attached(), "took", time.Since(start).Round(time.Millisecond))
+}
+
+func (t *attacher) logAt(level, msg string, args ...any) {
+	if level == "warn" {
+		t.a.log.Warn(msg, args...)
+		return
+	}
+	t.a.log.Debug(msg, args...)
+}
+
+func (t *attacher) unmapped(k ProcessKey, f FileID) {
+	if pe := t.procs[k]; pe != nil {
+		delete(pe.libs, f)
+		if pe.inject != nil && pe.inject.File == f {
+			pe.inject = nil
+		}
+	}
+	t.release(k, f)
+}
+
+// release drops k's use of library f and detaches it when nobody maps it.
+// Detaching takes about 0.1 s per link in the kernel: it runs in the
+// background so the pipeline never waits for it.
+func (t *attacher) release(k ProcessKey, f FileID) {
+	le := t.libs[f]
+	if le == nil {
+		return
+	}
+	delete(le.users, k)
+	if len(le.users) > 0 {
+		return
+	}
+	delete(t.libs, f)
+	if le.att != nil {
+		t.closing.Add(1)
+		go func() {
+			defer t.closing.Done()
+			le.att.Close()
+		}()
+		t.a.counters.add("libraries_detached", 1)
+	}
+}
+
+func (t *attacher) exited(k ProcessKey) {
+	pe := t.procs[k]
+	if pe == nil {
+		return
+	}
+	delete(t.procs, k)
+	if err := t.a.probes.Untrack(uint32(k.PID)); err != nil {
+		t.a.counters.add("untrack_errors", 1)
+	}
+	for f := range pe.libs {
+		t.release(k, f)
+	}
+	t.forgets = append(t.forgets, pendingForget{at: monotonicNow() + int64(t.a.cfg.ForgetDelay), pid: uint32(k.PID), rank: pe.rank})
+	t.a.log.Info("training process exited", "pid", k.PID, "rank", pe.rank)
+}
+
+// forgetDue tells the pipeline about exited processes whose in-flight
+// records have had time to arrive.
+func (t *attacher) forgetDue(now int64) {
+	kept := t.forgets[:0]
+	for _, f := range t.forgets {
+		if f.at > now {
+			kept = append(kept, f)
+			continue
+		}
+		t.a.drainInput()
+		t.a.pipe.handle(forget{pid: f.pid, rank: f.rank})
+		t.a.conv.forgetPID(f.pid)
+	}
+	t.forgets = kept
+}
+
+// detachAll closes every attachment (on stop) and waits for the closes.
+func (t *attacher) detachAll() {
+	for f, le := range t.libs {
+		le.users = nil
+		t.release(ProcessKey{}, f)
+	}
+	t.closing.Wait()
+}
+
+// applyDuty writes the duty plan into the control block of every process
+// that loaded the injection library, when it changed.
+func (t *attacher) applyDuty(p DutyPlan) {
+	d := cupti.Duty{
+		Mode:   cupti.DutyTime,
+		On:     time.Duration(float64(p.Period) * p.OnShare).Round(time.Millisecond),
+		Period: p.Period,
+	}
+	if p.OnShare >= 1 {
+		d = cupti.Duty{Mode: cupti.DutyAlways}
+	}
+	if p.Escalate {
+		d.EscalateUntilNs = uint64(p.EscalatedUntil)
+	}
+	for _, pe := range t.procs {
+		if pe.inject == nil || (pe.dutyValid && pe.lastDuty == d) {
+			continue
+		}
+		if err := t.writeDuty(pe, d); err != nil {
+			t.a.counters.add("duty_write_errors", 1)
+			t.a.log.Debug("write duty cycle", "pid", pe.proc.PID, "err", err)
+			continue
+		}
+		pe.lastDuty, pe.dutyValid = d, true
+		t.a.counters.add("duty_writes", 1)
+	}
+}
+
+func (t *attacher) writeDuty(pe *procEntry, d cupti.Duty) error {
+	pid := pe.proc.PID
+	procRoot := t.a.cfg.ProcRoot
+	if procRoot == "" {
+		procRoot = "/proc"
+	}
+	if pe.ctlAddr == 0 {
+		lib, err := cupti.InspectLibrary(pe.inject.HostPath)
+		if err != nil {
+			return fmt.Errorf("inspect injection library: %w", err)
+		}
+		maps, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "maps"))
+		if err != nil {
+			return err
+		}
+		addr, err := cupti.ControlAddress(maps, pe.inject.File.Inode, lib)
+		if err != nil {
+			return err
+		}
+		mem, err := os.Open(filepath.Join(procRoot, strconv.Itoa(pid), "mem"))
+		if err != nil {
+			return err
+		}
+		cb, err := cupti.ReadControl(mem, int64(addr))
+		mem.Close()
+		if err != nil {
+			return err
+		}
+		pe.ctlAddr, pe.ctlGen = addr, cb.Generation
+	}
+	mem, err := os.OpenFile(filepath.Join(procRoot, strconv.Itoa(pid), "mem"), os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer mem.Close()
+	gen, err := cupti.WriteDuty(mem, int64(pe.ctlAddr), pe.ctlGen, d)
+	if err != nil {
+		pe.ctlAddr = 0 // look it up again next time
+		return err
+	}
+	pe.ctlGen = gen
+	return nil
+}
+
+func (t *attacher) refreshView() {
+	view := make([]ProcessView, 0, len(t.procs))
+	for _, pe := range t.procs {
+		pv := ProcessView{PID: pe.proc.PID, Rank: pe.rank, Job: pe.job, Injected: pe.inject != nil}
+		for f := range pe.libs {
+			if le := t.libs[f]; le != nil {
+				pv.Libraries = append(pv.Libraries, filepath.Base(le.path))
+			}
+		}
+		sort.Strings(pv.Libraries)
+		view = append(view, pv)
+	}
+	sort.Slice(view, func(i, j int) bool { return view[i].PID < view[j].PID })
+	t.mu.Lock()
+	t.view = view
+	t.mu.Unlock()
+}
+
+func (t *attacher) processes() []ProcessView {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return append([]ProcessView(nil), t.view...)
+}
+
+func bpfKind(k LibraryKind) (bpf.LibKind, bool) {
+	switch k {
+	case KindNCCL:
+		return bpf.LibNCCL, true
+	case KindCUDART:
+		return bpf.LibCUDART, true
+	case KindCUDA:
+		return bpf.LibCUDA, true
+	case KindTorchCPU, KindTorchCUDA:
+		return bpf.LibTorch, true
+	case KindCUPTIInject:
+		return bpf.LibCUPTI, true
+	}
+	return 0, false
+}

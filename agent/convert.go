@@ -1,0 +1,232 @@
+package agent
+
+import (
+	"sync"
+
+	"github.com/slowrank/slowrank/bpf"
+	"github.com/slowrank/slowrank/correlate"
+	"github.com/slowrank/slowrank/cupti"
+)
+
+// converter turns decoded ring-buffer events into correlate inputs. It runs
+// on the reader goroutine only and keeps the per-process state that decoding
+// CUPTI batches needs (interned kernel names, open collection periods, batch
+// sequence numbers to detect lost batches).
+type converter struct {
+	mu       sync.Mutex // forgetPID comes from the main goroutine
+	names    *cupti.Interner
+	procs    map[uint32]*convProc
+	counters *counters
+}
+
+type convProc struct {
+	openSince int64  // start of the open collection period, 0 if none
+	lastSeq   uint64 // last batch sequence number seen
+	lastDrop  uint64 // cumulative CUPTI + library drops reported so far
+}
+
+func newConverter(c *counters) *converter {
+	return &converter{names: cupti.NewInterner(), procs: map[uint32]*convProc{}, counters: c}
+}
+
+func (c *converter) proc(pid uint32) *convProc {
+	p := c.procs[pid]
+	if p == nil {
+		p = &convProc{}
+		c.procs[pid] = p
+	}
+	return p
+}
+
+// forgetPID drops a process's decoding state.
+func (c *converter) forgetPID(pid uint32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.procs, pid)
+	c.names.Forget(pid)
+}
+
+// convert appends the correlate inputs of ev to out.
+func (c *converter) convert(ev bpf.Event, out []any) []any {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch e := ev.(type) {
+	case *bpf.CollEvent:
+		return append(out, correlate.HostCall{
+			PID: e.PID, TID: e.TID, Kind: correlate.HostCollective, Op: collOp(e.Probe),
+			Count: e.Count, Datatype: e.Datatype, Comm: e.Comm, Stream: e.Stream,
+			StartNS: int64(e.StartNs), EndNS: int64(e.EndNs),
+		})
+	case *bpf.SyncEvent:
+		return append(out, correlate.HostCall{
+			PID: e.PID, TID: e.TID, Kind: correlate.HostSyncWait, Op: e.Probe.String(),
+			Stream: e.Handle, StartNS: int64(e.StartNs), EndNS: int64(e.EndNs),
+		})
+	case *bpf.GroupEvent:
+		kind := correlate.HostGroupStart
+		if e.HasReturn {
+			kind = correlate.HostGroupEnd
+		}
+		return append(out, correlate.HostCall{PID: e.PID, TID: e.TID, Kind: kind, StartNS: int64(e.StartNs), EndNS: int64(e.EndNs)})
+	case *bpf.CommInitEvent:
+		if !e.CommValid || e.Ret != 0 && e.Ret != 7 { // 7: ncclInProgress (non-blocking)
+			c.counters.add("comm_init_failed", 1)
+			return out
+		}
+		ci := correlate.CommInit{
+			PID: e.PID, Comm: e.Comm, NRanks: int(e.NRanks), Rank: int(e.Rank),
+			Color: int(e.Color), Key: int(e.Key), AtNS: int64(e.EndNs),
+		}
+		if e.IDValid {
+			ci.UniqueIDHash = e.IDHash
+		}
+		if e.IsSplit {
+			ci.Parent = e.Parent
+		}
+		return append(out, ci)
+	case *bpf.TorchEvent:
+		return c.torch(e, out)
+	case *bpf.BatchEvent:
+		return c.batch(e, out)
+	}
+	c.counters.add("events_unknown", 1)
+	return out
+}
+
+// torch converts a c10d call. Collectives are host enqueues for NCCL and
+// blocking waits for gloo only through Work::wait, which is the coll_wait.
+func (c *converter) torch(e *bpf.TorchEvent, out []any) []any {
+	h := correlate.HostCall{PID: e.PID, TID: e.TID, StartNS: int64(e.StartNs), EndNS: int64(e.EndNs), Comm: e.Self}
+	switch e.Probe {
+	case bpf.ProbeTorchWorkWait, bpf.ProbeTorchNCCLWorkWait:
+		h.Kind, h.Comm = correlate.HostCollWait, 0
+	default:
+		h.Kind, h.Op = correlate.HostCollective, torchOp(e.Probe)
+	}
+	return append(out, h)
+}
+
+// batch converts one CUPTI batch: kernels and copies into device intervals,
+// collection transitions into coverage, lost batches and records into drops.
+func (c *converter) batch(e *bpf.BatchEvent, out []any) []any {
+	b, err := cupti.DecodeBatch(e.Data)
+	if err != nil {
+		c.counters.add("batches_malformed", 1)
+		return out
+	}
+	c.counters.add("batches", 1)
+	pid := e.PID
+	p := c.proc(pid)
+	c.names.Observe(pid, &b)
+	if p.lastSeq != 0 && b.Header.Seq > p.lastSeq+1 && !b.Header.EpochStart() {
+		c.counters.add("batches_lost", int64(b.Header.Seq-p.lastSeq-1))
+		out = append(out, correlate.Drop{PID: pid, Device: b.Header.Seq - p.lastSeq - 1, FromNS: p.openSince, ToNS: int64(e.EndNs)})
+	}
+	p.lastSeq = b.Header.Seq
+	if drops := b.Header.CUPTIDropped + b.Header.LibDropped; drops > p.lastDrop {
+		c.counters.add("device_records_dropped", int64(drops-p.lastDrop))
+		out = append(out, correlate.Drop{PID: pid, Device: drops - p.lastDrop, FromNS: p.openSince, ToNS: int64(e.EndNs)})
+		p.lastDrop = drops
+	}
+	for _, t := range b.Transitions {
+		ts := int64(t.TimestampNs)
+		switch {
+		case t.On && p.openSince == 0:
+			p.openSince = ts
+			out = append(out, correlate.Coverage{PID: pid, StartNS: ts})
+		case !t.On && p.openSince != 0:
+			out = append(out, correlate.Coverage{PID: pid, StartNS: p.openSince, EndNS: ts})
+			p.openSince = 0
+		}
+	}
+	for _, k := range b.Kernels {
+		out = append(out, correlate.DeviceInterval{
+			PID: pid, Kind: correlate.DeviceKernel, Class: kernelClass(k.Class),
+			StartNS: int64(k.StartNs), EndNS: int64(k.EndNs), Device: k.Device, Stream: k.Stream,
+			NameID: k.NameID, Name: c.names.Name(pid, k.NameID),
+			Grid:  [3]uint32{uint32(k.Grid[0]), uint32(k.Grid[1]), uint32(k.Grid[2])},
+			Block: [3]uint32{uint32(k.Block[0]), uint32(k.Block[1]), uint32(k.Block[2])},
+			Corr:  k.Correlation,
+		})
+	}
+	for _, cp := range b.Copies {
+		kind := correlate.DeviceMemcpy
+		if cp.Memset {
+			kind = correlate.DeviceMemset
+		}
+		out = append(out, correlate.DeviceInterval{
+			PID: pid, Kind: kind, Class: correlate.ClassCopy, StartNS: int64(cp.StartNs), EndNS: int64(cp.EndNs),
+			Device: cp.Device, Stream: cp.Stream, Corr: cp.Correlation,
+		})
+	}
+	c.counters.add("device_records", int64(len(b.Kernels)+len(b.Copies)))
+	return out
+}
+
+func kernelClass(c cupti.Class) correlate.KernelClass {
+	switch c {
+	case cupti.ClassCommunication:
+		return correlate.ClassComm
+	case cupti.ClassAttention:
+		return correlate.ClassAttention
+	case cupti.ClassGEMM:
+		return correlate.ClassGEMM
+	case cupti.ClassMoE:
+		return correlate.ClassMoE
+	case cupti.ClassCopy:
+		return correlate.ClassCopy
+	}
+	return correlate.ClassOther
+}
+
+func collOp(p bpf.ProbeID) string {
+	switch p {
+	case bpf.ProbeNCCLAllReduce:
+		return "allreduce"
+	case bpf.ProbeNCCLBroadcast, bpf.ProbeNCCLBcast:
+		return "broadcast"
+	case bpf.ProbeNCCLReduce:
+		return "reduce"
+	case bpf.ProbeNCCLAllGather:
+		return "allgather"
+	case bpf.ProbeNCCLReduceScatter:
+		return "reducescatter"
+	case bpf.ProbeNCCLSend:
+		return "send"
+	case bpf.ProbeNCCLRecv:
+		return "recv"
+	case bpf.ProbeNCCLAllToAll:
+		return "alltoall"
+	case bpf.ProbeNCCLGather:
+		return "gather"
+	case bpf.ProbeNCCLScatter:
+		return "scatter"
+	}
+	return p.String()
+}
+
+func torchOp(p bpf.ProbeID) string {
+	switch p {
+	case bpf.ProbeTorchNCCLAllreduce, bpf.ProbeTorchGlooAllreduce, bpf.ProbeTorchNCCLAllreduceCoalesced, bpf.ProbeTorchGlooAllreduceCoalesced:
+		return "allreduce"
+	case bpf.ProbeTorchNCCLBroadcast, bpf.ProbeTorchGlooBroadcast:
+		return "broadcast"
+	case bpf.ProbeTorchNCCLReduce, bpf.ProbeTorchGlooReduce:
+		return "reduce"
+	case bpf.ProbeTorchNCCLAllgather, bpf.ProbeTorchGlooAllgather, bpf.ProbeTorchNCCLAllgatherBase, bpf.ProbeTorchGlooAllgatherBase,
+		bpf.ProbeTorchNCCLAllgatherCoalesced, bpf.ProbeTorchGlooAllgatherCoalesced:
+		return "allgather"
+	case bpf.ProbeTorchNCCLReduceScatter, bpf.ProbeTorchGlooReduceScatter, bpf.ProbeTorchNCCLReduceScatterBase,
+		bpf.ProbeTorchGlooReduceScatterBase, bpf.ProbeTorchNCCLReduceScatterCoalesced, bpf.ProbeTorchGlooReduceScatterCoalesced:
+		return "reducescatter"
+	case bpf.ProbeTorchNCCLAlltoall, bpf.ProbeTorchGlooAlltoall, bpf.ProbeTorchNCCLAlltoallBase, bpf.ProbeTorchGlooAlltoallBase:
+		return "alltoall"
+	case bpf.ProbeTorchNCCLBarrier, bpf.ProbeTorchGlooBarrier:
+		return "barrier"
+	case bpf.ProbeTorchNCCLSend, bpf.ProbeTorchGlooSend:
+		return "send"
+	case bpf.ProbeTorchNCCLRecv, bpf.ProbeTorchGlooRecv:
+		return "recv"
+	}
+	return p.String()
+}

@@ -1,0 +1,215 @@
+package agent
+
+import (
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+
+	"github.com/slowrank/slowrank/correlate"
+	"github.com/slowrank/slowrank/detector"
+)
+
+// Sink receives the agent's results. Calls come from the pipeline goroutine,
+// in order: a step's Step call precedes the Settled call of its window. A
+// Sink must not block for long: it owns its own bounded queue.
+type Sink interface {
+	Topology(detector.Topology)
+	Step(s detector.Step, window int64)
+	Settled(w detector.SettledWindow, verdicts []detector.Verdict)
+}
+
+// pipeline owns the correlator and the detector. Only its goroutine touches
+// them; the status snapshot is the one thing shared, under mu.
+type pipeline struct {
+	log   *slog.Logger
+	corr  *correlate.Correlator
+	det   *detector.Detector
+	duty  *Duty
+	sinks []Sink
+	// verdicts returned by the detector and not yet handed to the sinks.
+	verdicts []detector.Verdict
+
+	mu     sync.Mutex
+	status pipelineStatus
+}
+
+type pipelineStatus struct {
+	steps    map[rankKey]detector.Step
+	verdicts map[rankKey]detector.Verdict // latest non-ok verdict per rank
+	recent   []detector.Verdict           // last verdicts, newest last
+	windows  int64
+	facts    int64
+	verdictN int64
+}
+
+type rankKey struct {
+	job  string
+	rank int
+}
+
+const recentVerdicts = 64
+
+func newPipeline(log *slog.Logger, corr *correlate.Correlator, det *detector.Detector, duty *Duty, sinks []Sink) *pipeline {
+	return &pipeline{
+		log: log, corr: corr, det: det, duty: duty, sinks: sinks,
+		status: pipelineStatus{steps: map[rankKey]detector.Step{}, verdicts: map[rankKey]detector.Verdict{}},
+	}
+}
+
+// handle feeds one capture record into the correlator.
+func (p *pipeline) handle(in any) {
+	switch v := in.(type) {
+	case correlate.HostCall:
+		p.corr.AddHostCall(v)
+	case correlate.CommInit:
+		p.corr.AddCommInit(v)
+	case correlate.CommDestroy:
+		p.corr.AddCommDestroy(v)
+	case correlate.DeviceInterval:
+		p.corr.AddDevice(v)
+	case correlate.Coverage:
+		p.corr.AddCoverage(v)
+	case correlate.Drop:
+		p.corr.AddDrop(v)
+	case correlate.RankInfo:
+		p.corr.SetRank(v)
+	case forget:
+		p.corr.Forget(v.pid)
+		if p.duty != nil {
+			p.duty.Forget(v.rank)
+		}
+	default:
+		p.log.Error("pipeline: unknown input", "type", fmt.Sprintf("%T", in))
+	}
+}
+
+// forget tells the pipeline that a process exited.
+type forget struct {
+	pid  uint32
+	rank int
+}
+
+// tick advances event time to now (CLOCK_MONOTONIC ns): the correlator
+// releases finished steps, the detector judges them and settles windows whose
+// lateness allowance has passed.
+func (p *pipeline) tick(now int64) {
+	p.corr.Advance(now)
+	steps, topos := p.corr.Drain()
+	p.deliver(steps, topos)
+	p.verdicts = append(p.verdicts, p.det.Advance(now)...)
+	p.settle(now)
+}
+
+// flush drains everything and settles the last windows (on stop).
+func (p *pipeline) flush(now int64) {
+	steps, topos := p.corr.Flush()
+	p.deliver(steps, topos)
+	p.verdicts = append(p.verdicts, p.det.Flush()...)
+	p.settle(now)
+}
+
+func (p *pipeline) deliver(steps []detector.Step, topos []detector.Topology) {
+	for _, t := range topos {
+		if err := p.det.AddTopology(t); err != nil {
+			p.log.Warn("topology rejected", "job", t.Job, "err", err)
+			continue
+		}
+		for _, s := range p.sinks {
+			s.Topology(t)
+		}
+	}
+	for _, st := range steps {
+		vs, err := p.det.AddStep(st)
+		if err != nil {
+			p.log.Warn("step rejected", "job", st.Job, "rank", st.Rank, "step", st.Step, "err", err)
+			continue
+		}
+		p.verdicts = append(p.verdicts, vs...)
+		win, _ := p.det.WindowOf(st.Job, st.EndNS)
+		for _, s := range p.sinks {
+			s.Step(st, win)
+		}
+		if p.duty != nil {
+			if ms, ok := st.Phases[detector.PhaseStep]; ok {
+				p.duty.ObserveStep(st.Rank, ms, st.GPU)
+			}
+		}
+		p.mu.Lock()
+		p.status.steps[rankKey{st.Job, st.Rank}] = st
+		p.status.facts++
+		p.mu.Unlock()
+	}
+}
+
+// settle hands every window settled since the last call to the sinks with its
+// verdicts, and escalates device collection on suspicion.
+func (p *pipeline) settle(now int64) {
+	windows := p.det.TakeSettled()
+	if len(windows) == 0 {
+		return
+	}
+	verdicts := p.verdicts
+	p.verdicts = nil
+	byWin := map[detector.SettledWindow][]detector.Verdict{}
+	for _, v := range verdicts {
+		k := detector.SettledWindow{Job: v.Job, Index: v.Window, StartNS: v.WindowStartNS, EndNS: v.WindowEndNS}
+		byWin[k] = append(byWin[k], v)
+	}
+	suspicious := false
+	for _, w := range windows {
+		vs := byWin[w]
+		for _, s := range p.sinks {
+			s.Settled(w, vs)
+		}
+		for _, v := range vs {
+			suspicious = suspicious || v.State == detector.StateCandidate || v.State == detector.StateStraggler
+		}
+	}
+	if suspicious && p.duty != nil {
+		p.duty.Suspect(now)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.status.windows += int64(len(windows))
+	p.status.verdictN += int64(len(verdicts))
+	for _, v := range verdicts {
+		p.status.verdicts[rankKey{v.Job, v.Rank}] = v
+	}
+	p.status.recent = append(p.status.recent, verdicts...)
+	if n := len(p.status.recent); n > recentVerdicts {
+		p.status.recent = append([]detector.Verdict(nil), p.status.recent[n-recentVerdicts:]...)
+	}
+}
+
+// RankView is one row of the live view: a rank's latest step and verdict.
+type RankView struct {
+	Job     string
+	Rank    int
+	Host    string
+	Step    detector.Step
+	Verdict *detector.Verdict // latest non-ok verdict, if any
+}
+
+// snapshot returns the live view rows ordered by (job, rank), the last
+// verdicts and counters.
+func (p *pipeline) snapshot() ([]RankView, []detector.Verdict, int64, int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	rows := make([]RankView, 0, len(p.status.steps))
+	for k, st := range p.status.steps {
+		row := RankView{Job: k.job, Rank: k.rank, Host: st.Host, Step: st}
+		if v, ok := p.status.verdicts[k]; ok {
+			v := v
+			row.Verdict = &v
+		}
+		rows = append(rows, row)
+	}
+	sort.Slice(rows, func(a, b int) bool {
+		if rows[a].Job != rows[b].Job {
+			return rows[a].Job < rows[b].Job
+		}
+		return rows[a].Rank < rows[b].Rank
+	})
+	return rows, append([]detector.Verdict(nil), p.status.recent...), p.status.windows, p.status.facts
+}

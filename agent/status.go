@@ -1,0 +1,62 @@
+package agent
+
+import (
+	"time"
+
+	"github.com/slowrank/slowrank/detector"
+)
+
+// Status is a snapshot of what a running agent is doing: the live view and
+// `slowrank status` show it.
+type Status struct {
+	Uptime      time.Duration      `json:"uptime_ns"`
+	Processes   int                `json:"processes"`
+	Attached    int                `json:"libraries_attached"`
+	Events      int64              `json:"events"`
+	Lost        int64              `json:"lost"`
+	Windows     int64              `json:"windows"`
+	Facts       int64              `json:"facts"`
+	Verdicts    int64              `json:"verdicts"`
+	DeviceState string             `json:"device_collection"`
+	DutyShare   float64            `json:"duty_share"`
+	DutyCost    float64            `json:"duty_cost_estimate"`
+	Ranks       []RankView         `json:"ranks"`
+	Alerts      []detector.Verdict `json:"alerts"`
+	Recent      []detector.Verdict `json:"recent_verdicts"`
+	Procs       []ProcessView      `json:"process_list"`
+	Counters    map[string]int64   `json:"counters"`
+}
+
+// Status returns a snapshot; safe to call from any goroutine while Run runs.
+func (a *Agent) Status() Status {
+	rows, recent, windows, facts := a.pipe.snapshot()
+	c := a.counters.snapshot()
+	st := Status{
+		Uptime:      time.Since(a.started),
+		Procs:       a.att.processes(),
+		Attached:    int(c["libraries_attached"] - c["libraries_detached"]),
+		Events:      c["events"],
+		Lost:        c["ringbuf_lost"] + c["events_lost_queue"] + c["events_malformed"],
+		Windows:     windows,
+		Facts:       facts,
+		Ranks:       rows,
+		Recent:      recent,
+		Counters:    c,
+		DeviceState: "off",
+	}
+	st.Processes = len(st.Procs)
+	for _, r := range rows {
+		if r.Verdict != nil && r.Verdict.AlertActive {
+			st.Alerts = append(st.Alerts, *r.Verdict)
+		}
+	}
+	st.Verdicts = int64(len(recent))
+	if d := a.dutyPlan(); d != nil {
+		st.DutyShare, st.DutyCost = d.OnShare, d.Cost
+		st.DeviceState = "duty"
+		if d.Escalate {
+			st.DeviceState = "escalated"
+		}
+	}
+	return st
+}

@@ -1,0 +1,303 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"regexp"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/slowrank/slowrank/agent"
+	"github.com/slowrank/slowrank/bpf"
+	"github.com/slowrank/slowrank/detector"
+	"github.com/slowrank/slowrank/otel"
+)
+
+func agentCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "agent",
+		Usage:     "watch training processes on this host and report the slow rank (root)",
+		UsageText: "slowrank agent [--pid N ...] [--match REGEX] [--facts F] [--verdicts F] [--window 5s] [--live]",
+		Description: "Finds training processes (default: processes whose environment has RANK; or\n" +
+			"--pid, --match), attaches eBPF uprobes to the NCCL, CUDA and torch libraries they\n" +
+			"map, steers the CUPTI injection library's duty cycle under an overhead budget,\n" +
+			"cuts steps and phases, judges ranks and exports OpenTelemetry spans and metrics\n" +
+			"per the standard OTEL_* variables. SIGINT/SIGTERM stop it after the last window\n" +
+			"is settled and exported. Needs CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE (or root).",
+		Flags: append([]cli.Flag{
+			&cli.IntSliceFlag{Name: "pid", Usage: "watch this process (repeatable); it must exist", EnvVars: []string{"SLOWRANK_PID"}},
+			&cli.StringFlag{Name: "match", Usage: "watch processes whose executable, comm or command line matches this regexp", EnvVars: []string{"SLOWRANK_MATCH"}},
+			&cli.StringFlag{Name: "env-key", Value: "RANK", Usage: "without --pid/--match: watch processes whose environment has this variable", EnvVars: []string{"SLOWRANK_ENV_KEY"}},
+			&cli.StringFlag{Name: "facts", Usage: "write step and topology facts (JSONL) to this file", EnvVars: []string{"SLOWRANK_FACTS"}},
+			&cli.StringFlag{Name: "verdicts", Usage: "write verdicts and a final summary (JSONL) to this file", EnvVars: []string{"SLOWRANK_VERDICTS"}},
+			&cli.StringFlag{Name: "host-name", Usage: "host name in facts and telemetry (default: os.Hostname)", EnvVars: []string{"SLOWRANK_HOST_NAME"}},
+			&cli.StringFlag{Name: "job", Usage: "job id (default: from the processes' environment, e.g. TORCHELASTIC_RUN_ID)", EnvVars: []string{"SLOWRANK_JOB"}},
+			&cli.Float64Flag{Name: "overhead-budget", Value: agent.DefaultDutyConfig().Budget, Usage: "overhead that device-record collection may add, as a fraction of step time", EnvVars: []string{"SLOWRANK_OVERHEAD_BUDGET"}},
+			&cli.BoolFlag{Name: "device-collection", Value: true, Usage: "steer the injection library's duty cycle (off: leave its default)", EnvVars: []string{"SLOWRANK_DEVICE_COLLECTION"}},
+			&cli.BoolFlag{Name: "probe-torch", Value: true, Usage: "attach torch c10d probes (needed for gloo)", EnvVars: []string{"SLOWRANK_PROBE_TORCH"}},
+			&cli.StringFlag{Name: "otel", Value: "auto", Usage: "OpenTelemetry export: auto (on when OTEL_EXPORTER_OTLP_ENDPOINT is set), on, off, stdout", EnvVars: []string{"SLOWRANK_OTEL"}},
+			&cli.IntFlag{Name: "sample-every", Value: 20, Usage: "export every rank's span of one step in N as a baseline (anomalous windows: all)", EnvVars: []string{"SLOWRANK_SAMPLE_EVERY"}},
+			&cli.BoolFlag{Name: "live", Usage: "print a live per-rank table to stdout", EnvVars: []string{"SLOWRANK_LIVE"}},
+			&cli.DurationFlag{Name: "live-interval", Value: time.Second, Usage: "refresh period of the live table", EnvVars: []string{"SLOWRANK_LIVE_INTERVAL"}},
+			&cli.DurationFlag{Name: "duration", Usage: "stop after this long (0: until SIGINT/SIGTERM)", EnvVars: []string{"SLOWRANK_DURATION"}},
+			&cli.IntFlag{Name: "ringbuf-size", Value: 8 << 20, Usage: "BPF ring buffer bytes (power of two)", EnvVars: []string{"SLOWRANK_RINGBUF_SIZE"}},
+		}, detectorFlags()...),
+		Action: runAgent,
+	}
+}
+
+func agentConfig(c *cli.Context) (agent.Config, error) {
+	cfg := agent.DefaultConfig()
+	det, err := detectorConfig(c)
+	if err != nil {
+		return cfg, err
+	}
+	cfg.Detector = det
+	cfg.Selector = agent.Selector{PIDs: c.IntSlice("pid"), EnvKey: c.String("env-key")}
+	if m := c.String("match"); m != "" {
+		re, err := regexp.Compile(m)
+		if err != nil {
+			return cfg, cli.Exit(fmt.Sprintf("--match: %v", err), exitUsage)
+		}
+		cfg.Selector.Match = re
+	}
+	cfg.HostName = c.String("host-name")
+	if cfg.HostName == "" {
+		cfg.HostName, _ = os.Hostname()
+	}
+	cfg.Job = c.String("job")
+	cfg.Duty.Budget = c.Float64("overhead-budget")
+	if !(cfg.Duty.Budget > 0 && cfg.Duty.Budget < 1) {
+		return cfg, cli.Exit(fmt.Sprintf("--overhead-budget must be in (0, 1), got %g", cfg.Duty.Budget), exitUsage)
+	}
+	cfg.DeviceCollection = c.Bool("device-collection")
+	cfg.ProbeTorch = c.Bool("probe-torch")
+	cfg.RingBufferSize = c.Int("ringbuf-size")
+	return cfg, nil
+}
+
+func runAgent(c *cli.Context) error {
+	cfg, err := agentConfig(c)
+	if err != nil {
+		return err
+	}
+	log := slog.Default()
+	cfg.Logger = log
+	sinks, closeSinks, err := openSinks(c, cfg)
+	if err != nil {
+		return err
+	}
+	cfg.Sinks = sinks.list()
+	a, err := agent.New(cfg)
+	if err != nil {
+		closeSinks(context.Background(), nil)
+		return agentStartError(err)
+	}
+	defer a.Close()
+	if sinks.otel != nil {
+		sinks.counters.set(a.Counters)
+	}
+
+	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if d := c.Duration("duration"); d > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d)
+		defer cancel()
+	}
+	if c.Bool("live") {
+		go liveView(ctx, a, c.Duration("live-interval"))
+	}
+	log.Info("agent running", "host", cfg.HostName, "epoch", cfg.Epoch, "window", cfg.Detector.Window)
+	if err := a.Run(ctx); err != nil {
+		return err
+	}
+	summaries := a.Summaries()
+	if c.Bool("live") {
+		renderView(os.Stdout, a.Status(), false)
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := closeSinks(shutdownCtx, summaries); err != nil {
+		log.Warn("closing outputs", "err", err)
+	}
+	for _, s := range summaries {
+		log.Info("summary", "job", s.Job, "stragglers", s.Stragglers, "windows", s.Windows, "facts", s.Facts)
+	}
+	return nil
+}
+
+// agentStartError turns start-up failures into actionable one-line errors.
+func agentStartError(err error) error {
+	switch {
+	case errors.Is(err, agent.ErrNoSuchProcess):
+		return cli.Exit(err.Error(), exitUsage)
+	case errors.Is(err, bpf.ErrPermission):
+		return cli.Exit(fmt.Sprintf("%v: run as root or grant CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE", err), 1)
+	case errors.Is(err, bpf.ErrNotSupported):
+		return cli.Exit(fmt.Sprintf("%v: the kernel lacks BPF ring buffers or uprobes (need Linux 5.8+ with CONFIG_UPROBES and BTF); run slowrank doctor", err), 1)
+	}
+	return err
+}
+
+func liveView(ctx context.Context, a *agent.Agent, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	tty := isTerminal(os.Stdout)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			renderView(os.Stdout, a.Status(), tty)
+		}
+	}
+}
+
+func isTerminal(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// sinkSet holds the agent's outputs.
+type sinkSet struct {
+	facts, verdicts *otel.JSONLWriter
+	otel            *otel.Exporter
+	counters        *counterSource
+}
+
+func (s *sinkSet) list() []agent.Sink {
+	var out []agent.Sink
+	if s.facts != nil || s.verdicts != nil {
+		out = append(out, &jsonlSink{facts: s.facts, verdicts: s.verdicts})
+	}
+	if s.otel != nil {
+		out = append(out, otelSink{s.otel})
+	}
+	return out
+}
+
+func openSinks(c *cli.Context, cfg agent.Config) (*sinkSet, func(context.Context, []detector.Summary) error, error) {
+	s := &sinkSet{counters: &counterSource{}}
+	fail := func(err error) (*sinkSet, func(context.Context, []detector.Summary) error, error) {
+		if s.facts != nil {
+			s.facts.Close()
+		}
+		if s.verdicts != nil {
+			s.verdicts.Close()
+		}
+		return nil, nil, cli.Exit(err.Error(), exitUsage)
+	}
+	var err error
+	if p := c.String("facts"); p != "" {
+		if s.facts, err = otel.NewJSONLWriter(p); err != nil {
+			return fail(fmt.Errorf("--facts: %w", err))
+		}
+	}
+	if p := c.String("verdicts"); p != "" {
+		if s.verdicts, err = otel.NewJSONLWriter(p); err != nil {
+			return fail(fmt.Errorf("--verdicts: %w", err))
+		}
+	}
+	mode := c.String("otel")
+	if mode == "auto" {
+		mode = "off"
+		if os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != "" {
+			mode = "on"
+		}
+	}
+	switch mode {
+	case "off":
+	case "on", "stdout":
+		oc := otel.Config{HostName: cfg.HostName, ServiceVersion: version, Counters: s.counters, Logger: slog.Default()}
+		oc.Policy.SampleEvery = c.Int("sample-every")
+		if mode == "stdout" {
+			oc.Traces, oc.Metrics = "console", "none"
+		}
+		if s.otel, err = otel.New(c.Context, oc); err != nil {
+			return fail(fmt.Errorf("--otel: %w", err))
+		}
+	default:
+		return fail(fmt.Errorf("--otel must be auto, on, off or stdout, got %q", mode))
+	}
+	closeAll := func(ctx context.Context, summaries []detector.Summary) error {
+		var errs []error
+		for _, sum := range summaries {
+			if s.verdicts != nil {
+				s.verdicts.Write(sum)
+			}
+			if s.otel != nil {
+				s.otel.RecordSummary(sum)
+			}
+		}
+		if s.otel != nil {
+			errs = append(errs, s.otel.Shutdown(ctx))
+		}
+		for _, w := range []*otel.JSONLWriter{s.facts, s.verdicts} {
+			if w != nil {
+				errs = append(errs, w.Close())
+				if n := w.Lost(); n > 0 {
+					errs = append(errs, fmt.Errorf("%d JSONL lines could not be written", n))
+				}
+			}
+		}
+		return errors.Join(errs...)
+	}
+	return s, closeAll, nil
+}
+
+// jsonlSink writes facts and verdicts as JSONL (DESIGN.md 5.1 and 5.2).
+type jsonlSink struct {
+	facts, verdicts *otel.JSONLWriter
+}
+
+func (j *jsonlSink) Topology(t detector.Topology) {
+	if j.facts != nil {
+		j.facts.Write(t)
+	}
+}
+
+func (j *jsonlSink) Step(s detector.Step, _ int64) {
+	if j.facts != nil {
+		j.facts.Write(s)
+	}
+}
+
+func (j *jsonlSink) Settled(_ detector.SettledWindow, vs []detector.Verdict) {
+	if j.verdicts == nil {
+		return
+	}
+	for _, v := range vs {
+		j.verdicts.Write(v)
+	}
+}
+
+// otelSink adapts the OpenTelemetry exporter.
+type otelSink struct{ e *otel.Exporter }
+
+func (o otelSink) Topology(t detector.Topology)    { o.e.RecordTopology(t) }
+func (o otelSink) Step(s detector.Step, win int64) { o.e.RecordStep(s, win) }
+func (o otelSink) Settled(w detector.SettledWindow, vs []detector.Verdict) {
+	o.e.SettleWindow(w.Job, w.Index, vs)
+}
+
+// counterSource feeds the agent's health counters to the metric exporter.
+type counterSource struct {
+	fn atomic.Pointer[func() map[string]int64]
+}
+
+func (c *counterSource) set(fn func() map[string]int64) { c.fn.Store(&fn) }
+
+func (c *counterSource) Counters() map[string]int64 {
+	if fn := c.fn.Load(); fn != nil {
+		return (*fn)()
+	}
+	return nil
+}
