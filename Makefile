@@ -48,13 +48,15 @@ fuzz-test: ## run every fuzz target for FUZZTIME
 
 test: lint build unit-test fuzz-test ## everything CI runs
 
-demo: build ## simulate a job with two slow ranks and judge it
+demo: build fakelibs ## the agent on a 4-rank fake job with one slow rank (root)
+	test/demo/demo.sh
+
+demo-sim: build ## the detector alone on a simulated 8-rank job
 	@mkdir -p out
 	$(OUT_DIR)/slowrank simulate --ranks 8 --duration 60s --dp-groups 1 \
 	  --slow rank=3,phase=compute,from=20s,factor=1.15 \
 	  --slow rank=5,phase=host,from=30s,add=15ms --output out/demo-facts.jsonl
 	$(OUT_DIR)/slowrank replay --input out/demo-facts.jsonl --output out/demo-verdicts.jsonl --report
-	@echo "facts: out/demo-facts.jsonl  verdicts: out/demo-verdicts.jsonl"
 
 bench: ## Go benchmarks of the detector
 	$(GO) test -run '^$$' -bench . -benchmem ./detector/

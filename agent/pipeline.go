@@ -29,6 +29,8 @@ type pipeline struct {
 	sinks []Sink
 	// verdicts returned by the detector and not yet handed to the sinks.
 	verdicts []detector.Verdict
+	// alerts are the active (job, rank, phase) alerts, to log transitions.
+	alerts map[alertKey]bool
 
 	mu     sync.Mutex
 	status pipelineStatus
@@ -43,6 +45,12 @@ type pipelineStatus struct {
 	verdictN int64
 }
 
+type alertKey struct {
+	job   string
+	rank  int
+	phase string
+}
+
 type rankKey struct {
 	job  string
 	rank int
@@ -52,7 +60,7 @@ const recentVerdicts = 64
 
 func newPipeline(log *slog.Logger, corr *correlate.Correlator, det *detector.Detector, duty *Duty, sinks []Sink) *pipeline {
 	return &pipeline{
-		log: log, corr: corr, det: det, duty: duty, sinks: sinks,
+		log: log, corr: corr, det: det, duty: duty, sinks: sinks, alerts: map[alertKey]bool{},
 		status: pipelineStatus{steps: map[rankKey]detector.Step{}, verdicts: map[rankKey]detector.Verdict{}},
 	}
 }
@@ -166,6 +174,7 @@ func (p *pipeline) settle(now int64) {
 			suspicious = suspicious || v.State == detector.StateCandidate || v.State == detector.StateStraggler
 		}
 	}
+	p.logAlerts(verdicts)
 	if suspicious && p.duty != nil {
 		p.duty.Suspect(now)
 	}
@@ -182,6 +191,22 @@ func (p *pipeline) settle(now int64) {
 	}
 }
 
+// logAlerts logs each alert when it is raised and when it ends.
+func (p *pipeline) logAlerts(vs []detector.Verdict) {
+	for _, v := range vs {
+		k := alertKey{v.Job, v.Rank, v.Phase}
+		switch {
+		case v.AlertActive && !p.alerts[k]:
+			p.alerts[k] = true
+			p.log.Warn("STRAGGLER", "job", v.Job, "rank", v.Rank, "phase", v.Phase, "hint", v.Hint,
+				"deviation", fmt.Sprintf("%+.1f%%", v.Deviation*100), "reference_rank", v.ReferenceRank, "reason", v.Reason)
+		case v.State == detector.StateRecovered && p.alerts[k]:
+			delete(p.alerts, k)
+			p.log.Info("recovered", "job", v.Job, "rank", v.Rank, "phase", v.Phase)
+		}
+	}
+}
+
 // RankView is one row of the live view: a rank's latest step and verdict.
 type RankView struct {
 	Job     string
@@ -193,7 +218,7 @@ type RankView struct {
 
 // snapshot returns the live view rows ordered by (job, rank), the last
 // verdicts and counters.
-func (p *pipeline) snapshot() ([]RankView, []detector.Verdict, int64, int64) {
+func (p *pipeline) snapshot() ([]RankView, []detector.Verdict, int64, int64, int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	rows := make([]RankView, 0, len(p.status.steps))
@@ -211,5 +236,5 @@ func (p *pipeline) snapshot() ([]RankView, []detector.Verdict, int64, int64) {
 		}
 		return rows[a].Rank < rows[b].Rank
 	})
-	return rows, append([]detector.Verdict(nil), p.status.recent...), p.status.windows, p.status.facts
+	return rows, append([]detector.Verdict(nil), p.status.recent...), p.status.windows, p.status.facts, p.status.verdictN
 }

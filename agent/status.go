@@ -29,7 +29,7 @@ type Status struct {
 
 // Status returns a snapshot; safe to call from any goroutine while Run runs.
 func (a *Agent) Status() Status {
-	rows, recent, windows, facts := a.pipe.snapshot()
+	rows, recent, windows, facts, verdicts := a.pipe.snapshot()
 	c := a.counters.snapshot()
 	st := Status{
 		Uptime:      time.Since(a.started),
@@ -50,8 +50,16 @@ func (a *Agent) Status() Status {
 			st.Alerts = append(st.Alerts, *r.Verdict)
 		}
 	}
-	st.Verdicts = int64(len(recent))
-	if d := a.dutyPlan(); d != nil {
+	st.Verdicts = verdicts
+	injected := 0
+	for _, p := range st.Procs {
+		if p.Injected {
+			injected++
+		}
+	}
+	if injected == 0 {
+		st.DeviceState = "no-lib"
+	} else if d := a.dutyPlan(); d != nil {
 		st.DutyShare, st.DutyCost = d.OnShare, d.Cost
 		st.DeviceState = "duty"
 		if d.Escalate {
