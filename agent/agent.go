@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -77,6 +78,9 @@ type Agent struct {
 	in       chan any
 	att      *attacher
 	started  time.Time
+
+	// probeCounts counts events per probe id (the hot path avoids the map).
+	probeCounts [256]atomic.Uint64
 
 	planMu sync.Mutex
 	plan   *DutyPlan // last duty plan applied, for Status
@@ -216,6 +220,9 @@ func (a *Agent) readLoop() {
 			return
 		}
 		a.counters.add("events", 1)
+		if id := ev.Base().Probe; int(id) < len(a.probeCounts) {
+			a.probeCounts[id].Add(1)
+		}
 		buf = a.conv.convert(ev, buf[:0])
 		for _, in := range buf {
 			select {
@@ -250,6 +257,11 @@ func (a *Agent) refreshCounters() {
 		a.counters.set("ringbuf_lost", int64(st.Lost()))
 	}
 	a.counters.set("events_decoded", int64(a.reader.Decoded()))
+	for id := range a.probeCounts {
+		if n := a.probeCounts[id].Load(); n > 0 {
+			a.counters.set("probe_"+bpf.ProbeID(id).String(), int64(n))
+		}
+	}
 	ws := a.watcher.Stats()
 	a.counters.set("processes_tracked", int64(ws.Tracked))
 	a.counters.set("discovery_denied", int64(ws.Denied))

@@ -1,0 +1,269 @@
+// Package integration runs the real agent with real uprobes against the fake
+// trainer (real processes linked against fake NCCL/CUDA libraries with the
+// real symbol names). It needs root; otherwise every test skips with a reason.
+package integration
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/slowrank/slowrank/agent"
+	"github.com/slowrank/slowrank/bpf"
+	"github.com/slowrank/slowrank/detector"
+)
+
+// repoRoot is the repository root (tests run in test/integration).
+var repoRoot, _ = filepath.Abs("../..")
+
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to attach uprobes")
+	}
+	if err := bpf.CheckSupport(); err != nil {
+		t.Skipf("kernel lacks what the agent needs: %v", err)
+	}
+}
+
+// buildFakes builds the fake libraries and trainer once per test binary.
+var buildFakes = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "slowrank-fakes-")
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.Command("make", "-s", "-f", "test/fakelibs/fakelibs.mk", "fakelibs", "OUT_DIR="+dir)
+	cmd.Dir = repoRoot
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build fakes: %v\n%s", err, out)
+	}
+	return filepath.Join(dir, "fakelibs", "faketrainer"), nil
+})
+
+// captureSink keeps everything the agent reports.
+type captureSink struct {
+	mu       sync.Mutex
+	steps    []detector.Step
+	verdicts []detector.Verdict
+	windows  int
+}
+
+func (c *captureSink) Topology(detector.Topology) {}
+func (c *captureSink) Step(s detector.Step, _ int64) {
+	c.mu.Lock()
+	c.steps = append(c.steps, s)
+	c.mu.Unlock()
+}
+func (c *captureSink) Settled(_ detector.SettledWindow, vs []detector.Verdict) {
+	c.mu.Lock()
+	c.verdicts = append(c.verdicts, vs...)
+	c.windows++
+	c.mu.Unlock()
+}
+
+// truthStep is one line of the fake trainer's ground truth.
+type truthStep struct {
+	Kind       string         `json:"kind"`
+	Rank       int            `json:"rank"`
+	Step       int64          `json:"step"`
+	EndNS      int64          `json:"end_ns"`
+	HostMS     float64        `json:"host_ms"`
+	SyncWaitMS float64        `json:"sync_wait_ms"`
+	Calls      map[string]int `json:"calls"`
+}
+
+func readTruth(t *testing.T, path string) []truthStep {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []truthStep
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var s truthStep
+		if err := json.Unmarshal(sc.Bytes(), &s); err != nil {
+			t.Fatalf("truth line %q: %v", sc.Text(), err)
+		}
+		if s.Kind == "step" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// run starts the agent, then a 4-rank fake trainer with args, waits for the
+// trainer, stops the agent and returns what it captured.
+func run(t *testing.T, window time.Duration, args ...string) (*captureSink, *agent.Agent, []truthStep) {
+	t.Helper()
+	trainer, err := buildFakes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := &captureSink{}
+	cfg := agent.DefaultConfig()
+	cfg.HostName = "it"
+	cfg.Detector.Window = window
+	cfg.Detector.Lateness = 500 * time.Millisecond
+	cfg.Sinks = []agent.Sink{sink}
+	cfg.Selector = agent.Selector{EnvKey: "SLOWRANK_IT_RANK_MARK"}
+	a, err := agent.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+
+	truth := filepath.Join(t.TempDir(), "truth.jsonl")
+	cmd := exec.Command(trainer, append([]string{"--ranks", "4", "--truth", truth, "--sleep-before-start", "1500"}, args...)...)
+	cmd.Env = append(os.Environ(), "SLOWRANK_IT_RANK_MARK=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		cancel()
+		t.Fatalf("fake trainer: %v\n%s", err, out)
+	}
+	time.Sleep(300 * time.Millisecond) // in-flight ring buffer records
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("agent did not stop within 20 s")
+	}
+	return sink, a, readTruth(t, truth)
+}
+
+func TestAgentCountsEveryCallAndMatchesGroundTruth(t *testing.T) {
+	requireRoot(t)
+	sink, a, truth := run(t, 2*time.Second, "--steps", "120", "--step-ms", "8", "--gpu-ms", "12", "--buckets", "4")
+
+	// Every call: the agent's per-probe counts equal the trainer's own.
+	want := map[string]int{}
+	for _, s := range truth {
+		for sym, n := range s.Calls {
+			want[sym] += n
+		}
+	}
+	got := a.Counters()
+	for _, sym := range []string{"ncclAllReduce", "cudaStreamSynchronize"} {
+		if g := got["probe_"+sym]; g != int64(want[sym]) {
+			t.Errorf("%s: agent saw %d calls, trainer made %d", sym, g, want[sym])
+		}
+	}
+	if lost := got["ringbuf_lost"] + got["events_lost_queue"]; lost != 0 {
+		t.Errorf("lost %d events", lost)
+	}
+
+	// Steps: matched to the truth by rank and end time.
+	byRank := map[int][]truthStep{}
+	for _, s := range truth {
+		byRank[s.Rank] = append(byRank[s.Rank], s)
+	}
+	perRank := map[int]int{}
+	var syncErr, hostErr []float64
+	for _, f := range sink.steps {
+		perRank[f.Rank]++
+		ts, ok := nearest(byRank[f.Rank], f.EndNS)
+		if !ok {
+			t.Errorf("rank %d step %d (end %d) matches no step of the truth", f.Rank, f.Step, f.EndNS)
+			continue
+		}
+		syncErr = append(syncErr, relErr(f.Phases["sync_wait"], ts.SyncWaitMS))
+		hostErr = append(hostErr, relErr(f.Phases["host"], ts.HostMS))
+	}
+	for r := 0; r < 4; r++ {
+		if n := perRank[r]; n < 120-8 || n > 120 {
+			t.Errorf("rank %d: %d steps found, trainer ran 120 (warm-up allowance 8)", r, n)
+		}
+	}
+	if p := quantile(syncErr, 0.95); p > 0.05 {
+		t.Errorf("sync_wait: 95th percentile relative error %.3f > 5%%", p)
+	}
+	if p := quantile(hostErr, 0.95); p > 0.10 {
+		t.Errorf("host: 95th percentile relative error %.3f > 10%%", p)
+	}
+	t.Logf("steps %v; sync_wait error p50 %.4f p95 %.4f; host error p50 %.4f p95 %.4f",
+		perRank, quantile(syncErr, 0.5), quantile(syncErr, 0.95), quantile(hostErr, 0.5), quantile(hostErr, 0.95))
+
+	// The same step index ends together on every rank.
+	ends := map[int64][]int64{}
+	for _, f := range sink.steps {
+		ends[f.Step] = append(ends[f.Step], f.EndNS)
+	}
+	var spread []float64
+	for _, e := range ends {
+		if len(e) == 4 {
+			sort.Slice(e, func(i, j int) bool { return e[i] < e[j] })
+			spread = append(spread, float64(e[3]-e[0])/1e6)
+		}
+	}
+	if p := quantile(spread, 0.9); p > 3 {
+		t.Errorf("step ends across ranks: 90th percentile spread %.2f ms > 3 ms", p)
+	}
+}
+
+func TestAgentFindsTheSlowRank(t *testing.T) {
+	requireRoot(t)
+	sink, _, _ := run(t, time.Second, "--duration", "14", "--step-ms", "10", "--gpu-ms", "15",
+		"--slow-rank", "1", "--slow-from-step", "60", "--slow-host-ms", "8")
+	alerts := map[string]bool{}
+	for _, v := range sink.verdicts {
+		if v.State == detector.StateStraggler {
+			alerts[fmt.Sprintf("%d/%s", v.Rank, v.Phase)] = true
+		}
+	}
+	if !alerts["1/host"] || len(alerts) != 1 {
+		t.Fatalf("straggler alerts %v, want exactly rank 1 in phase host", alerts)
+	}
+}
+
+func nearest(ts []truthStep, end int64) (truthStep, bool) {
+	i := sort.Search(len(ts), func(i int) bool { return ts[i].EndNS >= end })
+	best, bestD := truthStep{}, int64(math.MaxInt64)
+	for _, j := range []int{i - 1, i} {
+		if j >= 0 && j < len(ts) {
+			if d := abs(ts[j].EndNS - end); d < bestD {
+				best, bestD = ts[j], d
+			}
+		}
+	}
+	return best, bestD < int64(time.Millisecond)
+}
+
+func abs(v int64) int64 {
+	if v < 0 {
+		return -v
+	}
+	return v
+}
+
+func relErr(got, want float64) float64 {
+	if want == 0 {
+		return math.Abs(got)
+	}
+	return math.Abs(got-want) / want
+}
+
+func quantile(v []float64, q float64) float64 {
+	if len(v) == 0 {
+		return math.NaN()
+	}
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	return s[int(q*float64(len(s)-1))]
+}
