@@ -46,7 +46,7 @@ fuzz-test: ## run every fuzz target for FUZZTIME
 	    echo "fuzz $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
 	  done; done
 
-test: lint build unit-test fuzz-test ## everything CI runs
+test: lint build fakelibs cupti-test unit-test fuzz-test ## everything CI runs
 
 demo: build fakelibs ## the agent on a 4-rank fake job with one slow rank (root)
 	test/demo/demo.sh

@@ -1,0 +1,87 @@
+// Package otel exports slowrank's results through OpenTelemetry: step facts
+// become train.step spans (one trace per training step, every rank side by
+// side), verdicts become span events, attributes and gauges, and the agent's
+// own health becomes metrics; it also owns the JSONL sinks for facts and
+// verdicts (JSONLWriter). It imports detector for the fact and verdict types
+// only and knows nothing of bpf, cupti or agent: other components' counters
+// come in through CounterSource. Import the upstream API as
+// otelapi "go.opentelemetry.io/otel" next to it.
+//
+// # Setup
+//
+// New reads the standard variables (OTEL_EXPORTER_OTLP_ENDPOINT, _PROTOCOL
+// grpc|http/protobuf, _HEADERS, _INSECURE, _TIMEOUT, their _TRACES_ and
+// _METRICS_ forms, OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER
+// otlp|console|none, OTEL_METRIC_EXPORT_INTERVAL, OTEL_RESOURCE_ATTRIBUTES,
+// OTEL_SERVICE_NAME); explicit Config fields override them. The resource
+// carries service.name=slowrank, service.version, host.name, process.pid and
+// slowrank.job.id. Spans leave through a bounded, counting queue (the SDK's
+// BatchSpanProcessor would drop silently); metrics through an OTLP periodic
+// reader. Export errors go to the process-wide OpenTelemetry error handler,
+// which New replaces with one that counts them (slowrank.export.errors) and
+// logs at most one every 10 s: nothing here crashes or blocks the caller on
+// the network. Shutdown(ctx) flushes both signals within ctx's deadline.
+//
+// # Trace and span ids
+//
+// The trace of (job, step) has id SHA-256("slowrank/"+job+"/"+step)[:16]
+// (TraceID); the train.step span of a rank has id
+// SHA-256("slowrank/"+job+"/"+step+"/"+rank)[:8] (SpanID), its phase.<name>
+// children SHA-256(...+"/"+phase)[:8]. Agents on different hosts therefore
+// put their ranks into the same trace without talking. The ids are set by a
+// custom SDK IDGenerator that takes them from the context (withIDs), so each
+// train.step span is a genuine root span of the shared trace: no synthetic
+// remote parent that Jaeger would report as missing. Timestamps are explicit
+// (trace.WithTimestamp), mapped from the facts' CLOCK_MONOTONIC ns by
+// Config.MonoToWall. Phase spans are bars laid out from the step start with
+// the phase's total length (phases overlap on a GPU, so they are not
+// intervals); the slow phase's bar has status Error.
+//
+// # Export policy
+//
+// RecordStep records the duration histograms at once and buffers the fact
+// under (job, window) — the window index comes from the caller, computed by
+// the detector's rule — until SettleWindow brings that window's verdicts.
+// Then, within Policy.MaxSpansPerWindow spans and in this priority:
+//   - every step of a rank with a non-ok verdict (full span tree, verdict
+//     events, slowrank.state and the verdict's attributes; Error status on an
+//     active alert, so tag search slowrank.state=straggler finds it);
+//   - every rank of each step in which some rank holds an alert (the trace
+//     compares them side by side);
+//   - every rank of the baseline steps: the low 64 bits of TraceID(job,
+//     step) modulo Policy.SampleEvery (default 20) equal 0, a rule that
+//     depends on (job, step) only, so all hosts sample the same steps.
+//
+// Settling a window settles every older buffered window of the job (they
+// can get no verdicts any more); a window SettleLag windows behind the
+// newest fact is settled as baseline; late facts of recently settled windows
+// follow the kept decision. The buffer holds at most Policy.MaxBufferedSteps
+// facts and evicts whole oldest windows. Every drop is counted by reason in
+// slowrank.export.dropped{signal,reason,unit} and in Stats.
+//
+// # Metrics
+//
+// Histograms slowrank.step.duration and slowrank.phase.duration (ms;
+// slowrank.job.id, rank, phase), gauges slowrank.deviation,
+// slowrank.straggler (1 while an alert is active; hint) and slowrank.state
+// (StateCode), counters slowrank.verdicts{state}, slowrank.records.dropped,
+// .late, .duplicate and slowrank.attach.errors (from CounterSource),
+// slowrank.export.*, the process' CPU seconds and RSS (/proc/self), and the
+// histogram slowrank.verdict.latency (s): from the end of the window's last
+// step (CLOCK_MONOTONIC, Config.NowMono) to the moment its verdicts' spans
+// were handed to the exporter. The job is the attribute slowrank.job.id
+// (Prometheus label slowrank_job_id), not "job", which Prometheus derives
+// from service.name.
+//
+// # Concurrency
+//
+// All Exporter and JSONLWriter methods are safe for concurrent use. The
+// Exporter runs one span-building goroutine and one export goroutine per
+// span exporter, plus the metric SDK's reader goroutine; JSONLWriter runs one
+// writer goroutine. Shutdown / Close end them all.
+//
+// # Requirements
+//
+// None of the kernel or the GPU. CPU and RSS come from /proc/self; without
+// it those two metrics are absent.
+package otel

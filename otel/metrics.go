@@ -1,0 +1,452 @@
+package otel
+
+import (
+	"context"
+	"strings"
+	"sync"
+
+	"github.com/prometheus/procfs"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/slowrank/slowrank/detector"
+)
+
+// Metric names (OpenTelemetry; the collector's Prometheus exporter turns
+// dots into underscores and adds unit and _total suffixes).
+const (
+	MetricStepDuration   = "slowrank.step.duration"   // histogram, ms; job, rank
+	MetricPhaseDuration  = "slowrank.phase.duration"  // histogram, ms; job, rank, phase
+	MetricDeviation      = "slowrank.deviation"       // gauge; job, rank, phase
+	MetricStraggler      = "slowrank.straggler"       // gauge 0/1; job, rank, phase, hint
+	MetricState          = "slowrank.state"           // gauge, StateCode; job, rank, phase
+	MetricVerdicts       = "slowrank.verdicts"        // counter; job, state, phase
+	MetricVerdictLatency = "slowrank.verdict.latency" // histogram, s; job
+	MetricRecordsDropped = "slowrank.records.dropped" // counter; reason (from CounterSource)
+	MetricRecordsLate    = "slowrank.records.late"
+	MetricRecordsDup     = "slowrank.records.duplicate"
+	MetricAttachErrors   = "slowrank.attach.errors"
+	MetricComponent      = "slowrank.component.events" // counter; name (other CounterSource keys)
+	MetricExportDropped  = "slowrank.export.dropped"   // counter; signal, reason, unit
+	MetricExportSpans    = "slowrank.export.spans"     // counter: spans exported
+	MetricExportErrors   = "slowrank.export.errors"    // counter: errors seen by the OTel error handler
+	MetricExportLate     = "slowrank.export.late_facts"
+	MetricExportBuffered = "slowrank.export.buffered_steps" // gauge
+	MetricCPUTime        = "slowrank.agent.cpu.time"        // counter, s (user+system of this process)
+	MetricRSS            = "slowrank.agent.memory.rss"      // gauge, By
+)
+
+// Metric attribute keys. The job is AttrJob ("slowrank.job.id", label
+// slowrank_job_id in Prometheus): a plain "job" would collide with the
+// job label that Prometheus derives from service.name.
+const (
+	KeyRank   = attribute.Key("rank")
+	KeyPhase  = attribute.Key("phase")
+	KeyHint   = attribute.Key("hint")
+	KeyState  = attribute.Key("state")
+	KeyReason = attribute.Key("reason")
+	KeySignal = attribute.Key("signal")
+	KeyUnit   = attribute.Key("unit")
+	KeyName   = attribute.Key("name")
+)
+
+// Keys a CounterSource may report; "name/reason" adds a reason attribute
+// (e.g. "records.dropped/ringbuf_full"). Other keys are exported as
+// slowrank.component.events{name=KEY}.
+const (
+	CounterRecordsDropped = "records.dropped"
+	CounterRecordsLate    = "records.late"
+	CounterRecordsDup     = "records.duplicate"
+	CounterAttachErrors   = "attach.errors"
+)
+
+// CounterSource reports monotonic counters of other components (the agent's
+// ring-buffer drops, late and duplicate records, attach failures). Counters
+// is called at each metric collection, from the SDK's goroutine; it must be
+// quick and safe for concurrent use.
+type CounterSource interface {
+	Counters() map[string]int64
+}
+
+// CounterFunc adapts a function to CounterSource.
+type CounterFunc func() map[string]int64
+
+// Counters calls f.
+func (f CounterFunc) Counters() map[string]int64 { return f() }
+
+// StateCode is the value of the slowrank.state gauge: ok 0, recovered 1,
+// uncertain 2, candidate 3, straggler 4 (-1 for an unknown state).
+func StateCode(state string) int64 {
+	switch state {
+	case detector.StateOK:
+		return 0
+	case detector.StateRecovered:
+		return 1
+	case detector.StateUncertain:
+		return 2
+	case detector.StateCandidate:
+		return 3
+	case detector.StateStraggler:
+		return 4
+	}
+	return -1
+}
+
+var (
+	durationBucketsMS = []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000}
+	latencyBucketsS   = []float64{0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 60, 120}
+)
+
+const maxCachedAttrSets = 1 << 16
+
+type attrKey struct {
+	job   string
+	rank  int
+	phase string
+}
+
+type instruments struct {
+	stepDur, phaseDur metric.Float64Histogram
+	verdicts          metric.Int64Counter
+	latency           metric.Float64Histogram
+
+	mu    sync.Mutex
+	attrs map[attrKey]metric.MeasurementOption
+}
+
+func newInstruments(m metric.Meter, e *Exporter, src CounterSource) (*instruments, error) {
+	in := &instruments{attrs: map[attrKey]metric.MeasurementOption{}}
+	var err error
+	if in.stepDur, err = m.Float64Histogram(MetricStepDuration, metric.WithUnit("ms"),
+		metric.WithDescription("Wall time of a training step per rank."),
+		metric.WithExplicitBucketBoundaries(durationBucketsMS...)); err != nil {
+		return nil, err
+	}
+	if in.phaseDur, err = m.Float64Histogram(MetricPhaseDuration, metric.WithUnit("ms"),
+		metric.WithDescription("Time of a phase within a training step per rank."),
+		metric.WithExplicitBucketBoundaries(durationBucketsMS...)); err != nil {
+		return nil, err
+	}
+	if in.verdicts, err = m.Int64Counter(MetricVerdicts, metric.WithDescription("Detector verdicts by state.")); err != nil {
+		return nil, err
+	}
+	if in.latency, err = m.Float64Histogram(MetricVerdictLatency, metric.WithUnit("s"),
+		metric.WithDescription("From the end of the last step of a window to the export of its verdicts."),
+		metric.WithExplicitBucketBoundaries(latencyBucketsS...)); err != nil {
+		return nil, err
+	}
+
+	dev, err := m.Float64ObservableGauge(MetricDeviation, metric.WithDescription("value/reference - 1 of the latest verdict per rank and phase."))
+	if err != nil {
+		return nil, err
+	}
+	strag, err := m.Int64ObservableGauge(MetricStraggler, metric.WithDescription("1 while the rank holds an active straggler alert for the phase, else 0."))
+	if err != nil {
+		return nil, err
+	}
+	state, err := m.Int64ObservableGauge(MetricState, metric.WithDescription("Verdict state: ok 0, recovered 1, uncertain 2, candidate 3, straggler 4."))
+	if err != nil {
+		return nil, err
+	}
+	dropped, err := m.Int64ObservableCounter(MetricExportDropped, metric.WithDescription("Telemetry the exporter dropped, by signal, reason and unit (span, fact, point)."))
+	if err != nil {
+		return nil, err
+	}
+	spans, err := m.Int64ObservableCounter(MetricExportSpans, metric.WithDescription("Spans exported successfully."))
+	if err != nil {
+		return nil, err
+	}
+	errs, err := m.Int64ObservableCounter(MetricExportErrors, metric.WithDescription("Errors reported to the OpenTelemetry error handler (export failures)."))
+	if err != nil {
+		return nil, err
+	}
+	late, err := m.Int64ObservableCounter(MetricExportLate, metric.WithDescription("Step facts that arrived after their window settled."))
+	if err != nil {
+		return nil, err
+	}
+	buffered, err := m.Int64ObservableGauge(MetricExportBuffered, metric.WithDescription("Step facts waiting for their window's verdicts."))
+	if err != nil {
+		return nil, err
+	}
+	recDropped, err := m.Int64ObservableCounter(MetricRecordsDropped, metric.WithDescription("Records lost before correlation (bounded queues, ring buffer)."))
+	if err != nil {
+		return nil, err
+	}
+	recLate, err := m.Int64ObservableCounter(MetricRecordsLate, metric.WithDescription("Records that arrived too late to count."))
+	if err != nil {
+		return nil, err
+	}
+	recDup, err := m.Int64ObservableCounter(MetricRecordsDup, metric.WithDescription("Duplicate records ignored."))
+	if err != nil {
+		return nil, err
+	}
+	attach, err := m.Int64ObservableCounter(MetricAttachErrors, metric.WithDescription("Failed probe attachments."))
+	if err != nil {
+		return nil, err
+	}
+	comp, err := m.Int64ObservableCounter(MetricComponent, metric.WithDescription("Other counters of slowrank components, by name."))
+	if err != nil {
+		return nil, err
+	}
+	cpu, err := m.Float64ObservableCounter(MetricCPUTime, metric.WithUnit("s"), metric.WithDescription("CPU time (user+system) of the slowrank process."))
+	if err != nil {
+		return nil, err
+	}
+	rss, err := m.Int64ObservableGauge(MetricRSS, metric.WithUnit("By"), metric.WithDescription("Resident set size of the slowrank process."))
+	if err != nil {
+		return nil, err
+	}
+	fs, fsErr := procfs.NewFS("/proc")
+
+	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		e.series.observe(func(k seriesKey, v seriesVal) {
+			base := metric.WithAttributes(AttrJob.String(k.job), KeyRank.Int(k.rank), KeyPhase.String(k.phase))
+			o.ObserveFloat64(dev, v.deviation, base)
+			o.ObserveInt64(state, v.state, base)
+			a := int64(0)
+			if v.alert {
+				a = 1
+			}
+			o.ObserveInt64(strag, a, metric.WithAttributes(AttrJob.String(k.job), KeyRank.Int(k.rank), KeyPhase.String(k.phase), KeyHint.String(v.hint)))
+		})
+		st := &e.stats
+		for _, d := range []struct {
+			signal, reason, unit string
+			n                    int64
+		}{
+			{"traces", DropQueueFull, "span", st.dropQueueFull.Load()},
+			{"traces", DropExportFailed, "span", st.dropExportFailed.Load()},
+			{"traces", DropShutdown, "span", st.dropShutdown.Load()},
+			{"traces", DropBufferOverflow, "fact", st.dropOverflow.Load()},
+			{"traces", DropSettleQueue, "fact", st.dropSettleQueue.Load()},
+			{"traces", DropWindowBudget, "fact", st.dropBudget.Load()},
+			{"traces", DropShutdown, "fact", st.factsShutdown.Load()},
+			{"metrics", DropExportFailed, "point", st.metricsFailed.Load()},
+		} {
+			o.ObserveInt64(dropped, d.n, metric.WithAttributes(KeySignal.String(d.signal), KeyReason.String(d.reason), KeyUnit.String(d.unit)))
+		}
+		o.ObserveInt64(spans, st.spansExported.Load())
+		o.ObserveInt64(errs, exportErrors.Load())
+		o.ObserveInt64(late, st.lateFacts.Load())
+		e.mu.Lock()
+		n := e.buf.n
+		e.mu.Unlock()
+		o.ObserveInt64(buffered, int64(n))
+
+		if src != nil {
+			for key, v := range src.Counters() {
+				name, reason, hasReason := strings.Cut(key, "/")
+				var inst metric.Int64Observable
+				switch name {
+				case CounterRecordsDropped:
+					inst = recDropped
+				case CounterRecordsLate:
+					inst = recLate
+				case CounterRecordsDup:
+					inst = recDup
+				case CounterAttachErrors:
+					inst = attach
+				default:
+					o.ObserveInt64(comp, v, metric.WithAttributes(KeyName.String(key)))
+					continue
+				}
+				if hasReason {
+					o.ObserveInt64(inst, v, metric.WithAttributes(KeyReason.String(reason)))
+				} else {
+					o.ObserveInt64(inst, v)
+				}
+			}
+		}
+		if fsErr == nil {
+			if p, err := fs.Self(); err == nil {
+				if s, err := p.Stat(); err == nil {
+					o.ObserveFloat64(cpu, s.CPUTime())
+					o.ObserveInt64(rss, int64(s.ResidentMemory()))
+				}
+			}
+		}
+		return nil
+	}, dev, strag, state, dropped, spans, errs, late, buffered, recDropped, recLate, recDup, attach, comp, cpu, rss)
+	if err != nil {
+		return nil, err
+	}
+	return in, nil
+}
+
+// opt returns the cached attribute option of (job, rank, phase); phase ""
+// means no phase attribute.
+func (in *instruments) opt(job string, rank int, phase string) metric.MeasurementOption {
+	k := attrKey{job, rank, phase}
+	in.mu.Lock()
+	o, ok := in.attrs[k]
+	in.mu.Unlock()
+	if ok {
+		return o
+	}
+	var set attribute.Set
+	if phase == "" {
+		set = attribute.NewSet(AttrJob.String(job), KeyRank.Int(rank))
+	} else {
+		set = attribute.NewSet(AttrJob.String(job), KeyRank.Int(rank), KeyPhase.String(phase))
+	}
+	o = metric.WithAttributeSet(set)
+	in.mu.Lock()
+	if len(in.attrs) < maxCachedAttrSets {
+		in.attrs[k] = o
+	}
+	in.mu.Unlock()
+	return o
+}
+
+func (in *instruments) recordStep(s *detector.Step) {
+	ctx := context.Background()
+	stepMS, ok := s.Phases[detector.PhaseStep]
+	if !ok && s.EndNS > s.StartNS {
+		stepMS, ok = float64(s.EndNS-s.StartNS)/1e6, true
+	}
+	if ok {
+		in.stepDur.Record(ctx, stepMS, in.opt(s.Job, s.Rank, ""))
+	}
+	for name, v := range s.Phases {
+		if name != detector.PhaseStep {
+			in.phaseDur.Record(ctx, v, in.opt(s.Job, s.Rank, name))
+		}
+	}
+}
+
+func (in *instruments) recordVerdicts(vs []detector.Verdict) {
+	ctx := context.Background()
+	for i := range vs {
+		in.verdicts.Add(ctx, 1, metric.WithAttributes(AttrJob.String(vs[i].Job), KeyState.String(vs[i].State), KeyPhase.String(vs[i].Phase)))
+	}
+}
+
+// recordLatency records now - (end of the window's last step); without
+// buffered facts the verdicts' window end stands in for it.
+func (in *instruments) recordLatency(now, lastEnd int64, vs []detector.Verdict) {
+	if len(vs) == 0 {
+		return
+	}
+	if lastEnd <= 0 {
+		for i := range vs {
+			lastEnd = max(lastEnd, vs[i].WindowEndNS)
+		}
+	}
+	if lastEnd <= 0 || now < lastEnd {
+		return
+	}
+	in.latency.Record(context.Background(), float64(now-lastEnd)/1e9, metric.WithAttributes(AttrJob.String(vs[0].Job)))
+}
+
+type seriesKey struct {
+	job   string
+	rank  int
+	phase string
+}
+
+type seriesVal struct {
+	deviation float64
+	state     int64
+	alert     bool
+	hint      string
+}
+
+const maxSeries = 1 << 16
+
+// seriesState holds the latest verdict per (job, rank, phase) for the
+// observable gauges. Bounded: beyond maxSeries new series are ignored.
+type seriesState struct {
+	mu      sync.Mutex
+	m       map[seriesKey]*seriesVal
+	ignored int64
+}
+
+func newSeriesState() *seriesState { return &seriesState{m: map[seriesKey]*seriesVal{}} }
+
+// update applies one settled window's verdicts. Series of the same job that
+// the window does not mention return to ok (the detector need not emit ok
+// verdicts), except those holding an active alert, which only an explicit
+// verdict ends.
+func (s *seriesState) update(vs []detector.Verdict) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	seen := map[seriesKey]bool{}
+	jobs := map[string]bool{}
+	for i := range vs {
+		v := &vs[i]
+		k := seriesKey{v.Job, v.Rank, v.Phase}
+		seen[k], jobs[v.Job] = true, true
+		sv := s.m[k]
+		if sv == nil {
+			if len(s.m) >= maxSeries {
+				s.ignored++
+				continue
+			}
+			sv = &seriesVal{}
+			s.m[k] = sv
+		}
+		sv.deviation, sv.state, sv.alert = v.Deviation, StateCode(v.State), alertActive(*v)
+		if v.Hint != "" {
+			sv.hint = v.Hint
+		}
+	}
+	for k, sv := range s.m {
+		if jobs[k.job] && !seen[k] && !sv.alert {
+			sv.deviation, sv.state = 0, 0
+		}
+	}
+}
+
+func (s *seriesState) observe(f func(seriesKey, seriesVal)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, v := range s.m {
+		f(k, *v)
+	}
+}
+
+func (s *seriesState) forget(job string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k := range s.m {
+		if k.job == job {
+			delete(s.m, k)
+		}
+	}
+}
+
+// Export counts the data points of a failed export; the error itself goes
+// to the PeriodicReader, which hands it to the error handler.
+func (c *countingMetricExporter) Export(ctx context.Context, rm *metricdata.ResourceMetrics) error {
+	err := c.Exporter.Export(ctx, rm)
+	if err != nil {
+		c.stats.metricsFailed.Add(int64(countPoints(rm)))
+	}
+	return err
+}
+
+func countPoints(rm *metricdata.ResourceMetrics) int {
+	n := 0
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			switch d := m.Data.(type) {
+			case metricdata.Gauge[int64]:
+				n += len(d.DataPoints)
+			case metricdata.Gauge[float64]:
+				n += len(d.DataPoints)
+			case metricdata.Sum[int64]:
+				n += len(d.DataPoints)
+			case metricdata.Sum[float64]:
+				n += len(d.DataPoints)
+			case metricdata.Histogram[int64]:
+				n += len(d.DataPoints)
+			case metricdata.Histogram[float64]:
+				n += len(d.DataPoints)
+			default:
+				n++
+			}
+		}
+	}
+	return n
+}
