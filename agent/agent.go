@@ -76,8 +76,10 @@ type Agent struct {
 	conv     *converter
 	counters *counters
 	in       chan any
-	att      *attacher
-	started  time.Time
+	// ctl runs functions on the main goroutine (runtime control).
+	ctl     chan func()
+	att     *attacher
+	started time.Time
 
 	// probeCounts counts events per probe id (the hot path avoids the map).
 	probeCounts [256]atomic.Uint64
@@ -137,6 +139,7 @@ func New(cfg Config) (*Agent, error) {
 		conv:     newConverter(c),
 		counters: c,
 		in:       make(chan any, cfg.InputQueue),
+		ctl:      make(chan func()),
 		started:  time.Now(),
 	}
 	a.att = newAttacher(a)
@@ -167,6 +170,8 @@ loop:
 			}
 		case in := <-a.in:
 			a.pipe.handle(in)
+		case f := <-a.ctl:
+			f()
 		case now := <-tick.C:
 			mono := monotonicNow()
 			a.att.forgetDue(mono)
@@ -200,6 +205,24 @@ loop:
 	wg.Wait()
 	a.refreshCounters()
 	return nil
+}
+
+// do runs f on the agent's main goroutine, where the attacher, pipeline and
+// detector live, and waits for it. It fails when ctx ends first (the agent
+// is not running or stopping).
+func (a *Agent) do(ctx context.Context, f func()) error {
+	done := make(chan struct{})
+	select {
+	case a.ctl <- func() { f(); close(done) }:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // readLoop moves ring-buffer events into the pipeline's queue without ever
@@ -241,6 +264,8 @@ func (a *Agent) drainInput() {
 		select {
 		case in := <-a.in:
 			a.pipe.handle(in)
+		case f := <-a.ctl:
+			f()
 		default:
 			return
 		}
