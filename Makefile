@@ -10,7 +10,7 @@ export OUT_DIR CUDA_HOME
 # go-nvml declares deprecated NVML calls; its cgo build would warn on each.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build test unit-test race-test fuzz-test lint generate check-generated demo bench clean help
+.PHONY: all build test e2e-tools demo-sim unit-test race-test fuzz-test lint generate check-generated demo bench clean help
 
 all: build
 
@@ -36,8 +36,11 @@ check-generated: generate ## fail when generated code differs from what is commi
 	@if [ -n "$$(git status --porcelain -- bpf cupti)" ]; then git status --porcelain -- bpf cupti; git diff --stat; \
 	  echo "generated files are stale: run make generate and commit"; exit 1; fi
 
+e2e-tools: ## build the OpenTelemetry Collector and Jaeger used by the e2e tests (cached)
+	bash test/e2e/build-tools.sh
+
 unit-test: ## go test with the race detector (privileged tests run as root)
-	$(GO) test -race -count=1 ./...
+	SLOWRANK_E2E_REQUIRED=1 $(GO) test -race -count=1 -timeout 20m ./...
 
 fuzz-test: ## run every fuzz target for FUZZTIME
 	@set -e; for pkg in $$($(GO) list ./...); do \
@@ -46,7 +49,7 @@ fuzz-test: ## run every fuzz target for FUZZTIME
 	    echo "fuzz $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
 	  done; done
 
-test: lint build fakelibs cupti-test unit-test fuzz-test ## everything CI runs
+test: lint build fakelibs cupti-test e2e-tools unit-test fuzz-test ## everything CI runs
 
 demo: build fakelibs ## the agent on a 4-rank fake job with one slow rank (root)
 	test/demo/demo.sh
