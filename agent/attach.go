@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -89,6 +90,12 @@ func (t *attacher) added(p Process) {
 		return
 	}
 	rank := p.Identity.Rank
+	if rank < 0 && strings.HasPrefix(p.SelectedBy, "env:") {
+		// Selected by an environment marker but without a rank (a launcher
+		// such as torchrun itself): not a rank, nothing to judge.
+		t.a.counters.add("processes_without_rank", 1)
+		return
+	}
 	if rank < 0 {
 		rank = 1_000_000 + t.nextRank // no rank in the environment: a stable synthetic one
 		t.nextRank++
