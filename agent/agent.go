@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,6 +49,11 @@ type Config struct {
 	InputQueue int
 	// ForgetDelay is how long records of an exited process may still arrive.
 	ForgetDelay time.Duration
+	// MaxMemory bounds the agent's resident memory in bytes (0: no bound).
+	// New sets the Go runtime's soft memory limit for the whole process to
+	// GoMemoryLimit(MaxMemory, RingBufferSize); RSS samples above MaxMemory
+	// are counted in memory_over_bound.
+	MaxMemory int64
 
 	Sinks  []Sink
 	Logger *slog.Logger
@@ -86,6 +92,9 @@ type Agent struct {
 
 	planMu sync.Mutex
 	plan   *DutyPlan // last duty plan applied, for Status
+
+	lastMemStats time.Time // main goroutine only (refreshRuntime)
+	overBound    bool
 }
 
 func (a *Agent) dutyPlan() *DutyPlan {
@@ -104,6 +113,13 @@ func New(cfg Config) (*Agent, error) {
 	log := cfg.Logger.With("component", "agent")
 	if cfg.Tick <= 0 || cfg.InputQueue <= 0 {
 		return nil, errors.New("agent config: tick and input queue must be positive")
+	}
+	if cfg.MaxMemory > 0 {
+		limit, err := GoMemoryLimit(cfg.MaxMemory, cfg.RingBufferSize)
+		if err != nil {
+			return nil, fmt.Errorf("agent config: %w", err)
+		}
+		debug.SetMemoryLimit(limit)
 	}
 	det, err := detector.New(cfg.Detector)
 	if err != nil {
@@ -130,6 +146,11 @@ func New(cfg Config) (*Agent, error) {
 		cfg.Correlate.Host = cfg.HostName
 	}
 	var duty *Duty
+	if cfg.Duty.Period > cfg.Detector.Window {
+		// Every window needs some covered steps, or the device phases of
+		// the windows without any are not judged and streaks break.
+		cfg.Duty.Period = cfg.Detector.Window
+	}
 	if cfg.DeviceCollection {
 		duty = NewDuty(cfg.Duty)
 	}
@@ -142,6 +163,7 @@ func New(cfg Config) (*Agent, error) {
 		ctl:      make(chan func()),
 		started:  time.Now(),
 	}
+	a.pipe.counters = c
 	a.att = newAttacher(a)
 	return a, nil
 }
@@ -203,6 +225,11 @@ loop:
 	a.drainInput()
 	a.pipe.flush(monotonicNow())
 	wg.Wait()
+	if a.duty != nil {
+		cost, measured := a.duty.Cost()
+		a.log.Info("device collection cost estimate", "cost", fmt.Sprintf("%.4f", cost), "measured", measured,
+			"share", fmt.Sprintf("%.4f", a.duty.Plan(monotonicNow()).OnShare))
+	}
 	a.refreshCounters()
 	return nil
 }
@@ -289,7 +316,14 @@ func (a *Agent) refreshCounters() {
 	}
 	ws := a.watcher.Stats()
 	a.counters.set("processes_tracked", int64(ws.Tracked))
+	a.counters.set("processes_added", int64(ws.ProcessesAdded))
+	a.counters.set("processes_exited", int64(ws.ProcessesExited))
 	a.counters.set("discovery_denied", int64(ws.Denied))
+	a.counters.set("discovery_events_deferred", int64(ws.EventsDeferred))
+	a.counters.set("input_queue_len", int64(len(a.in)))
+	a.refreshPipeline()
+	a.refreshSinks()
+	a.refreshRuntime()
 }
 
 // Summaries returns the detector's end-of-run summaries; call after Run.
