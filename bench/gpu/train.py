@@ -78,7 +78,7 @@ def run(rank, world, args):
     dist.init_process_group(args.backend, rank=rank, world_size=world)
     if args.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
+        torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.benchmark = False
     torch.manual_seed(args.seed)
     dev = torch.device("cuda", 0)
@@ -93,6 +93,9 @@ def run(rank, world, args):
     if args.slow_gpu_rank == rank:
         n = args.slow_gpu_size
         extra = (torch.randn(n, n, device=dev), torch.randn(n, n, device=dev))
+    ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fb_ms = []  # forward+backward GPU time of early steps, to size the GPU injection
+    slow_iters = args.slow_gpu_iters
     out = open(os.path.join(args.out_dir, f"rank{rank}.jsonl"), "w", buffering=1)
     deadline = time.monotonic() + args.duration if args.duration > 0 else None
     step = 0
@@ -102,14 +105,34 @@ def run(rank, world, args):
         if deadline is not None and time.monotonic() >= deadline:
             break
         t0 = time.monotonic_ns()
+        slow = step >= args.slow_from
+        if slow and step == args.slow_from:
+            if extra is not None and args.slow_gpu_frac > 0 and fb_ms:
+                # Size the extra work to slow_gpu_frac of this rank's compute.
+                torch.cuda.synchronize()
+                a0 = time.perf_counter()
+                for _ in range(20):
+                    extra[0].copy_(extra[0] @ extra[1] * 1e-3)
+                torch.cuda.synchronize()
+                per = (time.perf_counter() - a0) * 1e3 / 20
+                fb = sorted(fb_ms)[len(fb_ms) // 2]
+                slow_iters = max(1, round(args.slow_gpu_frac * fb / per))
+            out.write(json.dumps({"rank": rank, "injection_start": True, "step": step, "mono_ns": time.monotonic_ns(),
+                                  "wall": time.time(), "slow_gpu_iters": slow_iters if extra is not None else 0}) + "\n")
+        measure = 5 <= step < 25 and extra is not None
+        if measure:
+            ev0.record()
         idx = torch.randint(0, args.vocab, (args.batch, args.seq), device=dev, generator=g)
         logits = model(idx[:, :-1])
         loss = nn.functional.cross_entropy(logits.reshape(-1, args.vocab), idx[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        slow = step >= args.slow_from
+        if measure:
+            ev1.record()
+            ev1.synchronize()
+            fb_ms.append(ev0.elapsed_time(ev1))
         if extra is not None and slow:
-            for _ in range(args.slow_gpu_iters):
+            for _ in range(slow_iters):
                 extra[0].copy_(extra[0] @ extra[1] * 1e-3)
         # Gradient all-reduce in buckets, like DDP.
         grads = [p.grad for p in model.parameters() if p.grad is not None]
@@ -154,6 +177,7 @@ def main():
     ap.add_argument("--slow-gpu-rank", type=int, default=-1)
     ap.add_argument("--slow-gpu-size", type=int, default=2048)
     ap.add_argument("--slow-gpu-iters", type=int, default=4)
+    ap.add_argument("--slow-gpu-frac", type=float, default=0, help="size the GPU injection to this share of compute")
     ap.add_argument("--slow-host-rank", type=int, default=-1)
     ap.add_argument("--slow-host-ms", type=float, default=0)
     ap.add_argument("--port", type=int, default=29511)
