@@ -7,7 +7,7 @@
 # attached with default settings; delta_i = mean(ON_i)/mean(OFF_i) - 1;
 # bootstrap 95 % CI over pairs.
 source "$(dirname "$0")/common.sh"
-PAIRS=${PAIRS:-8}; BLOCK=${BLOCK:-20}; SETTLE=${SETTLE:-4}; WARMUP=${WARMUP:-40}
+PAIRS=${PAIRS:-6}; BLOCK=${BLOCK:-20}; SETTLE=${SETTLE:-4}; WARMUP=${WARMUP:-35}
 build_lib
 cat >"$OUT/c1-design.json" <<JSON
 {"order":"ABBA (pair i even: off,on; odd: on,off)","pairs":$PAIRS,"block_s":$BLOCK,"settle_s":$SETTLE,

@@ -6,22 +6,25 @@
 #      (c) nothing, for HEALTHY seconds (default 180).
 #   C2 deterministic runs: OFF, ON (agent attached), OFF, 120 steps each.
 source "$(dirname "$0")/common.sh"
-HEALTHY=${HEALTHY:-180}
+HEALTHY=${HEALTHY:-150}
+# gloo: torch c10d probes see no tensor sizes, so the step is cut at the
+# timer's device synchronisation (torch.cuda.synchronize).
+GLOO_AGENT="--probe-torch --step-marker cudaDeviceSynchronize"
 GLOO="--launch 4 --backend gloo --dim 512 --layers 4 --seq 256 --batch 8 --vocab 4096"
 build_lib
 
-start_agent c3-gpu
-train c3-gpu $GLOO --duration 95 --slow-gpu-rank 3 --slow-gpu-frac 0.10 --slow-from 150 --port 29512
+start_agent c3-gpu $GLOO_AGENT
+train c3-gpu $GLOO --duration 80 --slow-gpu-rank 3 --slow-gpu-frac 0.10 --slow-from 150 --port 29512
 stop_agent
-start_agent c3-host
-train c3-host $GLOO --duration 85 --slow-host-rank 1 --slow-host-ms 20 --slow-from 150 --port 29513
+start_agent c3-host $GLOO_AGENT
+train c3-host $GLOO --duration 75 --slow-host-rank 1 --slow-host-ms 20 --slow-from 150 --port 29513
 stop_agent
-start_agent c3-healthy
+start_agent c3-healthy $GLOO_AGENT
 train c3-healthy $GLOO --duration "$HEALTHY" --port 29514
 stop_agent
 
 train c2-off1 $GLOO --deterministic --steps 120 --port 29515
-start_agent c2-on
+start_agent c2-on $GLOO_AGENT
 train c2-on $GLOO --deterministic --steps 120 --port 29516
 stop_agent
 train c2-off2 $GLOO --deterministic --steps 120 --port 29517

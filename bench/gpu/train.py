@@ -99,11 +99,16 @@ def run(rank, world, args):
     out = open(os.path.join(args.out_dir, f"rank{rank}.jsonl"), "w", buffering=1)
     deadline = time.monotonic() + args.duration if args.duration > 0 else None
     step = 0
+    stop = torch.zeros(1, device=dev)
     while True:
         if deadline is None and step >= args.steps:
             break
-        if deadline is not None and time.monotonic() >= deadline:
-            break
+        if deadline is not None:
+            # Every rank must run the same number of steps: agree on stopping.
+            stop.fill_(1.0 if time.monotonic() >= deadline else 0.0)
+            dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+            if stop.item() > 0:
+                break
         t0 = time.monotonic_ns()
         slow = step >= args.slow_from
         if slow and step == args.slow_from:
