@@ -46,7 +46,7 @@ fuzz-test: ## run every fuzz target for FUZZTIME
 	@set -e; for pkg in $$($(GO) list ./...); do \
 	  dir=$$($(GO) list -f '{{.Dir}}' $$pkg); \
 	  for f in $$(grep -hoE '^func (Fuzz[A-Za-z0-9_]+)' $$dir/*_test.go 2>/dev/null | awk '{print $$2}'); do \
-	    echo "fuzz $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
+	    echo "fuzz $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 2s $$pkg; \
 	  done; done
 
 test: lint build fakelibs cupti-test e2e-tools unit-test fuzz-test ## everything CI runs
