@@ -33,10 +33,15 @@ type attacher struct {
 }
 
 type libEntry struct {
-	kind  LibraryKind
-	path  string
-	att   *bpf.Attachment // nil when attaching failed
-	users map[ProcessKey]bool
+	kind LibraryKind
+	path string
+	att  *bpf.Attachment // nil when attaching failed
+	// failed: the last attach failed; the next process mapping the
+	// library retries it.
+	failed bool
+	// idleSince is when the last user went (monotonic ns; 0: in use).
+	idleSince int64
+	users     map[ProcessKey]bool
 }
 
 type procEntry struct {
@@ -120,7 +125,9 @@ func (t *attacher) added(p Process) {
 		PID: uint32(p.PID), Rank: rank, LocalRank: localRank, WorldSize: world,
 		Host: t.a.cfg.HostName, Job: job, Epoch: t.a.cfg.Epoch,
 	})
-	if err := t.a.probes.Track(uint32(p.PID), uint32(rank)); err != nil {
+	if t.a.control.paused {
+		// Collection is paused: tracked on resume (control.go).
+	} else if err := t.a.probes.Track(uint32(p.PID), uint32(rank)); err != nil {
 		t.a.counters.add("track_errors", 1)
 		t.a.log.Warn("track process", "pid", p.PID, "err", err)
 	}
@@ -137,12 +144,24 @@ func (t *attacher) mapped(k ProcessKey, lib Library) {
 		l := lib
 		pe.inject, pe.dutyValid, pe.ctlAddr = &l, false, 0
 	}
-	if le := t.libs[lib.File]; le != nil {
+	le := t.libs[lib.File]
+	if le != nil {
 		le.users[k] = true
-		return
+		if le.idleSince != 0 {
+			le.idleSince = 0
+			t.a.counters.add("attachments_reused", 1)
+		}
+		if !le.failed {
+			return
+		}
+		// The attach through another process failed (it may have exited
+		// meanwhile): try again through this one. Bounded by the number
+		// of processes that map the library.
+		t.a.counters.add("attach_retries", 1)
+	} else {
+		le = &libEntry{kind: lib.Kind, path: lib.Path, users: map[ProcessKey]bool{k: true}}
+		t.libs[lib.File] = le
 	}
-	le := &libEntry{kind: lib.Kind, path: lib.Path, users: map[ProcessKey]bool{k: true}}
-	t.libs[lib.File] = le
 	kind, ok := bpfKind(lib.Kind)
 	if !ok || (kind == bpf.LibTorch && !t.a.cfg.ProbeTorch) {
 		return
@@ -154,11 +173,12 @@ func (t *attacher) mapped(k ProcessKey, lib Library) {
 	start := time.Now()
 	att, err := t.a.probes.AttachLibrary(path, kind)
 	if err != nil {
+		le.failed = true
 		t.a.counters.add("attach_errors", 1)
 		t.a.log.Warn("attach library", "path", lib.Path, "pid", k.PID, "err", err)
 		return
 	}
-	le.att = att
+	le.att, le.failed = att, false
 	if missing, required := att.Missing(); len(missing) > 0 {
 		t.a.counters.add("symbols_missing", int64(len(missing)))
 		lvl := "debug"
@@ -190,9 +210,15 @@ func (t *attacher) unmapped(k ProcessKey, f FileID) {
 	t.release(k, f)
 }
 
-// release drops k's use of library f and detaches it when nobody maps it.
-// Detaching takes about 0.1 s per link in the kernel: it runs in the
-// background so the pipeline never waits for it.
+// detachLinger is how long an attachment that no process uses any more stays
+// attached. An elastic restart maps the same library files again within
+// seconds: reusing the attachment spares the new processes the attach, and
+// the kernel the teardown (about 0.1 s per link, during which new uprobes
+// wait), so the first steps after a restart are not missed.
+const detachLinger = 15 * time.Second
+
+// release drops k's use of library f; when nobody maps it any more, it is
+// detached after detachLinger unless a process maps it again.
 func (t *attacher) release(k ProcessKey, f FileID) {
 	le := t.libs[f]
 	if le == nil {
@@ -202,6 +228,25 @@ func (t *attacher) release(k ProcessKey, f FileID) {
 	if len(le.users) > 0 {
 		return
 	}
+	if le.att == nil {
+		delete(t.libs, f)
+		return
+	}
+	le.idleSince = monotonicNow()
+}
+
+// detachIdle detaches the attachments unused for detachLinger.
+func (t *attacher) detachIdle(now int64) {
+	for f, le := range t.libs {
+		if le.idleSince != 0 && len(le.users) == 0 && now-le.idleSince >= int64(detachLinger) {
+			t.detach(f, le)
+		}
+	}
+}
+
+// detach closes le's attachment. Detaching takes about 0.1 s per link in
+// the kernel: it runs in the background so the pipeline never waits for it.
+func (t *attacher) detach(f FileID, le *libEntry) {
 	delete(t.libs, f)
 	if le.att != nil {
 		t.closing.Add(1)
@@ -243,13 +288,14 @@ func (t *attacher) forgetDue(now int64) {
 		t.a.conv.forgetPID(f.pid)
 	}
 	t.forgets = kept
+	t.detachIdle(now)
 }
 
 // detachAll closes every attachment (on stop) and waits for the closes.
 func (t *attacher) detachAll() {
 	for f, le := range t.libs {
 		le.users = nil
-		t.release(ProcessKey{}, f)
+		t.detach(f, le)
 	}
 	t.closing.Wait()
 }
@@ -267,6 +313,9 @@ func (t *attacher) applyDuty(p DutyPlan) {
 	}
 	if p.Escalate {
 		d.EscalateUntilNs = uint64(p.EscalatedUntil)
+	}
+	if t.a.control.paused {
+		d = cupti.Duty{Mode: cupti.DutyOff} // control.go: paused
 	}
 	for _, pe := range t.procs {
 		if pe.inject == nil || (pe.dutyValid && pe.lastDuty == d) {

@@ -17,16 +17,26 @@ type converter struct {
 	names    *cupti.Interner
 	procs    map[uint32]*convProc
 	counters *counters
+	// refused counts name definitions dropped by MaxInternedNames.
+	refused int64
+	// marker is the probe whose calls cut steps (Config.StepMarker), 0: none.
+	marker bpf.ProbeID
 }
 
 type convProc struct {
 	openSince int64  // start of the open collection period, 0 if none
 	lastSeq   uint64 // last batch sequence number seen
 	lastDrop  uint64 // cumulative CUPTI + library drops reported so far
+	// sawNCCL: the process calls NCCL directly; its torch c10d collectives
+	// are then redundant for step detection (and carry no sizes).
+	sawNCCL bool
 }
 
 func newConverter(c *counters) *converter {
-	return &converter{names: cupti.NewInterner(), procs: map[uint32]*convProc{}, counters: c}
+	return &converter{
+		names: cupti.NewInternerWithLimits(MaxInternedProcesses, MaxNamesPerProcess),
+		procs: map[uint32]*convProc{}, counters: c,
+	}
 }
 
 func (c *converter) proc(pid uint32) *convProc {
@@ -36,6 +46,13 @@ func (c *converter) proc(pid uint32) *convProc {
 		c.procs[pid] = p
 	}
 	return p
+}
+
+// refusedNames returns the name definitions dropped by MaxInternedNames.
+func (c *converter) refusedNames() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.refused
 }
 
 // forgetPID drops a process's decoding state.
@@ -52,16 +69,23 @@ func (c *converter) convert(ev bpf.Event, out []any) []any {
 	defer c.mu.Unlock()
 	switch e := ev.(type) {
 	case *bpf.CollEvent:
+		c.proc(e.PID).sawNCCL = true
 		return append(out, correlate.HostCall{
 			PID: e.PID, TID: e.TID, Kind: correlate.HostCollective, Op: collOp(e.Probe),
 			Count: e.Count, Datatype: e.Datatype, Comm: e.Comm, Stream: e.Stream,
 			StartNS: int64(e.StartNs), EndNS: int64(e.EndNs),
 		})
 	case *bpf.SyncEvent:
-		return append(out, correlate.HostCall{
+		h := correlate.HostCall{
 			PID: e.PID, TID: e.TID, Kind: correlate.HostSyncWait, Op: e.Probe.String(),
 			Stream: e.Handle, StartNS: int64(e.StartNs), EndNS: int64(e.EndNs),
-		})
+		}
+		out = append(out, h)
+		if e.Probe == c.marker && c.marker != 0 {
+			h.Kind = correlate.HostMarker
+			out = append(out, h)
+		}
+		return out
 	case *bpf.GroupEvent:
 		kind := correlate.HostGroupStart
 		if e.HasReturn {
@@ -101,6 +125,10 @@ func (c *converter) torch(e *bpf.TorchEvent, out []any) []any {
 	case bpf.ProbeTorchWorkWait, bpf.ProbeTorchNCCLWorkWait:
 		h.Kind, h.Comm = correlate.HostCollWait, 0
 	default:
+		if c.proc(e.PID).sawNCCL {
+			c.counters.add("torch_collectives_redundant", 1)
+			return out
+		}
 		h.Kind, h.Op = correlate.HostCollective, torchOp(e.Probe)
 	}
 	return append(out, h)
@@ -117,15 +145,29 @@ func (c *converter) batch(e *bpf.BatchEvent, out []any) []any {
 	c.counters.add("batches", 1)
 	pid := e.PID
 	p := c.proc(pid)
+	if len(b.Names) > 0 {
+		// The interner bounds names per process; bound them in total too,
+		// so that many processes cannot add up to unbounded memory.
+		if st := c.names.Stats(); st.Names+len(b.Names) > MaxInternedNames {
+			c.refused += int64(len(b.Names))
+			b.Names = nil
+		}
+	}
 	c.names.Observe(pid, &b)
 	if p.lastSeq != 0 && b.Header.Seq > p.lastSeq+1 && !b.Header.EpochStart() {
-		c.counters.add("batches_lost", int64(b.Header.Seq-p.lastSeq-1))
-		out = append(out, correlate.Drop{PID: pid, Device: b.Header.Seq - p.lastSeq - 1, FromNS: p.openSince, ToNS: int64(e.EndNs)})
+		gap := c.plausible(b.Header.Seq - p.lastSeq - 1)
+		c.counters.add("batches_lost", int64(gap))
+		out = append(out, correlate.Drop{PID: pid, Device: gap, FromNS: p.openSince, ToNS: int64(e.EndNs)})
 	}
 	p.lastSeq = b.Header.Seq
-	if drops := b.Header.CUPTIDropped + b.Header.LibDropped; drops > p.lastDrop {
-		c.counters.add("device_records_dropped", int64(drops-p.lastDrop))
-		out = append(out, correlate.Drop{PID: pid, Device: drops - p.lastDrop, FromNS: p.openSince, ToNS: int64(e.EndNs)})
+	drops := b.Header.CUPTIDropped + b.Header.LibDropped
+	if drops < b.Header.CUPTIDropped {
+		drops = ^uint64(0) // a sum that wraps is a lie: saturate
+	}
+	if drops > p.lastDrop {
+		n := c.plausible(drops - p.lastDrop)
+		c.counters.add("device_records_dropped", int64(n))
+		out = append(out, correlate.Drop{PID: pid, Device: n, FromNS: p.openSince, ToNS: int64(e.EndNs)})
 		p.lastDrop = drops
 	}
 	for _, t := range b.Transitions {
@@ -161,6 +203,20 @@ func (c *converter) batch(e *bpf.BatchEvent, out []any) []any {
 	}
 	c.counters.add("device_records", int64(len(b.Kernels)+len(b.Copies)))
 	return out
+}
+
+// maxPlausibleLoss bounds the records or batches one batch header may claim
+// lost (a billion: far more than a library can drop between two batches).
+// Larger claims come from a buggy or hostile process; they are counted in
+// batches_implausible and clamped, so counters never wrap.
+const maxPlausibleLoss = 1 << 30
+
+func (c *converter) plausible(n uint64) uint64 {
+	if n > maxPlausibleLoss {
+		c.counters.add("batches_implausible", 1)
+		return maxPlausibleLoss
+	}
+	return n
 }
 
 func kernelClass(c cupti.Class) correlate.KernelClass {

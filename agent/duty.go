@@ -22,6 +22,9 @@ type DutyConfig struct {
 	MinShare, MaxShare float64
 	// PriorCost is the assumed cost of full collection until measured.
 	PriorCost float64
+	// MinCost floors the measured cost: a noisy estimate near zero must not
+	// switch collection fully on (the H200 measured 0.8 % to 8.4 %).
+	MinCost float64
 	// Escalation is how long collection stays fully on after a suspicion.
 	Escalation time.Duration
 	// MaxEscalationShare bounds the share of time spent escalated (over a
@@ -37,7 +40,7 @@ type DutyConfig struct {
 func DefaultDutyConfig() DutyConfig {
 	return DutyConfig{
 		Budget: 0.003, Period: 10 * time.Second, MinShare: 0.02, MaxShare: 1,
-		PriorCost: 0.03, Escalation: 20 * time.Second, MaxEscalationShare: 0.1,
+		PriorCost: 0.03, MinCost: 0.015, Escalation: 20 * time.Second, MaxEscalationShare: 0.1,
 		MinSamples: 20,
 	}
 }
@@ -135,7 +138,7 @@ func (d *Duty) Cost() (cost float64, measured bool) {
 		return d.cfg.PriorCost, false
 	}
 	slices.Sort(ratios)
-	return max(0, ratios[len(ratios)/2]), true
+	return max(d.cfg.MinCost, ratios[len(ratios)/2]), true
 }
 
 // Plan returns the duty cycle for now.

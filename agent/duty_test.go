@@ -21,8 +21,8 @@ func TestDutySteersShareByMeasuredCost(t *testing.T) {
 		wantShare float64
 	}{
 		{"8 % cost gives a small share", 108, 0.003 / 0.08},
-		{"1 % cost", 101, 0.3},
-		{"free collection runs always", 100, 1},
+		{"2 % cost", 102, 0.15},
+		{"a cost measured near zero is floored", 100, 0.2},
 		{"huge cost is bounded below", 300, 0.02},
 	}
 	for _, tc := range tests {

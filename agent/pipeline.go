@@ -31,6 +31,12 @@ type pipeline struct {
 	verdicts []detector.Verdict
 	// alerts are the active (job, rank, phase) alerts, to log transitions.
 	alerts map[alertKey]bool
+	// swap routes steps while a detector change settles (control.go).
+	swap detectorSwap
+	// counters are the agent's (nil in tests that build a bare pipeline).
+	counters *counters
+	// retired sums the correlator's statistics of forgotten processes.
+	retired correlate.RankStats
 
 	mu     sync.Mutex
 	status pipelineStatus
@@ -83,6 +89,11 @@ func (p *pipeline) handle(in any) {
 	case correlate.RankInfo:
 		p.corr.SetRank(v)
 	case forget:
+		for _, st := range p.corr.Stats() {
+			if st.PID == v.pid {
+				addRankStats(&p.retired, st)
+			}
+		}
 		p.corr.Forget(v.pid)
 		if p.duty != nil {
 			p.duty.Forget(v.rank)
@@ -90,6 +101,22 @@ func (p *pipeline) handle(in any) {
 	default:
 		p.log.Error("pipeline: unknown input", "type", fmt.Sprintf("%T", in))
 	}
+}
+
+func (p *pipeline) count(name string) {
+	if p.counters != nil {
+		p.counters.add(name, 1)
+	}
+}
+
+// corrTotals sums the correlator's statistics over live and forgotten
+// processes.
+func (p *pipeline) corrTotals() correlate.RankStats {
+	t := p.retired
+	for _, st := range p.corr.Stats() {
+		addRankStats(&t, st)
+	}
+	return t
 }
 
 // forget tells the pipeline that a process exited.
@@ -105,7 +132,7 @@ func (p *pipeline) tick(now int64) {
 	p.corr.Advance(now)
 	steps, topos := p.corr.Drain()
 	p.deliver(steps, topos)
-	p.verdicts = append(p.verdicts, p.det.Advance(now)...)
+	p.verdicts = append(p.verdicts, p.advance(now)...)
 	p.settle(now)
 }
 
@@ -113,28 +140,31 @@ func (p *pipeline) tick(now int64) {
 func (p *pipeline) flush(now int64) {
 	steps, topos := p.corr.Flush()
 	p.deliver(steps, topos)
-	p.verdicts = append(p.verdicts, p.det.Flush()...)
+	p.verdicts = append(p.verdicts, p.flushDetectors()...)
 	p.settle(now)
 }
 
 func (p *pipeline) deliver(steps []detector.Step, topos []detector.Topology) {
 	for _, t := range topos {
-		if err := p.det.AddTopology(t); err != nil {
+		if err := p.addTopology(t); err != nil {
+			p.count("topologies_rejected")
 			p.log.Warn("topology rejected", "job", t.Job, "err", err)
 			continue
 		}
+		p.count("topology_versions")
 		for _, s := range p.sinks {
 			s.Topology(t)
 		}
 	}
 	for _, st := range steps {
-		vs, err := p.det.AddStep(st)
+		vs, err := p.addStep(st)
 		if err != nil {
+			p.count("steps_rejected")
 			p.log.Warn("step rejected", "job", st.Job, "rank", st.Rank, "step", st.Step, "err", err)
 			continue
 		}
 		p.verdicts = append(p.verdicts, vs...)
-		win, _ := p.det.WindowOf(st.Job, st.EndNS)
+		win, _ := p.windowOf(st.Job, st.EndNS)
 		for _, s := range p.sinks {
 			s.Step(st, win)
 		}
@@ -153,7 +183,7 @@ func (p *pipeline) deliver(steps []detector.Step, topos []detector.Topology) {
 // settle hands every window settled since the last call to the sinks with its
 // verdicts, and escalates device collection on suspicion.
 func (p *pipeline) settle(now int64) {
-	windows := p.det.TakeSettled()
+	windows := p.takeSettled()
 	if len(windows) == 0 {
 		return
 	}

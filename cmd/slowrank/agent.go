@@ -30,7 +30,9 @@ func agentCommand() *cli.Command {
 			"map, steers the CUPTI injection library's duty cycle under an overhead budget,\n" +
 			"cuts steps and phases, judges ranks and exports OpenTelemetry spans and metrics\n" +
 			"per the standard OTEL_* variables. SIGINT/SIGTERM stop it after the last window\n" +
-			"is settled and exported. Needs CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE (or root).",
+			"is settled and exported. Needs root, or CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_SYS_ADMIN\n" +
+			"(uprobes on Linux 6.16+), CAP_DAC_READ_SEARCH and CAP_DAC_OVERRIDE (processes of other\n" +
+			"users); it refuses to start without a required one and drops all others at start.",
 		Flags: append([]cli.Flag{
 			&cli.IntSliceFlag{Name: "pid", Usage: "watch this process (repeatable); it must exist", EnvVars: []string{"SLOWRANK_PID"}},
 			&cli.StringFlag{Name: "match", Usage: "watch processes whose executable, comm or command line matches this regexp", EnvVars: []string{"SLOWRANK_MATCH"}},
@@ -41,14 +43,15 @@ func agentCommand() *cli.Command {
 			&cli.StringFlag{Name: "job", Usage: "job id (default: from the processes' environment, e.g. TORCHELASTIC_RUN_ID)", EnvVars: []string{"SLOWRANK_JOB"}},
 			&cli.Float64Flag{Name: "overhead-budget", Value: agent.DefaultDutyConfig().Budget, Usage: "overhead that device-record collection may add, as a fraction of step time", EnvVars: []string{"SLOWRANK_OVERHEAD_BUDGET"}},
 			&cli.BoolFlag{Name: "device-collection", Value: true, Usage: "steer the injection library's duty cycle (off: leave its default)", EnvVars: []string{"SLOWRANK_DEVICE_COLLECTION"}},
-			&cli.BoolFlag{Name: "probe-torch", Value: true, Usage: "attach torch c10d probes (needed for gloo)", EnvVars: []string{"SLOWRANK_PROBE_TORCH"}},
+			&cli.StringFlag{Name: "step-marker", Usage: "end a step at every return of this synchronisation call (e.g. cudaDeviceSynchronize) instead of detecting steps from the collective period", EnvVars: []string{"SLOWRANK_STEP_MARKER"}},
+			&cli.BoolFlag{Name: "probe-torch", Usage: "attach torch c10d probes: needed for gloo jobs (blocking coll_wait); NCCL jobs are seen through libnccl", EnvVars: []string{"SLOWRANK_PROBE_TORCH"}},
 			&cli.StringFlag{Name: "otel", Value: "auto", Usage: "OpenTelemetry export: auto (on when OTEL_EXPORTER_OTLP_ENDPOINT is set), on, off, stdout", EnvVars: []string{"SLOWRANK_OTEL"}},
 			&cli.IntFlag{Name: "sample-every", Value: 20, Usage: "export every rank's span of one step in N as a baseline (anomalous windows: all)", EnvVars: []string{"SLOWRANK_SAMPLE_EVERY"}},
 			&cli.BoolFlag{Name: "live", Usage: "print a live per-rank table to stdout", EnvVars: []string{"SLOWRANK_LIVE"}},
 			&cli.DurationFlag{Name: "live-interval", Value: time.Second, Usage: "refresh period of the live table", EnvVars: []string{"SLOWRANK_LIVE_INTERVAL"}},
 			&cli.DurationFlag{Name: "duration", Usage: "stop after this long (0: until SIGINT/SIGTERM)", EnvVars: []string{"SLOWRANK_DURATION"}},
 			&cli.IntFlag{Name: "ringbuf-size", Value: 8 << 20, Usage: "BPF ring buffer bytes (power of two)", EnvVars: []string{"SLOWRANK_RINGBUF_SIZE"}},
-		}, detectorFlags()...),
+		}, append(append(append(reliabilityFlags(), aggregatorFlags()...), statusServerFlags()...), detectorFlags()...)...),
 		Action: runAgent,
 	}
 }
@@ -79,6 +82,7 @@ func agentConfig(c *cli.Context) (agent.Config, error) {
 	}
 	cfg.DeviceCollection = c.Bool("device-collection")
 	cfg.ProbeTorch = c.Bool("probe-torch")
+	cfg.StepMarker = c.String("step-marker")
 	cfg.RingBufferSize = c.Int("ringbuf-size")
 	return cfg, nil
 }
@@ -88,15 +92,33 @@ func runAgent(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := checkStatusServerFlags(c); err != nil {
+		return err
+	}
+	if err := reliabilityConfig(c, &cfg); err != nil {
+		return err
+	}
 	log := slog.Default()
 	cfg.Logger = log
+	if err := secureAgent(c, &cfg, log); err != nil { // config.go: capabilities, epoch
+		return err
+	}
 	sinks, closeSinks, err := openSinks(c, cfg)
 	if err != nil {
 		return err
 	}
 	cfg.Sinks = sinks.list()
+	fwd, err := openForwarder(c, cfg.HostName)
+	if err != nil {
+		closeSinks(context.Background(), nil)
+		return err
+	}
+	if fwd != nil {
+		cfg.Sinks = append(cfg.Sinks, fwd)
+	}
 	a, err := agent.New(cfg)
 	if err != nil {
+		closeForwarder(context.Background(), fwd)
 		closeSinks(context.Background(), nil)
 		return agentStartError(err)
 	}
@@ -104,6 +126,8 @@ func runAgent(c *cli.Context) error {
 	if sinks.otel != nil {
 		sinks.counters.set(a.Counters)
 	}
+	closeStatus := startStatusServer(c, a, sinks) // status.go: local endpoint
+	defer closeStatus()
 
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -125,9 +149,11 @@ func runAgent(c *cli.Context) error {
 	}
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	closeForwarder(shutdownCtx, fwd)
 	if err := closeSinks(shutdownCtx, summaries); err != nil {
 		log.Warn("closing outputs", "err", err)
 	}
+	logCounters(log, a.Counters(), cfg.Sinks) // config.go: every loss, in one line
 	for _, s := range summaries {
 		log.Info("summary", "job", s.Job, "stragglers", s.Stragglers, "windows", s.Windows, "facts", s.Facts)
 	}

@@ -58,6 +58,11 @@ func newApp() *cli.App {
 			agentCommand(),
 			replayCommand(),
 			simulateCommand(),
+			aggregateCommand(),
+			doctorCommand(),
+			statusCommand(),
+			topCommand(),
+			controlCommand(),
 		},
 		// main prints errors and picks the exit code; never exit inside Run.
 		ExitErrHandler: func(*cli.Context, error) {},
@@ -65,6 +70,9 @@ func newApp() *cli.App {
 	}
 	for _, c := range app.Commands {
 		c.OnUsageError = usageError
+		if configurable[c.Name] {
+			withConfigFile(c) // config.go
+		}
 	}
 	return app
 }

@@ -1,0 +1,679 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/slowrank/slowrank/cupti"
+	"github.com/slowrank/slowrank/detector"
+)
+
+// Runtime control of a running agent, without a restart: pause and resume
+// collection, change the detector's window, threshold, floor and
+// consecutive count, change the duty cycle of device collection. Each change
+// runs on the agent's main goroutine (a.do), where the attacher, the
+// pipeline and the duty controller live; the state below is touched by
+// nothing else.
+
+// Errors of Control. ErrInvalidControl wraps every rejected request.
+var (
+	ErrInvalidControl = errors.New("invalid control request")
+	// ErrSwapInProgress: the previous detector change has not settled its
+	// last window yet (at most one window plus the lateness allowance).
+	ErrSwapInProgress = errors.New("a detector change is still settling its last window; retry shortly")
+	// ErrNoDeviceCollection: duty-cycle changes need device collection
+	// (Config.DeviceCollection).
+	ErrNoDeviceCollection = errors.New("device collection is off: the duty cycle is not steered by this agent")
+)
+
+// Control actions.
+const (
+	ActionPause  = "pause"
+	ActionResume = "resume"
+	ActionSet    = "set"
+)
+
+// Duration is a time.Duration written in JSON as a Go duration string
+// ("5s", "250ms").
+type Duration time.Duration
+
+// MarshalText writes the duration as "5s".
+func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
+
+// UnmarshalText reads a Go duration string.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return fmt.Errorf("duration %q: want a Go duration such as \"5s\"", b)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// UnmarshalJSON accepts only strings, so that a bare number is not
+// silently taken as nanoseconds.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("duration %s: want a string such as \"5s\"", b)
+	}
+	return d.UnmarshalText([]byte(s))
+}
+
+// ControlRequest is the body of POST /control. Fields other than Action
+// apply to "set" only; absent fields are left as they are.
+type ControlRequest struct {
+	Action string `json:"action"`
+	// Detector settings (DESIGN.md section 4). A change starts a new
+	// detector at the next window boundary: see SetDetector.
+	Window      *Duration `json:"window,omitempty"`
+	Threshold   *float64  `json:"threshold,omitempty"`
+	Floor       *Duration `json:"floor,omitempty"`
+	Consecutive *int      `json:"consecutive,omitempty"`
+	// Duty cycle of device collection. DutyShare pins the on-share of each
+	// period (0 < share <= 1), DutyAuto returns it to the budget, DutyBudget
+	// changes the overhead budget (0 < budget < 1), DutyPeriod the period.
+	DutyBudget *float64  `json:"duty_budget,omitempty"`
+	DutyShare  *float64  `json:"duty_share,omitempty"`
+	DutyAuto   bool      `json:"duty_auto,omitempty"`
+	DutyPeriod *Duration `json:"duty_period,omitempty"`
+}
+
+func (r ControlRequest) hasDetector() bool {
+	return r.Window != nil || r.Threshold != nil || r.Floor != nil || r.Consecutive != nil
+}
+
+func (r ControlRequest) hasDuty() bool {
+	return r.DutyBudget != nil || r.DutyShare != nil || r.DutyAuto || r.DutyPeriod != nil
+}
+
+// Validate checks the request without an agent: known action, settings
+// only with "set", values in range.
+func (r ControlRequest) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidControl, fmt.Sprintf(format, args...))
+	}
+	switch r.Action {
+	case ActionPause, ActionResume:
+		if r.hasDetector() || r.hasDuty() {
+			return bad("%q takes no settings; use \"set\"", r.Action)
+		}
+		return nil
+	case ActionSet:
+	case "":
+		return bad("action is missing (pause, resume or set)")
+	default:
+		return bad("unknown action %q (pause, resume or set)", r.Action)
+	}
+	if !r.hasDetector() && !r.hasDuty() {
+		return bad("\"set\" needs at least one of window, threshold, floor, consecutive, duty_budget, duty_share, duty_auto, duty_period")
+	}
+	if r.Window != nil && *r.Window <= 0 {
+		return bad("window must be positive, got %s", time.Duration(*r.Window))
+	}
+	if r.Threshold != nil && (!(*r.Threshold > 0) || *r.Threshold > 100) {
+		return bad("threshold must be in (0, 100], got %g", *r.Threshold)
+	}
+	if r.Floor != nil && *r.Floor < 0 {
+		return bad("floor must not be negative, got %s", time.Duration(*r.Floor))
+	}
+	if r.Consecutive != nil && *r.Consecutive < 1 {
+		return bad("consecutive must be at least 1, got %d", *r.Consecutive)
+	}
+	if r.DutyBudget != nil && !(*r.DutyBudget > 0 && *r.DutyBudget < 1) {
+		return bad("duty_budget must be in (0, 1), got %g", *r.DutyBudget)
+	}
+	if r.DutyShare != nil && !(*r.DutyShare > 0 && *r.DutyShare <= 1) {
+		return bad("duty_share must be in (0, 1], got %g", *r.DutyShare)
+	}
+	if r.DutyShare != nil && r.DutyAuto {
+		return bad("duty_share and duty_auto exclude each other")
+	}
+	if r.DutyPeriod != nil && time.Duration(*r.DutyPeriod) < 100*time.Millisecond {
+		return bad("duty_period must be at least 100ms, got %s", time.Duration(*r.DutyPeriod))
+	}
+	return nil
+}
+
+// ControlState is what runtime control has made of the agent.
+type ControlState struct {
+	Paused bool `json:"paused"`
+	// PausedFor is how long collection has been paused.
+	PausedFor Duration         `json:"paused_for,omitempty"`
+	Detector  DetectorSettings `json:"detector"`
+	// DetectorSwaps counts detector changes; SwapSettling is true while the
+	// previous detector still settles its last window.
+	DetectorSwaps int64 `json:"detector_swaps"`
+	SwapSettling  bool  `json:"detector_swap_settling"`
+	// Duty is nil without device collection.
+	Duty *DutySettings `json:"duty,omitempty"`
+	// Records and Facts count what the correlator and the detector saw
+	// late or twice (summed over ranks and jobs).
+	Records RecordCounts `json:"records"`
+	Facts   FactCounts   `json:"facts"`
+}
+
+// DetectorSettings are the detector settings that can change at run time.
+type DetectorSettings struct {
+	Window      Duration `json:"window"`
+	Threshold   float64  `json:"threshold"`
+	Floor       Duration `json:"floor"`
+	Consecutive int      `json:"consecutive"`
+	Lateness    Duration `json:"lateness"`
+}
+
+// DutySettings are the duty-cycle settings.
+type DutySettings struct {
+	Budget float64  `json:"budget"`
+	Period Duration `json:"period"`
+	// PinnedShare is the on-share set with duty_share (0: steered by the
+	// budget).
+	PinnedShare float64 `json:"pinned_share,omitempty"`
+	MinShare    float64 `json:"min_share"`
+	MaxShare    float64 `json:"max_share"`
+}
+
+// RecordCounts are the correlator's loss counters.
+type RecordCounts struct {
+	Late          uint64 `json:"late"`
+	Duplicate     uint64 `json:"duplicate"`
+	DroppedHost   uint64 `json:"dropped_host"`
+	DroppedDevice uint64 `json:"dropped_device"`
+}
+
+// FactCounts are the detector's counters over all jobs.
+type FactCounts struct {
+	Late       int64 `json:"late"`
+	Duplicates int64 `json:"duplicates"`
+	Evicted    int64 `json:"evicted"`
+	// LateAfterSwap counts steps that ended before a detector change's
+	// boundary but arrived after the old detector had settled.
+	LateAfterSwap int64 `json:"late_after_swap"`
+}
+
+// controlState is the agent's runtime-control state (main goroutine only).
+type controlState struct {
+	paused   bool
+	pausedAt time.Time
+	// pinned is the on-share pinned by duty_share (0: none); minShare and
+	// maxShare are the bounds it replaced.
+	pinned             float64
+	minShare, maxShare float64
+}
+
+// Control validates req and applies it on the agent's main goroutine. It
+// returns the resulting state. Errors: ErrInvalidControl (bad request),
+// ErrSwapInProgress, ErrNoDeviceCollection, or ctx's error when the agent
+// does not answer (not running, stopping).
+func (a *Agent) Control(ctx context.Context, req ControlRequest) (ControlState, error) {
+	if err := req.Validate(); err != nil {
+		return ControlState{}, err
+	}
+	var (
+		st  ControlState
+		err error
+	)
+	if derr := a.do(ctx, func() {
+		switch req.Action {
+		case ActionPause:
+			a.pause()
+		case ActionResume:
+			a.resume()
+		case ActionSet:
+			err = a.set(req)
+		}
+		st = a.controlState()
+	}); derr != nil {
+		return ControlState{}, fmt.Errorf("agent not answering: %w", derr)
+	}
+	return st, err
+}
+
+// Pause stops collection without detaching: every training process is
+// removed from the BPF filter (its events are no longer recorded) and the
+// injection libraries' duty cycle is set to off. Processes found while
+// paused are not tracked until Resume.
+func (a *Agent) Pause(ctx context.Context) error {
+	_, err := a.Control(ctx, ControlRequest{Action: ActionPause})
+	return err
+}
+
+// Resume undoes Pause: processes are tracked again and the duty cycle is
+// re-applied.
+func (a *Agent) Resume(ctx context.Context) error {
+	_, err := a.Control(ctx, ControlRequest{Action: ActionResume})
+	return err
+}
+
+// ControlState returns the runtime-control state and the loss counters.
+func (a *Agent) ControlState(ctx context.Context) (ControlState, error) {
+	var st ControlState
+	if err := a.do(ctx, func() { st = a.controlState() }); err != nil {
+		return ControlState{}, fmt.Errorf("agent not answering: %w", err)
+	}
+	return st, nil
+}
+
+func (a *Agent) pause() {
+	if a.control.paused {
+		return
+	}
+	a.control.paused, a.control.pausedAt = true, time.Now()
+	off := cupti.Duty{Mode: cupti.DutyOff}
+	for _, pe := range a.att.procs {
+		if err := a.probes.Untrack(uint32(pe.proc.PID)); err != nil {
+			a.counters.add("untrack_errors", 1)
+			a.log.Warn("pause: untrack process", "pid", pe.proc.PID, "err", err)
+		}
+		if pe.inject == nil {
+			continue
+		}
+		if err := a.att.writeDuty(pe, off); err != nil {
+			a.counters.add("duty_write_errors", 1)
+			a.log.Debug("pause: write duty cycle", "pid", pe.proc.PID, "err", err)
+			continue
+		}
+		pe.lastDuty, pe.dutyValid = off, true
+	}
+	a.counters.add("control_pauses", 1)
+	a.log.Info("collection paused", "processes", len(a.att.procs))
+}
+
+func (a *Agent) resume() {
+	if !a.control.paused {
+		return
+	}
+	pausedFor := time.Since(a.control.pausedAt)
+	a.control.paused = false
+	for _, pe := range a.att.procs {
+		if err := a.probes.Track(uint32(pe.proc.PID), uint32(pe.rank)); err != nil {
+			a.counters.add("track_errors", 1)
+			a.log.Warn("resume: track process", "pid", pe.proc.PID, "err", err)
+		}
+		pe.dutyValid = false // re-apply whatever the plan says
+	}
+	if a.duty != nil {
+		a.applyPlan()
+	} else {
+		// Without duty steering the library's own default applies.
+		for _, pe := range a.att.procs {
+			if pe.inject == nil {
+				continue
+			}
+			if err := a.att.writeDuty(pe, cupti.DefaultDuty); err != nil {
+				a.counters.add("duty_write_errors", 1)
+				continue
+			}
+			pe.lastDuty, pe.dutyValid = cupti.DefaultDuty, true
+		}
+	}
+	a.counters.add("control_resumes", 1)
+	a.log.Info("collection resumed", "processes", len(a.att.procs), "paused_for", pausedFor.Round(time.Second))
+}
+
+// applyPlan plans the duty cycle now and applies it (as Run does every
+// second), unless collection is paused.
+func (a *Agent) applyPlan() {
+	if a.duty == nil || a.control.paused {
+		return
+	}
+	plan := a.duty.Plan(monotonicNow())
+	a.att.applyDuty(plan)
+	a.planMu.Lock()
+	a.plan = &plan
+	a.planMu.Unlock()
+}
+
+// set applies the settings of a "set" request: all or nothing.
+func (a *Agent) set(req ControlRequest) error {
+	if req.hasDuty() && a.duty == nil {
+		return ErrNoDeviceCollection
+	}
+	var newDet *detector.Config
+	if req.hasDetector() {
+		if a.pipe.swap.old != nil {
+			return ErrSwapInProgress
+		}
+		cfg := a.pipe.det.Config()
+		if req.Window != nil {
+			cfg.Window = time.Duration(*req.Window)
+		}
+		if req.Threshold != nil {
+			cfg.Threshold = *req.Threshold
+		}
+		if req.Floor != nil {
+			cfg.Floor = time.Duration(*req.Floor)
+		}
+		if req.Consecutive != nil {
+			cfg.Consecutive = *req.Consecutive
+		}
+		if err := cfg.Validate(); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidControl, err)
+		}
+		newDet = &cfg
+	}
+	if newDet != nil {
+		old := a.pipe.det.Config()
+		if err := a.pipe.swapDetector(*newDet, monotonicNow()); err != nil {
+			return err
+		}
+		a.counters.add("detector_swaps", 1)
+		a.log.Info("detector settings change at the next window boundary",
+			"window", fmt.Sprintf("%s -> %s", old.Window, newDet.Window),
+			"threshold", fmt.Sprintf("%g -> %g", old.Threshold, newDet.Threshold),
+			"floor", fmt.Sprintf("%s -> %s", old.Floor, newDet.Floor),
+			"consecutive", fmt.Sprintf("%d -> %d", old.Consecutive, newDet.Consecutive))
+	}
+	if req.hasDuty() {
+		a.setDuty(req)
+	}
+	if newDet != nil && a.duty != nil && a.duty.cfg.Period > newDet.Window {
+		// As at start: every window needs some covered steps.
+		a.duty.cfg.Period = newDet.Window
+	}
+	a.applyPlan()
+	return nil
+}
+
+func (a *Agent) setDuty(req ControlRequest) {
+	d := &a.duty.cfg
+	before := *d
+	if req.DutyBudget != nil {
+		d.Budget = *req.DutyBudget
+	}
+	if req.DutyPeriod != nil {
+		d.Period = time.Duration(*req.DutyPeriod).Round(time.Millisecond)
+	}
+	if req.DutyShare != nil {
+		if a.control.pinned == 0 {
+			a.control.minShare, a.control.maxShare = d.MinShare, d.MaxShare
+		}
+		a.control.pinned = *req.DutyShare
+		d.MinShare, d.MaxShare = *req.DutyShare, *req.DutyShare
+	}
+	if req.DutyAuto && a.control.pinned != 0 {
+		d.MinShare, d.MaxShare = a.control.minShare, a.control.maxShare
+		a.control.pinned = 0
+	}
+	a.counters.add("duty_changes", 1)
+	a.log.Info("duty cycle changed", "budget", fmt.Sprintf("%g -> %g", before.Budget, d.Budget),
+		"period", fmt.Sprintf("%s -> %s", before.Period, d.Period), "pinned_share", a.control.pinned)
+}
+
+// controlState snapshots the state (main goroutine).
+func (a *Agent) controlState() ControlState {
+	cfg := a.pipe.det.Config()
+	st := ControlState{
+		Paused: a.control.paused,
+		Detector: DetectorSettings{
+			Window: Duration(cfg.Window), Threshold: cfg.Threshold, Floor: Duration(cfg.Floor),
+			Consecutive: cfg.Consecutive, Lateness: Duration(cfg.Lateness),
+		},
+		DetectorSwaps: a.pipe.swap.swaps,
+		SwapSettling:  a.pipe.swap.old != nil,
+	}
+	if st.Paused {
+		st.PausedFor = Duration(time.Since(a.control.pausedAt).Round(time.Millisecond))
+	}
+	if a.duty != nil {
+		d := a.duty.cfg
+		st.Duty = &DutySettings{Budget: d.Budget, Period: Duration(d.Period), PinnedShare: a.control.pinned, MinShare: d.MinShare, MaxShare: d.MaxShare}
+	}
+	for _, rs := range a.pipe.corr.Stats() {
+		st.Records.Late += rs.Late
+		st.Records.Duplicate += rs.Duplicate
+		st.Records.DroppedHost += rs.DroppedHost
+		st.Records.DroppedDevice += rs.DroppedDevice
+	}
+	for _, s := range a.pipe.summaries() {
+		st.Facts.Late += s.Late
+		st.Facts.Duplicates += s.Duplicates
+		st.Facts.Evicted += s.Evicted
+	}
+	st.Facts.LateAfterSwap = a.pipe.swap.lateAfterSwap
+	return st
+}
+
+// detectorSwap is the pipeline's state for detector changes at run time
+// (pipeline goroutine only).
+//
+// The detector's configuration is fixed at detector.New, so a change makes a
+// new detector. It takes over at the next window boundary of each job: steps
+// ending before the boundary still go to the old detector, which settles its
+// last window as usual (window end plus lateness) and is then retired; steps
+// ending at or after it go to the new one. The new detector's origin is
+// chosen so that window indices continue where the old ones stop, so sinks
+// see one increasing sequence of windows per job. Evidence starts afresh:
+// candidate streaks and active alerts are re-established under the new
+// settings (an alert needs `consecutive` slow windows again).
+type detectorSwap struct {
+	old *detector.Detector // draining; nil when no change is settling
+	// bound is, per job, the first event time handled by the current
+	// detector (kept after the old one retired, to drop stragglers).
+	bound    map[string]int64
+	retireAt int64
+	// topos keeps the last topology versions per job, for a new detector.
+	topos map[string][]detector.Topology
+	// settled are windows of a retired detector not yet taken.
+	settled []detector.SettledWindow
+	// retired are the summaries of retired detectors, per job.
+	retired       map[string]detector.Summary
+	retiredOrder  []string
+	swaps         int64
+	lateAfterSwap int64
+}
+
+// keptTopologyVersions bounds the topology versions kept per job for a
+// detector change.
+const keptTopologyVersions = 8
+
+// addTopology hands a topology to the detector(s) and remembers it.
+func (p *pipeline) addTopology(t detector.Topology) error {
+	if err := p.det.AddTopology(t); err != nil {
+		return err
+	}
+	if p.swap.old != nil {
+		p.swap.old.AddTopology(t)
+	}
+	if p.swap.topos == nil {
+		p.swap.topos = map[string][]detector.Topology{}
+	}
+	ts := p.swap.topos[t.Job]
+	ts = slices.DeleteFunc(ts, func(o detector.Topology) bool { return o.Version == t.Version })
+	ts = append(ts, t)
+	if len(ts) > keptTopologyVersions {
+		ts = ts[len(ts)-keptTopologyVersions:]
+	}
+	p.swap.topos[t.Job] = ts
+	return nil
+}
+
+// route returns the detector that owns a step of job ending at endNS, or
+// nil when the step is too late for any (it ended before a change's
+// boundary and the old detector has retired).
+func (p *pipeline) route(job string, endNS int64) *detector.Detector {
+	b, ok := p.swap.bound[job]
+	if !ok || endNS >= b {
+		return p.det
+	}
+	return p.swap.old
+}
+
+// addStep hands a step to the detector that owns it.
+func (p *pipeline) addStep(s detector.Step) ([]detector.Verdict, error) {
+	d := p.route(s.Job, s.EndNS)
+	if d == nil {
+		p.swap.lateAfterSwap++
+		return nil, nil
+	}
+	return d.AddStep(s)
+}
+
+// windowOf is detector.WindowOf of the detector that owns the step.
+func (p *pipeline) windowOf(job string, endNS int64) (int64, bool) {
+	d := p.route(job, endNS)
+	if d == nil {
+		d = p.det
+	}
+	return d.WindowOf(job, endNS)
+}
+
+// advance moves event time of both detectors and retires the old one once
+// its last window is settled.
+func (p *pipeline) advance(now int64) []detector.Verdict {
+	var out []detector.Verdict
+	if p.swap.old != nil {
+		out = append(out, p.swap.old.Advance(now)...)
+		if now >= p.swap.retireAt {
+			out = append(out, p.retireOld()...)
+		}
+	}
+	return append(out, p.det.Advance(now)...)
+}
+
+// flushDetectors settles everything (on stop).
+func (p *pipeline) flushDetectors() []detector.Verdict {
+	var out []detector.Verdict
+	if p.swap.old != nil {
+		out = append(out, p.retireOld()...)
+	}
+	return append(out, p.det.Flush()...)
+}
+
+// takeSettled returns the settled windows, the old detector's first.
+func (p *pipeline) takeSettled() []detector.SettledWindow {
+	s := p.swap.settled
+	p.swap.settled = nil
+	if p.swap.old != nil {
+		s = append(s, p.swap.old.TakeSettled()...)
+	}
+	return append(s, p.det.TakeSettled()...)
+}
+
+// summaries merges the current detector's summaries with those of retired
+// ones: counters add up, the state (stragglers, worst rank) is the current
+// detector's, or the retired one's for a job the current one never saw.
+func (p *pipeline) summaries() []detector.Summary {
+	cur := p.det.Summaries()
+	if len(p.swap.retired) == 0 {
+		return cur
+	}
+	seen := map[string]bool{}
+	var out []detector.Summary
+	for _, s := range cur {
+		seen[s.Job] = true
+		if r, ok := p.swap.retired[s.Job]; ok {
+			if s.Facts == 0 && s.Windows == 0 {
+				s.Stragglers, s.WorstRank, s.WorstPhase, s.WorstState, s.WorstDeviation = r.Stragglers, r.WorstRank, r.WorstPhase, r.WorstState, r.WorstDeviation
+			}
+			addSummary(&s, r)
+		}
+		out = append(out, s)
+	}
+	for _, job := range p.swap.retiredOrder {
+		if !seen[job] {
+			out = append(out, p.swap.retired[job])
+		}
+	}
+	return out
+}
+
+func addSummary(s *detector.Summary, r detector.Summary) {
+	s.Windows += r.Windows
+	s.Facts += r.Facts
+	s.Verdicts += r.Verdicts
+	s.Alerts += r.Alerts
+	s.Late += r.Late
+	s.Duplicates += r.Duplicates
+	s.Evicted += r.Evicted
+	s.RejectedRanks += r.RejectedRanks
+}
+
+// retireOld settles whatever the old detector still holds, keeps its
+// settled windows and counters, and drops it.
+func (p *pipeline) retireOld() []detector.Verdict {
+	old := p.swap.old
+	vs := old.Flush()
+	p.swap.settled = append(p.swap.settled, old.TakeSettled()...)
+	if p.swap.retired == nil {
+		p.swap.retired = map[string]detector.Summary{}
+	}
+	for _, s := range old.Summaries() {
+		if r, ok := p.swap.retired[s.Job]; ok {
+			addSummary(&s, r)
+		} else {
+			p.swap.retiredOrder = append(p.swap.retiredOrder, s.Job)
+		}
+		p.swap.retired[s.Job] = s
+	}
+	p.swap.old = nil
+	// Alerts are re-established by the new detector; forget the old ones
+	// so that their transitions are logged again.
+	clear(p.alerts)
+	p.log.Info("detector change in effect: the previous detector settled its last window", "window", p.det.Config().Window)
+	return vs
+}
+
+// swapDetector starts a detector with cfg that takes over each job at its
+// next window boundary after now. It fails while a previous change is
+// settling.
+func (p *pipeline) swapDetector(cfg detector.Config, now int64) error {
+	if p.swap.old != nil {
+		return ErrSwapInProgress
+	}
+	nd, err := detector.New(cfg)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidControl, err)
+	}
+	old := p.det
+	bound := map[string]int64{}
+	retireAt := int64(math.MinInt64)
+	for _, s := range old.Summaries() {
+		k, ok := old.WindowOf(s.Job, now)
+		if !ok {
+			continue // no origin yet: the new detector picks its own
+		}
+		b := nextWindowStart(old, s.Job, now, k)
+		bound[s.Job] = b
+		// Indices continue: the window starting at b keeps index k+1.
+		nd.SetOrigin(s.Job, b-(k+1)*int64(cfg.Window))
+		retireAt = max(retireAt, b+int64(old.Config().Lateness))
+	}
+	for _, ts := range p.swap.topos {
+		for _, t := range ts {
+			nd.AddTopology(t)
+		}
+	}
+	p.det = nd
+	p.swap.bound = bound
+	p.swap.swaps++
+	if len(bound) == 0 {
+		// Nothing to drain: the old detector had no job with an origin.
+		p.swap.settled = append(p.swap.settled, old.TakeSettled()...)
+		return nil
+	}
+	p.swap.old, p.swap.retireAt = old, retireAt
+	return nil
+}
+
+// nextWindowStart returns the start of window k+1 of job in d, where k is
+// the window of now: the smallest t > now whose window is k+1. The
+// detector keeps its origin to itself, so this searches WindowOf (monotone
+// in t) over (now, now+window]: at most 64 steps.
+func nextWindowStart(d *detector.Detector, job string, now, k int64) int64 {
+	lo, hi := now, now+int64(d.Config().Window) // WindowOf(lo) == k, WindowOf(hi) == k+1
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		if w, _ := d.WindowOf(job, mid); w > k {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	return hi
+}

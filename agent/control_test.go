@@ -1,0 +1,244 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/slowrank/slowrank/correlate"
+	"github.com/slowrank/slowrank/detector"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+func TestControlRequestValidate(t *testing.T) {
+	d := func(s string) *Duration { v, _ := time.ParseDuration(s); return ptr(Duration(v)) }
+	tests := []struct {
+		name string
+		req  ControlRequest
+		want string // "" for valid
+	}{
+		{"pause", ControlRequest{Action: "pause"}, ""},
+		{"resume", ControlRequest{Action: "resume"}, ""},
+		{"set window", ControlRequest{Action: "set", Window: d("2s")}, ""},
+		{"set all", ControlRequest{Action: "set", Window: d("2s"), Threshold: ptr(0.1), Floor: d("2ms"), Consecutive: ptr(2),
+			DutyBudget: ptr(0.002), DutyShare: ptr(0.5), DutyPeriod: d("5s")}, ""},
+		{"duty auto", ControlRequest{Action: "set", DutyAuto: true}, ""},
+		{"no action", ControlRequest{}, "action is missing"},
+		{"unknown action", ControlRequest{Action: "stop"}, "unknown action"},
+		{"pause with settings", ControlRequest{Action: "pause", Window: d("1s")}, "takes no settings"},
+		{"empty set", ControlRequest{Action: "set"}, "needs at least one"},
+		{"zero window", ControlRequest{Action: "set", Window: d("0s")}, "window must be positive"},
+		{"negative threshold", ControlRequest{Action: "set", Threshold: ptr(-0.1)}, "threshold"},
+		{"negative floor", ControlRequest{Action: "set", Floor: d("-1ms")}, "floor"},
+		{"zero consecutive", ControlRequest{Action: "set", Consecutive: ptr(0)}, "consecutive"},
+		{"budget 1", ControlRequest{Action: "set", DutyBudget: ptr(1.0)}, "duty_budget"},
+		{"share 0", ControlRequest{Action: "set", DutyShare: ptr(0.0)}, "duty_share"},
+		{"share and auto", ControlRequest{Action: "set", DutyShare: ptr(0.5), DutyAuto: true}, "exclude"},
+		{"short period", ControlRequest{Action: "set", DutyPeriod: d("10ms")}, "duty_period"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.req.Validate()
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("unexpected error: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.want) || !errors.Is(err, ErrInvalidControl) {
+				t.Fatalf("error %v, want one containing %q wrapping ErrInvalidControl", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestControlRequestJSON(t *testing.T) {
+	var r ControlRequest
+	if err := json.Unmarshal([]byte(`{"action":"set","window":"2.5s","floor":"500us","threshold":0.1}`), &r); err != nil {
+		t.Fatal(err)
+	}
+	if time.Duration(*r.Window) != 2500*time.Millisecond || time.Duration(*r.Floor) != 500*time.Microsecond || *r.Threshold != 0.1 {
+		t.Fatalf("decoded %+v", r)
+	}
+	for _, bad := range []string{`{"window":5}`, `{"window":"5 parsecs"}`} {
+		if err := json.Unmarshal([]byte(bad), &r); err == nil {
+			t.Errorf("%s: accepted", bad)
+		}
+	}
+	b, _ := json.Marshal(DetectorSettings{Window: Duration(5 * time.Second), Floor: Duration(time.Millisecond)})
+	if !strings.Contains(string(b), `"window":"5s"`) || !strings.Contains(string(b), `"floor":"1ms"`) {
+		t.Fatalf("encoded %s", b)
+	}
+}
+
+// settleSink records what the pipeline hands to sinks.
+type settleSink struct {
+	windows  []detector.SettledWindow
+	verdicts []detector.Verdict
+	steps    int
+	stepWins map[int64]int
+}
+
+func (s *settleSink) Topology(detector.Topology) {}
+func (s *settleSink) Step(_ detector.Step, win int64) {
+	s.steps++
+	if s.stepWins == nil {
+		s.stepWins = map[int64]int{}
+	}
+	s.stepWins[win]++
+}
+func (s *settleSink) Settled(w detector.SettledWindow, vs []detector.Verdict) {
+	s.windows = append(s.windows, w)
+	s.verdicts = append(s.verdicts, vs...)
+}
+
+// TestPipelineDetectorSwap changes the window from 1 s to 2 s in the middle
+// of a job: windows stay contiguous with increasing indices, the old
+// detector settles its last window and retires, the new settings judge
+// what follows, and no step is lost.
+func TestPipelineDetectorSwap(t *testing.T) {
+	cfg := detector.DefaultConfig()
+	cfg.Window = time.Second
+	cfg.Lateness = 200 * time.Millisecond
+	cfg.Consecutive = 2
+	det, err := detector.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := &settleSink{}
+	p := newPipeline(slog.New(slog.DiscardHandler), correlate.New(correlate.Config{}), det, nil, []Sink{sink})
+	p.deliver(nil, []detector.Topology{{Kind: detector.KindTopology, Job: "j", Version: 1,
+		Groups: []detector.Group{{ID: "dp0", Type: "dp", Ranks: []int{0, 1, 2, 3}}}}})
+
+	const (
+		base   = int64(1_000_000_000_000)
+		stepNS = int64(100 * time.Millisecond)
+		steps  = 120 // 12 s
+	)
+	delivered := 0
+	var swapAt int64
+	for i := int64(1); i <= steps; i++ {
+		end := base + i*stepNS
+		var batch []detector.Step
+		for r := 0; r < 4; r++ {
+			host := 20.0
+			if r == 3 {
+				host = 26 // +30 %
+			}
+			batch = append(batch, detector.Step{Kind: detector.KindStep, Job: "j", Rank: r, Step: i, Host: "h",
+				StartNS: end - stepNS, EndNS: end, Phases: map[string]float64{"step": 100, "host": host}})
+		}
+		p.deliver(batch, nil)
+		delivered += len(batch)
+		p.tick(end)
+		if i == 35 { // 3.5 s after t0 - 0.1 s: in window 3 of the old detector
+			nc := cfg
+			nc.Window = 2 * time.Second
+			nc.Threshold = 0.1
+			if err := p.swapDetector(nc, end); err != nil {
+				t.Fatal(err)
+			}
+			swapAt = end
+			if err := p.swapDetector(nc, end); !errors.Is(err, ErrSwapInProgress) {
+				t.Fatalf("second swap while settling: %v, want ErrSwapInProgress", err)
+			}
+		}
+	}
+	p.flush(base + (steps+50)*stepNS)
+
+	if p.swap.old != nil {
+		t.Fatal("old detector not retired")
+	}
+	if p.swap.swaps != 1 || p.det.Config().Window != 2*time.Second {
+		t.Fatalf("swaps %d, window %s", p.swap.swaps, p.det.Config().Window)
+	}
+	t0 := base + stepNS // the first step's end
+	boundary := t0 + 4*int64(time.Second)
+	if got := p.swap.bound["j"]; got != boundary || boundary <= swapAt {
+		t.Fatalf("boundary %d, want %d (after the request at %d)", got, boundary, swapAt)
+	}
+	// Windows: 0..3 of 1 s, then 4, 5, ... of 2 s from the boundary, in order.
+	for i, w := range sink.windows {
+		if i > 0 && w.Index <= sink.windows[i-1].Index {
+			t.Fatalf("window %d settled after %d: %+v", w.Index, sink.windows[i-1].Index, sink.windows)
+		}
+		want := time.Second
+		if w.Index >= 4 {
+			want = 2 * time.Second
+			if w.StartNS != boundary+(w.Index-4)*int64(2*time.Second) {
+				t.Errorf("window %d starts at %d, want %d", w.Index, w.StartNS, boundary+(w.Index-4)*int64(2*time.Second))
+			}
+		}
+		if d := time.Duration(w.EndNS - w.StartNS); d != want {
+			t.Errorf("window %d lasts %s, want %s", w.Index, d, want)
+		}
+	}
+	if n := len(sink.windows); n < 8 || sink.windows[3].Index != 3 || sink.windows[4].Index != 4 {
+		t.Fatalf("settled windows %+v", sink.windows)
+	}
+	// Steps: every one judged once, by one detector.
+	var facts int64
+	for _, s := range p.summaries() {
+		facts += s.Facts
+	}
+	if facts != int64(delivered) || sink.steps != delivered || p.swap.lateAfterSwap != 0 {
+		t.Fatalf("facts %d, sink steps %d, late after swap %d; delivered %d", facts, sink.steps, p.swap.lateAfterSwap, delivered)
+	}
+	// The new detector raises the alert again under its own settings.
+	var after bool
+	for _, v := range sink.verdicts {
+		if v.Rank == 3 && v.State == detector.StateStraggler && v.Window >= 4 {
+			after = true
+		}
+		if v.Rank != 3 {
+			t.Errorf("unexpected verdict %+v", v)
+		}
+	}
+	if !after {
+		t.Fatalf("no straggler verdict for rank 3 after the change: %+v", sink.verdicts)
+	}
+	sums := p.summaries()
+	if len(sums) != 1 || len(sums[0].Stragglers) != 1 || sums[0].Stragglers[0] != 3 {
+		t.Fatalf("summaries %+v", sums)
+	}
+}
+
+// TestPipelineSwapWithoutJobs swaps before any step: nothing to drain.
+func TestPipelineSwapWithoutJobs(t *testing.T) {
+	det, _ := detector.New(detector.DefaultConfig())
+	p := newPipeline(slog.New(slog.DiscardHandler), correlate.New(correlate.Config{}), det, nil, nil)
+	nc := detector.DefaultConfig()
+	nc.Consecutive = 5
+	if err := p.swapDetector(nc, 1e12); err != nil {
+		t.Fatal(err)
+	}
+	if p.swap.old != nil || p.det.Config().Consecutive != 5 {
+		t.Fatalf("old %v, consecutive %d", p.swap.old, p.det.Config().Consecutive)
+	}
+	bad := nc
+	bad.Threshold = -1
+	if err := p.swapDetector(bad, 1e12); !errors.Is(err, ErrInvalidControl) {
+		t.Fatalf("invalid config: %v", err)
+	}
+}
+
+func TestNextWindowStart(t *testing.T) {
+	cfg := detector.DefaultConfig()
+	cfg.Window = 3 * time.Second
+	d, _ := detector.New(cfg)
+	d.SetOrigin("j", 1_000)
+	for _, now := range []int64{1_000, 1_001, 3_000_000_999, 3_000_001_000, 3_000_001_001, 500} {
+		k, _ := d.WindowOf("j", now)
+		b := nextWindowStart(d, "j", now, k)
+		if w, _ := d.WindowOf("j", b); w != k+1 {
+			t.Errorf("now %d: boundary %d is in window %d, want %d", now, b, w, k+1)
+		}
+		if w, _ := d.WindowOf("j", b-1); w != k {
+			t.Errorf("now %d: boundary %d is not the first of window %d", now, b, k+1)
+		}
+	}
+}

@@ -1,0 +1,567 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// DefaultSocket is where the agent's local control endpoint listens.
+const DefaultSocket = "/run/slowrank/agent.sock"
+
+// Controller is what the local endpoint needs of an agent; *Agent
+// implements it.
+type Controller interface {
+	// Status is safe to call from any goroutine.
+	Status() Status
+	ControlState(ctx context.Context) (ControlState, error)
+	Control(ctx context.Context, req ControlRequest) (ControlState, error)
+}
+
+// ExportHealth describes the agent's outputs; the command that wires them
+// fills it in (the agent does not know the exporters).
+type ExportHealth struct {
+	// OTel is "off", "otlp" or "stdout"; Endpoint the OTLP endpoint.
+	OTel     string `json:"otel"`
+	Endpoint string `json:"endpoint,omitempty"`
+	// Counters are the exporter's own counters (spans exported, dropped,
+	// export errors, ...).
+	Counters map[string]int64 `json:"counters,omitempty"`
+	// Files are the JSONL outputs (facts, verdicts) by name.
+	Files map[string]string `json:"files,omitempty"`
+}
+
+// StatusReport is the body of GET /status: the agent's Status, its
+// runtime-control state and its outputs' health.
+type StatusReport struct {
+	Status
+	Version string `json:"version,omitempty"`
+	// Control is absent when the agent did not answer in time (stopping);
+	// ControlError then says why.
+	Control      *ControlState `json:"control,omitempty"`
+	ControlError string        `json:"control_error,omitempty"`
+	Export       *ExportHealth `json:"export,omitempty"`
+}
+
+// ServerConfig configures the local endpoint.
+type ServerConfig struct {
+	// Socket is the Unix socket path ("" for none). Its directory is
+	// created 0750 when missing and must not be writable by others; the
+	// socket is created 0600 (bound in a private directory, then renamed
+	// into place). A stale socket is replaced; a live one (another agent)
+	// or anything that is not a socket is an error.
+	Socket string
+	// Addr is an optional TCP address (host:port). Only loopback addresses
+	// are accepted unless AllowRemote. TCP serves GET /status and
+	// GET /metrics only: POST /control is accepted on the Unix socket,
+	// whose file mode is its access control.
+	Addr        string
+	AllowRemote bool
+	Version     string
+	// Export reports the outputs' health (nil: not reported).
+	Export func() ExportHealth
+	// Timeout bounds how long a request waits for the agent's main
+	// goroutine (default 3 s).
+	Timeout time.Duration
+	Logger  *slog.Logger
+}
+
+// Server is the agent's local HTTP endpoint: GET /status (JSON
+// StatusReport), GET /metrics (Prometheus text format), POST /control
+// (JSON ControlRequest). Close it once.
+type Server struct {
+	cfg  ServerConfig
+	ctl  Controller
+	log  *slog.Logger
+	srvs []*http.Server
+	lns  []net.Listener
+	wg   sync.WaitGroup
+
+	sockInfo os.FileInfo // the socket we created, to remove only ours
+	addrs    []string
+}
+
+// ErrRemoteAddress reports a non-loopback TCP address without AllowRemote.
+var ErrRemoteAddress = errors.New("refusing a non-loopback status address (allow it explicitly)")
+
+// NewServer listens on the configured socket and address and serves ctl
+// until Close. On error, whatever it opened is closed.
+func NewServer(ctl Controller, cfg ServerConfig) (*Server, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 3 * time.Second
+	}
+	s := &Server{cfg: cfg, ctl: ctl, log: cfg.Logger.With("component", "server")}
+	if cfg.Socket != "" {
+		ln, info, err := listenUnix(cfg.Socket)
+		if err != nil {
+			return nil, err
+		}
+		s.sockInfo = info
+		s.serve(ln, true)
+		s.addrs = append(s.addrs, "unix:"+cfg.Socket)
+	}
+	if cfg.Addr != "" {
+		ln, err := listenTCP(cfg.Addr, cfg.AllowRemote)
+		if err != nil {
+			s.Close()
+			return nil, err
+		}
+		s.serve(ln, false)
+		s.addrs = append(s.addrs, "http://"+ln.Addr().String())
+	}
+	return s, nil
+}
+
+// Addrs lists where the server listens ("unix:PATH", "http://HOST:PORT").
+func (s *Server) Addrs() []string { return append([]string(nil), s.addrs...) }
+
+func (s *Server) serve(ln net.Listener, control bool) {
+	hs := &http.Server{
+		Handler:           NewHandler(s.ctl, HandlerConfig{Control: control, Version: s.cfg.Version, Export: s.cfg.Export, Timeout: s.cfg.Timeout}),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      15 * time.Second,
+		IdleTimeout:       60 * time.Second,
+		MaxHeaderBytes:    16 << 10,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+	}
+	s.srvs = append(s.srvs, hs)
+	s.lns = append(s.lns, ln)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Warn("status endpoint stopped", "addr", ln.Addr(), "err", err)
+		}
+	}()
+}
+
+// Close stops serving (in-flight requests get 2 s) and removes the socket
+// file when it is still the one this server created.
+func (s *Server) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var errs []error
+	for _, hs := range s.srvs {
+		if err := hs.Shutdown(ctx); err != nil {
+			hs.Close()
+		}
+	}
+	for _, ln := range s.lns {
+		ln.Close() // already closed by Shutdown when it ran: ignore
+	}
+	s.wg.Wait()
+	if s.sockInfo != nil {
+		if fi, err := os.Lstat(s.cfg.Socket); err == nil && os.SameFile(fi, s.sockInfo) {
+			if err := os.Remove(s.cfg.Socket); err != nil {
+				errs = append(errs, fmt.Errorf("remove socket: %w", err))
+			}
+		}
+		s.sockInfo = nil
+	}
+	return errors.Join(errs...)
+}
+
+// listenUnix creates the socket at path with mode 0600 from the start: it
+// binds in a fresh private directory next to it, sets the mode, then
+// renames it into place (so no other user ever sees it with a wider mode).
+func listenUnix(path string) (net.Listener, os.FileInfo, error) {
+	dir := filepath.Dir(path)
+	if err := ensurePrivateDir(dir); err != nil {
+		return nil, nil, err
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode().Type() != os.ModeSocket {
+			return nil, nil, fmt.Errorf("status socket %s exists and is not a socket: refusing to replace it", path)
+		}
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, nil, fmt.Errorf("status socket %s is in use: is another agent running?", path)
+		}
+		// Stale (a previous agent died): replaced by the rename below.
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, nil, fmt.Errorf("stat status socket: %w", err)
+	}
+	tmpDir, err := os.MkdirTemp(dir, ".slowrank-sock-")
+	if err != nil {
+		return nil, nil, fmt.Errorf("create status socket: %w", err)
+	}
+	defer os.RemoveAll(tmpDir)
+	tmp := filepath.Join(tmpDir, "s")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
+	if err != nil {
+		return nil, nil, fmt.Errorf("listen on status socket: %w", err)
+	}
+	ln.SetUnlinkOnClose(false) // it is renamed; Server.Close removes it
+	fail := func(err error) (net.Listener, os.FileInfo, error) {
+		ln.Close()
+		return nil, nil, err
+	}
+	if err := os.Chmod(tmp, 0o600); err != nil {
+		return fail(fmt.Errorf("chmod status socket: %w", err))
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fail(fmt.Errorf("place status socket: %w", err))
+	}
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return fail(fmt.Errorf("stat status socket: %w", err))
+	}
+	return ln, fi, nil
+}
+
+// ensurePrivateDir creates dir (0750) when missing and refuses a directory
+// that another user could write to (they could replace the socket), or one
+// that is a symbolic link.
+func ensurePrivateDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return fmt.Errorf("create status socket directory: %w", err)
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return fmt.Errorf("stat status socket directory: %w", err)
+	}
+	return checkPrivateDir(dir, fi, os.Geteuid())
+}
+
+// checkPrivateDir is the pure part of ensurePrivateDir.
+func checkPrivateDir(dir string, fi os.FileInfo, euid int) error {
+	if !fi.IsDir() {
+		return fmt.Errorf("status socket directory %s is not a directory", dir)
+	}
+	if fi.Mode().Perm()&0o022 != 0 {
+		return fmt.Errorf("status socket directory %s is writable by group or others (%s): use a private directory", dir, fi.Mode().Perm())
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != euid && st.Uid != 0 {
+		return fmt.Errorf("status socket directory %s belongs to uid %d, not to this process (%d) or root", dir, st.Uid, euid)
+	}
+	return nil
+}
+
+// listenTCP listens on addr, refusing a non-loopback address unless
+// allowRemote.
+func listenTCP(addr string, allowRemote bool) (net.Listener, error) {
+	if err := CheckStatusAddr(addr, allowRemote); err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on status address: %w", err)
+	}
+	if ta, ok := ln.Addr().(*net.TCPAddr); ok && !allowRemote && !ta.IP.IsLoopback() {
+		ln.Close()
+		return nil, fmt.Errorf("%w: %s resolved to %s", ErrRemoteAddress, addr, ta.IP)
+	}
+	return ln, nil
+}
+
+// CheckStatusAddr validates a TCP status address: host:port with a
+// loopback host (an IP, or "localhost"), unless allowRemote. An empty host
+// means every interface, hence remote.
+func CheckStatusAddr(addr string, allowRemote bool) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("status address %q: %w", addr, err)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+		return fmt.Errorf("status address %q: invalid port", addr)
+	}
+	if allowRemote {
+		return nil
+	}
+	if host == "localhost" {
+		return nil
+	}
+	ip := net.ParseIP(host)
+	if ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("%w: %q (use 127.0.0.1:PORT, or --status-allow-remote)", ErrRemoteAddress, addr)
+	}
+	return nil
+}
+
+// HandlerConfig configures NewHandler.
+type HandlerConfig struct {
+	// Control enables POST /control (the Unix socket only).
+	Control bool
+	Version string
+	Export  func() ExportHealth
+	Timeout time.Duration
+}
+
+// NewHandler returns the endpoint's HTTP handler for ctl.
+func NewHandler(ctl Controller, cfg HandlerConfig) http.Handler {
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 3 * time.Second
+	}
+	h := &handler{ctl: ctl, cfg: cfg}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/status", h.status)
+	mux.HandleFunc("/metrics", h.metrics)
+	mux.HandleFunc("/control", h.control)
+	mux.HandleFunc("/{$}", h.index)
+	return mux
+}
+
+type handler struct {
+	ctl Controller
+	cfg HandlerConfig
+}
+
+func (h *handler) index(w http.ResponseWriter, r *http.Request) {
+	if !allow(w, r, http.MethodGet) {
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	io.WriteString(w, "slowrank agent\n  GET  /status   JSON status\n  GET  /metrics  Prometheus text format\n")
+	if h.cfg.Control {
+		io.WriteString(w, "  POST /control  {\"action\":\"pause\"|\"resume\"|\"set\", \"window\":\"5s\", \"threshold\":0.05, \"floor\":\"1ms\", \"consecutive\":3, \"duty_budget\":0.003, \"duty_share\":0.1, \"duty_auto\":true, \"duty_period\":\"10s\"}\n")
+	}
+}
+
+// allow answers 405 unless r's method is one of methods (HEAD with GET).
+func allow(w http.ResponseWriter, r *http.Request, methods ...string) bool {
+	for _, m := range methods {
+		if r.Method == m || (m == http.MethodGet && r.Method == http.MethodHead) {
+			return true
+		}
+	}
+	w.Header().Set("Allow", strings.Join(methods, ", "))
+	writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed", r.Method))
+	return false
+}
+
+// report builds the status report; the control state waits for the agent
+// at most the handler's timeout.
+func (h *handler) report(ctx context.Context) StatusReport {
+	rep := StatusReport{Status: h.ctl.Status(), Version: h.cfg.Version}
+	// A stopping agent no longer answers: do not hold the report long.
+	ctx, cancel := context.WithTimeout(ctx, min(h.cfg.Timeout, time.Second))
+	defer cancel()
+	if cs, err := h.ctl.ControlState(ctx); err == nil {
+		rep.Control = &cs
+		if cs.Paused {
+			rep.DeviceState = "paused"
+		}
+	} else {
+		rep.ControlError = err.Error()
+	}
+	if h.cfg.Export != nil {
+		e := h.cfg.Export()
+		rep.Export = &e
+	}
+	return rep
+}
+
+func (h *handler) status(w http.ResponseWriter, r *http.Request) {
+	if !allow(w, r, http.MethodGet) {
+		return
+	}
+	writeJSON(w, http.StatusOK, h.report(r.Context()))
+}
+
+func (h *handler) metrics(w http.ResponseWriter, r *http.Request) {
+	if !allow(w, r, http.MethodGet) {
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	w.WriteHeader(http.StatusOK)
+	WriteMetrics(w, h.report(r.Context()))
+}
+
+// controlBodyMax bounds the body of POST /control.
+const controlBodyMax = 64 << 10
+
+func (h *handler) control(w http.ResponseWriter, r *http.Request) {
+	if !allow(w, r, http.MethodPost) {
+		return
+	}
+	if !h.cfg.Control {
+		writeError(w, http.StatusForbidden, "control is served on the agent's Unix socket only")
+		return
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, controlBodyMax))
+	dec.DisallowUnknownFields()
+	var req ControlRequest
+	if err := dec.Decode(&req); err != nil {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("decode control request: %v", err))
+		return
+	}
+	if dec.More() {
+		writeError(w, http.StatusBadRequest, "decode control request: one JSON object expected")
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.Timeout)
+	defer cancel()
+	st, err := h.ctl.Control(ctx, req)
+	switch {
+	case err == nil:
+		writeJSON(w, http.StatusOK, ControlResponse{OK: true, Control: &st})
+	case errors.Is(err, ErrInvalidControl):
+		writeError(w, http.StatusBadRequest, err.Error())
+	case errors.Is(err, ErrSwapInProgress), errors.Is(err, ErrNoDeviceCollection):
+		writeJSON(w, http.StatusConflict, ControlResponse{Error: err.Error(), Control: &st})
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		writeError(w, http.StatusServiceUnavailable, err.Error())
+	default:
+		writeError(w, http.StatusInternalServerError, err.Error())
+	}
+}
+
+// ControlResponse is the body of a /control answer.
+type ControlResponse struct {
+	OK      bool          `json:"ok"`
+	Error   string        `json:"error,omitempty"`
+	Control *ControlState `json:"control,omitempty"`
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, ControlResponse{Error: msg})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	enc.Encode(v)
+}
+
+// WriteMetrics writes the report in the Prometheus text exposition format
+// (version 0.0.4). Every name starts with slowrank_agent_ so that it never
+// collides with the OTLP-exported slowrank_* metrics.
+func WriteMetrics(w io.Writer, r StatusReport) {
+	m := &metricWriter{w: w}
+	m.gauge("slowrank_agent_up", "1 while the agent answers.", 1)
+	m.gauge("slowrank_agent_uptime_seconds", "Time since the agent started.", r.Uptime.Seconds())
+	m.gauge("slowrank_agent_processes", "Training processes watched.", float64(r.Processes))
+	m.gauge("slowrank_agent_libraries_attached", "Libraries with attached uprobes.", float64(r.Attached))
+	m.counter("slowrank_agent_events_total", "Ring-buffer events read.", float64(r.Events))
+	m.counter("slowrank_agent_lost_total", "Records lost (ring buffer full, queue full, malformed).", float64(r.Lost))
+	m.counter("slowrank_agent_windows_total", "Windows settled.", float64(r.Windows))
+	m.counter("slowrank_agent_facts_total", "Step facts produced.", float64(r.Facts))
+	m.counter("slowrank_agent_verdicts_total", "Verdicts produced.", float64(r.Verdicts))
+	m.gauge("slowrank_agent_alerts", "Active straggler alerts.", float64(len(r.Alerts)))
+	m.gauge("slowrank_agent_duty_share", "On-share of device collection.", r.DutyShare)
+	m.gauge("slowrank_agent_duty_cost_estimate", "Estimated overhead of full device collection (fraction of step time).", r.DutyCost)
+	m.family("slowrank_agent_device_collection", "Device collection state (1 for the current one).", "gauge")
+	m.sample("slowrank_agent_device_collection", []string{"state", r.DeviceState}, 1)
+	if c := r.Control; c != nil {
+		paused := 0.0
+		if c.Paused {
+			paused = 1
+		}
+		m.gauge("slowrank_agent_paused", "1 while collection is paused.", paused)
+		m.gauge("slowrank_agent_detector_window_seconds", "Detector window.", time.Duration(c.Detector.Window).Seconds())
+		m.gauge("slowrank_agent_detector_threshold", "Relative deviation that makes a window slow.", c.Detector.Threshold)
+		m.gauge("slowrank_agent_detector_floor_seconds", "Absolute difference below which no window is slow.", time.Duration(c.Detector.Floor).Seconds())
+		m.gauge("slowrank_agent_detector_consecutive", "Slow windows before an alert.", float64(c.Detector.Consecutive))
+		m.counter("slowrank_agent_detector_swaps_total", "Detector changes at run time.", float64(c.DetectorSwaps))
+		m.counter("slowrank_agent_records_late_total", "Capture records that arrived after their step was settled.", float64(c.Records.Late))
+		m.counter("slowrank_agent_records_duplicate_total", "Duplicate capture records.", float64(c.Records.Duplicate))
+		m.counter("slowrank_agent_facts_late_total", "Step facts that arrived after their window was settled.", float64(c.Facts.Late+c.Facts.LateAfterSwap))
+		m.counter("slowrank_agent_facts_duplicate_total", "Duplicate step facts.", float64(c.Facts.Duplicates))
+		if c.Duty != nil {
+			m.gauge("slowrank_agent_duty_budget", "Overhead budget of device collection.", c.Duty.Budget)
+		}
+	}
+	if len(r.Ranks) > 0 {
+		m.family("slowrank_agent_rank_step_milliseconds", "Wall time of the rank's latest step.", "gauge")
+		for _, rv := range r.Ranks {
+			if v, ok := rv.Step.Phases["step"]; ok {
+				m.sample("slowrank_agent_rank_step_milliseconds", []string{"job", rv.Job, "rank", strconv.Itoa(rv.Rank)}, v)
+			}
+		}
+		m.family("slowrank_agent_rank_straggler", "1 while the rank holds an active straggler alert.", "gauge")
+		for _, rv := range r.Ranks {
+			v := 0.0
+			if rv.Verdict != nil && rv.Verdict.AlertActive {
+				v = 1
+			}
+			m.sample("slowrank_agent_rank_straggler", []string{"job", rv.Job, "rank", strconv.Itoa(rv.Rank)}, v)
+		}
+	}
+	if len(r.Counters) > 0 {
+		m.family("slowrank_agent_counter", "The agent's health counters by name (most are monotonic).", "gauge")
+		for _, k := range sortedKeys(r.Counters) {
+			m.sample("slowrank_agent_counter", []string{"name", k}, float64(r.Counters[k]))
+		}
+	}
+	if e := r.Export; e != nil && len(e.Counters) > 0 {
+		m.family("slowrank_agent_export_counter", "The exporter's own counters by name.", "gauge")
+		for _, k := range sortedKeys(e.Counters) {
+			m.sample("slowrank_agent_export_counter", []string{"name", k}, float64(e.Counters[k]))
+		}
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+type metricWriter struct {
+	w io.Writer
+}
+
+func (m *metricWriter) family(name, help, typ string) {
+	fmt.Fprintf(m.w, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, typ)
+}
+
+func (m *metricWriter) gauge(name, help string, v float64) {
+	m.family(name, help, "gauge")
+	m.sample(name, nil, v)
+}
+
+func (m *metricWriter) counter(name, help string, v float64) {
+	m.family(name, help, "counter")
+	m.sample(name, nil, v)
+}
+
+// sample writes one line; labels are name/value pairs.
+func (m *metricWriter) sample(name string, labels []string, v float64) {
+	var b strings.Builder
+	b.WriteString(name)
+	if len(labels) > 0 {
+		b.WriteByte('{')
+		for i := 0; i+1 < len(labels); i += 2 {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(labels[i])
+			b.WriteString(`="`)
+			b.WriteString(escapeLabel(labels[i+1]))
+			b.WriteByte('"')
+		}
+		b.WriteByte('}')
+	}
+	b.WriteByte(' ')
+	b.WriteString(strconv.FormatFloat(v, 'g', -1, 64))
+	b.WriteByte('\n')
+	io.WriteString(m.w, b.String())
+}
+
+// escapeLabel escapes a label value: backslash, double quote and newline.
+func escapeLabel(s string) string {
+	return strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(s)
+}

@@ -1,0 +1,488 @@
+package agent
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/slowrank/slowrank/bpf"
+	"github.com/slowrank/slowrank/detector"
+)
+
+// fakeController is a Controller without an agent.
+type fakeController struct {
+	mu      sync.Mutex
+	state   ControlState
+	reqs    []ControlRequest
+	err     error
+	blocked bool // ControlState/Control wait for ctx (a stopping agent)
+}
+
+func (f *fakeController) Status() Status {
+	v := detector.Verdict{Job: "j", Rank: 2, State: detector.StateStraggler, Phase: "host", Deviation: 0.58, AlertActive: true}
+	return Status{
+		Uptime: 90 * time.Second, Processes: 4, Attached: 3, Events: 1234, Lost: 2, Windows: 10, Facts: 400, Verdicts: 7,
+		DeviceState: "no-lib",
+		Ranks: []RankView{
+			{Job: "j", Rank: 0, Step: detector.Step{Job: "j", Rank: 0, Step: 9, Phases: map[string]float64{"step": 51.9, "host": 20.9}}},
+			{Job: `we"ird\job`, Rank: 2, Step: detector.Step{Job: "j", Rank: 2, Step: 9, Phases: map[string]float64{"step": 52.2}}, Verdict: &v},
+		},
+		Alerts:   []detector.Verdict{v},
+		Counters: map[string]int64{"events": 1234, "probe_ncclAllReduce": 99},
+	}
+}
+
+func (f *fakeController) ControlState(ctx context.Context) (ControlState, error) {
+	f.mu.Lock()
+	blocked := f.blocked
+	st := f.state
+	f.mu.Unlock()
+	if blocked {
+		<-ctx.Done()
+		return ControlState{}, ctx.Err()
+	}
+	return st, nil
+}
+
+func (f *fakeController) Control(ctx context.Context, req ControlRequest) (ControlState, error) {
+	if err := req.Validate(); err != nil {
+		return ControlState{}, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.blocked {
+		f.mu.Unlock()
+		<-ctx.Done()
+		f.mu.Lock()
+		return ControlState{}, ctx.Err()
+	}
+	if f.err != nil {
+		return f.state, f.err
+	}
+	f.reqs = append(f.reqs, req)
+	switch req.Action {
+	case ActionPause:
+		f.state.Paused = true
+	case ActionResume:
+		f.state.Paused = false
+	case ActionSet:
+		if req.Window != nil {
+			f.state.Detector.Window = *req.Window
+			f.state.DetectorSwaps++
+		}
+	}
+	return f.state, nil
+}
+
+func newFake() *fakeController {
+	return &fakeController{state: ControlState{Detector: DetectorSettings{Window: Duration(5 * time.Second), Threshold: 0.05, Floor: Duration(time.Millisecond), Consecutive: 3}}}
+}
+
+func do(t *testing.T, h http.Handler, method, path, body string) (int, string) {
+	t.Helper()
+	req := httptest.NewRequest(method, path, strings.NewReader(body))
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec.Code, rec.Body.String()
+}
+
+func TestHandlerStatus(t *testing.T) {
+	f := newFake()
+	h := NewHandler(f, HandlerConfig{Control: true, Version: "v1", Export: func() ExportHealth {
+		return ExportHealth{OTel: "otlp", Endpoint: "http://127.0.0.1:4318", Counters: map[string]int64{"spans_exported": 5}}
+	}})
+	code, body := do(t, h, "GET", "/status", "")
+	if code != 200 {
+		t.Fatalf("status %d: %s", code, body)
+	}
+	var rep StatusReport
+	if err := json.Unmarshal([]byte(body), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Processes != 4 || rep.Events != 1234 || rep.Version != "v1" || rep.Control == nil || rep.Control.Detector.Consecutive != 3 ||
+		rep.Export == nil || rep.Export.Counters["spans_exported"] != 5 || len(rep.Ranks) != 2 || rep.Ranks[1].Verdict == nil {
+		t.Fatalf("report %+v", rep)
+	}
+	if time.Duration(rep.Control.Detector.Window) != 5*time.Second {
+		t.Fatalf("window %v", rep.Control.Detector.Window)
+	}
+	if code, _ := do(t, h, "POST", "/status", ""); code != http.StatusMethodNotAllowed {
+		t.Fatalf("POST /status: %d", code)
+	}
+	if code, _ := do(t, h, "GET", "/nope", ""); code != http.StatusNotFound {
+		t.Fatalf("GET /nope: %d", code)
+	}
+	if code, body := do(t, h, "GET", "/", ""); code != 200 || !strings.Contains(body, "/control") {
+		t.Fatalf("GET /: %d %s", code, body)
+	}
+}
+
+// TestHandlerStatusStoppingAgent: a stopping agent does not answer control
+// state requests; /status still answers quickly, saying so.
+func TestHandlerStatusStoppingAgent(t *testing.T) {
+	f := newFake()
+	f.blocked = true
+	h := NewHandler(f, HandlerConfig{Control: true, Timeout: 50 * time.Millisecond})
+	start := time.Now()
+	code, body := do(t, h, "GET", "/status", "")
+	if code != 200 || !strings.Contains(body, "control_error") || time.Since(start) > 2*time.Second {
+		t.Fatalf("status %d after %s: %s", code, time.Since(start), body)
+	}
+	if code, body := do(t, h, "POST", "/control", `{"action":"pause"}`); code != http.StatusServiceUnavailable {
+		t.Fatalf("control on a stopping agent: %d %s", code, body)
+	}
+}
+
+func TestHandlerControl(t *testing.T) {
+	f := newFake()
+	h := NewHandler(f, HandlerConfig{Control: true})
+	tests := []struct {
+		body string
+		code int
+		want string
+	}{
+		{`{"action":"pause"}`, 200, `"paused":true`},
+		{`{"action":"resume"}`, 200, `"paused":false`},
+		{`{"action":"set","window":"2s"}`, 200, `"window":"2s"`},
+		{`{"action":"set"}`, 400, "needs at least one"},
+		{`{"action":"set","window":5}`, 400, "want a string"},
+		{`{"action":"set","windw":"5s"}`, 400, "unknown field"},
+		{`{"action":"pause"}{"action":"resume"}`, 400, "one JSON object"},
+		{`not json`, 400, "decode"},
+		{`{"action":"jump"}`, 400, "unknown action"},
+	}
+	for _, tt := range tests {
+		code, body := do(t, h, "POST", "/control", tt.body)
+		if code != tt.code || !strings.Contains(body, tt.want) {
+			t.Errorf("%s: %d %s, want %d containing %q", tt.body, code, body, tt.code, tt.want)
+		}
+	}
+	if code, _ := do(t, h, "GET", "/control", ""); code != http.StatusMethodNotAllowed {
+		t.Errorf("GET /control: %d", code)
+	}
+	f.err = ErrSwapInProgress
+	if code, body := do(t, h, "POST", "/control", `{"action":"set","threshold":0.1}`); code != http.StatusConflict || !strings.Contains(body, "settling") {
+		t.Errorf("swap in progress: %d %s", code, body)
+	}
+	big := `{"action":"pause","x":"` + strings.Repeat("a", controlBodyMax) + `"}`
+	if code, _ := do(t, h, "POST", "/control", big); code != 400 {
+		t.Errorf("oversized body: %d", code)
+	}
+	// Read-only endpoint (TCP): control refused.
+	ro := NewHandler(f, HandlerConfig{})
+	if code, body := do(t, ro, "POST", "/control", `{"action":"pause"}`); code != http.StatusForbidden {
+		t.Errorf("control on TCP: %d %s", code, body)
+	}
+}
+
+// promLine is a sample line of the text exposition format.
+var promLine = regexp.MustCompile(`^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\\n]|\\[\\"n])*",?)*\})? (NaN|[+-]Inf|[-+0-9.eE]+)$`)
+
+func TestMetricsFormat(t *testing.T) {
+	f := newFake()
+	f.state.Paused = true
+	h := NewHandler(f, HandlerConfig{Export: func() ExportHealth { return ExportHealth{Counters: map[string]int64{"export_errors": 1}} }})
+	code, body := do(t, h, "GET", "/metrics", "")
+	if code != 200 {
+		t.Fatalf("status %d", code)
+	}
+	typed := map[string]bool{}
+	sc := bufio.NewScanner(strings.NewReader(body))
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "# TYPE ") {
+			name := strings.Fields(line)[2]
+			if typed[name] {
+				t.Errorf("TYPE of %s twice", name)
+			}
+			typed[name] = true
+			continue
+		}
+		if strings.HasPrefix(line, "# HELP ") {
+			continue
+		}
+		if !promLine.MatchString(line) {
+			t.Errorf("malformed sample line %q", line)
+			continue
+		}
+		name := line[:strings.IndexAny(line, "{ ")]
+		if !typed[name] {
+			t.Errorf("sample %s before its TYPE", name)
+		}
+	}
+	for _, want := range []string{
+		"slowrank_agent_up 1", "slowrank_agent_paused 1", "slowrank_agent_events_total 1234",
+		`slowrank_agent_rank_straggler{job="we\"ird\\job",rank="2"} 1`, `slowrank_agent_counter{name="probe_ncclAllReduce"} 99`,
+		`slowrank_agent_export_counter{name="export_errors"} 1`, `slowrank_agent_device_collection{state="paused"} 1`,
+		"slowrank_agent_detector_window_seconds 5",
+	} {
+		if !strings.Contains(body, want+"\n") {
+			t.Errorf("metrics lack %q:\n%s", want, body)
+		}
+	}
+}
+
+func TestCheckStatusAddr(t *testing.T) {
+	tests := []struct {
+		addr   string
+		remote bool
+		ok     bool
+	}{
+		{"127.0.0.1:9464", false, true},
+		{"[::1]:9464", false, true},
+		{"localhost:9464", false, true},
+		{"127.0.0.2:0", false, true},
+		{"0.0.0.0:9464", false, false},
+		{":9464", false, false},
+		{"10.0.0.1:9464", false, false},
+		{"example.com:9464", false, false},
+		{"0.0.0.0:9464", true, true},
+		{"127.0.0.1", false, false},
+		{"127.0.0.1:http", false, false},
+		{"127.0.0.1:70000", false, false},
+	}
+	for _, tt := range tests {
+		err := CheckStatusAddr(tt.addr, tt.remote)
+		if (err == nil) != tt.ok {
+			t.Errorf("CheckStatusAddr(%q, %v) = %v", tt.addr, tt.remote, err)
+		}
+	}
+	if err := CheckStatusAddr("0.0.0.0:1", false); !errors.Is(err, ErrRemoteAddress) {
+		t.Errorf("want ErrRemoteAddress, got %v", err)
+	}
+}
+
+// unixClient talks HTTP over a Unix socket.
+func unixClient(path string) *http.Client {
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", path)
+		},
+	}}
+}
+
+func TestServerUnixSocket(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "run", "agent.sock")
+	f := newFake()
+	s, err := NewServer(f, ServerConfig{Socket: sock, Addr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Lstat(sock)
+	if err != nil || fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket %v mode %v", err, fi.Mode())
+	}
+	if di, _ := os.Stat(filepath.Dir(sock)); di.Mode().Perm() != 0o750 {
+		t.Fatalf("socket directory mode %v", di.Mode().Perm())
+	}
+	c := unixClient(sock)
+	resp, err := c.Post("http://agent/control", "application/json", strings.NewReader(`{"action":"pause"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !f.state.Paused {
+		t.Fatalf("pause over the socket: %d %s", resp.StatusCode, b)
+	}
+	// TCP: status yes, control no.
+	var tcp string
+	for _, a := range s.Addrs() {
+		if strings.HasPrefix(a, "http://") {
+			tcp = a
+		}
+	}
+	resp, err = http.Get(tcp + "/status")
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("GET /status over TCP: %v %v", err, resp)
+	}
+	resp.Body.Close()
+	resp, err = http.Post(tcp+"/control", "application/json", strings.NewReader(`{"action":"resume"}`))
+	if err != nil || resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("POST /control over TCP: %v %v", err, resp)
+	}
+	resp.Body.Close()
+
+	// A second server on the same socket: refused while the first lives.
+	if _, err := NewServer(f, ServerConfig{Socket: sock}); err == nil || !strings.Contains(err.Error(), "in use") {
+		t.Fatalf("second server: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(sock); !os.IsNotExist(err) {
+		t.Fatalf("socket left behind: %v", err)
+	}
+	entries, _ := os.ReadDir(filepath.Dir(sock))
+	if len(entries) != 0 {
+		t.Fatalf("leftovers in the socket directory: %v", entries)
+	}
+}
+
+func TestServerSocketSafety(t *testing.T) {
+	dir := t.TempDir()
+	f := newFake()
+	// A stale socket (its server died) is replaced.
+	stale := filepath.Join(dir, "stale.sock")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: stale, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.SetUnlinkOnClose(false)
+	ln.Close()
+	s, err := NewServer(f, ServerConfig{Socket: stale})
+	if err != nil {
+		t.Fatalf("stale socket: %v", err)
+	}
+	s.Close()
+	// A regular file or a symbolic link is never replaced.
+	file := filepath.Join(dir, "file.sock")
+	os.WriteFile(file, []byte("x"), 0o600)
+	if _, err := NewServer(f, ServerConfig{Socket: file}); err == nil {
+		t.Fatal("replaced a regular file")
+	}
+	link := filepath.Join(dir, "link.sock")
+	os.Symlink(file, link)
+	if _, err := NewServer(f, ServerConfig{Socket: link}); err == nil {
+		t.Fatal("replaced a symbolic link")
+	}
+	// A directory others can write to is refused.
+	open := filepath.Join(dir, "open")
+	os.Mkdir(open, 0o777)
+	os.Chmod(open, 0o777)
+	if _, err := NewServer(f, ServerConfig{Socket: filepath.Join(open, "a.sock")}); err == nil || !strings.Contains(err.Error(), "writable") {
+		t.Fatalf("world-writable directory: %v", err)
+	}
+	if _, err := NewServer(f, ServerConfig{Addr: "0.0.0.0:0"}); !errors.Is(err, ErrRemoteAddress) {
+		t.Fatalf("remote address: %v", err)
+	}
+}
+
+// TestAgentControlPrivileged runs a real agent (BPF programs loaded, a real
+// process tracked) behind a real server and drives it over the socket.
+func TestAgentControlPrivileged(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to load BPF programs")
+	}
+	if err := bpf.CheckSupport(); err != nil {
+		t.Skipf("kernel lacks what the agent needs: %v", err)
+	}
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Skip("no sleep:", err)
+	}
+	cmd := exec.Command(sleep, "60")
+	cmd.Env = append(os.Environ(), "SLOWRANK_CONTROL_TEST_RANK=1", "OMPI_COMM_WORLD_RANK=0") // not RANK: other agents on the host select by it
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+
+	cfg := DefaultConfig()
+	cfg.HostName = "ctl"
+	cfg.Selector = Selector{EnvKey: "SLOWRANK_CONTROL_TEST_RANK"}
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	srv, err := NewServer(a, ServerConfig{Socket: sock})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	c := unixClient(sock)
+	post := func(body string) ControlResponse {
+		t.Helper()
+		resp, err := c.Post("http://agent/control", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var cr ControlResponse
+		if err := json.NewDecoder(resp.Body).Decode(&cr); err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %+v", body, resp.StatusCode, cr)
+		}
+		return cr
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for a.Status().Processes != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("process not found: %+v", a.Status())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	if cr := post(`{"action":"pause"}`); !cr.Control.Paused {
+		t.Fatalf("pause: %+v", cr)
+	}
+	if cr := post(`{"action":"pause"}`); !cr.Control.Paused { // idempotent
+		t.Fatalf("pause twice: %+v", cr)
+	}
+	cr := post(`{"action":"set","window":"2s","threshold":0.1,"consecutive":2,"duty_share":0.5}`)
+	if cr.Control.DetectorSwaps != 1 || time.Duration(cr.Control.Detector.Window) != 2*time.Second ||
+		cr.Control.Detector.Threshold != 0.1 || cr.Control.Duty == nil || cr.Control.Duty.PinnedShare != 0.5 {
+		t.Fatalf("set: %+v", cr.Control)
+	}
+	if cr.Control.Duty.Period > Duration(2*time.Second) {
+		t.Fatalf("duty period %s longer than the window", time.Duration(cr.Control.Duty.Period))
+	}
+	post(`{"action":"set","duty_auto":true}`)
+	if cr := post(`{"action":"resume"}`); cr.Control.Paused || cr.Control.Duty.PinnedShare != 0 {
+		t.Fatalf("resume: %+v", cr.Control)
+	}
+	resp, err := c.Get("http://agent/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	io.Copy(&buf, resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(buf.String(), "slowrank_agent_paused 0\n") || !strings.Contains(buf.String(), "slowrank_agent_processes 1\n") {
+		t.Fatalf("metrics:\n%s", buf.String())
+	}
+	cs := a.Counters()
+	if cs["control_pauses"] != 1 || cs["control_resumes"] != 1 || cs["untrack_errors"] != 0 || cs["track_errors"] != 0 || cs["detector_swaps"] != 1 {
+		t.Fatalf("counters %v", cs)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("agent did not stop")
+	}
+	// Stopped: control requests fail fast with 503, status still answers.
+	h := NewHandler(a, HandlerConfig{Control: true, Timeout: 100 * time.Millisecond})
+	if code, body := do(t, h, "POST", "/control", `{"action":"pause"}`); code != http.StatusServiceUnavailable {
+		t.Fatalf("control after stop: %d %s", code, body)
+	}
+	if code, _ := do(t, h, "GET", "/status", ""); code != 200 {
+		t.Fatalf("status after stop: %d", code)
+	}
+}

@@ -1,0 +1,342 @@
+package aggregate
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/slowrank/slowrank/detector"
+)
+
+// capture is a Sink that keeps everything.
+type capture struct {
+	mu       sync.Mutex
+	steps    []detector.Step
+	topos    []detector.Topology
+	verdicts []detector.Verdict
+	windows  []detector.SettledWindow
+}
+
+func (c *capture) Topology(t detector.Topology) {
+	c.mu.Lock()
+	c.topos = append(c.topos, t)
+	c.mu.Unlock()
+}
+
+func (c *capture) Step(s detector.Step, _ int64) {
+	c.mu.Lock()
+	c.steps = append(c.steps, s)
+	c.mu.Unlock()
+}
+
+func (c *capture) Settled(w detector.SettledWindow, vs []detector.Verdict) {
+	c.mu.Lock()
+	c.windows = append(c.windows, w)
+	c.verdicts = append(c.verdicts, vs...)
+	c.mu.Unlock()
+}
+
+func (c *capture) snapshot() ([]detector.Verdict, []detector.SettledWindow) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]detector.Verdict(nil), c.verdicts...), append([]detector.SettledWindow(nil), c.windows...)
+}
+
+func testDetector() detector.Config {
+	d := detector.DefaultConfig()
+	d.Window = time.Second
+	d.Lateness = 300 * time.Millisecond
+	d.EmitOK = true
+	d.Phases = []string{detector.PhaseHost}
+	d.CohortType = "dp"
+	return d
+}
+
+// simHost is one simulated agent: its own CLOCK_MONOTONIC origin, its
+// ranks, the network delay to the aggregator.
+type simHost struct {
+	name    string
+	offset  int64 // host clock = true time + offset
+	ranks   []int
+	transit int64
+	queue   []detector.Step
+	topoVer int
+}
+
+// simulation drives an Aggregator on a fake clock: every host finishes one
+// step per rank every stepNS, and forwards its queue every sendNS.
+type simulation struct {
+	t       *testing.T
+	agg     *Aggregator
+	cap     *capture
+	hosts   []*simHost
+	now     int64 // true time, ns
+	stepNS  int64
+	sendNS  int64
+	step    int64
+	slow    map[int]float64 // rank → host phase factor
+	silent  map[string]bool // host → link down (its sends are lost, queue kept)
+	aggBase int64
+}
+
+func newSimulation(t *testing.T, hosts []*simHost) *simulation {
+	t.Helper()
+	s := &simulation{t: t, cap: &capture{}, hosts: hosts, stepNS: int64(100 * time.Millisecond),
+		sendNS: int64(200 * time.Millisecond), slow: map[int]float64{}, silent: map[string]bool{}, aggBase: 777_000_000_000}
+	a, err := New(Config{Detector: testDetector(), Sinks: []Sink{s.cap}, NowMono: func() int64 { return s.now + s.aggBase }, StatsEvery: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.agg = a
+	var all []int
+	for _, h := range hosts {
+		all = append(all, h.ranks...)
+	}
+	sort.Ints(all)
+	for _, h := range hosts {
+		// Each agent lists its own ranks and the world group in full.
+		h.topoVer++
+		t := detector.Topology{Kind: detector.KindTopology, Job: "j", Version: h.topoVer,
+			Groups: []detector.Group{{ID: "world", Type: "world", Ranks: all}}}
+		for i, r := range h.ranks {
+			t.Ranks = append(t.Ranks, detector.RankInfo{Rank: r, Host: h.name, LocalRank: i})
+		}
+		s.agg.handle(batch{recv: s.aggNow(), facts: []Fact{{Host: h.name, Topology: &t}}})
+	}
+	return s
+}
+
+func (s *simulation) aggNow() int64 { return s.now + s.aggBase }
+
+// run advances true time by d, 10 ms at a time.
+func (s *simulation) run(d time.Duration) {
+	end := s.now + int64(d)
+	for s.now < end {
+		s.now += int64(10 * time.Millisecond)
+		if s.now%s.stepNS == 0 {
+			s.step++
+			for _, h := range s.hosts {
+				for _, r := range h.ranks {
+					host := 10.0 * s.slowFactor(r)
+					st := detector.Step{Kind: detector.KindStep, Job: "j", Rank: r, Step: s.step, Host: h.name,
+						StartNS: s.now - s.stepNS + h.offset, EndNS: s.now + h.offset, Topo: h.topoVer,
+						Phases: map[string]float64{detector.PhaseStep: 100, detector.PhaseHost: host}}
+					h.queue = append(h.queue, st)
+				}
+			}
+		}
+		if s.now%s.sendNS == 0 {
+			for _, h := range s.hosts {
+				if len(h.queue) == 0 || s.silent[h.name] {
+					continue // the forwarder keeps its queue while the link is down
+				}
+				facts := make([]Fact, len(h.queue))
+				for i := range h.queue {
+					st := h.queue[i]
+					facts[i] = Fact{Host: h.name, SentMono: s.now + h.offset, Step: &st}
+				}
+				h.queue = h.queue[:0]
+				// Arrives transit later; the aggregator stamps then.
+				s.now += h.transit
+				s.agg.handle(batch{recv: s.aggNow(), facts: facts})
+				s.now -= h.transit
+			}
+		}
+		if s.now%int64(200*time.Millisecond) == 0 {
+			s.agg.tick(s.aggNow())
+		}
+	}
+}
+
+func (s *simulation) slowFactor(r int) float64 {
+	if f, ok := s.slow[r]; ok {
+		return f
+	}
+	return 1
+}
+
+// statesBetween returns rank → states of verdicts of windows that lie in
+// [from, to) of true time.
+func (s *simulation) statesBetween(from, to time.Duration) map[int]map[string]int {
+	vs, _ := s.cap.snapshot()
+	out := map[int]map[string]int{}
+	for _, v := range vs {
+		if v.WindowStartNS < int64(from)+s.aggBase || v.WindowEndNS > int64(to)+s.aggBase {
+			continue
+		}
+		if out[v.Rank] == nil {
+			out[v.Rank] = map[string]int{}
+		}
+		out[v.Rank][v.State]++
+	}
+	return out
+}
+
+func threeHosts() []*simHost {
+	return []*simHost{
+		{name: "h0", offset: 1_000_000_000, ranks: []int{0, 1}},
+		{name: "h1", offset: 5_000_000_000_000_000, ranks: []int{2, 3}, transit: int64(40 * time.Millisecond)},
+		{name: "h2", offset: 123, ranks: []int{4, 5}, transit: int64(5 * time.Millisecond)},
+	}
+}
+
+func TestSlowRankFoundAcrossHostsWithUnrelatedClocks(t *testing.T) {
+	s := newSimulation(t, threeHosts())
+	s.slow[3] = 1.5
+	s.run(8 * time.Second)
+	got := s.statesBetween(2*time.Second, 8*time.Second)
+	if got[3][detector.StateStraggler] == 0 {
+		t.Fatalf("rank 3 never a straggler: %v", got)
+	}
+	for r := range 6 {
+		if r == 3 {
+			continue
+		}
+		if n := got[r][detector.StateOK]; n == 0 || len(got[r]) != 1 {
+			t.Errorf("rank %d: %v (want only ok)", r, got[r])
+		}
+	}
+	// One merged topology of all six ranks, version 1.
+	if len(s.cap.topos) != 1 || len(s.cap.topos[0].Ranks) != 6 || s.cap.topos[0].Version != 1 {
+		t.Fatalf("merged topologies %+v", s.cap.topos)
+	}
+	// Facts were rebased onto the aggregator's clock: their ends lie within
+	// the run (plus the one-way transit, which nobody can subtract),
+	// whatever the hosts' clocks said.
+	for _, st := range s.cap.steps {
+		if st.EndNS < s.aggBase || st.EndNS > s.aggNow()+int64(40*time.Millisecond) {
+			t.Fatalf("step not on the aggregator's timeline: %+v", st)
+		}
+	}
+}
+
+func TestSilentHostMakesOnlyItsRanksUncertain(t *testing.T) {
+	s := newSimulation(t, threeHosts())
+	s.slow[3] = 1.5
+	s.run(6 * time.Second)
+	s.silent["h2"] = true
+	s.run(5 * time.Second) // 6 s .. 11 s: h2's link is down
+	s.silent["h2"] = false
+	s.run(6 * time.Second) // 11 s .. 17 s
+
+	during := s.statesBetween(7*time.Second, 11*time.Second)
+	for _, r := range []int{4, 5} {
+		if n := during[r][detector.StateUncertain]; n == 0 || len(during[r]) != 1 {
+			t.Errorf("silent rank %d: %v (want only uncertain)", r, during[r])
+		}
+	}
+	if during[3][detector.StateStraggler] == 0 || during[3][detector.StateUncertain] != 0 {
+		t.Errorf("rank 3 while h2 was silent: %v", during[3])
+	}
+	for _, r := range []int{0, 1, 2} {
+		if len(during[r]) != 1 || during[r][detector.StateOK] == 0 {
+			t.Errorf("rank %d while h2 was silent: %v (want only ok)", r, during[r])
+		}
+	}
+	after := s.statesBetween(12*time.Second, 17*time.Second)
+	for _, r := range []int{4, 5} {
+		if n := after[r][detector.StateOK]; n == 0 || after[r][detector.StateUncertain] != 0 {
+			t.Errorf("rank %d after h2 came back: %v (want judged ok again)", r, after[r])
+		}
+	}
+	// h2's backlog carried its true age: late, not mixed into the present.
+	if st := s.agg.Stats(); st.LateFacts == 0 {
+		t.Errorf("the backlog of a silent host was not counted late: %+v", st)
+	}
+}
+
+func TestSilentStragglerStaysUncertainNeverRecovered(t *testing.T) {
+	s := newSimulation(t, threeHosts())
+	s.slow[4] = 1.5 // on h2
+	s.run(6 * time.Second)
+	s.silent["h2"] = true
+	s.run(5 * time.Second)
+	s.silent["h2"] = false
+	s.run(6 * time.Second)
+	vs, _ := s.cap.snapshot()
+	var seq []string
+	for _, v := range vs {
+		if v.Rank != 4 {
+			continue
+		}
+		in := v.WindowStartNS >= int64(7*time.Second)+s.aggBase && v.WindowEndNS <= int64(11*time.Second)+s.aggBase
+		if in {
+			if v.State != detector.StateUncertain || !v.AlertActive {
+				t.Errorf("window %d while silent: %s alert_active=%v (want uncertain, alert kept)", v.Window, v.State, v.AlertActive)
+			}
+		}
+		seq = append(seq, v.State)
+	}
+	for _, st := range seq {
+		if st == detector.StateRecovered {
+			t.Fatalf("a silent straggler recovered: %v", seq)
+		}
+	}
+	after := s.statesBetween(12*time.Second, 17*time.Second)
+	if after[4][detector.StateStraggler] == 0 {
+		t.Errorf("rank 4 not judged again after its host returned: %v (all: %v)", after[4], seq)
+	}
+}
+
+func TestHostLimitAndForgetting(t *testing.T) {
+	c := &capture{}
+	now := int64(1e12)
+	det := testDetector()
+	a, err := New(Config{Detector: det, Sinks: []Sink{c}, MaxHosts: 2, HostTTL: 3 * time.Second,
+		NowMono: func() int64 { return now }, StatsEvery: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		st := detector.Step{Kind: detector.KindStep, Job: "j", Rank: i, Step: 1, StartNS: 0, EndNS: 10, Phases: map[string]float64{}}
+		a.handle(batch{recv: now, facts: []Fact{{Host: fmt.Sprint("h", i), Step: &st}}})
+	}
+	if st := a.Stats(); st.RefusedHosts != 1 {
+		t.Fatalf("refused %d, want 1", st.RefusedHosts)
+	}
+	now += int64(4 * time.Second)
+	a.tick(now)
+	if st := a.Stats(); st.ForgottenHosts != 2 || st.Hosts != 0 || st.FinishedJobs != 1 {
+		t.Fatalf("after the TTL: %+v", st)
+	}
+	// The job went with its hosts: its summary is kept, its slot is free.
+	if len(a.finished) != 1 || a.finished[0].Job != "j" || a.finished[0].Facts != 2 || len(a.jobs) != 0 {
+		t.Fatalf("finished %+v, jobs %d", a.finished, len(a.jobs))
+	}
+}
+
+func TestJobLimit(t *testing.T) {
+	det := testDetector()
+	det.MaxJobs = 2
+	a, err := New(Config{Detector: det, StatsEvery: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		st := detector.Step{Kind: detector.KindStep, Job: fmt.Sprint("job", i), Rank: 0, EndNS: 10, Phases: map[string]float64{}}
+		a.handle(batch{recv: 1, facts: []Fact{{Host: "h", Step: &st}}})
+	}
+	if st := a.Stats(); st.RefusedJobs != 1 || st.Facts != 2 {
+		t.Fatalf("%+v", st)
+	}
+}
+
+func TestOfferRefusesWhenQueueFull(t *testing.T) {
+	a, err := New(Config{Detector: testDetector(), QueueFacts: 3, StatsEvery: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := detector.Step{Kind: detector.KindStep, Job: "j", Rank: 1, EndNS: 10, Phases: map[string]float64{}}
+	f := []Fact{{Host: "h", Step: &st}, {Host: "h", Step: &st}}
+	if err := a.Offer(1, f); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Offer(1, f); err != ErrQueueFull {
+		t.Fatalf("second offer: %v, want ErrQueueFull", err)
+	}
+	if got := a.Stats(); got.RefusedQueue != 2 || got.Queued != 2 {
+		t.Fatalf("%+v", got)
+	}
+}

@@ -1,0 +1,134 @@
+// Package aggregate is slowrank's multi-host detector: an OTLP receiver
+// (`slowrank aggregate`) that takes the step and topology facts every
+// agent forwards (otel.Forwarder, `slowrank agent --aggregator ADDR`), runs
+// one detector across all ranks of each job, and hands verdicts to the same
+// sinks as an agent (JSONL, OpenTelemetry). It owns the wire schema's
+// decoding and validation (DecodeLogs, DecodeTraces), the merging of the
+// hosts' topologies (one merged, versioned topology per job), the timeline
+// on which windows are cut, and the receiver's security limits. It imports
+// detector and otel; nothing in slowrank imports it but cmd.
+//
+// # Wire schema: one OTLP log record per fact
+//
+// Resource attributes: service.name = "slowrank", slowrank.job.id = job
+// (string, required; nothing host-specific, so that one resource is one job
+// and a collector can route by it). Scope: name
+// "github.com/slowrank/slowrank/otel/forward"; attribute
+// slowrank.sent_mono_ns (int) = the sender's CLOCK_MONOTONIC when the
+// request left, refreshed on every retry (optional; absent means age 0).
+// Record: trace_id = otel.RouteTraceID(job) (a per-job constant that names
+// no trace; older loadbalancing exporters route logs by trace id only),
+// event_name slowrank.step or slowrank.topology, and the attributes:
+//
+//	slowrank.kind            string  "step" | "topology"           required
+//	slowrank.host            string  the sending host               required
+//	slowrank.job.id          string  if present, must equal the resource's
+//	step records:
+//	slowrank.rank            int     0 ≤ rank < 2^24               required
+//	slowrank.step            int     ≥ 0                            required
+//	slowrank.start_ns        int     sender's CLOCK_MONOTONIC       required
+//	slowrank.end_ns          int     ≥ start_ns, ≤ start + 24 h, ≤ sent_mono_ns
+//	slowrank.phase.<p>_ms    double  one per measured phase (p: [a-z0-9_]{1,32},
+//	                                 at most 16; finite, ≥ 0); absent = not measured
+//	slowrank.gpu             bool    device records present
+//	slowrank.topology.version int    the sender's topology version of the step
+//	slowrank.epoch           int     the agent's attach epoch
+//	slowrank.workload.fp     string  workload fingerprint
+//	slowrank.workload.tokens int     ≥ 0
+//	slowrank.last_arrival    bool    last at the step's collectives
+//	slowrank.arrival_lag_ms  double  ≥ 0
+//	topology records: body = the topology fact of DESIGN.md 5.1 as a JSON
+//	string (job equal to the resource's); slowrank.topology.version, if
+//	present, equal to its version.
+//
+// Validation is strict and per record: a wrong type, a missing required
+// attribute, a value out of range, a key given twice or a record beyond the
+// limits rejects that record (counted, and reported to the sender as OTLP
+// partial success with the first reason); other records of the request are
+// kept. Unknown attributes are ignored and records without slowrank.kind
+// (or with a kind this version does not know) are ignored and counted, so
+// the schema can grow. The same step fields are also accepted from
+// train.step spans (OTLP traces, attribute names of otel/spans.go), whose
+// timestamps give the duration; spans carry no send time.
+//
+// # Timeline: windows by receive time minus sender-side age
+//
+// Hosts' CLOCK_MONOTONIC values have unrelated origins, and wall clocks
+// drift; the aggregator trusts no cross-host offset. Every fact is placed on
+// the aggregator's own CLOCK_MONOTONIC:
+//
+//	age     = sent_mono_ns − end_ns        (both from the sender's clock: a duration)
+//	end_ns' = receive_mono − age           (the aggregator's clock)
+//	start_ns' = end_ns' − (end_ns − start_ns)
+//
+// and the detector cuts windows by end_ns' exactly as for one host
+// (window = floor((end' − t0)/window), t0 the job's first end'). Durations
+// (phases, step length) are never touched; only where a step falls is
+// decided by the aggregator. Silence is noticed because the aggregator
+// advances event time by its own clock every Tick (detector.Advance): a
+// window settles at its end plus --lateness even if some host sent nothing,
+// and a known rank (from the merged topology or earlier facts) without
+// facts in it is `uncertain` ("no steps in window while N peers measured
+// ..."), never slow and never recovered; an active alert is kept
+// (alert_active). When the host reports again its ranks are judged again
+// from the next window on. Facts that it had queued during the outage get
+// their true age, fall into settled windows and are counted late, not
+// mixed into the present.
+//
+// Effect on latency: a verdict leaves at window end + lateness + at most one
+// Tick (plus the settle time, see bench/aggregate), the same as in an agent.
+// The sender's own delay (correlation, batching, retries) is subtracted, so
+// it needs no extra lateness as long as it stays below --lateness (default
+// 2 s; the forwarder batches for 200 ms). What is not subtracted is the
+// one-way network transit (and a collector's batching, if one sits in
+// between), which cannot be measured without synchronised clocks: a slow
+// network shifts that host's facts later by its transit time. A constant
+// delay shifts all its steps equally: its windows hold as many steps,
+// shifted by the delay, and durations are unaffected, so it makes nobody a
+// straggler; jitter moves steps near a boundary into the neighbouring
+// window, which the per-window median absorbs. A delay beyond the lateness
+// allowance makes facts late: the host's ranks become `uncertain` (not
+// enough evidence), never slow. Step-index windows were rejected: they
+// cannot notice silence (no step, no progress) and need every rank's step
+// numbers to agree, which restarts and re-attaches break.
+//
+// # Topologies from several hosts
+//
+// Each agent numbers its own topology versions and lists what it sees (its
+// ranks; per communicator its local members, all ranks for a world group).
+// Per job the aggregator keeps every host's latest topology and builds the
+// union: ranks by number, groups by id (members united, type by majority).
+// The merged version increases by one whenever the union changes (at most
+// once per TopologyDebounce, default 1 s), and a step's
+// slowrank.topology.version is re-tagged with the merged version that first
+// included the host's version. A host silent for HostTTL (default
+// evict-after windows) is forgotten and leaves the union.
+//
+// # Security and bounds
+//
+// The receiver binds 127.0.0.1:4317 unless told otherwise. Optional TLS
+// (certificate and key files) and an optional bearer token (read from a
+// file) required on every request, checked before any body is read.
+// Requests are bounded (4 MiB compressed and decompressed, gRPC messages
+// too), at most 16 are read and decoded at once (others wait up to 5 s,
+// then get a retryable refusal), connections are bounded (4096, 8 streams
+// each), and decoding is bounded per request (Limits: records, attributes,
+// string lengths, phases, topology size). State is bounded: hosts (65536
+// overall, 8192 per job, forgotten after HostTTL), jobs (the detector
+// configuration's MaxJobs at once; each job has its own detector, and a job
+// whose hosts are all forgotten is finished: its last windows are settled,
+// its summary kept, its slot freed), ranks (MaxRanks per job), facts waiting
+// for the detector (QueueFacts; beyond it the receiver answers a retryable
+// UNAVAILABLE / HTTP 503 and the forwarder backs off). Identical group
+// member lists from many hosts (the world group) are stored once.
+//
+// # Concurrency
+//
+// Server handlers decode concurrently and call Aggregator.Offer, which
+// never blocks. One goroutine (Run) owns the detectors, the topology merge
+// and the per-host state, and calls the sinks in order.
+//
+// # Requirements
+//
+// None of the kernel or the GPU: the aggregator runs anywhere Go does.
+package aggregate

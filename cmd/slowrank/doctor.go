@@ -1,0 +1,840 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/urfave/cli/v2"
+	"golang.org/x/sys/unix"
+
+	"github.com/slowrank/slowrank/agent"
+	"github.com/slowrank/slowrank/bpf"
+	"github.com/slowrank/slowrank/cupti"
+)
+
+// Check statuses. Only "fail" makes doctor exit 1: it marks something the
+// agent needs. "warn" costs a feature (device phases, telemetry export);
+// "info" is context.
+const (
+	checkOK   = "ok"
+	checkWarn = "warn"
+	checkFail = "fail"
+	checkInfo = "info"
+)
+
+// checkResult is one line of doctor's report (and one object of --json).
+type checkResult struct {
+	Check  string `json:"check"`
+	Status string `json:"status"`
+	Detail string `json:"detail"`
+	Fix    string `json:"fix,omitempty"`
+	// Items are details (one per training process).
+	Items []string `json:"items,omitempty"`
+}
+
+func doctorCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "doctor",
+		Usage:     "check what works on this host for the agent, and how to fix what does not",
+		UsageText: "slowrank doctor [--json] [--otlp-endpoint URL] [--lib PATH]",
+		Description: "Checks the kernel (version, BTF, uprobes, tracefs, BPF ring buffers, uprobe\n" +
+			"ref_ctr_offset), this process's capabilities, NVML and the GPUs, the CUPTI injection\n" +
+			"library and the CUDA/CUPTI versions, the training processes (environment has RANK)\n" +
+			"and whether they loaded the library, the OTLP endpoint, and a running agent. One line\n" +
+			"per check with a fix. Exit code 0 when everything the agent needs is there, 1\n" +
+			"otherwise. Run it as the agent runs (root) for meaningful answers.",
+		Flags: []cli.Flag{
+			&cli.BoolFlag{Name: "json", Usage: "print the checks as a JSON array", EnvVars: []string{"SLOWRANK_JSON"}},
+			&cli.StringFlag{Name: "otlp-endpoint", Usage: "OTLP endpoint to test (default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT)"},
+			&cli.StringFlag{Name: "lib", Usage: "the injection library libslowrank_cupti.so (default: next to the binary, bin/, /opt/slowrank/lib)", EnvVars: []string{"SLOWRANK_CUPTI_LIB_PATH"}},
+			&cli.StringFlag{Name: "env-key", Value: agent.DefaultEnvKey, Usage: "training processes are those whose environment has this variable", EnvVars: []string{"SLOWRANK_ENV_KEY"}},
+			&cli.StringFlag{Name: "socket", Value: agent.DefaultSocket, Usage: "a running agent's Unix socket", EnvVars: []string{"SLOWRANK_STATUS_SOCKET"}},
+		},
+		Action: func(c *cli.Context) error {
+			checks := runDoctor(c.Context, doctorOptions{
+				otlp: c.String("otlp-endpoint"), lib: c.String("lib"), envKey: c.String("env-key"), socket: c.String("socket"),
+			})
+			if c.Bool("json") {
+				enc := json.NewEncoder(os.Stdout)
+				enc.SetIndent("", "  ")
+				enc.SetEscapeHTML(false)
+				if err := enc.Encode(checks); err != nil {
+					return err
+				}
+			} else {
+				writeDoctor(os.Stdout, checks)
+			}
+			if doctorFailed(checks) {
+				return cli.Exit("", 1)
+			}
+			return nil
+		},
+	}
+}
+
+type doctorOptions struct {
+	otlp, lib, envKey, socket string
+}
+
+func doctorFailed(checks []checkResult) bool {
+	for _, c := range checks {
+		if c.Status == checkFail {
+			return true
+		}
+	}
+	return false
+}
+
+// runDoctor runs every check. Each is independent: one failing does not
+// stop the others.
+func runDoctor(ctx context.Context, o doctorOptions) []checkResult {
+	kernel, kerr := unameRelease()
+	var kv kernelVersion
+	if kerr == nil {
+		kv, kerr = parseKernelVersion(kernel)
+	}
+	out := []checkResult{
+		checkKernel(kernel, kv, kerr),
+		checkBTF(),
+		checkUprobes(),
+		checkTracefs(),
+		checkCapabilities(),
+		checkBPF(),
+		checkRefCtr(),
+		checkNVML(),
+	}
+	libPath, lib := checkInjectionLibrary(o.lib)
+	out = append(out, lib, checkCUDA(), checkProcesses(o.envKey, libPath), checkOTLP(ctx, o.otlp), checkAgent(ctx, o.socket))
+	return out
+}
+
+// writeDoctor prints one line per check, a fix line under each that is not
+// ok, and a verdict.
+func writeDoctor(w io.Writer, checks []checkResult) {
+	host, _ := os.Hostname()
+	fmt.Fprintf(w, "slowrank doctor %s on %s\n", version, host)
+	counts := map[string]int{}
+	for _, c := range checks {
+		counts[c.Status]++
+		label := map[string]string{checkOK: " ok ", checkWarn: "WARN", checkFail: "FAIL", checkInfo: "info"}[c.Status]
+		fmt.Fprintf(w, "[%s] %-10s %s\n", label, c.Check, c.Detail)
+		for _, it := range c.Items {
+			fmt.Fprintf(w, "                  %s\n", it)
+		}
+		if c.Fix != "" {
+			fmt.Fprintf(w, "                  fix: %s\n", c.Fix)
+		}
+	}
+	verdict := "this host can run the agent"
+	if counts[checkFail] > 0 {
+		verdict = "the agent cannot run here until the failures are fixed"
+	} else if counts[checkWarn] > 0 {
+		verdict = "the agent can run here; warnings cost features"
+	}
+	fmt.Fprintf(w, "%d ok, %d warnings, %d failures: %s\n", counts[checkOK], counts[checkWarn], counts[checkFail], verdict)
+}
+
+// kernelVersion is major.minor.patch of a kernel release string.
+type kernelVersion struct{ major, minor, patch int }
+
+func (v kernelVersion) String() string { return fmt.Sprintf("%d.%d.%d", v.major, v.minor, v.patch) }
+
+// atLeast reports whether v >= major.minor.
+func (v kernelVersion) atLeast(major, minor int) bool {
+	return v.major > major || (v.major == major && v.minor >= minor)
+}
+
+// parseKernelVersion reads "6.18.44-fc-v669", "5.15.0-91-generic",
+// "4.18.0-513.el8.x86_64", "6.1": the leading numbers.
+func parseKernelVersion(release string) (kernelVersion, error) {
+	var nums []int
+	rest := release
+	for len(nums) < 3 {
+		i := 0
+		for i < len(rest) && rest[i] >= '0' && rest[i] <= '9' {
+			i++
+		}
+		if i == 0 {
+			break
+		}
+		n, err := strconv.Atoi(rest[:i])
+		if err != nil {
+			return kernelVersion{}, fmt.Errorf("kernel release %q: %w", release, err)
+		}
+		nums = append(nums, n)
+		rest = rest[i:]
+		if !strings.HasPrefix(rest, ".") {
+			break
+		}
+		rest = rest[1:]
+	}
+	if len(nums) < 2 {
+		return kernelVersion{}, fmt.Errorf("kernel release %q: want MAJOR.MINOR", release)
+	}
+	for len(nums) < 3 {
+		nums = append(nums, 0)
+	}
+	return kernelVersion{nums[0], nums[1], nums[2]}, nil
+}
+
+func unameRelease() (string, error) {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return "", fmt.Errorf("uname: %w", err)
+	}
+	return unix.ByteSliceToString(u.Release[:]), nil
+}
+
+func checkKernel(release string, v kernelVersion, err error) checkResult {
+	r := checkResult{Check: "kernel"}
+	switch {
+	case runtime.GOARCH != "amd64":
+		r.Status, r.Detail = checkFail, fmt.Sprintf("Linux %s on %s: the probes read arguments per the x86-64 ABI", release, runtime.GOARCH)
+		r.Fix = "run the agent on x86-64 hosts"
+	case err != nil:
+		r.Status, r.Detail = checkFail, err.Error()
+	case !v.atLeast(5, 8):
+		r.Status, r.Detail = checkFail, fmt.Sprintf("Linux %s: BPF ring buffers need 5.8+", release)
+		r.Fix = "upgrade the kernel to 5.8 or newer (5.15+ recommended)"
+	default:
+		r.Status, r.Detail = checkOK, fmt.Sprintf("Linux %s x86_64 (5.8+ needed)", release)
+	}
+	return r
+}
+
+func checkBTF() checkResult {
+	r := checkResult{Check: "btf"}
+	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err == nil {
+		r.Status, r.Detail = checkOK, "/sys/kernel/btf/vmlinux present"
+	} else {
+		// slowrank's programs are uprobes reading user memory: no CO-RE.
+		r.Status, r.Detail = checkInfo, "no /sys/kernel/btf/vmlinux: not needed by slowrank's uprobes, expected by most other eBPF tools"
+		r.Fix = "build the kernel with CONFIG_DEBUG_INFO_BTF=y if other eBPF tools need it"
+	}
+	return r
+}
+
+const (
+	uprobePMU       = "/sys/bus/event_source/devices/uprobe/type"
+	tracefsUprobes  = "/sys/kernel/tracing/uprobe_events"
+	debugfsUprobes  = "/sys/kernel/debug/tracing/uprobe_events"
+	procSelfMounts  = "/proc/self/mounts"
+	procSelfStatus  = "/proc/self/status"
+	nvidiaVersion   = "/proc/driver/nvidia/version"
+	nvidiaGPUsDir   = "/proc/driver/nvidia/gpus"
+	injectionLibDir = "/opt/slowrank/lib"
+)
+
+func checkUprobes() checkResult {
+	r := checkResult{Check: "uprobes"}
+	var via []string
+	if _, err := os.Stat(uprobePMU); err == nil {
+		via = append(via, "perf uprobe PMU")
+	}
+	for _, p := range []string{tracefsUprobes, debugfsUprobes} {
+		if _, err := os.Stat(p); err == nil {
+			via = append(via, p)
+			break
+		}
+	}
+	if len(via) == 0 {
+		r.Status, r.Detail = checkFail, "no uprobe support: neither the perf uprobe PMU nor tracefs uprobe_events"
+		r.Fix = "use a kernel built with CONFIG_UPROBES=y and CONFIG_UPROBE_EVENTS=y"
+		return r
+	}
+	r.Status, r.Detail = checkOK, "via "+strings.Join(via, " and ")
+	return r
+}
+
+// parseMounts returns the mount points of each file system type in
+// /proc/self/mounts.
+func parseMounts(data []byte) map[string][]string {
+	out := map[string][]string{}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 3 {
+			continue
+		}
+		// Spaces in mount points are written as \040.
+		out[f[2]] = append(out[f[2]], strings.ReplaceAll(f[1], `\040`, " "))
+	}
+	return out
+}
+
+func checkTracefs() checkResult {
+	r := checkResult{Check: "tracefs"}
+	data, err := os.ReadFile(procSelfMounts)
+	if err != nil {
+		r.Status, r.Detail = checkWarn, fmt.Sprintf("cannot read mounts: %v", err)
+		return r
+	}
+	m := parseMounts(data)
+	if pts := m["tracefs"]; len(pts) > 0 {
+		r.Status, r.Detail = checkOK, "mounted at "+strings.Join(pts, ", ")
+		return r
+	}
+	_, pmuErr := os.Stat(uprobePMU)
+	if pmuErr == nil {
+		r.Status, r.Detail = checkInfo, "not mounted: not needed, uprobes attach through the perf uprobe PMU"
+		r.Fix = "mount -t tracefs nodev /sys/kernel/tracing (only for tracefs-based tools)"
+		return r
+	}
+	r.Status, r.Detail = checkFail, "not mounted, and no perf uprobe PMU to attach without it"
+	r.Fix = "mount -t tracefs nodev /sys/kernel/tracing (Kubernetes: mount /sys/kernel/tracing or /sys/kernel/debug into the agent)"
+	return r
+}
+
+// parseCapEff reads the effective capability set from /proc/PID/status.
+func parseCapEff(status []byte) (uint64, error) {
+	sc := bufio.NewScanner(bytes.NewReader(status))
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok || k != "CapEff" {
+			continue
+		}
+		caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+		if err != nil {
+			return 0, fmt.Errorf("parse CapEff %q: %w", strings.TrimSpace(v), err)
+		}
+		return caps, nil
+	}
+	return 0, errors.New("status has no CapEff line")
+}
+
+// missingCaps splits the requirements that eff does not satisfy (neither
+// the capability nor one that serves instead) into required and optional.
+func missingCaps(eff agent.CapSet, reqs []agent.CapRequirement) (required, optional []agent.CapRequirement) {
+	for _, r := range reqs {
+		ok := eff.Has(r.Cap)
+		for _, c := range r.Also {
+			ok = ok || eff.Has(c)
+		}
+		switch {
+		case ok:
+		case r.Required:
+			required = append(required, r)
+		default:
+			optional = append(optional, r)
+		}
+	}
+	return required, optional
+}
+
+func capList(reqs []agent.CapRequirement) string {
+	names := make([]string, len(reqs))
+	for i, r := range reqs {
+		names[i] = r.Cap.String()
+	}
+	return strings.Join(names, ", ")
+}
+
+// checkCapabilities compares this process's effective set with what the
+// agent uses on this kernel (agent.CapRequirements; whether uprobes need
+// CAP_SYS_ADMIN is probed, and assumed when it cannot be).
+func checkCapabilities() checkResult {
+	r := checkResult{Check: "caps"}
+	data, err := os.ReadFile(procSelfStatus)
+	var eff uint64
+	if err == nil {
+		eff, err = parseCapEff(data)
+	}
+	if err != nil {
+		r.Status, r.Detail = checkWarn, fmt.Sprintf("cannot read this process's capabilities: %v", err)
+		return r
+	}
+	needAdmin, perr := agent.UprobesNeedSysAdmin()
+	if perr != nil {
+		needAdmin = true
+	}
+	reqs := agent.CapRequirements(needAdmin, true)
+	var used agent.CapSet
+	for _, q := range reqs {
+		used |= agent.Caps(append([]agent.Capability{q.Cap}, q.Also...)...)
+	}
+	have := agent.CapSet(eff) & used
+	required, optional := missingCaps(agent.CapSet(eff), reqs)
+	admin := ""
+	if needAdmin {
+		admin = "; this kernel wants CAP_SYS_ADMIN for uprobes"
+	}
+	switch {
+	case len(required) > 0:
+		r.Status = checkFail
+		r.Detail = fmt.Sprintf("this process lacks %s (needed to %s)", capList(required), required[0].Why)
+		r.Fix = "run the agent (and doctor) as root, or with the unit's capabilities (deploy/systemd/slowrank-agent.service)"
+	case len(optional) > 0:
+		r.Status = checkWarn
+		r.Detail = fmt.Sprintf("has what the agent requires, lacks %s (to %s)", capList(optional), optional[0].Why)
+		r.Fix = "grant them too (deploy/systemd/slowrank-agent.service lists the set)"
+	default:
+		r.Status = checkOK
+		r.Detail = fmt.Sprintf("the agent's set is effective: %s%s", have, admin)
+	}
+	return r
+}
+
+func checkBPF() checkResult {
+	r := checkResult{Check: "bpf"}
+	err := bpf.CheckSupport()
+	switch {
+	case err == nil:
+		r.Status, r.Detail = checkOK, "uprobe programs, ring buffers, LRU hash and per-CPU maps, probe_read_user: supported"
+	case errors.Is(err, bpf.ErrPermission):
+		r.Status, r.Detail = checkFail, fmt.Sprintf("cannot probe BPF support: %v", err)
+		r.Fix = "run as root (or with CAP_BPF and CAP_PERFMON); in a container: privileged, or a seccomp profile that allows bpf and perf_event_open"
+	default:
+		r.Status, r.Detail = checkFail, err.Error()
+		r.Fix = "Linux 5.8+ with CONFIG_BPF_SYSCALL=y, CONFIG_BPF_EVENTS=y and CONFIG_UPROBE_EVENTS=y"
+	}
+	return r
+}
+
+func checkRefCtr() checkResult {
+	r := checkResult{Check: "refctr"}
+	if err := bpf.CheckRefCtrSupport(); err != nil {
+		r.Status, r.Detail = checkWarn, fmt.Sprintf("no uprobe ref_ctr_offset: %v", err)
+		r.Fix = "Linux 4.20+ with the perf uprobe PMU; without it the injection library never sees the agent and no device records flow (host phases still work)"
+		return r
+	}
+	r.Status, r.Detail = checkOK, "uprobe ref_ctr_offset supported (the injection library's attach semaphore)"
+	return r
+}
+
+// parseNvidiaVersion extracts the driver version from
+// /proc/driver/nvidia/version ("NVRM version: NVIDIA UNIX x86_64 Kernel
+// Module  580.95.05  ...").
+func parseNvidiaVersion(data []byte) string {
+	line, _, _ := bytes.Cut(data, []byte("\n"))
+	for _, w := range strings.Fields(string(line)) {
+		if isVersion(w) {
+			return w
+		}
+	}
+	return ""
+}
+
+// isVersion reports whether w is N.N or N.N.N...
+func isVersion(w string) bool {
+	parts := strings.Split(w, ".")
+	if len(parts) < 2 {
+		return false
+	}
+	for _, p := range parts {
+		if p == "" || strings.Trim(p, "0123456789") != "" {
+			return false
+		}
+	}
+	return true
+}
+
+func checkNVML() checkResult {
+	r := checkResult{Check: "nvml"}
+	n, err := agent.OpenNVML()
+	if err != nil {
+		r.Status = checkWarn
+		r.Detail = fmt.Sprintf("NVML unavailable: %s", strings.TrimSuffix(err.Error(), ": "+agent.ErrNVMLUnavailable.Error()))
+		if errors.Is(err, agent.ErrNVMLUnavailable) {
+			r.Fix = "install the NVIDIA driver (nvidia-smi must work); on a host without GPUs this is expected and the agent still judges host phases"
+		}
+		return r
+	}
+	defer n.Close()
+	gpus := 0
+	if ents, err := os.ReadDir(nvidiaGPUsDir); err == nil {
+		gpus = len(ents)
+	}
+	driver := "unknown"
+	if b, err := os.ReadFile(nvidiaVersion); err == nil {
+		if v := parseNvidiaVersion(b); v != "" {
+			driver = v
+		}
+	}
+	procs, perr := n.GPUProcesses()
+	r.Status = checkOK
+	r.Detail = fmt.Sprintf("driver %s, %d GPUs, %d processes with a compute context", driver, gpus, len(procs))
+	if perr != nil {
+		r.Status = checkWarn
+		r.Detail += fmt.Sprintf("; %v", perr)
+		r.Fix = "run as root; in a container, expose every /dev/nvidia* device"
+	}
+	return r
+}
+
+// injectionCandidates lists where doctor looks for the library, first
+// found wins: --lib, next to the binary, bin/ under the working directory,
+// /opt/slowrank/lib.
+func injectionCandidates(explicit string) []string {
+	if explicit != "" {
+		return []string{explicit}
+	}
+	var c []string
+	if exe, err := os.Executable(); err == nil {
+		c = append(c, filepath.Join(filepath.Dir(exe), agent.InjectionLibraryName))
+	}
+	c = append(c, filepath.Join("bin", agent.InjectionLibraryName), filepath.Join(injectionLibDir, agent.InjectionLibraryName))
+	return c
+}
+
+// checkInjectionLibrary finds and inspects the library; it returns its path
+// ("" when none is usable).
+func checkInjectionLibrary(explicit string) (string, checkResult) {
+	r := checkResult{Check: "cupti-lib"}
+	cands := injectionCandidates(explicit)
+	for _, p := range cands {
+		if _, err := os.Stat(p); err != nil {
+			continue
+		}
+		abs, _ := filepath.Abs(p)
+		if _, err := cupti.InspectLibrary(abs); err != nil {
+			r.Status, r.Detail = checkWarn, fmt.Sprintf("%s is not a usable injection library: %v", abs, err)
+			if explicit != "" {
+				r.Status = checkFail
+			}
+			r.Fix = "rebuild it with make cupti, or install the release's libslowrank_cupti.so"
+			return "", r
+		}
+		r.Status, r.Detail = checkOK, abs+" (emit, semaphore and control block found)"
+		r.Fix = ""
+		return abs, r
+	}
+	r.Status = checkWarn
+	if explicit != "" {
+		r.Status = checkFail
+	}
+	r.Detail = "libslowrank_cupti.so not found in " + strings.Join(cands, ", ")
+	r.Fix = "build it (make cupti) or install it under /opt/slowrank/lib; without it only host phases are judged"
+	return "", r
+}
+
+// cudaToolkitVersion reads version.json ("cuda": {"version": ...}) or
+// version.txt ("CUDA Version 11.8.89") of a CUDA installation.
+func cudaToolkitVersion(dir string) string {
+	if b, err := os.ReadFile(filepath.Join(dir, "version.json")); err == nil {
+		var v struct {
+			CUDA struct {
+				Version string `json:"version"`
+			} `json:"cuda"`
+		}
+		if json.Unmarshal(b, &v) == nil && v.CUDA.Version != "" {
+			return v.CUDA.Version
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "version.txt")); err == nil {
+		return strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(string(b)), "CUDA Version"))
+	}
+	return ""
+}
+
+// cuptiVersionFromName returns the version in a libcupti file name
+// ("libcupti.so.2022.3.0" -> "2022.3.0", "libcupti.so.12" -> "12").
+func cuptiVersionFromName(name string) string {
+	_, v, ok := strings.Cut(filepath.Base(name), ".so.")
+	if !ok {
+		return ""
+	}
+	return v
+}
+
+func checkCUDA() checkResult {
+	r := checkResult{Check: "cuda"}
+	var parts []string
+	homes := []string{os.Getenv("CUDA_HOME"), "/usr/local/cuda"}
+	cuptiDirs := []string{"/usr/lib/x86_64-linux-gnu"}
+	for _, h := range homes {
+		if h == "" {
+			continue
+		}
+		if v := cudaToolkitVersion(h); v != "" {
+			parts = append(parts, fmt.Sprintf("CUDA toolkit %s in %s", v, h))
+		}
+		cuptiDirs = append([]string{filepath.Join(h, "extras/CUPTI/lib64"), filepath.Join(h, "targets/x86_64-linux/lib")}, cuptiDirs...)
+	}
+	seen := map[string]bool{}
+	for _, d := range cuptiDirs {
+		link := filepath.Join(d, "libcupti.so")
+		real, err := filepath.EvalSymlinks(link)
+		if err != nil || seen[real] {
+			continue
+		}
+		seen[real] = true
+		if v := cuptiVersionFromName(real); v != "" {
+			parts = append(parts, fmt.Sprintf("CUPTI %s (%s)", v, real))
+		} else {
+			parts = append(parts, "CUPTI "+real)
+		}
+	}
+	if len(parts) == 0 {
+		r.Status, r.Detail = checkInfo, "no CUDA toolkit or libcupti on the host: the library uses the training process's own CUPTI (torch ships nvidia-cuda-cupti)"
+		r.Fix = "set SLOWRANK_CUPTI_LIB in the job to a libcupti.so if the library reports 'unavailable'"
+		return r
+	}
+	r.Status, r.Detail = checkInfo, strings.Join(parts, "; ")
+	return r
+}
+
+// injectionState reads the injection library's control block in a process:
+// its state and the CUPTI version it loaded.
+func injectionState(pid int, lib agent.Library) (string, error) {
+	info, err := cupti.InspectLibrary(lib.HostPath)
+	if err != nil {
+		return "", err
+	}
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		return "", err
+	}
+	addr, err := cupti.ControlAddress(maps, lib.File.Inode, info)
+	if err != nil {
+		return "", err
+	}
+	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
+	if err != nil {
+		return "", err
+	}
+	defer mem.Close()
+	cb, err := cupti.ReadControl(mem, int64(addr))
+	if err != nil {
+		return "", err
+	}
+	s := "library " + cb.Status.State.String()
+	if v := cb.Status.CUPTIVersion; v != 0 {
+		s += fmt.Sprintf(", CUPTI API %d", v)
+	}
+	return s, nil
+}
+
+// maxListed bounds the per-process lines of the report.
+const maxListed = 16
+
+func checkProcesses(envKey, libPath string) checkResult {
+	r := checkResult{Check: "processes"}
+	procs, stats, err := agent.Discover("", agent.Selector{EnvKey: envKey})
+	var denied *agent.AccessError
+	if err != nil && !errors.As(err, &denied) {
+		r.Status, r.Detail = checkWarn, fmt.Sprintf("scan /proc: %v", err)
+		return r
+	}
+	sel := fmt.Sprintf("environment has %s", envKey)
+	if len(procs) == 0 {
+		r.Status, r.Detail = checkInfo, fmt.Sprintf("no training process running (%s; %d processes scanned)", sel, stats.Scanned)
+		if stats.Denied > 0 {
+			r.Detail += "; " + deniedNote(denied)
+			if os.Geteuid() != 0 {
+				r.Status = checkWarn
+				r.Fix = "run doctor as root to see other users' processes"
+			}
+		}
+		return r
+	}
+	injectedEnv, loaded := 0, 0
+	for i, p := range procs {
+		libs, lerr := agent.ReadLibraries("", p.PID)
+		var kinds []string
+		var inj *agent.Library
+		for j := range libs {
+			kinds = append(kinds, libs[j].Kind.String())
+			if libs[j].Kind == agent.KindCUPTIInject {
+				inj = &libs[j]
+			}
+		}
+		sort.Strings(kinds)
+		kinds = dedupe(kinds)
+		if p.Identity.Injected {
+			injectedEnv++
+		}
+		state := "library not loaded"
+		switch {
+		case inj != nil:
+			loaded++
+			state = "library loaded"
+			if s, err := injectionState(p.PID, *inj); err == nil {
+				state = s
+			}
+		case p.Identity.Injected:
+			state = "CUDA_INJECTION64_PATH set, library not loaded yet"
+		}
+		if lerr != nil {
+			state = fmt.Sprintf("maps unreadable: %v", lerr)
+		}
+		if i < maxListed {
+			rank := "?"
+			if p.Identity.Rank >= 0 {
+				rank = strconv.Itoa(p.Identity.Rank)
+			}
+			r.Items = append(r.Items, fmt.Sprintf("pid %d rank %s job %s: %s; probed libraries: %s",
+				p.PID, rank, orDash(p.Identity.JobID), state, orDash(strings.Join(kinds, ","))))
+		}
+	}
+	if n := len(procs) - maxListed; n > 0 {
+		r.Items = append(r.Items, fmt.Sprintf("... and %d more", n))
+	}
+	r.Detail = fmt.Sprintf("%d found (%s), %d with CUDA_INJECTION64_PATH, %d loaded libslowrank_cupti.so", len(procs), sel, injectedEnv, loaded)
+	switch {
+	case loaded == len(procs):
+		r.Status = checkOK
+	default:
+		r.Status = checkWarn
+		lib := libPath
+		if lib == "" {
+			lib = filepath.Join(injectionLibDir, agent.InjectionLibraryName)
+		}
+		r.Fix = fmt.Sprintf("start the job with CUDA_INJECTION64_PATH=%s for device phases (compute, comm); host phases work without it", lib)
+	}
+	if stats.Denied > 0 {
+		r.Detail += "; " + deniedNote(denied)
+		if os.Geteuid() != 0 {
+			r.Status = checkWarn
+			r.Fix = "run doctor as root to see other users' processes"
+		}
+	}
+	return r
+}
+
+// deniedNote says which processes' environment could not be read.
+func deniedNote(denied *agent.AccessError) string {
+	if denied == nil {
+		return ""
+	}
+	pids := denied.PIDs
+	more := ""
+	if len(pids) > 5 {
+		pids, more = pids[:5], fmt.Sprintf(" and %d more", len(denied.PIDs)-5)
+	}
+	why := "not this user's"
+	if os.Geteuid() == 0 {
+		why = "another user namespace or not dumpable; use --pid for such a trainer"
+	}
+	return fmt.Sprintf("environment unreadable for pid %s%s (%s)", strings.Trim(fmt.Sprint(pids), "[]"), more, why)
+}
+
+func dedupe(s []string) []string {
+	out := s[:0]
+	for i, v := range s {
+		if i == 0 || v != s[i-1] {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// otlpTarget returns host:port to dial for an OTLP endpoint as the
+// exporters read it: a URL (http://host[:port][/path], default port 4318,
+// or 4317 with the grpc protocol; https 443 without a port) or, for gRPC, a
+// bare host:port.
+func otlpTarget(endpoint, protocol string) (string, error) {
+	def := "4318"
+	if protocol == "grpc" {
+		def = "4317"
+	}
+	if !strings.Contains(endpoint, "://") {
+		if _, _, err := net.SplitHostPort(endpoint); err == nil {
+			return endpoint, nil
+		}
+		if endpoint == "" || strings.ContainsAny(endpoint, "/ ") {
+			return "", fmt.Errorf("OTLP endpoint %q: want a URL such as http://collector:4318", endpoint)
+		}
+		return net.JoinHostPort(endpoint, def), nil
+	}
+	u, err := url.Parse(endpoint)
+	if err != nil {
+		return "", fmt.Errorf("OTLP endpoint %q: %w", endpoint, err)
+	}
+	if u.Hostname() == "" {
+		return "", fmt.Errorf("OTLP endpoint %q has no host", endpoint)
+	}
+	port := u.Port()
+	if port == "" {
+		switch {
+		case u.Scheme == "https" && protocol != "grpc":
+			port = "443"
+		default:
+			port = def
+		}
+	}
+	return net.JoinHostPort(u.Hostname(), port), nil
+}
+
+func checkOTLP(ctx context.Context, flag string) checkResult {
+	r := checkResult{Check: "otlp"}
+	endpoint, source := flag, "--otlp-endpoint"
+	protocol := os.Getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+	if protocol == "" {
+		protocol = os.Getenv("OTEL_EXPORTER_OTLP_PROTOCOL")
+	}
+	for _, k := range []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"} {
+		if endpoint == "" {
+			endpoint, source = os.Getenv(k), k
+		}
+	}
+	if endpoint == "" {
+		r.Status, r.Detail = checkWarn, "no OTLP endpoint set: the agent exports no OpenTelemetry (JSONL files and slowrank status still work)"
+		r.Fix = "set OTEL_EXPORTER_OTLP_ENDPOINT=http://COLLECTOR:4318 for the agent (deploy/otelcol.yaml is a collector config)"
+		return r
+	}
+	target, err := otlpTarget(endpoint, protocol)
+	if err != nil {
+		r.Status, r.Detail = checkFail, fmt.Sprintf("%s: %v", source, err)
+		r.Fix = "set a URL such as http://127.0.0.1:4318"
+		return r
+	}
+	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	start := time.Now()
+	conn, err := (&net.Dialer{}).DialContext(dctx, "tcp", target)
+	if err != nil {
+		r.Status, r.Detail = checkFail, fmt.Sprintf("%s (%s from %s) unreachable: %v", endpoint, target, source, err)
+		r.Fix = "start the OpenTelemetry Collector there, or fix the address; a firewall may drop the port"
+		return r
+	}
+	conn.Close()
+	r.Status, r.Detail = checkOK, fmt.Sprintf("%s (%s) accepts connections (%s)", endpoint, source, time.Since(start).Round(time.Millisecond))
+	return r
+}
+
+func checkAgent(ctx context.Context, socket string) checkResult {
+	r := checkResult{Check: "agent"}
+	if socket == "" {
+		r.Status, r.Detail = checkInfo, "not asked (no --socket)"
+		return r
+	}
+	e := &endpoint{where: socket, base: "http://slowrank-agent", client: newEndpointClient(socket, time.Second)}
+	rep, err := e.status(ctx)
+	if err != nil {
+		r.Status, r.Detail = checkInfo, "no agent answers at "+socket
+		if errors.Is(err, os.ErrPermission) || strings.Contains(err.Error(), "permission denied") {
+			r.Detail = "cannot ask the agent at " + socket + ": permission denied (root only)"
+		}
+		return r
+	}
+	r.Status = checkOK
+	r.Detail = fmt.Sprintf("running (version %s, up %s): %d processes, %d libraries attached, device collection %s",
+		orDash(rep.Version), rep.Uptime.Round(time.Second), rep.Processes, rep.Attached, rep.DeviceState)
+	if rep.Control != nil && rep.Control.Paused {
+		r.Status = checkWarn
+		r.Detail += "; collection PAUSED"
+		r.Fix = "slowrank control resume"
+	}
+	return r
+}

@@ -1,0 +1,211 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/slowrank/slowrank/agent"
+)
+
+func TestParseKernelVersion(t *testing.T) {
+	tests := []struct {
+		in   string
+		want kernelVersion
+		err  bool
+	}{
+		{"6.18.44-fc-v669", kernelVersion{6, 18, 44}, false},
+		{"5.15.0-91-generic", kernelVersion{5, 15, 0}, false},
+		{"4.18.0-513.el8.x86_64", kernelVersion{4, 18, 0}, false},
+		{"6.1", kernelVersion{6, 1, 0}, false},
+		{"5.8.0", kernelVersion{5, 8, 0}, false},
+		{"6.10.0-rc1+", kernelVersion{6, 10, 0}, false},
+		{"6", kernelVersion{}, true},
+		{"", kernelVersion{}, true},
+		{"linux", kernelVersion{}, true},
+	}
+	for _, tt := range tests {
+		got, err := parseKernelVersion(tt.in)
+		if (err != nil) != tt.err || got != tt.want {
+			t.Errorf("parseKernelVersion(%q) = %v, %v; want %v, err %v", tt.in, got, err, tt.want, tt.err)
+		}
+	}
+}
+
+func TestKernelAtLeast(t *testing.T) {
+	tests := []struct {
+		v            kernelVersion
+		major, minor int
+		want         bool
+	}{
+		{kernelVersion{5, 8, 0}, 5, 8, true},
+		{kernelVersion{5, 7, 19}, 5, 8, false},
+		{kernelVersion{6, 0, 0}, 5, 8, true},
+		{kernelVersion{4, 20, 0}, 5, 8, false},
+		{kernelVersion{5, 10, 0}, 5, 11, false},
+		{kernelVersion{5, 11, 0}, 5, 11, true},
+	}
+	for _, tt := range tests {
+		if got := tt.v.atLeast(tt.major, tt.minor); got != tt.want {
+			t.Errorf("%v.atLeast(%d, %d) = %v", tt.v, tt.major, tt.minor, got)
+		}
+	}
+}
+
+func TestParseCapEff(t *testing.T) {
+	status := "Name:\tslowrank\nCapInh:\t0000000000000000\nCapPrm:\t000001ffffffffff\nCapEff:\t000000c000080000\nCapBnd:\t000001ffffffffff\n"
+	eff, err := parseCapEff([]byte(status))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if eff != 0xc000080000 {
+		t.Fatalf("CapEff %#x", eff)
+	}
+	if _, err := parseCapEff([]byte("Name:\tx\n")); err == nil {
+		t.Error("no CapEff: no error")
+	}
+	if _, err := parseCapEff([]byte("CapEff:\tzz\n")); err == nil {
+		t.Error("bad CapEff: no error")
+	}
+}
+
+func TestMissingCaps(t *testing.T) {
+	set := func(cs ...agent.Capability) agent.CapSet { return agent.Caps(cs...) }
+	minimal := set(agent.CapBPF, agent.CapPerfmon, agent.CapSysPtrace, agent.CapDACReadSearch, agent.CapDACOverride, agent.CapCheckpointRestore)
+	tests := []struct {
+		name               string
+		eff                agent.CapSet
+		needAdmin          bool
+		required, optional string
+	}{
+		{"root", agent.CapSet(0x1ffffffffff), true, "", ""},
+		{"minimal on a kernel without the sys_admin rule", minimal, false, "", ""},
+		{"minimal where uprobes need sys_admin", minimal, true, "CAP_SYS_ADMIN", ""},
+		{"sys_admin covers bpf and perfmon", set(agent.CapSysAdmin, agent.CapSysPtrace, agent.CapDACReadSearch, agent.CapDACOverride), true, "", ""},
+		{"no ptrace", minimal &^ set(agent.CapSysPtrace), false, "CAP_SYS_PTRACE", ""},
+		{"no dac: optional features", set(agent.CapBPF, agent.CapPerfmon, agent.CapSysPtrace, agent.CapCheckpointRestore), false, "", "CAP_DAC_READ_SEARCH, CAP_DAC_OVERRIDE"},
+		{"nothing", 0, false, "CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH, CAP_CHECKPOINT_RESTORE, CAP_DAC_OVERRIDE"},
+		{"this container (no CAP_SYS_RESOURCE)", agent.CapSet(0x1fffeffffff), true, "", ""},
+	}
+	for _, tt := range tests {
+		req, opt := missingCaps(tt.eff, agent.CapRequirements(tt.needAdmin, true))
+		if got := capList(req); got != tt.required {
+			t.Errorf("%s: required missing %q, want %q", tt.name, got, tt.required)
+		}
+		if got := capList(opt); got != tt.optional {
+			t.Errorf("%s: optional missing %q, want %q", tt.name, got, tt.optional)
+		}
+	}
+}
+
+func TestParseMounts(t *testing.T) {
+	data := "sysfs /sys sysfs rw 0 0\ntracefs /sys/kernel/tracing tracefs rw 0 0\ndebugfs /sys/kernel/debug debugfs rw 0 0\n" +
+		"tracefs /sys/kernel/debug/tracing tracefs rw 0 0\nbpf /sys/fs/bpf bpf rw 0 0\nx /mnt/a\\040b ext4 rw 0 0\nshort\n"
+	m := parseMounts([]byte(data))
+	if got := strings.Join(m["tracefs"], ","); got != "/sys/kernel/tracing,/sys/kernel/debug/tracing" {
+		t.Errorf("tracefs %q", got)
+	}
+	if got := m["ext4"]; len(got) != 1 || got[0] != "/mnt/a b" {
+		t.Errorf("ext4 %q", got)
+	}
+}
+
+func TestParseNvidiaVersion(t *testing.T) {
+	tests := map[string]string{
+		"NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.95.05  Thu Sep 25 19:59:44 UTC 2025\nGCC version:  gcc 12\n": "580.95.05",
+		"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build\n":                             "570.86.15",
+		"garbage\n": "",
+	}
+	for in, want := range tests {
+		if got := parseNvidiaVersion([]byte(in)); got != want {
+			t.Errorf("parseNvidiaVersion(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestOTLPTarget(t *testing.T) {
+	tests := []struct {
+		endpoint, protocol, want string
+		err                      bool
+	}{
+		{"http://127.0.0.1:4318", "", "127.0.0.1:4318", false},
+		{"http://collector", "", "collector:4318", false},
+		{"http://collector", "grpc", "collector:4317", false},
+		{"https://otlp.example.com/v1", "", "otlp.example.com:443", false},
+		{"http://[::1]:4317/", "grpc", "[::1]:4317", false},
+		{"collector:4317", "grpc", "collector:4317", false},
+		{"collector", "grpc", "collector:4317", false},
+		{"http://", "", "", true},
+		{"not a url/x", "", "", true},
+	}
+	for _, tt := range tests {
+		got, err := otlpTarget(tt.endpoint, tt.protocol)
+		if (err != nil) != tt.err || got != tt.want {
+			t.Errorf("otlpTarget(%q, %q) = %q, %v; want %q, err %v", tt.endpoint, tt.protocol, got, err, tt.want, tt.err)
+		}
+	}
+}
+
+func TestCUPTIVersionFromName(t *testing.T) {
+	for in, want := range map[string]string{
+		"/usr/lib/x86_64-linux-gnu/libcupti.so.2022.3.0": "2022.3.0",
+		"libcupti.so.12":  "12",
+		"libcupti.so":     "",
+		"libcupti-abc.so": "",
+	} {
+		if got := cuptiVersionFromName(in); got != want {
+			t.Errorf("cuptiVersionFromName(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// TestDoctorJSON runs the whole doctor on this host: whatever the host
+// has, the output is a JSON array with every check, each with a known
+// status, and the exit code follows the failures.
+func TestDoctorJSON(t *testing.T) {
+	out, code := captureRun(t, "doctor", "--json", "--otlp-endpoint", "http://127.0.0.1:1", "--socket", t.TempDir()+"/none.sock")
+	var checks []checkResult
+	if err := json.Unmarshal([]byte(out), &checks); err != nil {
+		t.Fatalf("doctor --json: %v\n%s", err, out)
+	}
+	want := []string{"kernel", "btf", "uprobes", "tracefs", "caps", "bpf", "refctr", "nvml", "cupti-lib", "cuda", "processes", "otlp", "agent"}
+	if len(checks) != len(want) {
+		t.Fatalf("%d checks, want %d: %+v", len(checks), len(want), checks)
+	}
+	failed := false
+	for i, c := range checks {
+		if c.Check != want[i] {
+			t.Errorf("check %d is %q, want %q", i, c.Check, want[i])
+		}
+		switch c.Status {
+		case checkOK, checkInfo:
+		case checkWarn, checkFail:
+			if c.Fix == "" && c.Check != "processes" {
+				t.Errorf("%s: %s without a fix", c.Check, c.Status)
+			}
+			failed = failed || c.Status == checkFail
+		default:
+			t.Errorf("%s: unknown status %q", c.Check, c.Status)
+		}
+		if c.Detail == "" {
+			t.Errorf("%s: no detail", c.Check)
+		}
+	}
+	// Port 1 on loopback refuses: the configured endpoint fails.
+	if checks[11].Status != checkFail || !failed || code != 1 {
+		t.Errorf("otlp %+v, exit %d", checks[11], code)
+	}
+}
+
+func TestDoctorText(t *testing.T) {
+	out, _ := captureRun(t, "doctor", "--socket", t.TempDir()+"/none.sock")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if !strings.HasPrefix(lines[0], "slowrank doctor ") || !strings.Contains(lines[len(lines)-1], "failures") {
+		t.Fatalf("doctor output:\n%s", out)
+	}
+	for _, name := range []string{"kernel", "caps", "bpf", "nvml", "otlp"} {
+		if !strings.Contains(out, "] "+name) {
+			t.Errorf("no %s line:\n%s", name, out)
+		}
+	}
+}

@@ -1,0 +1,235 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/slowrank/slowrank/agent"
+	"github.com/slowrank/slowrank/detector"
+)
+
+// captureRun runs the CLI with args and returns what it printed on stdout
+// and its exit code.
+func captureRun(t *testing.T, args ...string) (string, int) {
+	t.Helper()
+	f, err := os.CreateTemp(t.TempDir(), "stdout")
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved := os.Stdout
+	os.Stdout = f
+	err = newApp().Run(append([]string{"slowrank"}, args...))
+	os.Stdout = saved
+	f.Close()
+	code := 0
+	var ec cli.ExitCoder
+	switch {
+	case errors.As(err, &ec):
+		code = ec.ExitCode()
+	case err != nil:
+		code = 1
+	}
+	b, _ := os.ReadFile(f.Name())
+	if err != nil && err.Error() != "" {
+		b = append(b, []byte("\nerror: "+err.Error())...)
+	}
+	return string(b), code
+}
+
+// fakeAgent serves a fixed status through a real server.
+type fakeAgent struct {
+	mu   sync.Mutex
+	cs   agent.ControlState
+	reqs []agent.ControlRequest
+}
+
+func (f *fakeAgent) Status() agent.Status {
+	since := int64(3)
+	v := detector.Verdict{Kind: "verdict", Job: "ft-2949-1944304736853", Window: 7, Rank: 2, State: detector.StateStraggler,
+		Phase: "host", ValueMS: 32.95, ReferenceMS: 20.86, ReferenceRank: 1, Deviation: 0.58, AlertActive: true, SinceWindow: &since}
+	c := detector.Verdict{Kind: "verdict", Job: "ft-2949-1944304736853", Window: 5, Rank: 2, State: detector.StateCandidate,
+		Phase: "host", Deviation: 0.57, ReferenceRank: 1}
+	step := func(r int, host float64) detector.Step {
+		return detector.Step{Job: "ft-2949-1944304736853", Rank: r, Step: 572, Phases: map[string]float64{"step": 52, "host": host, "sync_wait": 31}}
+	}
+	return agent.Status{
+		Uptime: 33 * time.Second, Processes: 4, Attached: 3, Events: 24110, Windows: 22, Facts: 4764, Verdicts: 17,
+		DeviceState: "no-lib",
+		Ranks: []agent.RankView{
+			{Job: "ft-2949-1944304736853", Rank: 0, Step: step(0, 20.9)},
+			{Job: "ft-2949-1944304736853", Rank: 2, Step: step(2, 33.0), Verdict: &v},
+		},
+		Alerts: []detector.Verdict{v},
+		Recent: []detector.Verdict{c, v},
+		Procs: []agent.ProcessView{{PID: 4242, Rank: 0, Job: "ft-2949-1944304736853", Libraries: []string{"libcuda.so.1", "libcudart.so.12", "libnccl.so.2"}},
+			{PID: 4243, Rank: 2, Job: "ft-2949-1944304736853", Libraries: []string{"libnccl.so.2"}, Injected: true}},
+		Counters: map[string]int64{"events": 24110, "ringbuf_lost": 0, "attach_errors": 1},
+	}
+}
+
+func (f *fakeAgent) ControlState(context.Context) (agent.ControlState, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.cs, nil
+}
+
+func (f *fakeAgent) Control(_ context.Context, req agent.ControlRequest) (agent.ControlState, error) {
+	if err := req.Validate(); err != nil {
+		return agent.ControlState{}, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reqs = append(f.reqs, req)
+	switch req.Action {
+	case agent.ActionPause:
+		f.cs.Paused = true
+	case agent.ActionResume:
+		f.cs.Paused = false
+	case agent.ActionSet:
+		if req.Window != nil {
+			f.cs.Detector.Window = *req.Window
+			f.cs.DetectorSwaps++
+		}
+		if req.Threshold != nil {
+			f.cs.Detector.Threshold = *req.Threshold
+		}
+	}
+	return f.cs, nil
+}
+
+func startFake(t *testing.T) (*fakeAgent, string) {
+	t.Helper()
+	f := &fakeAgent{cs: agent.ControlState{
+		Detector: agent.DetectorSettings{Window: agent.Duration(2 * time.Second), Threshold: 0.05, Floor: agent.Duration(time.Millisecond), Consecutive: 3},
+		Records:  agent.RecordCounts{Late: 4}, Facts: agent.FactCounts{Late: 1},
+	}}
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	srv, err := agent.NewServer(f, agent.ServerConfig{Socket: sock, Version: "test", Export: func() agent.ExportHealth {
+		return agent.ExportHealth{OTel: "otlp", Endpoint: "http://127.0.0.1:4318", Counters: map[string]int64{"spans_exported": 120, "spans_dropped_queue_full": 0},
+			Files: map[string]string{"verdicts": "/var/lib/slowrank/verdicts.jsonl"}}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	return f, sock
+}
+
+func checkWidth(t *testing.T, out string, width int) {
+	t.Helper()
+	for _, line := range strings.Split(out, "\n") {
+		if len(line) > width {
+			t.Errorf("line of %d columns (> %d): %q", len(line), width, line)
+		}
+	}
+}
+
+func TestStatusCommand(t *testing.T) {
+	_, sock := startFake(t)
+	out, code := captureRun(t, "status", "--socket", sock)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, out)
+	}
+	for _, want := range []string{
+		"slowrank agent test at " + sock, "collection running", "window 2s  threshold 0.05", "attached   4 processes, 3 libraries",
+		"4243", "events 24110  lost 0", "late: records 4, facts 1", "attach errors 1",
+		"otel otlp http://127.0.0.1:4318: healthy, spans 120", "verdicts /var/lib/slowrank/verdicts.jsonl",
+		"ALERTS", "rank 2    host      straggler  +58.0% vs r1", "last verdicts", "candidate",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+	checkWidth(t, out, 80)
+
+	out, code = captureRun(t, "status", "--socket", sock, "--json")
+	var rep agent.StatusReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || code != 0 {
+		t.Fatalf("status --json: %v (exit %d)\n%s", err, code, out)
+	}
+	if rep.Events != 24110 || rep.Control == nil || rep.Export == nil || len(rep.Ranks) != 2 {
+		t.Fatalf("report %+v", rep)
+	}
+
+	out, code = captureRun(t, "status", "--socket", filepath.Join(t.TempDir(), "none.sock"))
+	if code != 1 || !strings.Contains(out, "no agent answers") {
+		t.Fatalf("no agent: exit %d: %s", code, out)
+	}
+}
+
+func TestTopCommand(t *testing.T) {
+	f, sock := startFake(t)
+	f.cs.Paused = true
+	out, code := captureRun(t, "top", "--socket", sock, "--count", "2", "--interval", "100ms")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, out)
+	}
+	if n := strings.Count(out, "RANK  STEP#"); n != 2 {
+		t.Fatalf("%d frames, want 2:\n%s", n, out)
+	}
+	if strings.Contains(out, "\x1b[") {
+		t.Fatalf("escape sequences written to a file:\n%q", out)
+	}
+	if !strings.Contains(out, "COLLECTION PAUSED") || !strings.Contains(out, "STRAGGLER") {
+		t.Fatalf("top output:\n%s", out)
+	}
+	checkWidth(t, out, 80)
+}
+
+func TestTopWithoutAgent(t *testing.T) {
+	out, code := captureRun(t, "top", "--socket", filepath.Join(t.TempDir(), "none.sock"), "--count", "1")
+	if code != 0 || !strings.Contains(out, "no agent answers") || !strings.Contains(out, "retrying") {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+}
+
+func TestControlCommand(t *testing.T) {
+	f, sock := startFake(t)
+	out, code := captureRun(t, "control", "pause", "--socket", sock)
+	if code != 0 || !strings.Contains(out, "collection PAUSED") {
+		t.Fatalf("pause: exit %d:\n%s", code, out)
+	}
+	out, code = captureRun(t, "control", "set", "--socket", sock, "--window", "4s", "--threshold", "0.1")
+	if code != 0 || !strings.Contains(out, "window 4s  threshold 0.1") {
+		t.Fatalf("set: exit %d:\n%s", code, out)
+	}
+	last := f.reqs[len(f.reqs)-1]
+	if last.Action != "set" || time.Duration(*last.Window) != 4*time.Second || *last.Threshold != 0.1 || last.Floor != nil || last.Consecutive != nil {
+		t.Fatalf("request %+v", last)
+	}
+	if out, code := captureRun(t, "control", "set", "--socket", sock); code != exitUsage {
+		t.Fatalf("empty set: exit %d:\n%s", code, out)
+	}
+	if out, code := captureRun(t, "control", "set", "--socket", sock, "--duty-share", "2"); code != exitUsage {
+		t.Fatalf("bad share: exit %d:\n%s", code, out)
+	}
+	if _, code := captureRun(t, "control", "resume", "--socket", sock); code != 0 || f.cs.Paused {
+		t.Fatalf("resume: exit %d", code)
+	}
+}
+
+func TestVerdictLine(t *testing.T) {
+	v := detector.Verdict{Job: strings.Repeat("j", 40), Window: 12345, Rank: 1000003, State: detector.StateUncertain, Phase: "exposed_comm",
+		Hint: "gpu_stream_stall", AlertActive: true}
+	if l := verdictLine(v); len(l) > 77 || !strings.Contains(l, "uncertain*") {
+		t.Fatalf("%d columns: %q", len(l), l)
+	}
+}
+
+func TestWriteStatusWithoutControl(t *testing.T) {
+	var b bytes.Buffer
+	writeStatus(&b, agent.StatusReport{ControlError: "agent not answering: context deadline exceeded"}, "/run/x.sock", 8)
+	if !strings.Contains(b.String(), "collection unknown") || !strings.Contains(b.String(), "(none yet)") {
+		t.Fatalf("%s", b.String())
+	}
+}

@@ -1,0 +1,795 @@
+package otel
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/collector/pdata/pcommon"
+	"go.opentelemetry.io/collector/pdata/plog"
+	"go.opentelemetry.io/collector/pdata/plog/plogotlp"
+	"go.opentelemetry.io/otel/attribute"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/slowrank/slowrank/detector"
+)
+
+// The fact forwarding schema: how an agent hands its step and topology facts
+// to `slowrank aggregate` as OTLP log records. It is a public contract (the
+// aggregator decodes exactly this; aggregate/doc.go documents it in full):
+//
+//   - Resource: service.name=slowrank, slowrank.job.id=<job>, nothing else,
+//     so that one resource is one job and a collector's loadbalancing
+//     exporter routing by resource or by the slowrank.job.id attribute keeps
+//     a job on one aggregator.
+//   - Scope: name ForwardScope; attribute slowrank.sent_mono_ns, the
+//     sender's CLOCK_MONOTONIC when this attempt left (refreshed on retry).
+//   - Record: trace_id = RouteTraceID(job) (per-job constant, for the
+//     loadbalancing exporter's traceID routing), event_name slowrank.step or
+//     slowrank.topology, attribute slowrank.kind = "step" | "topology",
+//     slowrank.host = the sending host; a step carries its fields as
+//     attributes (ForwardStepAttributes), a topology its JSON fact (DESIGN.md
+//     5.1) as the string body and slowrank.topology.version.
+const (
+	ForwardScope   = "github.com/slowrank/slowrank/otel/forward"
+	EventFactStep  = "slowrank.step"
+	EventFactTopo  = "slowrank.topology"
+	FactKindStep   = "step"
+	FactKindTopo   = "topology"
+	ServiceName    = "slowrank"
+	AttrKind       = attribute.Key("slowrank.kind")
+	AttrSentMonoNS = attribute.Key("slowrank.sent_mono_ns")
+	AttrStartNS    = attribute.Key("slowrank.start_ns")
+	AttrEndNS      = attribute.Key("slowrank.end_ns")
+	// PhaseAttrPrefix and PhaseAttrSuffix frame a phase value attribute:
+	// slowrank.phase.<name>_ms (the same keys as on train.step spans).
+	PhaseAttrPrefix = "slowrank.phase."
+	PhaseAttrSuffix = "_ms"
+)
+
+// RouteTraceID is the trace id every forwarded record of job carries: the
+// first 16 bytes of SHA-256("slowrank/" + job + "/route"). It names no
+// trace; it makes a collector's loadbalancing exporter, whose log routing in
+// some versions only looks at the trace id, keep a job on one aggregator.
+func RouteTraceID(job string) pcommon.TraceID {
+	sum := sha256.Sum256([]byte("slowrank/" + job + "/route"))
+	var id pcommon.TraceID
+	copy(id[:], sum[:16])
+	return id
+}
+
+// FactLogs encodes facts as OTLP logs per the schema above: one resource per
+// job (in order of first appearance), topologies before steps. host names
+// the sender; wall maps a fact's *_ns onto wall-clock time for the records'
+// timestamps (informational: the aggregator never reads them). The scope
+// attribute slowrank.sent_mono_ns is set to 0; StampSent sets it.
+func FactLogs(host string, topos []detector.Topology, steps []detector.Step, wall func(int64) time.Time) plog.Logs {
+	ld := plog.NewLogs()
+	scopes := map[string]plog.LogRecordSlice{}
+	records := func(job string) plog.LogRecordSlice {
+		if s, ok := scopes[job]; ok {
+			return s
+		}
+		rl := ld.ResourceLogs().AppendEmpty()
+		rl.Resource().Attributes().PutStr("service.name", ServiceName)
+		rl.Resource().Attributes().PutStr(string(AttrJob), job)
+		sl := rl.ScopeLogs().AppendEmpty()
+		sl.Scope().SetName(ForwardScope)
+		sl.Scope().Attributes().PutInt(string(AttrSentMonoNS), 0)
+		s := sl.LogRecords()
+		scopes[job] = s
+		return s
+	}
+	for i := range topos {
+		t := &topos[i]
+		body, err := json.Marshal(t)
+		if err != nil {
+			continue // cannot happen for these types
+		}
+		lr := records(t.Job).AppendEmpty()
+		lr.SetTraceID(RouteTraceID(t.Job))
+		lr.SetEventName(EventFactTopo)
+		lr.Body().SetStr(string(body))
+		a := lr.Attributes()
+		a.PutStr(string(AttrKind), FactKindTopo)
+		a.PutStr(string(AttrHost), host)
+		a.PutInt(string(AttrTopo), int64(t.Version))
+	}
+	for i := range steps {
+		s := &steps[i]
+		lr := records(s.Job).AppendEmpty()
+		appendStepRecord(lr, host, s, wall)
+	}
+	return ld
+}
+
+func appendStepRecord(lr plog.LogRecord, host string, s *detector.Step, wall func(int64) time.Time) {
+	lr.SetTraceID(RouteTraceID(s.Job))
+	lr.SetEventName(EventFactStep)
+	if wall != nil {
+		lr.SetTimestamp(pcommon.NewTimestampFromTime(wall(s.EndNS)))
+	}
+	a := lr.Attributes()
+	a.EnsureCapacity(12 + len(s.Phases))
+	a.PutStr(string(AttrKind), FactKindStep)
+	if s.Host != "" {
+		host = s.Host
+	}
+	a.PutStr(string(AttrHost), host)
+	a.PutInt(string(AttrRank), int64(s.Rank))
+	a.PutInt(string(AttrStep), s.Step)
+	a.PutInt(string(AttrStartNS), s.StartNS)
+	a.PutInt(string(AttrEndNS), s.EndNS)
+	a.PutBool(string(AttrGPU), s.GPU)
+	if s.Topo != 0 {
+		a.PutInt(string(AttrTopo), int64(s.Topo))
+	}
+	if s.Epoch != 0 {
+		a.PutInt(string(AttrEpoch), int64(s.Epoch))
+	}
+	if s.Workload != nil {
+		if s.Workload.FP != "" {
+			a.PutStr(string(AttrWorkloadFP), s.Workload.FP)
+		}
+		if s.Workload.Tokens != 0 {
+			a.PutInt(string(AttrWorkloadTokens), s.Workload.Tokens)
+		}
+	}
+	if s.LastArrival != nil {
+		a.PutBool(string(AttrLastArrival), *s.LastArrival)
+	}
+	if s.ArrivalLagMS != nil {
+		a.PutDouble(string(AttrArrivalLagMS), *s.ArrivalLagMS)
+	}
+	for name, v := range s.Phases {
+		a.PutDouble(string(PhaseAttr(name)), v)
+	}
+}
+
+// StampSent sets slowrank.sent_mono_ns on every scope of ld to mono, the
+// sender's CLOCK_MONOTONIC now. Call it right before each send attempt.
+func StampSent(ld plog.Logs, mono int64) {
+	rls := ld.ResourceLogs()
+	for i := 0; i < rls.Len(); i++ {
+		sls := rls.At(i).ScopeLogs()
+		for j := 0; j < sls.Len(); j++ {
+			sls.At(j).Scope().Attributes().PutInt(string(AttrSentMonoNS), mono)
+		}
+	}
+}
+
+// ForwardConfig configures a Forwarder.
+type ForwardConfig struct {
+	// Endpoint is the aggregator (or a collector in front of it):
+	// "host:port" or "grpc://host:port" for OTLP/gRPC in plaintext,
+	// "grpcs://host:port" for OTLP/gRPC over TLS, "http://host:port[/path]"
+	// or "https://..." for OTLP/HTTP protobuf (path default /v1/logs).
+	Endpoint string
+	// HostName is the slowrank.host of the records (the aggregator keys
+	// per-host state and topology merging by it).
+	HostName string
+	// Token, when set, is sent as "authorization: Bearer <token>".
+	Token string
+	// RootCAs verifies a TLS endpoint (nil: the system pool).
+	RootCAs *x509.CertPool
+	// QueueSize bounds the step facts waiting to leave (default 16384).
+	// When full, the oldest fact is dropped and counted (stale facts are
+	// worth less than fresh ones: the aggregator judges the present).
+	QueueSize int
+	// MaxBatch is the most records in one request (default 1024).
+	MaxBatch int
+	// FlushInterval is the longest a fact waits for a batch (default 200ms).
+	FlushInterval time.Duration
+	// Timeout bounds one request (default 5s).
+	Timeout time.Duration
+	// MaxBackoff caps the retry back-off (default 5s; first wait 100ms).
+	MaxBackoff time.Duration
+	// MaxAge drops step facts that ended longer ago than this before they
+	// could be sent, counted as stale (default 15s): the aggregator would
+	// count them late anyway.
+	MaxAge time.Duration
+	// TopologyEvery re-sends the latest topology of every job this often,
+	// and after every recovery from a failure, so that a restarted
+	// aggregator learns it again (default 60s).
+	TopologyEvery time.Duration
+	// MaxJobs bounds the jobs whose topology is kept (default 64).
+	MaxJobs int
+
+	NowMono    func() int64
+	MonoToWall func(int64) time.Time
+	Logger     *slog.Logger
+}
+
+func (c ForwardConfig) withDefaults() ForwardConfig {
+	if c.QueueSize <= 0 {
+		c.QueueSize = 16384
+	}
+	if c.MaxBatch <= 0 {
+		c.MaxBatch = 1024
+	}
+	if c.FlushInterval <= 0 {
+		c.FlushInterval = 200 * time.Millisecond
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = 5 * time.Second
+	}
+	if c.MaxBackoff <= 0 {
+		c.MaxBackoff = 5 * time.Second
+	}
+	if c.MaxAge <= 0 {
+		c.MaxAge = 15 * time.Second
+	}
+	if c.TopologyEvery <= 0 {
+		c.TopologyEvery = time.Minute
+	}
+	if c.MaxJobs <= 0 {
+		c.MaxJobs = 64
+	}
+	if c.NowMono == nil {
+		c.NowMono = monotonicNow
+	}
+	if c.MonoToWall == nil {
+		c.MonoToWall = monoToWallNow()
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Forward drop reasons (ForwardStats.Dropped).
+const (
+	ForwardDropQueueFull = "queue_full" // oldest fact overwritten by a newer one
+	ForwardDropStale     = "stale"      // older than MaxAge when it could be sent
+	ForwardDropRejected  = "rejected"   // permanent error or rejected by the receiver (partial success)
+	ForwardDropShutdown  = "shutdown"   // still queued when Close's deadline passed
+	ForwardDropTopology  = "topology"   // topology of a job beyond MaxJobs
+)
+
+// ForwardStats are a Forwarder's counters.
+type ForwardStats struct {
+	Sent     int64            // records accepted by the receiver
+	Requests int64            // successful requests
+	Failures int64            // failed attempts (each retry counts)
+	Dropped  map[string]int64 // records, by reason
+	Queued   int              // step facts waiting now
+}
+
+// Forwarder sends an agent's step and topology facts to an aggregator as
+// OTLP log records. It is a Sink of the agent's pipeline: Step and Topology
+// only copy the fact into a bounded queue and never block; one goroutine
+// batches, sends, and retries with exponential back-off and jitter on
+// retryable errors (gRPC Unavailable, ResourceExhausted, DeadlineExceeded,
+// ...; HTTP 429, 502, 503, 504 and transport errors), reconnecting after a
+// failure so that a healed link is used at once. Everything it has to drop
+// is counted by reason. Safe for concurrent use; Close ends the goroutine.
+type Forwarder struct {
+	cfg  ForwardConfig
+	log  *slog.Logger
+	send sender
+
+	mu      sync.Mutex
+	ring    []detector.Step
+	head, n int
+	topos   map[string]detector.Topology
+	dirty   map[string]bool
+	order   []string // jobs in first-seen order
+	closed  bool
+
+	kick chan struct{}
+	stop chan struct{}
+	done chan struct{}
+	// runCtx bounds sends in flight; Close cancels it at its deadline.
+	runCtx    context.Context
+	cancelRun context.CancelFunc
+	// stopCtx is Close's context, for the final drain.
+	stopCtx atomic.Pointer[context.Context]
+
+	sent, requests, failures               atomic.Int64
+	dropFull, dropStale, dropRej, dropShut atomic.Int64
+	dropTopo                               atomic.Int64
+	lastErrLog                             atomic.Int64
+	closeOnce                              sync.Once
+	closeErr                               error
+	retryBase                              time.Duration // tests shorten it
+	lastFail                               bool
+}
+
+// NewForwarder checks cfg and starts the sending goroutine. Nothing dials
+// yet: an unreachable aggregator shows up as counted failures.
+func NewForwarder(cfg ForwardConfig) (*Forwarder, error) {
+	cfg = cfg.withDefaults()
+	if cfg.HostName == "" {
+		return nil, fmt.Errorf("%w: forwarder needs a host name", ErrConfig)
+	}
+	snd, err := newSender(cfg)
+	if err != nil {
+		return nil, err
+	}
+	f := &Forwarder{
+		cfg:       cfg,
+		log:       cfg.Logger.With("component", "forward", "aggregator", cfg.Endpoint),
+		send:      snd,
+		ring:      make([]detector.Step, cfg.QueueSize),
+		topos:     map[string]detector.Topology{},
+		dirty:     map[string]bool{},
+		kick:      make(chan struct{}, 1),
+		stop:      make(chan struct{}),
+		done:      make(chan struct{}),
+		retryBase: 100 * time.Millisecond,
+	}
+	f.runCtx, f.cancelRun = context.WithCancel(context.Background())
+	go f.loop()
+	return f, nil
+}
+
+// Topology keeps t as the latest topology of its job and sends it with the
+// next batch. It never blocks.
+func (f *Forwarder) Topology(t detector.Topology) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return
+	}
+	if _, ok := f.topos[t.Job]; !ok {
+		if len(f.topos) >= f.cfg.MaxJobs {
+			f.dropTopo.Add(1)
+			return
+		}
+		f.order = append(f.order, t.Job)
+	}
+	f.topos[t.Job] = t
+	f.dirty[t.Job] = true
+	f.kickLocked()
+}
+
+// Step queues s for the aggregator; when the queue is full the oldest fact
+// is dropped (counted). It never blocks.
+func (f *Forwarder) Step(s detector.Step, _ int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		f.dropShut.Add(1)
+		return
+	}
+	size := len(f.ring)
+	if f.n == size {
+		f.ring[f.head] = detector.Step{}
+		f.head = (f.head + 1) % size
+		f.n--
+		f.dropFull.Add(1)
+	}
+	f.ring[(f.head+f.n)%size] = s
+	f.n++
+	if f.n >= f.cfg.MaxBatch {
+		f.kickLocked()
+	}
+}
+
+// Settled is part of the agent's Sink interface; verdicts stay local.
+func (f *Forwarder) Settled(detector.SettledWindow, []detector.Verdict) {}
+
+func (f *Forwarder) kickLocked() {
+	select {
+	case f.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Stats returns the forwarder's counters.
+func (f *Forwarder) Stats() ForwardStats {
+	f.mu.Lock()
+	q := f.n
+	f.mu.Unlock()
+	return ForwardStats{
+		Sent: f.sent.Load(), Requests: f.requests.Load(), Failures: f.failures.Load(), Queued: q,
+		Dropped: map[string]int64{
+			ForwardDropQueueFull: f.dropFull.Load(),
+			ForwardDropStale:     f.dropStale.Load(),
+			ForwardDropRejected:  f.dropRej.Load(),
+			ForwardDropShutdown:  f.dropShut.Load(),
+			ForwardDropTopology:  f.dropTopo.Load(),
+		},
+	}
+}
+
+// Close stops accepting facts, sends what is queued within ctx's deadline
+// (one attempt per batch: a failure ends the drain), counts the rest as
+// dropped and closes the connection. Calls after the first return the
+// first result.
+func (f *Forwarder) Close(ctx context.Context) error {
+	f.closeOnce.Do(func() {
+		f.mu.Lock()
+		f.closed = true
+		f.mu.Unlock()
+		f.stopCtx.Store(&ctx)
+		close(f.stop)
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+			f.closeErr = fmt.Errorf("forwarder: %w", ctx.Err())
+			f.cancelRun() // ends a send in flight
+			<-f.done
+		}
+		f.cancelRun()
+		if err := f.send.close(); err != nil && f.closeErr == nil {
+			f.closeErr = err
+		}
+	})
+	return f.closeErr
+}
+
+// take removes up to MaxBatch queued steps and the dirty topologies.
+func (f *Forwarder) take() ([]detector.Topology, []detector.Step) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var topos []detector.Topology
+	for _, job := range f.order {
+		if f.dirty[job] {
+			topos = append(topos, f.topos[job])
+			delete(f.dirty, job)
+		}
+	}
+	k := min(f.n, f.cfg.MaxBatch)
+	steps := make([]detector.Step, k)
+	size := len(f.ring)
+	for i := range k {
+		steps[i] = f.ring[f.head]
+		f.ring[f.head] = detector.Step{}
+		f.head = (f.head + 1) % size
+	}
+	f.n -= k
+	return topos, steps
+}
+
+func (f *Forwarder) pending() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.n > 0 || len(f.dirty) > 0
+}
+
+func (f *Forwarder) markAllTopologies() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, job := range f.order {
+		f.dirty[job] = true
+	}
+}
+
+func (f *Forwarder) loop() {
+	defer close(f.done)
+	flush := time.NewTicker(f.cfg.FlushInterval)
+	defer flush.Stop()
+	topoEvery := time.NewTicker(f.cfg.TopologyEvery)
+	defer topoEvery.Stop()
+	for {
+		select {
+		case <-f.stop:
+			f.drainOnStop()
+			return
+		case <-topoEvery.C:
+			f.markAllTopologies()
+			continue
+		case <-flush.C:
+		case <-f.kick:
+		}
+		for f.pending() {
+			if !f.sendBatch(f.runCtx, f.stop, true) {
+				break
+			}
+		}
+	}
+}
+
+// drainOnStop sends what is queued until Close's deadline.
+func (f *Forwarder) drainOnStop() {
+	ctx := context.Background()
+	if c := f.stopCtx.Load(); c != nil {
+		ctx = *c
+	}
+	for f.pending() && ctx.Err() == nil {
+		if !f.sendBatch(ctx, ctx.Done(), false) {
+			break
+		}
+	}
+	f.mu.Lock()
+	f.dropShut.Add(int64(f.n))
+	f.n = 0
+	clear(f.ring)
+	f.mu.Unlock()
+}
+
+// sendBatch takes one batch and sends it, retrying (when retry) until it
+// succeeds, fails permanently, goes stale, or quit is closed. It returns
+// false when it gave up on a retryable failure (the batch is then counted
+// as dropped at shutdown).
+func (f *Forwarder) sendBatch(parent context.Context, quit <-chan struct{}, retry bool) bool {
+	topos, steps := f.take()
+	wait := f.retryBase
+	for attempt := 0; ; attempt++ {
+		steps = f.filterStale(steps)
+		if len(topos) == 0 && len(steps) == 0 {
+			return true
+		}
+		ld := FactLogs(f.cfg.HostName, topos, steps, f.cfg.MonoToWall)
+		n := int64(len(topos) + len(steps))
+		StampSent(ld, f.cfg.NowMono())
+		ctx, cancel := context.WithTimeout(parent, f.cfg.Timeout)
+		rejected, err := f.send.send(ctx, plogotlp.NewExportRequestFromLogs(ld))
+		cancel()
+		if err == nil {
+			f.requests.Add(1)
+			f.sent.Add(n - rejected)
+			f.dropRej.Add(rejected)
+			if f.lastFail {
+				f.lastFail = false
+				f.log.Info("aggregator reachable again", "after_attempts", attempt)
+				f.markAllTopologies() // it may have restarted
+			}
+			return true
+		}
+		f.failures.Add(1)
+		f.lastFail = true
+		f.logErr(err)
+		if !retryable(err) {
+			f.dropRej.Add(n)
+			return true
+		}
+		f.send.reset()
+		if !retry {
+			f.dropShut.Add(int64(len(steps)))
+			return false
+		}
+		// Full jitter on an exponential back-off.
+		sleep := time.Duration(rand.Int64N(int64(wait)) + 1)
+		wait = min(2*wait, f.cfg.MaxBackoff)
+		select {
+		case <-quit:
+			f.dropShut.Add(int64(len(steps)))
+			return false
+		case <-time.After(sleep):
+		}
+	}
+}
+
+// filterStale removes steps older than MaxAge (counted).
+func (f *Forwarder) filterStale(steps []detector.Step) []detector.Step {
+	now := f.cfg.NowMono()
+	limit := int64(f.cfg.MaxAge)
+	out := steps[:0]
+	for _, s := range steps {
+		if now-s.EndNS > limit {
+			f.dropStale.Add(1)
+			continue
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// logErr logs a send failure at most once every 10 s.
+func (f *Forwarder) logErr(err error) {
+	now := time.Now().UnixNano()
+	last := f.lastErrLog.Load()
+	if now-last < int64(10*time.Second) || !f.lastErrLog.CompareAndSwap(last, now) {
+		return
+	}
+	f.log.Warn("forward facts to aggregator (further errors for 10s only counted)", "err", err,
+		"failures_total", f.failures.Load(), "retryable", retryable(err))
+}
+
+// permanentError marks an error that retrying cannot fix.
+type permanentError struct{ err error }
+
+func (p permanentError) Error() string { return p.err.Error() }
+func (p permanentError) Unwrap() error { return p.err }
+
+func retryable(err error) bool {
+	var p permanentError
+	return !errors.As(err, &p)
+}
+
+// sender is one transport to the aggregator.
+type sender interface {
+	// send exports req and returns the records the receiver rejected.
+	send(ctx context.Context, req plogotlp.ExportRequest) (rejected int64, err error)
+	// reset drops the connection after a failure: the next send dials anew.
+	reset()
+	close() error
+}
+
+func newSender(cfg ForwardConfig) (sender, error) {
+	ep := strings.TrimSpace(cfg.Endpoint)
+	if ep == "" {
+		return nil, fmt.Errorf("%w: empty aggregator endpoint", ErrConfig)
+	}
+	scheme, rest, hasScheme := strings.Cut(ep, "://")
+	if !hasScheme {
+		scheme, rest = "grpc", ep
+	}
+	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: cfg.RootCAs}
+	switch scheme {
+	case "grpc", "grpcs":
+		if _, _, err := net.SplitHostPort(rest); err != nil || strings.Contains(rest, "/") {
+			return nil, fmt.Errorf("%w: aggregator endpoint %q: want host:port", ErrConfig, cfg.Endpoint)
+		}
+		creds := insecure.NewCredentials()
+		if scheme == "grpcs" {
+			creds = credentials.NewTLS(tlsCfg)
+		}
+		return &grpcSender{target: rest, creds: creds, token: cfg.Token, tls: scheme == "grpcs", timeout: cfg.Timeout}, nil
+	case "http", "https":
+		u, err := url.Parse(ep)
+		if err != nil || u.Host == "" {
+			return nil, fmt.Errorf("%w: aggregator endpoint %q: not a URL", ErrConfig, cfg.Endpoint)
+		}
+		if u.Path == "" || u.Path == "/" {
+			u.Path = "/v1/logs"
+		}
+		tr := &http.Transport{TLSClientConfig: tlsCfg, MaxIdleConns: 2, IdleConnTimeout: 90 * time.Second,
+			ResponseHeaderTimeout: cfg.Timeout, ForceAttemptHTTP2: true}
+		return &httpSender{url: u.String(), token: cfg.Token, client: &http.Client{Transport: tr, Timeout: cfg.Timeout}, tr: tr}, nil
+	default:
+		return nil, fmt.Errorf("%w: aggregator endpoint %q: scheme must be grpc, grpcs, http or https", ErrConfig, cfg.Endpoint)
+	}
+}
+
+// grpcSender exports over OTLP/gRPC with pdata's generated client.
+type grpcSender struct {
+	target  string
+	creds   credentials.TransportCredentials
+	token   string
+	tls     bool
+	timeout time.Duration
+
+	mu   sync.Mutex
+	conn *grpc.ClientConn
+}
+
+type bearer struct {
+	token string
+	tls   bool
+}
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + b.token}, nil
+}
+
+// RequireTransportSecurity is false so that a token also works on a private
+// plaintext network; use grpcs:// anywhere else.
+func (b bearer) RequireTransportSecurity() bool { return false }
+
+func (g *grpcSender) client() (plogotlp.GRPCClient, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.conn == nil {
+		opts := []grpc.DialOption{
+			grpc.WithTransportCredentials(g.creds),
+			grpc.WithConnectParams(grpc.ConnectParams{
+				Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
+				MinConnectTimeout: g.timeout,
+			}),
+		}
+		if g.token != "" {
+			opts = append(opts, grpc.WithPerRPCCredentials(bearer{g.token, g.tls}))
+		}
+		conn, err := grpc.NewClient(g.target, opts...)
+		if err != nil {
+			return nil, permanentError{fmt.Errorf("grpc client for %s: %w", g.target, err)}
+		}
+		g.conn = conn
+	}
+	return plogotlp.NewGRPCClient(g.conn), nil
+}
+
+func (g *grpcSender) send(ctx context.Context, req plogotlp.ExportRequest) (int64, error) {
+	c, err := g.client()
+	if err != nil {
+		return 0, err
+	}
+	resp, err := c.Export(ctx, req)
+	if err != nil {
+		switch status.Code(err) {
+		case codes.Canceled, codes.DeadlineExceeded, codes.Unavailable, codes.ResourceExhausted,
+			codes.Aborted, codes.OutOfRange, codes.DataLoss, codes.Unknown, codes.Internal:
+			return 0, fmt.Errorf("export logs: %w", err)
+		default: // InvalidArgument, Unauthenticated, PermissionDenied, Unimplemented, ...
+			return 0, permanentError{fmt.Errorf("export logs: %w", err)}
+		}
+	}
+	return resp.PartialSuccess().RejectedLogRecords(), nil
+}
+
+func (g *grpcSender) reset() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.conn != nil {
+		_ = g.conn.Close()
+		g.conn = nil
+	}
+}
+
+func (g *grpcSender) close() error {
+	g.reset()
+	return nil
+}
+
+// httpSender exports over OTLP/HTTP with protobuf bodies.
+type httpSender struct {
+	url    string
+	token  string
+	client *http.Client
+	tr     *http.Transport
+}
+
+// maxResponseBytes bounds what is read of a response.
+const maxResponseBytes = 64 << 10
+
+func (h *httpSender) send(ctx context.Context, req plogotlp.ExportRequest) (int64, error) {
+	body, err := req.MarshalProto()
+	if err != nil {
+		return 0, permanentError{fmt.Errorf("marshal logs: %w", err)}
+	}
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, h.url, bytes.NewReader(body))
+	if err != nil {
+		return 0, permanentError{fmt.Errorf("build request: %w", err)}
+	}
+	hr.Header.Set("Content-Type", "application/x-protobuf")
+	if h.token != "" {
+		hr.Header.Set("Authorization", "Bearer "+h.token)
+	}
+	resp, err := h.client.Do(hr)
+	if err != nil {
+		return 0, fmt.Errorf("post logs: %w", err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes))
+	switch {
+	case resp.StatusCode == http.StatusOK:
+		r := plogotlp.NewExportResponse()
+		if len(data) > 0 && r.UnmarshalProto(data) == nil {
+			return r.PartialSuccess().RejectedLogRecords(), nil
+		}
+		return 0, nil
+	case resp.StatusCode == http.StatusTooManyRequests, resp.StatusCode == http.StatusBadGateway,
+		resp.StatusCode == http.StatusServiceUnavailable, resp.StatusCode == http.StatusGatewayTimeout:
+		return 0, fmt.Errorf("post logs: HTTP %d: %s", resp.StatusCode, snippet(data))
+	default:
+		return 0, permanentError{fmt.Errorf("post logs: HTTP %d: %s", resp.StatusCode, snippet(data))}
+	}
+}
+
+func snippet(b []byte) string {
+	if len(b) > 200 {
+		b = b[:200]
+	}
+	return strconv.Quote(string(b))
+}
+
+func (h *httpSender) reset() { h.tr.CloseIdleConnections() }
+
+func (h *httpSender) close() error {
+	h.tr.CloseIdleConnections()
+	return nil
+}

@@ -1,0 +1,219 @@
+package multihost
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/slowrank/slowrank/aggregate"
+	"github.com/slowrank/slowrank/detector"
+	"github.com/slowrank/slowrank/otel"
+)
+
+// otelcolBin returns the collector that test/e2e/build-tools.sh builds, or
+// skips (fails under SLOWRANK_E2E_REQUIRED) with the command that builds it.
+func otelcolBin(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv("SLOWRANK_TOOLS_BIN")
+	if dir == "" {
+		dir = filepath.Join(repoRoot(t), ".cache", "tools", "bin")
+	}
+	p := filepath.Join(dir, "otelcol")
+	if fi, err := os.Stat(p); err != nil || fi.Mode()&0o111 == 0 {
+		msg := fmt.Sprintf("otelcol not found in %s: run test/e2e/build-tools.sh first", dir)
+		if os.Getenv("SLOWRANK_E2E_REQUIRED") != "" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	return p
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+type factsSink struct{ vs chan detector.Verdict }
+
+func (f *factsSink) Topology(detector.Topology) {}
+func (f *factsSink) Step(detector.Step, int64)  {}
+func (f *factsSink) Settled(_ detector.SettledWindow, vs []detector.Verdict) {
+	for _, v := range vs {
+		select {
+		case f.vs <- v:
+		default:
+		}
+	}
+}
+
+// TestThroughCollector puts a real OpenTelemetry Collector (OTLP receiver,
+// batch processor, OTLP/gRPC exporter with gzip and a bearer header: the
+// exporter the loadbalancing exporter wraps for each backend) between two
+// agents' forwarders and an aggregator: facts survive the collector's
+// re-encoding and batching, the token passes, and the slow rank is found
+// across two "hosts" whose clocks are a day apart.
+func TestThroughCollector(t *testing.T) {
+	bin := otelcolBin(t)
+	det := detector.DefaultConfig()
+	det.Window, det.Lateness = time.Second, time.Second
+	sink := &factsSink{vs: make(chan detector.Verdict, 4096)}
+	agg, err := aggregate.New(aggregate.Config{Detector: det, Sinks: []aggregate.Sink{sink}, StatsEvery: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := aggregate.NewServer(aggregate.ServerConfig{Listen: "127.0.0.1:0", Token: "tok"}, agg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- agg.Run(ctx) }()
+	defer func() {
+		_ = srv.Shutdown(context.Background())
+		cancel()
+		<-done
+	}()
+
+	colAddr := freeAddr(t)
+	cfg := fmt.Sprintf(`receivers:
+  otlp:
+    protocols:
+      grpc:
+        endpoint: %q
+processors:
+  batch:
+    timeout: 100ms
+exporters:
+  otlp_grpc/aggregator:
+    endpoint: %q
+    compression: gzip
+    tls:
+      insecure: true
+    headers:
+      authorization: "Bearer tok"
+service:
+  pipelines:
+    logs:
+      receivers: [otlp]
+      processors: [batch]
+      exporters: [otlp_grpc/aggregator]
+  telemetry:
+    metrics:
+      level: none
+`, colAddr, srv.Addr().String())
+	cfgPath := filepath.Join(t.TempDir(), "otelcol.yaml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	col := exec.Command(bin, "--config", cfgPath)
+	out := &lockedBuffer{}
+	col.Stdout, col.Stderr = out, out
+	col.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := col.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = col.Process.Signal(syscall.SIGTERM)
+		_ = col.Wait()
+		if t.Failed() {
+			t.Logf("--- otelcol ---\n%s", out.String())
+		}
+	}()
+
+	// Two hosts, clocks a day apart, two ranks each; rank 2 is slow.
+	var fwds []*otel.Forwarder
+	for h := range 2 {
+		offset := int64(h) * int64(24*time.Hour)
+		f, err := otel.NewForwarder(otel.ForwardConfig{Endpoint: colAddr, HostName: fmt.Sprint("host", h),
+			NowMono: func() int64 { return monoNow() + offset }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fwds = append(fwds, f)
+		f.Topology(detector.Topology{Kind: detector.KindTopology, Job: "cj", Version: 1,
+			Ranks:  []detector.RankInfo{{Rank: 2 * h}, {Rank: 2*h + 1, LocalRank: 1}},
+			Groups: []detector.Group{{ID: "world", Type: "world", Ranks: []int{0, 1, 2, 3}}}})
+	}
+	defer func() {
+		for _, f := range fwds {
+			_ = f.Close(context.Background())
+		}
+	}()
+	found := false
+	deadline := time.Now().Add(40 * time.Second)
+	for step := int64(0); !found && time.Now().Before(deadline); step++ {
+		time.Sleep(50 * time.Millisecond)
+		for h, f := range fwds {
+			end := monoNow() + int64(h)*int64(24*time.Hour)
+			for i := range 2 {
+				r := 2*h + i
+				host := 10.0
+				if r == 2 {
+					host = 13
+				}
+				f.Step(detector.Step{Kind: detector.KindStep, Job: "cj", Rank: r, Step: step, StartNS: end - 50e6, EndNS: end,
+					Phases: map[string]float64{detector.PhaseHost: host, detector.PhaseStep: 50}}, 0)
+			}
+		}
+	drain:
+		for {
+			select {
+			case v := <-sink.vs:
+				if v.State == detector.StateStraggler {
+					if v.Rank != 2 || v.Phase != detector.PhaseHost {
+						t.Fatalf("unexpected straggler %+v", v)
+					}
+					found = true
+				}
+			default:
+				break drain
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("no straggler through the collector; aggregator %+v, server %+v", agg.Stats(), srv.Stats())
+	}
+	if st := srv.Stats(); st.Rejected != 0 || st.Unauthorized != 0 {
+		t.Errorf("server %+v", st)
+	}
+}
+
+// TestLoadBalancingConfigRoutesByJob pins the contract between
+// deploy/otelcol-loadbalancing.yaml and the forwarder's records: the
+// collector routes by the attribute the forwarder puts on the resource.
+// (The contrib loadbalancing exporter itself is not built here; see the
+// file's header.)
+func TestLoadBalancingConfigRoutesByJob(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(repoRoot(t), "deploy", "otelcol-loadbalancing.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := string(b)
+	for _, want := range []string{
+		"routing_key: attributes",
+		fmt.Sprintf("routing_attributes: [%q]", string(otel.AttrJob)),
+		"exporters: [loadbalancing]",
+	} {
+		if !strings.Contains(cfg, want) {
+			t.Errorf("deploy/otelcol-loadbalancing.yaml lacks %q", want)
+		}
+	}
+	ld := otel.FactLogs("h", nil, []detector.Step{{Job: "j1", Phases: map[string]float64{}}}, nil)
+	res := ld.ResourceLogs().At(0).Resource().Attributes().AsRaw()
+	if len(res) != 2 || res[string(otel.AttrJob)] != "j1" {
+		t.Fatalf("forwarded resource %v: must be the job alone (plus service.name)", res)
+	}
+}
