@@ -163,6 +163,21 @@ func (d *Detector) AddTopology(t Topology) error {
 	return nil
 }
 
+// ForgetJob drops all state of a job (its summary included) and frees its
+// slot. Long-lived callers (the aggregator) call it when a job has ended.
+func (d *Detector) ForgetJob(name string) {
+	if _, ok := d.jobs[name]; !ok {
+		return
+	}
+	delete(d.jobs, name)
+	for i, n := range d.order {
+		if n == name {
+			d.order = append(d.order[:i], d.order[i+1:]...)
+			break
+		}
+	}
+}
+
 // AddStep ingests one step fact and returns the verdicts of any windows that
 // the fact's end time settles (those whose end plus the lateness allowance
 // it passes). Late facts (for settled windows) and duplicates are counted and

@@ -462,3 +462,27 @@ func TestConfigValidate(t *testing.T) {
 		}
 	}
 }
+
+func TestForgetJobAndTopologyPruning(t *testing.T) {
+	cfg := detector.DefaultConfig()
+	cfg.Lateness, cfg.MaxJobs = 0, 1
+	d, _ := detector.New(cfg)
+	for v := 1; v <= 50; v++ {
+		d.AddTopology(detector.Topology{Job: "a", Version: v, Groups: []detector.Group{{ID: "dp", Type: "dp", Ranks: []int{0, 1}}}})
+		d.AddStep(detector.Step{Job: "a", Topo: v, Rank: 0, Step: int64(v), EndNS: int64(v) * 6 * sec, Phases: map[string]float64{"compute": 1}})
+	}
+	if _, err := d.AddStep(detector.Step{Job: "b", Rank: 0, Step: 1, EndNS: 1, Phases: map[string]float64{}}); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(d.Summaries()); n != 1 {
+		t.Fatalf("MaxJobs 1: %d jobs tracked", n)
+	}
+	d.ForgetJob("a")
+	if n := len(d.Summaries()); n != 0 {
+		t.Fatalf("after ForgetJob: %d jobs", n)
+	}
+	d.AddStep(detector.Step{Job: "b", Rank: 0, Step: 1, EndNS: 1, Phases: map[string]float64{}})
+	if s := d.Summaries(); len(s) != 1 || s[0].Job != "b" {
+		t.Fatalf("the freed slot was not reused: %+v", s)
+	}
+}

@@ -61,6 +61,7 @@ func (d *Detector) settle(j *job, idx int64) []Verdict {
 		out = append(out, d.evaluateCohort(j, win, c, topo)...)
 	}
 	d.evict(j, idx)
+	j.pruneTopologies()
 	j.stats.verdicts += int64(len(out))
 	return out
 }
@@ -84,6 +85,25 @@ func (j *job) topology(tag int) *Topology {
 		return nil
 	}
 	return j.topos[best]
+}
+
+// pruneTopologies keeps the latest topology version and those still named by
+// pending windows, so that state stays bounded when versions keep coming.
+func (j *job) pruneTopologies() {
+	if len(j.topos) <= 1 {
+		return
+	}
+	keep := map[int]bool{j.latest: true}
+	for _, w := range j.pending {
+		if t := j.topology(w.topo); t != nil {
+			keep[t.Version] = true
+		}
+	}
+	for v := range j.topos {
+		if !keep[v] {
+			delete(j.topos, v)
+		}
+	}
 }
 
 func topoRanks(t *Topology) []int {
