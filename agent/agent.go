@@ -371,6 +371,10 @@ func (a *Agent) refreshCounters() {
 		a.counters.set("ringbuf_lost", int64(st.Lost()))
 	}
 	a.counters.set("events_decoded", int64(a.reader.Decoded()))
+	if p50, p99, ok := a.conv.latencyQuantiles(); ok {
+		a.counters.set("device_latency_p50_us", p50/1000)
+		a.counters.set("device_latency_p99_us", p99/1000)
+	}
 	for id := range a.probeCounts {
 		if n := a.probeCounts[id].Load(); n > 0 {
 			a.counters.set("probe_"+bpf.ProbeID(id).String(), int64(n))

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"slices"
 	"sync"
 
 	"github.com/slowrank/slowrank/bpf"
@@ -19,6 +20,9 @@ type converter struct {
 	counters *counters
 	// refused counts name definitions dropped by MaxInternedNames.
 	refused int64
+	// latencies of recent batches (ns), a ring of latencyRing.
+	latencies []int64
+	latIdx    int
 	// marker is the probe whose calls cut steps (Config.StepMarker), 0: none.
 	marker bpf.ProbeID
 }
@@ -63,10 +67,9 @@ func (c *converter) forgetPID(pid uint32) {
 	c.names.Forget(pid)
 }
 
-// convert appends the correlate inputs of ev to out.
+// convert appends the correlate inputs of ev to out. Only batches touch the
+// per-process state (under mu); host calls are converted without locking.
 func (c *converter) convert(ev bpf.Event, out []any) []any {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	switch e := ev.(type) {
 	case *bpf.CollEvent:
 		c.proc(e.PID).sawNCCL = true
@@ -111,6 +114,8 @@ func (c *converter) convert(ev bpf.Event, out []any) []any {
 	case *bpf.TorchEvent:
 		return c.torch(e, out)
 	case *bpf.BatchEvent:
+		c.mu.Lock()
+		defer c.mu.Unlock()
 		return c.batch(e, out)
 	}
 	c.counters.add("events_unknown", 1)
@@ -145,6 +150,7 @@ func (c *converter) batch(e *bpf.BatchEvent, out []any) []any {
 	c.counters.add("batches", 1)
 	pid := e.PID
 	p := c.proc(pid)
+	c.deviceLatency(&b, int64(e.EndNs))
 	if len(b.Names) > 0 {
 		// The interner bounds names per process; bound them in total too,
 		// so that many processes cannot add up to unbounded memory.
@@ -217,6 +223,43 @@ func (c *converter) plausible(n uint64) uint64 {
 		return maxPlausibleLoss
 	}
 	return n
+}
+
+// latencyRing is how many batch latencies the device latency quantiles use.
+const latencyRing = 4096
+
+// deviceLatency records how long after the newest kernel of a batch ended the
+// batch reached the agent (emit time, CLOCK_MONOTONIC on both sides).
+func (c *converter) deviceLatency(b *cupti.Batch, emitted int64) {
+	var newest uint64
+	for _, k := range b.Kernels {
+		newest = max(newest, k.EndNs)
+	}
+	if newest == 0 || int64(newest) > emitted {
+		return
+	}
+	if c.latencies == nil {
+		c.latencies = make([]int64, 0, latencyRing)
+	}
+	if len(c.latencies) < latencyRing {
+		c.latencies = append(c.latencies, emitted-int64(newest))
+	} else {
+		c.latencies[c.latIdx] = emitted - int64(newest)
+		c.latIdx = (c.latIdx + 1) % latencyRing
+	}
+}
+
+// latencyQuantiles returns the median and 99th percentile (ns) of recent
+// device-record latencies, ok false without samples.
+func (c *converter) latencyQuantiles() (p50, p99 int64, ok bool) {
+	c.mu.Lock()
+	s := slices.Clone(c.latencies)
+	c.mu.Unlock()
+	if len(s) == 0 {
+		return 0, 0, false
+	}
+	slices.Sort(s)
+	return s[len(s)/2], s[(len(s)*99)/100], true
 }
 
 func kernelClass(c cupti.Class) correlate.KernelClass {
