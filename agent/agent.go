@@ -60,7 +60,12 @@ type Config struct {
 	// are counted in memory_over_bound.
 	MaxMemory int64
 
-	Sinks  []Sink
+	Sinks []Sink
+	// Dump, when set, receives every capture record (correlate.HostCall,
+	// DeviceInterval, CommInit, ...) on the pipeline goroutine: debugging
+	// and validation (clock agreement of host and device records). It must
+	// not block.
+	Dump   func(any)
 	Logger *slog.Logger
 }
 
@@ -173,6 +178,7 @@ func New(cfg Config) (*Agent, error) {
 	}
 	a.pipe.counters = c
 	a.att = newAttacher(a)
+	a.pipe.dump = cfg.Dump
 	if cfg.StepMarker != "" {
 		id, ok := markerProbe(cfg.StepMarker)
 		if !ok {

@@ -27,6 +27,8 @@ type pipeline struct {
 	det   *detector.Detector
 	duty  *Duty
 	sinks []Sink
+	// dump, when set, receives every capture record (Config.Dump).
+	dump func(any)
 	// verdicts returned by the detector and not yet handed to the sinks.
 	verdicts []detector.Verdict
 	// alerts are the active (job, rank, phase) alerts, to log transitions.
@@ -73,6 +75,9 @@ func newPipeline(log *slog.Logger, corr *correlate.Correlator, det *detector.Det
 
 // handle feeds one capture record into the correlator.
 func (p *pipeline) handle(in any) {
+	if p.dump != nil {
+		p.dump(in)
+	}
 	switch v := in.(type) {
 	case correlate.HostCall:
 		p.corr.AddHostCall(v)

@@ -47,6 +47,7 @@ func agentCommand() *cli.Command {
 			&cli.BoolFlag{Name: "probe-torch", Usage: "attach torch c10d probes: needed for gloo jobs (blocking coll_wait); NCCL jobs are seen through libnccl", EnvVars: []string{"SLOWRANK_PROBE_TORCH"}},
 			&cli.StringFlag{Name: "otel", Value: "auto", Usage: "OpenTelemetry export: auto (on when OTEL_EXPORTER_OTLP_ENDPOINT is set), on, off, stdout", EnvVars: []string{"SLOWRANK_OTEL"}},
 			&cli.IntFlag{Name: "sample-every", Value: 20, Usage: "export every rank's span of one step in N as a baseline (anomalous windows: all)", EnvVars: []string{"SLOWRANK_SAMPLE_EVERY"}},
+			&cli.StringFlag{Name: "dump-events", Usage: "write every raw capture record (host calls, device intervals) as JSONL to this file (debugging; large)", EnvVars: []string{"SLOWRANK_DUMP_EVENTS"}},
 			&cli.BoolFlag{Name: "live", Usage: "print a live per-rank table to stdout", EnvVars: []string{"SLOWRANK_LIVE"}},
 			&cli.DurationFlag{Name: "live-interval", Value: time.Second, Usage: "refresh period of the live table", EnvVars: []string{"SLOWRANK_LIVE_INTERVAL"}},
 			&cli.DurationFlag{Name: "duration", Usage: "stop after this long (0: until SIGINT/SIGTERM)", EnvVars: []string{"SLOWRANK_DURATION"}},
@@ -108,6 +109,15 @@ func runAgent(c *cli.Context) error {
 		return err
 	}
 	cfg.Sinks = sinks.list()
+	if path := c.String("dump-events"); path != "" {
+		dump, err := otel.NewJSONLWriter(path)
+		if err != nil {
+			closeSinks(context.Background(), nil)
+			return cli.Exit(fmt.Sprintf("--dump-events: %v", err), exitUsage)
+		}
+		defer dump.Close()
+		cfg.Dump = func(v any) { dump.Write(dumpRecord{Type: fmt.Sprintf("%T", v), Record: v}) }
+	}
 	fwd, err := openForwarder(c, cfg.HostName)
 	if err != nil {
 		closeSinks(context.Background(), nil)
@@ -158,6 +168,12 @@ func runAgent(c *cli.Context) error {
 		log.Info("summary", "job", s.Job, "stragglers", s.Stragglers, "windows", s.Windows, "facts", s.Facts)
 	}
 	return nil
+}
+
+// dumpRecord is one line of --dump-events: the record's Go type and fields.
+type dumpRecord struct {
+	Type   string `json:"type"`
+	Record any    `json:"record"`
 }
 
 // agentStartError turns start-up failures into actionable one-line errors.
