@@ -176,10 +176,10 @@ def bootstrap_ci(xs, n=20000, seed=1):
     return means[int(0.025 * n)], means[int(0.975 * n) - 1]
 
 
-def c1(d):
-    blocks = jsonl(os.path.join(d, "c1-blocks.jsonl"))
+def c1(d, name="c1"):
+    blocks = jsonl(os.path.join(d, name + "-blocks.jsonl"))
     steps = []
-    for rows in truth_steps(os.path.join(d, "c1")).values():
+    for rows in truth_steps(os.path.join(d, name)).values():
         steps += rows
     means = []
     for b in blocks:
@@ -194,13 +194,67 @@ def c1(d):
         if on and off and on["mean_ms"] and off["mean_ms"]:
             deltas.append(100 * (on["mean_ms"] / off["mean_ms"] - 1))
     lo, hi = bootstrap_ci(deltas) if len(deltas) >= 2 else (None, None)
-    design = json.load(open(os.path.join(d, "c1-design.json"))) if os.path.exists(os.path.join(d, "c1-design.json")) else {}
+    dpath = os.path.join(d, name + "-design.json")
+    design = json.load(open(dpath)) if os.path.exists(dpath) else {}
     return {"pairs": len(deltas), "deltas_pct": [round(x, 4) for x in deltas],
             "mean_pct": round(statistics.fmean(deltas), 4) if deltas else None,
             "ci95_low_pct": None if lo is None else round(lo, 4), "ci95_high_pct": None if hi is None else round(hi, 4),
             "blocks": [{k: b[k] for k in ("pair", "arm", "steps", "mean_ms")} for b in means], "design": design}
 
 
+def clock_agreement(dump):
+    """For each synchronisation that waited >= 1 ms, the last kernel of that
+    process to end before the wait returned must end inside the wait: the gap
+    (sync end - kernel end) bounds the host/device clock offset from above,
+    kernels ending after the wait returned (negative gap) would show an offset."""
+    syncs, kernels = {}, {}
+    for r in jsonl(dump):
+        rec = r.get("record", {})
+        if r.get("type") == "correlate.HostCall" and rec.get("Kind") == 2 and rec["EndNS"] - rec["StartNS"] >= 1_000_000:
+            syncs.setdefault(rec["PID"], []).append((rec["StartNS"], rec["EndNS"]))
+        elif r.get("type") == "correlate.DeviceInterval":
+            kernels.setdefault(rec["PID"], []).append(rec["EndNS"])
+    gaps = []
+    for pid, ss in syncs.items():
+        ks = sorted(kernels.get(pid, []))
+        for s0, s1 in ss:
+            inside = [k for k in ks if s0 <= k <= s1 + 1_000_000]
+            if inside:
+                gaps.append((s1 - max(inside)) / 1e3)
+    if not gaps:
+        return {"syncs": 0}
+    gaps.sort()
+    return {"syncs_checked": len(gaps), "gap_us_min": round(gaps[0], 1), "gap_us_p50": round(gaps[len(gaps) // 2], 1),
+            "gap_us_p99": round(gaps[int(0.99 * (len(gaps) - 1))], 1), "kernel_after_wait": sum(1 for g in gaps if g < 0)}
+
+
+def cupti(d):
+    status = {}
+    try:
+        status = json.load(open(os.path.join(d, "val-full-status.json")))
+    except (OSError, json.JSONDecodeError):
+        pass
+    counters = status.get("counters", {}) if isinstance(status, dict) else {}
+    pairs = []
+    for p in range(4):
+        lib = truth_steps(os.path.join(d, f"val-noagent-p{p}-lib"))
+        bare = truth_steps(os.path.join(d, f"val-noagent-p{p}-bare"))
+        ml = [x["step_ms"] for v in lib.values() for x in v[20:]]
+        mb = [x["step_ms"] for v in bare.values() for x in v[20:]]
+        if ml and mb:
+            pairs.append(100 * (statistics.fmean(ml) / statistics.fmean(mb) - 1))
+    lo, hi = bootstrap_ci(pairs) if len(pairs) >= 2 else (None, None)
+    return {"clock": clock_agreement(os.path.join(d, "val-full-dump.jsonl")),
+            "device_latency_p50_us": counters.get("device_latency_p50_us"),
+            "device_latency_p99_us": counters.get("device_latency_p99_us"),
+            "device_records": counters.get("device_records"), "device_records_dropped": counters.get("device_records_dropped", 0),
+            "batches_lost": counters.get("batches_lost", 0),
+            "loaded_without_agent_pct": [round(x, 3) for x in pairs],
+            "loaded_without_agent_ci95": [lo, hi],
+            "full_collection": c1(d, "val-c1full"), "duty_cycle": c1(d, "val-c1duty")}
+
+
 if __name__ == "__main__":
     kind, d = sys.argv[1], sys.argv[2]
-    print(json.dumps({"smoke": smoke, "c3": c3, "c2": c2, "c1": c1}[kind](d), indent=1, default=list))
+    fns = {"smoke": smoke, "c3": c3, "c2": c2, "c1": c1, "cupti": cupti}
+    print(json.dumps(fns[kind](d, *sys.argv[3:]), indent=1, default=list))

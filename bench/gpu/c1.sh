@@ -8,30 +8,35 @@
 # bootstrap 95 % CI over pairs.
 source "$(dirname "$0")/common.sh"
 PAIRS=${PAIRS:-6}; BLOCK=${BLOCK:-20}; SETTLE=${SETTLE:-4}; WARMUP=${WARMUP:-35}
+NAME=${NAME:-c1}   # file prefix
+SHARE=${SHARE:-}   # pin the duty share of the ON arm (1: full collection); empty: default budget
 build_lib
-cat >"$OUT/c1-design.json" <<JSON
+cat >"$OUT/$NAME-design.json" <<JSON
 {"order":"ABBA (pair i even: off,on; odd: on,off)","pairs":$PAIRS,"block_s":$BLOCK,"settle_s":$SETTLE,
  "warmup_s":$WARMUP,"model":"GPT 12 layers x 2048, seq 512, batch 8, 1 rank NCCL, one process",
- "on":"slowrank agent attached (uprobes + duty-cycled CUPTI, default budget)","off":"no agent (library loaded, idle)",
+ "on":"slowrank agent attached (uprobes + CUPTI; duty share ${SHARE:-default budget})","off":"no agent (library loaded, idle)",
  "metric":"delta_i = mean(step_ms ON_i)/mean(step_ms OFF_i) - 1 over steps fully inside the block",
  "analysis":"bootstrap 95% CI of the mean delta over pairs, 20000 resamples"}
 JSON
 total=$((WARMUP + PAIRS * 2 * (BLOCK + SETTLE) + 20))
-train c1 --launch 1 --backend nccl --duration "$total" --dim 2048 --layers 12 --seq 512 --batch 8 --port 29520 &
+train "$NAME" --launch 1 --backend nccl --duration "$total" --dim 2048 --layers 12 --seq 512 --batch 8 --port 29520 &
 trainer=$!
 sleep "$WARMUP"
 mono() { python3 -c 'import time; print(time.monotonic_ns())'; }
-: >"$OUT/c1-blocks.jsonl"
+: >"$OUT/$NAME-blocks.jsonl"
 for ((p = 0; p < PAIRS; p++)); do
   if ((p % 2 == 0)); then arms="off on"; else arms="on off"; fi
   for arm in $arms; do
-    if [ "$arm" = on ]; then start_agent "c1-p$p" --duration $((BLOCK + SETTLE + 2))s; fi
+    if [ "$arm" = on ]; then
+      start_agent "$NAME-p$p" --duration $((BLOCK + SETTLE + 2))s --status-socket "$OUT/$NAME.sock"
+      if [ -n "$SHARE" ]; then "$AGENT" control set --socket "$OUT/$NAME.sock" --duty-share "$SHARE" >/dev/null 2>&1 || echo "control set failed"; fi
+    fi
     sleep "$SETTLE"
     s=$(mono); sleep "$BLOCK"; e=$(mono)
-    echo "{\"pair\":$p,\"arm\":\"$arm\",\"start_ns\":$s,\"end_ns\":$e}" >>"$OUT/c1-blocks.jsonl"
+    echo "{\"pair\":$p,\"arm\":\"$arm\",\"start_ns\":$s,\"end_ns\":$e}" >>"$OUT/$NAME-blocks.jsonl"
     if [ "$arm" = on ]; then stop_agent; fi
   done
 done
 wait $trainer
-python3 bench/gpu/analyze.py c1 "$OUT" | tee "$OUT/gpu-c1-overhead.json"
-grep -h "cost estimate" "$OUT"/c1-p*-agent.log | head -3
+python3 bench/gpu/analyze.py c1 "$OUT" "$NAME" | tee "$OUT/gpu-$NAME-overhead.json"
+grep -h "cost estimate" "$OUT"/$NAME-p*-agent.log | head -3
