@@ -97,6 +97,8 @@ type Agent struct {
 	att     *attacher
 	started time.Time
 
+	// gpu samples NVML for verdict evidence; nil without NVML.
+	gpu *gpuEvidence
 	// probeCounts counts events per probe id (the hot path avoids the map).
 	probeCounts [256]atomic.Uint64
 
@@ -179,6 +181,12 @@ func New(cfg Config) (*Agent, error) {
 	a.pipe.counters = c
 	a.att = newAttacher(a)
 	a.pipe.dump = cfg.Dump
+	if nv, err := OpenNVML(); err == nil {
+		a.gpu = newGPUEvidence(nv)
+		a.pipe.evidence = a.gpuEvidenceFor
+	} else {
+		log.Info("no GPU evidence for verdicts", "reason", err)
+	}
 	if cfg.StepMarker != "" {
 		id, ok := markerProbe(cfg.StepMarker)
 		if !ok {
@@ -197,6 +205,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); a.watcher.Run(wctx) }()
+	if a.gpu != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); a.gpu.run(wctx, time.Second, a.counters) }()
+	}
 	readDone := make(chan struct{})
 	go func() { defer wg.Done(); defer close(readDone); a.readLoop() }()
 
@@ -367,8 +379,22 @@ func (a *Agent) drainInput() {
 	}
 }
 
+// gpuEvidenceFor finds the GPU of (job, rank) through its process and
+// summarises NVML's samples over the window. Main goroutine only.
+func (a *Agent) gpuEvidenceFor(job string, rank int, start, end int64) *detector.GPUEvidence {
+	for _, pe := range a.att.procs {
+		if pe.job == job && pe.rank == rank {
+			return a.gpu.forPID(pe.proc.PID, start, end)
+		}
+	}
+	return nil
+}
+
 // Close releases the BPF objects (links, maps, programs). Call it after Run.
 func (a *Agent) Close() error {
+	if a.gpu != nil {
+		a.gpu.nv.Close()
+	}
 	return a.probes.Close()
 }
 

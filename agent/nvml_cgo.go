@@ -99,3 +99,33 @@ func knownMemory(g GPUProcess) uint64 {
 	}
 	return g.UsedMemory
 }
+
+// Sample reads clocks, power, temperature, clock-event reasons, ECC and PCIe
+// replay counters of every GPU. A reading NVML refuses is left zero; a
+// device that fails to answer at all is skipped.
+func (n *NVML) Sample(atNS int64) ([]GPUSample, error) {
+	count, ret := n.lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("count nvml devices: %s", nvmlErrorString(ret))
+	}
+	out := make([]GPUSample, 0, count)
+	for i := range count {
+		dev, ret := n.lib.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		s := GPUSample{AtNS: atNS, Index: i}
+		s.UUID, _ = dev.GetUUID()
+		s.SMClockMHz, _ = dev.GetClockInfo(nvml.CLOCK_SM)
+		s.SMClockLimitMHz, _ = dev.GetMaxClockInfo(nvml.CLOCK_SM)
+		s.PowerMW, _ = dev.GetPowerUsage()
+		s.TempC, _ = dev.GetTemperature(nvml.TEMPERATURE_GPU)
+		s.ThrottleReasons, _ = dev.GetCurrentClocksEventReasons()
+		s.ECCUncorrected, _ = dev.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC)
+		if r, ret := dev.GetPcieReplayCounter(); ret == nvml.SUCCESS && r > 0 {
+			s.PCIeReplays = uint64(r)
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}

@@ -19,3 +19,8 @@ func (n *NVML) Close() error { return nil }
 func (n *NVML) GPUProcesses() (map[int][]GPUProcess, error) {
 	return nil, fmt.Errorf("nvml processes: %w", ErrNVMLUnavailable)
 }
+
+// Sample fails with ErrNVMLUnavailable.
+func (n *NVML) Sample(int64) ([]GPUSample, error) {
+	return nil, fmt.Errorf("nvml sample: %w", ErrNVMLUnavailable)
+}

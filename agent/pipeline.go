@@ -27,6 +27,8 @@ type pipeline struct {
 	det   *detector.Detector
 	duty  *Duty
 	sinks []Sink
+	// evidence, when set, gives the GPU evidence of a rank over a window.
+	evidence func(job string, rank int, start, end int64) *detector.GPUEvidence
 	// dump, when set, receives every capture record (Config.Dump).
 	dump func(any)
 	// verdicts returned by the detector and not yet handed to the sinks.
@@ -194,6 +196,12 @@ func (p *pipeline) settle(now int64) {
 	}
 	verdicts := p.verdicts
 	p.verdicts = nil
+	if p.evidence != nil {
+		for i := range verdicts {
+			v := &verdicts[i]
+			v.GPU = p.evidence(v.Job, v.Rank, v.WindowStartNS, v.WindowEndNS)
+		}
+	}
 	byWin := map[detector.SettledWindow][]detector.Verdict{}
 	for _, v := range verdicts {
 		k := detector.SettledWindow{Job: v.Job, Index: v.Window, StartNS: v.WindowStartNS, EndNS: v.WindowEndNS}

@@ -135,6 +135,26 @@ type Verdict struct {
 	// LastArrivalShare is the share of the rank's steps in the window in
 	// which it arrived last at the collectives, when that evidence exists.
 	LastArrivalShare *float64 `json:"last_arrival_share,omitempty"`
+	// GPU is what NVML saw on the rank's GPU during the window: evidence to
+	// read next to the verdict, never a root-cause claim. Absent without NVML.
+	GPU *GPUEvidence `json:"gpu_evidence,omitempty"`
+}
+
+// GPUEvidence summarises NVML samples of one GPU over one window.
+type GPUEvidence struct {
+	Index           int      `json:"index"`
+	UUID            string   `json:"uuid"`
+	Samples         int      `json:"samples"`
+	SMClockMinMHz   uint32   `json:"sm_clock_min_mhz"`
+	SMClockMaxMHz   uint32   `json:"sm_clock_max_mhz"`
+	SMClockLimitMHz uint32   `json:"sm_clock_limit_mhz,omitempty"`
+	PowerMaxW       float64  `json:"power_max_w"`
+	TempMaxC        uint32   `json:"temperature_max_c"`
+	ThrottleReasons []string `json:"throttle_reasons,omitempty"`
+	// ECCUncorrected and PCIeReplays are the increases of the volatile
+	// uncorrected ECC error count and of the PCIe replay counter.
+	ECCUncorrected uint64 `json:"ecc_uncorrected_delta"`
+	PCIeReplays    uint64 `json:"pcie_replay_delta"`
 }
 
 // Summary closes a replay (and an agent's verdict stream on stop).

@@ -1,0 +1,122 @@
+package agent
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/slowrank/slowrank/detector"
+)
+
+// gpuHistory bounds the samples kept per GPU (10 minutes at one a second).
+const gpuHistory = 600
+
+// gpuEvidence samples NVML on its own goroutine and keeps a bounded history
+// per GPU, so that a verdict can carry what its rank's GPU did during the
+// window (clocks, power, temperature, throttle reasons, ECC and PCIe errors).
+// It is evidence next to a verdict, never a root-cause claim.
+type gpuEvidence struct {
+	nv *NVML
+
+	mu     sync.Mutex
+	hist   map[int][]GPUSample // by GPU index, oldest first
+	pidGPU map[int]int         // PID -> GPU index it trains on
+}
+
+func newGPUEvidence(nv *NVML) *gpuEvidence {
+	return &gpuEvidence{nv: nv, hist: map[int][]GPUSample{}, pidGPU: map[int]int{}}
+}
+
+// run samples every period until ctx ends; errors are counted, not fatal.
+func (g *gpuEvidence) run(ctx context.Context, every time.Duration, c *counters) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		samples, err := g.nv.Sample(monotonicNow())
+		if err != nil {
+			c.add("nvml_errors", 1)
+			continue
+		}
+		procs, err := g.nv.GPUProcesses()
+		if err != nil {
+			c.add("nvml_errors", 1)
+		}
+		g.mu.Lock()
+		for _, s := range samples {
+			h := append(g.hist[s.Index], s)
+			if len(h) > gpuHistory {
+				h = append(h[:0], h[len(h)-gpuHistory:]...)
+			}
+			g.hist[s.Index] = h
+		}
+		if procs != nil {
+			g.pidGPU = make(map[int]int, len(procs))
+			for pid, gs := range procs {
+				g.pidGPU[pid] = gs[0].GPUIndex
+			}
+		}
+		g.mu.Unlock()
+		c.add("nvml_samples", 1)
+	}
+}
+
+// forPID summarises the samples of pid's GPU in [start, end).
+func (g *gpuEvidence) forPID(pid int, start, end int64) *detector.GPUEvidence {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	idx, ok := g.pidGPU[pid]
+	if !ok {
+		return nil
+	}
+	return summariseGPU(g.hist[idx], start, end)
+}
+
+// summariseGPU is the pure part: extremes over the window, OR of the throttle
+// reasons, increases of the cumulative error counters (from the last sample
+// before the window when there is one).
+func summariseGPU(h []GPUSample, start, end int64) *detector.GPUEvidence {
+	var ev *detector.GPUEvidence
+	var base *GPUSample
+	var reasons uint64
+	var last GPUSample
+	for i := range h {
+		s := h[i]
+		if s.AtNS < start {
+			base = &h[i]
+			continue
+		}
+		if s.AtNS >= end {
+			break
+		}
+		if ev == nil {
+			ev = &detector.GPUEvidence{Index: s.Index, UUID: s.UUID, SMClockMinMHz: s.SMClockMHz}
+			if base == nil {
+				base = &h[i]
+			}
+		}
+		ev.Samples++
+		ev.SMClockMinMHz = min(ev.SMClockMinMHz, s.SMClockMHz)
+		ev.SMClockMaxMHz = max(ev.SMClockMaxMHz, s.SMClockMHz)
+		ev.SMClockLimitMHz = max(ev.SMClockLimitMHz, s.SMClockLimitMHz)
+		ev.PowerMaxW = max(ev.PowerMaxW, float64(s.PowerMW)/1000)
+		ev.TempMaxC = max(ev.TempMaxC, s.TempC)
+		reasons |= s.ThrottleReasons
+		last = s
+	}
+	if ev == nil {
+		return nil
+	}
+	ev.ThrottleReasons = ThrottleReasonNames(reasons)
+	if last.ECCUncorrected > base.ECCUncorrected {
+		ev.ECCUncorrected = last.ECCUncorrected - base.ECCUncorrected
+	}
+	if last.PCIeReplays > base.PCIeReplays {
+		ev.PCIeReplays = last.PCIeReplays - base.PCIeReplays
+	}
+	return ev
+}
