@@ -20,6 +20,7 @@ type Detector struct {
 	order         []string
 	rejectedJobs  int64
 	scratchValues []float64
+	scratch       scratch
 	settled       []SettledWindow
 }
 

@@ -36,6 +36,25 @@ type evaluation struct {
 	reason    string
 }
 
+// scratch holds buffers reused from one settlement to the next, so that
+// settling a window of many ranks does not churn the garbage collector.
+// Nothing in them outlives a settlement: verdicts copy what they keep.
+type scratch struct {
+	members  []member
+	meds     []float64
+	evals    []evaluation
+	evalRows [][]evaluation
+}
+
+// grow returns (*buf)[:n], reallocating only when the capacity is short.
+func grow[T any](buf *[]T, n int) []T {
+	if cap(*buf) < n {
+		*buf = make([]T, n)
+	}
+	*buf = (*buf)[:n]
+	return *buf
+}
+
 // maxSettledKept bounds the settled-window list between TakeSettled calls.
 const maxSettledKept = 4096
 
@@ -157,9 +176,9 @@ func (d *Detector) cohorts(j *job, topo *Topology) []cohort {
 }
 
 func (d *Detector) members(win *window, c cohort) []member {
-	ms := make([]member, len(c.ranks))
 	nPhases := len(d.cfg.Phases)
-	meds := make([]float64, len(c.ranks)*nPhases)
+	ms := grow(&d.scratch.members, len(c.ranks))
+	meds := grow(&d.scratch.meds, len(c.ranks)*nPhases)
 	for i, r := range c.ranks {
 		m := member{rank: r, rw: win.ranks[r], med: meds[i*nPhases : (i+1)*nPhases : (i+1)*nPhases]}
 		for p := range m.med {
@@ -185,8 +204,9 @@ func (d *Detector) members(win *window, c cohort) []member {
 func (d *Detector) evaluateCohort(j *job, win *window, c cohort, topo *Topology) []Verdict {
 	ms := d.members(win, c)
 	nPhases := len(d.cfg.Phases)
-	slab := make([]evaluation, len(ms)*nPhases)
-	evals := make([][]evaluation, len(ms))
+	slab := grow(&d.scratch.evals, len(ms)*nPhases)
+	clear(slab)
+	evals := grow(&d.scratch.evalRows, len(ms))
 	for i := range evals {
 		evals[i] = slab[i*nPhases : (i+1)*nPhases : (i+1)*nPhases]
 	}
