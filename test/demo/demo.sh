@@ -13,7 +13,9 @@ if [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 
-"$BIN/slowrank" agent --live --live-interval 3s --duration 34s --window 2s \
+# Only this demo's processes: a real deployment selects by RANK (the default).
+export SLOWRANK_DEMO=1
+"$BIN/slowrank" agent --env-key SLOWRANK_DEMO --live --live-interval 3s --duration 34s --window 2s \
   --facts "$OUT/facts.jsonl" --verdicts "$OUT/verdicts.jsonl" 2>"$OUT/agent.log" &
 agent=$!
 trap 'kill $agent 2>/dev/null || true' EXIT
