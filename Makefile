@@ -30,7 +30,7 @@ lint: ## gofmt and go vet
 	if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
 
-generate: bpf-generate ## regenerate committed generated code (bpf2go)
+generate: bpf-generate cupti-generate ## regenerate committed generated code (bpf2go)
 
 check-generated: generate ## fail when generated code differs from what is committed
 	@if [ -n "$$(git status --porcelain -- bpf cupti)" ]; then git status --porcelain -- bpf cupti; git diff --stat; \
