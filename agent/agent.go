@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -56,8 +55,9 @@ type Config struct {
 	ForgetDelay time.Duration
 	// MaxMemory bounds the agent's resident memory in bytes (0: no bound).
 	// New sets the Go runtime's soft memory limit for the whole process to
-	// GoMemoryLimit(MaxMemory, RingBufferSize); RSS samples above MaxMemory
-	// are counted in memory_over_bound.
+	// GoMemoryLimit(MaxMemory, RingBufferSize) and, unless GOGC is set, lets
+	// the heap grow 4x between collections (the limit caps it); RSS samples
+	// above MaxMemory are counted in memory_over_bound.
 	MaxMemory int64
 
 	Sinks []Sink
@@ -91,7 +91,8 @@ type Agent struct {
 	duty     *Duty
 	conv     *converter
 	counters *counters
-	in       chan []any // batches of at most inputBatch records
+	in       chan []any   // batches of at most inputBatch records
+	queued   atomic.Int64 // records in in; bounded by Config.InputQueue
 	// ctl runs functions on the main goroutine (runtime control).
 	ctl     chan func()
 	att     *attacher
@@ -107,8 +108,7 @@ type Agent struct {
 
 	control controlState // runtime control (control.go), main goroutine only
 
-	stopping     atomic.Bool // Run is stopping (readLoop)
-	lastMemStats time.Time   // main goroutine only (refreshRuntime)
+	lastMemStats time.Time // main goroutine only (refreshRuntime)
 	overBound    bool
 }
 
@@ -129,12 +129,8 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Tick <= 0 || cfg.InputQueue <= 0 {
 		return nil, errors.New("agent config: tick and input queue must be positive")
 	}
-	if cfg.MaxMemory > 0 {
-		limit, err := GoMemoryLimit(cfg.MaxMemory, cfg.RingBufferSize)
-		if err != nil {
-			return nil, fmt.Errorf("agent config: %w", err)
-		}
-		debug.SetMemoryLimit(limit)
+	if err := applyMemoryBound(cfg); err != nil { // limits.go
+		return nil, fmt.Errorf("agent config: %w", err)
 	}
 	det, err := detector.New(cfg.Detector)
 	if err != nil {
@@ -174,7 +170,7 @@ func New(cfg Config) (*Agent, error) {
 		pipe:     newPipeline(log, correlate.New(cfg.Correlate), det, duty, cfg.Sinks),
 		conv:     newConverter(c),
 		counters: c,
-		in:       make(chan []any, max(1, cfg.InputQueue/inputBatch)),
+		in:       make(chan []any, cfg.InputQueue), // bounded in records by queued
 		ctl:      make(chan func()),
 		started:  time.Now(),
 	}
@@ -225,9 +221,7 @@ loop:
 				a.att.handle(ev)
 			}
 		case batch := <-a.in:
-			for _, in := range batch {
-				a.pipe.handle(in)
-			}
+			a.handleBatch(batch)
 		case f := <-a.ctl:
 			f()
 		case now := <-tick.C:
@@ -249,7 +243,6 @@ loop:
 	a.log.Info("stopping: detaching and settling the last window")
 	stopWatch()
 	a.att.detachAll()
-	a.stopping.Store(true) // readLoop: back to blocking reads, which see the flush
 	if err := a.reader.Flush(); err != nil && !errors.Is(err, bpf.ErrClosed) {
 		a.log.Warn("flush ring buffer", "err", err)
 	}
@@ -294,15 +287,6 @@ func (a *Agent) do(ctx context.Context, f func()) error {
 // per record: a third of the agent's CPU at 100,000 events/s.
 const inputBatch = 256
 
-// busyPoll is how often readLoop looks at a busy ring buffer, and
-// busyIdlePolls how many empty looks end the busy mode (then Read blocks
-// until BPF wakes it or bpf.Options.PollInterval passes, which costs nothing
-// while idle).
-const (
-	busyPoll      = 2 * time.Millisecond
-	busyIdlePolls = 50
-)
-
 // readLoop moves ring-buffer events into the pipeline's queue without ever
 // blocking on it: a full queue counts the lost records. Records go in
 // batches, handed over when a batch is full or the ring buffer has nothing
@@ -318,30 +302,32 @@ func (a *Agent) readLoop() {
 		if len(batch) == 0 {
 			return
 		}
-		select {
-		case a.in <- batch:
-			batch = make([]any, 0, inputBatch)
-		default:
-			a.counters.add("events_lost_queue", int64(len(batch)))
-			batch = batch[:0]
+		n := int64(len(batch))
+		if a.queued.Add(n) <= int64(a.cfg.InputQueue) {
+			out := batch
+			if len(batch) < inputBatch/4 {
+				out = append([]any(nil), batch...) // small: keep the big buffer
+			}
+			select {
+			case a.in <- out:
+				if len(batch) < inputBatch/4 {
+					batch = batch[:0]
+				} else {
+					batch = make([]any, 0, inputBatch)
+				}
+				return
+			default:
+			}
 		}
+		a.queued.Add(-n)
+		a.counters.add("events_lost_queue", n)
+		batch = batch[:0]
 	}
 	defer handOver()
-	idle := busyIdlePolls // empty polls in a row; busy while below busyIdlePolls
 	for {
 		if n := len(batch); n >= inputBatch || (n+int(events) > 0 && a.reader.Pending() == 0) {
 			handOver()
 		}
-		if idle < busyIdlePolls && !a.stopping.Load() && a.reader.Pending() == 0 {
-			// A busy stream: wait on a timer rather than in the ring
-			// buffer's blocking epoll_wait, whose syscall per drained ring
-			// kept the Go runtime's sysmon spinning (a fifth of the agent's
-			// CPU at 100,000 events/s).
-			time.Sleep(busyPoll)
-			idle++
-			continue
-		}
-		idle = 0
 		ev, err := a.reader.Read()
 		switch {
 		case errors.Is(err, bpf.ErrFlushed), errors.Is(err, bpf.ErrClosed):
@@ -362,15 +348,21 @@ func (a *Agent) readLoop() {
 	}
 }
 
+// handleBatch feeds a batch from readLoop to the pipeline.
+func (a *Agent) handleBatch(batch []any) {
+	for _, in := range batch {
+		a.pipe.handle(in)
+	}
+	a.queued.Add(-int64(len(batch)))
+}
+
 // drainInput hands everything queued to the pipeline (before a tick, so that
 // a tick sees all records that had arrived).
 func (a *Agent) drainInput() {
 	for {
 		select {
 		case batch := <-a.in:
-			for _, in := range batch {
-				a.pipe.handle(in)
-			}
+			a.handleBatch(batch)
 		case f := <-a.ctl:
 			f()
 		default:
@@ -418,7 +410,7 @@ func (a *Agent) refreshCounters() {
 	a.counters.set("processes_exited", int64(ws.ProcessesExited))
 	a.counters.set("discovery_denied", int64(ws.Denied))
 	a.counters.set("discovery_events_deferred", int64(ws.EventsDeferred))
-	a.counters.set("input_queue_len", int64(len(a.in)))
+	a.counters.set("input_queue_len", a.queued.Load())
 	a.refreshPipeline()
 	a.refreshSinks()
 	a.refreshRuntime()

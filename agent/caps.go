@@ -267,8 +267,8 @@ func checkCaps(eff CapSet, reqs []CapRequirement, needAdmin bool) (CapCheck, err
 // UprobesNeedSysAdmin reports whether this kernel requires CAP_SYS_ADMIN to
 // create a uprobe through perf_event_open. It creates (and removes at once) a
 // uprobe on this executable's entry point from a thread whose effective set
-// lacks CAP_SYS_ADMIN; the thread is discarded afterwards. A process without
-// CAP_SYS_ADMIN probes itself as it is.
+// lacks CAP_SYS_ADMIN for the duration (then raised again). A process
+// without CAP_SYS_ADMIN probes itself as it is.
 func UprobesNeedSysAdmin() (bool, error) {
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Name: "slowrank_capchk", Type: ebpf.Kprobe, License: "GPL",
@@ -296,30 +296,38 @@ func UprobesNeedSysAdmin() (bool, error) {
 	}
 	ch := make(chan result, 1)
 	go func() {
-		// Never unlocked: the runtime ends this thread with the goroutine,
-		// so its lowered capabilities never serve other goroutines.
 		runtime.LockOSThread()
 		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-		var data [2]unix.CapUserData
+		var data, saved [2]unix.CapUserData
 		if err := unix.Capget(&hdr, &data[0]); err != nil {
+			runtime.UnlockOSThread()
 			ch <- result{err: fmt.Errorf("capget: %w", err)}
 			return
 		}
+		saved = data
 		data[CapSysAdmin/32].Effective &^= 1 << (CapSysAdmin % 32)
 		if err := unix.Capset(&hdr, &data[0]); err != nil {
+			runtime.UnlockOSThread()
 			ch <- result{err: fmt.Errorf("capset: %w", err)}
 			return
 		}
+		var r result
 		l, err := ex.Uprobe("slowrank_capchk", prog, &link.UprobeOptions{Address: entry})
 		switch {
 		case err == nil:
 			l.Close()
-			ch <- result{}
 		case errors.Is(err, unix.EACCES), errors.Is(err, unix.EPERM):
-			ch <- result{need: true}
+			r.need = true
 		default:
-			ch <- result{err: fmt.Errorf("probe uprobe creation: %w", err)}
+			r.err = fmt.Errorf("probe uprobe creation: %w", err)
 		}
+		// Raise the effective set again (it stays within the permitted
+		// set). Should that fail, the thread stays locked and ends with
+		// this goroutine, so its lowered set never serves other code.
+		if unix.Capset(&hdr, &saved[0]) == nil {
+			runtime.UnlockOSThread()
+		}
+		ch <- r
 	}()
 	r := <-ch
 	return r.need, r.err
@@ -378,6 +386,13 @@ func DropCapabilities(chk CapCheck) error {
 	if os.Geteuid() != 0 || os.Getuid() != 0 {
 		return fmt.Errorf("%w: not running as root (grant only the needed capabilities instead)", ErrCannotDrop)
 	}
+	eff, perm, bnd, err := ThreadCapabilities()
+	if err != nil {
+		return err
+	}
+	if bnd&^keep == 0 && perm&^keep == 0 && eff&^keep == 0 {
+		return nil // started with no more than it needs (a systemd unit, setpriv)
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("find executable: %w", err)
@@ -388,10 +403,6 @@ func DropCapabilities(chk CapCheck) error {
 	}
 	env := append(os.Environ(), CapsDroppedEnv+"="+mark)
 	runtime.LockOSThread() // exec replaces the process; on failure this thread is tainted
-	_, _, bnd, err := ThreadCapabilities()
-	if err != nil {
-		return err
-	}
 	for _, c := range (bnd &^ keep).List() {
 		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil {
 			return fmt.Errorf("%w: drop %s from the bounding set: %w", ErrCannotDrop, c, err)

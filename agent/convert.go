@@ -72,7 +72,9 @@ func (c *converter) forgetPID(pid uint32) {
 func (c *converter) convert(ev bpf.Event, out []any) []any {
 	switch e := ev.(type) {
 	case *bpf.CollEvent:
+		c.mu.Lock() // procs is shared with forgetPID (main goroutine)
 		c.proc(e.PID).sawNCCL = true
+		c.mu.Unlock()
 		return append(out, correlate.HostCall{
 			PID: e.PID, TID: e.TID, Kind: correlate.HostCollective, Op: collOp(e.Probe),
 			Count: e.Count, Datatype: e.Datatype, Comm: e.Comm, Stream: e.Stream,
@@ -130,7 +132,10 @@ func (c *converter) torch(e *bpf.TorchEvent, out []any) []any {
 	case bpf.ProbeTorchWorkWait, bpf.ProbeTorchNCCLWorkWait:
 		h.Kind, h.Comm = correlate.HostCollWait, 0
 	default:
-		if c.proc(e.PID).sawNCCL {
+		c.mu.Lock()
+		sawNCCL := c.proc(e.PID).sawNCCL
+		c.mu.Unlock()
+		if sawNCCL {
 			c.counters.add("torch_collectives_redundant", 1)
 			return out
 		}

@@ -213,3 +213,26 @@ func TestPipelineHostileDeviceRecords(t *testing.T) {
 		t.Errorf("50 hostile batches took %v", d)
 	}
 }
+
+// TestConverterConcurrentForget: the reader goroutine converts while the
+// main goroutine forgets exited processes (run with -race).
+func TestConverterConcurrentForget(t *testing.T) {
+	conv := newConverter(newCounters())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 20000; i++ {
+			pid := uint32(i % 64)
+			conv.convert(&bpf.CollEvent{Header: bpf.Header{Type: bpf.EventColl, Probe: bpf.ProbeNCCLAllReduce, PID: pid, StartNs: 1, EndNs: 2}}, nil)
+			conv.convert(&bpf.TorchEvent{Header: bpf.Header{Type: bpf.EventTorch, Probe: bpf.ProbeTorchNCCLAllreduce, PID: pid, StartNs: 1, EndNs: 2}}, nil)
+		}
+	}()
+	for i := 0; ; i++ {
+		select {
+		case <-done:
+			return
+		default:
+			conv.forgetPID(uint32(i % 64))
+		}
+	}
+}

@@ -65,6 +65,7 @@ func TestInvalidInputExitsTwo(t *testing.T) {
 		{"bad regexp", []string{"agent", "--match", "(["}, nil, []string{"--match"}},
 		{"bad memory size", []string{"agent", "--max-memory", "lots"}, nil, []string{"--max-memory", "lots"}},
 		{"memory too small", []string{"agent", "--max-memory", "8MiB"}, nil, []string{"--max-memory", "too small"}},
+		{"negative max procs", []string{"agent", "--max-procs", "-1"}, nil, []string{"--max-procs"}},
 		{"ring buffer not a power of two", []string{"agent", "--ringbuf-size", "5000"}, nil, []string{"--ringbuf-size", "power of two"}},
 		{"missing input file", []string{"replay", "--input", "/does/not/exist"}, nil, []string{"/does/not/exist"}},
 		{"missing config file", []string{"agent", "--config", "/does/not/exist.yaml"}, nil, []string{"--config /does/not/exist.yaml", "no such file"}},
