@@ -15,13 +15,13 @@ type rankState struct {
 }
 
 type stepKey struct {
-	epoch int32
+	epoch int64
 	step  int64
 }
 
 // seen records (epoch, step) and reports whether it was already there.
 func (r *rankState) seen(epoch int, step int64) bool {
-	k := stepKey{int32(epoch), step}
+	k := stepKey{int64(epoch), step}
 	for i := 0; i < int(r.nRecent); i++ {
 		if r.recent[i] == k {
 			return true
