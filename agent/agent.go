@@ -91,7 +91,8 @@ type Agent struct {
 	duty     *Duty
 	conv     *converter
 	counters *counters
-	in       chan []any   // batches of at most inputBatch records
+	in       chan []input // batches of at most inputBatch records
+	batches  batchPool    // recycled batches of in
 	queued   atomic.Int64 // records in in; bounded by Config.InputQueue
 	// ctl runs functions on the main goroutine (runtime control).
 	ctl     chan func()
@@ -173,7 +174,8 @@ func New(cfg Config) (*Agent, error) {
 		pipe:     newPipeline(log, correlate.New(cfg.Correlate), det, duty, cfg.Sinks),
 		conv:     newConverter(c),
 		counters: c,
-		in:       make(chan []any, cfg.InputQueue), // bounded in records by queued
+		in:       make(chan []input, cfg.InputQueue), // bounded in records by queued
+		batches:  newBatchPool(),
 		ctl:      make(chan func()),
 		started:  time.Now(),
 	}
@@ -295,7 +297,7 @@ const inputBatch = 256
 // batches, handed over when a batch is full or the ring buffer has nothing
 // more to read, so batching adds no latency.
 func (a *Agent) readLoop() {
-	batch := make([]any, 0, inputBatch)
+	batch := a.batches.get()
 	events := int64(0) // counted once per hand-over, not per record
 	handOver := func() {
 		if events > 0 {
@@ -309,14 +311,16 @@ func (a *Agent) readLoop() {
 		if a.queued.Add(n) <= int64(a.cfg.InputQueue) {
 			out := batch
 			if len(batch) < inputBatch/4 {
-				out = append([]any(nil), batch...) // small: keep the big buffer
+				// Small: a copy of its size, so that a queue of small
+				// batches does not hold a big buffer each.
+				out = append([]input(nil), batch...)
 			}
 			select {
 			case a.in <- out:
 				if len(batch) < inputBatch/4 {
 					batch = batch[:0]
 				} else {
-					batch = make([]any, 0, inputBatch)
+					batch = a.batches.get()
 				}
 				return
 			default:
@@ -331,7 +335,7 @@ func (a *Agent) readLoop() {
 		if n := len(batch); n >= inputBatch || (n+int(events) > 0 && a.reader.Pending() == 0) {
 			handOver()
 		}
-		ev, err := a.reader.Read()
+		ev, err := a.reader.Next() // valid until the next call: convert copies it
 		switch {
 		case errors.Is(err, bpf.ErrFlushed), errors.Is(err, bpf.ErrClosed):
 			return
@@ -352,11 +356,12 @@ func (a *Agent) readLoop() {
 }
 
 // handleBatch feeds a batch from readLoop to the pipeline.
-func (a *Agent) handleBatch(batch []any) {
-	for _, in := range batch {
-		a.pipe.handle(in)
+func (a *Agent) handleBatch(batch []input) {
+	for i := range batch {
+		a.pipe.handleInput(batch[i])
 	}
 	a.queued.Add(-int64(len(batch)))
+	a.batches.put(batch)
 }
 
 // drainInput hands everything queued to the pipeline (before a tick, so that

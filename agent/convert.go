@@ -69,26 +69,26 @@ func (c *converter) forgetPID(pid uint32) {
 
 // convert appends the correlate inputs of ev to out. Only batches touch the
 // per-process state (under mu); host calls are converted without locking.
-func (c *converter) convert(ev bpf.Event, out []any) []any {
+func (c *converter) convert(ev bpf.Event, out []input) []input {
 	switch e := ev.(type) {
 	case *bpf.CollEvent:
 		c.mu.Lock() // procs is shared with forgetPID (main goroutine)
 		c.proc(e.PID).sawNCCL = true
 		c.mu.Unlock()
-		return append(out, correlate.HostCall{
+		return append(out, hostInput(correlate.HostCall{
 			PID: e.PID, TID: e.TID, Kind: correlate.HostCollective, Op: collOp(e.Probe),
 			Count: e.Count, Datatype: e.Datatype, Comm: e.Comm, Stream: e.Stream,
 			StartNS: int64(e.StartNs), EndNS: int64(e.EndNs),
-		})
+		}))
 	case *bpf.SyncEvent:
 		h := correlate.HostCall{
 			PID: e.PID, TID: e.TID, Kind: correlate.HostSyncWait, Op: e.Probe.String(),
 			Stream: e.Handle, StartNS: int64(e.StartNs), EndNS: int64(e.EndNs),
 		}
-		out = append(out, h)
+		out = append(out, hostInput(h))
 		if e.Probe == c.marker && c.marker != 0 {
 			h.Kind = correlate.HostMarker
-			out = append(out, h)
+			out = append(out, hostInput(h))
 		}
 		return out
 	case *bpf.GroupEvent:
@@ -96,7 +96,7 @@ func (c *converter) convert(ev bpf.Event, out []any) []any {
 		if e.HasReturn {
 			kind = correlate.HostGroupEnd
 		}
-		return append(out, correlate.HostCall{PID: e.PID, TID: e.TID, Kind: kind, StartNS: int64(e.StartNs), EndNS: int64(e.EndNs)})
+		return append(out, hostInput(correlate.HostCall{PID: e.PID, TID: e.TID, Kind: kind, StartNS: int64(e.StartNs), EndNS: int64(e.EndNs)}))
 	case *bpf.CommInitEvent:
 		if !e.CommValid || e.Ret != 0 && e.Ret != 7 { // 7: ncclInProgress (non-blocking)
 			c.counters.add("comm_init_failed", 1)
@@ -112,7 +112,7 @@ func (c *converter) convert(ev bpf.Event, out []any) []any {
 		if e.IsSplit {
 			ci.Parent = e.Parent
 		}
-		return append(out, ci)
+		return append(out, otherInput(ci))
 	case *bpf.TorchEvent:
 		return c.torch(e, out)
 	case *bpf.BatchEvent:
@@ -126,7 +126,7 @@ func (c *converter) convert(ev bpf.Event, out []any) []any {
 
 // torch converts a c10d call. Collectives are host enqueues for NCCL and
 // blocking waits for gloo only through Work::wait, which is the coll_wait.
-func (c *converter) torch(e *bpf.TorchEvent, out []any) []any {
+func (c *converter) torch(e *bpf.TorchEvent, out []input) []input {
 	h := correlate.HostCall{PID: e.PID, TID: e.TID, StartNS: int64(e.StartNs), EndNS: int64(e.EndNs), Comm: e.Self}
 	switch e.Probe {
 	case bpf.ProbeTorchWorkWait, bpf.ProbeTorchNCCLWorkWait:
@@ -141,12 +141,12 @@ func (c *converter) torch(e *bpf.TorchEvent, out []any) []any {
 		}
 		h.Kind, h.Op = correlate.HostCollective, torchOp(e.Probe)
 	}
-	return append(out, h)
+	return append(out, hostInput(h))
 }
 
 // batch converts one CUPTI batch: kernels and copies into device intervals,
 // collection transitions into coverage, lost batches and records into drops.
-func (c *converter) batch(e *bpf.BatchEvent, out []any) []any {
+func (c *converter) batch(e *bpf.BatchEvent, out []input) []input {
 	b, err := cupti.DecodeBatch(e.Data)
 	if err != nil {
 		c.counters.add("batches_malformed", 1)
@@ -168,7 +168,7 @@ func (c *converter) batch(e *bpf.BatchEvent, out []any) []any {
 	if p.lastSeq != 0 && b.Header.Seq > p.lastSeq+1 && !b.Header.EpochStart() {
 		gap := c.plausible(b.Header.Seq - p.lastSeq - 1)
 		c.counters.add("batches_lost", int64(gap))
-		out = append(out, correlate.Drop{PID: pid, Device: gap, FromNS: p.openSince, ToNS: int64(e.EndNs)})
+		out = append(out, otherInput(correlate.Drop{PID: pid, Device: gap, FromNS: p.openSince, ToNS: int64(e.EndNs)}))
 	}
 	p.lastSeq = b.Header.Seq
 	drops := b.Header.CUPTIDropped + b.Header.LibDropped
@@ -178,7 +178,7 @@ func (c *converter) batch(e *bpf.BatchEvent, out []any) []any {
 	if drops > p.lastDrop {
 		n := c.plausible(drops - p.lastDrop)
 		c.counters.add("device_records_dropped", int64(n))
-		out = append(out, correlate.Drop{PID: pid, Device: n, FromNS: p.openSince, ToNS: int64(e.EndNs)})
+		out = append(out, otherInput(correlate.Drop{PID: pid, Device: n, FromNS: p.openSince, ToNS: int64(e.EndNs)}))
 		p.lastDrop = drops
 	}
 	for _, t := range b.Transitions {
@@ -186,31 +186,31 @@ func (c *converter) batch(e *bpf.BatchEvent, out []any) []any {
 		switch {
 		case t.On && p.openSince == 0:
 			p.openSince = ts
-			out = append(out, correlate.Coverage{PID: pid, StartNS: ts})
+			out = append(out, otherInput(correlate.Coverage{PID: pid, StartNS: ts}))
 		case !t.On && p.openSince != 0:
-			out = append(out, correlate.Coverage{PID: pid, StartNS: p.openSince, EndNS: ts})
+			out = append(out, otherInput(correlate.Coverage{PID: pid, StartNS: p.openSince, EndNS: ts}))
 			p.openSince = 0
 		}
 	}
 	for _, k := range b.Kernels {
-		out = append(out, correlate.DeviceInterval{
+		out = append(out, deviceInput(correlate.DeviceInterval{
 			PID: pid, Kind: correlate.DeviceKernel, Class: kernelClass(k.Class),
 			StartNS: int64(k.StartNs), EndNS: int64(k.EndNs), Device: k.Device, Stream: k.Stream,
 			NameID: k.NameID, Name: c.names.Name(pid, k.NameID),
 			Grid:  [3]uint32{uint32(k.Grid[0]), uint32(k.Grid[1]), uint32(k.Grid[2])},
 			Block: [3]uint32{uint32(k.Block[0]), uint32(k.Block[1]), uint32(k.Block[2])},
 			Corr:  k.Correlation,
-		})
+		}))
 	}
 	for _, cp := range b.Copies {
 		kind := correlate.DeviceMemcpy
 		if cp.Memset {
 			kind = correlate.DeviceMemset
 		}
-		out = append(out, correlate.DeviceInterval{
+		out = append(out, deviceInput(correlate.DeviceInterval{
 			PID: pid, Kind: kind, Class: correlate.ClassCopy, StartNS: int64(cp.StartNs), EndNS: int64(cp.EndNs),
 			Device: cp.Device, Stream: cp.Stream, Corr: cp.Correlation,
-		})
+		}))
 	}
 	c.counters.add("device_records", int64(len(b.Kernels)+len(b.Copies)))
 	return out

@@ -95,7 +95,7 @@ func TestConverterHostileBatches(t *testing.T) {
 	c := newCounters()
 	conv := newConverter(c)
 	rng := rand.New(rand.NewPCG(1, 2))
-	var out []any
+	var out []input
 
 	// Random bytes, with and without a valid magic.
 	for i := 0; i < 5000; i++ {
@@ -204,7 +204,7 @@ func TestPipelineHostileDeviceRecords(t *testing.T) {
 	start := time.Now()
 	for round := 0; round < 50; round++ {
 		for _, in := range conv.convert(batchEvent(9, data), nil) {
-			p.handle(in)
+			p.handleInput(in)
 		}
 		p.tick(int64(round) * int64(time.Second))
 	}

@@ -76,6 +76,24 @@ func newPipeline(log *slog.Logger, corr *correlate.Correlator, det *detector.Det
 }
 
 // handle feeds one capture record into the correlator.
+// handleInput feeds one record from the reader goroutine.
+func (p *pipeline) handleInput(in input) {
+	switch in.kind {
+	case inputHost:
+		if p.dump != nil {
+			p.dump(in.host)
+		}
+		p.corr.AddHostCall(in.host)
+	case inputDevice:
+		if p.dump != nil {
+			p.dump(in.dev)
+		}
+		p.corr.AddDevice(in.dev)
+	default:
+		p.handle(in.other)
+	}
+}
+
 func (p *pipeline) handle(in any) {
 	if p.dump != nil {
 		p.dump(in)

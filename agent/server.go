@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"path/filepath"
 	"sort"
@@ -315,6 +316,13 @@ func NewHandler(ctl Controller, cfg HandlerConfig) http.Handler {
 	mux.HandleFunc("/metrics", h.metrics)
 	mux.HandleFunc("/control", h.control)
 	mux.HandleFunc("/{$}", h.index)
+	if cfg.Control {
+		// Profiles of the agent itself, for its operators: on the Unix
+		// socket only (its file mode is the access control), never on TCP.
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	return mux
 }
 
@@ -330,6 +338,7 @@ func (h *handler) index(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	io.WriteString(w, "slowrank agent\n  GET  /status   JSON status\n  GET  /metrics  Prometheus text format\n")
 	if h.cfg.Control {
+		io.WriteString(w, "  GET  /debug/pprof/  profiles of the agent (Go pprof)\n")
 		io.WriteString(w, "  POST /control  {\"action\":\"pause\"|\"resume\"|\"set\", \"window\":\"5s\", \"threshold\":0.05, \"floor\":\"1ms\", \"consecutive\":3, \"duty_budget\":0.003, \"duty_share\":0.1, \"duty_auto\":true, \"duty_period\":\"10s\"}\n")
 	}
 }

@@ -189,6 +189,26 @@ func TestHandlerControl(t *testing.T) {
 	}
 }
 
+// TestHandlerPprof: the agent's own profiles are served on the Unix socket
+// (the operator's) and never on TCP.
+func TestHandlerPprof(t *testing.T) {
+	f := newFake()
+	tests := []struct {
+		name    string
+		control bool
+		want    int
+	}{
+		{"unix socket", true, http.StatusOK},
+		{"tcp", false, http.StatusNotFound},
+	}
+	for _, tt := range tests {
+		h := NewHandler(f, HandlerConfig{Control: tt.control})
+		if code, body := do(t, h, "GET", "/debug/pprof/goroutine?debug=1", ""); code != tt.want {
+			t.Errorf("%s: GET /debug/pprof/goroutine: %d %.80s", tt.name, code, body)
+		}
+	}
+}
+
 // promLine is a sample line of the text exposition format.
 var promLine = regexp.MustCompile(`^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\\n]|\\[\\"n])*",?)*\})? (NaN|[+-]Inf|[-+0-9.eE]+)$`)
 

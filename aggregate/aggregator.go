@@ -109,14 +109,18 @@ var ErrQueueFull = errors.New("aggregator queue full")
 type Aggregator struct {
 	cfg Config
 	log *slog.Logger
-	// jobCfg is cfg.Detector for one job's detector.
-	jobCfg detector.Config
 
 	in     chan batch
 	queued atomic.Int64
 	closed atomic.Bool
 
 	// Owned by Run's goroutine.
+	// det judges every job: each job keeps its own origin, windows and
+	// ranks inside it, and a finished job is dropped with ForgetJob.
+	det *detector.Detector
+	// verdicts were returned by det and not yet handed to the sinks.
+	verdicts  []detector.Verdict
+	lagEnds   map[string]int64 // scratch of settle: job → its last window's end
 	jobs      map[string]*jobState
 	order     []string // jobs in first-seen order
 	finished  []detector.Summary
@@ -135,17 +139,18 @@ type batch struct {
 }
 
 type jobState struct {
-	name string
-	// det judges this job alone: a job that ends is forgotten with its
-	// detector, so a long-lived aggregator never runs out of job slots.
-	det      *detector.Detector
-	verdicts []detector.Verdict // returned by det, not yet handed to sinks
+	name     string
 	topo     *topoMerge
 	lastPush int64
 	hosts    map[string]*hostState
 	// next is the lowest window index not settled yet (nextSet: known).
 	next    int64
 	nextSet bool
+	// lastEnd is the latest end (on the aggregator's timeline) of a step
+	// handed to the detector (hasSteps: any): once event time is a window
+	// plus the lateness past it, the job has no pending window left.
+	lastEnd  int64
+	hasSteps bool
 }
 
 type hostState struct {
@@ -170,11 +175,13 @@ type Stats struct {
 	SilentHosts    int   // hosts silent for more than a window plus lateness
 	ForgottenHosts int64 // hosts forgotten after HostTTL
 	Queued         int64 // facts waiting now
-	// Settle is the time the detector took for the last window settled
-	// (evaluation of every cohort and rank); SettleMax the largest so far.
+	// Settle is the time the detector call that settled the last windows
+	// took (evaluation of every cohort and rank; a tick's call settles the
+	// due windows of every job at once); SettleMax the largest so far.
 	Settle, SettleMax time.Duration
-	// Lag is how long after its deadline (window end + lateness) the last
-	// settled window reached the sinks; LagMax the largest so far.
+	// Lag is how long after its deadline (window end + lateness) a job's
+	// last settled window reached the sinks (the largest over the jobs
+	// settled by one call); LagMax the largest so far.
 	Lag, LagMax time.Duration
 	// MaxAge is the largest sender-side age (sent − end) seen in the last
 	// stats period; LateFacts counts facts whose window had settled.
@@ -182,23 +189,23 @@ type Stats struct {
 	LateFacts int64
 }
 
-// New checks cfg and builds an aggregator; start it with Run. Each job gets
-// its own detector with cfg.Detector (cfg.Detector.MaxJobs bounds the jobs
-// tracked at once).
+// New checks cfg and builds an aggregator; start it with Run. One detector
+// with cfg.Detector judges every job (cfg.Detector.MaxJobs bounds the jobs
+// tracked at once; a finished job frees its slot).
 func New(cfg Config) (*Aggregator, error) {
-	if _, err := detector.New(cfg.Detector); err != nil {
+	det, err := detector.New(cfg.Detector)
+	if err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	jc := cfg.Detector
-	jc.MaxJobs = 1
 	return &Aggregator{
-		cfg:    cfg,
-		log:    cfg.Logger.With("component", "aggregate"),
-		jobCfg: jc,
-		in:     make(chan batch, 4096),
-		jobs:   map[string]*jobState{},
-		done:   make(chan struct{}),
+		cfg:     cfg,
+		log:     cfg.Logger.With("component", "aggregate"),
+		det:     det,
+		lagEnds: map[string]int64{},
+		in:      make(chan batch, 4096),
+		jobs:    map[string]*jobState{},
+		done:    make(chan struct{}),
 	}, nil
 }
 
@@ -262,12 +269,13 @@ func (a *Aggregator) Run(ctx context.Context) error {
 			a.drain()
 			now := a.cfg.NowMono()
 			a.pushTopologies(now, true)
-			for _, name := range a.order {
-				j := a.jobs[name]
-				t0 := time.Now()
-				j.verdicts = append(j.verdicts, j.det.Flush()...)
-				a.settle(j, now, time.Since(t0), true)
-			}
+			// Every job's last windows at once: at most about
+			// 1 + lateness/window of them per job, far below the
+			// settled windows the detector keeps between two
+			// TakeSettled calls (4096) for MaxJobs jobs (default 256).
+			t0 := time.Now()
+			a.verdicts = append(a.verdicts, a.det.Flush()...)
+			a.settle(time.Since(t0), true)
 			a.logStats(now)
 			return nil
 		case b := <-a.in:
@@ -283,8 +291,16 @@ func (a *Aggregator) Run(ctx context.Context) error {
 func (a *Aggregator) Summaries() []detector.Summary {
 	<-a.done
 	out := append([]detector.Summary(nil), a.finished...)
+	byJob := map[string]detector.Summary{}
+	for _, s := range a.det.Summaries() {
+		byJob[s.Job] = s
+	}
+	// In the aggregator's first-seen order (a job's first fact may be a
+	// topology that reaches the detector only later).
 	for _, name := range a.order {
-		out = append(out, a.jobs[name].det.Summaries()...)
+		if s, ok := byJob[name]; ok {
+			out = append(out, s)
+		}
 	}
 	return out
 }
@@ -303,12 +319,9 @@ func (a *Aggregator) drain() {
 func (a *Aggregator) tick(now int64) {
 	a.drain()
 	a.pushTopologies(now, false)
-	for _, name := range a.order {
-		j := a.jobs[name]
-		t0 := time.Now()
-		j.verdicts = append(j.verdicts, j.det.Advance(now)...)
-		a.settle(j, now, time.Since(t0), false)
-	}
+	t0 := time.Now()
+	a.verdicts = append(a.verdicts, a.det.Advance(now)...)
+	a.settle(time.Since(t0), false)
 	a.checkHosts(now)
 	if a.cfg.StatsEvery > 0 && now-a.lastStats >= int64(a.cfg.StatsEvery) {
 		a.logStats(now)
@@ -321,25 +334,35 @@ func (a *Aggregator) job(name string) *jobState {
 	if j, ok := a.jobs[name]; ok {
 		return j
 	}
+	// The detector knows only jobs the aggregator knows, so it never
+	// refuses one that passes here.
 	if len(a.jobs) >= a.cfg.Detector.MaxJobs {
 		return nil
 	}
-	det, err := detector.New(a.jobCfg)
-	if err != nil {
-		return nil // validated in New
-	}
-	j := &jobState{name: name, det: det, topo: newTopoMerge(name), hosts: map[string]*hostState{}}
+	j := &jobState{name: name, topo: newTopoMerge(name), hosts: map[string]*hostState{}}
 	a.jobs[name] = j
 	a.order = append(a.order, name)
 	return j
 }
 
-// finish forgets a job whose hosts are all gone: its last windows are
-// settled and its summary kept for Summaries.
-func (a *Aggregator) finish(j *jobState, now int64) {
-	j.verdicts = append(j.verdicts, j.det.Flush()...)
-	a.settle(j, now, 0, true)
-	sums := j.det.Summaries()
+// settledAll reports whether every window of j with steps has settled by
+// event time now (the detector has been advanced to now): the window of the
+// latest step ends at most a window after it and settles lateness later.
+func (a *Aggregator) settledAll(j *jobState, now int64) bool {
+	return !j.hasSteps || now-j.lastEnd >= int64(a.cfg.Detector.Window+a.cfg.Detector.Lateness)
+}
+
+// finish forgets a job whose hosts are all gone and whose windows have all
+// settled (settledAll): its summary is kept for Summaries and the detector
+// drops its state.
+func (a *Aggregator) finish(j *jobState) {
+	var sums []detector.Summary
+	for _, s := range a.det.Summaries() {
+		if s.Job == j.name {
+			sums = append(sums, s)
+		}
+	}
+	a.det.ForgetJob(j.name)
 	a.finished = append(a.finished, sums...)
 	if n := len(a.finished); n > 1024 {
 		a.finished = append([]detector.Summary(nil), a.finished[n-1024:]...)
@@ -424,23 +447,26 @@ func (a *Aggregator) handle(b batch) {
 		if _, ok := h.ranks[s.Rank]; !ok && len(h.ranks) < a.cfg.Detector.MaxRanks {
 			h.ranks[s.Rank] = struct{}{}
 		}
-		if w, ok := j.det.WindowOf(s.Job, s.EndNS); ok && j.nextSet && w < j.next {
+		if w, ok := a.det.WindowOf(s.Job, s.EndNS); ok && j.nextSet && w < j.next {
 			late++
 		}
 		t0 := time.Now()
-		vs, err := j.det.AddStep(s)
+		vs, err := a.det.AddStep(s)
 		elapsed := time.Since(t0)
 		if err != nil {
 			invalid++
 			continue
 		}
 		facts++
-		j.verdicts = append(j.verdicts, vs...)
-		win, _ := j.det.WindowOf(s.Job, s.EndNS)
+		if !j.hasSteps || s.EndNS > j.lastEnd {
+			j.lastEnd, j.hasSteps = s.EndNS, true
+		}
+		a.verdicts = append(a.verdicts, vs...)
+		win, _ := a.det.WindowOf(s.Job, s.EndNS)
 		for _, sk := range a.cfg.Sinks {
 			sk.Step(s, win)
 		}
-		a.settle(j, b.recv, elapsed, false)
+		a.settle(elapsed, false)
 	}
 	a.addStat(func(st *Stats) {
 		st.Facts += facts
@@ -455,16 +481,17 @@ func (a *Aggregator) handle(b batch) {
 
 // pushTopologies hands a job's merged topology to the detector and the
 // sinks when it changed, at most once per TopologyDebounce (always when
-// force).
+// force). A job whose hosts are all gone only waits for its last windows:
+// the union its hosts left empty is not pushed.
 func (a *Aggregator) pushTopologies(now int64, force bool) {
 	for _, name := range a.order {
 		j := a.jobs[name]
-		if !j.topo.dirty || (!force && j.lastPush != 0 && now-j.lastPush < int64(a.cfg.TopologyDebounce)) {
+		if !j.topo.dirty || len(j.hosts) == 0 || (!force && j.lastPush != 0 && now-j.lastPush < int64(a.cfg.TopologyDebounce)) {
 			continue
 		}
 		t := j.topo.build()
 		j.lastPush = now
-		if err := j.det.AddTopology(t); err != nil {
+		if err := a.det.AddTopology(t); err != nil {
 			a.log.Warn("merged topology rejected", "job", j.name, "err", err)
 			continue
 		}
@@ -476,32 +503,41 @@ func (a *Aggregator) pushTopologies(now int64, force bool) {
 	}
 }
 
-// settle hands j's windows settled since the last call to the sinks with
-// their verdicts; elapsed is how long the detector call that settled them
-// took.
-func (a *Aggregator) settle(j *jobState, now int64, elapsed time.Duration, final bool) {
-	windows := j.det.TakeSettled()
+// settle hands the windows settled since the last call (of any job) to the
+// sinks with their verdicts; elapsed is how long the detector call that
+// settled them took.
+func (a *Aggregator) settle(elapsed time.Duration, final bool) {
+	windows := a.det.TakeSettled()
 	if len(windows) == 0 {
 		return
 	}
-	verdicts := j.verdicts
-	j.verdicts = nil
+	verdicts := a.verdicts
+	a.verdicts = nil
 	byWin := map[detector.SettledWindow][]detector.Verdict{}
 	for _, v := range verdicts {
 		k := detector.SettledWindow{Job: v.Job, Index: v.Window, StartNS: v.WindowStartNS, EndNS: v.WindowEndNS}
 		byWin[k] = append(byWin[k], v)
 	}
+	clear(a.lagEnds)
 	for _, w := range windows {
 		for _, sk := range a.cfg.Sinks {
 			sk.Settled(w, byWin[w])
 		}
-		if !j.nextSet || w.Index+1 > j.next {
+		if j := a.jobs[w.Job]; j != nil && (!j.nextSet || w.Index+1 > j.next) {
 			j.next, j.nextSet = w.Index+1, true
+		}
+		if end, ok := a.lagEnds[w.Job]; !ok || w.EndNS > end {
+			a.lagEnds[w.Job] = w.EndNS
 		}
 	}
 	after := a.cfg.NowMono()
-	last := windows[len(windows)-1]
-	lag := time.Duration(after - (last.EndNS + int64(a.cfg.Detector.Lateness)))
+	var lag time.Duration
+	first := true
+	for _, end := range a.lagEnds {
+		if l := time.Duration(after - (end + int64(a.cfg.Detector.Lateness))); first || l > lag {
+			lag, first = l, false
+		}
+	}
 	a.addStat(func(s *Stats) {
 		s.Windows += int64(len(windows))
 		s.Verdicts += int64(len(verdicts))
@@ -542,12 +578,15 @@ func (a *Aggregator) checkHosts(now int64) {
 				}
 			}
 		}
-		if len(j.hosts) == 0 {
+		// Run advanced the detector to now just before: a job without
+		// hosts has settled all its windows once event time is past the
+		// last one (at once unless HostTTL < window + lateness).
+		if len(j.hosts) == 0 && a.settledAll(j, now) {
 			gone = append(gone, j)
 		}
 	}
 	for _, j := range gone {
-		a.finish(j, now)
+		a.finish(j)
 	}
 	hosts := a.nHosts
 	a.addStat(func(s *Stats) { s.SilentHosts, s.Hosts = silent, hosts })

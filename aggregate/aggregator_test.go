@@ -340,3 +340,153 @@ func TestOfferRefusesWhenQueueFull(t *testing.T) {
 		t.Fatalf("%+v", got)
 	}
 }
+
+// jobFeed sends one step per rank of one job from one host, stamped on the
+// aggregator's clock (age 0).
+func jobFeed(a *Aggregator, job, host string, ranks []int, step int64, now int64, hostMS func(rank int) float64) {
+	facts := make([]Fact, 0, len(ranks))
+	for _, r := range ranks {
+		st := detector.Step{Kind: detector.KindStep, Job: job, Rank: r, Step: step, Host: host,
+			StartNS: now - int64(100*time.Millisecond), EndNS: now,
+			Phases: map[string]float64{detector.PhaseStep: 100, detector.PhaseHost: hostMS(r)}}
+		facts = append(facts, Fact{Host: host, Step: &st})
+	}
+	a.handle(batch{recv: now, facts: facts})
+}
+
+// One detector judges every job: each keeps its own origin and verdicts
+// (the same rank numbers in two jobs are different ranks), and a finished
+// job leaves the other untouched and frees its slot.
+func TestJobsJudgedApartAndForgotten(t *testing.T) {
+	c := &capture{}
+	base := int64(5e12)
+	now := base
+	det := testDetector()
+	det.MaxJobs = 2
+	a, err := New(Config{Detector: det, Sinks: []Sink{c}, HostTTL: 3 * time.Second,
+		NowMono: func() int64 { return now }, StatsEvery: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slowA := func(r int) float64 {
+		if r == 1 {
+			return 15
+		}
+		return 10
+	}
+	even := func(int) float64 { return 10 }
+	const ms = int64(time.Millisecond)
+	t0b := base + 430*ms // job b starts later: its own origin
+	var step int64
+	aRuns := func() bool { return now < base+int64(5*time.Second) }
+	for now < base+int64(14*time.Second) {
+		now += 10 * ms
+		if (now-base)%(100*ms) == 0 {
+			step++
+			if aRuns() {
+				jobFeed(a, "a", "ha", []int{0, 1}, step, now, slowA)
+			}
+		}
+		if now >= t0b && (now-t0b)%(100*ms) == 0 {
+			jobFeed(a, "b", "hb", []int{0, 1}, step, now, even)
+		}
+		if (now-base)%(200*ms) == 0 {
+			a.tick(now)
+		}
+	}
+	vs, ws := c.snapshot()
+	states := map[string]map[int]map[string]int{"a": {}, "b": {}}
+	for _, v := range vs {
+		if states[v.Job][v.Rank] == nil {
+			states[v.Job][v.Rank] = map[string]int{}
+		}
+		states[v.Job][v.Rank][v.State]++
+	}
+	if states["a"][1][detector.StateStraggler] == 0 || states["a"][0][detector.StateStraggler] != 0 {
+		t.Errorf("job a: %v", states["a"])
+	}
+	for r, st := range states["b"] {
+		if st[detector.StateOK] == 0 || st[detector.StateStraggler]+st[detector.StateCandidate]+st[detector.StateUncertain] != 0 {
+			t.Errorf("job b rank %d: %v (want only ok: job a's slow rank 1 is not b's)", r, st)
+		}
+	}
+	var bAfter int
+	for _, w := range ws {
+		if w.Job == "b" {
+			if (w.StartNS-t0b)%int64(det.Window) != 0 {
+				t.Fatalf("job b's window %+v not on its own origin %d", w, t0b)
+			}
+			if w.StartNS > base+int64(10*time.Second) {
+				bAfter++
+			}
+		}
+	}
+	if bAfter == 0 {
+		t.Errorf("job b stopped settling after job a finished")
+	}
+	st := a.Stats()
+	if st.FinishedJobs != 1 || len(a.finished) != 1 || a.finished[0].Job != "a" || len(a.finished[0].Stragglers) != 1 {
+		t.Fatalf("finished %+v, stats %+v", a.finished, st)
+	}
+	if _, ok := a.det.WindowOf("a", now); ok {
+		t.Fatalf("the detector still holds the finished job")
+	}
+	// Job a coming back takes the freed slot and starts afresh (its own
+	// new origin); a third job finds no slot.
+	jobFeed(a, "a", "ha", []int{0}, 1, now, even)
+	if w, ok := a.det.WindowOf("a", now+int64(det.Window)/2); !ok || w != 0 {
+		t.Fatalf("returning job's window %d %v, want 0 on a new origin", w, ok)
+	}
+	jobFeed(a, "c", "hc", []int{0}, 1, now, even)
+	if st := a.Stats(); st.RefusedJobs != 1 {
+		t.Fatalf("refused %d jobs with two live ones, want 1", st.RefusedJobs)
+	}
+}
+
+// A host forgotten sooner than a window plus the lateness (--evict-after 1)
+// leaves its job waiting for its last window, which settles on time and
+// reaches the sinks before the job is finished.
+func TestJobFinishedAfterItsLastWindow(t *testing.T) {
+	c := &capture{}
+	base := int64(7e12)
+	now := base
+	det := testDetector() // window 1 s, lateness 300 ms
+	a, err := New(Config{Detector: det, Sinks: []Sink{c}, HostTTL: 500 * time.Millisecond,
+		NowMono: func() int64 { return now }, StatsEvery: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ms = int64(time.Millisecond)
+	even := func(int) float64 { return 10 }
+	var step int64
+	for now < base+2500*ms { // steps end in windows 0, 1 and 2
+		now += 100 * ms
+		step++
+		jobFeed(a, "j", "h", []int{0, 1}, step, now, even)
+		if (now-base)%(200*ms) == 0 {
+			a.tick(now)
+		}
+	}
+	lastEnd := now
+	var finishedAt int64
+	for now < base+5000*ms {
+		now += 100 * ms
+		a.tick(now)
+		if finishedAt == 0 && a.Stats().FinishedJobs == 1 {
+			finishedAt = now
+		}
+	}
+	if finishedAt == 0 {
+		t.Fatalf("job never finished: %+v", a.Stats())
+	}
+	if finishedAt < lastEnd+int64(det.Window+det.Lateness) || a.Stats().ForgottenHosts != 1 {
+		t.Errorf("finished %v after its last step, before its last window could settle", time.Duration(finishedAt-lastEnd))
+	}
+	_, ws := c.snapshot()
+	if len(ws) != 3 || ws[2].Index != 2 {
+		t.Fatalf("settled windows %+v, want 0, 1, 2", ws)
+	}
+	if len(a.finished) != 1 || a.finished[0].Windows != 3 || a.finished[0].Facts != 2*step {
+		t.Fatalf("summary %+v", a.finished)
+	}
+}

@@ -115,17 +115,19 @@
 // each), and decoding is bounded per request (Limits: records, attributes,
 // string lengths, phases, topology size). State is bounded: hosts (65536
 // overall, 8192 per job, forgotten after HostTTL), jobs (the detector
-// configuration's MaxJobs at once; each job has its own detector, and a job
-// whose hosts are all forgotten is finished: its last windows are settled,
-// its summary kept, its slot freed), ranks (MaxRanks per job), facts waiting
-// for the detector (QueueFacts; beyond it the receiver answers a retryable
-// UNAVAILABLE / HTTP 503 and the forwarder backs off). Identical group
-// member lists from many hosts (the world group) are stored once.
+// configuration's MaxJobs at once; one detector judges them all, each job
+// on its own origin and windows, and a job whose hosts are all forgotten is
+// finished once its last window has settled on time: its summary kept,
+// its state dropped from the detector, its slot freed), ranks (MaxRanks per
+// job), facts waiting for the detector (QueueFacts; beyond it the receiver
+// answers a retryable UNAVAILABLE / HTTP 503 and the forwarder backs off).
+// Identical group member lists from many hosts (the world group) are stored
+// once.
 //
 // # Concurrency
 //
 // Server handlers decode concurrently and call Aggregator.Offer, which
-// never blocks. One goroutine (Run) owns the detectors, the topology merge
+// never blocks. One goroutine (Run) owns the detector, the topology merge
 // and the per-host state, and calls the sinks in order.
 //
 // # Requirements

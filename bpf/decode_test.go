@@ -166,8 +166,12 @@ func FuzzDecode(f *testing.F) {
 		}
 	}
 	f.Add([]byte{})
+	var s scratch // reused across inputs, as Reader.Next does
 	f.Fuzz(func(t *testing.T, b []byte) {
 		ev, err := Decode(b)
+		if reused, rerr := decode(b, &s); (rerr == nil) != (err == nil) || !reflect.DeepEqual(reused, ev) {
+			t.Fatalf("decode into scratch: %+v, %v; Decode: %+v, %v", reused, rerr, ev, err)
+		}
 		if err != nil {
 			if !errors.Is(err, ErrMalformed) || ev != nil {
 				t.Fatalf("error %v with event %v", err, ev)

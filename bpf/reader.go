@@ -25,11 +25,13 @@ type Reader struct {
 	p        *Probes
 	rd       *ringbuf.Reader
 	rec      ringbuf.Record
+	scratch  scratch     // Next's events
+	renew    atomic.Bool // set a new ReadInto deadline before the next read
 	once     sync.Once
 	cerr     error
 	deadline atomic.Int64 // unix ns, 0 = none
 
-	read      atomic.Uint64
+	decoded   atomic.Uint64
 	malformed atomic.Uint64
 }
 
@@ -41,6 +43,7 @@ func (p *Probes) NewReader() (*Reader, error) {
 		return nil, fmt.Errorf("open ring buffer reader: %w", err)
 	}
 	r := &Reader{p: p, rd: rd}
+	r.renew.Store(true)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -57,21 +60,33 @@ func (p *Probes) NewReader() (*Reader, error) {
 // deadline one matching os.ErrDeadlineExceeded. A record the decoder refuses
 // is counted and returned as an error matching ErrMalformed: the caller may
 // keep reading.
-func (r *Reader) Read() (Event, error) {
+func (r *Reader) Read() (Event, error) { return r.read1(nil) }
+
+// Next is Read without allocating: the event it returns, and a batch's Data,
+// are overwritten by the next call to Next. Copy what must outlive it.
+func (r *Reader) Next() (Event, error) { return r.read1(&r.scratch) }
+
+func (r *Reader) read1(s *scratch) (Event, error) {
 	for {
-		user := r.deadline.Load()
-		dl := time.Now().Add(r.p.poll)
-		if user != 0 && user < dl.UnixNano() {
-			dl = time.Unix(0, user)
+		// The deadline only matters when the ring is drained and ReadInto
+		// waits; it is renewed after it expired, not per record (a clock
+		// read and a lock each). An expired one makes that wait return at
+		// once, and the loop renews it.
+		if r.renew.Swap(false) {
+			dl := time.Now().Add(r.p.poll)
+			if user := r.deadline.Load(); user != 0 && user < dl.UnixNano() {
+				dl = time.Unix(0, user)
+			}
+			r.rd.SetDeadline(dl)
 		}
-		r.rd.SetDeadline(dl)
 		err := r.rd.ReadInto(&r.rec)
 		switch {
 		case err == nil:
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			if user != 0 && time.Now().UnixNano() >= user {
+			if user := r.deadline.Load(); user != 0 && time.Now().UnixNano() >= user {
 				return nil, fmt.Errorf("read ring buffer: %w", err)
 			}
+			r.renew.Store(true)
 			continue // poll tick: look again
 		case errors.Is(err, ringbuf.ErrClosed):
 			return nil, ErrClosed
@@ -80,12 +95,12 @@ func (r *Reader) Read() (Event, error) {
 		default:
 			return nil, fmt.Errorf("read ring buffer: %w", err)
 		}
-		ev, err := Decode(r.rec.RawSample)
+		ev, err := decode(r.rec.RawSample, s)
 		if err != nil {
 			r.malformed.Add(1)
 			return nil, err
 		}
-		r.read.Add(1)
+		r.decoded.Add(1)
 		return ev, nil
 	}
 }
@@ -96,9 +111,11 @@ func (r *Reader) Read() (Event, error) {
 func (r *Reader) SetDeadline(t time.Time) {
 	if t.IsZero() {
 		r.deadline.Store(0)
+		r.renew.Store(true)
 		return
 	}
 	r.deadline.Store(max(t.UnixNano(), 1))
+	r.renew.Store(true)
 }
 
 // Flush makes Read return every record already in the ring buffer without
@@ -109,7 +126,7 @@ func (r *Reader) Flush() error { return r.rd.Flush() }
 func (r *Reader) Pending() int { return r.rd.AvailableBytes() }
 
 // Decoded and Malformed count records returned by Read.
-func (r *Reader) Decoded() uint64   { return r.read.Load() }
+func (r *Reader) Decoded() uint64   { return r.decoded.Load() }
 func (r *Reader) Malformed() uint64 { return r.malformed.Load() }
 
 // Close unblocks a pending Read and releases the reader. It is the first

@@ -52,6 +52,7 @@ type JSONLWriter struct {
 
 	mu      sync.Mutex // guards buf, closed, retryAt, backoff, lastErr
 	buf     []byte
+	spare   []byte // the last written buffer, reused (guarded by mu)
 	closed  bool
 	retryAt time.Time
 	backoff time.Duration
@@ -135,15 +136,14 @@ func (w *JSONLWriter) Write(v any) error {
 	if err != nil {
 		return fmt.Errorf("marshal jsonl line: %w", err)
 	}
-	line = append(line, '\n')
 	w.mu.Lock()
 	switch {
 	case w.closed:
 		err = ErrClosed
-	case len(w.buf)+len(line) > w.maxBuf:
+	case len(w.buf)+len(line)+1 > w.maxBuf:
 		err = ErrBufferFull
 	default:
-		w.buf = append(w.buf, line...)
+		w.buf = append(append(w.buf, line...), '\n')
 	}
 	kick := len(w.buf) >= jsonlFlushAt
 	w.mu.Unlock()
@@ -206,7 +206,7 @@ func (w *JSONLWriter) flush(force bool) error {
 		return err
 	}
 	data := w.buf
-	w.buf = nil
+	w.buf, w.spare = w.spare[:0], nil
 	w.mu.Unlock()
 
 	n, err := w.f.Write(data)
@@ -237,6 +237,9 @@ func (w *JSONLWriter) flush(force bool) error {
 	defer w.mu.Unlock()
 	if err == nil {
 		w.lastErr, w.backoff, w.retryAt = nil, 0, time.Time{}
+		if cap(data) <= 4*jsonlFlushAt { // not one grown in an outage
+			w.spare = data[:0] // written: its buffer takes the next turn
+		}
 		return nil
 	}
 	w.lastErr = fmt.Errorf("write jsonl: %w", err)

@@ -12,6 +12,7 @@
 #   make build fakelibs
 #   bench/agent-cpu/run.sh                       # 1 rank, ~100,000 events/s
 #   RANKS=4 BUCKET_MB=1 bench/agent-cpu/run.sh   # other loads
+#   PROFILE=/tmp/agent.pprof bench/agent-cpu/run.sh  # and a CPU profile (go tool pprof)
 #
 # Output: one JSON object on stdout and in $OUT (default
 # bench/results/agent-cpu-<events/s>.json). Target: < 5 % of one core at
@@ -48,6 +49,10 @@ cputicks() { awk '{print $14 + $15}' "/proc/$apid/stat"; }
 sleep "$WARMUP"
 status >/dev/null || { echo "agent not answering:" >&2; tail -5 "$tmp/agent.log" >&2; exit 1; }
 t0=$(date +%s.%N); c0=$(cputicks); e0=$(status | jq .events); f0=$(status | jq .facts)
+if [ -n "${PROFILE:-}" ]; then # a CPU profile of the measured interval (adds ~1 % of sampling)
+  curl -s --max-time $((MEASURE + 10)) --unix-socket "$sock" -o "$PROFILE" \
+    "http://agent/debug/pprof/profile?seconds=$MEASURE" &
+fi
 sleep "$MEASURE"
 t1=$(date +%s.%N); c1=$(cputicks); st=$(status); e1=$(jq .events <<<"$st"); f1=$(jq .facts <<<"$st")
 lost=$(jq '.lost' <<<"$st")
@@ -73,6 +78,7 @@ out = {
              "events": "one per ncclAllReduce and cudaStreamSynchronize call (uprobe+uretprobe joined in BPF)"},
     "host": {"cpus": os.cpu_count(), "kernel": platform.release()},
     "target": "< 5 % of one core at 100,000 events/s",
+    "profiled": bool(os.environ.get("PROFILE")),
 }
 out["verdict"] = "pass" if out["agent_cpu_percent_of_one_core"] < 5 * max(rate, 1) / 100000 else "fail"
 print(json.dumps(out, indent=1))

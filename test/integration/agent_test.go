@@ -176,15 +176,24 @@ func TestAgentCountsEveryCallAndMatchesGroundTruth(t *testing.T) {
 	}
 	perRank := map[int]int{}
 	var syncErr, hostErr []float64
+	var unmatched []string
 	for _, f := range sink.steps {
 		perRank[f.Rank]++
 		ts, ok := nearest(byRank[f.Rank], f.EndNS)
 		if !ok {
-			t.Errorf("rank %d step %d (end %d) matches no step of the truth", f.Rank, f.Step, f.EndNS)
+			unmatched = append(unmatched, fmt.Sprintf("rank %d step %d (end %d)", f.Rank, f.Step, f.EndNS))
 			continue
 		}
 		syncErr = append(syncErr, relErr(f.Phases["sync_wait"], ts.SyncWaitMS))
 		hostErr = append(hostErr, relErr(f.Phases["host"], ts.HostMS))
+	}
+	// The trainer reads its clock after the call returns and the uretprobe
+	// before: a preemption in between (2 loaded cores in CI) moves one end
+	// past the 1 ms match. A correlation error moves many.
+	if len(unmatched) > len(sink.steps)/100 {
+		t.Errorf("%d of %d steps match no step of the truth: %v", len(unmatched), len(sink.steps), unmatched)
+	} else if len(unmatched) > 0 {
+		t.Logf("unmatched (preempted?): %v", unmatched)
 	}
 	for r := 0; r < 4; r++ {
 		if n := perRank[r]; n < 120-8 || n > 120 {
