@@ -8,6 +8,7 @@ import (
 	"errors"
 	"reflect"
 	"testing"
+	"time"
 )
 
 // encode writes a bpf2go mirror as BPF would (little endian, C layout).
@@ -217,4 +218,29 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("unexpected event type %T", ev)
 		}
 	})
+}
+
+func TestReaderPollBackOff(t *testing.T) {
+	const poll = 20 * time.Millisecond
+	r := &Reader{p: &Probes{poll: poll}, wait: poll}
+	tests := []struct {
+		got  bool // a record arrived since the last tick
+		want time.Duration
+	}{
+		{false, 40 * time.Millisecond},
+		{false, 80 * time.Millisecond},
+		{false, 160 * time.Millisecond},
+		{false, 200 * time.Millisecond}, // capped at maxIdlePolls intervals
+		{false, 200 * time.Millisecond},
+		{true, poll}, // records flow again: back to the poll interval
+		{true, poll},
+		{false, 40 * time.Millisecond},
+	}
+	for i, tt := range tests {
+		r.got = tt.got
+		r.backOff()
+		if r.wait != tt.want || r.got {
+			t.Fatalf("tick %d: wait %v got %v, want %v and got reset", i, r.wait, r.got, tt.want)
+		}
+	}
 }

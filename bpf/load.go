@@ -53,7 +53,9 @@ type Options struct {
 	// irq_work (often an IPI). 0 means DefaultWakeupBytes.
 	WakeupBytes int
 	// PollInterval bounds how long a record can wait in the ring buffer
-	// before Reader.Read returns it. 0 means DefaultPollInterval.
+	// before Reader.Read returns it while records flow; after an idle
+	// spell the reader polls less often, up to 10 intervals apart. 0 means
+	// DefaultPollInterval.
 	PollInterval time.Duration
 	// Logger receives debug logs about attachments; nil discards.
 	Logger *slog.Logger

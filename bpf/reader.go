@@ -25,8 +25,10 @@ type Reader struct {
 	p        *Probes
 	rd       *ringbuf.Reader
 	rec      ringbuf.Record
-	scratch  scratch     // Next's events
-	renew    atomic.Bool // set a new ReadInto deadline before the next read
+	scratch  scratch       // Next's events
+	renew    atomic.Bool   // set a new ReadInto deadline before the next read
+	wait     time.Duration // the next poll wait (backOff)
+	got      bool          // a record was read since the last poll tick
 	once     sync.Once
 	cerr     error
 	deadline atomic.Int64 // unix ns, 0 = none
@@ -42,7 +44,7 @@ func (p *Probes) NewReader() (*Reader, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open ring buffer reader: %w", err)
 	}
-	r := &Reader{p: p, rd: rd}
+	r := &Reader{p: p, rd: rd, wait: p.poll}
 	r.renew.Store(true)
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -55,8 +57,9 @@ func (p *Probes) NewReader() (*Reader, error) {
 }
 
 // Read blocks until a record is available and returns it decoded. Records
-// reach it within Options.PollInterval (BPF does not wake the reader for each
-// record). After Close it returns an error matching ErrClosed; past a
+// reach it within Options.PollInterval while they flow (BPF does not wake
+// the reader for each record), the first after an idle spell within
+// maxIdlePolls intervals. After Close it returns an error matching ErrClosed; past a
 // deadline one matching os.ErrDeadlineExceeded. A record the decoder refuses
 // is counted and returned as an error matching ErrMalformed: the caller may
 // keep reading.
@@ -73,7 +76,7 @@ func (r *Reader) read1(s *scratch) (Event, error) {
 		// read and a lock each). An expired one makes that wait return at
 		// once, and the loop renews it.
 		if r.renew.Swap(false) {
-			dl := time.Now().Add(r.p.poll)
+			dl := time.Now().Add(r.wait)
 			if user := r.deadline.Load(); user != 0 && user < dl.UnixNano() {
 				dl = time.Unix(0, user)
 			}
@@ -87,6 +90,7 @@ func (r *Reader) read1(s *scratch) (Event, error) {
 				return nil, fmt.Errorf("read ring buffer: %w", err)
 			}
 			r.renew.Store(true)
+			r.backOff()
 			continue // poll tick: look again
 		case errors.Is(err, ringbuf.ErrClosed):
 			return nil, ErrClosed
@@ -95,6 +99,7 @@ func (r *Reader) read1(s *scratch) (Event, error) {
 		default:
 			return nil, fmt.Errorf("read ring buffer: %w", err)
 		}
+		r.got = true
 		ev, err := decode(r.rec.RawSample, s)
 		if err != nil {
 			r.malformed.Add(1)
@@ -103,6 +108,22 @@ func (r *Reader) read1(s *scratch) (Event, error) {
 		r.decoded.Add(1)
 		return ev, nil
 	}
+}
+
+// maxIdlePolls bounds the poll back-off: an idle agent (no training on the
+// host) wakes 5 times a second instead of 50, and the first record after an
+// idle spell waits at most this many poll intervals.
+const maxIdlePolls = 10
+
+// backOff sets the next poll wait after a poll tick: the poll interval
+// while records flow, doubling up to maxIdlePolls intervals while none do.
+func (r *Reader) backOff() {
+	if r.got {
+		r.wait = r.p.poll
+	} else {
+		r.wait = min(2*r.wait, maxIdlePolls*r.p.poll)
+	}
+	r.got = false
 }
 
 // SetDeadline makes Read return os.ErrDeadlineExceeded once t has passed and
