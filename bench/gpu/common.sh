@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the bench/gpu experiment scripts on the GPU machine. The agent
 # binary is built on the development machine and carried in bin/; the
 # injection library is built here against the local CUDA headers.
@@ -14,8 +15,8 @@ LIB=$ROOT/bin/libslowrank_cupti.so
 
 build_lib() {
   rm -f "$LIB"  # never reuse a library built against other CUDA headers
-  make -s cupti OUT_DIR=bin CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} >"$OUT/build.log" 2>&1 || { cat "$OUT/build.log"; return 1; }
-  echo "built $(ls -l "$LIB" | awk '{print $5}') bytes: $LIB"
+  make -s cupti OUT_DIR=bin CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}" >"$OUT/build.log" 2>&1 || { cat "$OUT/build.log"; return 1; }
+  echo "built $(stat -c %s "$LIB") bytes: $LIB"
 }
 
 # start_agent NAME [flags...]: the agent in the background, logs under $OUT/NAME-*.
@@ -37,6 +38,15 @@ train() {
   local name=$1; shift
   CUDA_INJECTION64_PATH=$LIB python3 bench/gpu/train.py --out-dir "$OUT/$name" "$@" >"$OUT/$name-train.log" 2>&1
 }
+
+# DRY=1: a CPU dry run of the scripts (bench/gpu/multigpu.sh) on a machine
+# without a GPU: no injection library, no agent; train.py runs CPU gloo ranks.
+if [ -n "${DRY:-}" ]; then
+  LIB=
+  build_lib() { echo "dry run: no injection library"; }
+  start_agent() { AGENT_PID=; echo "dry run: no agent for $1" >"$OUT/$1-agent.log"; }
+  stop_agent() { :; }
+fi
 
 pack() {
   (cd "$OUT" && tar czf "$OUT/../gpu-$1.tgz" .) && mv "$OUT/../gpu-$1.tgz" "${RESULTS:-$OUT}/"
