@@ -141,10 +141,29 @@ type procComm struct {
 	grp        *commGroup
 	seq        uint64 // collective calls since creation
 	det        *seqDet
+	burst      *burstDet // instead of det while the collectives carry no sizes
 	collSinceS bool
 	splits     int
 	sync       bool // the synchronisation fallback pseudo communicator
 	regular    bool // a cycle has been confirmed on it: it carries per-step traffic
+}
+
+// state is the step detector's state, nil before the first call.
+func (pc *procComm) state() *detState {
+	switch {
+	case pc.burst != nil:
+		return &pc.burst.detState
+	case pc.det != nil:
+		return &pc.det.detState
+	}
+	return nil
+}
+
+func (pc *procComm) hasKnown() bool {
+	if pc.burst != nil {
+		return pc.burst.hasKnown()
+	}
+	return pc.det != nil && pc.det.hasKnown()
 }
 
 func (pc *procComm) nranks() int {
@@ -265,6 +284,24 @@ func (c *Correlator) collective(p *proc, h *HostCall, late bool) {
 		}
 	}
 	pc.collSinceS = true
+	// Collectives without sizes (torch c10d) make a degenerate token
+	// sequence: their timing finds the steps (burst.go) until a call with
+	// a size shows that the tokens can. NCCL calls always carry sizes.
+	if pc.det == nil && pc.burst == nil && h.Count == 0 {
+		pc.burst = newBurstDet(c.par)
+	}
+	if pc.burst != nil && h.Count != 0 {
+		pc.burst.abandon()
+		c.onEvents(p, pc)
+		p.retiredIrr += pc.burst.irregular
+		p.retiredRel += pc.burst.relocks
+		pc.burst = nil
+	}
+	if pc.burst != nil {
+		pc.burst.push(pc.burst.intern(h.Op), h.StartNS, h.EndNS)
+		c.onEvents(p, pc)
+		return
+	}
 	if pc.det == nil {
 		pc.det = newSeqDet(c.par, false)
 	}
@@ -274,6 +311,10 @@ func (c *Correlator) collective(p *proc, h *HostCall, late bool) {
 
 func (c *Correlator) sync(p *proc, h *HostCall) {
 	for _, pc := range p.commList {
+		if pc.burst != nil {
+			pc.burst.sync(h.EndNS) // a stable point after a burst, never a token
+			continue
+		}
 		if pc.collSinceS {
 			pc.collSinceS = false
 			pc.det.push(tokS, h.EndNS)
@@ -378,9 +419,9 @@ func (c *Correlator) retireComm(p *proc, pc *procComm) {
 	if i := slices.Index(p.commList, pc); i >= 0 {
 		p.commList = slices.Delete(p.commList, i, i+1)
 	}
-	if pc.det != nil {
-		p.retiredIrr += pc.det.irregular
-		p.retiredRel += pc.det.relocks
+	if st := pc.state(); st != nil {
+		p.retiredIrr += st.irregular
+		p.retiredRel += st.relocks
 	}
 	if p.clock == pc {
 		c.dropTentative(p)
@@ -474,6 +515,12 @@ func (c *Correlator) Forget(pid uint32) {
 	p := c.procs[pid]
 	if p == nil {
 		return
+	}
+	for _, pc := range p.commList {
+		if pc.burst != nil {
+			pc.burst.finish()
+			c.onEvents(p, pc)
+		}
 	}
 	c.dropTentative(p)
 	c.measureDue(p, true)
@@ -595,9 +642,9 @@ func (c *Correlator) statsOf(p *proc) RankStats {
 	st.IrregularCalls += p.retiredIrr
 	st.Relocks += p.retiredRel
 	for _, pc := range p.commList {
-		if pc.det != nil {
-			st.IrregularCalls += pc.det.irregular
-			st.Relocks += pc.det.relocks
+		if ds := pc.state(); ds != nil {
+			st.IrregularCalls += ds.irregular
+			st.Relocks += ds.relocks
 		}
 	}
 	return st

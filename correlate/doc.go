@@ -55,6 +55,16 @@
 // themselves are the sequence; a process that reports HostMarker calls is
 // cut at markers only (HostCall.Count > 0 is the step index).
 //
+// Collectives without sizes (HostCall.Count == 0: the torch c10d probes of
+// a gloo job) make a degenerate token sequence, every bucket all-reduce
+// alike. Such a communicator's steps come from call timing instead (see
+// burst.go): the period, counted in calls, is the one at which a single
+// long gap (forward pass, optimizer, data loading) dominates the gaps of
+// the burst of bucket calls before it; a step is one burst and ends at the
+// return of the first synchronisation after its last call (else at that
+// call's return). Steps are numbered by call count, so that ranks agree.
+// The first call with a size hands the communicator to the token detector.
+//
 // # Phases
 //
 // Phases follow DESIGN.md section 3, in milliseconds. An interval belongs
@@ -112,8 +122,9 @@
 // # Bounds
 //
 // Per process and communicator everything is bounded: token history
-// ((Repeats+1)·MaxPeriod), known cycles (8), signatures (4096, then the
-// detector restarts), record buffers (MaxHostRecords, MaxDeviceRecords;
-// overflow marks the affected steps), pending steps (MaxPending), arrival
-// slots (1024 sequence numbers per communicator).
+// ((Repeats+1)·MaxPeriod; calls without sizes (Repeats+2)·MaxPeriod),
+// known cycles (8), signatures (4096, then the detector restarts), record
+// buffers (MaxHostRecords, MaxDeviceRecords; overflow marks the affected
+// steps), pending steps (MaxPending), arrival slots (1024 sequence numbers
+// per communicator).
 package correlate

@@ -108,7 +108,19 @@ type detParams struct {
 	repeats, maxPeriod, confirm, promote, noSyncMin int
 }
 
+// detState is what a step detector (seqDet, burstDet) shows the step
+// timeline: its pending events, its lock and its counters.
+type detState struct {
+	events            []detEvent
+	locked, tentative bool
+	irregular         uint64 // calls outside a locked cycle
+	relocks           uint64
+}
+
+func (d *detState) emit(e detEvent) { d.events = append(d.events, e) }
+
 type seqDet struct {
+	detState
 	par      detParams
 	syncOnly bool // every token is a synchronisation (fallback clock)
 
@@ -125,23 +137,18 @@ type seqDet struct {
 	lastS     int64 // absolute number of the latest S, -1 when none
 	floor     int64 // tokens before this belong to settled cycles
 
-	locked, tentative bool
-	cycle             []int32
-	pos               int
-	gen               uint32
-	since             int // cycles completed since the lock
-	need              int // cycles needed to confirm
-	nextIdx, genBase  int64
-	genFloor          int64 // floor when the tentative lock was taken
+	cycle            []int32
+	pos              int
+	gen              uint32
+	since            int // cycles completed since the lock
+	need             int // cycles needed to confirm
+	nextIdx, genBase int64
+	genFloor         int64 // floor when the tentative lock was taken
 
 	known []*knownCycle
 	clock uint64 // use counter for known-cycle LRU
 
-	events []detEvent
-
-	irregular uint64 // tokens outside a locked cycle
-	relocks   uint64
-	resets    uint64
+	resets uint64
 }
 
 func newSeqDet(par detParams, syncOnly bool) *seqDet {
@@ -200,8 +207,6 @@ func (d *seqDet) reset() {
 	d.locked, d.tentative = false, false
 	d.known = d.known[:0]
 }
-
-func (d *seqDet) emit(e detEvent) { d.events = append(d.events, e) }
 
 func (d *seqDet) at(abs int64) int32  { return d.ids[abs&d.mask] }
 func (d *seqDet) tAt(abs int64) int64 { return d.ts[abs&d.mask] }

@@ -82,13 +82,13 @@ func (s *pendingStep) set(ph int, ns int64) {
 // onEvents hands the step detector's events of pc to the process's step
 // timeline when pc is (or becomes) the process's clock.
 func (c *Correlator) onEvents(p *proc, pc *procComm) {
-	d := pc.det
+	d := pc.state()
 	if len(d.events) == 0 {
 		return
 	}
 	evs := d.events
 	d.events = d.events[:0]
-	if !pc.regular && d.hasKnown() {
+	if !pc.regular && pc.hasKnown() {
 		pc.regular = true
 		if pc.grp != nil {
 			c.markGroupDirty(pc.grp)
@@ -110,20 +110,20 @@ func (c *Correlator) onEvents(p *proc, pc *procComm) {
 // over from the synchronisation fallback at once and from a clock that has
 // stayed unlocked for PromoteCycles of its cycles.
 func (c *Correlator) takeClock(p *proc, pc *procComm, evs []detEvent) bool {
-	d := pc.det
+	d := pc.state()
 	if !d.locked {
 		return false
 	}
 	cur := p.clock
 	confirmed := !d.tentative
-	curSettled := cur != nil && cur.det.locked && !cur.det.tentative
+	curSettled := cur != nil && cur.state().locked && !cur.state().tentative
 	switch {
 	case cur == nil:
 	case pc.sync:
 		return false
 	case cur.sync:
 	case pc.nranks() > cur.nranks() && (confirmed || !curSettled):
-	case confirmed && !cur.det.locked:
+	case confirmed && !cur.state().locked:
 		for _, e := range evs {
 			if e.kind == evBoundary {
 				p.clockIdle++

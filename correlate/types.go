@@ -34,8 +34,10 @@ type HostCall struct {
 	// Op is the collective ("allreduce", "allgather", "reducescatter",
 	// "broadcast", "reduce", "send", "recv", "alltoall", ...) or, for a
 	// synchronisation, the function ("cudaStreamSynchronize").
-	Op       string
-	Count    uint64 // elements
+	Op string
+	// Count is the number of elements; 0 when the probe sees no size
+	// (torch c10d): such a communicator's steps come from call timing.
+	Count    uint64
 	Datatype uint32 // ncclDataType_t
 	// Comm is the communicator handle in the process (ncclComm_t). Zero
 	// for c10d calls whose group is unknown: they form one default group

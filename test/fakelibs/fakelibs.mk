@@ -7,8 +7,10 @@
 # keeps that Makefile's default goal and prefixes all its variables.
 #
 # Output ($(OUT_DIR)/fakelibs): libcuda.so.1, libcudart.so.12, libnccl.so.2
-# (real sonames; unversioned .so symlinks), faketrainer (linked against all
-# three, RUNPATH $ORIGIN) and faketrainer-dlopen (loads libnccl.so.2 late).
+# (real sonames; unversioned .so symlinks), libtorch_cpu.so (C++, the gloo
+# process group under torch's mangled names), faketrainer (linked against
+# the first three, RUNPATH $ORIGIN; dlopens libtorch_cpu.so for --backend
+# gloo) and faketrainer-dlopen (loads libnccl.so.2 late).
 
 FAKELIBS_SAVED_GOAL := $(.DEFAULT_GOAL)
 FAKELIBS_DIR := $(patsubst %/,%,$(dir $(lastword $(MAKEFILE_LIST))))
@@ -17,23 +19,27 @@ FAKETRAINER_DIR := $(patsubst %/,%,$(dir $(FAKELIBS_DIR)))/faketrainer
 OUT_DIR ?= bin
 FAKELIBS_OUT := $(OUT_DIR)/fakelibs
 FAKELIBS_CC ?= gcc
+FAKELIBS_CXX ?= g++
 FAKELIBS_CUDART_MAJOR ?= 12
 FAKELIBS_WERROR ?= -Werror
 FAKELIBS_CFLAGS ?= -std=c11 -D_GNU_SOURCE -O2 -g -fno-omit-frame-pointer \
 	-Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wformat=2 $(FAKELIBS_WERROR)
+FAKELIBS_CXXFLAGS ?= -std=c++17 -D_GNU_SOURCE -O2 -g -fno-omit-frame-pointer \
+	-Wall -Wextra -Wshadow -Wformat=2 $(FAKELIBS_WERROR)
 FAKELIBS_INC := -I$(FAKELIBS_DIR)/include -I$(FAKELIBS_DIR)
 FAKELIBS_LIBFLAGS := -shared -fPIC -fvisibility=hidden -Wl,-z,defs -Wl,--enable-new-dtags -Wl,-rpath,'$$ORIGIN'
 
 FAKELIBS_CUDA := $(FAKELIBS_OUT)/libcuda.so.1
 FAKELIBS_CUDART := $(FAKELIBS_OUT)/libcudart.so.$(FAKELIBS_CUDART_MAJOR)
 FAKELIBS_NCCL := $(FAKELIBS_OUT)/libnccl.so.2
+FAKELIBS_TORCH := $(FAKELIBS_OUT)/libtorch_cpu.so
 FAKELIBS_TRAINER := $(FAKELIBS_OUT)/faketrainer
 FAKELIBS_TRAINER_DL := $(FAKELIBS_OUT)/faketrainer-dlopen
 FAKELIBS_HDRS := $(wildcard $(FAKELIBS_DIR)/include/*.h) $(FAKELIBS_DIR)/fakegpu.h $(lastword $(MAKEFILE_LIST))
 
 .PHONY: fakelibs fakelibs-clean
 
-fakelibs: $(FAKELIBS_CUDA) $(FAKELIBS_CUDART) $(FAKELIBS_NCCL) $(FAKELIBS_TRAINER) $(FAKELIBS_TRAINER_DL) \
+fakelibs: $(FAKELIBS_CUDA) $(FAKELIBS_CUDART) $(FAKELIBS_NCCL) $(FAKELIBS_TORCH) $(FAKELIBS_TRAINER) $(FAKELIBS_TRAINER_DL) \
 	$(FAKELIBS_OUT)/libcuda.so $(FAKELIBS_OUT)/libcudart.so $(FAKELIBS_OUT)/libnccl.so
 
 $(FAKELIBS_OUT):
@@ -55,6 +61,13 @@ $(FAKELIBS_CUDART): $(FAKELIBS_DIR)/cudart.c $(FAKELIBS_HDRS) $(FAKELIBS_OUT)/li
 $(FAKELIBS_NCCL): $(FAKELIBS_DIR)/nccl.c $(FAKELIBS_HDRS) $(FAKELIBS_CUDA)
 	$(FAKELIBS_CC) $(FAKELIBS_CFLAGS) $(FAKELIBS_INC) $(FAKELIBS_LIBFLAGS) -Wl,-soname,libnccl.so.2 \
 		-o $@ $(FAKELIBS_DIR)/nccl.c -L$(FAKELIBS_OUT) -l:libcuda.so.1
+
+# torch ships libtorch_cpu.so unversioned; it reaches the simulated GPU
+# through libcuda.so.1's slowrank_fake_* and looks cudaStreamSynchronize up
+# at run time (real libtorch_cpu does not link the CUDA runtime either).
+$(FAKELIBS_TORCH): $(FAKELIBS_DIR)/torch.cpp $(FAKELIBS_HDRS) $(FAKELIBS_CUDA)
+	$(FAKELIBS_CXX) $(FAKELIBS_CXXFLAGS) $(FAKELIBS_INC) $(FAKELIBS_LIBFLAGS) -Wl,-soname,libtorch_cpu.so \
+		-o $@ $(FAKELIBS_DIR)/torch.cpp -L$(FAKELIBS_OUT) -l:libcuda.so.1 -ldl
 
 $(FAKELIBS_OUT)/libcuda.so: $(FAKELIBS_CUDA)
 	ln -sf libcuda.so.1 $@

@@ -19,6 +19,11 @@
  * kernel, and the end-of-step synchronisation (cudaStreamSynchronize by
  * default). --help lists the flags. Build: test/fakelibs/fakelibs.mk.
  *
+ * --backend gloo replaces NCCL by the fake libtorch_cpu.so (loaded with
+ * dlopen, like torch's Python extension): the buckets become
+ * c10d::ProcessGroupGloo::allreduce calls that carry no sizes for the probes,
+ * which is what slowrank's timing-based step detection is for.
+ *
  * Compiled twice: FT_LINKED_NCCL=1 (DT_NEEDED libnccl.so.2) and
  * FT_LINKED_NCCL=0 ("faketrainer-dlopen", loads libnccl.so.2 with dlopen after
  * start like torch). The linked binary re-execs the dlopen one for
@@ -99,6 +104,9 @@ struct opts {
   long crash_step;
   int verbose;
   int no_device_truth;
+  int gloo;
+  int gloo_cuda_sync;
+  int warmup_buckets;
 };
 
 static struct opts O = {
@@ -129,6 +137,11 @@ static void usage(FILE *f) {
           "  --step-ms MS           host work per step (default 10)\n"
           "  --gpu-ms MS            device compute per step (default 20)\n"
           "  --buckets N            gradient buckets = ncclAllReduce calls per step (default 4)\n"
+          "  --warmup-buckets N     buckets of step 0 only (DDP before its bucket rebuild; default --buckets)\n"
+          "  --backend nccl|gloo    gloo: buckets are c10d::ProcessGroupGloo::allreduce calls of the fake\n"
+          "                         libtorch_cpu.so (dlopen'ed), no NCCL call at all (default nccl)\n"
+          "  --gloo-cuda-sync       gloo: one cudaStreamSynchronize per collective inside the library,\n"
+          "                         like gloo's CUDA path (counted in the truth)\n"
           "  --bucket-mb MB         size of the largest bucket (default 25; bucket i is (N-i)/N of it)\n"
           "  --kernels N            forward kernels per step (default 4)\n"
           "  --group                issue the bucket allreduces inside ncclGroupStart/ncclGroupEnd\n"
@@ -174,7 +187,7 @@ static int parse_opts(int argc, char **argv) {
     o_comm_stream, o_split, o_init_plain, o_sync, o_device_sync, o_slow_rank, o_slow_from, o_slow_to,
     o_slow_factor, o_slow_host, o_slow_gpu, o_jitter, o_seed, o_host_mode, o_dlopen, o_dlopen_delay,
     o_sleep_before, o_truth, o_bench_calls, o_bench_symbol, o_threads, o_crash_rank, o_crash_step, o_verbose,
-    o_no_device_truth, o_help
+    o_no_device_truth, o_backend, o_gloo_cuda_sync, o_warmup_buckets, o_help
   };
   static const struct option lo[] = {
       {"ranks", required_argument, 0, o_ranks},
@@ -211,6 +224,9 @@ static int parse_opts(int argc, char **argv) {
       {"crash-at-step", required_argument, 0, o_crash_step},
       {"verbose", no_argument, 0, o_verbose},
       {"no-device-truth", no_argument, 0, o_no_device_truth},
+      {"backend", required_argument, 0, o_backend},
+      {"gloo-cuda-sync", no_argument, 0, o_gloo_cuda_sync},
+      {"warmup-buckets", required_argument, 0, o_warmup_buckets},
       {"help", no_argument, 0, o_help},
       {0, 0, 0, 0},
   };
@@ -269,6 +285,18 @@ static int parse_opts(int argc, char **argv) {
     case o_crash_step: O.crash_step = atol(optarg); break;
     case o_verbose: O.verbose = 1; break;
     case o_no_device_truth: O.no_device_truth = 1; break;
+    case o_backend:
+      if (strcmp(optarg, "gloo") == 0)
+        O.gloo = 1;
+      else if (strcmp(optarg, "nccl") == 0)
+        O.gloo = 0;
+      else {
+        fprintf(stderr, "faketrainer: bad --backend %s\n", optarg);
+        return -1;
+      }
+      break;
+    case o_gloo_cuda_sync: O.gloo_cuda_sync = 1; break;
+    case o_warmup_buckets: O.warmup_buckets = atoi(optarg); break;
     case o_help: usage(stdout); exit(0);
     default: usage(stderr); return -1;
     }
@@ -279,8 +307,13 @@ static int parse_opts(int argc, char **argv) {
   }
   if (O.ranks < 1 || O.ranks > 64 || O.steps < 0 || O.buckets < 0 || O.buckets > 64 || O.kernels < 0 ||
       O.step_ms < 0 || O.gpu_ms < 0 || O.jitter < 0 || O.jitter >= 1 || O.slow_factor <= 0 || O.threads < 0 ||
-      O.slow_host_ms < 0 || O.slow_gpu_ms < 0 || O.bucket_mb < 0) {
+      O.slow_host_ms < 0 || O.slow_gpu_ms < 0 || O.bucket_mb < 0 || O.warmup_buckets < 0 || O.warmup_buckets > 64) {
     fprintf(stderr, "faketrainer: flag out of range\n");
+    return -1;
+  }
+  if (O.gloo && (O.group || O.comm_stream || O.split || O.init_plain || O.dlopen_nccl || O.bench_calls > 0)) {
+    fprintf(stderr, "faketrainer: --backend gloo takes none of --group --comm-stream --split --init-plain "
+                    "--dlopen-nccl --bench-calls\n");
     return -1;
   }
   if (O.bench_calls > 0 && !O.bench_symbol) {
@@ -468,17 +501,61 @@ static int load_nccl(void) {
 #endif
 }
 
+/* ---------------- the fake libtorch_cpu.so (gloo backend) ---------------- */
+
+struct torch_fns {
+  void *(*New)(const char *key, int size, int rank);
+  int (*Call)(void *pg, const char *op, double bytes, cudaStream_t stream, int wait);
+  int (*Join)(void *pg, cudaStream_t stream);
+  void (*Free)(void *pg);
+};
+static struct torch_fns T;
+
+/* dlopen, like torch's Python extension, from the library path or the
+ * directory of the executable. */
+static void *dlopen_here(const char *lib) {
+  void *h = dlopen(lib, RTLD_NOW | RTLD_GLOBAL);
+  if (h) return h;
+  char exe[PATH_MAX], path[PATH_MAX + 64];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n > 0) {
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (slash) *slash = 0;
+    snprintf(path, sizeof path, "%s/%s", exe, lib);
+    h = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+  }
+  return h;
+}
+
+static int load_torch(void) {
+  void *h = dlopen_here("libtorch_cpu.so");
+  if (!h) {
+    logf_("dlopen libtorch_cpu.so: %s", dlerror());
+    return -1;
+  }
+  *(void **)(&T.New) = dlsym(h, "slowrank_fake_gloo_new");
+  *(void **)(&T.Call) = dlsym(h, "slowrank_fake_gloo_call");
+  *(void **)(&T.Join) = dlsym(h, "slowrank_fake_gloo_join");
+  *(void **)(&T.Free) = dlsym(h, "slowrank_fake_gloo_free");
+  if (!T.New || !T.Call || !T.Join || !T.Free) {
+    logf_("libtorch_cpu.so lacks the slowrank_fake_gloo_* entry points");
+    return -1;
+  }
+  return 0;
+}
+
 /* ---------------- per-step call accounting ---------------- */
 
 enum sym {
   S_cudaLaunchKernel, S_cudaStreamSynchronize, S_cudaDeviceSynchronize, S_cudaEventRecord,
   S_cudaEventSynchronize, S_cudaStreamWaitEvent, S_cuStreamSynchronize, S_cuCtxSynchronize,
-  S_ncclAllReduce, S_ncclGroupStart, S_ncclGroupEnd, S_NUM
+  S_ncclAllReduce, S_ncclGroupStart, S_ncclGroupEnd, S_glooAllreduce, S_NUM
 };
 static const char *const sym_names[S_NUM] = {
     "cudaLaunchKernel", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventRecord",
     "cudaEventSynchronize", "cudaStreamWaitEvent", "cuStreamSynchronize", "cuCtxSynchronize",
-    "ncclAllReduce", "ncclGroupStart", "ncclGroupEnd"};
+    "ncclAllReduce", "ncclGroupStart", "ncclGroupEnd", "c10d::ProcessGroupGloo::allreduce"};
 
 struct step_acc {
   uint64_t calls[S_NUM];
@@ -718,6 +795,7 @@ struct rank_ctx {
   uint64_t device_end_ns; /* device completion of the step's last op, 0 if unknown */
   void *buf;
   size_t *bucket_count;
+  void *pg; /* --backend gloo: the process group */
 };
 
 static void do_sync(struct rank_ctx *c) {
@@ -755,6 +833,17 @@ static void do_sync(struct rank_ctx *c) {
 
 static void allreduce(struct rank_ctx *c, int b, cudaStream_t s) {
   uint64_t t0 = now_ns();
+  if (O.gloo) {
+    A.calls[S_glooAllreduce]++;
+    if (O.gloo_cuda_sync) A.calls[S_cudaStreamSynchronize]++;
+    int e = T.Call(c->pg, "allreduce", 4.0 * (double)c->bucket_count[b], s, 0);
+    if (e != 0 && !g_failed) {
+      logf_("step %ld: ProcessGroupGloo::allreduce: fake GPU error %d", g_cur_step, e);
+      g_failed = 1;
+    }
+    A.nccl_ns += now_ns() - t0;
+    return;
+  }
   A.calls[S_ncclAllReduce]++;
   nccl_check(N.AllReduce(c->buf, c->buf, c->bucket_count[b], ncclFloat32, ncclSum, c->comm, s), "ncclAllReduce");
   A.nccl_ns += now_ns() - t0;
@@ -786,7 +875,7 @@ static void run_step(struct rank_ctx *c, long k, uint64_t *rng) {
   double f = slowed ? O.slow_factor : 1.0;
   double host = O.step_ms * f, gpu = O.gpu_ms * f;
   double inj_host = slowed ? O.slow_host_ms : 0, inj_gpu = slowed ? O.slow_gpu_ms : 0;
-  int K = O.kernels, B = O.buckets;
+  int K = O.kernels, B = k == 0 && O.warmup_buckets > 0 ? O.warmup_buckets : O.buckets;
 
   /* data loading (+ injected host stall) */
   host_work(jittered(rng, host * 0.3) + inj_host);
@@ -817,6 +906,8 @@ static void run_step(struct rank_ctx *c, long k, uint64_t *rng) {
     for (int b = 0; b < B; b++) allreduce(c, b, s);
     group_call(0);
   }
+  if (O.gloo && B > 0) /* DDP's finalize_backward: the optimizer waits for the buckets */
+    cuda_check(T.Join(c->pg, c->compute) == 0 ? cudaSuccess : cudaErrorLaunchFailure, "gloo join");
   if (O.comm_stream && B > 0) {
     A.calls[S_cudaEventRecord]++;
     cuda_check(cudaEventRecord(c->ev_comm_done, c->commst), "cudaEventRecord");
@@ -956,6 +1047,58 @@ static int run_bench(struct rank_ctx *c) {
   return EXIT_OK;
 }
 
+/* The world communicator (rank 0 publishes the unique id in the store). */
+static int init_nccl(struct rank_ctx *c, struct store *st, int *crank, int *ccount) {
+  ncclUniqueId id;
+  if (c->rank == 0) {
+    nccl_check(N.GetUniqueId(&st->id), "ncclGetUniqueId");
+    if (g_failed) return -1;
+    __atomic_store_n(&st->ready, STORE_READY, __ATOMIC_RELEASE);
+  }
+  memcpy(&id, &st->id, sizeof id);
+  if (O.init_plain) {
+    nccl_check(N.CommInitRank(&c->world_comm, c->world, id, c->rank), "ncclCommInitRank");
+  } else {
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.commName = "faketrainer-world";
+    nccl_check(N.CommInitRankConfig(&c->world_comm, c->world, id, c->rank, &cfg), "ncclCommInitRankConfig");
+  }
+  if (g_failed) return -1;
+  if (c->rank == 0) {
+    char name[512];
+    snprintf(name, sizeof name, "/slowrank-fake-store-%s", c->job);
+    shm_unlink(name); /* everyone joined, so everyone has it mapped */
+  }
+  c->comm = c->world_comm;
+  if (O.split) {
+    nccl_check(N.CommSplit(c->world_comm, 0, c->rank, &c->comm, NULL), "ncclCommSplit");
+    if (g_failed) return -1;
+  }
+  nccl_check(N.CommUserRank(c->comm, crank), "ncclCommUserRank");
+  nccl_check(N.CommCount(c->comm, ccount), "ncclCommCount");
+  return g_failed ? -1 : 0;
+}
+
+/* The gloo process group of the fake libtorch_cpu.so. */
+static int init_gloo(struct rank_ctx *c, struct store *st, int *crank, int *ccount) {
+  if (c->rank == 0) __atomic_store_n(&st->ready, STORE_READY, __ATOMIC_RELEASE);
+  if (O.gloo_cuda_sync) setenv("SLOWRANK_FAKE_GLOO_CUDA_SYNC", "1", 1);
+  c->pg = T.New(c->job, c->world, c->rank);
+  if (!c->pg) {
+    logf_("ProcessGroupGloo: joining the fake process group failed");
+    return -1;
+  }
+  if (c->rank == 0) {
+    char name[512];
+    snprintf(name, sizeof name, "/slowrank-fake-store-%s", c->job);
+    shm_unlink(name); /* everyone joined, so everyone has it mapped */
+  }
+  g_nccl_mode = "none";
+  *crank = c->rank;
+  *ccount = c->world;
+  return 0;
+}
+
 static int rank_main(char **argv) {
   struct rank_ctx ctx;
   memset(&ctx, 0, sizeof ctx);
@@ -998,6 +1141,8 @@ static int rank_main(char **argv) {
   if (truth_open(c->rank, 0) != 0) return EXIT_IO;
   pthread_t *idle = start_idle_threads(O.threads);
 
+  /* torch's libraries are mapped at `import torch`, before anything runs. */
+  if (O.gloo && load_torch() != 0) return EXIT_DEVICE;
   sleep_ns((uint64_t)(O.sleep_before_ms * 1e6));
   uint64_t t_init0 = now_ns();
 
@@ -1010,7 +1155,8 @@ static int rank_main(char **argv) {
   cuda_check(cudaEventCreate(&c->ev_step_end), "cudaEventCreate");
   cuda_check(cudaEventCreate(&c->ev_comm_done), "cudaEventCreate");
   cuda_check(cudaEventCreate(&c->ev_base), "cudaEventCreate");
-  int nb = O.buckets > 0 ? O.buckets : 1;
+  int nb = O.buckets > O.warmup_buckets ? O.buckets : O.warmup_buckets;
+  if (nb < 1) nb = 1;
   c->ev_bucket = calloc((size_t)nb, sizeof *c->ev_bucket);
   c->bucket_count = calloc((size_t)nb, sizeof *c->bucket_count);
   if (!c->ev_bucket || !c->bucket_count) return EXIT_DEVICE;
@@ -1023,46 +1169,19 @@ static int rank_main(char **argv) {
   if (g_failed) return EXIT_DEVICE;
 
   if (!FT_LINKED_NCCL) sleep_ns((uint64_t)(O.dlopen_delay_ms * 1e6));
-  if (load_nccl() != 0) return EXIT_DEVICE;
+  if (!O.gloo && load_nccl() != 0) return EXIT_DEVICE;
 
   struct store *st = open_store(c->rank, c->job);
   if (!st) return EXIT_DEVICE;
-  ncclUniqueId id;
-  if (c->rank == 0) {
-    nccl_check(N.GetUniqueId(&st->id), "ncclGetUniqueId");
-    if (g_failed) return EXIT_DEVICE;
-    __atomic_store_n(&st->ready, STORE_READY, __ATOMIC_RELEASE);
-  }
-  memcpy(&id, &st->id, sizeof id);
-  if (O.init_plain) {
-    nccl_check(N.CommInitRank(&c->world_comm, c->world, id, c->rank), "ncclCommInitRank");
-  } else {
-    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    cfg.commName = "faketrainer-world";
-    nccl_check(N.CommInitRankConfig(&c->world_comm, c->world, id, c->rank, &cfg), "ncclCommInitRankConfig");
-  }
-  if (g_failed) return EXIT_DEVICE;
-  if (c->rank == 0) {
-    char name[512];
-    snprintf(name, sizeof name, "/slowrank-fake-store-%s", c->job);
-    shm_unlink(name); /* everyone joined, so everyone has it mapped */
-  }
-  c->comm = c->world_comm;
-  if (O.split) {
-    nccl_check(N.CommSplit(c->world_comm, 0, c->rank, &c->comm, NULL), "ncclCommSplit");
-    if (g_failed) return EXIT_DEVICE;
-  }
   int crank = -1, ccount = -1;
-  nccl_check(N.CommUserRank(c->comm, &crank), "ncclCommUserRank");
-  nccl_check(N.CommCount(c->comm, &ccount), "ncclCommCount");
-  if (g_failed) return EXIT_DEVICE;
+  if ((O.gloo ? init_gloo(c, st, &crank, &ccount) : init_nccl(c, st, &crank, &ccount)) != 0) return EXIT_DEVICE;
 
   truth_printf("{\"kind\":\"rank\",\"job\":\"%s\",\"rank\":%d,\"local_rank\":%d,\"world\":%d,\"pid\":%d,"
                "\"tid\":%d,\"comm\":\"%p\",\"world_comm\":\"%p\",\"comm_rank\":%d,\"comm_size\":%d,"
                "\"stream\":\"%p\",\"nccl\":\"%s\",\"sync\":\"%s\",\"init_start_ns\":%" PRIu64
                ",\"init_end_ns\":%" PRIu64 "}\n",
-               c->job, c->rank, c->local_rank, c->world, (int)getpid(), (int)syscall(SYS_gettid), (void *)c->comm,
-               (void *)c->world_comm, crank, ccount, (void *)c->compute, g_nccl_mode, sync_names[O.sync], t_init0,
+               c->job, c->rank, c->local_rank, c->world, (int)getpid(), (int)syscall(SYS_gettid),
+               O.gloo ? c->pg : (void *)c->comm, O.gloo ? c->pg : (void *)c->world_comm, crank, ccount, (void *)c->compute, g_nccl_mode, sync_names[O.sync], t_init0,
                now_ns());
   truth_flush();
 
@@ -1107,7 +1226,9 @@ static int rank_main(char **argv) {
   truth_printf("{\"kind\":\"done\",\"job\":\"%s\",\"rank\":%d,\"pid\":%d,\"steps\":%ld,\"exit\":%d}\n", c->job,
                c->rank, (int)getpid(), steps_done, rc);
   truth_flush();
-  if (rc == EXIT_OK) {
+  if (rc == EXIT_OK && O.gloo) {
+    T.Free(c->pg);
+  } else if (rc == EXIT_OK) {
     if (c->comm != c->world_comm) nccl_check(N.CommDestroy(c->comm), "ncclCommDestroy");
     nccl_check(N.CommDestroy(c->world_comm), "ncclCommDestroy");
     if (g_failed) rc = EXIT_DEVICE;

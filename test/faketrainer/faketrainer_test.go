@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"debug/elf"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/slowrank/slowrank/bpf"
 )
 
 // binDir is where TestMain built the fake libraries and the trainer; skip
@@ -53,7 +56,7 @@ func (e skipError) Error() string { return e.reason }
 
 // build runs the make fragment from the repository root into outDir.
 func build(outDir string) error {
-	for _, tool := range []string{"make", "gcc"} {
+	for _, tool := range []string{"make", "gcc", "g++"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			return skipError{fmt.Sprintf("%s not found: cannot build test/fakelibs", tool)}
 		}
@@ -489,4 +492,79 @@ func TestBench(t *testing.T) {
 		t.Fatalf("bench result %+v", b)
 	}
 	t.Logf("cudaStreamSynchronize on an idle stream: %.0f ns/call", b.NsPerCall)
+}
+
+// TestGloo: with --backend gloo the buckets are ProcessGroupGloo::allreduce
+// calls of the fake libtorch_cpu.so (no NCCL call at all), step 0 has the
+// warm-up bucket count, and the ranks stay coupled: a host stall on one
+// rank is synchronisation wait on the others.
+func TestGloo(t *testing.T) {
+	const ranks, steps, slow = 3, 30, 1
+	r := trainer(t, nil, "--backend", "gloo", "--gloo-cuda-sync", "--ranks", fmt.Sprint(ranks), "--steps", fmt.Sprint(steps),
+		"--step-ms", "6", "--gpu-ms", "6", "--buckets", "4", "--warmup-buckets", "3", "--sync", "device",
+		"--slow-rank", fmt.Sprint(slow), "--slow-from-step", "10", "--slow-host-ms", "10")
+	by := checkComplete(t, r, ranks, steps)
+	for rank := range ranks {
+		for k := range steps {
+			c := by[rank][k].Calls
+			want := 4
+			if k == 0 {
+				want = 3
+			}
+			if c["c10d::ProcessGroupGloo::allreduce"] != want || c["ncclAllReduce"] != 0 || c["cudaDeviceSynchronize"] != 1 ||
+				c["cudaStreamSynchronize"] != want {
+				t.Fatalf("rank %d step %d: calls %v", rank, k, c)
+			}
+		}
+	}
+	for _, rec := range r.kind("rank") {
+		if rec.NCCL != "none" {
+			t.Errorf("rank %d: nccl %q, want none", rec.Rank, rec.NCCL)
+		}
+	}
+	fast := median(collect(by, 0, 15, steps, syncMs)) - median(collect(by, 0, 2, 10, syncMs))
+	if fast < 8 || fast > 12 {
+		t.Errorf("rank 0 waits %.2f ms more once rank %d stalls 10 ms", fast, slow)
+	}
+	_, host := spreadByStep(t, by, ranks, steps)
+	if m := median(host); m > 1 {
+		t.Errorf("step ends spread %.2f ms across ranks", m)
+	}
+}
+
+// TestTorchSymbols: libtorch_cpu.so exports every gloo method that the
+// torch probes look for and that torch has, under the mangled prefix
+// bpf/elfsym.go derives from the qualified name, and c10d::Work::wait.
+func TestTorchSymbols(t *testing.T) {
+	if binDir == "" {
+		t.Skip(skip)
+	}
+	f, err := elf.Open(filepath.Join(binDir, "libtorch_cpu.so"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	syms, err := f.DynamicSymbols()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Torch has no ProcessGroupGloo::alltoall (only alltoall_base).
+	absent := map[string]bool{"c10d::ProcessGroupGloo::alltoall": true}
+	for _, s := range bpf.Specs() {
+		q := s.Qualified
+		if s.Kind != bpf.LibTorch || strings.Contains(q, "ProcessGroupNCCL") || absent[q] {
+			continue
+		}
+		prefix := "_ZN"
+		for _, part := range strings.Split(q, "::") {
+			prefix += fmt.Sprint(len(part)) + part
+		}
+		prefix += "E"
+		found := slices.ContainsFunc(syms, func(y elf.Symbol) bool {
+			return strings.HasPrefix(y.Name, prefix) && elf.ST_TYPE(y.Info) == elf.STT_FUNC && y.Section != elf.SHN_UNDEF
+		})
+		if !found {
+			t.Errorf("%s (%s...) not exported", q, prefix)
+		}
+	}
 }
