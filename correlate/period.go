@@ -125,6 +125,7 @@ type seqDet struct {
 	syncOnly bool // every token is a synchronisation (fallback clock)
 
 	sigs map[sigKey]int32
+	keys []sigKey // keys[id-1] is the key of token id
 
 	ids  []int32 // ring of the latest tokens, indexed by absolute token number & mask
 	ts   []int64 // token times
@@ -177,6 +178,14 @@ func newSeqDet(par detParams, syncOnly bool) *seqDet {
 }
 
 func (d *seqDet) intern(k sigKey) int32 {
+	// Locked, the cycle predicts the next token: one comparison instead of
+	// hashing the key (the map lookup was a quarter of the agent's CPU at
+	// 100,000 calls/s).
+	if d.locked {
+		if id := d.cycle[d.pos]; id > 0 && int(id) <= len(d.keys) && d.keys[id-1] == k {
+			return id
+		}
+	}
 	if id, ok := d.sigs[k]; ok {
 		return id
 	}
@@ -185,6 +194,7 @@ func (d *seqDet) intern(k sigKey) int32 {
 	}
 	id := int32(len(d.sigs) + 1)
 	d.sigs[k] = id
+	d.keys = append(d.keys, k)
 	return id
 }
 
@@ -193,6 +203,7 @@ func (d *seqDet) intern(k sigKey) int32 {
 func (d *seqDet) reset() {
 	d.resets++
 	clear(d.sigs)
+	d.keys = d.keys[:0]
 	d.n, d.floor, d.lastS = 0, 0, -1
 	clear(d.runs)
 	d.runsFresh = true

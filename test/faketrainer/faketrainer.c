@@ -136,7 +136,7 @@ static void usage(FILE *f) {
           "  --duration SEC         run for SEC seconds instead (rank 0 decides the last step)\n"
           "  --step-ms MS           host work per step (default 10)\n"
           "  --gpu-ms MS            device compute per step (default 20)\n"
-          "  --buckets N            gradient buckets = ncclAllReduce calls per step (default 4)\n"
+          "  --buckets N            gradient buckets = ncclAllReduce calls per step (default 4, at most 4096)\n"
           "  --warmup-buckets N     buckets of step 0 only (DDP before its bucket rebuild; default --buckets)\n"
           "  --backend nccl|gloo    gloo: buckets are c10d::ProcessGroupGloo::allreduce calls of the fake\n"
           "                         libtorch_cpu.so (dlopen'ed), no NCCL call at all (default nccl)\n"
@@ -305,9 +305,9 @@ static int parse_opts(int argc, char **argv) {
     fprintf(stderr, "faketrainer: unexpected argument %s\n", argv[optind]);
     return -1;
   }
-  if (O.ranks < 1 || O.ranks > 64 || O.steps < 0 || O.buckets < 0 || O.buckets > 64 || O.kernels < 0 ||
+  if (O.ranks < 1 || O.ranks > 64 || O.steps < 0 || O.buckets < 0 || O.buckets > 4096 || O.kernels < 0 ||
       O.step_ms < 0 || O.gpu_ms < 0 || O.jitter < 0 || O.jitter >= 1 || O.slow_factor <= 0 || O.threads < 0 ||
-      O.slow_host_ms < 0 || O.slow_gpu_ms < 0 || O.bucket_mb < 0 || O.warmup_buckets < 0 || O.warmup_buckets > 64) {
+      O.slow_host_ms < 0 || O.slow_gpu_ms < 0 || O.bucket_mb < 0 || O.warmup_buckets < 0 || O.warmup_buckets > 4096) {
     fprintf(stderr, "faketrainer: flag out of range\n");
     return -1;
   }
