@@ -189,6 +189,14 @@ func (a *Agent) refreshPipeline() {
 	c.set("correlate_degraded_steps", int64(t.DegradedSteps))
 	c.set("correlate_norank_steps", int64(t.NoRankSteps))
 	c.set("correlate_unassigned", int64(t.Unassigned))
+	// Step detection quality: calls outside a locked cycle, tentative
+	// steps withdrawn, locks regained; and records placed after reordering
+	// or steps emitted before every local peer reported.
+	c.set("correlate_irregular_calls", int64(t.IrregularCalls))
+	c.set("correlate_retracted_steps", int64(t.Retracted))
+	c.set("correlate_relocks", int64(t.Relocks))
+	c.set("correlate_reordered", int64(t.Reordered))
+	c.set("correlate_arrival_timeouts", int64(t.ArrivalTimeout))
 	var late, dup, evicted, rejected int64
 	for _, s := range a.pipe.det.Summaries() {
 		late += s.Late

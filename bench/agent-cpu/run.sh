@@ -10,7 +10,8 @@
 # detection, JSONL facts and verdicts (to files), status endpoint.
 #
 #   make build fakelibs
-#   bench/agent-cpu/run.sh                       # 1 rank, ~100,000 events/s
+#   bench/agent-cpu/run.sh                       # 1 rank, ~100,000 events/s, 1,600 steps/s
+#   BUCKETS=1000 GPU_MS=4 bench/agent-cpu/run.sh # ~115,000 events/s at a realistic 114 steps/s
 #   RANKS=4 BUCKET_MB=1 bench/agent-cpu/run.sh   # other loads
 #   PROFILE=/tmp/agent.pprof bench/agent-cpu/run.sh  # and a CPU profile (go tool pprof)
 #
