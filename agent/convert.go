@@ -34,6 +34,10 @@ type convProc struct {
 	// sawNCCL: the process calls NCCL directly; its torch c10d collectives
 	// are then redundant for step detection (and carry no sizes).
 	sawNCCL bool
+	// sawTorchColl: the process has issued a torch c10d collective (a
+	// ProcessGroup method we probe); only then is its Future::wait a
+	// collective wait.
+	sawTorchColl bool
 }
 
 func newConverter(c *counters) *converter {
@@ -124,16 +128,48 @@ func (c *converter) convert(ev bpf.Event, out []input) []input {
 	return out
 }
 
-// torch converts a c10d call. Collectives are host enqueues for NCCL and
-// blocking waits for gloo only through Work::wait, which is the coll_wait.
+// torch converts a c10d call. Collectives are host enqueues (for NCCL and
+// gloo alike); the host blocks for a collective in Work::wait or, under DDP,
+// in c10::ivalue::Future::wait on the bucket futures: both are the
+// coll_wait.
+//
+// Future::wait is generic: besides the futures of c10d work (DDP's reducer
+// and comm hooks, work.get_future().wait()) it waits for RPC replies,
+// torch.jit.fork tasks, distributed autograd and Python torch.futures. It is
+// taken as a collective wait only in a process that has issued a torch c10d
+// collective (a training process whose collectives we probe): there the
+// futures waited on in a step are the collectives' in the common case, and
+// a rank waiting for a slow peer is a victim in coll_wait instead of having
+// the wait in its host phase (which hides the slow rank's host time or makes
+// a victim look like a host straggler). (With NCCL the work's future is completed at enqueue:
+// Future::wait only orders streams and returns at once.) The price, in such
+// a process: a thread blocked on a non-collective future (a jit.fork join,
+// an RPC, a future completed by a Python prefetch thread) is counted as
+// coll_wait, not host, so a rank slowed inside such work looks like it is
+// waiting rather than slow in host. The gate is per process, not per
+// thread: DDP waits on the thread that completes the backward pass (an
+// autograd device thread under CUDA), which need not be the one that issued
+// the all-reduce. Waits of a process with no torch collective yet are
+// counted (torch_future_waits_ignored) and dropped.
 func (c *converter) torch(e *bpf.TorchEvent, out []input) []input {
 	h := correlate.HostCall{PID: e.PID, TID: e.TID, StartNS: int64(e.StartNs), EndNS: int64(e.EndNs), Comm: e.Self}
 	switch e.Probe {
 	case bpf.ProbeTorchWorkWait, bpf.ProbeTorchNCCLWorkWait:
 		h.Kind, h.Comm = correlate.HostCollWait, 0
+	case bpf.ProbeTorchFutureWait:
+		c.mu.Lock()
+		coll := c.proc(e.PID).sawTorchColl
+		c.mu.Unlock()
+		if !coll {
+			c.counters.add("torch_future_waits_ignored", 1)
+			return out
+		}
+		h.Kind, h.Comm = correlate.HostCollWait, 0
 	default:
 		c.mu.Lock()
-		sawNCCL := c.proc(e.PID).sawNCCL
+		p := c.proc(e.PID)
+		p.sawTorchColl = true
+		sawNCCL := p.sawNCCL
 		c.mu.Unlock()
 		if sawNCCL {
 			c.counters.add("torch_collectives_redundant", 1)

@@ -97,6 +97,7 @@ enum sr_probe_id {
 	SR_PROBE_TORCH_GLOO_SEND = 145,
 	SR_PROBE_TORCH_GLOO_RECV = 146,
 	SR_PROBE_TORCH_WORK_WAIT = 149, /* c10d::Work::wait (gloo and others) */
+	SR_PROBE_TORCH_FUTURE_WAIT = 150, /* c10::ivalue::Future::wait (DDP's bucket futures) */
 	/* injection library: SR_EV_BATCH */
 	SR_PROBE_CUPTI_EMIT = 200,
 };

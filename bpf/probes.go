@@ -71,6 +71,7 @@ const (
 	ProbeTorchGlooSend                   ProbeID = 145
 	ProbeTorchGlooRecv                   ProbeID = 146
 	ProbeTorchWorkWait                   ProbeID = 149
+	ProbeTorchFutureWait                 ProbeID = 150
 
 	ProbeCUPTIEmit ProbeID = 200
 )
@@ -234,6 +235,18 @@ var specs = []ProbeSpec{
 	torch(ProbeTorchGlooSend, "c10d::ProcessGroupGloo::send", "torch_gloo_send", 1),
 	torch(ProbeTorchGlooRecv, "c10d::ProcessGroupGloo::recv", "torch_gloo_recv", 1),
 	torch(ProbeTorchWorkWait, "c10d::Work::wait", "torch_work_wait", 0),
+	// The host wait of DDP: the reducer does not call Work::wait but waits on
+	// each bucket's future (work->getFuture(); Reducer::finalize_backward:
+	// bucket.future_work->wait()), c10::ivalue::Future::wait() in torch 2.x
+	// (_ZN3c106ivalue6Future4waitEv, `this` in rdi). It is an inline member
+	// of the exported class (C10_EXPORT ivalue::Future, ivalue_inl.h), so
+	// what is probed is the out-of-line copy a library exports; call sites
+	// that inlined it are not seen. Future::wait is generic (RPC, jit fork,
+	// torch.futures): the agent counts it as a collective wait only in
+	// processes that issue torch collectives (agent/convert.go).
+	// waitAndThrow() is not probed: its callers are RPC, distributed
+	// autograd and collectAll, not the collectives of a training step.
+	torch(ProbeTorchFutureWait, "c10::ivalue::Future::wait", "torch_future_wait", 0),
 
 	{ID: ProbeCUPTIEmit, Kind: LibCUPTI, Symbol: CUPTIEmitSymbol, Entry: "cupti_emit_entry", RefCtr: CUPTISemaphoreSymbol},
 }

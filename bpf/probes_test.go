@@ -202,3 +202,35 @@ func TestProbeIDString(t *testing.T) {
 		t.Errorf("got %q", s)
 	}
 }
+
+// c10::ivalue::Future::wait() (what DDP's reducer waits on) resolves to its
+// torch 2.x mangled name, and not to the other Future methods whose names
+// start alike (waitAndThrow is deliberately not probed).
+func TestFutureWaitSpec(t *testing.T) {
+	var spec ProbeSpec
+	for _, s := range specs {
+		if s.ID == ProbeTorchFutureWait {
+			spec = s
+		}
+	}
+	if spec.Qualified != "c10::ivalue::Future::wait" || spec.Kind != LibTorch || spec.SelfArg != 0 || !spec.Optional {
+		t.Fatalf("Future::wait spec %+v", spec)
+	}
+	ls := &libSymbols{funcs: map[string]uint64{
+		"_ZN3c106ivalue6Future4waitEv":                                    0x1000,
+		"_ZN3c106ivalue6Future12waitAndThrowEv":                           0x2000,
+		"_ZN3c106ivalue6Future13markCompletedEv":                          0x3000,
+		"_ZN3c106ivalue6Future4waitEv.cold":                               0x4000,
+		"_ZN4c10d4Work4waitENSt6chrono8durationIlSt5ratioILl1ELl1000EEEE": 0x5000,
+	}}
+	found, missing := resolve([]ProbeSpec{spec}, ls)
+	if len(missing) != 0 || len(found) != 1 || found[0].elfName != "_ZN3c106ivalue6Future4waitEv" || found[0].offset != 0x1000 {
+		t.Errorf("found %+v, missing %v", found, missing)
+	}
+	if s := ProbeTorchFutureWait.String(); s != "c10::ivalue::Future::wait" {
+		t.Errorf("String() = %q", s)
+	}
+	if ProbeTorchFutureWait.EventType() != EventTorch {
+		t.Errorf("event type %v", ProbeTorchFutureWait.EventType())
+	}
+}

@@ -606,6 +606,7 @@ TORCH_PROBE(torch_gloo_barrier, SR_PROBE_TORCH_GLOO_BARRIER)
 TORCH_PROBE(torch_gloo_send, SR_PROBE_TORCH_GLOO_SEND)
 TORCH_PROBE(torch_gloo_recv, SR_PROBE_TORCH_GLOO_RECV)
 TORCH_PROBE(torch_work_wait, SR_PROBE_TORCH_WORK_WAIT)
+TORCH_PROBE(torch_future_wait, SR_PROBE_TORCH_FUTURE_WAIT)
 
 // ---------------------------------------------------------------- CUPTI batches
 

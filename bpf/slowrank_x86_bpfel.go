@@ -162,6 +162,7 @@ const (
 	slowrankSrProbeIdSR_PROBE_TORCH_GLOO_SEND                     slowrankSrProbeId = 145
 	slowrankSrProbeIdSR_PROBE_TORCH_GLOO_RECV                     slowrankSrProbeId = 146
 	slowrankSrProbeIdSR_PROBE_TORCH_WORK_WAIT                     slowrankSrProbeId = 149
+	slowrankSrProbeIdSR_PROBE_TORCH_FUTURE_WAIT                   slowrankSrProbeId = 150
 	slowrankSrProbeIdSR_PROBE_CUPTI_EMIT                          slowrankSrProbeId = 200
 )
 
@@ -236,6 +237,8 @@ const (
 	slowrankProgNcclScatterReturn                     = "nccl_scatter_return"
 	slowrankProgNcclSendEntry                         = "nccl_send_entry"
 	slowrankProgNcclSendReturn                        = "nccl_send_return"
+	slowrankProgTorchFutureWaitEntry                  = "torch_future_wait_entry"
+	slowrankProgTorchFutureWaitReturn                 = "torch_future_wait_return"
 	slowrankProgTorchGlooAllgatherBaseEntry           = "torch_gloo_allgather_base_entry"
 	slowrankProgTorchGlooAllgatherBaseReturn          = "torch_gloo_allgather_base_return"
 	slowrankProgTorchGlooAllgatherCoalescedEntry      = "torch_gloo_allgather_coalesced_entry"
@@ -404,6 +407,8 @@ type slowrankProgramSpecs struct {
 	NcclScatterReturn                     *ebpf.ProgramSpec `ebpf:"nccl_scatter_return"`
 	NcclSendEntry                         *ebpf.ProgramSpec `ebpf:"nccl_send_entry"`
 	NcclSendReturn                        *ebpf.ProgramSpec `ebpf:"nccl_send_return"`
+	TorchFutureWaitEntry                  *ebpf.ProgramSpec `ebpf:"torch_future_wait_entry"`
+	TorchFutureWaitReturn                 *ebpf.ProgramSpec `ebpf:"torch_future_wait_return"`
 	TorchGlooAllgatherBaseEntry           *ebpf.ProgramSpec `ebpf:"torch_gloo_allgather_base_entry"`
 	TorchGlooAllgatherBaseReturn          *ebpf.ProgramSpec `ebpf:"torch_gloo_allgather_base_return"`
 	TorchGlooAllgatherCoalescedEntry      *ebpf.ProgramSpec `ebpf:"torch_gloo_allgather_coalesced_entry"`
@@ -603,6 +608,8 @@ type slowrankPrograms struct {
 	NcclScatterReturn                     *ebpf.Program `ebpf:"nccl_scatter_return"`
 	NcclSendEntry                         *ebpf.Program `ebpf:"nccl_send_entry"`
 	NcclSendReturn                        *ebpf.Program `ebpf:"nccl_send_return"`
+	TorchFutureWaitEntry                  *ebpf.Program `ebpf:"torch_future_wait_entry"`
+	TorchFutureWaitReturn                 *ebpf.Program `ebpf:"torch_future_wait_return"`
 	TorchGlooAllgatherBaseEntry           *ebpf.Program `ebpf:"torch_gloo_allgather_base_entry"`
 	TorchGlooAllgatherBaseReturn          *ebpf.Program `ebpf:"torch_gloo_allgather_base_return"`
 	TorchGlooAllgatherCoalescedEntry      *ebpf.Program `ebpf:"torch_gloo_allgather_coalesced_entry"`
@@ -719,6 +726,8 @@ func (p *slowrankPrograms) Close() error {
 		p.NcclScatterReturn,
 		p.NcclSendEntry,
 		p.NcclSendReturn,
+		p.TorchFutureWaitEntry,
+		p.TorchFutureWaitReturn,
 		p.TorchGlooAllgatherBaseEntry,
 		p.TorchGlooAllgatherBaseReturn,
 		p.TorchGlooAllgatherCoalescedEntry,

@@ -91,8 +91,8 @@ func TestUprobesEndToEnd(t *testing.T) {
 	if got := atts[LibNCCL].Attached(); got != 15 { // every function of the fake
 		t.Errorf("nccl: %d functions attached, want 15: %+v", got, atts[LibNCCL].Results)
 	}
-	if got := atts[LibTorch].Attached(); got != 3 { // gloo allreduce, gloo barrier, Work::wait
-		t.Errorf("torch: %d functions attached, want 3", got)
+	if got := atts[LibTorch].Attached(); got != 4 { // gloo allreduce, gloo barrier, Work::wait, Future::wait
+		t.Errorf("torch: %d functions attached, want 4", got)
 	}
 	if a := atts[LibCUPTI]; a.RefCtrOffset == 0 || a.RefCtrErr != nil {
 		t.Errorf("cupti: ref_ctr_offset %#x, err %v", a.RefCtrOffset, a.RefCtrErr)
@@ -115,7 +115,7 @@ func TestUprobesEndToEnd(t *testing.T) {
 	}
 	c.send("run")
 	var comms [5]uint64
-	var pg, work uint64
+	var pg, work, future uint64
 	var syncs = map[string][]time.Duration{}
 	for {
 		line := c.line()
@@ -131,6 +131,7 @@ func TestUprobesEndToEnd(t *testing.T) {
 		case "pg":
 			fmt.Sscanf(f[1], "%x", &pg)
 			fmt.Sscanf(f[2], "%x", &work)
+			fmt.Sscanf(f[3], "%x", &future)
 		case "sync":
 			var ns int64
 			fmt.Sscanf(f[2], "%d", &ns)
@@ -139,7 +140,7 @@ func TestUprobesEndToEnd(t *testing.T) {
 	}
 
 	const wantEvents = nAllReduce + nReduce + nBroadcast + nAllGather + nReduceScatter + 2*nSendRecv + 1 + // coll
-		2 + 5 + 9 + 2*nTorch + 9 // group, comm init, sync, torch, batches
+		2 + 5 + 9 + 3*nTorch + 9 // group, comm init, sync, torch, batches
 	evs := col.waitFor(c.pid, 10*time.Second, func(e []Event) bool { return len(e) >= wantEvents })
 	if len(evs) != wantEvents {
 		t.Errorf("got %d events of the tracked child, want %d", len(evs), wantEvents)
@@ -306,9 +307,9 @@ func TestUprobesEndToEnd(t *testing.T) {
 	})
 
 	t.Run("torch", func(t *testing.T) {
-		ar, wait := byProbe[ProbeTorchGlooAllreduce], byProbe[ProbeTorchWorkWait]
-		if len(ar) != nTorch || len(wait) != nTorch {
-			t.Fatalf("torch allreduce/wait: %d/%d events, want %d", len(ar), len(wait), nTorch)
+		ar, wait, fwait := byProbe[ProbeTorchGlooAllreduce], byProbe[ProbeTorchWorkWait], byProbe[ProbeTorchFutureWait]
+		if len(ar) != nTorch || len(wait) != nTorch || len(fwait) != nTorch {
+			t.Fatalf("torch allreduce/wait/future wait: %d/%d/%d events, want %d", len(ar), len(wait), len(fwait), nTorch)
 		}
 		for i := range ar {
 			if s := ar[i].(*TorchEvent).Self; s != pg {
@@ -316,6 +317,9 @@ func TestUprobesEndToEnd(t *testing.T) {
 			}
 			if s := wait[i].(*TorchEvent).Self; s != work {
 				t.Errorf("wait #%d: self %#x, want work %#x", i, s, work)
+			}
+			if s := fwait[i].(*TorchEvent).Self; s != future {
+				t.Errorf("future wait #%d: self %#x, want future %#x", i, s, future)
 			}
 		}
 	})

@@ -11,37 +11,20 @@ import (
 	"sync"
 	"testing"
 	"time"
-)
 
-// buildAgent builds bin/slowrank and the fake trainer into a temporary directory.
-func buildAgent(t *testing.T) (agentBin, trainer string) {
-	t.Helper()
-	root := repoRoot(t)
-	dir := t.TempDir()
-	agentBin = filepath.Join(dir, "slowrank")
-	cmd := exec.Command("go", "build", "-o", agentBin, "./cmd/slowrank")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build agent: %v\n%s", err, out)
-	}
-	cmd = exec.Command("make", "-s", "-f", "test/fakelibs/fakelibs.mk", "fakelibs", "OUT_DIR="+dir)
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build fakes: %v\n%s", err, out)
-	}
-	return agentBin, filepath.Join(dir, "fakelibs", "faketrainer")
-}
+	"github.com/slowrank/slowrank/test/testutil"
+)
 
 // TestAgentToJaegerAndPrometheus is the product end to end: a 4-rank fake job
 // (real processes), the real agent attaching real uprobes and exporting OTLP
 // to a real collector, which fans out to Jaeger and a Prometheus endpoint.
 func TestAgentToJaegerAndPrometheus(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to attach uprobes")
-	}
-	bin := toolsBin(t)
+	testutil.RequireRoot(t, "to attach uprobes")
+	bin := testutil.ToolsBin(t, "jaeger", "otelcol")
 	st := startStack(t, bin)
-	agentBin, trainer := buildAgent(t)
+	// The agent and the fake trainer, built into a temporary directory.
+	dir := t.TempDir()
+	agentBin, trainer := testutil.BuildAgent(t, dir), testutil.BuildFakes(t, dir)
 	job := fmt.Sprintf("e2e-agent-%d", time.Now().UnixNano())
 	verdicts := filepath.Join(t.TempDir(), "verdicts.jsonl")
 
@@ -51,7 +34,7 @@ func TestAgentToJaegerAndPrometheus(t *testing.T) {
 	agentCmd.Env = append(os.Environ(),
 		"OTEL_EXPORTER_OTLP_ENDPOINT=http://"+st.otlpGRPC, "OTEL_EXPORTER_OTLP_PROTOCOL=grpc",
 		"OTEL_METRIC_EXPORT_INTERVAL=500")
-	var agentOut lockedBuffer
+	var agentOut testutil.LockedBuffer
 	agentCmd.Stdout, agentCmd.Stderr = &agentOut, &agentOut
 	if err := agentCmd.Start(); err != nil {
 		t.Fatal(err)
@@ -61,7 +44,7 @@ func TestAgentToJaegerAndPrometheus(t *testing.T) {
 	t.Cleanup(func() {
 		agentCmd.Process.Kill()
 		if t.Failed() {
-			t.Logf("agent output:\n%s", tail(agentOut.String(), 3000))
+			t.Logf("agent output:\n%s", testutil.Tail(agentOut.String(), 3000))
 		}
 	})
 
@@ -161,7 +144,7 @@ func TestAgentToJaegerAndPrometheus(t *testing.T) {
 	}
 	b, _ := os.ReadFile(verdicts)
 	if !strings.Contains(string(b), `"rank":1,"state":"straggler","phase":"host"`) {
-		t.Errorf("verdicts file lacks rank 1 host straggler:\n%s", tail(string(b), 1000))
+		t.Errorf("verdicts file lacks rank 1 host straggler:\n%s", testutil.Tail(string(b), 1000))
 	}
 	t.Logf("step end -> straggler trace queryable in Jaeger: median %s, p95 %s over %d traces",
 		percentile(latencies, 0.5).Round(time.Millisecond), percentile(latencies, 0.95).Round(time.Millisecond), len(latencies))

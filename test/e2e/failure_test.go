@@ -16,6 +16,7 @@ import (
 
 	"github.com/slowrank/slowrank/detector"
 	slowotel "github.com/slowrank/slowrank/otel"
+	"github.com/slowrank/slowrank/test/testutil"
 )
 
 // traceOnly is an OTLP gRPC server that accepts traces and has no metrics
@@ -48,10 +49,10 @@ func TestExporterSurvivesBadEndpoints(t *testing.T) {
 		setup func(t *testing.T) endpoint
 	}{
 		{"down/http", func(t *testing.T) endpoint {
-			return endpoint{url: "http://" + addr(freePort(t)), protocol: slowotel.ProtocolHTTPProtobuf}
+			return endpoint{url: "http://" + testutil.FreeAddr(t), protocol: slowotel.ProtocolHTTPProtobuf}
 		}},
 		{"down/grpc", func(t *testing.T) endpoint {
-			return endpoint{url: "http://" + addr(freePort(t)), protocol: slowotel.ProtocolGRPC}
+			return endpoint{url: "http://" + testutil.FreeAddr(t), protocol: slowotel.ProtocolGRPC}
 		}},
 		{"503/http", func(t *testing.T) endpoint {
 			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {

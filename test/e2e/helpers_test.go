@@ -5,7 +5,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,147 +12,33 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
-	"strconv"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/slowrank/slowrank/test/testutil"
 )
-
-// repoRoot is the repository root (tests run in test/e2e).
-func repoRoot(t testing.TB) string {
-	t.Helper()
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		t.Fatal("cannot locate the test source")
-	}
-	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
-}
-
-// toolsBin returns the directory with the jaeger and otelcol binaries, or
-// skips the test with the command that builds them.
-func toolsBin(t testing.TB) string {
-	t.Helper()
-	dir := os.Getenv("SLOWRANK_TOOLS_BIN")
-	if dir == "" {
-		dir = filepath.Join(repoRoot(t), ".cache", "tools", "bin")
-	}
-	for _, name := range []string{"jaeger", "otelcol"} {
-		if fi, err := os.Stat(filepath.Join(dir, name)); err != nil || fi.Mode()&0o111 == 0 {
-			msg := fmt.Sprintf("e2e: %s not found in %s: run test/e2e/build-tools.sh first (about 5 minutes on 2 cores)", name, dir)
-			if os.Getenv("SLOWRANK_E2E_REQUIRED") != "" {
-				t.Fatal(msg) // make test builds the tools: missing ones are a failure there
-			}
-			t.Skip(msg)
-		}
-	}
-	return dir
-}
-
-// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-func addr(port int) string { return "127.0.0.1:" + strconv.Itoa(port) }
-
-// lockedBuffer collects a server's output.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-type server struct {
-	name string
-	cmd  *exec.Cmd
-	out  *lockedBuffer
-	done chan struct{}
-	err  error
-}
 
 // startServer runs bin with args and env; cleanup stops it (SIGTERM, then
 // SIGKILL after 5 s) and prints its output when the test failed.
-func startServer(t testing.TB, name, bin string, args []string, env map[string]string) *server {
+func startServer(t testing.TB, name, bin string, args []string, env map[string]string) *testutil.Proc {
 	t.Helper()
-	s := &server{name: name, out: &lockedBuffer{}, done: make(chan struct{})}
-	s.cmd = exec.Command(bin, args...)
-	s.cmd.Env = os.Environ()
+	var kvs []string
 	for k, v := range env {
-		s.cmd.Env = append(s.cmd.Env, k+"="+v)
+		kvs = append(kvs, k+"="+v)
 	}
-	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := s.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	go func() {
-		s.err = s.cmd.Wait()
-		close(s.done)
-	}()
-	t.Cleanup(func() {
-		s.stop()
-		if t.Failed() {
-			t.Logf("--- %s output ---\n%s", name, tail(s.out.String(), 4000))
-		}
-	})
-	return s
-}
-
-func (s *server) stop() {
-	select {
-	case <-s.done:
-		return
-	default:
-	}
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.done:
-	case <-time.After(5 * time.Second):
-		_ = s.cmd.Process.Kill()
-		<-s.done
-	}
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return "..." + s[len(s)-n:]
-	}
-	return s
+	return testutil.StartProc(t, name, 5*time.Second, 4000, kvs, append([]string{bin}, args...)...)
 }
 
 // waitReady polls url until it answers 200 or the server exits.
-func waitReady(t testing.TB, s *server, client *http.Client, url string) {
+func waitReady(t testing.TB, s *testutil.Proc, client *http.Client, url string) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		select {
-		case <-s.done:
-			t.Fatalf("%s exited: %v\n%s", s.name, s.err, tail(s.out.String(), 4000))
+		case <-s.Done:
+			t.Fatalf("%s exited: %v\n%s", s.Name, s.Err, testutil.Tail(s.Out.String(), 4000))
 		default:
 		}
 		resp, err := client.Get(url)
@@ -166,7 +51,7 @@ func waitReady(t testing.TB, s *server, client *http.Client, url string) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("%s not ready at %s after 30s\n%s", s.name, url, tail(s.out.String(), 4000))
+	t.Fatalf("%s not ready at %s after 30s\n%s", s.Name, url, testutil.Tail(s.Out.String(), 4000))
 }
 
 func waitTCP(t testing.TB, address string) {
@@ -196,31 +81,31 @@ type stack struct {
 // collector with deploy/otelcol.yaml, all on free 127.0.0.1 ports.
 func startStack(t testing.TB, bin string) *stack {
 	t.Helper()
-	root := repoRoot(t)
+	root := testutil.RepoRoot(t)
 	tr := &http.Transport{}
 	st := &stack{client: &http.Client{Timeout: 5 * time.Second, Transport: tr}}
 	t.Cleanup(tr.CloseIdleConnections)
 
-	jq, jqg, jog, joh := freePort(t), freePort(t), freePort(t), freePort(t)
+	jq, jqg, jog, joh := testutil.FreeAddr(t), testutil.FreeAddr(t), testutil.FreeAddr(t), testutil.FreeAddr(t)
 	j := startServer(t, "jaeger", filepath.Join(bin, "jaeger"),
 		[]string{"--config", filepath.Join(root, "test", "e2e", "testdata", "jaeger.yaml")},
 		map[string]string{
-			"JAEGER_QUERY_HTTP": addr(jq), "JAEGER_QUERY_GRPC": addr(jqg),
-			"JAEGER_OTLP_GRPC": addr(jog), "JAEGER_OTLP_HTTP": addr(joh),
+			"JAEGER_QUERY_HTTP": jq, "JAEGER_QUERY_GRPC": jqg,
+			"JAEGER_OTLP_GRPC": jog, "JAEGER_OTLP_HTTP": joh,
 		})
-	st.jaegerQuery = "http://" + addr(jq)
+	st.jaegerQuery = "http://" + jq
 	waitReady(t, j, st.client, st.jaegerQuery+"/api/services")
-	waitTCP(t, addr(jog))
+	waitTCP(t, jog)
 
-	cg, ch, cp := freePort(t), freePort(t), freePort(t)
+	cg, ch, cp := testutil.FreeAddr(t), testutil.FreeAddr(t), testutil.FreeAddr(t)
 	c := startServer(t, "otelcol", filepath.Join(bin, "otelcol"),
 		[]string{"--config", filepath.Join(root, "deploy", "otelcol.yaml")},
 		map[string]string{
-			"SLOWRANK_OTLP_GRPC": addr(cg), "SLOWRANK_OTLP_HTTP": addr(ch),
-			"SLOWRANK_JAEGER_OTLP": addr(jog), "SLOWRANK_PROM_ENDPOINT": addr(cp),
+			"SLOWRANK_OTLP_GRPC": cg, "SLOWRANK_OTLP_HTTP": ch,
+			"SLOWRANK_JAEGER_OTLP": jog, "SLOWRANK_PROM_ENDPOINT": cp,
 			"SLOWRANK_OTELCOL_LOG_LEVEL": "warn",
 		})
-	st.otlpGRPC, st.otlpHTTP, st.prom = addr(cg), addr(ch), "http://"+addr(cp)+"/metrics"
+	st.otlpGRPC, st.otlpHTTP, st.prom = cg, ch, "http://"+cp+"/metrics"
 	waitReady(t, c, st.client, st.prom)
 	waitTCP(t, st.otlpGRPC)
 	waitTCP(t, st.otlpHTTP)
@@ -311,7 +196,7 @@ func getJSON(ctx context.Context, c *http.Client, url string, v any) error {
 		return errNotFound
 	}
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %s: %s", url, resp.Status, tail(string(body), 300))
+		return fmt.Errorf("GET %s: %s: %s", url, resp.Status, testutil.Tail(string(body), 300))
 	}
 	return json.Unmarshal(body, v)
 }
@@ -324,13 +209,6 @@ func getText(c *http.Client, url string) (string, error) {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	return string(b), err
-}
-
-// monoNow reads CLOCK_MONOTONIC, the clock of step facts.
-func monoNow() int64 {
-	var ts unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	return ts.Nano()
 }
 
 // percentile of xs (sorted copy), p in [0, 1].

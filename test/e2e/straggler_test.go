@@ -17,6 +17,7 @@ import (
 
 	"github.com/slowrank/slowrank/detector"
 	slowotel "github.com/slowrank/slowrank/otel"
+	"github.com/slowrank/slowrank/test/testutil"
 )
 
 const (
@@ -77,7 +78,7 @@ func sampledStep(job string, step int64) bool {
 // through the collector (deploy/otelcol.yaml) into Jaeger and the
 // collector's Prometheus endpoint, and checks what an operator would look at.
 func TestStragglerInJaegerAndPrometheus(t *testing.T) {
-	bin := toolsBin(t)
+	bin := testutil.ToolsBin(t, "jaeger", "otelcol")
 	t.Cleanup(func() { goleak.VerifyNone(t, goleak.IgnoreCurrent()) })
 	st := startStack(t, bin)
 
@@ -121,7 +122,7 @@ func TestStragglerInJaegerAndPrometheus(t *testing.T) {
 					continue
 				}
 				if len(r.Data) == 1 && countStepSpans(r.Data[0]) == e2eRanks && hasVerdictEvent(r.Data[0]) {
-					now := monoNow()
+					now := testutil.MonoNow()
 					mu.Lock()
 					queryable[step] = now
 					mu.Unlock()
@@ -135,7 +136,7 @@ func TestStragglerInJaegerAndPrometheus(t *testing.T) {
 			if body, err := getText(st.client, st.prom); err == nil && stragglerValue(body, job, "2") == "1" {
 				mu.Lock()
 				if promSeen1 == 0 {
-					promSeen1, promSeen1At = 1, monoNow()
+					promSeen1, promSeen1At = 1, testutil.MonoNow()
 				}
 				mu.Unlock()
 			}
@@ -148,9 +149,9 @@ func TestStragglerInJaegerAndPrometheus(t *testing.T) {
 	for w := int64(0); w < e2eWindows; w++ {
 		for s := int64(0); s < stepsPerWindow; s++ {
 			step := w*stepsPerWindow + s
-			start := monoNow()
+			start := testutil.MonoNow()
 			time.Sleep(stepDur)
-			end := monoNow()
+			end := testutil.MonoNow()
 			for r := 0; r < e2eRanks; r++ {
 				exp.RecordStep(e2eFact(job, r, step, start, end, slowWindow(w)), w)
 			}
@@ -169,7 +170,7 @@ func TestStragglerInJaegerAndPrometheus(t *testing.T) {
 		mu.Lock()
 		settled[w] = true
 		if w == firstSlow {
-			settleSlow = monoNow()
+			settleSlow = testutil.MonoNow()
 		}
 		mu.Unlock()
 	}

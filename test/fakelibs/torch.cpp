@@ -1,14 +1,20 @@
 //go:build ignore
 
-// torch.cpp — the fake libtorch_cpu.so: c10d::ProcessGroupGloo's collectives
-// and c10d::Work::wait under their real Itanium-mangled names (the torch
-// probes of bpf/probes.go match "c10d::ProcessGroupGloo::allreduce" and
-// friends by mangled prefix), on the simulated GPU of fakegpu.c.
+// torch.cpp — the fake libtorch_cpu.so: c10d::ProcessGroupGloo's collectives,
+// c10d::Work::wait and c10::ivalue::Future::wait under their real
+// Itanium-mangled names (the torch probes of bpf/probes.go match
+// "c10d::ProcessGroupGloo::allreduce" and friends by mangled prefix), on the
+// simulated GPU of fakegpu.c.
 //
 // As in torch, a collective only queues work and returns a Work: the fake
 // enqueues one communication instance on the process group's own stream,
 // ordered after the caller's stream (gloo's CUDA path records an event on
 // the current stream), so ranks are coupled exactly as with the fake NCCL.
+// The host waits for a collective either in Work::wait or, as DDP's reducer
+// does, in c10::ivalue::Future::wait on the work's future (Work::getFuture
+// right after the collective; Reducer::finalize_backward waits on each
+// bucket's future in turn): the future blocks until its work completed,
+// then orders the current stream after it (synchronizeWithCurrentStreams).
 // With SLOWRANK_FAKE_GLOO_CUDA_SYNC set, each collective also calls the
 // exported cudaStreamSynchronize once on an idle copy stream, the event
 // pattern of gloo's CUDA path (its worker thread synchronises the stream
@@ -67,6 +73,33 @@ class intrusive_ptr {
 }  // namespace c10
 
 namespace c10d {
+class ProcessGroupGloo;
+}  // namespace c10d
+
+namespace c10 {
+namespace ivalue {
+
+// The future of one c10d work (c10::ivalue::Future::wait() is
+// _ZN3c106ivalue6Future4waitEv, `this` in rdi, as in torch 2.x).
+class TORCH_API Future {
+ public:
+  Future(c10d::ProcessGroupGloo* pg, struct CUevent_st* done) : pg_(pg), done_(done) {}
+  Future(const Future&) = delete;
+  Future& operator=(const Future&) = delete;
+  ~Future();
+  // Blocks until the work completed, then makes the current stream wait for
+  // it.
+  void wait();
+
+ private:
+  c10d::ProcessGroupGloo* pg_;
+  struct CUevent_st* done_;  // recorded after the work on the group's stream; null: the whole stream
+};
+
+}  // namespace ivalue
+}  // namespace c10
+
+namespace c10d {
 
 struct BroadcastOptions {};
 struct AllreduceOptions {};
@@ -85,6 +118,9 @@ class TORCH_API Work {
   virtual ~Work() = default;
   // Blocks until the collective (and those queued before it) completed.
   virtual bool wait(std::chrono::milliseconds timeout);
+  // The future completed with the collective: call it right after the
+  // collective, as DDP does (it marks the group's stream at that point).
+  virtual c10::intrusive_ptr<c10::ivalue::Future> getFuture();
 
  private:
   ProcessGroupGloo* pg_;
@@ -93,6 +129,11 @@ class TORCH_API Work {
 class TORCH_API ProcessGroupGloo {
  public:
   ProcessGroupGloo(int slot, int rank, int size) : slot_(slot), rank_(rank), size_(size) {}
+  HIDDEN ~ProcessGroupGloo() {
+    keptFutures.clear();  // they give their events back
+    keptWorks.clear();
+    for (auto* e : freeEvents_) slowrank_fake_event_destroy(e);
+  }
 
   c10::intrusive_ptr<Work> broadcast(std::vector<at::Tensor>& tensors, const BroadcastOptions& opts);
   c10::intrusive_ptr<Work> allreduce(std::vector<at::Tensor>& tensors, const AllreduceOptions& opts);
@@ -122,6 +163,13 @@ class TORCH_API ProcessGroupGloo {
   // Not torch (hidden, so never taken for a probed method).
   HIDDEN int init(int cudaSync);
   HIDDEN void leave() { slowrank_fake_comm_leave(slot_, rank_); }
+  // Events for futures: a bounded pool (the simulator has 128 events per
+  // process); without a free one a future waits for the whole stream.
+  HIDDEN struct CUevent_st* takeEvent();
+  HIDDEN void giveEvent(struct CUevent_st* e) { freeEvents_.push_back(e); }
+  // Work kept for the end of the backward pass, in issue order.
+  std::vector<c10::intrusive_ptr<Work>> keptWorks;
+  std::vector<c10::intrusive_ptr<c10::ivalue::Future>> keptFutures;
   struct CUstream_st* caller = nullptr;  // the "current stream" of the next call
   struct CUstream_st* stream = nullptr;  // where the communication runs
   struct CUevent_st* done = nullptr;     // recorded by slowrank_fake_gloo_join
@@ -137,7 +185,24 @@ class TORCH_API ProcessGroupGloo {
   struct CUstream_st* copy_ = nullptr;
   struct CUevent_st* ready_ = nullptr;
   int (*cudaSync_)(struct CUstream_st*) = nullptr;
+  std::vector<struct CUevent_st*> freeEvents_;
+  int futureEvents_ = 0;
 };
+
+// At most this many futures of a group are pending with their own event.
+static const int kFutureEvents = 64;
+
+struct CUevent_st* ProcessGroupGloo::takeEvent() {
+  if (!freeEvents_.empty()) {
+    struct CUevent_st* e = freeEvents_.back();
+    freeEvents_.pop_back();
+    return e;
+  }
+  struct CUevent_st* e = nullptr;
+  if (futureEvents_ >= kFutureEvents || slowrank_fake_event_create(&e) != FG_OK) return nullptr;
+  futureEvents_++;
+  return e;
+}
 
 static double bytesOf(const std::vector<at::Tensor>& ts) {
   double b = 0;
@@ -185,10 +250,19 @@ c10::intrusive_ptr<Work> ProcessGroupGloo::enqueue(double bytesPerRank, int kind
   return c10::intrusive_ptr<Work>(new Work(this));
 }
 
-bool Work::wait(std::chrono::milliseconds) {
+PROBED bool Work::wait(std::chrono::milliseconds) {
   int e = slowrank_fake_stream_sync(pg_->stream);
   if (e != FG_OK && pg_->err == FG_OK) pg_->err = e;
   return e == FG_OK;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> Work::getFuture() {
+  struct CUevent_st* ev = pg_->takeEvent();
+  if (ev && slowrank_fake_event_record(ev, pg_->stream) != FG_OK) {
+    pg_->giveEvent(ev);
+    ev = nullptr;
+  }
+  return c10::intrusive_ptr<c10::ivalue::Future>(new c10::ivalue::Future(pg_, ev));
 }
 
 // Bytes each rank moves, as the fake NCCL models the ring algorithms.
@@ -248,6 +322,22 @@ PROBED c10::intrusive_ptr<Work> ProcessGroupGloo::barrier(const BarrierOptions&)
 
 }  // namespace c10d
 
+namespace c10 {
+namespace ivalue {
+
+Future::~Future() {
+  if (done_) pg_->giveEvent(done_);
+}
+
+PROBED void Future::wait() {
+  int e = done_ ? slowrank_fake_event_sync(done_) : slowrank_fake_stream_sync(pg_->stream);
+  if (e == FG_OK && done_ && pg_->caller) e = slowrank_fake_stream_wait_event(pg_->caller, done_);
+  if (e != FG_OK && pg_->err == FG_OK) pg_->err = e;
+}
+
+}  // namespace ivalue
+}  // namespace c10
+
 // ---- the fake trainer's entry points (not torch; never probe them) ----
 
 using c10d::ProcessGroupGloo;
@@ -276,14 +366,23 @@ extern "C" TORCH_API void* slowrank_fake_gloo_new(const char* key, int size, int
   return pg;
 }
 
+// What slowrank_fake_gloo_call does with the Work (the trainer passes the
+// same numbers).
+enum {
+  FAKE_GLOO_NO_WAIT = 0,      // drop it (slowrank_fake_gloo_join orders the device)
+  FAKE_GLOO_WAIT_NOW = 1,     // Work::wait now (a blocking collective)
+  FAKE_GLOO_KEEP_FUTURE = 2,  // keep work->getFuture() for slowrank_fake_gloo_finalize (DDP)
+  FAKE_GLOO_KEEP_WORK = 3     // keep the Work for slowrank_fake_gloo_finalize
+};
+
 // slowrank_fake_gloo_call issues one collective ("allreduce", "broadcast",
 // "allgather", "reduce_scatter", "barrier") of bytes per rank after the work
-// queued on stream, and with wait set blocks in Work::wait. It returns 0 or
-// the simulator's error.
+// queued on stream and then does what mode (FAKE_GLOO_*) says with its Work.
+// It returns 0 or the simulator's error.
 extern "C" TORCH_API int slowrank_fake_gloo_call(void* p, const char* op, double bytes, struct CUstream_st* stream,
-                                                 int wait) {
+                                                 int mode) {
   auto* pg = static_cast<ProcessGroupGloo*>(p);
-  if (!pg || !op) return FG_EINVAL;
+  if (!pg || !op || mode < FAKE_GLOO_NO_WAIT || mode > FAKE_GLOO_KEEP_WORK) return FG_EINVAL;
   pg->caller = stream;
   std::vector<at::Tensor> t(1);
   t[0].bytes = bytes;
@@ -302,7 +401,32 @@ extern "C" TORCH_API int slowrank_fake_gloo_call(void* p, const char* op, double
   } else {
     return FG_EINVAL;
   }
-  if (wait && w.get()) w->wait(std::chrono::milliseconds(0));
+  if (!w.get()) return pg->err;
+  switch (mode) {
+    case FAKE_GLOO_WAIT_NOW:
+      w->wait(std::chrono::milliseconds(0));
+      break;
+    case FAKE_GLOO_KEEP_FUTURE:
+      pg->keptFutures.push_back(w->getFuture());
+      break;
+    case FAKE_GLOO_KEEP_WORK:
+      pg->keptWorks.push_back(std::move(w));
+      break;
+  }
+  return pg->err;
+}
+
+// slowrank_fake_gloo_finalize waits for the kept work in issue order, each
+// future in c10::ivalue::Future::wait and each Work in Work::wait, with
+// stream as the current stream (DDP's finalize_backward), and forgets it.
+extern "C" TORCH_API int slowrank_fake_gloo_finalize(void* p, struct CUstream_st* stream) {
+  auto* pg = static_cast<ProcessGroupGloo*>(p);
+  if (!pg || !stream) return FG_EINVAL;
+  pg->caller = stream;
+  for (auto& f : pg->keptFutures) f->wait();
+  for (auto& w : pg->keptWorks) w->wait(std::chrono::milliseconds(0));
+  pg->keptFutures.clear();
+  pg->keptWorks.clear();
   return pg->err;
 }
 

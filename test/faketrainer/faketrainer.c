@@ -22,7 +22,11 @@
  * --backend gloo replaces NCCL by the fake libtorch_cpu.so (loaded with
  * dlopen, like torch's Python extension): the buckets become
  * c10d::ProcessGroupGloo::allreduce calls that carry no sizes for the probes,
- * which is what slowrank's timing-based step detection is for.
+ * which is what slowrank's timing-based step detection is for. --gloo-wait
+ * says how the end of the backward pass waits for them: on the device only
+ * (default), or on the host like DDP (each bucket's
+ * c10::ivalue::Future::wait, --gloo-wait future) or through c10d::Work::wait
+ * (--gloo-wait work); the host wait is the truth's coll_wait_ms.
  *
  * Compiled twice: FT_LINKED_NCCL=1 (DT_NEEDED libnccl.so.2) and
  * FT_LINKED_NCCL=0 ("faketrainer-dlopen", loads libnccl.so.2 with dlopen after
@@ -69,6 +73,10 @@ enum { EXIT_OK = 0, EXIT_USAGE = 2, EXIT_CRASH = 3, EXIT_DEVICE = 4, EXIT_IO = 5
 enum sync_mode { SYNC_STREAM, SYNC_DEVICE, SYNC_EVENT, SYNC_CU_STREAM, SYNC_CU_CTX };
 static const char *const sync_names[] = {"stream", "device", "event", "cu-stream", "cu-ctx"};
 
+/* How a gloo step waits for its buckets before the optimizer. */
+enum gloo_wait { GLOO_WAIT_DEVICE, GLOO_WAIT_FUTURE, GLOO_WAIT_WORK };
+static const char *const gloo_wait_names[] = {"device", "future", "work"};
+
 struct opts {
   int ranks;
   long steps;
@@ -106,6 +114,7 @@ struct opts {
   int no_device_truth;
   int gloo;
   int gloo_cuda_sync;
+  int gloo_wait; /* enum gloo_wait */
   int warmup_buckets;
 };
 
@@ -142,6 +151,10 @@ static void usage(FILE *f) {
           "                         libtorch_cpu.so (dlopen'ed), no NCCL call at all (default nccl)\n"
           "  --gloo-cuda-sync       gloo: one cudaStreamSynchronize per collective inside the library,\n"
           "                         like gloo's CUDA path (counted in the truth)\n"
+          "  --gloo-wait MODE       gloo: how the optimizer waits for the buckets: device (the compute\n"
+          "                         stream waits, the host does not; default), future (the host waits\n"
+          "                         on each bucket's c10::ivalue::Future::wait, as DDP's reducer does)\n"
+          "                         or work (the host waits in each bucket's c10d::Work::wait)\n"
           "  --bucket-mb MB         size of the largest bucket (default 25; bucket i is (N-i)/N of it)\n"
           "  --kernels N            forward kernels per step (default 4)\n"
           "  --group                issue the bucket allreduces inside ncclGroupStart/ncclGroupEnd\n"
@@ -187,7 +200,7 @@ static int parse_opts(int argc, char **argv) {
     o_comm_stream, o_split, o_init_plain, o_sync, o_device_sync, o_slow_rank, o_slow_from, o_slow_to,
     o_slow_factor, o_slow_host, o_slow_gpu, o_jitter, o_seed, o_host_mode, o_dlopen, o_dlopen_delay,
     o_sleep_before, o_truth, o_bench_calls, o_bench_symbol, o_threads, o_crash_rank, o_crash_step, o_verbose,
-    o_no_device_truth, o_backend, o_gloo_cuda_sync, o_warmup_buckets, o_help
+    o_no_device_truth, o_backend, o_gloo_cuda_sync, o_gloo_wait, o_warmup_buckets, o_help
   };
   static const struct option lo[] = {
       {"ranks", required_argument, 0, o_ranks},
@@ -226,6 +239,7 @@ static int parse_opts(int argc, char **argv) {
       {"no-device-truth", no_argument, 0, o_no_device_truth},
       {"backend", required_argument, 0, o_backend},
       {"gloo-cuda-sync", no_argument, 0, o_gloo_cuda_sync},
+      {"gloo-wait", required_argument, 0, o_gloo_wait},
       {"warmup-buckets", required_argument, 0, o_warmup_buckets},
       {"help", no_argument, 0, o_help},
       {0, 0, 0, 0},
@@ -296,6 +310,17 @@ static int parse_opts(int argc, char **argv) {
       }
       break;
     case o_gloo_cuda_sync: O.gloo_cuda_sync = 1; break;
+    case o_gloo_wait: {
+      int m = -1;
+      for (int i = 0; i < (int)(sizeof gloo_wait_names / sizeof gloo_wait_names[0]); i++)
+        if (strcmp(optarg, gloo_wait_names[i]) == 0) m = i;
+      if (m < 0) {
+        fprintf(stderr, "faketrainer: bad --gloo-wait %s\n", optarg);
+        return -1;
+      }
+      O.gloo_wait = m;
+      break;
+    }
     case o_warmup_buckets: O.warmup_buckets = atoi(optarg); break;
     case o_help: usage(stdout); exit(0);
     default: usage(stderr); return -1;
@@ -314,6 +339,10 @@ static int parse_opts(int argc, char **argv) {
   if (O.gloo && (O.group || O.comm_stream || O.split || O.init_plain || O.dlopen_nccl || O.bench_calls > 0)) {
     fprintf(stderr, "faketrainer: --backend gloo takes none of --group --comm-stream --split --init-plain "
                     "--dlopen-nccl --bench-calls\n");
+    return -1;
+  }
+  if (!O.gloo && O.gloo_wait != GLOO_WAIT_DEVICE) {
+    fprintf(stderr, "faketrainer: --gloo-wait needs --backend gloo\n");
     return -1;
   }
   if (O.bench_calls > 0 && !O.bench_symbol) {
@@ -503,10 +532,14 @@ static int load_nccl(void) {
 
 /* ---------------- the fake libtorch_cpu.so (gloo backend) ---------------- */
 
+/* What Call does with the collective's Work (FAKE_GLOO_* of torch.cpp). */
+enum { FT_GLOO_NO_WAIT = 0, FT_GLOO_WAIT_NOW = 1, FT_GLOO_KEEP_FUTURE = 2, FT_GLOO_KEEP_WORK = 3 };
+
 struct torch_fns {
   void *(*New)(const char *key, int size, int rank);
-  int (*Call)(void *pg, const char *op, double bytes, cudaStream_t stream, int wait);
+  int (*Call)(void *pg, const char *op, double bytes, cudaStream_t stream, int mode);
   int (*Join)(void *pg, cudaStream_t stream);
+  int (*Finalize)(void *pg, cudaStream_t stream);
   void (*Free)(void *pg);
 };
 static struct torch_fns T;
@@ -537,8 +570,9 @@ static int load_torch(void) {
   *(void **)(&T.New) = dlsym(h, "slowrank_fake_gloo_new");
   *(void **)(&T.Call) = dlsym(h, "slowrank_fake_gloo_call");
   *(void **)(&T.Join) = dlsym(h, "slowrank_fake_gloo_join");
+  *(void **)(&T.Finalize) = dlsym(h, "slowrank_fake_gloo_finalize");
   *(void **)(&T.Free) = dlsym(h, "slowrank_fake_gloo_free");
-  if (!T.New || !T.Call || !T.Join || !T.Free) {
+  if (!T.New || !T.Call || !T.Join || !T.Finalize || !T.Free) {
     logf_("libtorch_cpu.so lacks the slowrank_fake_gloo_* entry points");
     return -1;
   }
@@ -550,16 +584,18 @@ static int load_torch(void) {
 enum sym {
   S_cudaLaunchKernel, S_cudaStreamSynchronize, S_cudaDeviceSynchronize, S_cudaEventRecord,
   S_cudaEventSynchronize, S_cudaStreamWaitEvent, S_cuStreamSynchronize, S_cuCtxSynchronize,
-  S_ncclAllReduce, S_ncclGroupStart, S_ncclGroupEnd, S_glooAllreduce, S_NUM
+  S_ncclAllReduce, S_ncclGroupStart, S_ncclGroupEnd, S_glooAllreduce, S_futureWait, S_workWait, S_NUM
 };
 static const char *const sym_names[S_NUM] = {
     "cudaLaunchKernel", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventRecord",
     "cudaEventSynchronize", "cudaStreamWaitEvent", "cuStreamSynchronize", "cuCtxSynchronize",
-    "ncclAllReduce", "ncclGroupStart", "ncclGroupEnd", "c10d::ProcessGroupGloo::allreduce"};
+    "ncclAllReduce", "ncclGroupStart", "ncclGroupEnd", "c10d::ProcessGroupGloo::allreduce",
+    "c10::ivalue::Future::wait", "c10d::Work::wait"};
 
 struct step_acc {
   uint64_t calls[S_NUM];
   uint64_t sync_ns;   /* inside synchronisation calls */
+  uint64_t coll_wait_ns; /* blocked waiting for collectives (gloo Future::wait / Work::wait) */
   uint64_t nccl_ns;   /* inside NCCL calls */
   uint64_t host_ns;   /* inside host work (including an injected stall) */
   uint64_t gpu_ns;    /* device compute enqueued (modelled) */
@@ -836,7 +872,10 @@ static void allreduce(struct rank_ctx *c, int b, cudaStream_t s) {
   if (O.gloo) {
     A.calls[S_glooAllreduce]++;
     if (O.gloo_cuda_sync) A.calls[S_cudaStreamSynchronize]++;
-    int e = T.Call(c->pg, "allreduce", 4.0 * (double)c->bucket_count[b], s, 0);
+    int mode = O.gloo_wait == GLOO_WAIT_FUTURE ? FT_GLOO_KEEP_FUTURE
+               : O.gloo_wait == GLOO_WAIT_WORK ? FT_GLOO_KEEP_WORK
+                                               : FT_GLOO_NO_WAIT;
+    int e = T.Call(c->pg, "allreduce", 4.0 * (double)c->bucket_count[b], s, mode);
     if (e != 0 && !g_failed) {
       logf_("step %ld: ProcessGroupGloo::allreduce: fake GPU error %d", g_cur_step, e);
       g_failed = 1;
@@ -906,8 +945,19 @@ static void run_step(struct rank_ctx *c, long k, uint64_t *rng) {
     for (int b = 0; b < B; b++) allreduce(c, b, s);
     group_call(0);
   }
-  if (O.gloo && B > 0) /* DDP's finalize_backward: the optimizer waits for the buckets */
+  if (O.gloo && B > 0 && O.gloo_wait == GLOO_WAIT_DEVICE) /* the optimizer's stream waits for the buckets */
     cuda_check(T.Join(c->pg, c->compute) == 0 ? cudaSuccess : cudaErrorLaunchFailure, "gloo join");
+  if (O.gloo && B > 0 && O.gloo_wait != GLOO_WAIT_DEVICE) {
+    /* DDP's finalize_backward: the host waits for each bucket in turn. */
+    uint64_t t0 = now_ns();
+    A.calls[O.gloo_wait == GLOO_WAIT_FUTURE ? S_futureWait : S_workWait] += (uint64_t)B;
+    int e = T.Finalize(c->pg, c->compute);
+    A.coll_wait_ns += now_ns() - t0;
+    if (e != 0 && !g_failed) {
+      logf_("step %ld: gloo %s wait: fake GPU error %d", g_cur_step, gloo_wait_names[O.gloo_wait], e);
+      g_failed = 1;
+    }
+  }
   if (O.comm_stream && B > 0) {
     A.calls[S_cudaEventRecord]++;
     cuda_check(cudaEventRecord(c->ev_comm_done, c->commst), "cudaEventRecord");
@@ -949,7 +999,7 @@ static void rebase(struct rank_ctx *c) {
 }
 
 static void write_step(struct rank_ctx *c, long k, uint64_t start, uint64_t end, int slowed) {
-  double step = ms_of(end - start), sync = ms_of(A.sync_ns);
+  double step = ms_of(end - start), sync = ms_of(A.sync_ns), collw = ms_of(A.coll_wait_ns);
   char dev[64] = "";
   if (c->device_end_ns) snprintf(dev, sizeof dev, "\"device_end_ns\":%" PRIu64 ",", c->device_end_ns);
   char calls[1024];
@@ -962,14 +1012,15 @@ static void write_step(struct rank_ctx *c, long k, uint64_t start, uint64_t end,
   }
   truth_printf("{\"kind\":\"step\",\"job\":\"%s\",\"rank\":%d,\"local_rank\":%d,\"world\":%d,\"pid\":%d,"
                "\"tid\":%d,\"step\":%ld,\"start_ns\":%" PRIu64 ",\"end_ns\":%" PRIu64 ",\"step_ms\":%.6f,"
-               "\"host_ms\":%.6f,\"host_work_ms\":%.6f,\"sync_wait_ms\":%.6f,\"nccl_ms\":%.6f,\"gpu_ms\":%.6f,"
+               "\"host_ms\":%.6f,\"host_work_ms\":%.6f,\"sync_wait_ms\":%.6f,\"coll_wait_ms\":%.6f,"
+               "\"nccl_ms\":%.6f,\"gpu_ms\":%.6f,"
                "\"slowed\":%s,\"injected_host_ms\":%.6f,\"injected_gpu_ms\":%.6f,%s\"calls\":{%s}}\n",
                c->job, c->rank, c->local_rank, c->world, (int)getpid(), (int)syscall(SYS_gettid), k, start, end,
-               step, step - sync, ms_of(A.host_ns), sync, ms_of(A.nccl_ns), ms_of(A.gpu_ns),
+               step, step - sync - collw, ms_of(A.host_ns), sync, collw, ms_of(A.nccl_ns), ms_of(A.gpu_ns),
                slowed ? "true" : "false", slowed ? O.slow_host_ms : 0.0, slowed ? O.slow_gpu_ms : 0.0, dev, calls);
   if (O.verbose)
-    logf_("step %ld: step=%.3fms host=%.3fms sync_wait=%.3fms%s", k, step, step - sync, sync,
-          slowed ? " (slowed)" : "");
+    logf_("step %ld: step=%.3fms host=%.3fms sync_wait=%.3fms coll_wait=%.3fms%s", k, step, step - sync - collw,
+          sync, collw, slowed ? " (slowed)" : "");
 }
 
 static void noop_target(void) __attribute__((noinline));

@@ -4,9 +4,7 @@
 package integration
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"math"
 	"os"
@@ -18,36 +16,9 @@ import (
 	"time"
 
 	"github.com/slowrank/slowrank/agent"
-	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/detector"
+	"github.com/slowrank/slowrank/test/testutil"
 )
-
-// repoRoot is the repository root (tests run in test/integration).
-var repoRoot, _ = filepath.Abs("../..")
-
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to attach uprobes")
-	}
-	if err := bpf.CheckSupport(); err != nil {
-		t.Skipf("kernel lacks what the agent needs: %v", err)
-	}
-}
-
-// buildFakes builds the fake libraries and trainer once per test binary.
-var buildFakes = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "slowrank-fakes-")
-	if err != nil {
-		return "", err
-	}
-	cmd := exec.Command("make", "-s", "-f", "test/fakelibs/fakelibs.mk", "fakelibs", "OUT_DIR="+dir)
-	cmd.Dir = repoRoot
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build fakes: %v\n%s", err, out)
-	}
-	return filepath.Join(dir, "fakelibs", "faketrainer"), nil
-})
 
 // captureSink keeps everything the agent reports.
 type captureSink struct {
@@ -70,54 +41,31 @@ func (c *captureSink) Settled(_ detector.SettledWindow, vs []detector.Verdict) {
 	c.mu.Unlock()
 }
 
-// truthStep is one line of the fake trainer's ground truth.
-type truthStep struct {
-	Kind       string         `json:"kind"`
-	Rank       int            `json:"rank"`
-	Step       int64          `json:"step"`
-	EndNS      int64          `json:"end_ns"`
-	HostMS     float64        `json:"host_ms"`
-	SyncWaitMS float64        `json:"sync_wait_ms"`
-	Calls      map[string]int `json:"calls"`
+// job is how a test runs the agent (in process) next to a 4-rank fake
+// trainer.
+type job struct {
+	probeTorch bool     // attach the torch c10d probes (--probe-torch)
+	envKey     string   // the variable that marks the trainer's processes
+	args       []string // trainer arguments before the test's own
 }
 
-func readTruth(t *testing.T, path string) []truthStep {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var out []truthStep
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		var s truthStep
-		if err := json.Unmarshal(sc.Bytes(), &s); err != nil {
-			t.Fatalf("truth line %q: %v", sc.Text(), err)
-		}
-		if s.Kind == "step" {
-			out = append(out, s)
-		}
-	}
-	return out
-}
+// ncclJob is an NCCL job whose ranks carry the step marker.
+var ncclJob = job{envKey: "SLOWRANK_IT_RANK_MARK"}
 
-// run starts the agent, then a 4-rank fake trainer with args, waits for the
-// trainer, stops the agent and returns what it captured.
-func run(t *testing.T, window time.Duration, args ...string) (*captureSink, *agent.Agent, []truthStep) {
+// run starts the agent, then a 4-rank fake trainer with j's arguments and
+// args, waits for the trainer, stops the agent and returns what it captured
+// and the trainer's steps.
+func (j job) run(t *testing.T, window time.Duration, args ...string) (*captureSink, *agent.Agent, []testutil.TruthRecord) {
 	t.Helper()
-	trainer, err := buildFakes()
-	if err != nil {
-		t.Fatal(err)
-	}
+	trainer := testutil.SharedFakeTrainer(t)
 	sink := &captureSink{}
 	cfg := agent.DefaultConfig()
 	cfg.HostName = "it"
+	cfg.ProbeTorch = j.probeTorch
 	cfg.Detector.Window = window
 	cfg.Detector.Lateness = 500 * time.Millisecond
 	cfg.Sinks = []agent.Sink{sink}
-	cfg.Selector = agent.Selector{EnvKey: "SLOWRANK_IT_RANK_MARK"}
+	cfg.Selector = agent.Selector{EnvKey: j.envKey}
 	a, err := agent.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -128,8 +76,9 @@ func run(t *testing.T, window time.Duration, args ...string) (*captureSink, *age
 	go func() { done <- a.Run(ctx) }()
 
 	truth := filepath.Join(t.TempDir(), "truth.jsonl")
-	cmd := exec.Command(trainer, append([]string{"--ranks", "4", "--truth", truth, "--sleep-before-start", "1500"}, args...)...)
-	cmd.Env = append(os.Environ(), "SLOWRANK_IT_RANK_MARK=1")
+	argv := append([]string{"--ranks", "4", "--truth", truth, "--sleep-before-start", "1500"}, j.args...)
+	cmd := exec.Command(trainer, append(argv, args...)...)
+	cmd.Env = append(os.Environ(), j.envKey+"=1")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		cancel()
@@ -145,20 +94,15 @@ func run(t *testing.T, window time.Duration, args ...string) (*captureSink, *age
 	case <-time.After(20 * time.Second):
 		t.Fatal("agent did not stop within 20 s")
 	}
-	return sink, a, readTruth(t, truth)
+	return sink, a, testutil.ReadTruth(t, truth)["step"]
 }
 
 func TestAgentCountsEveryCallAndMatchesGroundTruth(t *testing.T) {
-	requireRoot(t)
-	sink, a, truth := run(t, 2*time.Second, "--steps", "120", "--step-ms", "8", "--gpu-ms", "12", "--buckets", "4")
+	testutil.RequireAgent(t, "to attach uprobes")
+	sink, a, truth := ncclJob.run(t, 2*time.Second, "--steps", "120", "--step-ms", "8", "--gpu-ms", "12", "--buckets", "4")
 
 	// Every call: the agent's per-probe counts equal the trainer's own.
-	want := map[string]int{}
-	for _, s := range truth {
-		for sym, n := range s.Calls {
-			want[sym] += n
-		}
-	}
+	want := callsMade(truth)
 	got := a.Counters()
 	for _, sym := range []string{"ncclAllReduce", "cudaStreamSynchronize"} {
 		if g := got["probe_"+sym]; g != int64(want[sym]) {
@@ -170,16 +114,13 @@ func TestAgentCountsEveryCallAndMatchesGroundTruth(t *testing.T) {
 	}
 
 	// Steps: matched to the truth by rank and end time.
-	byRank := map[int][]truthStep{}
-	for _, s := range truth {
-		byRank[s.Rank] = append(byRank[s.Rank], s)
-	}
+	byRank := truthByRank(truth)
 	perRank := map[int]int{}
 	var syncErr, hostErr []float64
 	var unmatched []string
 	for _, f := range sink.steps {
 		perRank[f.Rank]++
-		ts, ok := nearest(byRank[f.Rank], f.EndNS)
+		ts, ok := testutil.NearestStep(byRank[f.Rank], f.EndNS)
 		if !ok {
 			unmatched = append(unmatched, fmt.Sprintf("rank %d step %d (end %d)", f.Rank, f.Step, f.EndNS))
 			continue
@@ -210,8 +151,44 @@ func TestAgentCountsEveryCallAndMatchesGroundTruth(t *testing.T) {
 		perRank, quantile(syncErr, 0.5), quantile(syncErr, 0.95), quantile(hostErr, 0.5), quantile(hostErr, 0.95))
 
 	// The same step index ends together on every rank.
+	spread := endSpreads(sink.steps)
+	if p := quantile(spread, 0.9); p > 3 {
+		t.Errorf("step ends across ranks: 90th percentile spread %.2f ms > 3 ms", p)
+	}
+}
+
+func TestAgentFindsTheSlowRank(t *testing.T) {
+	testutil.RequireAgent(t, "to attach uprobes")
+	sink, _, _ := ncclJob.run(t, time.Second, "--duration", "14", "--step-ms", "10", "--gpu-ms", "15",
+		"--slow-rank", "1", "--slow-from-step", "60", "--slow-host-ms", "8")
+	checkOnlyRank1HostStraggler(t, sink.verdicts)
+}
+
+// callsMade is how many calls of each symbol the trainer made.
+func callsMade(truth []testutil.TruthRecord) map[string]int {
+	want := map[string]int{}
+	for _, s := range truth {
+		for sym, n := range s.Calls {
+			want[sym] += n
+		}
+	}
+	return want
+}
+
+// truthByRank is the trainer's steps by rank, each rank's in file order.
+func truthByRank(truth []testutil.TruthRecord) map[int][]testutil.TruthRecord {
+	byRank := map[int][]testutil.TruthRecord{}
+	for _, s := range truth {
+		byRank[s.Rank] = append(byRank[s.Rank], s)
+	}
+	return byRank
+}
+
+// endSpreads is, for each step index found on all 4 ranks, how far apart
+// (ms) its ends on the ranks lie.
+func endSpreads(steps []detector.Step) []float64 {
 	ends := map[int64][]int64{}
-	for _, f := range sink.steps {
+	for _, f := range steps {
 		ends[f.Step] = append(ends[f.Step], f.EndNS)
 	}
 	var spread []float64
@@ -221,17 +198,15 @@ func TestAgentCountsEveryCallAndMatchesGroundTruth(t *testing.T) {
 			spread = append(spread, float64(e[3]-e[0])/1e6)
 		}
 	}
-	if p := quantile(spread, 0.9); p > 3 {
-		t.Errorf("step ends across ranks: 90th percentile spread %.2f ms > 3 ms", p)
-	}
+	return spread
 }
 
-func TestAgentFindsTheSlowRank(t *testing.T) {
-	requireRoot(t)
-	sink, _, _ := run(t, time.Second, "--duration", "14", "--step-ms", "10", "--gpu-ms", "15",
-		"--slow-rank", "1", "--slow-from-step", "60", "--slow-host-ms", "8")
+// checkOnlyRank1HostStraggler fails the test unless rank 1 in phase host is
+// the one straggler the verdicts alert on.
+func checkOnlyRank1HostStraggler(t *testing.T, verdicts []detector.Verdict) {
+	t.Helper()
 	alerts := map[string]bool{}
-	for _, v := range sink.verdicts {
+	for _, v := range verdicts {
 		if v.State == detector.StateStraggler {
 			alerts[fmt.Sprintf("%d/%s", v.Rank, v.Phase)] = true
 		}
@@ -239,19 +214,6 @@ func TestAgentFindsTheSlowRank(t *testing.T) {
 	if !alerts["1/host"] || len(alerts) != 1 {
 		t.Fatalf("straggler alerts %v, want exactly rank 1 in phase host", alerts)
 	}
-}
-
-func nearest(ts []truthStep, end int64) (truthStep, bool) {
-	i := sort.Search(len(ts), func(i int) bool { return ts[i].EndNS >= end })
-	best, bestD := truthStep{}, int64(math.MaxInt64)
-	for _, j := range []int{i - 1, i} {
-		if j >= 0 && j < len(ts) {
-			if d := abs(ts[j].EndNS - end); d < bestD {
-				best, bestD = ts[j], d
-			}
-		}
-	}
-	return best, bestD < int64(time.Millisecond)
 }
 
 func abs(v int64) int64 {

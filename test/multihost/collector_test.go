@@ -3,7 +3,6 @@ package multihost
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,36 +14,8 @@ import (
 	"github.com/slowrank/slowrank/aggregate"
 	"github.com/slowrank/slowrank/detector"
 	"github.com/slowrank/slowrank/otel"
+	"github.com/slowrank/slowrank/test/testutil"
 )
-
-// otelcolBin returns the collector that test/e2e/build-tools.sh builds, or
-// skips (fails under SLOWRANK_E2E_REQUIRED) with the command that builds it.
-func otelcolBin(t *testing.T) string {
-	t.Helper()
-	dir := os.Getenv("SLOWRANK_TOOLS_BIN")
-	if dir == "" {
-		dir = filepath.Join(repoRoot(t), ".cache", "tools", "bin")
-	}
-	p := filepath.Join(dir, "otelcol")
-	if fi, err := os.Stat(p); err != nil || fi.Mode()&0o111 == 0 {
-		msg := fmt.Sprintf("otelcol not found in %s: run test/e2e/build-tools.sh first", dir)
-		if os.Getenv("SLOWRANK_E2E_REQUIRED") != "" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	return p
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
 
 type factsSink struct{ vs chan detector.Verdict }
 
@@ -66,7 +37,7 @@ func (f *factsSink) Settled(_ detector.SettledWindow, vs []detector.Verdict) {
 // re-encoding and batching, the token passes, and the slow rank is found
 // across two "hosts" whose clocks are a day apart.
 func TestThroughCollector(t *testing.T) {
-	bin := otelcolBin(t)
+	bin := filepath.Join(testutil.ToolsBin(t, "otelcol"), "otelcol")
 	det := detector.DefaultConfig()
 	det.Window, det.Lateness = time.Second, time.Second
 	sink := &factsSink{vs: make(chan detector.Verdict, 4096)}
@@ -87,7 +58,7 @@ func TestThroughCollector(t *testing.T) {
 		<-done
 	}()
 
-	colAddr := freeAddr(t)
+	colAddr := testutil.FreeAddr(t)
 	cfg := fmt.Sprintf(`receivers:
   otlp:
     protocols:
@@ -119,7 +90,7 @@ service:
 		t.Fatal(err)
 	}
 	col := exec.Command(bin, "--config", cfgPath)
-	out := &lockedBuffer{}
+	out := &testutil.LockedBuffer{}
 	col.Stdout, col.Stderr = out, out
 	col.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := col.Start(); err != nil {
@@ -138,7 +109,7 @@ service:
 	for h := range 2 {
 		offset := int64(h) * int64(24*time.Hour)
 		f, err := otel.NewForwarder(otel.ForwardConfig{Endpoint: colAddr, HostName: fmt.Sprint("host", h),
-			NowMono: func() int64 { return monoNow() + offset }})
+			NowMono: func() int64 { return testutil.MonoNow() + offset }})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -157,7 +128,7 @@ service:
 	for step := int64(0); !found && time.Now().Before(deadline); step++ {
 		time.Sleep(50 * time.Millisecond)
 		for h, f := range fwds {
-			end := monoNow() + int64(h)*int64(24*time.Hour)
+			end := testutil.MonoNow() + int64(h)*int64(24*time.Hour)
 			for i := range 2 {
 				r := 2*h + i
 				host := 10.0
@@ -197,7 +168,7 @@ service:
 // (The contrib loadbalancing exporter itself is not built here; see the
 // file's header.)
 func TestLoadBalancingConfigRoutesByJob(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join(repoRoot(t), "deploy", "otelcol-loadbalancing.yaml"))
+	b, err := os.ReadFile(filepath.Join(testutil.RepoRoot(t), "deploy", "otelcol-loadbalancing.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,6 @@ package multihost
 
 import (
 	"bufio"
-	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -22,17 +21,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/detector"
+	"github.com/slowrank/slowrank/test/testutil"
 )
 
 const (
@@ -44,32 +38,14 @@ const (
 	lateness     = 1500 * time.Millisecond
 )
 
-func repoRoot(t *testing.T) string {
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		t.Fatal("cannot locate the test source")
-	}
-	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
-}
-
-func monoNow() int64 {
-	var ts unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	return ts.Nano()
-}
-
 // requirements skips unless this machine can run the test.
 func requirements(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (network namespaces, uprobes)")
-	}
+	testutil.RequireRoot(t, "(network namespaces, uprobes)")
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Skip("needs iproute2's ip")
 	}
-	if err := bpf.CheckSupport(); err != nil {
-		t.Skipf("kernel lacks what the agent needs: %v", err)
-	}
+	testutil.RequireAgentSupport(t)
 	probe := "srmh-probe-" + randomID(t)
 	if out, err := exec.Command("ip", "netns", "add", probe).CombinedOutput(); err != nil {
 		t.Skipf("ip netns does not work here: %v: %s", err, out)
@@ -90,24 +66,6 @@ func run(t *testing.T, name string, args ...string) {
 	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
 		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
 	}
-}
-
-// build compiles slowrank and the fake trainer into a temporary directory.
-func build(t *testing.T) (slowrank, trainer string) {
-	t.Helper()
-	dir := t.TempDir()
-	root := repoRoot(t)
-	cmd := exec.Command("go", "build", "-o", filepath.Join(dir, "slowrank"), "./cmd/slowrank")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build slowrank: %v\n%s", err, out)
-	}
-	cmd = exec.Command("make", "-s", "-f", "test/fakelibs/fakelibs.mk", "fakelibs", "OUT_DIR="+dir)
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build fakes: %v\n%s", err, out)
-	}
-	return filepath.Join(dir, "slowrank"), filepath.Join(dir, "fakelibs", "faketrainer")
 }
 
 // netns is the test's network: ns(agg) holds one end of a veth pair per
@@ -147,71 +105,12 @@ func setupNetwork(t *testing.T) netns {
 	return n
 }
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	out  *lockedBuffer
-	done chan struct{}
-}
-
 // start runs argv inside namespace ns with extra environment; cleanup stops
 // it (SIGTERM, SIGKILL after 10 s) and shows its output when the test failed.
-func start(t *testing.T, name, ns string, env []string, argv ...string) *proc {
+// (ip netns exec execs the command: the pid is the command's.)
+func start(t *testing.T, name, ns string, env []string, argv ...string) *testutil.Proc {
 	t.Helper()
-	p := &proc{name: name, out: &lockedBuffer{}, done: make(chan struct{})}
-	p.cmd = exec.Command("ip", append([]string{"netns", "exec", ns}, argv...)...)
-	p.cmd.Env = append(os.Environ(), env...)
-	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	go func() { _ = p.cmd.Wait(); close(p.done) }()
-	t.Cleanup(func() {
-		p.stop()
-		if t.Failed() {
-			out := p.out.String()
-			if len(out) > 3000 {
-				out = "..." + out[len(out)-3000:]
-			}
-			t.Logf("--- %s ---\n%s", name, out)
-		}
-	})
-	return p
-}
-
-// stop signals the process we started (ip netns exec execs the command,
-// so the pid is the command's) and waits for it.
-func (p *proc) stop() {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
+	return testutil.StartProc(t, name, 10*time.Second, 3000, env, append([]string{"ip", "netns", "exec", ns}, argv...)...)
 }
 
 // verdicts reads the aggregator's verdict file (JSONL, written every 200 ms).
@@ -281,7 +180,8 @@ func only(m map[string]int, state string) bool { return len(m) == 1 && m[state] 
 func TestSlowRankAcrossHostsAndSilentHost(t *testing.T) {
 	requirements(t)
 	testStart := time.Now()
-	slowrank, trainer := build(t)
+	binDir := t.TempDir()
+	slowrank, trainer := testutil.BuildAgent(t, binDir), testutil.BuildFakes(t, binDir)
 	t.Logf("built in %v", time.Since(testStart).Round(time.Millisecond))
 	n := setupNetwork(t)
 	dir := t.TempDir()
@@ -291,7 +191,7 @@ func TestSlowRankAcrossHostsAndSilentHost(t *testing.T) {
 	agg := start(t, "aggregator", n.agg(), nil, slowrank, "aggregate", "--listen", "0.0.0.0:4317",
 		"--verdicts", vpath, "--facts", filepath.Join(dir, "facts.jsonl"), "--window", window.String(),
 		"--lateness", lateness.String(), "--emit-ok", "--otel", "off", "--stats-every", "5s")
-	var agents []*proc
+	var agents []*testutil.Proc
 	for i := range hosts {
 		agents = append(agents, start(t, fmt.Sprintf("agent host%d", i), n.host(i), nil, slowrank, "agent",
 			"--env-key", fmt.Sprintf("SRMH_%s_H%d", n.id, i), "--host-name", fmt.Sprintf("host%d", i),
@@ -299,7 +199,7 @@ func TestSlowRankAcrossHostsAndSilentHost(t *testing.T) {
 	}
 	waitUntil(t, "the agents to load their probes", 30*time.Second, func() bool {
 		for _, a := range agents {
-			if !strings.Contains(a.out.String(), "agent running") {
+			if !strings.Contains(a.Out.String(), "agent running") {
 				return false
 			}
 		}
@@ -336,10 +236,10 @@ func TestSlowRankAcrossHostsAndSilentHost(t *testing.T) {
 	t.Logf("straggler found %v into the test", time.Since(testStart).Round(time.Millisecond))
 
 	// 2. Cut host2's link: only its ranks become uncertain.
-	tCut := monoNow()
+	tCut := testutil.MonoNow()
 	run(t, "ip", "-n", n.agg(), "link", "set", n.aggLink(cutHost), "down")
 	time.Sleep(10 * time.Second)
-	tHeal := monoNow()
+	tHeal := testutil.MonoNow()
 	run(t, "ip", "-n", n.agg(), "link", "set", n.aggLink(cutHost), "up")
 	// Windows wholly inside the cut and settled before the heal.
 	var during map[int]map[string]int
@@ -371,24 +271,24 @@ func TestSlowRankAcrossHostsAndSilentHost(t *testing.T) {
 	waitUntil(t, "the cut host's ranks to be judged again", 25*time.Second, func() bool {
 		vs, _ := verdicts(t, vpath)
 		var nw int
-		after, nw = states(vs, tHeal+int64(window), monoNow())
+		after, nw = states(vs, tHeal+int64(window), testutil.MonoNow())
 		return nw >= 2 && only(after[4], detector.StateOK) && only(after[5], detector.StateOK)
 	})
 	if !only(after[slowRank], detector.StateStraggler) {
 		t.Errorf("rank 3 after the heal: %v", after[slowRank])
 	}
-	t.Logf("judged again %v after the heal", time.Duration(monoNow()-tHeal).Round(time.Millisecond))
+	t.Logf("judged again %v after the heal", time.Duration(testutil.MonoNow()-tHeal).Round(time.Millisecond))
 
 	// 4. Stop: agents first (they flush), then the aggregator (summary).
 	for _, a := range agents {
-		a.stop()
+		a.Stop()
 	}
-	agg.stop()
+	agg.Stop()
 	_, sums := verdicts(t, vpath)
 	if len(sums) != 1 || sums[0].Job != job || len(sums[0].Stragglers) != 1 || sums[0].Stragglers[0] != slowRank {
 		t.Errorf("summaries %+v, want job %s with straggler [3]", sums, job)
 	}
-	if !strings.Contains(agg.out.String(), "host silent") || !strings.Contains(agg.out.String(), "host reporting again") {
+	if !strings.Contains(agg.Out.String(), "host silent") || !strings.Contains(agg.Out.String(), "host reporting again") {
 		t.Errorf("the aggregator did not log the silence and the return of host2")
 	}
 	t.Logf("whole test %v", time.Since(testStart).Round(time.Millisecond))

@@ -21,6 +21,24 @@ const (
 	maxMemoryFlag = "160MiB"
 )
 
+// parallelWithTools is needTools for a test that runs in parallel, in the
+// directory it returns.
+func parallelWithTools(t *testing.T) (*tools, string) {
+	t.Helper()
+	tl := needTools(t)
+	t.Parallel()
+	return tl, t.TempDir()
+}
+
+// startBoundedAgent starts the agent with the memory bound (and env added
+// to its environment) and waits for its socket.
+func startBoundedAgent(t *testing.T, tl *tools, dir string, env []string, extra ...string) *agentProc {
+	t.Helper()
+	ag := startAgentWith(t, tl, dir, nil, env, append(extra, "--max-memory", maxMemoryFlag)...)
+	ag.waitSocket()
+	return ag
+}
+
 // checkSurvived fails the test unless the agent is still running and its
 // resident memory stayed within the bound.
 func checkSurvived(t *testing.T, ag *agentProc) {
@@ -77,8 +95,7 @@ func TestFaultOTLPEndpoint(t *testing.T) {
 			env := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
 				"OTEL_EXPORTER_OTLP_TIMEOUT=1000", "OTEL_METRIC_EXPORT_INTERVAL=500", "OTEL_BSP_SCHEDULE_DELAY=200"}
 			facts := filepath.Join(dir, "facts.jsonl")
-			ag := startAgentWith(t, tl, dir, nil, env, "--otel", "on", "--sample-every", "1", "--facts", facts, "--max-memory", maxMemoryFlag)
-			ag.waitStatus("socket", 10*time.Second, func(statusReport) bool { return true })
+			ag := startBoundedAgent(t, tl, dir, env, "--otel", "on", "--sample-every", "1", "--facts", facts)
 			tr := startTrainer(t, tl, dir, nil, nil, "--ranks", "2", "--duration", "7", "--step-ms", "5", "--gpu-ms", "5", "--sleep-before-start", "1000")
 			st := ag.waitStatus("failed exports counted", 30*time.Second, func(st statusReport) bool {
 				return st.Facts > 100 && exportFailures(st.Counters) > 0
@@ -110,9 +127,7 @@ func exportFailures(c map[string]int64) int64 {
 // agent keeps running, the files stay valid JSONL (whole lines only), and
 // the lines that could not be written are counted.
 func TestFaultJSONLDiskFull(t *testing.T) {
-	tl := needTools(t)
-	t.Parallel()
-	dir := t.TempDir()
+	tl, dir := parallelWithTools(t)
 	full := filepath.Join(dir, "full")
 	os.Mkdir(full, 0o755)
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "slowrank-test", full).CombinedOutput(); err != nil {
@@ -120,8 +135,7 @@ func TestFaultJSONLDiskFull(t *testing.T) {
 	}
 	t.Cleanup(func() { exec.Command("umount", "-l", full).Run() })
 	facts, verdicts := filepath.Join(full, "facts.jsonl"), filepath.Join(full, "verdicts.jsonl")
-	ag := startAgent(t, tl, dir, "--facts", facts, "--verdicts", verdicts, "--emit-ok", "--max-memory", maxMemoryFlag)
-	ag.waitStatus("socket", 10*time.Second, func(statusReport) bool { return true })
+	ag := startBoundedAgent(t, tl, dir, nil, "--facts", facts, "--verdicts", verdicts, "--emit-ok")
 	tr := startTrainer(t, tl, dir, nil, nil, "--ranks", "4", "--duration", "5", "--step-ms", "3", "--gpu-ms", "4", "--sleep-before-start", "1000")
 	st := ag.waitStatus("a failing facts file", 30*time.Second, func(st statusReport) bool {
 		return st.Counters["jsonl_facts_write_failing"] == 1
@@ -145,12 +159,9 @@ func TestFaultJSONLDiskFull(t *testing.T) {
 // with new processes: the agent counts the exits, the correlator emits a new
 // topology version for the job, and the new processes' steps are judged.
 func TestFaultElasticRestart(t *testing.T) {
-	tl := needTools(t)
-	t.Parallel()
-	dir := t.TempDir()
+	tl, dir := parallelWithTools(t)
 	facts := filepath.Join(dir, "facts.jsonl")
-	ag := startAgent(t, tl, dir, "--facts", facts, "--max-memory", maxMemoryFlag)
-	ag.waitStatus("socket", 10*time.Second, func(statusReport) bool { return true })
+	ag := startBoundedAgent(t, tl, dir, nil, "--facts", facts)
 	job := fmt.Sprintf("elastic-%d", os.Getpid())
 	env := []string{"SLOWRANK_FAKE_JOB=" + job}
 	args := []string{"--ranks", "4", "--step-ms", "5", "--gpu-ms", "5", "--sleep-before-start", "1000"}
@@ -201,11 +212,8 @@ func TestFaultElasticRestart(t *testing.T) {
 // plus ringbuf_lost equals the calls made, and the loss shows in the
 // status and the metrics.
 func TestFaultRingBufferOverflow(t *testing.T) {
-	tl := needTools(t)
-	t.Parallel()
-	dir := t.TempDir()
-	ag := startAgent(t, tl, dir, "--ringbuf-size", "4096", "--max-memory", maxMemoryFlag)
-	ag.waitStatus("socket", 10*time.Second, func(statusReport) bool { return true })
+	tl, dir := parallelWithTools(t)
+	ag := startBoundedAgent(t, tl, dir, nil, "--ringbuf-size", "4096")
 	const calls = 300000
 	// The burst starts 7 s after the process: the agent must have attached
 	// by then (attaching takes seconds while other agents tear down).
@@ -240,12 +248,9 @@ func TestFaultRingBufferOverflow(t *testing.T) {
 
 // TestFaultThousandThreads watches ranks with 1,000 threads each.
 func TestFaultThousandThreads(t *testing.T) {
-	tl := needTools(t)
-	t.Parallel()
-	dir := t.TempDir()
+	tl, dir := parallelWithTools(t)
 	facts := filepath.Join(dir, "facts.jsonl")
-	ag := startAgent(t, tl, dir, "--facts", facts, "--max-memory", maxMemoryFlag)
-	ag.waitStatus("socket", 10*time.Second, func(statusReport) bool { return true })
+	ag := startBoundedAgent(t, tl, dir, nil, "--facts", facts)
 	tr := startTrainer(t, tl, dir, nil, nil, "--ranks", "2", "--threads", "1000", "--steps", "300", "--step-ms", "5", "--gpu-ms", "5", "--sleep-before-start", "7000")
 	ag.waitStatus("libraries attached before the first step", 7*time.Second, func(st statusReport) bool { return st.Attached >= 3 })
 	tr.wait(t, 60*time.Second)
@@ -273,9 +278,7 @@ func TestFaultThousandThreads(t *testing.T) {
 // an agent started afterwards finds the mapping "(deleted)" and attaches
 // through /proc/PID/map_files.
 func TestFaultLibraryReplacedOnDisk(t *testing.T) {
-	tl := needTools(t)
-	t.Parallel()
-	dir := t.TempDir()
+	tl, dir := parallelWithTools(t)
 	libs := filepath.Join(dir, "libs")
 	os.Mkdir(libs, 0o755)
 	nccl := filepath.Join(libs, "libnccl.so.2")
@@ -283,8 +286,7 @@ func TestFaultLibraryReplacedOnDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	f1 := filepath.Join(dir, "facts1.jsonl")
-	a1 := startAgent(t, tl, dir, "--facts", f1, "--max-memory", maxMemoryFlag)
-	a1.waitStatus("socket", 10*time.Second, func(statusReport) bool { return true })
+	a1 := startBoundedAgent(t, tl, dir, nil, "--facts", f1)
 	// Long enough for both agents; killed at the end.
 	startTrainer(t, tl, dir, nil, []string{"LD_LIBRARY_PATH=" + libs}, "--ranks", "2", "--duration", "60", "--step-ms", "5", "--gpu-ms", "5", "--sleep-before-start", "1000")
 	a1.waitStatus("steps", 20*time.Second, func(st statusReport) bool { return st.Facts >= 2*50 })
@@ -319,13 +321,11 @@ func TestFaultLibraryReplacedOnDisk(t *testing.T) {
 // symbolic link planted at an output path is refused (exit 2, the target
 // untouched).
 func TestOutputFiles(t *testing.T) {
-	tl := needTools(t)
-	t.Parallel()
-	dir := t.TempDir()
+	tl, dir := parallelWithTools(t)
 	umask0 := []string{"sh", "-c", `umask 000; exec "$0" "$@"`}
 	facts := filepath.Join(dir, "facts.jsonl")
 	ag := startAgentWith(t, tl, dir, umask0, nil, "--facts", facts, "--verdicts", filepath.Join(dir, "verdicts.jsonl"))
-	ag.waitStatus("socket", 10*time.Second, func(statusReport) bool { return true })
+	ag.waitSocket()
 	ag.stop()
 	for _, p := range []string{facts, filepath.Join(dir, "verdicts.jsonl")} {
 		fi, err := os.Stat(p)

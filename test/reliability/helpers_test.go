@@ -1,7 +1,6 @@
 package reliability
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -21,21 +20,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slowrank/slowrank/bpf"
+	"github.com/slowrank/slowrank/test/testutil"
 )
 
 // repoRoot is the repository root (tests run in test/reliability).
 var repoRoot, _ = filepath.Abs("../..")
-
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to run the agent")
-	}
-	if err := bpf.CheckSupport(); err != nil {
-		t.Skipf("kernel lacks what the agent needs: %v", err)
-	}
-}
 
 func TestMain(m *testing.M) {
 	if os.Geteuid() == 0 {
@@ -148,7 +137,7 @@ var buildTools = sync.OnceValues(func() (*tools, error) {
 
 func needTools(t *testing.T) *tools {
 	t.Helper()
-	requireRoot(t)
+	testutil.RequireAgent(t, "to run the agent")
 	buildStarted.Store(true)
 	tl, err := buildTools()
 	if err != nil {
@@ -304,13 +293,19 @@ type statusReport struct {
 	Counters  map[string]int64 `json:"counters"`
 }
 
-// status asks the agent's Unix socket for its status.
-func (p *agentProc) status() (statusReport, error) {
-	var st statusReport
-	c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+// client is an HTTP client of the agent's Unix socket; the caller closes
+// its idle connections.
+func (p *agentProc) client() *http.Client {
+	return &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, "unix", p.sock)
 		}}}
+}
+
+// status asks the agent's Unix socket for its status.
+func (p *agentProc) status() (statusReport, error) {
+	var st statusReport
+	c := p.client()
 	defer c.CloseIdleConnections()
 	resp, err := c.Get("http://agent/status")
 	if err != nil {
@@ -325,10 +320,7 @@ func (p *agentProc) status() (statusReport, error) {
 
 // metrics returns GET /metrics.
 func (p *agentProc) metrics() (string, error) {
-	c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", p.sock)
-		}}}
+	c := p.client()
 	defer c.CloseIdleConnections()
 	resp, err := c.Get("http://agent/metrics")
 	if err != nil {
@@ -363,6 +355,12 @@ func (p *agentProc) waitStatus(what string, timeout time.Duration, ok func(statu
 	}
 	p.t.Fatalf("agent: no %s within %v (last status %+v, err %v)", what, timeout, last, lastErr)
 	return last
+}
+
+// waitSocket waits (10 s at most) until the agent answers on its socket.
+func (p *agentProc) waitSocket() {
+	p.t.Helper()
+	p.waitStatus("socket", 10*time.Second, func(statusReport) bool { return true })
 }
 
 // stop sends SIGTERM, waits and returns the counters the agent logs last.
@@ -485,40 +483,12 @@ func (tr *trainer) wait(t *testing.T, timeout time.Duration) {
 	}
 }
 
-type truthStep struct {
-	Kind    string  `json:"kind"`
-	Rank    int     `json:"rank"`
-	PID     int     `json:"pid"`
-	Step    int64   `json:"step"`
-	StartNS int64   `json:"start_ns"`
-	EndNS   int64   `json:"end_ns"`
-	StepMS  float64 `json:"step_ms"`
-	Steps   int     `json:"steps"`
-	Exit    *int    `json:"exit"`
-}
-
-// readTruth returns the steps and the done records of a truth file.
-func readTruth(t *testing.T, path string) (steps, done []truthStep) {
+// readTruth returns the steps (sorted by end) and the done records of a
+// truth file.
+func readTruth(t *testing.T, path string) (steps, done []testutil.TruthRecord) {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		var s truthStep
-		if err := json.Unmarshal(sc.Bytes(), &s); err != nil {
-			t.Fatalf("truth line %q: %v", sc.Text(), err)
-		}
-		switch s.Kind {
-		case "step":
-			steps = append(steps, s)
-		case "done":
-			done = append(done, s)
-		}
-	}
+	recs := testutil.ReadTruth(t, path)
+	steps, done = recs["step"], recs["done"]
 	sort.Slice(steps, func(i, j int) bool { return steps[i].EndNS < steps[j].EndNS })
 	return steps, done
 }

@@ -108,7 +108,7 @@ func TestCapabilitiesDropped(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	ag := startAgent(t, tl, dir)
-	ag.waitStatus("socket", 10*time.Second, func(statusReport) bool { return true })
+	ag.waitSocket()
 	eff, prm, bnd := procCaps(t, ag.pid())
 	for i := range eff {
 		if eff[i] != keptCaps || prm[i] != keptCaps || bnd[i] != keptCaps {
@@ -140,9 +140,9 @@ func TestCapabilitiesMinimalSetWorks(t *testing.T) {
 	os.Chmod(truthDir, 0o777)
 	facts := filepath.Join(dir, "facts.jsonl")
 	ag := startAgentWith(t, tl, dir, setprivCaps(keptCaps), nil, "--facts", facts)
-	ag.waitStatus("socket", 10*time.Second, func(statusReport) bool { return true })
+	ag.waitSocket()
 	nobody := []string{"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"}
-	tr := startTrainer(t, tl, truthDir, nobody, nil, "--ranks", "2", "--steps", "200", "--step-ms", "5", "--gpu-ms", "5", "--sleep-before-start", "4000")
+	tr := startTrainer(t, tl, truthDir, nobody, nil, "--ranks", "2", "--steps", "600", "--step-ms", "5", "--gpu-ms", "5", "--sleep-before-start", "4000")
 	st := ag.waitStatus("steps of the other user's ranks", 30*time.Second, func(st statusReport) bool { return st.Facts >= 2*100 })
 	tr.wait(t, 60*time.Second)
 	eff, _, _ := procCaps(t, ag.pid())

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/slowrank/slowrank/test/testutil"
 )
 
 // The training run of the kill tests: 4 ranks, 280 steps of about 17 ms.
@@ -63,7 +65,7 @@ func TestSIGKILLDoesNotHurtTraining(t *testing.T) {
 	a1 := runA()
 
 	ag := startAgent(t, tl, dir, "--facts", filepath.Join(dir, "facts.jsonl"))
-	ag.waitStatus("socket", 10*time.Second, func(statusReport) bool { return true })
+	ag.waitSocket()
 	b := startTrainer(t, tl, dir, nil, nil, killRunArgs...)
 	ag.waitStatus("steps of all 4 ranks", 30*time.Second, func(st statusReport) bool { return st.Facts >= 4*40 })
 	// Kill in the middle of the run.
@@ -111,7 +113,7 @@ func TestRestartReattachesWithNewEpoch(t *testing.T) {
 	dir := t.TempDir()
 	f1, f2 := filepath.Join(dir, "facts1.jsonl"), filepath.Join(dir, "facts2.jsonl")
 	a1 := startAgent(t, tl, dir, "--facts", f1)
-	a1.waitStatus("socket", 10*time.Second, func(statusReport) bool { return true })
+	a1.waitSocket()
 	tr := startTrainer(t, tl, dir, nil, nil, "--ranks", "4", "--duration", "8", "--step-ms", "6", "--gpu-ms", "8", "--sleep-before-start", "1000")
 	a1.waitStatus("steps of all 4 ranks", 30*time.Second, func(st statusReport) bool { return st.Facts >= 4*30 })
 	time.Sleep(300 * time.Millisecond) // the JSONL writer flushes every 200 ms
@@ -171,7 +173,7 @@ func TestRestartReattachesWithNewEpoch(t *testing.T) {
 			}
 		}
 		if byRank := truthOf(truth, f.Rank); len(byRank) > 0 {
-			if _, ok := nearestStep(byRank, f.EndNS); ok {
+			if _, ok := testutil.NearestStep(byRank, f.EndNS); ok {
 				matched++
 			}
 		}
@@ -197,8 +199,8 @@ func TestRestartReattachesWithNewEpoch(t *testing.T) {
 		e1[0], e2[0], st.Processes, st.Facts, restartedIn.Round(time.Millisecond), len(facts1), len(facts2), ranks2, matched, overlaps)
 }
 
-func truthOf(ts []truthStep, rank int) []truthStep {
-	var out []truthStep
+func truthOf(ts []testutil.TruthRecord, rank int) []testutil.TruthRecord {
+	var out []testutil.TruthRecord
 	for _, s := range ts {
 		if s.Rank == rank {
 			out = append(out, s)
@@ -218,23 +220,6 @@ func epochs(fs []fact) []int {
 	}
 	sort.Ints(out)
 	return out
-}
-
-func nearestStep(ts []truthStep, end int64) (truthStep, bool) {
-	i := sort.Search(len(ts), func(i int) bool { return ts[i].EndNS >= end })
-	best, bestD := truthStep{}, int64(1<<62)
-	for _, j := range []int{i - 1, i} {
-		if j >= 0 && j < len(ts) {
-			d := ts[j].EndNS - end
-			if d < 0 {
-				d = -d
-			}
-			if d < bestD {
-				best, bestD = ts[j], d
-			}
-		}
-	}
-	return best, bestD < int64(time.Millisecond)
 }
 
 // injecteeLine is one report of the injectee.
@@ -284,7 +269,7 @@ func TestInjectionLibraryWhenAgentDies(t *testing.T) {
 	}
 	dir := t.TempDir()
 	ag := startAgent(t, tl, dir, "--max-memory", "256MiB")
-	ag.waitStatus("socket", 10*time.Second, func(statusReport) bool { return true })
+	ag.waitSocket()
 	const runMS = 30000
 	inj := startInjectee(t, tl, runMS, "hostile")
 	st := ag.waitStatus("the injection library attached and hostile batches", 10*time.Second, func(st statusReport) bool {

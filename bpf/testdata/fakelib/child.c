@@ -15,6 +15,7 @@
 void *fake_torch_new_pg(void);
 void fake_torch_allreduce(void *pg);
 void *fake_torch_work(void *pg);
+void *fake_torch_future(void *pg);
 
 static long now_ns(void)
 {
@@ -90,7 +91,8 @@ static void run(void)
 	void *pg = fake_torch_new_pg();
 	for (int i = 0; i < 3; i++)
 		fake_torch_allreduce(pg);
-	printf("pg %lx %lx\n", (unsigned long)pg, (unsigned long)fake_torch_work(pg));
+	printf("pg %lx %lx %lx\n", (unsigned long)pg, (unsigned long)fake_torch_work(pg),
+	       (unsigned long)fake_torch_future(pg));
 
 	for (unsigned i = 0; i < sizeof(batch_lens) / sizeof(batch_lens[0]); i++)
 		fake_cupti_flush(i + 1, batch_lens[i]);

@@ -1,9 +1,21 @@
 // Fake libtorch_cpu.so: c10d methods with torch's shapes. Collectives return
 // a class with a non-trivial destructor (like c10::intrusive_ptr<Work>), so
 // the return slot pointer is in rdi and `this` in rsi; Work::wait returns
-// bool, so `this` is in rdi.
+// bool and c10::ivalue::Future::wait() void, so `this` is in rdi.
 #include <chrono>
 #include <vector>
+
+namespace c10 {
+namespace ivalue {
+
+// What DDP's reducer waits on (bucket.future_work->wait()).
+struct Future {
+	void wait();
+	int waits = 0;
+};
+
+} // namespace ivalue
+} // namespace c10
 
 namespace c10d {
 
@@ -28,6 +40,7 @@ public:
 	WorkPtr barrier(const BarrierOptions &opts);
 	long calls = 0;
 	Work work;
+	c10::ivalue::Future future;
 };
 
 } // namespace c10d
@@ -56,6 +69,8 @@ __attribute__((noinline)) WorkPtr ProcessGroupGloo::barrier(const BarrierOptions
 
 } // namespace c10d
 
+__attribute__((noinline)) void c10::ivalue::Future::wait() { waits++; }
+
 extern "C" void *fake_torch_new_pg() { return new c10d::ProcessGroupGloo(); }
 
 extern "C" void fake_torch_allreduce(void *pg)
@@ -64,6 +79,9 @@ extern "C" void fake_torch_allreduce(void *pg)
 	c10d::AllreduceOptions o{1};
 	c10d::WorkPtr w = static_cast<c10d::ProcessGroupGloo *>(pg)->allreduce(t, o);
 	w.p->wait(std::chrono::milliseconds(5));
+	static_cast<c10d::ProcessGroupGloo *>(pg)->future.wait();
 }
 
 extern "C" void *fake_torch_work(void *pg) { return &static_cast<c10d::ProcessGroupGloo *>(pg)->work; }
+
+extern "C" void *fake_torch_future(void *pg) { return &static_cast<c10d::ProcessGroupGloo *>(pg)->future; }
