@@ -14,9 +14,10 @@ const (
 	// HostSyncWait is a host thread blocked in a device synchronisation
 	// (cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize).
 	HostSyncWait
-	// HostCollWait is a host thread blocked inside a blocking collective
-	// (torch c10d with gloo, Work::wait). With Op set it is also a
-	// collective of the step detector and the arrival order.
+	// HostCollWait is a host thread blocked waiting for a collective
+	// (torch c10d with gloo: Work::wait, or the c10::ivalue::Future::wait
+	// of DDP's reducer). With Op set it is also a collective of the step
+	// detector and the arrival order.
 	HostCollWait
 	// HostGroupStart and HostGroupEnd are ncclGroupStart/ncclGroupEnd.
 	// They are counted and otherwise ignored.
