@@ -10,8 +10,6 @@ import (
 // definitions thus precede their uses). Header.Count, Header.Len and
 // Header.Version are computed; Skipped is ignored.
 func EncodeBatch(b *Batch) ([]byte, error) {
-	size := hdrSize + len(b.Kernels)*kernelSize + len(b.Copies)*copySize +
-		len(b.Transitions)*transitionSize + len(b.Stats)*(statsSize+8*int(NumStats))
 	for _, n := range b.Names {
 		if len(n.Name) > NameMax {
 			return nil, fmt.Errorf("encode name %d: %d bytes > %d", n.ID, len(n.Name), NameMax)
@@ -19,8 +17,8 @@ func EncodeBatch(b *Batch) ([]byte, error) {
 		if n.ID == 0 {
 			return nil, fmt.Errorf("encode name %q: id 0", n.Name)
 		}
-		size += roundUp(nameSize + len(n.Name))
 	}
+	size := encodedSize(b)
 	if size > BatchMax {
 		return nil, fmt.Errorf("encode batch: %d bytes > %d", size, BatchMax)
 	}
@@ -125,3 +123,15 @@ func EncodeBatch(b *Batch) ([]byte, error) {
 }
 
 func roundUp(n int) int { return (n + RecordAlign - 1) &^ (RecordAlign - 1) }
+
+// encodedSize is the size of b in the canonical layout EncodeBatch writes
+// (every stats record with all NumStats counters). A batch decoded from a
+// library that wrote shorter records can exceed BatchMax in it.
+func encodedSize(b *Batch) int {
+	size := hdrSize + len(b.Kernels)*kernelSize + len(b.Copies)*copySize +
+		len(b.Transitions)*transitionSize + len(b.Stats)*(statsSize+8*int(NumStats))
+	for _, n := range b.Names {
+		size += roundUp(nameSize + len(n.Name))
+	}
+	return size
+}
