@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/urfave/cli/v2"
 	"gopkg.in/yaml.v3"
@@ -84,7 +85,11 @@ func (e *configError) Error() string {
 		fmt.Fprintf(&b, "line %d: ", e.line)
 	}
 	if e.key != "" {
-		fmt.Fprintf(&b, "%s: ", e.key)
+		key := e.key
+		if strings.IndexFunc(key, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+			key = strconv.Quote(key) // keep the error on one line
+		}
+		fmt.Fprintf(&b, "%s: ", key)
 	}
 	b.WriteString(e.msg)
 	return b.String()
