@@ -98,6 +98,10 @@ type Agent struct {
 	ctl     chan func()
 	att     *attacher
 	started time.Time
+	// startTicks is the agent's start in clock ticks after boot (as
+	// ProcessKey.StartTime), 0 when unknown: processes older than the
+	// agent may have begun their collective sequence unseen (midRun).
+	startTicks uint64
 
 	// gpu samples NVML for verdict evidence; nil without NVML.
 	gpu *gpuEvidence
@@ -171,13 +175,14 @@ func New(cfg Config) (*Agent, error) {
 	}
 	a := &Agent{
 		cfg: cfg, log: log, probes: probes, reader: reader, watcher: w, duty: duty,
-		pipe:     newPipeline(log, correlate.New(cfg.Correlate), det, duty, cfg.Sinks),
-		conv:     newConverter(c),
-		counters: c,
-		in:       make(chan []input, cfg.InputQueue), // bounded in records by queued
-		batches:  newBatchPool(),
-		ctl:      make(chan func()),
-		started:  time.Now(),
+		pipe:       newPipeline(log, correlate.New(cfg.Correlate), det, duty, cfg.Sinks),
+		conv:       newConverter(c),
+		counters:   c,
+		in:         make(chan []input, cfg.InputQueue), // bounded in records by queued
+		batches:    newBatchPool(),
+		ctl:        make(chan func()),
+		started:    time.Now(),
+		startTicks: selfStartTicks(),
 	}
 	a.pipe.counters = c
 	a.att = newAttacher(a)

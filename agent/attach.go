@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/procfs"
+
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/correlate"
 	"github.com/slowrank/slowrank/cupti"
@@ -124,6 +126,7 @@ func (t *attacher) added(p Process) {
 	t.a.pipe.handle(correlate.RankInfo{
 		PID: uint32(p.PID), Rank: rank, LocalRank: localRank, WorldSize: world,
 		Host: t.a.cfg.HostName, Job: job, Epoch: t.a.cfg.Epoch,
+		MidRun: t.a.midRun(p.StartTime),
 	})
 	if t.a.control.paused {
 		// Collection is paused: tracked on resume (control.go).
@@ -413,4 +416,30 @@ func bpfKind(k LibraryKind) (bpf.LibKind, bool) {
 		return bpf.LibCUPTI, true
 	}
 	return 0, false
+}
+
+// userHZ is the unit of the start times in /proc/PID/stat (USER_HZ, fixed
+// at 100 by the kernel's ABI).
+const userHZ = 100
+
+// midRun tells whether a process that started at startTicks ran for more
+// than two seconds before the agent: long enough to have created its NCCL
+// communicators unseen (importing torch alone takes longer), as after an
+// agent restart during training.
+func (a *Agent) midRun(startTicks uint64) bool {
+	return a.startTicks > 0 && startTicks+2*userHZ < a.startTicks
+}
+
+// selfStartTicks is the agent's own start time in clock ticks after boot,
+// 0 when /proc does not say.
+func selfStartTicks() uint64 {
+	self, err := procfs.Self()
+	if err != nil {
+		return 0
+	}
+	st, err := self.Stat()
+	if err != nil {
+		return 0
+	}
+	return st.Starttime
 }

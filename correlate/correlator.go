@@ -90,7 +90,13 @@ type proc struct {
 	clockIdle   int  // boundaries of other locked comms while the clock is unlocked
 	switched    bool // the clock changed and no step has been closed since
 	idxOffset   int64
-	markerMode  bool
+	// align: the clock's communicator was created before the agent saw
+	// it (attached mid-run), so its call count is not absolute; the first
+	// step under it takes its index from a peer's step that ends at the
+	// same time (alignToPeers).
+	align      bool
+	ends       [endsN]stepEnd // latest closed steps, by index % endsN
+	markerMode bool
 
 	sawSync, sawCollWait bool
 	everColl             bool   // a collective was seen: the synchronisation fallback is off
@@ -123,6 +129,11 @@ type proc struct {
 }
 
 const recentN = 64
+
+// endsN is how many closed steps a process remembers for alignToPeers.
+const endsN = 4
+
+type stepEnd struct{ idx, end int64 }
 
 // syncFallbackMin is how many synchronisations a process without any
 // collective must make before they become its step clock.
@@ -304,6 +315,7 @@ func (c *Correlator) collective(p *proc, h *HostCall, late bool) {
 	}
 	if pc.det == nil {
 		pc.det = newSeqDet(c.par, false)
+		pc.det.midRun = p.info.MidRun && pc.grp == nil // created before the agent looked
 	}
 	pc.det.push(pc.det.intern(sigKey{op: h.Op, count: h.Count, dtype: h.Datatype}), h.EndNS)
 	c.onEvents(p, pc)

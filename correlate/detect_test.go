@@ -331,3 +331,63 @@ func TestNoSync(t *testing.T) {
 		}
 	}
 }
+
+// TestMidRunAttachAligned: an agent (re)started during training sees
+// neither the communicators' creation nor the start of the sequence, and
+// each rank's records begin at another call of the iteration. Counted from
+// there, ranks could number one iteration apart; the first step of each is
+// aligned to a peer's step ending at the same time, so that step k is the
+// same iteration on every rank.
+func TestMidRunAttachAligned(t *testing.T) {
+	cycles := []string{"AAB S", "ACA S B S", "AAAAAAAAB S", "CCCC S"}
+	misaligned := 0
+	for trial := range 40 {
+		rng := rand.New(rand.NewPCG(uint64(trial), 11))
+		cyc := cycles[rng.IntN(len(cycles))]
+		iters := repeat(cyc, 30)
+		const n = 4
+		pids := []uint32{pid(0), pid(1), pid(2), pid(3)}
+		var all batch
+		ends := simulate(&all, pids, 0, iters, 0, 10*ms, func(r, i int) int64 { return -int64(rng.IntN(400)) * us })
+		// Rank r's first record is its skip[r]-th call (within the first two iterations).
+		perIter := len(strings.ReplaceAll(cyc, " ", ""))
+		skip := make(map[uint32]int)
+		for _, p := range pids {
+			skip[p] = rng.IntN(2 * perIter)
+		}
+		seen := make(map[uint32]int)
+		var b batch
+		for _, h := range all.host {
+			seen[h.PID]++
+			if seen[h.PID] > skip[h.PID] {
+				h.Comm = uint64(0xc0 + h.PID - 100)
+				b.host = append(b.host, h)
+			}
+		}
+		c := New(Config{})
+		for r := range n {
+			c.SetRank(RankInfo{PID: pid(r), Rank: r, LocalRank: r, WorldSize: n, Host: "h0", Job: "j1", MidRun: true})
+		}
+		b.feed(c)
+		steps, _ := c.Flush()
+		m := byRank(steps)
+		ref := map[int64]int{}
+		for r := range n {
+			for _, s := range m[r] {
+				it := iterOf(ends, s)
+				if want, ok := ref[s.Step]; ok && want != it {
+					misaligned++
+					t.Errorf("trial %d (%q, skips %v): rank %d step %d is iteration %d, another rank's is %d", trial, cyc, skip, r, s.Step, it, want)
+					break
+				}
+				ref[s.Step] = it
+			}
+			if len(m[r]) < 20 {
+				t.Fatalf("trial %d: rank %d has %d steps", trial, r, len(m[r]))
+			}
+		}
+	}
+	if misaligned > 0 {
+		t.Fatalf("%d ranks numbered apart", misaligned)
+	}
+}

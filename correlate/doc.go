@@ -55,6 +55,14 @@
 // themselves are the sequence; a process that reports HostMarker calls is
 // cut at markers only (HostCall.Count > 0 is the step index).
 //
+// A process that ran before the agent attached (RankInfo.MidRun) was
+// seen from the middle of its sequence, and communicators whose creation
+// was not seen have no absolute call count: their cycle is rotated to start
+// right after a synchronisation (as seen from the start), and the first
+// step under such a clock takes the index of a peer's step of the same job
+// that ends within a quarter of a step of it, so that an agent restarted
+// during training still numbers the same iteration alike on every rank.
+//
 // Collectives without sizes (HostCall.Count == 0: the torch c10d probes of
 // a gloo job) make a degenerate token sequence, every bucket all-reduce
 // alike. Such a communicator's steps come from call timing instead (see

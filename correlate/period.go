@@ -1,6 +1,9 @@
 package correlate
 
-import "math"
+import (
+	"cmp"
+	"math"
+)
 
 // Step detection on one communicator's call sequence.
 //
@@ -123,6 +126,7 @@ type seqDet struct {
 	detState
 	par      detParams
 	syncOnly bool // every token is a synchronisation (fallback clock)
+	midRun   bool // the sequence is seen from the middle (midRunStart)
 
 	sigs map[sigKey]int32
 	keys []sigKey // keys[id-1] is the key of token id
@@ -431,6 +435,11 @@ func (d *seqDet) search(n, best int64, bestRun int32) {
 		if n-j+1 < p {
 			return
 		}
+		if d.midRun {
+			if j = d.midRunStart(j, p, n); n-j+1 < p {
+				return
+			}
+		}
 		hasS := false
 		for i := j; i < j+p; i++ {
 			if d.at(i) == tokS {
@@ -457,6 +466,57 @@ func (d *seqDet) search(n, best int64, bestRun int32) {
 		}
 	}
 	d.lockAt(cyc, j, n, !confirmed)
+}
+
+// midRunStart rotates a cycle found in a sequence seen from the middle of
+// an iteration (the agent attached mid-run): the periodic region then
+// starts wherever the first recorded call fell, and every rank would cut
+// its steps elsewhere. The cycle starts instead right after one of its
+// synchronisations, so that a step ends with one, as it does when the
+// sequence is seen from the start; with several, after the one whose
+// rotation has the smallest signatures, a choice every rank makes alike
+// (token ids differ between ranks, signatures do not). j is the first token
+// of the periodic region, p the period.
+func (d *seqDet) midRunStart(j, p, n int64) int64 {
+	best := int64(-1)
+	// Candidates r whose preceding S lies in the region, so that every
+	// rank weighs the same p rotations wherever its recording began.
+	for r := j + 1; r <= min(j+p, n); r++ {
+		if d.at(r-1) != tokS || d.at(r) == tokS {
+			continue
+		}
+		if best < 0 || d.lessRotation(r, best, p) {
+			best = r
+		}
+	}
+	if best < 0 {
+		return j // no synchronisation in the cycle: keep the first collective
+	}
+	return best
+}
+
+// lessRotation orders the rotations starting at tokens a and b by their
+// signatures, token by token (S sorts first).
+func (d *seqDet) lessRotation(a, b, p int64) bool {
+	for i := range p {
+		ka, kb := d.keyAt(a+i), d.keyAt(b+i)
+		if c := compareKeys(ka, kb); c != 0 {
+			return c < 0
+		}
+	}
+	return false
+}
+
+// keyAt is the signature of token i (zero for S).
+func (d *seqDet) keyAt(i int64) sigKey {
+	if id := d.at(i); id != tokS && int(id) <= len(d.keys) {
+		return d.keys[id-1]
+	}
+	return sigKey{}
+}
+
+func compareKeys(a, b sigKey) int {
+	return cmp.Or(cmp.Compare(a.op, b.op), cmp.Compare(a.count, b.count), cmp.Compare(a.dtype, b.dtype), cmp.Compare(a.stream, b.stream))
 }
 
 func (d *seqDet) noSyncAllowed(n int64) bool {

@@ -141,7 +141,39 @@ func (c *Correlator) takeClock(p *proc, pc *procComm, evs []detEvent) bool {
 	p.clockIdle = 0
 	p.switched = true
 	p.haveOpen = false
+	p.align = p.info.MidRun && pc.grp == nil && !pc.sync
 	return true
+}
+
+// alignToPeers returns the index of a step of another process of the same
+// job that ends within a quarter of the step's duration of end. Used once
+// per clock of a process attached mid-run: counted from the agent's first
+// call, its indices start wherever that call fell in the iteration, while
+// ranks coupled by their collectives end the same iteration together. The
+// closest end wins, ties to the lowest pid, so that the result does not
+// depend on map order. ok is false without a match.
+func (c *Correlator) alignToPeers(p *proc, end, dur int64) (idx int64, ok bool) {
+	tol := dur / 4
+	best, bestPID := int64(-1), uint32(0)
+	for _, q := range c.procs {
+		if q == p || !q.hasInfo || q.info.Job != p.info.Job || q.clock == nil {
+			continue
+		}
+		for _, e := range q.ends {
+			if e.end == 0 {
+				continue
+			}
+			d := e.end - end
+			if d < 0 {
+				d = -d
+			}
+			if d > tol || (best >= 0 && (d > best || d == best && q.pid > bestPID)) {
+				continue
+			}
+			best, bestPID, idx, ok = d, q.pid, e.idx, true
+		}
+	}
+	return idx, ok
 }
 
 func (c *Correlator) apply(p *proc, evs []detEvent) {
@@ -153,6 +185,13 @@ func (c *Correlator) apply(p *proc, evs []detEvent) {
 			p.clockIdle = 0
 			if p.haveOpen && e.t > p.openStart {
 				idx := e.idx + p.idxOffset
+				if p.align && p.hasInfo {
+					if peer, ok := c.alignToPeers(p, e.t, e.t-p.openStart); ok && peer > p.lastIdx {
+						p.idxOffset += peer - idx
+						idx = peer
+					}
+					p.align = false
+				}
 				if idx <= p.lastIdx && p.switched {
 					p.idxOffset += p.lastIdx + 1 - idx
 					idx = p.lastIdx + 1
@@ -192,6 +231,7 @@ func (c *Correlator) closeStep(p *proc, start, end, idx int64, gen uint32, tenta
 	s.serial, s.serialJob = c.job(p.info.Job).serial, p.info.Job
 	p.pending = append(p.pending, s)
 	p.lastIdx, p.lastEnd = idx, end
+	p.ends[uint64(idx)%endsN] = stepEnd{idx: idx, end: end}
 	if len(p.pending) > c.cfg.MaxPending {
 		p.stats.Evicted++
 		c.recycle(p, 0)

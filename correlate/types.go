@@ -150,6 +150,13 @@ type RankInfo struct {
 	Job       string
 	Epoch     int
 	Probes    Probes
+	// MidRun: the process ran before the agent attached, so its
+	// communicators may have been created and its collective sequence
+	// begun unseen. Steps of communicators whose creation was not seen
+	// are then cut after a synchronisation and numbered like a peer's
+	// step that ends at the same time (see seqDet.midRunStart and
+	// alignToPeers), not counted from the first call seen.
+	MidRun bool
 }
 
 // Config tunes a Correlator. The zero value is usable; zero fields take the

@@ -160,6 +160,7 @@ func TestRestartReattachesWithNewEpoch(t *testing.T) {
 	ranks2 := map[int]int{}
 	stepMS2 := map[int][]float64{}
 	overlaps, matched := 0, 0
+	iterOf := map[int64][]int64{} // step index -> the truth's iteration per rank
 	for _, f := range facts2 {
 		if f.Kind != "step" {
 			continue
@@ -173,8 +174,21 @@ func TestRestartReattachesWithNewEpoch(t *testing.T) {
 			}
 		}
 		if byRank := truthOf(truth, f.Rank); len(byRank) > 0 {
-			if _, ok := testutil.NearestStep(byRank, f.EndNS); ok {
+			if ts, ok := testutil.NearestStep(byRank, f.EndNS); ok {
 				matched++
+				iterOf[f.Step] = append(iterOf[f.Step], ts.Step)
+			}
+		}
+	}
+	// Attached mid-run, the restarted agent still numbers the same
+	// iteration alike on every rank.
+	misnumbered := 0
+	for idx, its := range iterOf {
+		for _, it := range its[1:] {
+			if it != its[0] {
+				misnumbered++
+				t.Errorf("after the restart, step %d is iterations %v of the ranks", idx, its)
+				break
 			}
 		}
 	}
@@ -195,8 +209,8 @@ func TestRestartReattachesWithNewEpoch(t *testing.T) {
 	if c2["detector_duplicates"] != 0 {
 		t.Errorf("detector saw %d duplicate steps", c2["detector_duplicates"])
 	}
-	t.Logf("epochs %d -> %d; restarted agent re-attached to %d processes and had %d facts %v after the kill; facts: first %d, second %d (per rank %v, %d ending at a true step end), overlaps %d",
-		e1[0], e2[0], st.Processes, st.Facts, restartedIn.Round(time.Millisecond), len(facts1), len(facts2), ranks2, matched, overlaps)
+	t.Logf("epochs %d -> %d; restarted agent re-attached to %d processes and had %d facts %v after the kill; facts: first %d, second %d (per rank %v, %d ending at a true step end), overlaps %d, step indices numbered apart %d of %d",
+		e1[0], e2[0], st.Processes, st.Facts, restartedIn.Round(time.Millisecond), len(facts1), len(facts2), ranks2, matched, overlaps, misnumbered, len(iterOf))
 }
 
 func truthOf(ts []testutil.TruthRecord, rank int) []testutil.TruthRecord {
