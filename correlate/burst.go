@@ -685,15 +685,5 @@ func (d *burstDet) remember() {
 		}
 	}
 	k := burstCycle{mode: d.mode, ids: append([]int32(nil), d.cycle...), lastUse: d.clock}
-	if len(d.known) < maxKnown {
-		d.known = append(d.known, k)
-		return
-	}
-	lru := 0
-	for i, o := range d.known {
-		if o.lastUse < d.known[lru].lastUse {
-			lru = i
-		}
-	}
-	d.known[lru] = k
+	d.known = remember(d.known, k, func(k burstCycle) uint64 { return k.lastUse })
 }

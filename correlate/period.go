@@ -575,17 +575,23 @@ func (d *seqDet) remember(cyc []int32) {
 	}
 	k := newKnown(cyc)
 	k.lastUse = d.clock
-	if len(d.known) < maxKnown {
-		d.known = append(d.known, k)
-		return
+	d.known = remember(d.known, k, func(k *knownCycle) uint64 { return k.lastUse })
+}
+
+// remember adds k to known, in place of the least recently used entry once
+// known holds maxKnown.
+func remember[T any](known []T, k T, lastUse func(T) uint64) []T {
+	if len(known) < maxKnown {
+		return append(known, k)
 	}
 	lru := 0
-	for i, o := range d.known {
-		if o.lastUse < d.known[lru].lastUse {
+	for i, o := range known {
+		if lastUse(o) < lastUse(known[lru]) {
 			lru = i
 		}
 	}
-	d.known[lru] = k
+	known[lru] = k
+	return known
 }
 
 func equalIDs(a, b []int32) bool {
