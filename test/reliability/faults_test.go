@@ -164,7 +164,10 @@ func TestFaultElasticRestart(t *testing.T) {
 	ag := startBoundedAgent(t, tl, dir, nil, "--facts", facts)
 	job := fmt.Sprintf("elastic-%d", os.Getpid())
 	env := []string{"SLOWRANK_FAKE_JOB=" + job}
-	args := []string{"--ranks", "4", "--step-ms", "5", "--gpu-ms", "5", "--sleep-before-start", "1000"}
+	// The first run trains for 1.5 s: its ranks wait 4 s first, so that
+	// the agent has attached (attaching took 2.8 s once in CI while another
+	// test package's uprobes were torn down) and its steps are seen.
+	args := []string{"--ranks", "4", "--step-ms", "5", "--gpu-ms", "5", "--sleep-before-start", "4000"}
 	first := startTrainer(t, tl, dir, nil, env, append(args, "--steps", "300", "--crash-rank", "2", "--crash-at-step", "150")...)
 	<-first.done
 	if first.err == nil {
