@@ -248,7 +248,7 @@ def cupti(d):
         pass
     counters = status.get("counters", {}) if isinstance(status, dict) else {}
     pairs = []
-    for p in range(4):
+    for p in range(8):
         lib = truth_steps(os.path.join(d, f"val-noagent-p{p}-lib"))
         bare = truth_steps(os.path.join(d, f"val-noagent-p{p}-bare"))
         ml = [x["step_ms"] for v in lib.values() for x in v[20:]]

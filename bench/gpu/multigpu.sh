@@ -22,6 +22,8 @@
 #   c2-*        C2 equivalence: deterministic DDP runs OFF, ON, OFF (fixed steps)
 #   ddp-host    plain DDP, HOST_MS host stall per step on rank HOST_RANK
 #   healthy     plain DDP without injection for HEALTHY s (full run: >= 10 min)
+# ONLY="NAME ..." runs only the named scenarios of this call (the detached
+# healthy run of main is not a scenario of main and always starts).
 # The full run does not fit one call (a call is cut at 10 min): `main` runs
 # the injection scenarios and C1, ships them, starts the healthy run detached
 # (setsid; it outlives the call while the machine stays warm) and holds the
@@ -174,6 +176,11 @@ sc_healthy() {
 SKIPPED=()
 scenario() {
   local name=$1 est=$2 deadline=$3 fn=$4 t0=$SECONDS rc=0
+  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then
+    echo "== $name: not selected (ONLY=$ONLY)"
+    note "$name" unselected "$est" 0 0 "only"
+    return 0
+  fi
   if ((SECONDS + est > deadline)); then
     echo "== $name: skipped (needs ~${est} s, $((deadline - SECONDS)) s left before t=${deadline} s)"
     note "$name" skipped "$est" 0 0 "budget"
