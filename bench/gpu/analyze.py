@@ -414,7 +414,8 @@ def mg_expected(layout):
     exp = []
     if a.get("slow_gpu_rank", -1) >= 0:
         exp.append({"rank": a["slow_gpu_rank"], "phase": "compute", "hint": "gpu_stream_stall",
-                    "injection": f"+{a.get('slow_gpu_frac', 0) * 100:g} % GPU work"})
+                    "injection": f"GPU busy {a.get('slow_gpu_frac', 0) * 100:g} % with a neighbour process"
+                    if a.get("slow_gpu_mode") == "contend" else f"+{a.get('slow_gpu_frac', 0) * 100:g} % GPU work"})
     if a.get("slow_host_rank", -1) >= 0:
         exp.append({"rank": a["slow_host_rank"], "phase": "host", "hint": "host_only_stall",
                     "injection": f"{a.get('slow_host_ms', 0):g} ms host stall per step"})

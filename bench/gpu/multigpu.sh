@@ -78,6 +78,10 @@ fi
 : "${INJ_DUR:=60}"     # seconds of training in an injection scenario
 : "${INJ_AT:=25}"      # injection start, seconds after the first step (5 windows of baseline)
 : "${GPU_FRAC:=0.10}"  # extra GPU work, share of the injected rank's forward+backward
+# contend: a noisy-neighbour process keeps the rank's GPU busy GPU_FRAC of the
+# time (same kernels, slower); extra: more kernels in the rank itself, which
+# change its workload fingerprint (the detector then finds no comparable peer).
+: "${GPU_MODE:=contend}"
 : "${HOST_MS:=10}"     # host stall per step
 : "${TP:=2}"           # TP group size of tpdp-mixed
 : "${PAIRS:=4}" "${BLOCK:=12}" "${SETTLE:=3}" "${WARMUP:=30}"  # C1
@@ -133,7 +137,7 @@ run_inj() {
   return "$rc"
 }
 
-sc_ddp_gpu() { run_inj ddp-gpu 1 --slow-gpu-rank "$GPU_RANK" --slow-gpu-frac "$GPU_FRAC"; }
+sc_ddp_gpu() { run_inj ddp-gpu 1 --slow-gpu-rank "$GPU_RANK" --slow-gpu-frac "$GPU_FRAC" --slow-gpu-mode "$GPU_MODE"; }
 sc_tpdp_mixed() {
   run_inj tpdp-mixed "$TP" --slow-gpu-rank $((NGPU - 1)) --slow-gpu-frac "$GPU_FRAC" --slow-host-rank 0 --slow-host-ms "$HOST_MS"
 }

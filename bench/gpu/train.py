@@ -32,6 +32,12 @@ Injections (for localisation experiments):
   --slow-host-rank R --slow-host-ms M --slow-from S   : a host sleep per step.
   --slow-from-s T : (--multi-gpu) start the injection T seconds after the
       injected rank's first step instead of at a step number.
+  --slow-gpu-mode contend : (--multi-gpu) instead of extra kernels in the
+      training process (which change its kernel mix, so its workload
+      fingerprint, so the detector rightly finds no comparable peer), a
+      noisy neighbour: a separate process on the same GPU keeps it busy
+      --slow-gpu-frac of the time. The rank runs the same kernels, slower,
+      like a throttled or shared GPU.
   --ab-block N : for in-process A/B, print step times; the agent toggles.
 
 The training code knows nothing about slowrank: the agent attaches from the
@@ -327,6 +333,41 @@ def nccl_version():
     return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
 
 
+HOG = r"""
+import os, sys, time, torch
+dev, busy, ppid = torch.device("cuda", int(sys.argv[1])), float(sys.argv[2]), os.getppid()
+a = torch.randn(4096, 4096, device=dev)
+b = torch.randn(4096, 4096, device=dev)
+for _ in range(3):
+    a @ b
+torch.cuda.synchronize(dev)
+t = time.perf_counter()
+for _ in range(10):
+    a @ b
+torch.cuda.synchronize(dev)
+per, period = (time.perf_counter() - t) / 10, 0.02
+n = max(1, round(busy * period / per))
+print(f"hog on {dev}: {n} matmuls of {per * 1e3:.3f} ms every {period * 1e3:.0f} ms", flush=True)
+while os.getppid() == ppid:  # the trainer is gone: stop
+    t0 = time.perf_counter()
+    for _ in range(n):
+        a @ b
+    torch.cuda.synchronize(dev)
+    time.sleep(max(0.0, period - (time.perf_counter() - t0)))
+"""
+
+
+def start_hog(local, busy, log_path):
+    """A noisy neighbour on GPU `local`: another CUDA context that keeps the
+    GPU busy `busy` of the time. Not a training process for the agent: no
+    RANK in its environment, no injection library."""
+    drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "CUDA_INJECTION64_PATH",
+            "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    log = open(log_path, "w")
+    return subprocess.Popen([sys.executable, "-c", HOG, str(local), str(busy)], env=env, stdout=log, stderr=log)
+
+
 def run_multi(rank, world, args):
     local = int(os.environ.get("LOCAL_RANK", rank))
     if args.deterministic:
@@ -400,8 +441,8 @@ def run_multi(rank, world, args):
     g = torch.Generator(device=dev)
     g.manual_seed(args.seed + 1000 + dp_rank)  # one batch per DP rank, the same on its TP peers
 
-    extra = None
-    if args.slow_gpu_rank == rank:
+    extra = hog = None
+    if args.slow_gpu_rank == rank and args.slow_gpu_mode == "extra":
         n = args.slow_gpu_size
         eg = torch.Generator(device=dev)
         eg.manual_seed(args.seed + 2000)  # not g: the TP peers must keep drawing the same batches
@@ -447,8 +488,11 @@ def run_multi(rank, world, args):
                 per = (time.perf_counter() - a0) * 1e3 / 20
                 fb = sorted(fb_ms)[len(fb_ms) // 2]
                 slow_iters = max(1, round(args.slow_gpu_frac * fb / per))
+            if args.slow_gpu_rank == rank and args.slow_gpu_mode == "contend" and dev.type == "cuda":
+                hog = start_hog(local, args.slow_gpu_frac, os.path.join(args.out_dir, f"hog{rank}.log"))
             out.write(json.dumps({"rank": rank, "injection_start": True, "step": step, "mono_ns": time.monotonic_ns(),
                                   "wall": time.time(), "slow_gpu_iters": slow_iters if extra is not None else 0,
+                                  "slow_gpu_mode": args.slow_gpu_mode if args.slow_gpu_rank == rank else None,
                                   "slow_host_ms": args.slow_host_ms if args.slow_host_rank == rank else 0,
                                   "fb_ms_median": sorted(fb_ms)[len(fb_ms) // 2] if fb_ms else None}) + "\n")
         if extra is not None and slow:
@@ -477,6 +521,9 @@ def run_multi(rank, world, args):
         step += 1
     # The hash copies every parameter to the host: only where it means something
     # (deterministic runs) or costs nothing (the CPU dry run).
+    if hog is not None:
+        hog.terminate()
+        hog.wait()
     sha = param_hash(model) if args.deterministic or dev.type == "cpu" else None
     out.write(json.dumps({"rank": rank, "final": True, "steps": step, "param_sha256": sha,
                           "seconds": round(time.monotonic() - loop_t0, 3)}) + "\n")
@@ -566,6 +613,8 @@ def main():
     ap.add_argument("--slow-gpu-size", type=int, default=2048)
     ap.add_argument("--slow-gpu-iters", type=int, default=4)
     ap.add_argument("--slow-gpu-frac", type=float, default=0, help="size the GPU injection to this share of compute")
+    ap.add_argument("--slow-gpu-mode", choices=("extra", "contend"), default="extra",
+                    help="extra: more kernels in the rank; contend: a noisy neighbour process on its GPU (--multi-gpu)")
     ap.add_argument("--slow-host-rank", type=int, default=-1)
     ap.add_argument("--slow-host-ms", type=float, default=0)
     ap.add_argument("--stop-file", help="(--multi-gpu) stop early once this file exists (checked by rank 0 every step)")
