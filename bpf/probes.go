@@ -246,6 +246,11 @@ var specs = []ProbeSpec{
 	// processes that issue torch collectives (agent/convert.go).
 	// waitAndThrow() is not probed: its callers are RPC, distributed
 	// autograd and collectAll, not the collectives of a training step.
+	// Measured: torch 2.11's libtorch_cpu.so and libtorch_python.so export
+	// no copy (nm -D finds none; bench/results/raw/gpu-doctor-and-symbols.txt),
+	// so on that build the probe does not attach and gloo DDP victims' waits
+	// stay in host. The fake libtorch exports it, which is what the
+	// integration test covers.
 	torch(ProbeTorchFutureWait, "c10::ivalue::Future::wait", "torch_future_wait", 0),
 
 	{ID: ProbeCUPTIEmit, Kind: LibCUPTI, Symbol: CUPTIEmitSymbol, Entry: "cupti_emit_entry", RefCtr: CUPTISemaphoreSymbol},

@@ -18,6 +18,7 @@ NAME-verdicts.jsonl and NAME-agent.log beside them):
 Where the agent's output is absent (a CPU dry run, or the agent failed), the
 summaries say so under "agent" instead of failing.
 """
+import bisect
 import glob
 import json
 import os
@@ -215,29 +216,47 @@ def c1(d, name="c1"):
 
 
 def clock_agreement(dump):
-    """For each synchronisation that waited >= 1 ms, the last kernel of that
-    process to end before the wait returned must end inside the wait: the gap
-    (sync end - kernel end) bounds the host/device clock offset from above,
-    kernels ending after the wait returned (negative gap) would show an offset."""
+    """Bounds on the host/device clock offset from synchronisations that
+    waited >= 1 ms. The kernels launched before a wait returned must end
+    before it returned: gap = sync end - latest end among kernels that started
+    before it; a negative gap would show a device clock running ahead. The
+    first kernel after the wait was launched after it returned: lead = its
+    start - sync end; a negative lead would show a device clock running
+    behind. So the offset lies in [-min lead, +min gap]. (The first version
+    took the latest kernel ending up to 1 ms after the wait, which in a busy
+    loop is the next step's first kernel, and reported every wait as late.)"""
     syncs, kernels = {}, {}
     for r in jsonl(dump):
         rec = r.get("record", {})
         if r.get("type") == "correlate.HostCall" and rec.get("Kind") == 2 and rec["EndNS"] - rec["StartNS"] >= 1_000_000:
-            syncs.setdefault(rec["PID"], []).append((rec["StartNS"], rec["EndNS"]))
+            syncs.setdefault(rec["PID"], []).append(rec["EndNS"])
         elif r.get("type") == "correlate.DeviceInterval":
-            kernels.setdefault(rec["PID"], []).append(rec["EndNS"])
-    gaps = []
-    for pid, ss in syncs.items():
+            kernels.setdefault(rec["PID"], []).append((rec["StartNS"], rec["EndNS"]))
+    gaps, leads = [], []
+    for pid, ends in syncs.items():
         ks = sorted(kernels.get(pid, []))
-        for s0, s1 in ss:
-            inside = [k for k in ks if s0 <= k <= s1 + 1_000_000]
-            if inside:
-                gaps.append((s1 - max(inside)) / 1e3)
+        starts = [k[0] for k in ks]
+        latest, run = [], 0  # latest[i]: max end of ks[:i+1]
+        for _, e in ks:
+            run = max(run, e)
+            latest.append(run)
+        for s1 in ends:
+            i = bisect.bisect_left(starts, s1)
+            if i == 0:
+                continue
+            gaps.append((s1 - latest[i - 1]) / 1e3)
+            if i < len(ks):
+                leads.append((ks[i][0] - s1) / 1e3)
     if not gaps:
         return {"syncs": 0}
-    gaps.sort()
-    return {"syncs_checked": len(gaps), "gap_us_min": round(gaps[0], 1), "gap_us_p50": round(gaps[len(gaps) // 2], 1),
-            "gap_us_p99": round(gaps[int(0.99 * (len(gaps) - 1))], 1), "kernel_after_wait": sum(1 for g in gaps if g < 0)}
+
+    def q(xs, p):
+        xs = sorted(xs)
+        return round(xs[int(p * (len(xs) - 1))], 1)
+    return {"syncs_checked": len(gaps), "gap_us_min": q(gaps, 0), "gap_us_p50": q(gaps, 0.5), "gap_us_p99": q(gaps, 0.99),
+            "gap_us_max": q(gaps, 1), "kernel_after_wait": sum(1 for g in gaps if g < 0),
+            "next_start_us_min": q(leads, 0) if leads else None, "next_start_us_p50": q(leads, 0.5) if leads else None,
+            "offset_bound_us": [-q(leads, 0) if leads else None, q(gaps, 0)]}
 
 
 def cupti(d):
