@@ -226,6 +226,7 @@ func TestWorkloadComparability(t *testing.T) {
 	}{
 		{"equal fingerprints compare", fp("a"), "straggler", false, "fastest of 3"},
 		{"unequal fingerprints do not", fp("b"), "uncertain", false, "workload present but 0 comparable"},
+		{"a lone kernel mix is named", fp("b"), "uncertain", false, "differs from the one all 3 peers share (a)"},
 		{"tokens within tolerance compare", tokens(8300), "straggler", false, "fastest of 3"},
 		{"tokens outside tolerance do not", tokens(9000), "uncertain", false, "workload present"},
 		{"missing workload degrades and may alert", func(int) *detector.Workload { return nil }, "straggler", true, "compared with the cohort by time only"},
@@ -248,6 +249,17 @@ func TestWorkloadComparability(t *testing.T) {
 					last.State, last.WorkloadEvidenceDegraded, last.Reason, tc.wantLast, tc.wantDegraded, tc.reason)
 			}
 		})
+	}
+}
+
+func TestMismatchNamedOnlyWhenPeersAgree(t *testing.T) {
+	j := newJob(t, 4)
+	j.win(0, slowOn(3, 120), func(r int) *detector.Workload { return &detector.Workload{FP: fmt.Sprintf("p%d", r)} })
+	vs, _ := j.run()
+	for _, v := range vs {
+		if v.State != "uncertain" || strings.Contains(v.Reason, "differs") {
+			t.Errorf("rank %d %s: %s %q; want uncertain without a mismatch claim (the peers disagree too)", v.Rank, v.Phase, v.State, v.Reason)
+		}
 	}
 }
 

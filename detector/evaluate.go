@@ -281,7 +281,8 @@ func (d *Detector) evaluatePhase(ms []member, p int, evals [][]evaluation) {
 		if count < d.cfg.MinReferences {
 			e.outcome = outcomeUncertain
 			if m.hasWL {
-				e.reason = fmt.Sprintf("workload present but %d comparable references among %d members that measured %s (need %d)", count, len(measured)-1, phase, d.cfg.MinReferences)
+				e.reason = fmt.Sprintf("workload present but %d comparable references among %d members that measured %s (need %d)%s",
+					count, len(measured)-1, phase, d.cfg.MinReferences, workloadMismatch(ms, measured, i))
 			} else {
 				e.reason = fmt.Sprintf("only %d other members measured %s (need %d)", count, phase, d.cfg.MinReferences)
 			}
@@ -301,6 +302,41 @@ func (d *Detector) evaluatePhase(ms []member, p int, evals [][]evaluation) {
 			e.outcome = outcomeOK
 		}
 	}
+}
+
+// workloadMismatch says why ms[self] found too few comparable peers when the
+// peers that measured the phase all agree on one fingerprint that is not its
+// own: in data parallelism every rank should run the same kernels, so a rank
+// whose kernel mix alone differs is itself a finding (extra or missing work).
+func workloadMismatch(ms []member, measured []int, self int) string {
+	me := ms[self]
+	if me.fp == "" {
+		return ""
+	}
+	peerFP, peers := "", 0
+	for _, k := range measured {
+		if k == self {
+			continue
+		}
+		fp := ms[k].fp
+		if fp == "" || fp == me.fp || (peerFP != "" && fp != peerFP) {
+			return ""
+		}
+		peerFP = fp
+		peers++
+	}
+	if peers == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; its kernel mix (workload fingerprint %s) differs from the one all %d peers share (%s)",
+		shortFP(me.fp), peers, shortFP(peerFP))
+}
+
+func shortFP(fp string) string {
+	if len(fp) > 12 {
+		return fp[:12]
+	}
+	return fp
 }
 
 // reference scans measured (fastest first) for the fastest member comparable
