@@ -160,11 +160,13 @@ type ControlState struct {
 
 // DetectorSettings are the detector settings that can change at run time.
 type DetectorSettings struct {
-	Window      Duration `json:"window"`
-	Threshold   float64  `json:"threshold"`
-	Floor       Duration `json:"floor"`
-	Consecutive int      `json:"consecutive"`
-	Lateness    Duration `json:"lateness"`
+	Window    Duration `json:"window"`
+	Threshold float64  `json:"threshold"`
+	// PhaseThresholds are the per-phase overrides of Threshold (set at start).
+	PhaseThresholds map[string]float64 `json:"phase_thresholds,omitempty"`
+	Floor           Duration           `json:"floor"`
+	Consecutive     int                `json:"consecutive"`
+	Lateness        Duration           `json:"lateness"`
 }
 
 // DutySettings are the duty-cycle settings.
@@ -411,8 +413,8 @@ func (a *Agent) controlState() ControlState {
 	st := ControlState{
 		Paused: a.control.paused,
 		Detector: DetectorSettings{
-			Window: Duration(cfg.Window), Threshold: cfg.Threshold, Floor: Duration(cfg.Floor),
-			Consecutive: cfg.Consecutive, Lateness: Duration(cfg.Lateness),
+			Window: Duration(cfg.Window), Threshold: cfg.Threshold, PhaseThresholds: cfg.PhaseThresholds,
+			Floor: Duration(cfg.Floor), Consecutive: cfg.Consecutive, Lateness: Duration(cfg.Lateness),
 		},
 		DetectorSwaps: a.pipe.swap.swaps,
 		SwapSettling:  a.pipe.swap.old != nil,

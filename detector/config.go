@@ -3,6 +3,7 @@ package detector
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -13,6 +14,12 @@ type Config struct {
 	Window time.Duration
 	// Threshold is the relative deviation at or above which a window is slow.
 	Threshold float64
+	// PhaseThresholds overrides Threshold for the phases it names. Host time
+	// that hides behind device work jitters more than device time: on two
+	// H200s the host medians of a healthy DDP job's ranks differed by 5-55 %
+	// for windows at a time without lengthening a step (bench/results), so
+	// a GPU-bound job may want host=0.15 while compute keeps 0.05.
+	PhaseThresholds map[string]float64
 	// Floor is the absolute difference below which no window is slow,
 	// whatever the relative deviation.
 	Floor time.Duration
@@ -75,6 +82,14 @@ func (c Config) Validate() error {
 	if !(c.Threshold > 0) || c.Threshold > 100 {
 		errs = append(errs, fmt.Errorf("threshold must be in (0, 100], got %g", c.Threshold))
 	}
+	for ph, t := range c.PhaseThresholds {
+		if !slices.Contains(c.Phases, ph) {
+			errs = append(errs, fmt.Errorf("phase threshold names %q, which is not an evaluated phase %q", ph, c.Phases))
+		}
+		if !(t > 0) || t > 100 {
+			errs = append(errs, fmt.Errorf("threshold of phase %q must be in (0, 100], got %g", ph, t))
+		}
+	}
 	if c.Floor < 0 {
 		errs = append(errs, fmt.Errorf("floor must not be negative, got %s", c.Floor))
 	}
@@ -108,4 +123,12 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("max ranks and max jobs must be positive, got %d and %d", c.MaxRanks, c.MaxJobs))
 	}
 	return errors.Join(errs...)
+}
+
+// PhaseThreshold is the relative deviation that makes a window slow in phase.
+func (c Config) PhaseThreshold(phase string) float64 {
+	if t, ok := c.PhaseThresholds[phase]; ok {
+		return t
+	}
+	return c.Threshold
 }

@@ -3,6 +3,7 @@ package detector
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 )
@@ -56,6 +57,7 @@ func New(cfg Config) (*Detector, error) {
 		return nil, fmt.Errorf("detector config: %w", err)
 	}
 	cfg.Phases = slices.Clone(cfg.Phases)
+	cfg.PhaseThresholds = maps.Clone(cfg.PhaseThresholds)
 	idx := make(map[string]int, len(cfg.Phases))
 	for i, p := range cfg.Phases {
 		idx[p] = i

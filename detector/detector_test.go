@@ -200,6 +200,46 @@ func TestFloorAndThreshold(t *testing.T) {
 	}
 }
 
+func TestPhaseThresholdOverridesThreshold(t *testing.T) {
+	// Rank 3 is 10 % slower in both phases; host gets its own 15 % threshold.
+	ph := func(r int) map[string]float64 {
+		if r == 3 {
+			return map[string]float64{"compute": 110, "host": 22}
+		}
+		return map[string]float64{"compute": 100, "host": 20}
+	}
+	tests := []struct {
+		name      string
+		overrides map[string]float64
+		want      []string // phases alerted on rank 3
+	}{
+		{"no override: both phases", nil, []string{"compute", "host"}},
+		{"host 15 %: compute only", map[string]float64{"host": 0.15}, []string{"compute"}},
+		{"host 9 %: both", map[string]float64{"host": 0.09}, []string{"compute", "host"}},
+		{"compute 20 %, host 15 %: none", map[string]float64{"compute": 0.2, "host": 0.15}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			j := newJob(t, 4)
+			j.cfg.PhaseThresholds = tc.overrides
+			for w := 0; w < 4; w++ {
+				j.win(w, ph, nil)
+			}
+			vs, _ := j.run()
+			var got []string
+			for _, v := range vs {
+				if v.Rank == 3 && v.State == "straggler" && !slices.Contains(got, v.Phase) {
+					got = append(got, v.Phase)
+				}
+			}
+			slices.Sort(got)
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("alerted phases %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
 func TestWorkloadComparability(t *testing.T) {
 	fp := func(slowFP string) func(int) *detector.Workload {
 		return func(r int) *detector.Workload {
@@ -467,8 +507,9 @@ func TestInvalidFactsAreErrors(t *testing.T) {
 func TestConfigValidate(t *testing.T) {
 	c := detector.DefaultConfig()
 	c.Window, c.Consecutive, c.Phases = 0, 0, []string{"compute", "compute"}
+	c.PhaseThresholds = map[string]float64{"attention": 0.1, "compute": 0}
 	err := c.Validate()
-	for _, want := range []string{"window", "consecutive", "distinct"} {
+	for _, want := range []string{"window", "consecutive", "distinct", `"attention", which is not an evaluated phase`, `threshold of phase "compute"`} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate() = %v, want mention of %q", err, want)
 		}

@@ -261,6 +261,7 @@ func (d *Detector) evaluatePhase(ms []member, p int, evals [][]evaluation) {
 		return ma.rank < mb.rank
 	})
 	phase := d.cfg.Phases[p]
+	threshold := d.cfg.PhaseThreshold(phase)
 	floorMS := float64(d.cfg.Floor) / 1e6
 	for i, m := range ms {
 		e := &evals[i][p]
@@ -296,7 +297,7 @@ func (d *Detector) evaluatePhase(ms []member, p int, evals [][]evaluation) {
 			continue
 		}
 		e.deviation = e.value/e.reference - 1
-		if e.deviation >= d.cfg.Threshold && e.value-e.reference >= floorMS {
+		if e.deviation >= threshold && e.value-e.reference >= floorMS {
 			e.outcome = outcomeSlow
 		} else {
 			e.outcome = outcomeOK

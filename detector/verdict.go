@@ -84,7 +84,7 @@ func (d *Detector) reason(v Verdict, e evaluation) string {
 	var s string
 	switch v.State {
 	case StateRecovered:
-		s = fmt.Sprintf("%s median %.2f ms is back within %.1f%% of rank %d (%.2f ms)", v.Phase, v.ValueMS, d.cfg.Threshold*100, v.ReferenceRank, v.ReferenceMS)
+		s = fmt.Sprintf("%s median %.2f ms is back within %.1f%% of rank %d (%.2f ms)", v.Phase, v.ValueMS, d.cfg.PhaseThreshold(v.Phase)*100, v.ReferenceRank, v.ReferenceMS)
 	default:
 		s = fmt.Sprintf("%s median %.2f ms is %.1f%% above rank %d (%.2f ms), the fastest of %d comparable ranks",
 			v.Phase, v.ValueMS, v.Deviation*100, v.ReferenceRank, v.ReferenceMS, v.ComparableCount)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -16,6 +17,7 @@ func detectorFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.DurationFlag{Name: "window", Value: d.Window, Usage: "evaluation window of event time", EnvVars: []string{"SLOWRANK_WINDOW"}},
 		&cli.Float64Flag{Name: "threshold", Value: d.Threshold, Usage: "relative deviation from the fastest comparable rank that makes a window slow", EnvVars: []string{"SLOWRANK_THRESHOLD"}},
+		&cli.StringFlag{Name: "phase-threshold", Usage: "per-phase thresholds that override --threshold, e.g. host=0.15 (host time that hides behind GPU work jitters more than GPU time; see docs/troubleshooting.md)", EnvVars: []string{"SLOWRANK_PHASE_THRESHOLD"}},
 		&cli.DurationFlag{Name: "floor", Value: d.Floor, Usage: "absolute difference below which a relative deviation never makes a window slow", EnvVars: []string{"SLOWRANK_FLOOR"}},
 		&cli.IntFlag{Name: "consecutive", Value: d.Consecutive, Usage: "consecutive slow windows before a straggler alert", EnvVars: []string{"SLOWRANK_CONSECUTIVE"}},
 		&cli.IntFlag{Name: "min-references", Value: d.MinReferences, Usage: "comparable ranks needed for a valid comparison", EnvVars: []string{"SLOWRANK_MIN_REFERENCES"}},
@@ -33,6 +35,11 @@ func detectorConfig(c *cli.Context) (detector.Config, error) {
 	cfg := detector.DefaultConfig()
 	cfg.Window = c.Duration("window")
 	cfg.Threshold = c.Float64("threshold")
+	pt, err := parsePhaseThresholds(c.String("phase-threshold"))
+	if err != nil {
+		return cfg, cli.Exit(fmt.Sprintf("invalid --phase-threshold %q: %v", c.String("phase-threshold"), err), exitUsage)
+	}
+	cfg.PhaseThresholds = pt
 	cfg.Floor = c.Duration("floor")
 	cfg.Consecutive = c.Int("consecutive")
 	cfg.MinReferences = c.Int("min-references")
@@ -51,6 +58,33 @@ func detectorConfig(c *cli.Context) (detector.Config, error) {
 		return cfg, cli.Exit(fmt.Sprintf("invalid detector flags: %s", strings.ReplaceAll(err.Error(), "\n", "; ")), exitUsage)
 	}
 	return cfg, nil
+}
+
+// parsePhaseThresholds reads "phase=value[,phase=value...]".
+func parsePhaseThresholds(s string) (map[string]float64, error) {
+	var out map[string]float64
+	for _, item := range strings.Split(s, ",") {
+		if item = strings.TrimSpace(item); item == "" {
+			continue
+		}
+		phase, val, ok := strings.Cut(item, "=")
+		phase = strings.TrimSpace(phase)
+		if !ok || phase == "" {
+			return nil, fmt.Errorf("%q is not PHASE=VALUE", item)
+		}
+		t, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+		if err != nil {
+			return nil, fmt.Errorf("%q: the value is not a number", item)
+		}
+		if _, dup := out[phase]; dup {
+			return nil, fmt.Errorf("phase %q is given twice", phase)
+		}
+		if out == nil {
+			out = map[string]float64{}
+		}
+		out[phase] = t
+	}
+	return out, nil
 }
 
 // durationMS formats milliseconds for humans.

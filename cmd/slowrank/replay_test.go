@@ -116,12 +116,27 @@ func TestBadFlagsExitTwo(t *testing.T) {
 		{"replay", "--input", "/does/not/exist"},
 		{"replay", "--threshold", "-1", "--input", "$IN"},
 		{"replay", "--no-such-flag"},
+		{"replay", "--phase-threshold", "host", "--input", "$IN"},
+		{"replay", "--phase-threshold", "host=x", "--input", "$IN"},
+		{"replay", "--phase-threshold", "host=0.1,host=0.2", "--input", "$IN"},
+		{"replay", "--phase-threshold", "disk=0.1", "--input", "$IN"},
+		{"replay", "--phase-threshold", "host=0", "--input", "$IN"},
 		{"simulate", "--slow", "rank=3,phase=disk,from=1s,factor=2", "--output", "$OUT"},
 		{"simulate", "--ranks", "0", "--output", "$OUT"},
 	} {
 		if _, code := run(t, "", args...); code != exitUsage {
 			t.Errorf("%v: exit %d, want %d", args, code, exitUsage)
 		}
+	}
+}
+
+func TestPhaseThresholdFlag(t *testing.T) {
+	got, err := parsePhaseThresholds(" host=0.15, compute = 0.05 ,")
+	if err != nil || len(got) != 2 || got["host"] != 0.15 || got["compute"] != 0.05 {
+		t.Fatalf("parsePhaseThresholds = %v, %v", got, err)
+	}
+	if got, err := parsePhaseThresholds(""); err != nil || got != nil {
+		t.Fatalf("empty: %v, %v; want nil, nil", got, err)
 	}
 }
 
