@@ -3,6 +3,7 @@ package detector
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 )
@@ -82,7 +83,8 @@ func (c Config) Validate() error {
 	if !(c.Threshold > 0) || c.Threshold > 100 {
 		errs = append(errs, fmt.Errorf("threshold must be in (0, 100], got %g", c.Threshold))
 	}
-	for ph, t := range c.PhaseThresholds {
+	for _, ph := range slices.Sorted(maps.Keys(c.PhaseThresholds)) {
+		t := c.PhaseThresholds[ph]
 		if !slices.Contains(c.Phases, ph) {
 			errs = append(errs, fmt.Errorf("phase threshold names %q, which is not an evaluated phase %q", ph, c.Phases))
 		}

@@ -66,7 +66,12 @@ func New(cfg Config) (*Detector, error) {
 }
 
 // Config returns the detector's configuration.
-func (d *Detector) Config() Config { return d.cfg }
+func (d *Detector) Config() Config {
+	c := d.cfg
+	c.Phases = slices.Clone(c.Phases)
+	c.PhaseThresholds = maps.Clone(c.PhaseThresholds)
+	return c
+}
 
 // job is the state of one job.
 type job struct {

@@ -305,9 +305,9 @@ func (d *Detector) evaluatePhase(ms []member, p int, evals [][]evaluation) {
 	}
 }
 
-// workloadMismatch says why ms[self] found too few comparable peers when the
-// peers that measured the phase all agree on one fingerprint that is not its
-// own: in data parallelism every rank should run the same kernels, so a rank
+// workloadMismatch says why ms[self] found too few comparable peers when at
+// least two peers measured the phase and all agree on one fingerprint that is
+// not its own: in data parallelism every rank should run the same kernels, so a rank
 // whose kernel mix alone differs is itself a finding (extra or missing work).
 func workloadMismatch(ms []member, measured []int, self int) string {
 	me := ms[self]
@@ -326,8 +326,8 @@ func workloadMismatch(ms []member, measured []int, self int) string {
 		peerFP = fp
 		peers++
 	}
-	if peers == 0 {
-		return ""
+	if peers < 2 {
+		return "" // one peer against one rank: either could be the odd one
 	}
 	return fmt.Sprintf("; its kernel mix (workload fingerprint %s) differs from the one all %d peers share (%s)",
 		shortFP(me.fp), peers, shortFP(peerFP))

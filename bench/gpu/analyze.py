@@ -215,6 +215,11 @@ def c1(d, name="c1"):
             "blocks": [{k: b[k] for k in ("pair", "arm", "steps", "mean_ms")} for b in means], "design": design}
 
 
+# Only waits for the whole device bound the clock offset: a stream or event
+# wait does not wait for kernels of other streams (NCCL's).
+DEVICE_WIDE_SYNCS = ("cudaDeviceSynchronize", "cuCtxSynchronize")
+
+
 def clock_agreement(dump):
     """Bounds on the host/device clock offset from synchronisations that
     waited >= 1 ms. The kernels launched before a wait returned must end
@@ -222,13 +227,16 @@ def clock_agreement(dump):
     before it; a negative gap would show a device clock running ahead. The
     first kernel after the wait was launched after it returned: lead = its
     start - sync end; a negative lead would show a device clock running
-    behind. So the offset lies in [-min lead, +min gap]. (The first version
+    behind. So host minus device lies in [-min lead, +min gap], provided
+    the offset is smaller than the launch delay and kernel lengths (kernels
+    are split at the wait by their device start). (The first version
     took the latest kernel ending up to 1 ms after the wait, which in a busy
     loop is the next step's first kernel, and reported every wait as late.)"""
     syncs, kernels = {}, {}
     for r in jsonl(dump):
         rec = r.get("record", {})
-        if r.get("type") == "correlate.HostCall" and rec.get("Kind") == 2 and rec["EndNS"] - rec["StartNS"] >= 1_000_000:
+        if r.get("type") == "correlate.HostCall" and rec.get("Kind") == 2 and rec.get("Op") in DEVICE_WIDE_SYNCS \
+                and rec["EndNS"] - rec["StartNS"] >= 1_000_000:
             syncs.setdefault(rec["PID"], []).append(rec["EndNS"])
         elif r.get("type") == "correlate.DeviceInterval":
             kernels.setdefault(rec["PID"], []).append((rec["StartNS"], rec["EndNS"]))
@@ -256,7 +264,7 @@ def clock_agreement(dump):
     return {"syncs_checked": len(gaps), "gap_us_min": q(gaps, 0), "gap_us_p50": q(gaps, 0.5), "gap_us_p99": q(gaps, 0.99),
             "gap_us_max": q(gaps, 1), "kernel_after_wait": sum(1 for g in gaps if g < 0),
             "next_start_us_min": q(leads, 0) if leads else None, "next_start_us_p50": q(leads, 0.5) if leads else None,
-            "offset_bound_us": [-q(leads, 0) if leads else None, q(gaps, 0)]}
+            "host_minus_device_us": [-q(leads, 0) if leads else None, q(gaps, 0)]}
 
 
 def cupti(d):
@@ -267,7 +275,8 @@ def cupti(d):
         pass
     counters = status.get("counters", {}) if isinstance(status, dict) else {}
     pairs = []
-    for p in range(8):
+    n_pairs = len(glob.glob(os.path.join(d, "val-noagent-p*-lib")))
+    for p in range(n_pairs):
         lib = truth_steps(os.path.join(d, f"val-noagent-p{p}-lib"))
         bare = truth_steps(os.path.join(d, f"val-noagent-p{p}-bare"))
         ml = [x["step_ms"] for v in lib.values() for x in v[20:]]

@@ -100,6 +100,12 @@ fi
 source "$SCRIPT_DIR/common.sh"  # cd to the repository root; AGENT, LIB, start_agent, stop_agent, train
 if [ "$MODE" != _healthy ]; then exec > >(tee -a "$OUT/console.log") 2>&1; fi
 
+for name in ${ONLY:-}; do
+  case $name in
+    ddp-gpu | tpdp-mixed | mg-c1 | c2 | ddp-host | healthy) ;;
+    *) echo "multigpu.sh: ONLY names an unknown scenario '$name' (ddp-gpu tpdp-mixed mg-c1 c2 ddp-host healthy)"; exit 2 ;;
+  esac
+done
 if [ -z "${NGPU:-}" ]; then NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true); fi
 if [ "${NGPU:-0}" -lt 2 ]; then
   echo "multigpu.sh: needs a machine with at least 2 GPUs (nvidia-smi lists ${NGPU:-0})"; exit 2
@@ -139,7 +145,8 @@ run_inj() {
 
 sc_ddp_gpu() { run_inj ddp-gpu 1 --slow-gpu-rank "$GPU_RANK" --slow-gpu-frac "$GPU_FRAC" --slow-gpu-mode "$GPU_MODE"; }
 sc_tpdp_mixed() {
-  run_inj tpdp-mixed "$TP" --slow-gpu-rank $((NGPU - 1)) --slow-gpu-frac "$GPU_FRAC" --slow-host-rank 0 --slow-host-ms "$HOST_MS"
+  run_inj tpdp-mixed "$TP" --slow-gpu-rank $((NGPU - 1)) --slow-gpu-frac "$GPU_FRAC" --slow-gpu-mode "$GPU_MODE" \
+    --slow-host-rank 0 --slow-host-ms "$HOST_MS"
 }
 sc_ddp_host() { run_inj ddp-host 1 --slow-host-rank "$HOST_RANK" --slow-host-ms "$HOST_MS"; }
 

@@ -334,8 +334,10 @@ def nccl_version():
 
 
 HOG = r"""
-import os, sys, time, torch
-dev, busy, ppid = torch.device("cuda", int(sys.argv[1])), float(sys.argv[2]), os.getppid()
+import json, os, sys, time
+ppid = int(sys.argv[3])  # the trainer, passed in: it may die before torch is imported
+import torch
+dev, busy = torch.device("cuda", int(sys.argv[1])), float(sys.argv[2])
 a = torch.randn(4096, 4096, device=dev)
 b = torch.randn(4096, 4096, device=dev)
 for _ in range(3):
@@ -347,7 +349,9 @@ for _ in range(10):
 torch.cuda.synchronize(dev)
 per, period = (time.perf_counter() - t) / 10, 0.02
 n = max(1, round(busy * period / per))
-print(f"hog on {dev}: {n} matmuls of {per * 1e3:.3f} ms every {period * 1e3:.0f} ms", flush=True)
+# busy is a target: the trainer shares the GPU while this calibrates.
+print(json.dumps({"hog": str(dev), "matmuls": n, "matmul_ms": round(per * 1e3, 3), "period_ms": period * 1e3,
+                  "loop_start_mono_ns": time.monotonic_ns()}), flush=True)
 while os.getppid() == ppid:  # the trainer is gone: stop
     t0 = time.perf_counter()
     for _ in range(n):
@@ -364,8 +368,9 @@ def start_hog(local, busy, log_path):
     drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "CUDA_INJECTION64_PATH",
             "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT")
     env = {k: v for k, v in os.environ.items() if k not in drop}
-    log = open(log_path, "w")
-    return subprocess.Popen([sys.executable, "-c", HOG, str(local), str(busy)], env=env, stdout=log, stderr=log)
+    with open(log_path, "w") as log:  # the child keeps its own descriptor
+        return subprocess.Popen([sys.executable, "-c", HOG, str(local), str(busy), str(os.getpid())],
+                                env=env, stdout=log, stderr=log)
 
 
 def run_multi(rank, world, args):
@@ -488,7 +493,8 @@ def run_multi(rank, world, args):
                 per = (time.perf_counter() - a0) * 1e3 / 20
                 fb = sorted(fb_ms)[len(fb_ms) // 2]
                 slow_iters = max(1, round(args.slow_gpu_frac * fb / per))
-            if args.slow_gpu_rank == rank and args.slow_gpu_mode == "contend" and dev.type == "cuda":
+            if args.slow_gpu_rank == rank and args.slow_gpu_mode == "contend" and dev.type == "cuda" \
+                    and args.slow_gpu_frac > 0:
                 hog = start_hog(local, args.slow_gpu_frac, os.path.join(args.out_dir, f"hog{rank}.log"))
             out.write(json.dumps({"rank": rank, "injection_start": True, "step": step, "mono_ns": time.monotonic_ns(),
                                   "wall": time.time(), "slow_gpu_iters": slow_iters if extra is not None else 0,

@@ -37,7 +37,7 @@ func detectorConfig(c *cli.Context) (detector.Config, error) {
 	cfg.Threshold = c.Float64("threshold")
 	pt, err := parsePhaseThresholds(c.String("phase-threshold"))
 	if err != nil {
-		return cfg, cli.Exit(fmt.Sprintf("invalid --phase-threshold %q: %v", c.String("phase-threshold"), err), exitUsage)
+		return cfg, cli.Exit(fmt.Sprintf("invalid --phase-threshold: %v", err), exitUsage)
 	}
 	cfg.PhaseThresholds = pt
 	cfg.Floor = c.Duration("floor")
@@ -70,7 +70,7 @@ func parsePhaseThresholds(s string) (map[string]float64, error) {
 		phase, val, ok := strings.Cut(item, "=")
 		phase = strings.TrimSpace(phase)
 		if !ok || phase == "" {
-			return nil, fmt.Errorf("%q is not PHASE=VALUE", item)
+			return nil, fmt.Errorf("%q is not PHASE=VALUE (e.g. host=0.15)", item)
 		}
 		t, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
 		if err != nil {

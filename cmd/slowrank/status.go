@@ -8,10 +8,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -338,8 +341,8 @@ func writeControl(w io.Writer, cs agent.ControlState) {
 	if cs.SwapSettling {
 		settling = ", change settling"
 	}
-	fmt.Fprintf(w, "detector   window %s  threshold %g  floor %s  consecutive %d  (%d changes%s)\n",
-		time.Duration(d.Window), d.Threshold, time.Duration(d.Floor), d.Consecutive, cs.DetectorSwaps, settling)
+	fmt.Fprintf(w, "detector   window %s  threshold %s  floor %s  consecutive %d  (%d changes%s)\n",
+		time.Duration(d.Window), thresholdText(d), time.Duration(d.Floor), d.Consecutive, cs.DetectorSwaps, settling)
 	if u := cs.Duty; u != nil {
 		share := "steered by the budget"
 		if u.PinnedShare > 0 {
@@ -467,4 +470,18 @@ func sortedNames(m map[string]string) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// thresholdText is the global threshold followed by per-phase overrides,
+// e.g. "0.05 (host 0.15)".
+func thresholdText(d agent.DetectorSettings) string {
+	s := strconv.FormatFloat(d.Threshold, 'g', -1, 64)
+	if len(d.PhaseThresholds) == 0 {
+		return s
+	}
+	var over []string
+	for _, ph := range slices.Sorted(maps.Keys(d.PhaseThresholds)) {
+		over = append(over, ph+" "+strconv.FormatFloat(d.PhaseThresholds[ph], 'g', -1, 64))
+	}
+	return s + " (" + strings.Join(over, ", ") + ")"
 }

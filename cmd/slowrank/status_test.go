@@ -233,3 +233,18 @@ func TestWriteStatusWithoutControl(t *testing.T) {
 		t.Fatalf("%s", b.String())
 	}
 }
+
+func TestThresholdTextNamesOverrides(t *testing.T) {
+	tests := []struct {
+		d    agent.DetectorSettings
+		want string
+	}{
+		{agent.DetectorSettings{Threshold: 0.05}, "0.05"},
+		{agent.DetectorSettings{Threshold: 0.05, PhaseThresholds: map[string]float64{"host": 0.15, "compute": 0.08}}, "0.05 (compute 0.08, host 0.15)"},
+	}
+	for _, tc := range tests {
+		if got := thresholdText(tc.d); got != tc.want {
+			t.Errorf("thresholdText(%+v) = %q, want %q", tc.d, got, tc.want)
+		}
+	}
+}

@@ -93,8 +93,8 @@ func controlLine(rep agent.StatusReport) string {
 	}
 	if cs.DetectorSwaps > 0 {
 		d := cs.Detector
-		parts = append(parts, fmt.Sprintf("detector: window %s, threshold %g, floor %s, consecutive %d",
-			time.Duration(d.Window), d.Threshold, time.Duration(d.Floor), d.Consecutive))
+		parts = append(parts, fmt.Sprintf("detector: window %s, threshold %s, floor %s, consecutive %d",
+			time.Duration(d.Window), thresholdText(d), time.Duration(d.Floor), d.Consecutive))
 	}
 	return clip(strings.Join(parts, "; "), 79)
 }
