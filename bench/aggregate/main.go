@@ -360,7 +360,9 @@ func worker(ctx context.Context, o options, w, workers, hosts int, world []int, 
 			requests.Add(1)
 			if err != nil {
 				if ctx.Err() == nil {
-					errs.Add(1)
+					if n := errs.Add(1); n <= 3 { // say what failed; the count says how often
+						fmt.Fprintf(os.Stderr, "aggbench: send error %d (host %s, step %d): %v\n", n, h.name, h.step-1, err)
+					}
 				}
 				continue
 			}
