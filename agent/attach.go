@@ -184,23 +184,32 @@ func (t *attacher) mapped(k ProcessKey, lib Library) {
 	le.att, le.failed = att, false
 	if missing, required := att.Missing(); len(missing) > 0 {
 		t.a.counters.add("symbols_missing", int64(len(missing)))
-		lvl := "debug"
+		// Once per library, by name: an operator who asked for a probe
+		// (e.g. --probe-torch on a torch that does not export it) learns it
+		// is absent, and what it would have measured is not.
+		log := t.a.log.Info
 		if required {
-			lvl = "warn"
+			log = t.a.log.Warn
 		}
-		t.logAt(lvl, "library lacks probed symbols", "path", lib.Path, "missing", len(missing), "stripped", att.Stripped)
+		log("library lacks probed symbols", "path", lib.Path, "missing", len(missing),
+			"symbols", missingNames(missing, 6), "stripped", att.Stripped)
 	}
 	t.a.counters.add("libraries_attached", 1)
 	t.a.counters.add("probes_attached", int64(att.Attached()))
 	t.a.log.Info("attached", "library", filepath.Base(lib.Path), "kind", lib.Kind, "probes", att.Attached(), "took", time.Since(start).Round(time.Millisecond))
 }
 
-func (t *attacher) logAt(level, msg string, args ...any) {
-	if level == "warn" {
-		t.a.log.Warn(msg, args...)
-		return
+// missingNames lists up to max probe names, then how many more there are.
+func missingNames(specs []bpf.ProbeSpec, max int) string {
+	names := make([]string, 0, min(len(specs), max))
+	for i, s := range specs {
+		if i == max {
+			names = append(names, fmt.Sprintf("and %d more", len(specs)-max))
+			break
+		}
+		names = append(names, s.Name())
 	}
-	t.a.log.Debug(msg, args...)
+	return strings.Join(names, ", ")
 }
 
 func (t *attacher) unmapped(k ProcessKey, f FileID) {
