@@ -24,6 +24,8 @@
 #   healthy     plain DDP without injection for HEALTHY s (full run: >= 10 min)
 # ONLY="NAME ..." runs only the named scenarios of this call (the detached
 # healthy run of main is not a scenario of main and always starts).
+# RUN_TAG names the returned files of smoke and main (default: the mode), so
+# that two smoke runs in one call do not overwrite each other's results.
 # The full run does not fit one call (a call is cut at 10 min): `main` runs
 # the injection scenarios and C1, ships them, starts the healthy run detached
 # (setsid; it outlives the call while the machine stays warm) and holds the
@@ -83,6 +85,9 @@ fi
 # change its workload fingerprint (the detector then finds no comparable peer).
 : "${GPU_MODE:=contend}"
 : "${HOST_MS:=10}"     # host stall per step
+# start: before the forward pass (the GPU idles, the job slows: a straggler);
+# end: after the optimizer step (hidden behind queued GPU work: not one).
+: "${HOST_AT:=start}"
 : "${TP:=2}"           # TP group size of tpdp-mixed
 : "${PAIRS:=4}" "${BLOCK:=12}" "${SETTLE:=3}" "${WARMUP:=30}"  # C1
 : "${C2_STEPS:=150}"
@@ -146,9 +151,9 @@ run_inj() {
 sc_ddp_gpu() { run_inj ddp-gpu 1 --slow-gpu-rank "$GPU_RANK" --slow-gpu-frac "$GPU_FRAC" --slow-gpu-mode "$GPU_MODE"; }
 sc_tpdp_mixed() {
   run_inj tpdp-mixed "$TP" --slow-gpu-rank $((NGPU - 1)) --slow-gpu-frac "$GPU_FRAC" --slow-gpu-mode "$GPU_MODE" \
-    --slow-host-rank 0 --slow-host-ms "$HOST_MS"
+    --slow-host-rank 0 --slow-host-ms "$HOST_MS" --slow-host-at "$HOST_AT"
 }
-sc_ddp_host() { run_inj ddp-host 1 --slow-host-rank "$HOST_RANK" --slow-host-ms "$HOST_MS"; }
+sc_ddp_host() { run_inj ddp-host 1 --slow-host-rank "$HOST_RANK" --slow-host-ms "$HOST_MS" --slow-host-at "$HOST_AT"; }
 
 sc_c1() {
   PORT=$((PORT + 1))
@@ -299,7 +304,7 @@ smoke | main)
   scenario c2 "$est_c2" "$deadline" sc_c2
   scenario ddp-host "$est_inj" "$deadline" sc_ddp_host
   if [ "$MODE" = main ]; then echo "${SKIPPED[*]}" >"$WORK/pending"; fi
-  ship "$MODE"
+  ship "${RUN_TAG:-$MODE}"
   if [ "$MODE" = main ]; then
     start_detached_healthy
     last=0
@@ -311,7 +316,7 @@ smoke | main)
       fi
       sleep 5
     done
-    cp "$OUT/console.log" "$RESULTS/multigpu-$MODE-console.log" 2>/dev/null || true
+    cp "$OUT/console.log" "$RESULTS/multigpu-${RUN_TAG:-$MODE}-console.log" 2>/dev/null || true
     echo "main done at t=${SECONDS} s; healthy $(healthy_state). NOW run: bash bench/gpu/multigpu.sh collect (the machine is given back 30 s after this call)"
   fi
   ;;

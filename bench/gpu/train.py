@@ -29,7 +29,10 @@ with a "meta" line (local rank, TP/DP index, device, pid).
 Injections (for localisation experiments):
   --slow-gpu-rank R --slow-gpu-factor F --slow-from S : extra GPU matmuls on
       rank R from step S, sized to add about (F-1) of its compute;
-  --slow-host-rank R --slow-host-ms M --slow-from S   : a host sleep per step.
+  --slow-host-rank R --slow-host-ms M --slow-from S   : a host sleep per step;
+      --slow-host-at start|end (--multi-gpu) puts it before the forward pass
+      (the GPU idles: the job slows) or after the optimizer step (the GPU
+      still works: hidden unless longer than its queue).
   --slow-from-s T : (--multi-gpu) start the injection T seconds after the
       injected rank's first step instead of at a step number.
   --slow-gpu-mode contend : (--multi-gpu) instead of extra kernels in the
@@ -500,11 +503,14 @@ def run_multi(rank, world, args):
                                   "wall": time.time(), "slow_gpu_iters": slow_iters if extra is not None else 0,
                                   "slow_gpu_mode": args.slow_gpu_mode if args.slow_gpu_rank == rank else None,
                                   "slow_host_ms": args.slow_host_ms if args.slow_host_rank == rank else 0,
+                                  "slow_host_at": args.slow_host_at if args.slow_host_rank == rank else None,
                                   "fb_ms_median": sorted(fb_ms)[len(fb_ms) // 2] if fb_ms else None}) + "\n")
         if extra is not None and slow:
             # Extra GPU work ahead of the forward pass, on the compute stream.
             for _ in range(slow_iters):
                 extra[0].copy_(extra[0] @ extra[1] * 1e-3)
+        if args.slow_host_rank == rank and slow and args.slow_host_at == "start":
+            time.sleep(args.slow_host_ms / 1e3)  # like a data loader stall: the GPU has nothing queued
         measure = 5 <= step < 25 and extra is not None
         if measure:
             sync()
@@ -518,8 +524,8 @@ def run_multi(rank, world, args):
             sync()
             fb_ms.append((time.perf_counter() - m0) * 1e3)
         opt.step()
-        if args.slow_host_rank == rank and slow:
-            time.sleep(args.slow_host_ms / 1e3)
+        if args.slow_host_rank == rank and slow and args.slow_host_at == "end":
+            time.sleep(args.slow_host_ms / 1e3)  # while the GPU still works: hidden unless longer than its queue
         sync()  # the timer's native effect: a device synchronisation
         t1 = time.monotonic_ns()
         out.write(json.dumps({"rank": rank, "step": step, "start_ns": t0, "end_ns": t1,
@@ -623,6 +629,9 @@ def main():
                     help="extra: more kernels in the rank; contend: a noisy neighbour process on its GPU (--multi-gpu)")
     ap.add_argument("--slow-host-rank", type=int, default=-1)
     ap.add_argument("--slow-host-ms", type=float, default=0)
+    ap.add_argument("--slow-host-at", choices=("start", "end"), default="end",
+                    help="(--multi-gpu) where the host stall sits: start of the step (GPU idle: the job slows) or "
+                         "after optimizer.step (GPU still busy: hidden unless longer than its queued work)")
     ap.add_argument("--stop-file", help="(--multi-gpu) stop early once this file exists (checked by rank 0 every step)")
     ap.add_argument("--stop-margin", type=int, default=10, help="(--multi-gpu) steps between rank 0's stop decision and the stop")
     ap.add_argument("--store-timeout", type=float, default=300, help="(--multi-gpu) seconds for store and collectives")
