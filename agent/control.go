@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"time"
@@ -75,6 +76,9 @@ type ControlRequest struct {
 	Threshold   *float64  `json:"threshold,omitempty"`
 	Floor       *Duration `json:"floor,omitempty"`
 	Consecutive *int      `json:"consecutive,omitempty"`
+	// PhaseThresholds set per-phase overrides of Threshold; a value of 0
+	// removes a phase's override. Phases not named keep theirs.
+	PhaseThresholds map[string]float64 `json:"phase_thresholds,omitempty"`
 	// Duty cycle of device collection. DutyShare pins the on-share of each
 	// period (0 < share <= 1), DutyAuto returns it to the budget, DutyBudget
 	// changes the overhead budget (0 < budget < 1), DutyPeriod the period.
@@ -85,7 +89,7 @@ type ControlRequest struct {
 }
 
 func (r ControlRequest) hasDetector() bool {
-	return r.Window != nil || r.Threshold != nil || r.Floor != nil || r.Consecutive != nil
+	return r.Window != nil || r.Threshold != nil || r.Floor != nil || r.Consecutive != nil || len(r.PhaseThresholds) > 0
 }
 
 func (r ControlRequest) hasDuty() bool {
@@ -111,13 +115,18 @@ func (r ControlRequest) Validate() error {
 		return bad("unknown action %q (pause, resume or set)", r.Action)
 	}
 	if !r.hasDetector() && !r.hasDuty() {
-		return bad("\"set\" needs at least one of window, threshold, floor, consecutive, duty_budget, duty_share, duty_auto, duty_period")
+		return bad("\"set\" needs at least one of window, threshold, phase_thresholds, floor, consecutive, duty_budget, duty_share, duty_auto, duty_period")
 	}
 	if r.Window != nil && *r.Window <= 0 {
 		return bad("window must be positive, got %s", time.Duration(*r.Window))
 	}
 	if r.Threshold != nil && (!(*r.Threshold > 0) || *r.Threshold > 100) {
 		return bad("threshold must be in (0, 100], got %g", *r.Threshold)
+	}
+	for _, ph := range slices.Sorted(maps.Keys(r.PhaseThresholds)) {
+		if t := r.PhaseThresholds[ph]; ph == "" || !(t >= 0) || t > 100 {
+			return bad("phase threshold %q=%g: want a phase name and a value in (0, 100], or 0 to remove the override", ph, t)
+		}
 	}
 	if r.Floor != nil && *r.Floor < 0 {
 		return bad("floor must not be negative, got %s", time.Duration(*r.Floor))
@@ -331,6 +340,37 @@ func (a *Agent) applyPlan() {
 	a.planMu.Unlock()
 }
 
+// withDetectorSettings returns cfg changed by the detector fields of req.
+func withDetectorSettings(cfg detector.Config, req ControlRequest) detector.Config {
+	if req.Window != nil {
+		cfg.Window = time.Duration(*req.Window)
+	}
+	if req.Threshold != nil {
+		cfg.Threshold = *req.Threshold
+	}
+	if len(req.PhaseThresholds) > 0 {
+		over := maps.Clone(cfg.PhaseThresholds)
+		if over == nil {
+			over = map[string]float64{}
+		}
+		for ph, t := range req.PhaseThresholds {
+			if t == 0 {
+				delete(over, ph)
+			} else {
+				over[ph] = t
+			}
+		}
+		cfg.PhaseThresholds = over
+	}
+	if req.Floor != nil {
+		cfg.Floor = time.Duration(*req.Floor)
+	}
+	if req.Consecutive != nil {
+		cfg.Consecutive = *req.Consecutive
+	}
+	return cfg
+}
+
 // set applies the settings of a "set" request: all or nothing.
 func (a *Agent) set(req ControlRequest) error {
 	if req.hasDuty() && a.duty == nil {
@@ -341,19 +381,7 @@ func (a *Agent) set(req ControlRequest) error {
 		if a.pipe.swap.old != nil {
 			return ErrSwapInProgress
 		}
-		cfg := a.pipe.det.Config()
-		if req.Window != nil {
-			cfg.Window = time.Duration(*req.Window)
-		}
-		if req.Threshold != nil {
-			cfg.Threshold = *req.Threshold
-		}
-		if req.Floor != nil {
-			cfg.Floor = time.Duration(*req.Floor)
-		}
-		if req.Consecutive != nil {
-			cfg.Consecutive = *req.Consecutive
-		}
+		cfg := withDetectorSettings(a.pipe.det.Config(), req)
 		if err := cfg.Validate(); err != nil {
 			return fmt.Errorf("%w: %w", ErrInvalidControl, err)
 		}
@@ -368,6 +396,7 @@ func (a *Agent) set(req ControlRequest) error {
 		a.log.Info("detector settings change at the next window boundary",
 			"window", fmt.Sprintf("%s -> %s", old.Window, newDet.Window),
 			"threshold", fmt.Sprintf("%g -> %g", old.Threshold, newDet.Threshold),
+			"phase_thresholds", fmt.Sprintf("%v -> %v", old.PhaseThresholds, newDet.PhaseThresholds),
 			"floor", fmt.Sprintf("%s -> %s", old.Floor, newDet.Floor),
 			"consecutive", fmt.Sprintf("%d -> %d", old.Consecutive, newDet.Consecutive))
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -27,6 +28,11 @@ func TestControlRequestValidate(t *testing.T) {
 		{"set all", ControlRequest{Action: "set", Window: d("2s"), Threshold: ptr(0.1), Floor: d("2ms"), Consecutive: ptr(2),
 			DutyBudget: ptr(0.002), DutyShare: ptr(0.5), DutyPeriod: d("5s")}, ""},
 		{"duty auto", ControlRequest{Action: "set", DutyAuto: true}, ""},
+		{"set phase threshold", ControlRequest{Action: "set", PhaseThresholds: map[string]float64{"host": 0.15}}, ""},
+		{"remove phase threshold", ControlRequest{Action: "set", PhaseThresholds: map[string]float64{"host": 0}}, ""},
+		{"negative phase threshold", ControlRequest{Action: "set", PhaseThresholds: map[string]float64{"host": -1}}, `phase threshold "host"`},
+		{"unnamed phase threshold", ControlRequest{Action: "set", PhaseThresholds: map[string]float64{"": 0.1}}, "phase name"},
+		{"pause with phase threshold", ControlRequest{Action: "pause", PhaseThresholds: map[string]float64{"host": 0.1}}, "takes no settings"},
 		{"no action", ControlRequest{}, "action is missing"},
 		{"unknown action", ControlRequest{Action: "stop"}, "unknown action"},
 		{"pause with settings", ControlRequest{Action: "pause", Window: d("1s")}, "takes no settings"},
@@ -51,6 +57,32 @@ func TestControlRequestValidate(t *testing.T) {
 			}
 			if err == nil || !strings.Contains(err.Error(), tt.want) || !errors.Is(err, ErrInvalidControl) {
 				t.Fatalf("error %v, want one containing %q wrapping ErrInvalidControl", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestWithDetectorSettingsMergesPhaseThresholds(t *testing.T) {
+	base := detector.DefaultConfig()
+	base.PhaseThresholds = map[string]float64{"host": 0.2}
+	tests := []struct {
+		name string
+		set  map[string]float64
+		want map[string]float64
+	}{
+		{"none named: kept", nil, map[string]float64{"host": 0.2}},
+		{"added", map[string]float64{"compute": 0.08}, map[string]float64{"host": 0.2, "compute": 0.08}},
+		{"changed", map[string]float64{"host": 0.15}, map[string]float64{"host": 0.15}},
+		{"removed", map[string]float64{"host": 0}, map[string]float64{}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := withDetectorSettings(base, ControlRequest{Action: ActionSet, PhaseThresholds: tc.set})
+			if !maps.Equal(got.PhaseThresholds, tc.want) {
+				t.Errorf("phase thresholds %v, want %v", got.PhaseThresholds, tc.want)
+			}
+			if base.PhaseThresholds["host"] != 0.2 || len(base.PhaseThresholds) != 1 {
+				t.Fatalf("the running detector's map was changed: %v", base.PhaseThresholds)
 			}
 		})
 	}

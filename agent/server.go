@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/pprof"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -479,6 +481,12 @@ func WriteMetrics(w io.Writer, r StatusReport) {
 		m.gauge("slowrank_agent_paused", "1 while collection is paused.", paused)
 		m.gauge("slowrank_agent_detector_window_seconds", "Detector window.", time.Duration(c.Detector.Window).Seconds())
 		m.gauge("slowrank_agent_detector_threshold", "Relative deviation that makes a window slow.", c.Detector.Threshold)
+		if len(c.Detector.PhaseThresholds) > 0 {
+			m.family("slowrank_agent_detector_phase_threshold", "Per-phase override of the detector threshold.", "gauge")
+			for _, ph := range slices.Sorted(maps.Keys(c.Detector.PhaseThresholds)) {
+				m.sample("slowrank_agent_detector_phase_threshold", []string{"phase", ph}, c.Detector.PhaseThresholds[ph])
+			}
+		}
 		m.gauge("slowrank_agent_detector_floor_seconds", "Absolute difference below which no window is slow.", time.Duration(c.Detector.Floor).Seconds())
 		m.gauge("slowrank_agent_detector_consecutive", "Slow windows before an alert.", float64(c.Detector.Consecutive))
 		m.counter("slowrank_agent_detector_swaps_total", "Detector changes at run time.", float64(c.DetectorSwaps))

@@ -215,6 +215,7 @@ var promLine = regexp.MustCompile(`^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z
 func TestMetricsFormat(t *testing.T) {
 	f := newFake()
 	f.state.Paused = true
+	f.state.Detector.PhaseThresholds = map[string]float64{"host": 0.15, "compute": 0.08}
 	h := NewHandler(f, HandlerConfig{Export: func() ExportHealth { return ExportHealth{Counters: map[string]int64{"export_errors": 1}} }})
 	code, body := do(t, h, "GET", "/metrics", "")
 	if code != 200 {
@@ -249,6 +250,7 @@ func TestMetricsFormat(t *testing.T) {
 		`slowrank_agent_rank_straggler{job="we\"ird\\job",rank="2"} 1`, `slowrank_agent_counter{name="probe_ncclAllReduce"} 99`,
 		`slowrank_agent_export_counter{name="export_errors"} 1`, `slowrank_agent_device_collection{state="paused"} 1`,
 		"slowrank_agent_detector_window_seconds 5",
+		`slowrank_agent_detector_phase_threshold{phase="compute"} 0.08`, `slowrank_agent_detector_phase_threshold{phase="host"} 0.15`,
 	} {
 		if !strings.Contains(body, want+"\n") {
 			t.Errorf("metrics lack %q:\n%s", want, body)

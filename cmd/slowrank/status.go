@@ -270,7 +270,8 @@ func controlCommand() *cli.Command {
 		Name:  "control",
 		Usage: "change a running agent without a restart: pause, resume, set detector and duty-cycle settings",
 		UsageText: "slowrank control pause|resume\n" +
-			"slowrank control set [--window 5s] [--threshold 0.05] [--floor 1ms] [--consecutive 3]\n" +
+			"slowrank control set [--window 5s] [--threshold 0.05] [--phase-threshold host=0.15] [--floor 1ms]\n" +
+			"                     [--consecutive 3]\n" +
 			"                     [--duty-budget 0.003] [--duty-share 0.1 | --duty-auto] [--duty-period 10s]",
 		Description: "Talks to the agent's Unix socket (root only). pause untracks every training process\n" +
 			"in BPF and turns device collection off; resume undoes it. Detector changes take\n" +
@@ -286,6 +287,7 @@ func controlCommand() *cli.Command {
 			{Name: "set", Usage: "change detector or duty-cycle settings", Flags: append(endpointFlags(),
 				&cli.DurationFlag{Name: "window", Usage: "evaluation window"},
 				&cli.Float64Flag{Name: "threshold", Usage: "relative deviation that makes a window slow"},
+				&cli.StringFlag{Name: "phase-threshold", Usage: "per-phase overrides of --threshold, e.g. host=0.15 (host=0 removes the override)"},
 				&cli.DurationFlag{Name: "floor", Usage: "absolute difference below which no window is slow"},
 				&cli.IntFlag{Name: "consecutive", Usage: "slow windows before an alert"},
 				&cli.Float64Flag{Name: "duty-budget", Usage: "overhead budget of device collection (fraction of step time)"},
@@ -293,7 +295,10 @@ func controlCommand() *cli.Command {
 				&cli.BoolFlag{Name: "duty-auto", Usage: "steer the on-share by the budget again"},
 				&cli.DurationFlag{Name: "duty-period", Usage: "duty-cycle period"},
 			), Action: func(c *cli.Context) error {
-				req := controlSetRequest(c)
+				req, err := controlSetRequest(c)
+				if err != nil {
+					return cli.Exit(err.Error(), exitUsage)
+				}
 				if err := req.Validate(); err != nil {
 					return cli.Exit(err.Error(), exitUsage)
 				}
@@ -304,7 +309,7 @@ func controlCommand() *cli.Command {
 }
 
 // controlSetRequest builds a "set" request from the flags given.
-func controlSetRequest(c *cli.Context) agent.ControlRequest {
+func controlSetRequest(c *cli.Context) (agent.ControlRequest, error) {
 	req := agent.ControlRequest{Action: agent.ActionSet, DutyAuto: c.Bool("duty-auto")}
 	dur := func(name string) *agent.Duration {
 		if !c.IsSet(name) {
@@ -326,7 +331,12 @@ func controlSetRequest(c *cli.Context) agent.ControlRequest {
 		n := c.Int("consecutive")
 		req.Consecutive = &n
 	}
-	return req
+	pt, err := parsePhaseThresholds(c.String("phase-threshold"))
+	if err != nil {
+		return req, fmt.Errorf("invalid --phase-threshold: %w", err)
+	}
+	req.PhaseThresholds = pt
+	return req, nil
 }
 
 // writeControl prints the runtime-control state in a few lines.

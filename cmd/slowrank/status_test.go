@@ -207,6 +207,17 @@ func TestControlCommand(t *testing.T) {
 	if last.Action != "set" || time.Duration(*last.Window) != 4*time.Second || *last.Threshold != 0.1 || last.Floor != nil || last.Consecutive != nil {
 		t.Fatalf("request %+v", last)
 	}
+	if out, code := captureRun(t, "control", "set", "--socket", sock, "--phase-threshold", "host=0.15,compute=0"); code != 0 {
+		t.Fatalf("set phase thresholds: exit %d:\n%s", code, out)
+	}
+	if last := f.reqs[len(f.reqs)-1]; len(last.PhaseThresholds) != 2 || last.PhaseThresholds["host"] != 0.15 || last.PhaseThresholds["compute"] != 0 {
+		t.Fatalf("phase thresholds request %+v", last)
+	}
+	for _, bad := range []string{"host", "host=-1", "=0.1"} {
+		if out, code := captureRun(t, "control", "set", "--socket", sock, "--phase-threshold", bad); code != exitUsage {
+			t.Fatalf("--phase-threshold %q: exit %d:\n%s", bad, code, out)
+		}
+	}
 	if out, code := captureRun(t, "control", "set", "--socket", sock); code != exitUsage {
 		t.Fatalf("empty set: exit %d:\n%s", code, out)
 	}
