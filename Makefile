@@ -49,7 +49,7 @@ fuzz-test: ## run every fuzz target for FUZZTIME
 	    echo "fuzz $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 2s $$pkg; \
 	  done; done
 
-test: lint build fakelibs cupti-test e2e-tools unit-test fuzz-test ## everything CI runs
+test: lint build fakelibs cupti-test cupti-stress e2e-tools unit-test fuzz-test ## everything CI runs
 
 demo: build fakelibs ## the agent on a 4-rank fake job with one slow rank (root)
 	test/demo/demo.sh

@@ -237,6 +237,7 @@ loop:
 		case now := <-tick.C:
 			mono := monotonicNow()
 			a.att.forgetDue(mono)
+			a.att.tendCUPTI(mono)
 			a.drainInput()
 			a.pipe.tick(mono)
 			if a.duty != nil && now.Sub(lastDuty) >= time.Second {

@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -57,6 +56,8 @@ type procEntry struct {
 	ctlGen    uint32
 	lastDuty  cupti.Duty
 	dutyValid bool
+	dutyAt    time.Time  // last duty write: rewritten before the library's lease ends
+	cupti     cuptiState // other CUPTI clients, the library's status
 }
 
 type pendingForget struct {
@@ -329,8 +330,10 @@ func (t *attacher) applyDuty(p DutyPlan) {
 	if t.a.control.paused {
 		d = cupti.Duty{Mode: cupti.DutyOff} // control.go: paused
 	}
+	now := time.Now()
 	for _, pe := range t.procs {
-		if pe.inject == nil || (pe.dutyValid && pe.lastDuty == d) {
+		fresh := now.Sub(pe.dutyAt) < dutyRefresh
+		if pe.inject == nil || (pe.dutyValid && pe.lastDuty == d && fresh) {
 			continue
 		}
 		if err := t.writeDuty(pe, d); err != nil {
@@ -338,42 +341,22 @@ func (t *attacher) applyDuty(p DutyPlan) {
 			t.a.log.Debug("write duty cycle", "pid", pe.proc.PID, "err", err)
 			continue
 		}
-		pe.lastDuty, pe.dutyValid = d, true
+		pe.lastDuty, pe.dutyValid, pe.dutyAt = d, true, now
 		t.a.counters.add("duty_writes", 1)
 	}
 }
 
+// dutyRefresh is how often an unchanged duty configuration is written
+// again: the library stops collecting when its configuration outlives its
+// lease (SLOWRANK_LEASE_MS, 60 s), so that a hung agent cannot leave
+// collection on.
+const dutyRefresh = 10 * time.Second
+
 func (t *attacher) writeDuty(pe *procEntry, d cupti.Duty) error {
-	pid := pe.proc.PID
-	procRoot := t.a.cfg.ProcRoot
-	if procRoot == "" {
-		procRoot = "/proc"
+	if err := t.controlAddr(pe); err != nil {
+		return err
 	}
-	if pe.ctlAddr == 0 {
-		lib, err := cupti.InspectLibrary(pe.inject.HostPath)
-		if err != nil {
-			return fmt.Errorf("inspect injection library: %w", err)
-		}
-		maps, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "maps"))
-		if err != nil {
-			return err
-		}
-		addr, err := cupti.ControlAddress(maps, pe.inject.File.Inode, lib)
-		if err != nil {
-			return err
-		}
-		mem, err := os.Open(filepath.Join(procRoot, strconv.Itoa(pid), "mem"))
-		if err != nil {
-			return err
-		}
-		cb, err := cupti.ReadControl(mem, int64(addr))
-		mem.Close()
-		if err != nil {
-			return err
-		}
-		pe.ctlAddr, pe.ctlGen = addr, cb.Generation
-	}
-	mem, err := os.OpenFile(filepath.Join(procRoot, strconv.Itoa(pid), "mem"), os.O_RDWR, 0)
+	mem, err := os.OpenFile(t.procPath(pe.proc.PID, "mem"), os.O_RDWR, 0)
 	if err != nil {
 		return err
 	}

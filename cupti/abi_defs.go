@@ -11,7 +11,7 @@ const (
 	RecordMin    = 0x8
 	NameMax      = 0x200
 	ControlMagic = 0x54435253
-	ControlVer   = 0x1
+	ControlVer   = 0x2
 
 	batchFlagEpochStart = 0x1
 	batchFlagFinal      = 0x2
@@ -26,7 +26,7 @@ const (
 	kernelFlagSerial    = 0x1
 	nameFlagTruncated   = 0x1
 	numClasses          = 0x6
-	numStats            = 0x13
+	numStats            = 0x1b
 	defaultDutyOnMs     = 0xc8
 	defaultDutyPeriodMs = 0x4e20
 )
@@ -145,4 +145,12 @@ type rawControl struct {
 	Heartbeat_ns       uint64
 	Cupti_version      uint32
 	Reserved1          uint32
+	Cupti_gen          uint32
+	Yield              uint32
+	Foreign_since_ns   uint64
+	Ctl_tid            uint32
+	Yields             uint32
+	Yielded_ns_total   uint64
+	Buffers_orphaned   uint64
+	Reserved2          uint64
 }

@@ -53,6 +53,25 @@ type Status struct {
 	LibDropped        uint64
 	HeartbeatNs       uint64 // CLOCK_MONOTONIC of the control thread's last poll (every <= 50 ms)
 	CUPTIVersion      uint32 // cuptiGetVersion of the loaded libcupti
+	// CtlTID is the library's control thread: CUPTI calls from it are the
+	// library's own, calls from any other thread another client's.
+	CtlTID          uint32
+	Yields          uint32        // times the library yielded to another CUPTI client
+	YieldedTotal    time.Duration // time spent yielded
+	BuffersOrphaned uint64        // buffers CUPTI never handed back (another client, cuptiFinalize)
+}
+
+// Yield is the agent's decision about other CUPTI clients in the process
+// (see Yield in slowrank_abi.h).
+type Yield struct {
+	// Gen advances with every decision; the library waits for it to move
+	// after each attach before it uses CUPTI.
+	Gen uint32
+	// Active: another client is active, the library makes no CUPTI call.
+	Active bool
+	// ForeignSinceNs is the CLOCK_MONOTONIC time of the other client's
+	// first call (kinds the library disabled after it are enabled again).
+	ForeignSinceNs uint64
 }
 
 // ControlBlock is a decoded slowrank_cupti_control.
@@ -61,6 +80,7 @@ type ControlBlock struct {
 	Duty       Duty
 	Step       uint64
 	Status     Status
+	Yield      Yield
 }
 
 // ParseControl decodes a control block read from the process.
@@ -105,6 +125,15 @@ func ParseControl(b []byte) (ControlBlock, error) {
 		LibDropped:        u64(b, unsafe.Offsetof(r.Lib_dropped)),
 		HeartbeatNs:       u64(b, unsafe.Offsetof(r.Heartbeat_ns)),
 		CUPTIVersion:      u32(b, unsafe.Offsetof(r.Cupti_version)),
+		CtlTID:            u32(b, unsafe.Offsetof(r.Ctl_tid)),
+		Yields:            u32(b, unsafe.Offsetof(r.Yields)),
+		YieldedTotal:      time.Duration(u64(b, unsafe.Offsetof(r.Yielded_ns_total))),
+		BuffersOrphaned:   u64(b, unsafe.Offsetof(r.Buffers_orphaned)),
+	}
+	c.Yield = Yield{
+		Gen:            u32(b, unsafe.Offsetof(r.Cupti_gen)),
+		Active:         u32(b, unsafe.Offsetof(r.Yield)) != 0,
+		ForeignSinceNs: u64(b, unsafe.Offsetof(r.Foreign_since_ns)),
 	}
 	return c, nil
 }
@@ -178,6 +207,31 @@ func WriteStep(w io.WriterAt, addr int64, step uint64) error {
 	le.PutUint64(b[:], step)
 	if _, err := w.WriteAt(b[:], addr+int64(unsafe.Offsetof(r.Step))); err != nil {
 		return fmt.Errorf("write control step: %w", err)
+	}
+	return nil
+}
+
+// WriteYield publishes the agent's decision about other CUPTI clients:
+// foreign_since_ns and yield first, then cupti_gen = y.Gen (the library
+// acts on a moved generation; one aligned store each). The caller advances
+// Gen past the value it last read or wrote.
+func WriteYield(w io.WriterAt, addr int64, y Yield) error {
+	var r rawControl
+	var b8 [8]byte
+	le.PutUint64(b8[:], y.ForeignSinceNs)
+	if _, err := w.WriteAt(b8[:], addr+int64(unsafe.Offsetof(r.Foreign_since_ns))); err != nil {
+		return fmt.Errorf("write control foreign_since_ns: %w", err)
+	}
+	var b4 [4]byte
+	if y.Active {
+		le.PutUint32(b4[:], 1)
+	}
+	if _, err := w.WriteAt(b4[:], addr+int64(unsafe.Offsetof(r.Yield))); err != nil {
+		return fmt.Errorf("write control yield: %w", err)
+	}
+	le.PutUint32(b4[:], y.Gen)
+	if _, err := w.WriteAt(b4[:], addr+int64(unsafe.Offsetof(r.Cupti_gen))); err != nil {
+		return fmt.Errorf("write control cupti_gen: %w", err)
 	}
 	return nil
 }

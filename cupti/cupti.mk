@@ -87,6 +87,37 @@ cupti-test-tsan: $(CUPTI_LIB_SRCS) $(CUPTI_HDRS) $(CUPTI_DIR)/test_inject.c $(CU
 		$(CUPTI_DIR)/test_inject.c -ldl -lpthread
 	TSAN_OPTIONS=halt_on_error=1 timeout 120 $(CUPTI_TEST_OUT)/tsan/test_inject $(CUPTI_TEST_OUT)/tsan/libslowrank_cupti.so
 
+# The life cycle under a random schedule (attach, detach, SIGKILL, restart,
+# bad control writes, fork, a Kineto-like second client, cuptiFinalize)
+# against the fake libcupti, once under ASan+UBSan and once under TSan.
+# STRESS_SECONDS per run; STRESS_SEED=N repeats a schedule.
+STRESS_SECONDS ?= 8
+CUPTI_FAKE_SRC := $(CUPTI_ROOT)/test/fakelibs/cupti.c
+CUPTI_STRESS_DEPS := $(CUPTI_LIB_SRCS) $(CUPTI_HDRS) $(CUPTI_DIR)/test_stress.c $(CUPTI_FAKE_SRC) $(CUPTI_HEADER_DEPS)
+
+define cupti_stress_build
+$(CUPTI_TEST_OUT)/$(1)/test_stress: $(CUPTI_STRESS_DEPS)
+	@mkdir -p $(CUPTI_TEST_OUT)/$(1)
+	$(CUPTI_CC) $(CUPTI_CFLAGS) -Wno-tsan $(2) -shared -o $(CUPTI_TEST_OUT)/$(1)/libslowrank_cupti.so \
+		$(CUPTI_LIB_SRCS) -ldl -lpthread
+	$(CUPTI_CC) $(CUPTI_CFLAGS) -Wno-tsan $(2) -fvisibility=default -shared -o $(CUPTI_TEST_OUT)/$(1)/libcupti.so \
+		$(CUPTI_FAKE_SRC) -lpthread
+	$(CUPTI_CC) $(CUPTI_CFLAGS) -Wno-tsan $(2) -o $$@ $(CUPTI_DIR)/test_stress.c -ldl -lpthread
+endef
+CUPTI_SAN_asan := -fsanitize=address,undefined -fno-omit-frame-pointer
+CUPTI_SAN_tsan := -fsanitize=thread
+$(eval $(call cupti_stress_build,asan,$$(CUPTI_SAN_asan)))
+$(eval $(call cupti_stress_build,tsan,$$(CUPTI_SAN_tsan)))
+
+.PHONY: cupti-stress
+cupti-stress: $(CUPTI_TEST_OUT)/asan/test_stress $(CUPTI_TEST_OUT)/tsan/test_stress
+	ASAN_OPTIONS=abort_on_error=1:detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+		timeout 120 $(CUPTI_TEST_OUT)/asan/test_stress $(CUPTI_TEST_OUT)/asan/libslowrank_cupti.so \
+		$(CUPTI_TEST_OUT)/asan/libcupti.so $(STRESS_SECONDS)
+	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+		timeout 180 $(CUPTI_TEST_OUT)/tsan/test_stress $(CUPTI_TEST_OUT)/tsan/libslowrank_cupti.so \
+		$(CUPTI_TEST_OUT)/tsan/libcupti.so $(STRESS_SECONDS)
+
 # The Go mirror of slowrank_abi.h (also part of `go generate ./...`).
 cupti-generate:
 	cd $(CUPTI_DIR) && $(GO) generate ./

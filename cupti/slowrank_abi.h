@@ -172,7 +172,15 @@ struct slowrank_name_record {
 #define SLOWRANK_STAT_CUPTI_ERRORS        16
 #define SLOWRANK_STAT_ON_NS               17 /* total time with activity kinds enabled */
 #define SLOWRANK_STAT_DISCARDED_DETACHED  18 /* records completed while no agent was attached */
-#define SLOWRANK_STAT_COUNT               19
+#define SLOWRANK_STAT_YIELDS              19 /* times the library yielded to another CUPTI client */
+#define SLOWRANK_STAT_YIELDED_NS          20 /* total time yielded */
+#define SLOWRANK_STAT_BUFFERS_ORPHANED    21 /* buffers CUPTI never handed back (another client took them, cuptiFinalize) */
+#define SLOWRANK_STAT_FOREIGN_CLOCK       22 /* records dropped: timestamps not on CLOCK_MONOTONIC (another client's clock) */
+#define SLOWRANK_STAT_LEASE_EXPIRED       23 /* the agent's configuration aged past its lease: collection off */
+#define SLOWRANK_STAT_CONTROL_REJECTED    24 /* configurations refused as out of bounds (period < minimum) */
+#define SLOWRANK_STAT_REENABLED           25 /* kinds enabled again after a toggle raced another client's start */
+#define SLOWRANK_STAT_SETUPS              26 /* callback (re)registrations */
+#define SLOWRANK_STAT_COUNT               27
 
 struct slowrank_stats_record {
 	uint16_t kind;     /* 0 SLOWRANK_REC_STATS */
@@ -190,6 +198,8 @@ struct slowrank_stats_record {
 #define SLOWRANK_REASON_ATTACH     2 /* agent attached / detached */
 #define SLOWRANK_REASON_EXIT       3 /* process exit */
 #define SLOWRANK_REASON_ERROR      4 /* CUPTI refused: collection stopped */
+#define SLOWRANK_REASON_YIELD      5 /* another CUPTI client (Kineto, nsys) started: hands off */
+#define SLOWRANK_REASON_LEASE      6 /* the agent's configuration expired (agent hung) */
 
 struct slowrank_transition_record {
 	uint16_t kind;   /*  0 SLOWRANK_REC_TRANSITION */
@@ -206,7 +216,7 @@ struct slowrank_transition_record {
 
 /* "SRCT" read as a little-endian u32. */
 #define SLOWRANK_CONTROL_MAGIC   0x54435253u
-#define SLOWRANK_CONTROL_VERSION 1
+#define SLOWRANK_CONTROL_VERSION 2
 
 #define SLOWRANK_DUTY_OFF    0 /* never collect */
 #define SLOWRANK_DUTY_ALWAYS 1 /* collect while attached */
@@ -221,6 +231,7 @@ struct slowrank_transition_record {
 #define SLOWRANK_STATE_UNAVAILABLE 4 /* libcupti could not be loaded */
 #define SLOWRANK_STATE_REFUSED     5 /* CUPTI refused (another subscriber, privileges...): retried on next attach */
 #define SLOWRANK_STATE_DISABLED    6 /* SLOWRANK_CUPTI_DISABLE=1 */
+#define SLOWRANK_STATE_YIELDED     7 /* another CUPTI client is active: the library makes no CUPTI call */
 
 /* status_flags */
 #define SLOWRANK_STATUS_CUPTI_LOADED  (1u << 0)
@@ -229,6 +240,9 @@ struct slowrank_transition_record {
 #define SLOWRANK_STATUS_CALIBRATED    (1u << 3) /* offset calibration in use */
 #define SLOWRANK_STATUS_THREAD_ALIVE  (1u << 4)
 #define SLOWRANK_STATUS_FORCED_ATTACH (1u << 5) /* SLOWRANK_CUPTI_FORCE_ATTACH=1 (debug) */
+#define SLOWRANK_STATUS_LEASE_EXPIRED (1u << 6) /* the agent's configuration expired: collection off */
+#define SLOWRANK_STATUS_FOREIGN_SUBSCRIBER (1u << 7) /* at attach, another client held CUPTI's subscriber */
+#define SLOWRANK_STATUS_WAITING       (1u << 8) /* attached, waiting for the agent's yield decision */
 
 /*
  * Protocol. The library exports one instance, `slowrank_cupti_control`.
@@ -240,7 +254,31 @@ struct slowrank_transition_record {
  * The library polls every <= 50 ms and applies a configuration only when it
  * reads the same even generation before and after copying the fields.
  * `step` is written alone (aligned u64) at step boundaries, outside that
- * protocol. Fields from `state` on are written only by the library.
+ * protocol. Fields from `state` to `reserved1` and from `ctl_tid` on are
+ * written only by the library.
+ *
+ * Bounds the library applies to what the agent writes: a TIME period under
+ * SLOWRANK_MIN_PERIOD_MS (or 0) means off, not always on; a configuration
+ * whose generation has not advanced for SLOWRANK_LEASE_MS (the agent
+ * rewrites it at least every SLOWRANK_REFRESH_MS) expires and collection
+ * stops until the agent writes again, so a hung agent cannot leave
+ * collection on. Blocks never written by an agent (validation modes) have
+ * no lease.
+ *
+ * Yield. Another CUPTI client in the process (Kineto, nsys) shares CUPTI's
+ * global activity switches and its one pair of buffer callbacks (CUPTI
+ * before 13.3 / driver r610 has one activity client per process). The agent
+ * watches libcupti's entry points (uprobes) for calls from any thread but
+ * `ctl_tid` and decides: it writes `foreign_since_ns` (time of the other
+ * client's first call), `yield`, then advances `cupti_gen`. After an attach
+ * the library makes no CUPTI call until `cupti_gen` moves (the agent has
+ * looked); while `yield` is non-zero it makes none either, except to enable
+ * again the kinds it disabled after foreign_since_ns (they are the other
+ * client's now). When `yield` drops to 0 it registers its callbacks and
+ * clock again and resumes; buffers it had given CUPTI count as orphaned.
+ * At attach the library reports in SLOWRANK_STATUS_FOREIGN_SUBSCRIBER
+ * whether another client holds CUPTI's subscriber slot (Kineto holds it
+ * from its first profiling session on), for the agent's decision.
  */
 struct slowrank_cupti_control {
 	/* fixed at build time */
@@ -273,7 +311,21 @@ struct slowrank_cupti_control {
 	uint64_t heartbeat_ns;        /* 128 CLOCK_MONOTONIC of the control thread's last poll */
 	uint32_t cupti_version;       /* 136 cuptiGetVersion() of the loaded libcupti (0 = none) */
 	uint32_t reserved1;           /* 140 */
+	/* written by the agent, one aligned store each, `cupti_gen` last (see Yield) */
+	uint32_t cupti_gen;           /* 144 advanced by the agent with every yield decision */
+	uint32_t yield;               /* 148 non-zero: another CUPTI client is active */
+	uint64_t foreign_since_ns;    /* 152 CLOCK_MONOTONIC of the other client's first call */
+	/* written by the library */
+	uint32_t ctl_tid;             /* 160 the library's control thread: its CUPTI calls are its own */
+	uint32_t yields;              /* 164 times yielded */
+	uint64_t yielded_ns_total;    /* 168 */
+	uint64_t buffers_orphaned;    /* 176 */
+	uint64_t reserved2;           /* 184 */
 };
+
+#define SLOWRANK_MIN_PERIOD_MS 100
+#define SLOWRANK_LEASE_MS      60000
+#define SLOWRANK_REFRESH_MS    10000
 
 /* Defaults when the agent never writes the block: 200 ms of every 20 s. */
 #define SLOWRANK_DEFAULT_MODE      SLOWRANK_DUTY_TIME
@@ -301,7 +353,7 @@ SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_copy_record) == 48, "copy record size
 SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_name_record) == 16, "name record size");
 SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_stats_record) == 8, "stats record size");
 SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_transition_record) == 16, "transition record size");
-SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_cupti_control) == 144, "control block size");
+SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_cupti_control) == 192, "control block size");
 SLOWRANK_ABI_ASSERT(SLOWRANK_BATCH_MAX <= 65535, "record sizes are u16");
 
 #ifdef __cplusplus

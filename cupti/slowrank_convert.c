@@ -73,6 +73,7 @@ struct slowrank_conv {
 	int final_pending;
 	uint16_t clock_source;
 	int64_t clock_offset;
+	uint64_t win_lo, win_hi; /* plausible CLOCK_MONOTONIC range, 0/0: unchecked */
 	uint32_t clock_bracket;
 	uint32_t generation;
 
@@ -408,7 +409,14 @@ static void put_name(struct slowrank_conv *c, uint32_t id)
 /* Records                                                                 */
 /* ---------------------------------------------------------------------- */
 
-/* Maps a CUPTI timestamp pair to CLOCK_MONOTONIC; 0 when unusable. */
+void slowrank_conv_set_window(struct slowrank_conv *c, uint64_t lo_ns, uint64_t hi_ns)
+{
+	c->win_lo = lo_ns;
+	c->win_hi = hi_ns;
+}
+
+/* Maps a CUPTI timestamp pair to CLOCK_MONOTONIC: 1, or 0 when unusable,
+ * -1 when outside the plausible window (another client's clock). */
 static int map_times(const struct slowrank_conv *c, uint64_t s, uint64_t e, uint64_t *os, uint64_t *oe)
 {
 	if (s == 0 || e == 0 || e < s)
@@ -421,6 +429,8 @@ static int map_times(const struct slowrank_conv *c, uint64_t s, uint64_t e, uint
 		s = (uint64_t)ms;
 		e = (uint64_t)me;
 	}
+	if (c->win_hi != 0 && (s < c->win_lo || e > c->win_hi))
+		return -1;
 	*os = s;
 	*oe = e;
 	return 1;
@@ -432,11 +442,23 @@ static void bad_record(struct slowrank_conv *c)
 	c->lib_dropped++;
 }
 
+/* A record map_times refused: bad (0) or on another clock (-1). */
+static void refused_record(struct slowrank_conv *c, int why)
+{
+	if (why < 0) {
+		c->counters[SLOWRANK_STAT_FOREIGN_CLOCK]++;
+		c->lib_dropped++;
+		return;
+	}
+	bad_record(c);
+}
+
 static int put_kernel(struct slowrank_conv *c, const sr_kernel_t *k, int serial)
 {
 	uint64_t s, e;
-	if (!map_times(c, k->start, k->end, &s, &e)) {
-		bad_record(c);
+	int mapped = map_times(c, k->start, k->end, &s, &e);
+	if (mapped <= 0) {
+		refused_record(c, mapped);
 		return 0;
 	}
 	uint8_t kclass;
@@ -473,8 +495,9 @@ static int put_kernel(struct slowrank_conv *c, const sr_kernel_t *k, int serial)
 static int put_memcpy(struct slowrank_conv *c, const sr_memcpy_t *m)
 {
 	uint64_t s, e;
-	if (!map_times(c, m->start, m->end, &s, &e)) {
-		bad_record(c);
+	int mapped = map_times(c, m->start, m->end, &s, &e);
+	if (mapped <= 0) {
+		refused_record(c, mapped);
 		return 0;
 	}
 	struct slowrank_copy_record *r = reserve(c, sizeof(*r));
@@ -498,8 +521,9 @@ static int put_memcpy(struct slowrank_conv *c, const sr_memcpy_t *m)
 static int put_memset(struct slowrank_conv *c, const sr_memset_t *m)
 {
 	uint64_t s, e;
-	if (!map_times(c, m->start, m->end, &s, &e)) {
-		bad_record(c);
+	int mapped = map_times(c, m->start, m->end, &s, &e);
+	if (mapped <= 0) {
+		refused_record(c, mapped);
 		return 0;
 	}
 	struct slowrank_copy_record *r = reserve(c, sizeof(*r));

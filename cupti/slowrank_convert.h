@@ -67,6 +67,10 @@ void slowrank_conv_free(struct slowrank_conv *c);
  * CUPTI timestamp. */
 void slowrank_conv_set_clock(struct slowrank_conv *c, uint16_t source, int64_t offset_ns,
 			     uint32_t bracket_ns);
+/* Records whose CLOCK_MONOTONIC times fall outside [lo_ns, hi_ns] are on
+ * another clock (another CUPTI client replaced the timestamp callback):
+ * dropped and counted in SLOWRANK_STAT_FOREIGN_CLOCK. hi_ns 0: no check. */
+void slowrank_conv_set_window(struct slowrank_conv *c, uint64_t lo_ns, uint64_t hi_ns);
 /* Control generation reported in batch headers. */
 void slowrank_conv_set_generation(struct slowrank_conv *c, uint32_t generation);
 /* Starts a new attach epoch: every name is sent again before its next use

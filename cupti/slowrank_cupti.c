@@ -7,9 +7,16 @@
  * InitializeInjection() from cuInit. The library:
  *   - never links libcupti: it dlopens it, so it loads on any host;
  *   - does nothing CUPTI-related until an agent attaches its uprobe on
- *     slowrank_cupti_emit (the kernel then raises slowrank_cupti_semaphore);
+ *     slowrank_cupti_emit (the kernel then raises slowrank_cupti_semaphore)
+ *     and has decided whether another CUPTI client is active (Yield in
+ *     slowrank_abi.h): it never takes CUPTI from Kineto or nsys;
  *   - while attached, follows the duty cycle in slowrank_cupti_control,
  *     enabling CONCURRENT_KERNEL + MEMCPY + MEMSET for on-phases only;
+ *   - never frees or unmaps a buffer it gave CUPTI: buffers are private
+ *     anonymous mappings for the life of the process, released to the
+ *     kernel with MADV_DONTNEED when idle, so a late write can only fault
+ *     in a zero page;
+ *   - makes no CUPTI call from exit handlers (CUPTI may be torn down first);
  *   - converts completed CUPTI buffers into batches (slowrank_abi.h) and hands
  *     each to slowrank_cupti_emit(), the only hand-off (BPF copies the bytes);
  *   - never aborts, blocks the application or prints more than one status
@@ -42,6 +49,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -124,11 +132,15 @@ static const CUpti_ActivityKind sr_kinds[] = {
 #define SR_STATS_NS      (1000ull * 1000000ull)
 #define SR_CALIB_NS      (1000ull * 1000000ull)
 #define SR_EXIT_WAIT_NS  (300ull * 1000000ull)
+#define SR_HAND_BACK_NS  (50ull * 1000000ull)
+#define SR_SUSPECT_NS    (500ull * 1000000ull)
+#define SR_ON_POLL_NS    (2ull * 1000000ull)
 #define SR_POOL_MAX      64
 
 struct pool_slot {
-	_Atomic int given; /* 1 while CUPTI holds it */
-	uint8_t *_Atomic mem;
+	_Atomic int given;  /* 1 while CUPTI holds it */
+	_Atomic int orphan; /* given before another client took CUPTI: may never come back */
+	uint8_t *_Atomic mem; /* mapped once, never unmapped */
 };
 
 struct duty_cfg {
@@ -150,6 +162,16 @@ static struct {
 	int loaded;
 	int ready;       /* callbacks registered */
 	int refused;     /* CUPTI refused during this attach epoch */
+	int waiting;     /* attached, the agent has not decided about other CUPTI clients yet */
+	uint32_t seen_cupti_gen;
+	int yielded;     /* another CUPTI client is active: no CUPTI calls */
+	uint64_t yield_since;
+	int need_setup;  /* callbacks and clock must be registered (again) */
+	uint64_t last_disable_ns;
+	uint64_t fast_until; /* poll every 1 ms until then: a toggle may have raced another client */
+	uint64_t hand_back_at; /* forced flush due: CUPTI keeps no buffer of ours while off */
+	uint64_t suspect_until; /* signs of another client: no CUPTI call until then (the agent decides) */
+	_Atomic int foreign_clock; /* records on another clock seen: re-register ours */
 	int refusal_printed;
 	int on;          /* kinds enabled */
 	int attached;
@@ -170,7 +192,8 @@ static struct {
 
 	/* runtime counters, merged into stats records */
 	_Atomic uint64_t c_requested, c_refused, c_completed, c_flushes, c_enables, c_attaches,
-		c_cupti_errors, c_on_ns, c_discarded;
+		c_cupti_errors, c_on_ns, c_discarded, c_yields, c_yielded_ns, c_orphaned, c_lease,
+		c_rejected, c_reenabled, c_setups, c_foreign_buffers;
 
 	/* control thread */
 	pthread_t thread;
@@ -183,6 +206,9 @@ static struct {
 	/* duty config */
 	struct duty_cfg cfg;
 	uint32_t applied_generation;
+	uint64_t generation_since; /* CLOCK_MONOTONIC of the last generation change (the lease) */
+	int lease_expired;
+	uint32_t rejected_generation;
 	uint32_t last_resend;
 	uint64_t last_flush, last_stats, last_calib;
 	int32_t last_error;
@@ -209,7 +235,10 @@ static void logline(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void logline(const char *fmt, ...)
 {
 	char buf[768];
-	int n = snprintf(buf, sizeof(buf), "slowrank-cupti: pid %d: ", (int)getpid());
+	int n = g.debug ? snprintf(buf, sizeof(buf), "slowrank-cupti: pid %d: %llu.%03llu: ", (int)getpid(),
+				   (unsigned long long)(mono_ns() / 1000000000ull),
+				   (unsigned long long)(mono_ns() / 1000000ull % 1000ull))
+			: snprintf(buf, sizeof(buf), "slowrank-cupti: pid %d: ", (int)getpid());
 	va_list ap;
 	va_start(ap, fmt);
 	if (n > 0 && (size_t)n < sizeof(buf))
@@ -416,65 +445,106 @@ static int load_cupti(void)
 /* Buffers                                                                 */
 /* ---------------------------------------------------------------------- */
 
+/* A buffer for CUPTI: the slot's mapping, made on first use and kept for
+ * the life of the process (never freed or unmapped: CUPTI's contract says
+ * it no longer touches a completed buffer, and this makes even a broken
+ * promise harmless). */
+static uint8_t *slot_memory(struct pool_slot *sl)
+{
+	uint8_t *mem = atomic_load(&sl->mem);
+	if (mem)
+		return mem;
+	void *p = mmap(NULL, g.bufsize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		return NULL;
+	atomic_store(&sl->mem, (uint8_t *)p);
+	return p;
+}
+
+/* Buffers CUPTI holds that count against the pool (orphans do not). */
+static int outstanding_buffers(void)
+{
+	int n = 0;
+	for (int i = 0; i < SR_POOL_MAX; i++)
+		n += atomic_load(&g.pool[i].given) && !atomic_load(&g.pool[i].orphan);
+	return n;
+}
+
 static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records)
 {
 	*buffer = NULL;
 	*size = 0;
 	*max_records = 0;
 	atomic_fetch_add(&g.c_requested, 1);
-	for (int i = 0; i < g.npool; i++) {
-		int expected = 0;
-		if (!atomic_compare_exchange_strong(&g.pool[i].given, &expected, 1))
-			continue;
-		uint8_t *mem = atomic_load(&g.pool[i].mem);
-		if (!mem) {
-			mem = aligned_alloc(64, g.bufsize);
+	/* Up to npool buffers in flight; orphaned slots (lost to another
+	 * client) are replaced from the spare slots, up to SR_POOL_MAX. */
+	if (outstanding_buffers() < g.npool) {
+		for (int i = 0; i < SR_POOL_MAX; i++) {
+			struct pool_slot *sl = &g.pool[i];
+			int expected = 0;
+			if (!atomic_compare_exchange_strong(&sl->given, &expected, 1))
+				continue;
+			uint8_t *mem = slot_memory(sl);
 			if (!mem) {
-				atomic_store(&g.pool[i].given, 0);
+				atomic_store(&sl->given, 0);
 				break;
 			}
-			atomic_store(&g.pool[i].mem, mem);
+			*buffer = mem;
+			*size = g.bufsize;
+			return;
 		}
-		*buffer = mem;
-		*size = g.bufsize;
-		return;
 	}
 	/* Pool exhausted: CUPTI gets no buffer and counts the records it drops. */
 	atomic_fetch_add(&g.c_refused, 1);
 }
 
-static void release_buffer(uint8_t *buffer)
+/* Returns 1 when buffer is one of ours (and gives its slot back). */
+static int release_buffer(uint8_t *buffer)
 {
-	for (int i = 0; i < g.npool; i++) {
-		if (atomic_load(&g.pool[i].mem) != buffer)
+	for (int i = 0; i < SR_POOL_MAX; i++) {
+		struct pool_slot *sl = &g.pool[i];
+		if (atomic_load(&sl->mem) != buffer)
 			continue;
-		if (!atomic_load(&g.pool_keep)) {
-			atomic_store(&g.pool[i].mem, NULL);
-			free(buffer);
-		}
-		atomic_store(&g.pool[i].given, 0);
-		return;
+		if (!atomic_load(&g.pool_keep))
+			madvise(buffer, g.bufsize, MADV_DONTNEED);
+		atomic_store(&sl->orphan, 0);
+		atomic_store(&sl->given, 0);
+		return 1;
 	}
-	/* Not one of ours: leave it alone. */
+	return 0;
 }
 
-static int outstanding_buffers(void)
+static int is_ours(const uint8_t *buffer)
 {
-	int n = 0;
-	for (int i = 0; i < g.npool; i++)
-		n += atomic_load(&g.pool[i].given);
-	return n;
+	for (int i = 0; i < SR_POOL_MAX; i++)
+		if (atomic_load(&g.pool[i].mem) == buffer)
+			return 1;
+	return 0;
 }
 
-static void free_idle_buffers(void)
+/* Gives idle buffers' memory back to the kernel; the mappings stay. */
+static void release_idle_buffers(void)
 {
-	for (int i = 0; i < g.npool; i++) {
+	for (int i = 0; i < SR_POOL_MAX; i++) {
+		struct pool_slot *sl = &g.pool[i];
 		int expected = 0;
-		if (!atomic_compare_exchange_strong(&g.pool[i].given, &expected, 1))
+		if (!atomic_compare_exchange_strong(&sl->given, &expected, 1))
 			continue;
-		uint8_t *mem = atomic_exchange(&g.pool[i].mem, NULL);
-		free(mem);
-		atomic_store(&g.pool[i].given, 0);
+		uint8_t *mem = atomic_load(&sl->mem);
+		if (mem)
+			madvise(mem, g.bufsize, MADV_DONTNEED);
+		atomic_store(&sl->given, 0);
+	}
+}
+
+/* Buffers CUPTI holds now may have gone to another client's callbacks (or
+ * to nobody, after cuptiFinalize): they stop counting against the pool. */
+static void orphan_outstanding(void)
+{
+	for (int i = 0; i < SR_POOL_MAX; i++) {
+		struct pool_slot *sl = &g.pool[i];
+		if (atomic_load(&sl->given) && !atomic_exchange(&sl->orphan, 1))
+			atomic_fetch_add(&g.c_orphaned, 1);
 	}
 }
 
@@ -489,15 +559,33 @@ static int cupti_next(void *user, uint8_t *buf, size_t valid, CUpti_Activity **r
 	return SLOWRANK_NEXT_ERROR;
 }
 
+/* Records further than this from now are on another client's clock
+ * (Kineto's TSC ticks, CUPTI's default CLOCK_REALTIME). */
+#define SR_CLOCK_PAST_NS   (600ull * 1000000000ull)
+#define SR_CLOCK_FUTURE_NS (60ull * 1000000000ull)
+
 static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size,
 				      size_t valid)
 {
 	(void)size;
 	atomic_fetch_add(&g.c_completed, 1);
+	if (buffer && !is_ours(buffer)) {
+		/* Another client's buffer, completed to us after we registered
+		 * again: its records are not ours and its memory is not ours
+		 * to free. Counted; left alone. */
+		atomic_fetch_add(&g.c_foreign_buffers, 1);
+		return;
+	}
 	if (buffer && valid > 0 && !atomic_load(&g.forked_child)) {
 		pthread_mutex_lock(&g.mu);
 		if (atomic_load(&g.convert_on) && g.conv) {
+			uint64_t now = mono_ns();
+			uint64_t before = slowrank_conv_counter(g.conv, SLOWRANK_STAT_FOREIGN_CLOCK);
+			slowrank_conv_set_window(g.conv, now > SR_CLOCK_PAST_NS ? now - SR_CLOCK_PAST_NS : 1,
+						 now + SR_CLOCK_FUTURE_NS);
 			slowrank_convert_buffer(g.conv, buffer, valid, cupti_next, NULL);
+			if (slowrank_conv_counter(g.conv, SLOWRANK_STAT_FOREIGN_CLOCK) != before)
+				atomic_store(&g.foreign_clock, 1);
 		} else {
 			CUpti_Activity *rec = NULL;
 			uint64_t n = 0;
@@ -560,6 +648,17 @@ static void sync_counters(void)
 	slowrank_conv_set_counter(c, SLOWRANK_STAT_CUPTI_ERRORS, atomic_load(&g.c_cupti_errors));
 	slowrank_conv_set_counter(c, SLOWRANK_STAT_ON_NS, on_ns);
 	slowrank_conv_set_counter(c, SLOWRANK_STAT_DISCARDED_DETACHED, atomic_load(&g.c_discarded));
+	uint64_t yielded_ns = atomic_load(&g.c_yielded_ns);
+	if (g.yielded)
+		yielded_ns += mono_ns() - g.yield_since;
+	slowrank_conv_set_counter(c, SLOWRANK_STAT_YIELDS, atomic_load(&g.c_yields));
+	slowrank_conv_set_counter(c, SLOWRANK_STAT_YIELDED_NS, yielded_ns);
+	slowrank_conv_set_counter(c, SLOWRANK_STAT_BUFFERS_ORPHANED,
+				  atomic_load(&g.c_orphaned) + atomic_load(&g.c_foreign_buffers));
+	slowrank_conv_set_counter(c, SLOWRANK_STAT_LEASE_EXPIRED, atomic_load(&g.c_lease));
+	slowrank_conv_set_counter(c, SLOWRANK_STAT_CONTROL_REJECTED, atomic_load(&g.c_rejected));
+	slowrank_conv_set_counter(c, SLOWRANK_STAT_REENABLED, atomic_load(&g.c_reenabled));
+	slowrank_conv_set_counter(c, SLOWRANK_STAT_SETUPS, atomic_load(&g.c_setups));
 }
 
 static void emit_stats(int final)
@@ -640,25 +739,48 @@ static void refuse(const char *what, CUptiResult r)
 	}
 }
 
-/* Registers callbacks and the clock, once per process. Returns 1 when ready. */
-static int setup_cupti(void)
+/* Whether another client holds CUPTI's one subscriber slot (Kineto does from
+ * its first profiling session on). Called once per attach only: a probe
+ * holds the slot for a moment, and a Kineto initialising in that moment
+ * would lose GPU tracing for the whole process. */
+static int foreign_subscriber(void)
 {
-	if (g.ready)
-		return 1;
-	if (!g.loaded || g.refused)
-		return 0;
 	CUpti_SubscriberHandle sub;
 	CUptiResult r = g.api.Subscribe(&sub, noop_callback, NULL);
-	if (r != CUPTI_SUCCESS) {
-		refuse("cuptiSubscribe", r);
+	if (r == CUPTI_SUCCESS) {
+		g.api.Unsubscribe(sub);
 		return 0;
 	}
-	g.api.Unsubscribe(sub); /* only a probe: leave the slot to Kineto */
-	r = g.api.ActivityRegisterCallbacks(buffer_requested, buffer_completed);
+	if (r != CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED)
+		cupti_error("cuptiSubscribe", r);
+	return 1;
+}
+
+static void disable_kinds(void);
+static void flush(uint32_t flags);
+
+/* Registers the buffer callbacks and the clock: at the first use after each
+ * attach, after a yield and whenever another client's clock or a
+ * cuptiFinalize showed that ours were replaced. The agent has decided that
+ * no other client is active (see Yield in slowrank_abi.h). Returns 1 when
+ * ready. */
+static int setup_cupti(void)
+{
+	if (!g.loaded || g.refused)
+		return 0;
+	disable_kinds(); /* a client that left may have left kinds on */
+	if (g.on) {
+		uint64_t now = mono_ns();
+		atomic_fetch_add(&g.c_on_ns, now - g.on_since);
+		g.on = 0;
+		emit_transition(0, SLOWRANK_REASON_ERROR, now);
+	}
+	CUptiResult r = g.api.ActivityRegisterCallbacks(buffer_requested, buffer_completed);
 	if (r != CUPTI_SUCCESS) {
 		refuse("cuptiActivityRegisterCallbacks", r);
 		return 0;
 	}
+	atomic_fetch_add(&g.c_setups, 1);
 	g.ts_callback = 0;
 	if (g.api.ActivityRegisterTimestampCallback) {
 		r = g.api.ActivityRegisterTimestampCallback(sr_timestamp);
@@ -673,8 +795,10 @@ static int setup_cupti(void)
 		pthread_mutex_unlock(&g.mu);
 		set_status_flag(SLOWRANK_STATUS_TS_CALLBACK, 1);
 	} else {
+		set_status_flag(SLOWRANK_STATUS_TS_CALLBACK, 0);
 		calibrate();
 	}
+	g.need_setup = 0;
 	g.ready = 1;
 	set_status_flag(SLOWRANK_STATUS_CUPTI_READY, 1);
 	DEBUGF("CUPTI ready (clock: %s)", g.ts_callback ? "monotonic callback" : "calibrated");
@@ -695,6 +819,18 @@ static void collection_off(int reason, uint64_t now)
 	if (!g.on)
 		return;
 	disable_kinds();
+	g.last_disable_ns = mono_ns();
+	/* Another client starting right now would have lost its kinds: look
+	 * for the agent's yield often for a while, to give them back at once. */
+	g.fast_until = g.last_disable_ns + 20ull * 1000000ull;
+	/* Once the records in flight have completed, take every buffer back
+	 * (forced flush): a client that starts while collection is off then
+	 * finds no buffer of ours in CUPTI to write its first records into. */
+	g.hand_back_at = g.last_disable_ns + SR_HAND_BACK_NS;
+	/* And close CUPTI's current buffer now: records that a client starting
+	 * meanwhile makes go to a buffer of its own, not into ours. */
+	if (reason != SLOWRANK_REASON_ATTACH)
+		flush(0);
 	g.on = 0;
 	atomic_fetch_add(&g.c_on_ns, now - g.on_since);
 	emit_transition(0, reason, now);
@@ -716,6 +852,7 @@ static int collection_on(int reason, uint64_t now)
 	}
 	g.on = 1;
 	g.on_since = now;
+	g.hand_back_at = 0;
 	atomic_fetch_add(&g.c_enables, 1);
 	emit_transition(1, reason, now);
 	DEBUGF("collection on (reason %d)", reason);
@@ -726,6 +863,11 @@ static void flush(uint32_t flags)
 {
 	CUptiResult r = g.api.ActivityFlushAll(flags);
 	atomic_fetch_add(&g.c_flushes, 1);
+	if (r == CUPTI_ERROR_INVALID_OPERATION) {
+		/* No callbacks registered: someone called cuptiFinalize. */
+		g.need_setup = 1;
+		g.suspect_until = mono_ns() + SR_SUSPECT_NS;
+	}
 	if (r != CUPTI_SUCCESS)
 		cupti_error("cuptiActivityFlushAll", r);
 }
@@ -734,7 +876,7 @@ static void flush(uint32_t flags)
 /* Control block                                                           */
 /* ---------------------------------------------------------------------- */
 
-static void read_control(void)
+static void read_control(uint64_t now)
 {
 	/* The agent writes through /proc/PID/mem: every field may change under us. */
 #define SR_LD(f) __atomic_load_n(&slowrank_cupti_control.f, __ATOMIC_RELAXED)
@@ -758,6 +900,7 @@ static void read_control(void)
 	g.cfg = d;
 	if (g1 != g.applied_generation) {
 		g.applied_generation = g1;
+		g.generation_since = now;
 		__atomic_store_n(&slowrank_cupti_control.applied_generation, g1, __ATOMIC_RELAXED);
 		pthread_mutex_lock(&g.mu);
 		if (g.conv)
@@ -791,7 +934,15 @@ static int duty_wants_on(uint64_t now, int *reason, uint64_t *wake_ns)
 	case SLOWRANK_DUTY_ALWAYS:
 		return 1;
 	case SLOWRANK_DUTY_TIME: {
-		if (d->period_ms == 0 || d->on_ms >= d->period_ms)
+		if (d->period_ms < SLOWRANK_MIN_PERIOD_MS) {
+			/* A zero or sub-minimum period is a bad write, not "always". */
+			if (g.rejected_generation != g.applied_generation) {
+				g.rejected_generation = g.applied_generation;
+				atomic_fetch_add(&g.c_rejected, 1);
+			}
+			return 0;
+		}
+		if (d->on_ms >= d->period_ms)
 			return 1;
 		if (d->on_ms == 0)
 			return 0;
@@ -831,6 +982,8 @@ static void update_status(uint64_t now)
 		__atomic_store_n(&c->lib_dropped, slowrank_conv_lib_dropped(g.conv), __ATOMIC_RELAXED);
 	}
 	pthread_mutex_unlock(&g.mu);
+	__atomic_store_n(&c->buffers_orphaned, atomic_load(&g.c_orphaned) + atomic_load(&g.c_foreign_buffers),
+			 __ATOMIC_RELAXED);
 	__atomic_store_n(&c->heartbeat_ns, now, __ATOMIC_RELAXED);
 }
 
@@ -842,6 +995,7 @@ static void on_attach(uint64_t now)
 {
 	g.attached = 1;
 	g.refused = 0; /* a new agent: try CUPTI again */
+	g.need_setup = 1;
 	atomic_fetch_add(&g.c_attaches, 1);
 	atomic_store(&g.pool_keep, 1);
 	atomic_store(&g.convert_on, 1);
@@ -850,42 +1004,191 @@ static void on_attach(uint64_t now)
 		slowrank_conv_new_epoch(g.conv);
 	pthread_mutex_unlock(&g.mu);
 	DEBUGF("agent attached (semaphore %u)", (unsigned)slowrank_cupti_semaphore);
-	if (g.loaded && setup_cupti()) {
-		set_state(SLOWRANK_STATE_OFF_PHASE);
-		g.last_flush = g.last_stats = now;
-		emit_stats(0);
-	} else {
-		if (!g.loaded)
-			set_state(SLOWRANK_STATE_UNAVAILABLE);
+	if (!g.loaded) {
+		set_state(SLOWRANK_STATE_UNAVAILABLE);
 		/* Tell the agent through the ring buffer too: no device records. */
 		emit_transition(0, SLOWRANK_REASON_ERROR, now);
 		emit_stats(0);
+		return;
 	}
+	/* Report whether another client holds CUPTI, then wait for the agent's
+	 * decision (it watches libcupti for other clients). */
+	set_status_flag(SLOWRANK_STATUS_FOREIGN_SUBSCRIBER, foreign_subscriber());
+	g.seen_cupti_gen = __atomic_load_n(&slowrank_cupti_control.cupti_gen, __ATOMIC_ACQUIRE);
+	g.waiting = 1;
+	set_status_flag(SLOWRANK_STATUS_WAITING, 1);
+	set_state(SLOWRANK_STATE_OFF_PHASE);
+	g.last_flush = g.last_stats = now;
+	emit_stats(0);
+}
+
+static void end_yield(uint64_t now)
+{
+	if (!g.yielded)
+		return;
+	g.yielded = 0;
+	atomic_fetch_add(&g.c_yielded_ns, now - g.yield_since);
+	__atomic_store_n(&slowrank_cupti_control.yielded_ns_total, atomic_load(&g.c_yielded_ns),
+			 __ATOMIC_RELAXED);
 }
 
 static void on_detach(uint64_t now)
 {
 	g.attached = 0;
+	g.waiting = 0;
+	set_status_flag(SLOWRANK_STATUS_WAITING, 0);
 	atomic_store(&g.convert_on, 0);
 	atomic_store(&g.pool_keep, 0);
-	if (g.ready) {
+	if (g.yielded) {
+		/* CUPTI is the other client's: touch nothing. */
+		end_yield(now);
+		g.on = 0;
+	} else if (g.ready) {
 		collection_off(SLOWRANK_REASON_ATTACH, now);
 		flush(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED); /* hand every buffer back */
 	}
-	free_idle_buffers();
+	release_idle_buffers();
 	if (g.loaded)
 		set_state(SLOWRANK_STATE_IDLE);
 	DEBUGF("agent detached");
 }
 
+/* Another client started (the agent saw its CUPTI calls): no more CUPTI
+ * calls from here. Kinds left on are the other client's now; kinds this
+ * library disabled after that client's first call are enabled again. */
+static void start_yield(uint64_t now)
+{
+	uint64_t since = __atomic_load_n(&slowrank_cupti_control.foreign_since_ns, __ATOMIC_RELAXED);
+	g.yielded = 1;
+	g.yield_since = now;
+	atomic_fetch_add(&g.c_yields, 1);
+	__atomic_store_n(&slowrank_cupti_control.yields, (uint32_t)atomic_load(&g.c_yields), __ATOMIC_RELAXED);
+	if (g.on) {
+		atomic_fetch_add(&g.c_on_ns, now - g.on_since);
+		g.on = 0;
+	} else if (g.ready && g.last_disable_ns != 0 && since != 0 && g.last_disable_ns >= since) {
+		for (size_t i = 0; i < SR_NKINDS; i++)
+			g.api.ActivityEnable(sr_kinds[i]);
+		atomic_fetch_add(&g.c_reenabled, 1);
+	}
+	/* CUPTI's current buffer may be ours, with the other client's first
+	 * records in it: have CUPTI close it (it completes to the other
+	 * client's callbacks now) so that the rest go to a buffer of its own. */
+	if (g.ready)
+		flush(0);
+	g.hand_back_at = 0;
+	emit_transition(0, SLOWRANK_REASON_YIELD, now);
+	set_state(SLOWRANK_STATE_YIELDED);
+	if (!g.quiet)
+		logline("another CUPTI client started (Kineto, nsys?): device collection yields to it");
+	DEBUGF("yield (foreign since %llu, last disable %llu)", (unsigned long long)since,
+	       (unsigned long long)g.last_disable_ns);
+}
+
+/* The other client is gone: register again, orphan what it may have taken. */
+static void stop_yield(uint64_t now)
+{
+	end_yield(now);
+	g.suspect_until = 0;
+	atomic_store(&g.foreign_clock, 0);
+	orphan_outstanding();
+	g.need_setup = 1;
+	set_state(SLOWRANK_STATE_OFF_PHASE);
+	DEBUGF("the other CUPTI client is gone: resuming");
+}
+
+/* The agent's decision about other CUPTI clients; 1 while CUPTI must not
+ * be touched. */
+static int yield_gate(uint64_t now)
+{
+	struct slowrank_cupti_control *c = &slowrank_cupti_control;
+	uint32_t gen = __atomic_load_n(&c->cupti_gen, __ATOMIC_ACQUIRE);
+	if (g.waiting) {
+		if (gen == g.seen_cupti_gen)
+			return 1;
+		g.waiting = 0;
+		set_status_flag(SLOWRANK_STATUS_WAITING, 0);
+	}
+	int y = __atomic_load_n(&c->yield, __ATOMIC_ACQUIRE) != 0;
+	if (y && !g.yielded)
+		start_yield(now);
+	else if (!y && g.yielded)
+		stop_yield(now);
+	return g.yielded;
+}
+
+/* 1 when the agent's configuration outlived its lease (a hung agent). */
+static int lease_expired(uint64_t now)
+{
+	if (g.applied_generation == 0 || g.force_attach)
+		return 0; /* never written by an agent (validation modes) */
+	int expired = now - g.generation_since > (uint64_t)SLOWRANK_LEASE_MS * 1000000ull;
+	if (expired && !g.lease_expired)
+		atomic_fetch_add(&g.c_lease, 1);
+	g.lease_expired = expired;
+	set_status_flag(SLOWRANK_STATUS_LEASE_EXPIRED, expired);
+	return expired;
+}
+
+/* One poll while attached; *wake gets the time to the next boundary. */
+static void attached_tick(uint64_t now, uint64_t *wake)
+{
+	if (yield_gate(now) || !g.loaded || g.refused)
+		return;
+	if (atomic_exchange(&g.foreign_clock, 0)) {
+		/* Another client replaced our clock: it is starting. Touch
+		 * nothing for a while: the agent, which sees its calls, will
+		 * say yield; if it does not, take CUPTI back then. */
+		g.need_setup = 1;
+		g.suspect_until = now + SR_SUSPECT_NS;
+	}
+	if (now < g.suspect_until) {
+		if (g.suspect_until - now < *wake)
+			*wake = g.suspect_until - now;
+		return;
+	}
+	if (g.need_setup && !setup_cupti())
+		return;
+	int reason;
+	int want = duty_wants_on(now, &reason, wake);
+	if (lease_expired(now)) {
+		want = 0;
+		reason = SLOWRANK_REASON_LEASE;
+	}
+	if (want && !g.on)
+		collection_on(reason, now);
+	else if (!want && g.on)
+		collection_off(reason, now);
+	if (!g.refused)
+		set_state(g.on ? SLOWRANK_STATE_ON : SLOWRANK_STATE_OFF_PHASE);
+	if (!g.on && g.hand_back_at != 0 && now >= g.hand_back_at) {
+		flush(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+		g.hand_back_at = 0;
+		g.last_flush = now;
+	} else if ((g.on || outstanding_buffers() > 0) && now - g.last_flush >= SR_FLUSH_NS) {
+		flush(0);
+		g.last_flush = now;
+	}
+	if (g.hand_back_at != 0 && g.hand_back_at - now < *wake)
+		*wake = g.hand_back_at > now ? g.hand_back_at - now : 1000000ull;
+	if (now - g.last_stats >= SR_STATS_NS) {
+		emit_stats(0);
+		g.last_stats = now;
+	}
+	if (!g.ts_callback && now - g.last_calib >= SR_CALIB_NS)
+		calibrate();
+	/* While collecting, CUPTI's current buffer is ours: a client that
+	 * starts now writes its first records into it until this library
+	 * yields. Look for the agent's decision often. */
+	if (g.on && SR_ON_POLL_NS < *wake)
+		*wake = SR_ON_POLL_NS;
+}
+
+/* At exit CUPTI's own exit handlers may already have run: no CUPTI call,
+ * only the final counters (records of the last <= 100 ms are not flushed). */
 static void on_exit_request(void)
 {
-	uint64_t now = mono_ns();
-	if (g.ready && (g.on || outstanding_buffers() > 0)) {
-		collection_off(SLOWRANK_REASON_EXIT, now);
-		flush(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
-	}
-	if (g.attached && g.ready)
+	if (g.attached)
 		emit_stats(1);
 }
 
@@ -893,7 +1196,9 @@ static void *control_main(void *arg)
 {
 	(void)arg;
 	pthread_setname_np(pthread_self(), "slowrank-cupti");
-	setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
+	pid_t tid = (pid_t)syscall(SYS_gettid);
+	setpriority(PRIO_PROCESS, (id_t)tid, 10);
+	__atomic_store_n(&slowrank_cupti_control.ctl_tid, (uint32_t)tid, __ATOMIC_RELEASE);
 	set_status_flag(SLOWRANK_STATUS_THREAD_ALIVE, 1);
 
 	g.loaded = load_cupti();
@@ -919,36 +1224,17 @@ static void *control_main(void *arg)
 
 		uint64_t now = mono_ns();
 		uint64_t wake = SR_POLL_NS;
-		read_control();
+		read_control(now);
 		int sem = __atomic_load_n(&slowrank_cupti_semaphore, __ATOMIC_RELAXED) != 0 || g.force_attach;
 		if (sem && !g.attached)
 			on_attach(now);
 		else if (!sem && g.attached)
 			on_detach(now);
-
-		if (g.attached && g.ready && !g.refused) {
-			int reason;
-			int want = duty_wants_on(now, &reason, &wake);
-			if (want && !g.on)
-				collection_on(reason, now);
-			else if (!want && g.on)
-				collection_off(reason, now);
-			if (!g.refused)
-				set_state(g.on ? SLOWRANK_STATE_ON : SLOWRANK_STATE_OFF_PHASE);
-			if ((g.on || outstanding_buffers() > 0) && now - g.last_flush >= SR_FLUSH_NS) {
-				flush(0);
-				g.last_flush = now;
-			}
-			if (now - g.last_stats >= SR_STATS_NS) {
-				emit_stats(0);
-				g.last_stats = now;
-			}
-			if (!g.ts_callback && now - g.last_calib >= SR_CALIB_NS)
-				calibrate();
-			if (g.on && SR_FLUSH_NS < wake)
-				wake = SR_FLUSH_NS;
-		}
+		if (g.attached)
+			attached_tick(now, &wake);
 		update_status(now);
+		if (now < g.fast_until && wake > 1000000ull)
+			wake = 1000000ull;
 
 		if (wake < 1000000ull)
 			wake = 1000000ull;

@@ -155,6 +155,13 @@ static void scenario_attach(void)
 		FAIL("library never started");
 	/* What the kernel does when a uprobe with ref_ctr_offset attaches. */
 	__atomic_add_fetch(s.sem, 1, __ATOMIC_RELAXED);
+	/* The library waits for the agent's decision about other CUPTI clients. */
+	if (!WAIT_FOR(load32(&s.ctl->status_flags) & SLOWRANK_STATUS_WAITING, 2000))
+		FAIL("attach not seen: flags %#x", load32(&s.ctl->status_flags));
+	sleep_ms(100);
+	if (load64(&s.ctl->enables) != 0)
+		FAIL("CUPTI used before the agent's decision");
+	STORE(s.ctl->cupti_gen, load32(&s.ctl->cupti_gen) + 1);
 	/* Without a GPU driver CUPTI refuses; with one (GPU host) it would run. */
 	if (!WAIT_FOR(load32(&s.ctl->state) == SLOWRANK_STATE_REFUSED ||
 			      load32(&s.ctl->state) == SLOWRANK_STATE_UNAVAILABLE ||

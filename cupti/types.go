@@ -62,6 +62,8 @@ const (
 	ReasonAttach     Reason = 2
 	ReasonExit       Reason = 3
 	ReasonError      Reason = 4
+	ReasonYield      Reason = 5 // another CUPTI client started: hands off
+	ReasonLease      Reason = 6 // the agent's configuration expired (agent hung)
 )
 
 func (r Reason) String() string {
@@ -76,6 +78,10 @@ func (r Reason) String() string {
 		return "exit"
 	case ReasonError:
 		return "error"
+	case ReasonYield:
+		return "yield"
+	case ReasonLease:
+		return "lease"
 	}
 	return "reason(" + strconv.Itoa(int(r)) + ")"
 }
@@ -117,9 +123,10 @@ const (
 	StateUnavailable State = 4 // libcupti could not be loaded
 	StateRefused     State = 5 // CUPTI refused (another subscriber...); retried on the next attach
 	StateDisabled    State = 6 // SLOWRANK_CUPTI_DISABLE=1
+	StateYielded     State = 7 // another CUPTI client (Kineto, nsys) is active: no CUPTI calls
 )
 
-var stateNames = [...]string{"init", "idle", "on", "off_phase", "unavailable", "refused", "disabled"}
+var stateNames = [...]string{"init", "idle", "on", "off_phase", "unavailable", "refused", "disabled", "yielded"}
 
 func (s State) String() string {
 	if int(s) < len(stateNames) {
@@ -139,6 +146,11 @@ const (
 	StatusCalibrated   StatusFlags = 1 << 3
 	StatusThreadAlive  StatusFlags = 1 << 4
 	StatusForcedAttach StatusFlags = 1 << 5
+	StatusLeaseExpired StatusFlags = 1 << 6 // the agent's configuration expired: collection off
+	// StatusForeignSubscriber: at attach, another client held CUPTI's
+	// subscriber slot (Kineto does from its first session on).
+	StatusForeignSubscriber StatusFlags = 1 << 7
+	StatusWaiting           StatusFlags = 1 << 8 // attached, waiting for the agent's yield decision
 )
 
 // Stat indexes Stats.Counters (SLOWRANK_STAT_*). All counters are cumulative
@@ -166,6 +178,14 @@ const (
 	StatCUPTIErrors       Stat = 16 // CUPTI calls that failed
 	StatOnNs              Stat = 17 // total ns with collection enabled
 	StatDiscardedDetached Stat = 18 // records completed while no agent was attached
+	StatYields            Stat = 19 // times the library yielded to another CUPTI client
+	StatYieldedNs         Stat = 20 // total ns yielded
+	StatBuffersOrphaned   Stat = 21 // buffers CUPTI never handed back (another client took them)
+	StatForeignClock      Stat = 22 // records dropped: on another client's clock
+	StatLeaseExpired      Stat = 23 // the agent's configuration outlived its lease
+	StatControlRejected   Stat = 24 // configurations refused as out of bounds
+	StatReenabled         Stat = 25 // kinds enabled again after a toggle raced another client
+	StatSetups            Stat = 26 // callback (re)registrations
 	NumStats                   = numStats
 )
 
@@ -173,6 +193,8 @@ var statNames = [...]string{
 	"records_seen", "kernels", "memcpys", "memsets", "unknown_kinds", "bad_records", "names",
 	"names_overflow", "buffers_requested", "buffers_refused", "buffers_completed", "batches",
 	"batch_bytes", "flushes", "enables", "attaches", "cupti_errors", "on_ns", "discarded_detached",
+	"yields", "yielded_ns", "buffers_orphaned", "foreign_clock", "lease_expired", "control_rejected",
+	"reenabled", "setups",
 }
 
 func (s Stat) String() string {

@@ -1,0 +1,281 @@
+package agent
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/slowrank/slowrank/cupti"
+)
+
+// Another CUPTI client in a training process (torch.profiler's Kineto,
+// nsys) shares CUPTI's global activity switches and its one pair of buffer
+// callbacks with the injection library (CUPTI before 13.3 with a driver
+// before r610 allows one activity client per process). The agent watches
+// libcupti's entry points with uprobes; a call from any thread but the
+// library's control thread is the other client's. yieldTracker turns those
+// calls into the decision the library follows (Yield in
+// cupti/slowrank_abi.h): while another client is active the library makes
+// no CUPTI call, so the user's profile is complete, and it resumes after
+// the other client's session ended.
+
+// CUPTICall is one call into libcupti seen by a uprobe.
+type CUPTICall struct {
+	PID, TID uint32
+	Fn       CUPTIFn
+	Arg      uint64 // first argument (activity kind, flush flags)
+	TimeNs   int64  // CLOCK_MONOTONIC
+}
+
+// CUPTIFn is the libcupti function of a CUPTICall.
+type CUPTIFn int
+
+// The watched functions.
+const (
+	CUPTISubscribe CUPTIFn = iota + 1
+	CUPTIRegisterCallbacks
+	CUPTIRegisterTimestamp
+	CUPTIEnable
+	CUPTIDisable
+	CUPTIFlushAll
+	CUPTIFinalize
+)
+
+const flushForced = 1 // CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
+
+// Timings of the decision.
+const (
+	// yieldGrace is how long after the other client's session ended
+	// (its disables and forced flush) the library waits to take CUPTI back.
+	yieldGrace = 2 * time.Second
+	// cautiousQuiet: a client that held CUPTI's subscriber when the
+	// library attached, with no call seen since, is taken for idle after
+	// this long (Kineto keeps the subscriber from its first session on;
+	// a session running at attach makes no watched call until it stops).
+	cautiousQuiet = 60 * time.Second
+)
+
+// yieldTracker is the agent's view of other CUPTI clients in one process.
+// Pure: time comes in with each call.
+type yieldTracker struct {
+	ctlTID       uint32
+	active       bool
+	since        int64 // first call of the active session
+	lastStart    int64 // last call that starts or continues a session
+	endAt        int64 // last call that ends a session (0: none since lastStart)
+	cautious     bool  // active only because of a subscriber at attach
+	foreignTID   uint32
+	sessions     uint64
+	lastDecision bool
+}
+
+// call applies one libcupti call; it returns true when the decision changed.
+func (y *yieldTracker) call(c CUPTICall) bool {
+	if c.TID == y.ctlTID && y.ctlTID != 0 {
+		return false // the library's own call
+	}
+	y.foreignTID = c.TID
+	switch c.Fn {
+	case CUPTIDisable, CUPTIFinalize:
+		y.endAt = c.TimeNs
+	case CUPTIFlushAll:
+		if c.Arg&flushForced != 0 {
+			y.endAt = c.TimeNs
+			break
+		}
+		y.start(c.TimeNs) // Kineto flushes at warm-up end, mid-session
+	default: // subscribe, callbacks, clock, enable: a session starts
+		y.start(c.TimeNs)
+	}
+	return y.decisionChanged()
+}
+
+func (y *yieldTracker) start(ts int64) {
+	if !y.active || y.cautious {
+		y.active, y.cautious, y.since = true, false, ts
+		y.sessions++
+	}
+	y.lastStart, y.endAt = ts, 0
+}
+
+// attached notes that the library (re)attached and reports whether another
+// client held CUPTI's subscriber slot.
+func (y *yieldTracker) attached(now int64, foreignSubscriber bool) {
+	if foreignSubscriber && !y.active {
+		y.active, y.cautious, y.since, y.lastStart, y.endAt = true, true, now, now, 0
+	}
+}
+
+// tick ends sessions whose end is old enough; true when the decision changed.
+func (y *yieldTracker) tick(now int64) bool {
+	if y.active {
+		switch {
+		case y.endAt != 0 && now-y.endAt >= int64(yieldGrace):
+			y.active, y.cautious = false, false
+		case y.cautious && now-y.lastStart >= int64(cautiousQuiet):
+			y.active, y.cautious = false, false
+		}
+	}
+	return y.decisionChanged()
+}
+
+func (y *yieldTracker) decisionChanged() bool {
+	changed := y.active != y.lastDecision
+	y.lastDecision = y.active
+	return changed
+}
+
+// decision is what the library must be told.
+func (y *yieldTracker) decision() (active bool, since uint64) {
+	if !y.active || y.since < 0 {
+		return y.active, 0
+	}
+	return true, uint64(y.since)
+}
+
+// cuptiState is what the agent knows of one process's injection library.
+type cuptiState struct {
+	track     yieldTracker
+	lastBlock cupti.ControlBlock
+	read      bool
+	yieldGen  uint32 // last cupti_gen written
+}
+
+// tendCUPTI reads every injection library's control block and writes the
+// yield decision where the library waits for it or where it changed; it
+// also refreshes duty configurations before their lease runs out.
+func (t *attacher) tendCUPTI(now int64) {
+	for _, pe := range t.procs {
+		if pe.inject == nil {
+			continue
+		}
+		if err := t.tendOne(pe, now); err != nil {
+			t.a.counters.add("cupti_control_errors", 1)
+			t.a.log.Debug("injection library control block", "pid", pe.proc.PID, "err", err)
+		}
+	}
+}
+
+func (t *attacher) tendOne(pe *procEntry, now int64) error {
+	if err := t.controlAddr(pe); err != nil {
+		return err
+	}
+	mem, err := os.Open(t.procPath(pe.proc.PID, "mem"))
+	if err != nil {
+		return err
+	}
+	cb, err := cupti.ReadControl(mem, int64(pe.ctlAddr))
+	mem.Close()
+	if err != nil {
+		pe.ctlAddr = 0
+		return err
+	}
+	cs := &pe.cupti
+	cs.lastBlock, cs.read = cb, true
+	cs.track.ctlTID = cb.Status.CtlTID
+	waiting := cb.Status.Flags&cupti.StatusWaiting != 0
+	if waiting {
+		cs.track.attached(now, cb.Status.Flags&cupti.StatusForeignSubscriber != 0)
+	}
+	changed := cs.track.tick(now)
+	if waiting || changed {
+		return t.writeYield(pe, cb.Yield.Gen)
+	}
+	return nil
+}
+
+// foreignCUPTICall handles a uprobe hit on libcupti.
+func (t *attacher) foreignCUPTICall(c CUPTICall) {
+	for _, pe := range t.procs {
+		if uint32(pe.proc.PID) != c.PID || pe.inject == nil {
+			continue
+		}
+		if pe.cupti.track.ctlTID == 0 {
+			// Not read yet: learn the control thread first.
+			if err := t.tendOne(pe, c.TimeNs); err != nil {
+				t.a.counters.add("cupti_control_errors", 1)
+			}
+		}
+		if c.TID == pe.cupti.track.ctlTID {
+			t.a.counters.add("cupti_own_calls", 1)
+			return
+		}
+		t.a.counters.add("cupti_foreign_calls", 1)
+		if !pe.cupti.track.call(c) {
+			return
+		}
+		gen := pe.cupti.yieldGen
+		if pe.cupti.read && pe.cupti.lastBlock.Yield.Gen > gen {
+			gen = pe.cupti.lastBlock.Yield.Gen
+		}
+		if err := t.writeYield(pe, gen); err != nil {
+			t.a.counters.add("cupti_control_errors", 1)
+			t.a.log.Debug("write yield", "pid", pe.proc.PID, "err", err)
+		}
+		return
+	}
+}
+
+func (t *attacher) writeYield(pe *procEntry, seen uint32) error {
+	active, since := pe.cupti.track.decision()
+	gen := max(seen, pe.cupti.yieldGen) + 1
+	mem, err := os.OpenFile(t.procPath(pe.proc.PID, "mem"), os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer mem.Close()
+	if err := cupti.WriteYield(mem, int64(pe.ctlAddr), cupti.Yield{Gen: gen, Active: active, ForeignSinceNs: since}); err != nil {
+		pe.ctlAddr = 0
+		return err
+	}
+	pe.cupti.yieldGen = gen
+	if active {
+		t.a.counters.add("cupti_yields", 1)
+		t.a.log.Info("device collection yields to another CUPTI client (Kineto, nsys?)", "pid", pe.proc.PID,
+			"tid", pe.cupti.track.foreignTID, "cautious", pe.cupti.track.cautious)
+	} else if pe.cupti.track.sessions > 0 || pe.cupti.lastBlock.Status.State == cupti.StateYielded {
+		t.a.counters.add("cupti_resumes", 1)
+	}
+	t.a.counters.add("cupti_decisions", 1)
+	return nil
+}
+
+// controlAddr finds the process's control block once.
+func (t *attacher) controlAddr(pe *procEntry) error {
+	if pe.ctlAddr != 0 {
+		return nil
+	}
+	lib, err := cupti.InspectLibrary(pe.inject.HostPath)
+	if err != nil {
+		return fmt.Errorf("inspect injection library: %w", err)
+	}
+	maps, err := os.ReadFile(t.procPath(pe.proc.PID, "maps"))
+	if err != nil {
+		return err
+	}
+	addr, err := cupti.ControlAddress(maps, pe.inject.File.Inode, lib)
+	if err != nil {
+		return err
+	}
+	mem, err := os.Open(t.procPath(pe.proc.PID, "mem"))
+	if err != nil {
+		return err
+	}
+	cb, err := cupti.ReadControl(mem, int64(addr))
+	mem.Close()
+	if err != nil {
+		return err
+	}
+	pe.ctlAddr, pe.ctlGen = addr, cb.Generation
+	return nil
+}
+
+func (t *attacher) procPath(pid int, name string) string {
+	root := t.a.cfg.ProcRoot
+	if root == "" {
+		root = "/proc"
+	}
+	return filepath.Join(root, strconv.Itoa(pid), name)
+}
