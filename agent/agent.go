@@ -364,6 +364,10 @@ func (a *Agent) readLoop() {
 // handleBatch feeds a batch from readLoop to the pipeline.
 func (a *Agent) handleBatch(batch []input) {
 	for i := range batch {
+		if c, ok := batch[i].other.(CUPTICall); ok {
+			a.att.foreignCUPTICall(c) // the attacher's, not the pipeline's
+			continue
+		}
 		a.pipe.handleInput(batch[i])
 	}
 	a.queued.Add(-int64(len(batch)))

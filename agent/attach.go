@@ -406,6 +406,8 @@ func bpfKind(k LibraryKind) (bpf.LibKind, bool) {
 		return bpf.LibTorch, true
 	case KindCUPTIInject:
 		return bpf.LibCUPTI, true
+	case KindCUPTIRuntime:
+		return bpf.LibCUPTIRuntime, true
 	}
 	return 0, false
 }

@@ -119,6 +119,12 @@ func (c *converter) convert(ev bpf.Event, out []input) []input {
 		return append(out, otherInput(ci))
 	case *bpf.TorchEvent:
 		return c.torch(e, out)
+	case *bpf.CUPTICallEvent:
+		fn, ok := cuptiFns[e.Probe]
+		if !ok {
+			break
+		}
+		return append(out, otherInput(CUPTICall{PID: e.PID, TID: e.TID, Fn: fn, Arg: e.Arg, TimeNs: int64(e.StartNs)}))
 	case *bpf.BatchEvent:
 		c.mu.Lock()
 		defer c.mu.Unlock()

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/cupti"
 )
 
@@ -44,6 +45,16 @@ const (
 )
 
 const flushForced = 1 // CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
+
+var cuptiFns = map[bpf.ProbeID]CUPTIFn{
+	bpf.ProbeCUPTISubscribe:         CUPTISubscribe,
+	bpf.ProbeCUPTIRegisterCallbacks: CUPTIRegisterCallbacks,
+	bpf.ProbeCUPTIRegisterTimestamp: CUPTIRegisterTimestamp,
+	bpf.ProbeCUPTIEnable:            CUPTIEnable,
+	bpf.ProbeCUPTIDisable:           CUPTIDisable,
+	bpf.ProbeCUPTIFlushAll:          CUPTIFlushAll,
+	bpf.ProbeCUPTIFinalize:          CUPTIFinalize,
+}
 
 // Timings of the decision.
 const (

@@ -18,23 +18,25 @@ type LibraryKind uint8
 
 // Library kinds. KindUnknown files are not reported.
 const (
-	KindUnknown     LibraryKind = iota
-	KindNCCL                    // libnccl.so*
-	KindCUDART                  // libcudart.so*
-	KindCUDA                    // libcuda.so* (the driver API)
-	KindTorchCPU                // libtorch_cpu.so
-	KindTorchCUDA               // libtorch_cuda.so
-	KindCUPTIInject             // libslowrank_cupti.so, our injection library
+	KindUnknown      LibraryKind = iota
+	KindNCCL                     // libnccl.so*
+	KindCUDART                   // libcudart.so*
+	KindCUDA                     // libcuda.so* (the driver API)
+	KindTorchCPU                 // libtorch_cpu.so
+	KindTorchCUDA                // libtorch_cuda.so
+	KindCUPTIInject              // libslowrank_cupti.so, our injection library
+	KindCUPTIRuntime             // libcupti.so*: watched for other CUPTI clients
 )
 
 var kindNames = [...]string{
-	KindUnknown:     "unknown",
-	KindNCCL:        "nccl",
-	KindCUDART:      "cudart",
-	KindCUDA:        "cuda",
-	KindTorchCPU:    "torch_cpu",
-	KindTorchCUDA:   "torch_cuda",
-	KindCUPTIInject: "cupti_inject",
+	KindUnknown:      "unknown",
+	KindNCCL:         "nccl",
+	KindCUDART:       "cudart",
+	KindCUDA:         "cuda",
+	KindTorchCPU:     "torch_cpu",
+	KindTorchCUDA:    "torch_cuda",
+	KindCUPTIInject:  "cupti_inject",
+	KindCUPTIRuntime: "libcupti",
 }
 
 // String returns the kind's name as used in logs and metrics labels: "nccl", "cudart", "cuda",
@@ -64,6 +66,8 @@ func kindOfStem(stem []byte) LibraryKind {
 		return KindTorchCUDA
 	case "libslowrank_cupti":
 		return KindCUPTIInject
+	case "libcupti":
+		return KindCUPTIRuntime
 	}
 	return KindUnknown
 }

@@ -166,7 +166,7 @@ func TestClassifyLibrary(t *testing.T) {
 		"libtorch.so":                KindUnknown,
 		"libtorch_cuda_linalg.so":    KindUnknown,
 		"libslowrank_cupti.so":       KindCUPTIInject,
-		"libcupti.so.12":             KindUnknown,
+		"libcupti.so.12":             KindCUPTIRuntime,
 		"python3.12":                 KindUnknown,
 		"":                           KindUnknown,
 		".so":                        KindUnknown,

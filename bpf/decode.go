@@ -106,7 +106,7 @@ func decode(b []byte, s *scratch) (Event, error) {
 		StartNs: le.Uint64(b[16:]),
 		EndNs:   le.Uint64(b[24:]),
 	}
-	if h.Type < EventColl || h.Type > EventBatch {
+	if h.Type < EventColl || h.Type > EventCUPTICall {
 		return nil, malformed("unknown event type %d", uint32(h.Type))
 	}
 	info, ok := probeInfos[h.Probe]
@@ -193,6 +193,14 @@ func decode(b []byte, s *scratch) (Event, error) {
 			e.Self = e.Arg1
 		}
 		return e, nil
+	case EventCUPTICall:
+		if err := exact(cuptiCallSize); err != nil {
+			return nil, err
+		}
+		if h.EndNs != h.StartNs {
+			return nil, malformed("%s marker with a duration", h.Probe)
+		}
+		return &CUPTICallEvent{Header: h, Arg: le.Uint64(b[32:])}, nil
 	case EventBatch:
 		if len(b) < batchDataOffset || len(b) > batchDataOffset+BatchMax {
 			return nil, malformed("batch record of %d bytes outside [%d, %d]", len(b), batchDataOffset, batchDataOffset+BatchMax)

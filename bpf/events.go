@@ -20,6 +20,7 @@ const (
 	syncSize        = 48
 	groupSize       = 40
 	torchSize       = 48
+	cuptiCallSize   = 40
 	batchDataOffset = 40
 )
 
@@ -34,6 +35,8 @@ const (
 	EventGroup    EventType = 4 // *GroupEvent
 	EventTorch    EventType = 5 // *TorchEvent
 	EventBatch    EventType = 6 // *BatchEvent
+	// EventCUPTICall is *CUPTICallEvent.
+	EventCUPTICall EventType = 7
 )
 
 func (t EventType) String() string {
@@ -48,6 +51,8 @@ func (t EventType) String() string {
 		return "group"
 	case EventTorch:
 		return "torch"
+	case EventCUPTICall:
+		return "cupti_call"
 	case EventBatch:
 		return "batch"
 	}
@@ -131,6 +136,13 @@ type TorchEvent struct {
 	Arg1 uint64 // rsi at entry
 }
 
+// CUPTICallEvent is one call into libcupti (entry only, StartNs == EndNs)
+// with its first argument (activity kind, flush flags).
+type CUPTICallEvent struct {
+	Header
+	Arg uint64
+}
+
 // BatchEvent is one opaque CUPTI batch from slowrank_cupti_emit; decode it
 // with the cupti package. Data is a copy owned by the event.
 type BatchEvent struct {
@@ -145,4 +157,5 @@ var (
 	_ Event = (*GroupEvent)(nil)
 	_ Event = (*TorchEvent)(nil)
 	_ Event = (*BatchEvent)(nil)
+	_ Event = (*CUPTICallEvent)(nil)
 )

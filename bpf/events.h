@@ -32,6 +32,7 @@ enum sr_event_type {
 	SR_EV_GROUP = 4,     /* struct sr_group_event */
 	SR_EV_TORCH = 5,     /* struct sr_torch_event */
 	SR_EV_BATCH = 6,     /* struct sr_batch_event (variable length) */
+	SR_EV_CUPTI_CALL = 7, /* struct sr_cupti_call_event */
 };
 
 /* Which symbol produced an event. Stable numbers; gaps are on purpose. */
@@ -100,6 +101,14 @@ enum sr_probe_id {
 	SR_PROBE_TORCH_FUTURE_WAIT = 150, /* c10::ivalue::Future::wait (DDP's bucket futures) */
 	/* injection library: SR_EV_BATCH */
 	SR_PROBE_CUPTI_EMIT = 200,
+	/* libcupti entry points, to see another CUPTI client: SR_EV_CUPTI_CALL */
+	SR_PROBE_CUPTI_SUBSCRIBE = 210,
+	SR_PROBE_CUPTI_REGISTER_CALLBACKS = 211,
+	SR_PROBE_CUPTI_REGISTER_TIMESTAMP = 212,
+	SR_PROBE_CUPTI_ENABLE = 213,
+	SR_PROBE_CUPTI_DISABLE = 214,
+	SR_PROBE_CUPTI_FLUSH_ALL = 215,
+	SR_PROBE_CUPTI_FINALIZE = 216,
 };
 
 /* Indexes of the per-CPU `counters` array. */
@@ -198,12 +207,20 @@ struct sr_batch_event {
 
 #define SR_BATCH_DATA_OFFSET 40
 
+/* One call into libcupti (entry only, start_ns == end_ns): the agent tells
+ * the injection library's calls (its control thread) from another client's. */
+struct sr_cupti_call_event {
+	struct sr_event_hdr hdr; /* 0 */
+	__u64 arg;               /* 32: first argument (activity kind, flush flags) */
+};
+
 _Static_assert(sizeof(struct sr_event_hdr) == 32, "sr_event_hdr layout");
 _Static_assert(sizeof(struct sr_coll_event) == 72, "sr_coll_event layout");
 _Static_assert(sizeof(struct sr_comm_init_event) == 88, "sr_comm_init_event layout");
 _Static_assert(sizeof(struct sr_sync_event) == 48, "sr_sync_event layout");
 _Static_assert(sizeof(struct sr_group_event) == 40, "sr_group_event layout");
 _Static_assert(sizeof(struct sr_torch_event) == 48, "sr_torch_event layout");
+_Static_assert(sizeof(struct sr_cupti_call_event) == 40, "sr_cupti_call_event layout");
 _Static_assert(sizeof(struct sr_batch_event) == SR_BATCH_DATA_OFFSET + SLOWRANK_BATCH_MAX,
 	       "sr_batch_event layout");
 

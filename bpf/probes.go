@@ -74,6 +74,14 @@ const (
 	ProbeTorchFutureWait                 ProbeID = 150
 
 	ProbeCUPTIEmit ProbeID = 200
+
+	ProbeCUPTISubscribe         ProbeID = 210
+	ProbeCUPTIRegisterCallbacks ProbeID = 211
+	ProbeCUPTIRegisterTimestamp ProbeID = 212
+	ProbeCUPTIEnable            ProbeID = 213
+	ProbeCUPTIDisable           ProbeID = 214
+	ProbeCUPTIFlushAll          ProbeID = 215
+	ProbeCUPTIFinalize          ProbeID = 216
 )
 
 // Symbols of the CUPTI injection library (cupti/slowrank_abi.h).
@@ -92,6 +100,7 @@ const (
 	LibCUDA                      // libcuda.so* (driver API)
 	LibTorch                     // libtorch_cpu.so (gloo) and libtorch_cuda.so (NCCL)
 	LibCUPTI                     // libslowrank_cupti.so (the injection library)
+	LibCUPTIRuntime              // libcupti.so* (NVIDIA's; watched for other CUPTI clients)
 )
 
 func (k LibKind) String() string {
@@ -106,6 +115,8 @@ func (k LibKind) String() string {
 		return "torch"
 	case LibCUPTI:
 		return "cupti"
+	case LibCUPTIRuntime:
+		return "libcupti"
 	}
 	return fmt.Sprintf("LibKind(%d)", uint8(k))
 }
@@ -127,6 +138,8 @@ func ClassifyLibrary(path string) (LibKind, bool) {
 		return LibTorch, true
 	case is("libslowrank_cupti.so"):
 		return LibCUPTI, true
+	case is("libcupti.so"):
+		return LibCUPTIRuntime, true
 	}
 	return 0, false
 }
@@ -254,6 +267,23 @@ var specs = []ProbeSpec{
 	torch(ProbeTorchFutureWait, "c10::ivalue::Future::wait", "torch_future_wait", 0),
 
 	{ID: ProbeCUPTIEmit, Kind: LibCUPTI, Symbol: CUPTIEmitSymbol, Entry: "cupti_emit_entry", RefCtr: CUPTISemaphoreSymbol},
+
+	// libcupti's entry points, entry only: a call from any thread but the
+	// injection library's control thread is another CUPTI client (Kineto,
+	// nsys) starting or ending a session; the injection library yields to
+	// it (agent/cuptiyield.go). Rare calls: a few per session, and the
+	// library's own toggles.
+	cuptiCall(ProbeCUPTISubscribe, "cuptiSubscribe", "cupti_subscribe"),
+	cuptiCall(ProbeCUPTIRegisterCallbacks, "cuptiActivityRegisterCallbacks", "cupti_register_callbacks"),
+	cuptiCall(ProbeCUPTIRegisterTimestamp, "cuptiActivityRegisterTimestampCallback", "cupti_register_timestamp"),
+	cuptiCall(ProbeCUPTIEnable, "cuptiActivityEnable", "cupti_enable"),
+	cuptiCall(ProbeCUPTIDisable, "cuptiActivityDisable", "cupti_disable"),
+	cuptiCall(ProbeCUPTIFlushAll, "cuptiActivityFlushAll", "cupti_flush_all"),
+	cuptiCall(ProbeCUPTIFinalize, "cuptiFinalize", "cupti_finalize"),
+}
+
+func cuptiCall(id ProbeID, sym, prog string) ProbeSpec {
+	return ProbeSpec{ID: id, Kind: LibCUPTIRuntime, Symbol: sym, Entry: prog + "_entry", Optional: true}
 }
 
 // Specs returns a copy of the probe table.
@@ -292,6 +322,8 @@ func eventTypeOf(id ProbeID) EventType {
 		return EventTorch
 	case id == ProbeCUPTIEmit:
 		return EventBatch
+	case id >= 210 && id <= 229:
+		return EventCUPTICall
 	}
 	return 0
 }

@@ -50,8 +50,8 @@ func TestSpecsMatchObject(t *testing.T) {
 				t.Error(err)
 			}
 		}
-		// Only markers and the CUPTI batch are entry-only.
-		entryOnly := s.ID == ProbeNCCLGroupStart || s.ID == ProbeCUPTIEmit
+		// Only markers, the CUPTI batch and libcupti calls are entry-only.
+		entryOnly := s.ID == ProbeNCCLGroupStart || s.ID == ProbeCUPTIEmit || s.ID.EventType() == EventCUPTICall
 		if entryOnly != (s.Return == "") {
 			t.Errorf("%s: entry-only is %v", s.Name(), s.Return == "")
 		}

@@ -83,6 +83,7 @@ BTF_ANCHOR(struct sr_sync_event, sync);
 BTF_ANCHOR(struct sr_group_event, group);
 BTF_ANCHOR(struct sr_torch_event, torch);
 BTF_ANCHOR(struct sr_batch_event, batch);
+BTF_ANCHOR(struct sr_cupti_call_event, cupti_call);
 BTF_ANCHOR(enum sr_event_type, type);
 BTF_ANCHOR(enum sr_probe_id, probe);
 BTF_ANCHOR(enum sr_counter, counter);
@@ -658,3 +659,37 @@ int cupti_emit_entry(struct pt_regs *ctx)
 		return emit_batch(src, len, 8192, id, now);
 	return emit_batch(src, len, SLOWRANK_BATCH_MAX, id, now);
 }
+
+// ---------------------------------------------------------------- libcupti calls
+
+// Entry of a libcupti function: who called it (the agent tells the injection
+// library's control thread from another CUPTI client such as Kineto) and its
+// first argument. Rare calls, woken at once: the injection library yields
+// within the agent's reaction time.
+#define CUPTI_CALL_PROBE(name, probe)                                                      \
+	SEC("uprobe")                                                                      \
+	int name##_entry(struct pt_regs *ctx)                                              \
+	{                                                                                  \
+		__u64 id = bpf_get_current_pid_tgid();                                     \
+		if (!tracked(id >> 32)) {                                                  \
+			count(SR_CNT_FILTERED);                                            \
+			return 0;                                                          \
+		}                                                                          \
+		__u64 now = bpf_ktime_get_ns();                                            \
+		struct sr_cupti_call_event *e = reserve(sizeof(*e));                       \
+		if (!e)                                                                    \
+			return 0;                                                          \
+		fill_hdr(&e->hdr, SR_EV_CUPTI_CALL, probe, id, now, now);                  \
+		e->arg = ARG1(ctx);                                                        \
+		bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);                                \
+		count(SR_CNT_EVENTS);                                                      \
+		return 0;                                                                  \
+	}
+
+CUPTI_CALL_PROBE(cupti_subscribe, SR_PROBE_CUPTI_SUBSCRIBE)
+CUPTI_CALL_PROBE(cupti_register_callbacks, SR_PROBE_CUPTI_REGISTER_CALLBACKS)
+CUPTI_CALL_PROBE(cupti_register_timestamp, SR_PROBE_CUPTI_REGISTER_TIMESTAMP)
+CUPTI_CALL_PROBE(cupti_enable, SR_PROBE_CUPTI_ENABLE)
+CUPTI_CALL_PROBE(cupti_disable, SR_PROBE_CUPTI_DISABLE)
+CUPTI_CALL_PROBE(cupti_flush_all, SR_PROBE_CUPTI_FLUSH_ALL)
+CUPTI_CALL_PROBE(cupti_finalize, SR_PROBE_CUPTI_FINALIZE)

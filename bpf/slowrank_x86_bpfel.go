@@ -63,6 +63,12 @@ const (
 	slowrankSrCounterSR_CNT_MAX               slowrankSrCounter = 8
 )
 
+type slowrankSrCuptiCallEvent struct {
+	_   structs.HostLayout
+	Hdr slowrankSrEventHdr
+	Arg uint64
+}
+
 type slowrankSrEventHdr struct {
 	_       structs.HostLayout
 	Type    uint32
@@ -76,12 +82,13 @@ type slowrankSrEventHdr struct {
 type slowrankSrEventType uint32
 
 const (
-	slowrankSrEventTypeSR_EV_COLL      slowrankSrEventType = 1
-	slowrankSrEventTypeSR_EV_COMM_INIT slowrankSrEventType = 2
-	slowrankSrEventTypeSR_EV_SYNC      slowrankSrEventType = 3
-	slowrankSrEventTypeSR_EV_GROUP     slowrankSrEventType = 4
-	slowrankSrEventTypeSR_EV_TORCH     slowrankSrEventType = 5
-	slowrankSrEventTypeSR_EV_BATCH     slowrankSrEventType = 6
+	slowrankSrEventTypeSR_EV_COLL       slowrankSrEventType = 1
+	slowrankSrEventTypeSR_EV_COMM_INIT  slowrankSrEventType = 2
+	slowrankSrEventTypeSR_EV_SYNC       slowrankSrEventType = 3
+	slowrankSrEventTypeSR_EV_GROUP      slowrankSrEventType = 4
+	slowrankSrEventTypeSR_EV_TORCH      slowrankSrEventType = 5
+	slowrankSrEventTypeSR_EV_BATCH      slowrankSrEventType = 6
+	slowrankSrEventTypeSR_EV_CUPTI_CALL slowrankSrEventType = 7
 )
 
 type slowrankSrGroupEvent struct {
@@ -164,6 +171,13 @@ const (
 	slowrankSrProbeIdSR_PROBE_TORCH_WORK_WAIT                     slowrankSrProbeId = 149
 	slowrankSrProbeIdSR_PROBE_TORCH_FUTURE_WAIT                   slowrankSrProbeId = 150
 	slowrankSrProbeIdSR_PROBE_CUPTI_EMIT                          slowrankSrProbeId = 200
+	slowrankSrProbeIdSR_PROBE_CUPTI_SUBSCRIBE                     slowrankSrProbeId = 210
+	slowrankSrProbeIdSR_PROBE_CUPTI_REGISTER_CALLBACKS            slowrankSrProbeId = 211
+	slowrankSrProbeIdSR_PROBE_CUPTI_REGISTER_TIMESTAMP            slowrankSrProbeId = 212
+	slowrankSrProbeIdSR_PROBE_CUPTI_ENABLE                        slowrankSrProbeId = 213
+	slowrankSrProbeIdSR_PROBE_CUPTI_DISABLE                       slowrankSrProbeId = 214
+	slowrankSrProbeIdSR_PROBE_CUPTI_FLUSH_ALL                     slowrankSrProbeId = 215
+	slowrankSrProbeIdSR_PROBE_CUPTI_FINALIZE                      slowrankSrProbeId = 216
 )
 
 type slowrankSrSyncEvent struct {
@@ -201,7 +215,14 @@ const (
 	slowrankProgCudaEventSynchronizeReturn            = "cuda_event_synchronize_return"
 	slowrankProgCudaStreamSynchronizeEntry            = "cuda_stream_synchronize_entry"
 	slowrankProgCudaStreamSynchronizeReturn           = "cuda_stream_synchronize_return"
+	slowrankProgCuptiDisableEntry                     = "cupti_disable_entry"
 	slowrankProgCuptiEmitEntry                        = "cupti_emit_entry"
+	slowrankProgCuptiEnableEntry                      = "cupti_enable_entry"
+	slowrankProgCuptiFinalizeEntry                    = "cupti_finalize_entry"
+	slowrankProgCuptiFlushAllEntry                    = "cupti_flush_all_entry"
+	slowrankProgCuptiRegisterCallbacksEntry           = "cupti_register_callbacks_entry"
+	slowrankProgCuptiRegisterTimestampEntry           = "cupti_register_timestamp_entry"
+	slowrankProgCuptiSubscribeEntry                   = "cupti_subscribe_entry"
 	slowrankProgNcclAllGatherEntry                    = "nccl_all_gather_entry"
 	slowrankProgNcclAllGatherReturn                   = "nccl_all_gather_return"
 	slowrankProgNcclAllReduceEntry                    = "nccl_all_reduce_entry"
@@ -308,6 +329,7 @@ const (
 	slowrankVarSrBtfColl                              = "sr_btf_coll"
 	slowrankVarSrBtfCommInit                          = "sr_btf_comm_init"
 	slowrankVarSrBtfCounter                           = "sr_btf_counter"
+	slowrankVarSrBtfCuptiCall                         = "sr_btf_cupti_call"
 	slowrankVarSrBtfGroup                             = "sr_btf_group"
 	slowrankVarSrBtfHdr                               = "sr_btf_hdr"
 	slowrankVarSrBtfProbe                             = "sr_btf_probe"
@@ -371,7 +393,14 @@ type slowrankProgramSpecs struct {
 	CudaEventSynchronizeReturn            *ebpf.ProgramSpec `ebpf:"cuda_event_synchronize_return"`
 	CudaStreamSynchronizeEntry            *ebpf.ProgramSpec `ebpf:"cuda_stream_synchronize_entry"`
 	CudaStreamSynchronizeReturn           *ebpf.ProgramSpec `ebpf:"cuda_stream_synchronize_return"`
+	CuptiDisableEntry                     *ebpf.ProgramSpec `ebpf:"cupti_disable_entry"`
 	CuptiEmitEntry                        *ebpf.ProgramSpec `ebpf:"cupti_emit_entry"`
+	CuptiEnableEntry                      *ebpf.ProgramSpec `ebpf:"cupti_enable_entry"`
+	CuptiFinalizeEntry                    *ebpf.ProgramSpec `ebpf:"cupti_finalize_entry"`
+	CuptiFlushAllEntry                    *ebpf.ProgramSpec `ebpf:"cupti_flush_all_entry"`
+	CuptiRegisterCallbacksEntry           *ebpf.ProgramSpec `ebpf:"cupti_register_callbacks_entry"`
+	CuptiRegisterTimestampEntry           *ebpf.ProgramSpec `ebpf:"cupti_register_timestamp_entry"`
+	CuptiSubscribeEntry                   *ebpf.ProgramSpec `ebpf:"cupti_subscribe_entry"`
 	NcclAllGatherEntry                    *ebpf.ProgramSpec `ebpf:"nccl_all_gather_entry"`
 	NcclAllGatherReturn                   *ebpf.ProgramSpec `ebpf:"nccl_all_gather_return"`
 	NcclAllReduceEntry                    *ebpf.ProgramSpec `ebpf:"nccl_all_reduce_entry"`
@@ -494,6 +523,7 @@ type slowrankVariableSpecs struct {
 	SrBtfColl             *ebpf.VariableSpec `ebpf:"sr_btf_coll"`
 	SrBtfCommInit         *ebpf.VariableSpec `ebpf:"sr_btf_comm_init"`
 	SrBtfCounter          *ebpf.VariableSpec `ebpf:"sr_btf_counter"`
+	SrBtfCuptiCall        *ebpf.VariableSpec `ebpf:"sr_btf_cupti_call"`
 	SrBtfGroup            *ebpf.VariableSpec `ebpf:"sr_btf_group"`
 	SrBtfHdr              *ebpf.VariableSpec `ebpf:"sr_btf_hdr"`
 	SrBtfProbe            *ebpf.VariableSpec `ebpf:"sr_btf_probe"`
@@ -547,6 +577,7 @@ type slowrankVariables struct {
 	SrBtfColl             *ebpf.Variable `ebpf:"sr_btf_coll"`
 	SrBtfCommInit         *ebpf.Variable `ebpf:"sr_btf_comm_init"`
 	SrBtfCounter          *ebpf.Variable `ebpf:"sr_btf_counter"`
+	SrBtfCuptiCall        *ebpf.Variable `ebpf:"sr_btf_cupti_call"`
 	SrBtfGroup            *ebpf.Variable `ebpf:"sr_btf_group"`
 	SrBtfHdr              *ebpf.Variable `ebpf:"sr_btf_hdr"`
 	SrBtfProbe            *ebpf.Variable `ebpf:"sr_btf_probe"`
@@ -572,7 +603,14 @@ type slowrankPrograms struct {
 	CudaEventSynchronizeReturn            *ebpf.Program `ebpf:"cuda_event_synchronize_return"`
 	CudaStreamSynchronizeEntry            *ebpf.Program `ebpf:"cuda_stream_synchronize_entry"`
 	CudaStreamSynchronizeReturn           *ebpf.Program `ebpf:"cuda_stream_synchronize_return"`
+	CuptiDisableEntry                     *ebpf.Program `ebpf:"cupti_disable_entry"`
 	CuptiEmitEntry                        *ebpf.Program `ebpf:"cupti_emit_entry"`
+	CuptiEnableEntry                      *ebpf.Program `ebpf:"cupti_enable_entry"`
+	CuptiFinalizeEntry                    *ebpf.Program `ebpf:"cupti_finalize_entry"`
+	CuptiFlushAllEntry                    *ebpf.Program `ebpf:"cupti_flush_all_entry"`
+	CuptiRegisterCallbacksEntry           *ebpf.Program `ebpf:"cupti_register_callbacks_entry"`
+	CuptiRegisterTimestampEntry           *ebpf.Program `ebpf:"cupti_register_timestamp_entry"`
+	CuptiSubscribeEntry                   *ebpf.Program `ebpf:"cupti_subscribe_entry"`
 	NcclAllGatherEntry                    *ebpf.Program `ebpf:"nccl_all_gather_entry"`
 	NcclAllGatherReturn                   *ebpf.Program `ebpf:"nccl_all_gather_return"`
 	NcclAllReduceEntry                    *ebpf.Program `ebpf:"nccl_all_reduce_entry"`
@@ -690,7 +728,14 @@ func (p *slowrankPrograms) Close() error {
 		p.CudaEventSynchronizeReturn,
 		p.CudaStreamSynchronizeEntry,
 		p.CudaStreamSynchronizeReturn,
+		p.CuptiDisableEntry,
 		p.CuptiEmitEntry,
+		p.CuptiEnableEntry,
+		p.CuptiFinalizeEntry,
+		p.CuptiFlushAllEntry,
+		p.CuptiRegisterCallbacksEntry,
+		p.CuptiRegisterTimestampEntry,
+		p.CuptiSubscribeEntry,
 		p.NcclAllGatherEntry,
 		p.NcclAllGatherReturn,
 		p.NcclAllReduceEntry,

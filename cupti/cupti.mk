@@ -108,6 +108,12 @@ CUPTI_SAN_asan := -fsanitize=address,undefined -fno-omit-frame-pointer
 CUPTI_SAN_tsan := -fsanitize=thread
 $(eval $(call cupti_stress_build,asan,$$(CUPTI_SAN_asan)))
 $(eval $(call cupti_stress_build,tsan,$$(CUPTI_SAN_tsan)))
+$(eval $(call cupti_stress_build,plain,))
+
+# The same program and fake libcupti without sanitizers, for the tests that
+# put a real agent in front of them (test/reliability).
+.PHONY: cupti-stress-plain
+cupti-stress-plain: $(CUPTI_TEST_OUT)/plain/test_stress
 
 .PHONY: cupti-stress
 cupti-stress: $(CUPTI_TEST_OUT)/asan/test_stress $(CUPTI_TEST_OUT)/tsan/test_stress

@@ -24,7 +24,11 @@
  * CUPTI no buffer twice (the fake aborts); after the last session the
  * library collects again (records counter moves).
  *
- * Usage: test_stress LIB FAKE_CUPTI [SECONDS]   (env STRESS_SEED=N)
+ * Usage: test_stress LIB FAKE_CUPTI [SECONDS [external]]   (env STRESS_SEED=N)
+ *
+ * external: a real slowrank agent plays the agent (uprobes on the emit
+ * function and on the fake libcupti's entry points); the program is then a
+ * training process with a user's profiler (test/reliability).
  */
 #define _GNU_SOURCE
 #include "slowrank_abi.h"
@@ -107,6 +111,7 @@ struct launch {
 static struct launch *launches;
 static uint32_t next_id = 1;
 static uint64_t seed;
+static int external; /* a real agent attaches, decides and writes the duty */
 
 static const char *const names[] = {"ampere_sgemm_128x64_nn", "void at::native::vectorized_elementwise_kernel",
 				    "flash_fwd_kernel", "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
@@ -327,6 +332,8 @@ static uint64_t n_racy;
 
 static void react(uint64_t *s)
 {
+	if (external)
+		return; /* the real agent's uprobes fired at the calls themselves */
 	sleep_us(between(s, 0, 2000));
 	pthread_mutex_lock(&agent_mu);
 	if (attached)
@@ -438,6 +445,7 @@ int main(int argc, char **argv)
 	if (argc < 3)
 		FAIL("usage: test_stress LIB FAKE_CUPTI [SECONDS]");
 	double secs = argc > 3 ? atof(argv[3]) : 8;
+	external = argc > 4 && strcmp(argv[4], "external") == 0;
 	const char *se = getenv("STRESS_SEED");
 	seed = se && *se ? strtoull(se, NULL, 10) : (uint64_t)time(NULL);
 	if (seed == 0)
@@ -478,7 +486,11 @@ int main(int argc, char **argv)
 	pthread_t app[APP_THREADS], agent, kineto;
 	for (int i = 0; i < APP_THREADS; i++)
 		pthread_create(&app[i], NULL, app_main, (void *)(uintptr_t)(i + 1));
-	pthread_create(&agent, NULL, agent_main, NULL);
+	if (!external)
+		pthread_create(&agent, NULL, agent_main, NULL);
+	else /* wait for the real agent: it has attached and decided */
+		for (int i = 0; i < 300 && __atomic_load_n(&ctl->state, __ATOMIC_RELAXED) != SLOWRANK_STATE_ON; i++)
+			sleep_us(100000);
 	pthread_create(&kineto, NULL, kineto_main, NULL);
 	uint64_t end = now_ns() + (uint64_t)(secs * 1e9);
 	uint64_t ms = seed * 17 + 5;
@@ -500,13 +512,14 @@ int main(int argc, char **argv)
 	 * always, yield 0. The app keeps launching. */
 	SET_STOP(1);
 	pthread_join(kineto, NULL);
-	pthread_join(agent, NULL);
+	if (!external)
+		pthread_join(agent, NULL);
 	SET_STOP(0);
 	pthread_t tail;
 	pthread_create(&tail, NULL, app_main, (void *)(uintptr_t)99);
 	uint64_t r0 = __atomic_load_n(&ctl->records, __ATOMIC_RELAXED);
 	int resumed = 0;
-	for (int i = 0; i < 60 && !resumed; i++) {
+	for (int i = 0; i < (external ? 300 : 60) && !resumed; i++) {
 		sleep_us(50000);
 		resumed = __atomic_load_n(&ctl->records, __ATOMIC_RELAXED) > r0 &&
 			  __atomic_load_n(&ctl->state, __ATOMIC_RELAXED) == SLOWRANK_STATE_ON;
@@ -538,7 +551,7 @@ int main(int argc, char **argv)
 	if (!resumed)
 		FAIL("collection did not resume after the last Kineto session (state %u)",
 		     __atomic_load_n(&ctl->state, __ATOMIC_RELAXED));
-	if (k_sessions == 0 || n_attach < 5)
+	if (k_sessions == 0 || (!external && n_attach < 5))
 		FAIL("schedule too short to mean anything (%llu sessions, %llu attaches)",
 		     (unsigned long long)k_sessions, (unsigned long long)n_attach);
 	if (k_checked == 0)

@@ -1,0 +1,72 @@
+package reliability
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestProfilerGetsCompleteTraceWhileAgentCollects runs a training process
+// with the injection library, the fake libcupti (CUPTI's contract) and a
+// second CUPTI client that drives CUPTI as torch.profiler's Kineto does
+// (cupti/test_stress.c, external mode), in front of the real agent with
+// device collection pinned on: the agent's uprobes on libcupti see the
+// other client's calls and the library yields to it. Every activity that
+// ran inside a profiling session reaches the profiler (within the reaction
+// time of the agent, at most 1 % in all), the library collects again after
+// each session, and the agent counts the yields.
+func TestProfilerGetsCompleteTraceWhileAgentCollects(t *testing.T) {
+	tl := needTools(t)
+	if tl.cuptiLib == "" {
+		t.Skipf("injection library not built: %v", tl.cuptiErr)
+	}
+	bin := filepath.Join(repoRoot, "bin", "cupti-test", "plain")
+	stress := filepath.Join(bin, "test_stress")
+	if !fileExists(stress) {
+		cmd := exec.Command("make", "-s", "cupti-stress-plain")
+		cmd.Dir = repoRoot
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Skipf("cannot build the fake libcupti (make cupti-stress-plain): %v\n%s", err, out)
+		}
+	}
+	dir := t.TempDir()
+	ag := startAgent(t, tl, dir)
+	ag.waitSocket()
+	// Collect all the time: the worst case for another client.
+	set := exec.Command(tl.slowrank, "control", "set", "--socket", ag.sock, "--duty-share", "1")
+	if out, err := set.CombinedOutput(); err != nil {
+		t.Fatalf("control set: %v\n%s", err, out)
+	}
+	out := filepath.Join(dir, "stress.out")
+	f, err := os.Create(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(stress, filepath.Join(bin, "libslowrank_cupti.so"), filepath.Join(bin, "libcupti.so"), "12", "external")
+	cmd.Env = append(cleanEnv(), markOf(t)+"=1", "RANK=0", "WORLD_SIZE=1")
+	cmd.Stdout, cmd.Stderr = f, f
+	start := time.Now()
+	err = cmd.Run()
+	f.Close()
+	text, _ := os.ReadFile(out)
+	t.Logf("after %s:\n%s", time.Since(start).Round(time.Millisecond), text)
+	if err != nil {
+		t.Fatalf("training process with a profiler failed: %v", err)
+	}
+	if !strings.Contains(string(text), "test_stress: ok") {
+		t.Fatal("no ok line")
+	}
+	st, err := ag.status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Counters["cupti_foreign_calls"] == 0 || st.Counters["cupti_yields"] == 0 || st.Counters["cupti_resumes"] == 0 {
+		t.Fatalf("agent did not see the other client or did not yield and resume: %v", st.Counters)
+	}
+	if !ag.alive() {
+		t.Fatal("agent died")
+	}
+}
