@@ -95,12 +95,12 @@ type LibKind uint8
 
 // Library kinds.
 const (
-	LibNCCL   LibKind = iota + 1 // libnccl.so* (or librccl.so*)
-	LibCUDART                    // libcudart.so*
-	LibCUDA                      // libcuda.so* (driver API)
-	LibTorch                     // libtorch_cpu.so (gloo) and libtorch_cuda.so (NCCL)
-	LibCUPTI                     // libslowrank_cupti.so (the injection library)
-	LibCUPTIRuntime              // libcupti.so* (NVIDIA's; watched for other CUPTI clients)
+	LibNCCL         LibKind = iota + 1 // libnccl.so* (or librccl.so*)
+	LibCUDART                          // libcudart.so*
+	LibCUDA                            // libcuda.so* (driver API)
+	LibTorch                           // libtorch_cpu.so (gloo) and libtorch_cuda.so (NCCL)
+	LibCUPTI                           // libslowrank_cupti.so (the injection library)
+	LibCUPTIRuntime                    // libcupti.so* (NVIDIA's; watched for other CUPTI clients)
 )
 
 func (k LibKind) String() string {
