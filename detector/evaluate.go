@@ -262,9 +262,14 @@ func (d *Detector) evaluateCohort(j *job, win *window, c cohort, topo *Topology)
 			if m.rw == nil || rs == nil || math.IsNaN(m.ev[evStep]) {
 				continue
 			}
+			// A window teaches the baseline unless one of the rank's phases
+			// was slow or deviated without evidence of whether it was exposed:
+			// a stall must never become the past it is measured against.
 			clean := true
 			for p := 0; p < nPhases; p++ {
-				clean = clean && !(evals[i][p].done && evals[i][p].outcome == outcomeSlow)
+				e := &evals[i][p]
+				clean = clean && !(e.done && e.outcome == outcomeSlow) &&
+					!(e.exposure != nil && e.exposure.Evidence == EvidenceNone)
 			}
 			if clean {
 				rs.addBaseline(m.ev[evStep])
