@@ -15,11 +15,7 @@ type Config struct {
 	Window time.Duration
 	// Threshold is the relative deviation at or above which a window is slow.
 	Threshold float64
-	// PhaseThresholds overrides Threshold for the phases it names. Host time
-	// that hides behind device work jitters more than device time: on two
-	// H200s the host medians of a healthy DDP job's ranks differed by 5-55 %
-	// for windows at a time without lengthening a step (bench/results), so
-	// a GPU-bound job may want host=0.15 while compute keeps 0.05.
+	// PhaseThresholds overrides Threshold for the phases it names.
 	PhaseThresholds map[string]float64
 	// Exposure gates the host phase by evidence that its excess lengthens a
 	// step (DESIGN.md section 4): host time that hides behind queued GPU work

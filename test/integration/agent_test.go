@@ -215,6 +215,9 @@ func checkOnlyRank1HostStraggler(t *testing.T, verdicts []detector.Verdict) {
 		}
 	}
 	if !alerts["1/host"] || len(alerts) != 1 {
+		for _, v := range verdicts {
+			t.Logf("window %d rank %d %s %s: %s", v.Window, v.Rank, v.Phase, v.State, v.Reason)
+		}
 		t.Fatalf("straggler alerts %v, want exactly rank 1 in phase host", alerts)
 	}
 }
