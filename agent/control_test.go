@@ -161,8 +161,10 @@ func TestPipelineDetectorSwap(t *testing.T) {
 			if r == 3 {
 				host = 26 // +30 %
 			}
+			// Rank 3's extra host time is exposed: its peers wait for it in
+			// a blocking collective.
 			batch = append(batch, detector.Step{Kind: detector.KindStep, Job: "j", Rank: r, Step: i, Host: "h",
-				StartNS: end - stepNS, EndNS: end, Phases: map[string]float64{"step": 100, "host": host}})
+				StartNS: end - stepNS, EndNS: end, Phases: map[string]float64{"step": 106, "host": host, "coll_wait": 26 - host}})
 		}
 		p.deliver(batch, nil)
 		delivered += len(batch)

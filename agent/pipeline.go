@@ -232,7 +232,10 @@ func (p *pipeline) settle(now int64) {
 			s.Settled(w, vs)
 		}
 		for _, v := range vs {
-			suspicious = suspicious || v.State == detector.StateCandidate || v.State == detector.StateStraggler
+			// A slow-looking window whose exposure is unknown asks for device
+			// records too: their GPU idle time is what can tell.
+			unknown := v.Exposure != nil && v.Exposure.Evidence == detector.EvidenceNone
+			suspicious = suspicious || v.State == detector.StateCandidate || v.State == detector.StateStraggler || unknown
 		}
 	}
 	p.logAlerts(verdicts)

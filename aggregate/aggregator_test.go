@@ -117,12 +117,18 @@ func (s *simulation) run(d time.Duration) {
 		s.now += int64(10 * time.Millisecond)
 		if s.now%s.stepNS == 0 {
 			s.step++
+			slowest := 0.0
+			for _, h := range s.hosts {
+				for _, r := range h.ranks {
+					slowest = max(slowest, 10.0*s.slowFactor(r))
+				}
+			}
 			for _, h := range s.hosts {
 				for _, r := range h.ranks {
 					host := 10.0 * s.slowFactor(r)
 					st := detector.Step{Kind: detector.KindStep, Job: "j", Rank: r, Step: s.step, Host: h.name,
 						StartNS: s.now - s.stepNS + h.offset, EndNS: s.now + h.offset, Topo: h.topoVer,
-						Phases: map[string]float64{detector.PhaseStep: 100, detector.PhaseHost: host}}
+						Phases: exposedHost(host, slowest)}
 					h.queue = append(h.queue, st)
 				}
 			}
@@ -341,14 +347,25 @@ func TestOfferRefusesWhenQueueFull(t *testing.T) {
 	}
 }
 
+// exposedHost gives the phases of a step whose host time is hostMS in a job
+// whose slowest rank spent slowest: every rank waits for the slowest in a
+// blocking collective, so a slow rank's extra host time is exposed.
+func exposedHost(hostMS, slowest float64) map[string]float64 {
+	return map[string]float64{detector.PhaseStep: 90 + slowest, detector.PhaseHost: hostMS, detector.PhaseCollWait: slowest - hostMS}
+}
+
 // jobFeed sends one step per rank of one job from one host, stamped on the
 // aggregator's clock (age 0).
 func jobFeed(a *Aggregator, job, host string, ranks []int, step int64, now int64, hostMS func(rank int) float64) {
 	facts := make([]Fact, 0, len(ranks))
+	slowest := 0.0
+	for _, r := range ranks {
+		slowest = max(slowest, hostMS(r))
+	}
 	for _, r := range ranks {
 		st := detector.Step{Kind: detector.KindStep, Job: job, Rank: r, Step: step, Host: host,
 			StartNS: now - int64(100*time.Millisecond), EndNS: now,
-			Phases: map[string]float64{detector.PhaseStep: 100, detector.PhaseHost: hostMS(r)}}
+			Phases: exposedHost(hostMS(r), slowest)}
 		facts = append(facts, Fact{Host: host, Step: &st})
 	}
 	a.handle(batch{recv: now, facts: facts})

@@ -15,12 +15,12 @@ type Config struct {
 	Window time.Duration
 	// Threshold is the relative deviation at or above which a window is slow.
 	Threshold float64
-	// PhaseThresholds overrides Threshold for the phases it names. Host time
-	// that hides behind device work jitters more than device time: on two
-	// H200s the host medians of a healthy DDP job's ranks differed by 5-55 %
-	// for windows at a time without lengthening a step (bench/results), so
-	// a GPU-bound job may want host=0.15 while compute keeps 0.05.
+	// PhaseThresholds overrides Threshold for the phases it names.
 	PhaseThresholds map[string]float64
+	// Exposure gates the host phase by evidence that its excess lengthens a
+	// step (DESIGN.md section 4): host time that hides behind queued GPU work
+	// is not a straggler. Off, every phase follows the seed's rule alone.
+	Exposure bool
 	// Floor is the absolute difference below which no window is slow,
 	// whatever the relative deviation.
 	Floor time.Duration
@@ -61,6 +61,7 @@ func DefaultConfig() Config {
 	return Config{
 		Window:         5 * time.Second,
 		Threshold:      0.05,
+		Exposure:       true,
 		Floor:          time.Millisecond,
 		Consecutive:    3,
 		MinReferences:  1,
@@ -125,6 +126,14 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("max ranks and max jobs must be positive, got %d and %d", c.MaxRanks, c.MaxJobs))
 	}
 	return errors.Join(errs...)
+}
+
+// exposureGated reports whether phase needs exposure evidence to be slow.
+// Only host is gated: host time can hide behind GPU work that is already
+// queued. Compute is GPU time on the rank's own stream, which every peer's
+// collective waits for (see DESIGN.md section 4 for why it is not gated).
+func (c Config) exposureGated(phase string) bool {
+	return c.Exposure && phase == PhaseHost
 }
 
 // PhaseThreshold is the relative deviation that makes a window slow in phase.

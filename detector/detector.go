@@ -91,6 +91,7 @@ type jobStats struct {
 	windows, facts, verdicts, alerts int64
 	late, duplicates, evicted        int64
 	rejectedRanks                    int64
+	hidden                           int64
 }
 
 // window collects the facts of one window of one job.
@@ -100,10 +101,22 @@ type window struct {
 	topo  int
 }
 
+// Evidence phases kept per rank and window for the exposure gate, whether
+// or not they are evaluated phases.
+const (
+	evStep = iota
+	evIdle
+	evCollWait
+	nEvidence
+)
+
+var evidencePhases = [nEvidence]string{PhaseStep, PhaseIdle, PhaseCollWait}
+
 // rankWindow is what one rank reported in one window.
 type rankWindow struct {
 	steps      int
 	values     [][]float64 // per evaluated phase
+	evidence   [nEvidence][]float64
 	fps        map[string]int
 	tokens     []int64
 	noWorkload int
@@ -276,6 +289,13 @@ func (d *Detector) record(j *job, idx int64, s Step) {
 	for p, v := range s.Phases {
 		if i, ok := d.phaseIdx[p]; ok {
 			rw.values[i] = append(rw.values[i], v)
+		}
+	}
+	if d.cfg.Exposure {
+		for k, p := range evidencePhases {
+			if v, ok := s.Phases[p]; ok {
+				rw.evidence[k] = append(rw.evidence[k], v)
+			}
 		}
 	}
 	switch {

@@ -221,6 +221,7 @@ func TestPhaseThresholdOverridesThreshold(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			j := newJob(t, 4)
+			j.cfg.Exposure = false // the seed's rule: these facts carry no exposure evidence
 			j.cfg.PhaseThresholds = tc.overrides
 			for w := 0; w < 4; w++ {
 				j.win(w, ph, nil)
@@ -347,6 +348,7 @@ func TestPhaseNotMeasuredByCohortIsNotEvaluated(t *testing.T) {
 
 func TestHints(t *testing.T) {
 	j := newJob(t, 4)
+	j.cfg.Exposure = false // the seed's rule: these facts carry no exposure evidence
 	ph := func(r int) map[string]float64 {
 		switch r {
 		case 1:

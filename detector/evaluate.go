@@ -20,7 +20,8 @@ type member struct {
 	fp     string
 	tokens int64
 	hasWL  bool
-	med    []float64 // per phase; NaN when absent
+	med    []float64          // per phase; NaN when absent
+	ev     [nEvidence]float64 // evidence medians; NaN when absent
 }
 
 // evaluation is the outcome of one (member, phase) before the state machine.
@@ -34,6 +35,8 @@ type evaluation struct {
 	degraded  bool
 	coverage  float64
 	reason    string
+	exposure  *Exposure // set when the exposure gate judged the window
+	hidden    bool      // the seed's rule said slow, exposure evidence said hidden
 }
 
 // scratch holds buffers reused from one settlement to the next, so that
@@ -184,7 +187,15 @@ func (d *Detector) members(win *window, c cohort) []member {
 		for p := range m.med {
 			m.med[p] = math.NaN()
 		}
+		for k := range m.ev {
+			m.ev[k] = math.NaN()
+		}
 		if m.rw != nil {
+			for k, vals := range m.rw.evidence {
+				if len(vals) > 0 {
+					m.ev[k] = d.median(vals)
+				}
+			}
 			for p, vals := range m.rw.values {
 				if len(vals) > 0 {
 					m.med[p] = d.median(vals)
@@ -213,6 +224,17 @@ func (d *Detector) evaluateCohort(j *job, win *window, c cohort, topo *Topology)
 	for p := 0; p < nPhases; p++ {
 		d.evaluatePhase(ms, p, evals)
 	}
+	var peers peerEvidence
+	for p, phase := range d.cfg.Phases {
+		if !d.cfg.exposureGated(phase) {
+			continue
+		}
+		for i := range ms {
+			if e := &evals[i][p]; e.done && e.outcome == outcomeSlow {
+				d.gate(phase, ms, i, j.ranks[ms[i].rank], e, &peers)
+			}
+		}
+	}
 	caches := make([]map[signature]*comparableSet, nPhases)
 	for p := range caches {
 		caches[p] = map[signature]*comparableSet{}
@@ -231,6 +253,26 @@ func (d *Detector) evaluateCohort(j *job, win *window, c cohort, topo *Topology)
 					v.Topo = topo.Version
 				}
 				out = append(out, v)
+			}
+		}
+	}
+	if d.cfg.Exposure {
+		for i, m := range ms {
+			rs := j.ranks[m.rank]
+			if m.rw == nil || rs == nil || math.IsNaN(m.ev[evStep]) {
+				continue
+			}
+			// A window teaches the baseline unless one of the rank's phases
+			// was slow or deviated without evidence of whether it was exposed:
+			// a stall must never become the past it is measured against.
+			clean := true
+			for p := 0; p < nPhases; p++ {
+				e := &evals[i][p]
+				clean = clean && !(e.done && e.outcome == outcomeSlow) &&
+					!(e.exposure != nil && e.exposure.Evidence == EvidenceNone)
+			}
+			if clean {
+				rs.addBaseline(m.ev[evStep])
 			}
 		}
 	}

@@ -138,6 +138,48 @@ type Verdict struct {
 	// GPU is what NVML saw on the rank's GPU during the window: evidence to
 	// read next to the verdict, never a root-cause claim. Absent without NVML.
 	GPU *GPUEvidence `json:"gpu_evidence,omitempty"`
+	// Exposure says whether the excess over the reference lengthened a step,
+	// and on what evidence (DESIGN.md section 4). Present on verdicts of a
+	// gated phase (host) in windows that the seed's rule alone finds slow.
+	Exposure *Exposure `json:"exposure,omitempty"`
+}
+
+// Evidence that decides whether a deviation is exposed (Exposure.Evidence).
+const (
+	// EvidenceIdle: the rank's GPU idle time against its peers' (device records).
+	EvidenceIdle = "idle"
+	// EvidenceVictimWait: the peers' waits in blocking collectives against the rank's.
+	EvidenceVictimWait = "victim_wait"
+	// EvidenceStepTime: the rank's step time against its own recent past.
+	EvidenceStepTime = "step_time"
+	// EvidenceNone: nothing tells; the verdict is uncertain.
+	EvidenceNone = "none"
+)
+
+// Exposure is the evidence of whether a slow window's excess over the
+// reference lengthened a step. Only the exposed part of the excess is held
+// against the threshold and the floor; when all of it is exposed the rule is
+// the seed's.
+type Exposure struct {
+	// Evidence is the evidence that decided: EvidenceIdle, EvidenceVictimWait,
+	// EvidenceStepTime or EvidenceNone.
+	Evidence string `json:"evidence"`
+	// Exposed is true when the exposed part passes the threshold and floor.
+	Exposed bool `json:"exposed"`
+	// ExcessMS is value_ms - reference_ms; ExposedMS the part of it that the
+	// evidence shows to lengthen a step (0 with EvidenceNone).
+	ExcessMS  float64 `json:"excess_ms"`
+	ExposedMS float64 `json:"exposed_ms"`
+	// What was looked at (absent when not measured): the rank's and its
+	// peers' median GPU idle and blocking-collective wait, and the rank's
+	// median step time against the median of its recent clean windows.
+	IdleMS          *float64 `json:"idle_ms,omitempty"`
+	PeerIdleMS      *float64 `json:"peer_idle_ms,omitempty"`
+	CollWaitMS      *float64 `json:"coll_wait_ms,omitempty"`
+	PeerCollWaitMS  *float64 `json:"peer_coll_wait_ms,omitempty"`
+	StepMS          *float64 `json:"step_ms,omitempty"`
+	BaselineStepMS  *float64 `json:"baseline_step_ms,omitempty"`
+	BaselineWindows int      `json:"baseline_windows"`
 }
 
 // GPUEvidence summarises NVML samples of one GPU over one window.
@@ -176,6 +218,10 @@ type Summary struct {
 	Duplicates     int64    `json:"duplicates"`
 	Evicted        int64    `json:"evicted"`
 	RejectedRanks  int64    `json:"rejected_ranks"`
-	InvalidLines   int64    `json:"invalid_lines,omitempty"`
-	UnknownKinds   int64    `json:"unknown_kinds,omitempty"`
+	// HiddenDeviations counts (window, rank, phase) deviations that the
+	// seed's rule alone calls slow but that exposure evidence showed did not
+	// lengthen a step (not emitted as verdicts unless EmitOK).
+	HiddenDeviations int64 `json:"hidden_deviations,omitempty"`
+	InvalidLines     int64 `json:"invalid_lines,omitempty"`
+	UnknownKinds     int64 `json:"unknown_kinds,omitempty"`
 }

@@ -1,9 +1,19 @@
 package detector
 
+import "slices"
+
 // dedupeRing is the number of recent (epoch, step) keys remembered per rank to
 // recognise duplicates. Facts of one rank arrive roughly in step order, so a
 // short ring suffices and keeps state per rank small and bounded.
 const dedupeRing = 16
+
+// baselineRing is the number of recent clean windows whose median step time
+// form a rank's step-time baseline; minBaseline is how many it needs before
+// the baseline is evidence.
+const (
+	baselineRing = 8
+	minBaseline  = 3
+)
 
 // rankState is the bounded, long-lived state of one rank of one job.
 type rankState struct {
@@ -12,6 +22,36 @@ type rankState struct {
 	nRecent  uint8
 	head     uint8
 	phases   []phaseState
+	// The rank's median step time of its last baselineRing clean windows
+	// (windows in which none of its phases was slow).
+	base     [baselineRing]float64
+	nBase    uint8
+	baseHead uint8
+}
+
+// addBaseline records the median step time of a clean window.
+func (r *rankState) addBaseline(stepMS float64) {
+	r.base[r.baseHead] = stepMS
+	r.baseHead = (r.baseHead + 1) % baselineRing
+	if r.nBase < baselineRing {
+		r.nBase++
+	}
+}
+
+// baseline returns the median of the recorded windows and their number.
+func (r *rankState) baseline() (float64, int) {
+	n := int(r.nBase)
+	if n == 0 {
+		return 0, 0
+	}
+	var s [baselineRing]float64
+	copy(s[:], r.base[:n])
+	v := s[:n]
+	slices.Sort(v)
+	if n%2 == 1 {
+		return v[n/2], n
+	}
+	return (v[n/2-1] + v[n/2]) / 2, n
 }
 
 type stepKey struct {

@@ -44,6 +44,8 @@ func (d *Detector) summary(j *job) Summary {
 		Duplicates:    j.stats.duplicates,
 		Evicted:       j.stats.evicted,
 		RejectedRanks: j.stats.rejectedRanks,
+
+		HiddenDeviations: j.stats.hidden,
 	}
 	ranks := make([]int, 0, len(j.ranks))
 	for r := range j.ranks {

@@ -15,6 +15,9 @@ func (d *Detector) transition(j *job, win *window, rs *rankState, ms []member, s
 		ps.alertSince = ps.since
 	}
 	ps.lastState, ps.lastDev, ps.lastWindow = state, e.deviation, win.index
+	if e.hidden {
+		j.stats.hidden++
+	}
 	if state == StateOK && !d.cfg.EmitOK {
 		return Verdict{}, false
 	}
@@ -38,6 +41,7 @@ func (d *Detector) transition(j *job, win *window, rs *rankState, ms []member, s
 		Coverage:                 e.coverage,
 		WorkloadEvidenceDegraded: e.degraded,
 		AlertActive:              ps.alert,
+		Exposure:                 e.exposure,
 	}
 	if e.refRank >= 0 || e.outcome != outcomeUncertain {
 		v.ComparableRanks, v.ComparableCount = d.comparableRanks(ms, self, p, cache)
@@ -82,12 +86,22 @@ func (d *Detector) reason(v Verdict, e evaluation) string {
 		return e.reason
 	}
 	var s string
-	switch v.State {
-	case StateRecovered:
+	switch {
+	case e.hidden:
+		s = fmt.Sprintf("%s median %.2f ms is %.1f%% above rank %d (%.2f ms) but hidden: %s, so at most %.2f of its %.2f ms excess lengthens a step",
+			v.Phase, v.ValueMS, v.Deviation*100, v.ReferenceRank, v.ReferenceMS, exposureText(e.exposure), e.exposure.ExposedMS, e.exposure.ExcessMS)
+	case v.State == StateRecovered:
 		s = fmt.Sprintf("%s median %.2f ms is back within %.1f%% of rank %d (%.2f ms)", v.Phase, v.ValueMS, d.cfg.PhaseThreshold(v.Phase)*100, v.ReferenceRank, v.ReferenceMS)
 	default:
 		s = fmt.Sprintf("%s median %.2f ms is %.1f%% above rank %d (%.2f ms), the fastest of %d comparable ranks",
 			v.Phase, v.ValueMS, v.Deviation*100, v.ReferenceRank, v.ReferenceMS, v.ComparableCount)
+		if ex := e.exposure; ex != nil {
+			if ex.ExposedMS < ex.ExcessMS {
+				s += fmt.Sprintf("; %.2f of its %.2f ms excess exposed: %s", ex.ExposedMS, ex.ExcessMS, exposureText(ex))
+			} else {
+				s += "; exposed: " + exposureText(ex)
+			}
+		}
 		if v.State == StateCandidate {
 			s += fmt.Sprintf("; slow window %d of %d needed", v.Consecutive, d.cfg.Consecutive)
 		}

@@ -17,7 +17,8 @@ func detectorFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.DurationFlag{Name: "window", Value: d.Window, Usage: "evaluation window of event time", EnvVars: []string{"SLOWRANK_WINDOW"}},
 		&cli.Float64Flag{Name: "threshold", Value: d.Threshold, Usage: "relative deviation from the fastest comparable rank that makes a window slow", EnvVars: []string{"SLOWRANK_THRESHOLD"}},
-		&cli.StringFlag{Name: "phase-threshold", Usage: "per-phase thresholds that override --threshold, e.g. host=0.15 (host time that hides behind GPU work jitters more than GPU time; see docs/troubleshooting.md)", EnvVars: []string{"SLOWRANK_PHASE_THRESHOLD"}},
+		&cli.StringFlag{Name: "phase-threshold", Usage: "per-phase thresholds that override --threshold, e.g. host=0.1", EnvVars: []string{"SLOWRANK_PHASE_THRESHOLD"}},
+		&cli.StringFlag{Name: "exposure", Value: "on", Usage: "on: a host deviation is slow only as far as evidence shows it lengthens a step (GPU idle, peers' collective waits, or the step time against its recent past); off: the seed's rule alone (see docs/verdicts.md)", EnvVars: []string{"SLOWRANK_EXPOSURE"}},
 		&cli.DurationFlag{Name: "floor", Value: d.Floor, Usage: "absolute difference below which a relative deviation never makes a window slow", EnvVars: []string{"SLOWRANK_FLOOR"}},
 		&cli.IntFlag{Name: "consecutive", Value: d.Consecutive, Usage: "consecutive slow windows before a straggler alert", EnvVars: []string{"SLOWRANK_CONSECUTIVE"}},
 		&cli.IntFlag{Name: "min-references", Value: d.MinReferences, Usage: "comparable ranks needed for a valid comparison", EnvVars: []string{"SLOWRANK_MIN_REFERENCES"}},
@@ -40,6 +41,14 @@ func detectorConfig(c *cli.Context) (detector.Config, error) {
 		return cfg, cli.Exit(fmt.Sprintf("invalid --phase-threshold: %v", err), exitUsage)
 	}
 	cfg.PhaseThresholds = pt
+	switch e := strings.TrimSpace(c.String("exposure")); e {
+	case "on":
+		cfg.Exposure = true
+	case "off":
+		cfg.Exposure = false
+	default:
+		return cfg, cli.Exit(fmt.Sprintf("invalid --exposure %q: want on or off", e), exitUsage)
+	}
 	cfg.Floor = c.Duration("floor")
 	cfg.Consecutive = c.Int("consecutive")
 	cfg.MinReferences = c.Int("min-references")

@@ -121,6 +121,7 @@ func TestBadFlagsExitTwo(t *testing.T) {
 		{"replay", "--phase-threshold", "host=0.1,host=0.2", "--input", "$IN"},
 		{"replay", "--phase-threshold", "disk=0.1", "--input", "$IN"},
 		{"replay", "--phase-threshold", "host=0", "--input", "$IN"},
+		{"replay", "--exposure", "maybe", "--input", "$IN"},
 		{"simulate", "--slow", "rank=3,phase=disk,from=1s,factor=2", "--output", "$OUT"},
 		{"simulate", "--ranks", "0", "--output", "$OUT"},
 	} {

@@ -185,7 +185,11 @@ func (c Config) step(k int64, r int, start, end int64, wall, host, compute float
 		phases[detector.PhaseCompute] = compute
 		phases[detector.PhaseComm] = c.CommMS + (wall - c.CommMS - host - compute)
 		phases[detector.PhaseExposedComm] = c.CommMS
-		phases[detector.PhaseIdle] = wall - compute - c.CommMS
+		// Idle is the step not covered by compute or communication kernels
+		// (as the correlator measures it): a rank that waits for a slower
+		// peer spins in its communication kernels, so only the rank whose
+		// host work is longest leaves its GPU idle for it.
+		phases[detector.PhaseIdle] = wall - compute - phases[detector.PhaseComm]
 	}
 	s := detector.Step{
 		Kind: detector.KindStep, Job: c.Job, Rank: r, Step: k, Host: c.Host,

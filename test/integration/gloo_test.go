@@ -101,8 +101,9 @@ func TestGlooStepsWithoutMarker(t *testing.T) {
 // The slow rank of a gloo job is found in the host phase, without a marker.
 func TestGlooFindsTheSlowRank(t *testing.T) {
 	testutil.RequireAgent(t, "to attach uprobes")
+	// After 3 windows of healthy steps, as in TestAgentFindsTheSlowRank.
 	sink, _, _ := glooJob.run(t, time.Second, "--duration", "14", "--step-ms", "10", "--gpu-ms", "15",
-		"--slow-rank", "1", "--slow-from-step", "60", "--slow-host-ms", "8")
+		"--slow-rank", "1", "--slow-from-step", "200", "--slow-host-ms", "8")
 	checkOnlyRank1HostStraggler(t, sink.verdicts)
 	t.Logf("%d steps, %d windows", len(sink.steps), sink.windows)
 }

@@ -205,7 +205,10 @@ func TestSlowRankAcrossHostsAndSilentHost(t *testing.T) {
 		}
 		return true
 	})
-	// One 6-rank job: two ranks per host, rank 3 (host1) slow in host time.
+	// One 6-rank job: two ranks per host, rank 3 (host1) slow in host time
+	// from step 250 (about 10 s), after the 3 windows of healthy steps that
+	// a stall without device records needs to show against the job's own
+	// step time (DESIGN.md section 4).
 	for r := range hosts * ranksPerHost {
 		i := r / ranksPerHost
 		env := []string{
@@ -215,7 +218,7 @@ func TestSlowRankAcrossHostsAndSilentHost(t *testing.T) {
 			"TORCHELASTIC_RUN_ID=" + job, "SLOWRANK_FAKE_JOB=" + job, fmt.Sprintf("SRMH_%s_H%d=1", n.id, i),
 		}
 		start(t, fmt.Sprintf("rank %d", r), n.host(i), env, trainer, "--duration", "90", "--step-ms", "20",
-			"--gpu-ms", "30", "--slow-rank", fmt.Sprint(slowRank), "--slow-host-ms", "12")
+			"--gpu-ms", "30", "--slow-rank", fmt.Sprint(slowRank), "--slow-from-step", "250", "--slow-host-ms", "12")
 	}
 
 	// 1. The slow rank is found across hosts, every rank is judged.

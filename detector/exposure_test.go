@@ -1,0 +1,278 @@
+package detector_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/slowrank/slowrank/detector"
+)
+
+// gpuJob generates the steps of a GPU-bound synchronous job: every rank's
+// host work hides behind queued GPU work and then waits for its GPU in a
+// device synchronisation (sync_wait), so step = host + sync_wait and the GPU
+// idles idleMS per step.
+type gpuJob struct {
+	ranks          int
+	stepMS         float64
+	hostMS, idleMS float64
+	windows        int
+	// gpuSteps(w) is how many of each rank's first steps in window w carry
+	// device records (duty cycle); 0: none.
+	gpuSteps func(w int) int
+	// jitter(r, w) is rank r's hidden extra host time in window w (ms): its
+	// sync wait shrinks by as much, its step and GPU idle do not change.
+	jitter func(r, w int) float64
+	// A stall of stallMS on rank stallRank from window stallFrom lengthens
+	// every rank's step: the rank's GPU idles for it, its peers wait longer.
+	stallRank, stallFrom int
+	stallMS              float64
+}
+
+const winNS = int64(5 * time.Second)
+
+func (g gpuJob) steps(rng *rand.Rand) []detector.Step {
+	var out []detector.Step
+	t := int64(0)
+	perWin := map[[2]int]int{}
+	for k := int64(0); ; k++ {
+		w := int(t / winNS)
+		if w >= g.windows {
+			return out
+		}
+		stalled := g.stallMS > 0 && w >= g.stallFrom
+		step := g.stepMS * (1 + 0.002*rng.NormFloat64())
+		if stalled {
+			step += g.stallMS
+		}
+		end := t + int64(step*1e6)
+		for r := 0; r < g.ranks; r++ {
+			host := g.hostMS*(1+0.02*rng.NormFloat64()) + g.jitter(r, w)
+			idle := g.idleMS + 0.1*rng.Float64()
+			if stalled && r == g.stallRank {
+				host += g.stallMS
+				idle += g.stallMS
+			}
+			ph := map[string]float64{"step": step, "host": host, "sync_wait": step - host}
+			key := [2]int{r, w}
+			gpu := perWin[key] < g.gpuSteps(w)
+			perWin[key]++
+			if gpu {
+				// A peer waiting for the stalled rank spins in communication
+				// kernels: its compute and idle do not change.
+				ph["idle"] = idle
+				ph["compute"] = (g.stepMS - g.idleMS) * (1 + 0.002*rng.NormFloat64())
+			}
+			out = append(out, detector.Step{Kind: detector.KindStep, Job: "j", Rank: r, Step: k,
+				StartNS: t, EndNS: end, Phases: ph, GPU: gpu, Workload: &detector.Workload{FP: "same"}})
+		}
+		t = end
+	}
+}
+
+// randomJob draws a job shape, a duty cycle and hidden jitter.
+func randomJob(rng *rand.Rand) (gpuJob, string) {
+	g := gpuJob{
+		ranks:   2 + rng.IntN(7),
+		stepMS:  50 + 150*rng.Float64(),
+		windows: 12,
+	}
+	g.hostMS = g.stepMS * (0.1 + 0.3*rng.Float64())
+	g.idleMS = 1 + 2*rng.Float64()
+	var duty string
+	switch rng.IntN(3) {
+	case 0:
+		duty = "no device records"
+		g.gpuSteps = func(int) int { return 0 }
+	case 1:
+		n := 1 + rng.IntN(30)
+		duty = fmt.Sprintf("device records on the first %d steps of every window", n)
+		g.gpuSteps = func(int) int { return n }
+	default:
+		on := rng.Uint64()
+		duty = fmt.Sprintf("device records in windows %b", on&0xfff)
+		g.gpuSteps = func(w int) int { return int(on>>w&1) * 4 }
+	}
+	// Jitter by turns: each rank's extra host time holds for 1-4 windows.
+	amp := make([][]float64, g.ranks)
+	for r := range amp {
+		amp[r] = make([]float64, g.windows)
+		for w := 0; w < g.windows; {
+			a := 0.0
+			if rng.IntN(2) == 0 {
+				a = 0.55 * g.hostMS * rng.Float64()
+			}
+			for n := 1 + rng.IntN(4); n > 0 && w < g.windows; n-- {
+				amp[r][w] = a
+				w++
+			}
+		}
+	}
+	g.jitter = func(r, w int) float64 { return amp[r][w] }
+	return g, duty
+}
+
+func TestPropertyHiddenHostJitterNeverAlerts(t *testing.T) {
+	rng := rand.New(rand.NewPCG(16, 1))
+	seedAlerts := 0
+	for trial := 0; trial < 60; trial++ {
+		g, duty := randomJob(rng)
+		steps := g.steps(rng)
+		desc := fmt.Sprintf("trial %d: %d ranks, %.0f ms steps, %.0f ms host, %s", trial, g.ranks, g.stepMS, g.hostMS, duty)
+		for _, v := range judge(t, detector.DefaultConfig(), steps) {
+			if v.State == detector.StateStraggler || v.State == detector.StateCandidate {
+				t.Fatalf("%s: hidden jitter judged %s: %s", desc, v.State, v.Reason)
+			}
+		}
+		seed := detector.DefaultConfig()
+		seed.Exposure = false
+		for _, v := range judge(t, seed, steps) {
+			if v.State == detector.StateStraggler {
+				seedAlerts++
+				break
+			}
+		}
+	}
+	if seedAlerts == 0 {
+		t.Fatal("the seed's rule raised no alert on any trial: the jitter does not test the gate")
+	}
+}
+
+func TestPropertyExposedHostStallAlwaysAlerts(t *testing.T) {
+	rng := rand.New(rand.NewPCG(16, 2))
+	for trial := 0; trial < 60; trial++ {
+		g, duty := randomJob(rng)
+		g.stallRank = rng.IntN(g.ranks)
+		g.stallFrom = rng.IntN(7)
+		g.stallMS = g.stepMS * (0.05 + 0.25*rng.Float64())
+		// Hidden jitter stays on the stalled rank during the stall only: on a
+		// peer it would lower the excess that the seed's rule itself needs,
+		// and before the stall it is the other property.
+		jitter := g.jitter
+		g.jitter = func(r, w int) float64 {
+			if r != g.stallRank || w < g.stallFrom {
+				return 0
+			}
+			return jitter(r, w)
+		}
+		steps := g.steps(rng)
+		desc := fmt.Sprintf("trial %d: %d ranks, %.0f ms steps, %.1f ms stall on rank %d from window %d, %s",
+			trial, g.ranks, g.stepMS, g.stallMS, g.stallRank, g.stallFrom, duty)
+		// Evidence exists in each of the stall's first 3 windows when the rank
+		// has device records there or 3 clean windows of step-time baseline.
+		evidence := g.stallFrom >= 3
+		if !evidence {
+			evidence = true
+			for w := g.stallFrom; w < g.stallFrom+3; w++ {
+				evidence = evidence && g.gpuSteps(w) > 0
+			}
+		}
+		first := int64(-1)
+		for _, v := range judge(t, detector.DefaultConfig(), steps) {
+			if v.State == detector.StateRecovered {
+				// The stall lasts to the end: its own windows never become
+				// the step-time baseline that would hide it.
+				t.Fatalf("%s: window %d recovered while the stall goes on: %s", desc, v.Window, v.Reason)
+			}
+			if v.State != detector.StateStraggler {
+				continue
+			}
+			if v.Rank != g.stallRank || v.Phase != "host" {
+				t.Fatalf("%s: alert on rank %d %s: %s", desc, v.Rank, v.Phase, v.Reason)
+			}
+			if first < 0 {
+				first = v.Window
+			}
+		}
+		switch want := int64(g.stallFrom + 2); {
+		case evidence && first != want:
+			t.Fatalf("%s: first alert in window %d, want %d (the stall's third window)", desc, first, want)
+		case !evidence && first >= 0 && first < want:
+			t.Fatalf("%s: alert in window %d before the stall's third window", desc, first)
+		}
+	}
+}
+
+func TestExposureEvidence(t *testing.T) {
+	base := gpuJob{ranks: 4, stepMS: 100, hostMS: 25, idleMS: 2, windows: 6,
+		gpuSteps: func(int) int { return 10 }, jitter: func(int, int) float64 { return 0 }, stallRank: 3}
+	tests := []struct {
+		name     string
+		job      func(gpuJob) gpuJob
+		exposure bool
+		window   int64  // the window judged
+		state    string // rank 3's host state in it ("" for ok)
+		evidence string
+		reason   string
+	}{
+		{"hidden jitter with device records is ok", func(g gpuJob) gpuJob {
+			g.jitter = func(r, w int) float64 { return map[bool]float64{true: 10}[r == 3] }
+			return g
+		}, true, 5, "", detector.EvidenceIdle, ""},
+		{"the seed's rule alerts on the same jitter", func(g gpuJob) gpuJob {
+			g.jitter = func(r, w int) float64 { return map[bool]float64{true: 10}[r == 3] }
+			return g
+		}, false, 5, "straggler", "", "fastest of 3"},
+		{"a stall that idles the GPU is exposed by idle", func(g gpuJob) gpuJob {
+			g.stallMS = 10
+			return g
+		}, true, 2, "straggler", detector.EvidenceIdle, "its GPU idled 12."},
+		{"without device records a stall shows against the step's past", func(g gpuJob) gpuJob {
+			g.stallMS, g.stallFrom = 10, 3
+			g.gpuSteps = func(int) int { return 0 }
+			return g
+		}, true, 5, "straggler", detector.EvidenceStepTime, "against 100."},
+		{"without device records or a baseline nothing tells", func(g gpuJob) gpuJob {
+			g.stallMS = 10
+			g.gpuSteps = func(int) int { return 0 }
+			return g
+		}, true, 0, "uncertain", detector.EvidenceNone, "nothing shows whether it lengthens a step"},
+		{"a stall from the start without device records stays uncertain", func(g gpuJob) gpuJob {
+			g.stallMS = 10
+			g.gpuSteps = func(int) int { return 0 }
+			return g
+		}, true, 5, "uncertain", detector.EvidenceNone, "0 of 3 windows of step-time baseline"},
+		{"device records later find a stall present from the start", func(g gpuJob) gpuJob {
+			g.stallMS = 10
+			g.gpuSteps = func(w int) int { return map[bool]int{true: 5}[w >= 3] }
+			return g
+		}, true, 5, "straggler", detector.EvidenceIdle, "exposed"},
+		{"hidden jitter without device records is ok once a baseline exists", func(g gpuJob) gpuJob {
+			g.gpuSteps = func(int) int { return 0 }
+			g.jitter = func(r, w int) float64 { return map[bool]float64{true: 10}[r == 3 && w >= 3] }
+			return g
+		}, true, 5, "", detector.EvidenceStepTime, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			g := tc.job(base)
+			cfg := detector.DefaultConfig()
+			cfg.Exposure, cfg.EmitOK = tc.exposure, true
+			vs := judge(t, cfg, g.steps(rand.New(rand.NewPCG(1, 1))))
+			var last detector.Verdict
+			for _, v := range vs {
+				if v.Rank == 3 && v.Phase == "host" && v.Window == tc.window {
+					last = v
+				}
+			}
+			state := last.State
+			if state == detector.StateOK {
+				state = ""
+			}
+			if state != tc.state {
+				t.Fatalf("state %q, want %q (%s)", last.State, tc.state, last.Reason)
+			}
+			switch {
+			case tc.evidence == "" && last.Exposure != nil:
+				t.Errorf("exposure %+v with the gate off", last.Exposure)
+			case tc.evidence != "" && (last.Exposure == nil || last.Exposure.Evidence != tc.evidence):
+				t.Errorf("exposure %+v, want evidence %s", last.Exposure, tc.evidence)
+			}
+			if !strings.Contains(last.Reason, tc.reason) {
+				t.Errorf("reason %q lacks %q", last.Reason, tc.reason)
+			}
+		})
+	}
+}
