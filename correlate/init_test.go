@@ -30,6 +30,25 @@ func TestInitBurstsMakeNoSteps(t *testing.T) {
 		init:      barriers,
 		train:     repeat("AAB S", 300),
 		wantIters: seq(0, 299),
+	}, {
+		name: "periodic evaluation bursts during training",
+		init: concat(layers, barriers),
+		// Every 250 iterations an 8-batch evaluation loop.
+		train: func() []string {
+			var it []string
+			for range 3 {
+				it = append(it, repeat("AAB S", 250)...)
+				it = append(it, repeat("E S", 8)...)
+			}
+			return it
+		}(),
+		wantIters: func() []int {
+			var w []int
+			for k := range 3 {
+				w = append(w, seq(258*k, 258*k+249)...)
+			}
+			return w
+		}(),
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
