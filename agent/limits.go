@@ -195,6 +195,9 @@ func (a *Agent) refreshPipeline() {
 	c.set("correlate_irregular_calls", int64(t.IrregularCalls))
 	c.set("correlate_retracted_steps", int64(t.Retracted))
 	c.set("correlate_relocks", int64(t.Relocks))
+	// Collectives before each communicator's first confirmed cycle
+	// (parameter broadcasts, barrier storms, warm-up): cut into no steps.
+	c.set("correlate_init_calls", int64(t.InitCalls))
 	c.set("correlate_reordered", int64(t.Reordered))
 	c.set("correlate_arrival_timeouts", int64(t.ArrivalTimeout))
 	var late, dup, evicted, rejected int64
@@ -227,6 +230,7 @@ func addRankStats(a *correlate.RankStats, b correlate.RankStats) {
 	a.IrregularCalls += b.IrregularCalls
 	a.Retracted += b.Retracted
 	a.Relocks += b.Relocks
+	a.InitCalls += b.InitCalls
 	a.Unassigned += b.Unassigned
 	a.Evicted += b.Evicted
 	a.InvalidSteps += b.InvalidSteps

@@ -69,7 +69,7 @@ func TestArrivalOrder(t *testing.T) {
 			steps, _ := c.Flush()
 			m := byRank(steps)
 			for r := range 2 {
-				if len(m[r]) != 19 {
+				if len(m[r]) != 20 { // iteration 0 starts at the creation
 					t.Fatalf("rank %d: %d steps", r, len(m[r]))
 				}
 				for _, s := range m[r] {
@@ -97,11 +97,11 @@ func TestArrivalBoundedWait(t *testing.T) {
 	c.Advance(1500 * ms)
 	steps, _ := c.Drain()
 	m := byRank(steps)
-	if len(m[0]) != 19 || len(m[1]) != 7 {
+	if len(m[0]) != 20 || len(m[1]) != 8 { // iteration 0 starts at the creation
 		t.Fatalf("rank 0: %d steps, rank 1: %d", len(m[0]), len(m[1]))
 	}
 	for _, s := range m[0] {
-		if s.Step < 7 && (s.LastArrival == nil || *s.LastArrival || s.ArrivalLagMS == nil || *s.ArrivalLagMS != 0) {
+		if s.Step < 8 && (s.LastArrival == nil || *s.LastArrival || s.ArrivalLagMS == nil || *s.ArrivalLagMS != 0) {
 			t.Fatalf("step %d arrival evidence %v %v", s.Step, deref(s.LastArrival), deref(s.ArrivalLagMS))
 		}
 		if s.Step >= 8 && (s.LastArrival != nil || s.ArrivalLagMS != nil) {

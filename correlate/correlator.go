@@ -60,11 +60,12 @@ func New(cfg Config) *Correlator {
 	return &Correlator{
 		cfg: cfg,
 		par: detParams{
-			repeats:   cfg.Repeats,
-			maxPeriod: cfg.MaxPeriod,
-			confirm:   cfg.ConfirmCycles,
-			promote:   cfg.PromoteCycles,
-			noSyncMin: cfg.NoSyncMinCalls,
+			repeats:     cfg.Repeats,
+			maxPeriod:   cfg.MaxPeriod,
+			confirm:     cfg.ConfirmCycles,
+			promote:     cfg.PromoteCycles,
+			noSyncMin:   cfg.NoSyncMinCalls,
+			confirmSpan: int64(cfg.ConfirmSpan),
 		},
 		procs:   make(map[uint32]*proc),
 		groups:  make(map[uint32]*commGroup),
@@ -90,13 +91,16 @@ type proc struct {
 	clockIdle   int  // boundaries of other locked comms while the clock is unlocked
 	switched    bool // the clock changed and no step has been closed since
 	idxOffset   int64
-	// align: the clock's communicator was created before the agent saw
-	// it (attached mid-run), so its call count is not absolute; the first
-	// step under it takes its index from a peer's step that ends at the
-	// same time (alignToPeers).
-	align      bool
-	ends       [endsN]stepEnd // latest closed steps, by index % endsN
-	markerMode bool
+	// align: the first step under the clock takes its index from a peer's
+	// step that ends at the same time (alignToPeers), since the call count
+	// of the clock's communicator depends on what the recording saw. It is
+	// armed again (idxOffset back to alignOff) when that step is withdrawn
+	// before any step of the clock was confirmed.
+	align          bool
+	alignOff       int64
+	clockConfirmed bool
+	ends           [endsN]stepEnd // latest closed steps, by index % endsN
+	markerMode     bool
 
 	sawSync, sawCollWait bool
 	everColl             bool   // a collective was seen: the synchronisation fallback is off
@@ -122,6 +126,7 @@ type proc struct {
 	maxDevEnd    int64
 	retiredIrr   uint64
 	retiredRel   uint64
+	retiredInit  uint64
 
 	recent [recentN]recentComm
 
@@ -130,8 +135,9 @@ type proc struct {
 
 const recentN = 64
 
-// endsN is how many closed steps a process remembers for alignToPeers.
-const endsN = 4
+// endsN is how many closed steps a process remembers for alignToPeers: a
+// peer's lock reports its first steps at once, as many as the cycles seen.
+const endsN = 64
 
 type stepEnd struct{ idx, end int64 }
 
@@ -157,6 +163,8 @@ type procComm struct {
 	splits     int
 	sync       bool // the synchronisation fallback pseudo communicator
 	regular    bool // a cycle has been confirmed on it: it carries per-step traffic
+	created    bool // its creation (AddCommInit) was seen, at createdAt
+	createdAt  int64
 }
 
 // state is the step detector's state, nil before the first call.
@@ -277,6 +285,13 @@ func (c *Correlator) hostRec(p *proc, r rec) {
 	}
 }
 
+// urgent reports whether p's buffers of steps and records are half full,
+// so that a first lock must not be held back any longer (ConfirmSpan).
+func (c *Correlator) urgent(p *proc) bool {
+	return len(p.pending) >= c.cfg.MaxPending/2 || p.host.len() >= c.cfg.MaxHostRecords/2 ||
+		p.dev.len() >= c.cfg.MaxDeviceRecords/2
+}
+
 func (c *Correlator) collective(p *proc, h *HostCall, late bool) {
 	p.everColl = true
 	pc := c.procComm(p, h.Comm)
@@ -315,8 +330,11 @@ func (c *Correlator) collective(p *proc, h *HostCall, late bool) {
 	}
 	if pc.det == nil {
 		pc.det = newSeqDet(c.par, false)
-		pc.det.midRun = p.info.MidRun && pc.grp == nil // created before the agent looked
+		// Seen from its creation, the first call is token 0; else the
+		// sequence began unseen (the cut point does not depend on it).
+		pc.det.fromCreation, pc.det.createdAt = pc.created && pc.seq == 1, pc.createdAt
 	}
+	pc.det.urgent = c.urgent(p)
 	pc.det.push(pc.det.intern(sigKey{op: h.Op, count: h.Count, dtype: h.Datatype}), h.EndNS)
 	c.onEvents(p, pc)
 }
@@ -329,6 +347,7 @@ func (c *Correlator) sync(p *proc, h *HostCall) {
 		}
 		if pc.collSinceS {
 			pc.collSinceS = false
+			pc.det.urgent = c.urgent(p)
 			pc.det.push(tokS, h.EndNS)
 			c.onEvents(p, pc)
 		}
@@ -341,6 +360,7 @@ func (c *Correlator) sync(p *proc, h *HostCall) {
 		p.syncPC = &procComm{p: p, sync: true, det: newSeqDet(c.par, true)}
 	}
 	d := p.syncPC.det
+	d.urgent = c.urgent(p)
 	d.push(d.intern(sigKey{op: h.Op, stream: h.Stream}), h.EndNS)
 	if p.syncCalls < syncFallbackMin {
 		d.events = d.events[:0] // too early to tell that no collective will come
@@ -406,7 +426,7 @@ func (c *Correlator) AddCommInit(ci CommInit) {
 	if old := p.comms[ci.Comm]; old != nil {
 		c.retireComm(p, old)
 	}
-	pc := &procComm{p: p, handle: ci.Comm}
+	pc := &procComm{p: p, handle: ci.Comm, created: true, createdAt: ci.AtNS}
 	if uid != 0 {
 		c.join(c.group(uid, ci.NRanks, false), pc)
 	}
@@ -434,6 +454,7 @@ func (c *Correlator) retireComm(p *proc, pc *procComm) {
 	if st := pc.state(); st != nil {
 		p.retiredIrr += st.irregular
 		p.retiredRel += st.relocks
+		p.retiredInit += st.initCalls
 	}
 	if p.clock == pc {
 		c.dropTentative(p)
@@ -528,12 +549,7 @@ func (c *Correlator) Forget(pid uint32) {
 	if p == nil {
 		return
 	}
-	for _, pc := range p.commList {
-		if pc.burst != nil {
-			pc.burst.finish()
-			c.onEvents(p, pc)
-		}
-	}
+	c.finish(p, true)
 	c.dropTentative(p)
 	c.measureDue(p, true)
 	c.emitReady(p, true)
@@ -552,6 +568,31 @@ func (c *Correlator) Forget(pid uint32) {
 	c.markChanged(p.info.Job)
 	if len(c.jobs) > maxJobs {
 		c.pruneJobs()
+	}
+}
+
+// finish ends the step detection of p's sequences: a tentative lock that
+// held its cycles is confirmed (a cycle that lasted until the end is no
+// init-time burst) and, when the process ended (exited), a burst complete
+// by count is reported.
+func (c *Correlator) finish(p *proc, exited bool) {
+	for _, pc := range p.commList {
+		switch {
+		case pc.burst != nil:
+			if !exited {
+				continue
+			}
+			pc.burst.finish()
+		case pc.det != nil:
+			pc.det.finish()
+		default:
+			continue
+		}
+		c.onEvents(p, pc)
+	}
+	if p.syncPC != nil && p.syncCalls >= syncFallbackMin {
+		p.syncPC.det.finish()
+		c.onEvents(p, p.syncPC)
 	}
 }
 
@@ -601,6 +642,7 @@ func (c *Correlator) Drain() ([]detector.Step, []detector.Topology) {
 func (c *Correlator) Flush() ([]detector.Step, []detector.Topology) {
 	c.refreshOrder()
 	for _, p := range c.order {
+		c.finish(p, false)
 		c.dropTentative(p)
 	}
 	c.pump(true)
@@ -653,10 +695,12 @@ func (c *Correlator) statsOf(p *proc) RankStats {
 	}
 	st.IrregularCalls += p.retiredIrr
 	st.Relocks += p.retiredRel
+	st.InitCalls += p.retiredInit
 	for _, pc := range p.commList {
 		if ds := pc.state(); ds != nil {
 			st.IrregularCalls += ds.irregular
 			st.Relocks += ds.relocks
+			st.InitCalls += ds.initCalls
 		}
 	}
 	return st
@@ -675,6 +719,7 @@ func (r *RankStats) add(o *RankStats) {
 	r.IrregularCalls += o.IrregularCalls
 	r.Retracted += o.Retracted
 	r.Relocks += o.Relocks
+	r.InitCalls += o.InitCalls
 	r.Unassigned += o.Unassigned
 	r.Evicted += o.Evicted
 	r.InvalidSteps += o.InvalidSteps

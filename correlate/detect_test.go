@@ -306,9 +306,10 @@ func TestClockTakeover(t *testing.T) {
 	for _, s := range steps {
 		got = append(got, iterOf(ends, s))
 	}
-	// The TP clock runs from iteration 1; the DP communicator confirms at
-	// iteration 14 and takes over at the same boundary.
-	if fmt.Sprint(got) != fmt.Sprint(seq(1, 29)) || steps[0].Step != 0 {
+	// The TP clock runs from iteration 0 (started by the creation); the DP
+	// communicator confirms at iteration 14 and takes over at the same
+	// boundary.
+	if fmt.Sprint(got) != fmt.Sprint(seq(0, 29)) || steps[0].Step != 0 {
 		t.Fatalf("steps end iterations %v", got)
 	}
 }
@@ -364,7 +365,7 @@ func TestMidRunAttachAligned(t *testing.T) {
 				b.host = append(b.host, h)
 			}
 		}
-		c := New(Config{})
+		c := New(Config{ConfirmSpan: testSpan})
 		for r := range n {
 			c.SetRank(RankInfo{PID: pid(r), Rank: r, LocalRank: r, WorldSize: n, Host: "h0", Job: "j1", MidRun: true})
 		}

@@ -38,30 +38,37 @@
 // sequence becomes tokens: a collective signature (op, count, datatype),
 // or S for the first synchronisation after a collective. The step detector
 // (see period.go) locks onto the cycle of that sequence: the period whose
-// latest run of repetition is longest and covers Config.Repeats cycles,
-// rotated so that a step starts with its first collective and ends with
-// the return of the synchronisation that follows its last collective.
-// Decisions depend only on the token sequence, so all members of a
-// communicator number the same iteration alike. A fresh lock is tentative
-// until it holds ConfirmCycles more cycles (PromoteCycles when another
-// cycle was already confirmed: evaluation loops and checkpoints shorter
-// than that are dropped and counted); a departure from the cycle drops the
-// partial iteration, and a known cycle is re-locked after one instance.
-// Each process's step clock is the communicator that locked first; one
-// with more ranks takes over (at once while the clock is still tentative,
-// else once confirmed), so that as many ranks as possible share the
-// numbering; indices stay increasing across a change of clock. Without any
-// collective (after 64 synchronisations) the synchronisation calls
+// latest run of repetition is longest and covers Config.Repeats cycles.
+// The cut point is a function of the cycle alone (seqDet.canonStart), so
+// that every member of a communicator cuts at the same call whatever its
+// recording saw (the creation or not, an init prefix, a late dlopen of
+// NCCL, an agent restarted mid-run): a step ends with the return of a
+// synchronisation, the one followed by the most collectives (ties: the
+// rotation with the largest signatures). Decisions depend only on the
+// token sequence, so all members of a communicator cut the same
+// iteration alike. A fresh lock is tentative until it holds ConfirmCycles
+// more cycles and, for a communicator's first cycle, Config.ConfirmSpan of
+// event time: init-time bursts (parameter broadcasts whose sizes repeat
+// layer by layer, barrier storms, checkpoint loads) repeat, but briefly,
+// and make no steps; their calls are counted (InitCalls). A cycle that
+// holds until the process ends, or while the buffers are half full, is
+// released earlier. Later cycles need PromoteCycles (evaluation loops and
+// checkpoints shorter than that are dropped and counted); a departure from
+// the cycle drops the partial iteration, and a known cycle is re-locked
+// after one instance. The first step starts at the synchronisation before
+// it, or at the communicator's creation when the cycle starts at its first
+// call (within one and a half cycles of it); else the first instance only
+// opens the first step. Each process's step clock is the communicator
+// that locked first; one with more ranks takes over (at once while the
+// clock is still tentative, else once confirmed), so that as many ranks as
+// possible share the numbering; indices stay increasing across a change of
+// clock. The first step under each clock takes the index of a peer's step
+// of the same job that ends within a quarter of a step of it (the first
+// process to close a step numbers it), so that step k is the same
+// iteration on every rank of a host whatever each one's call count. Without
+// any collective (after 64 synchronisations) the synchronisation calls
 // themselves are the sequence; a process that reports HostMarker calls is
 // cut at markers only (HostCall.Count > 0 is the step index).
-//
-// A process that ran before the agent attached (RankInfo.MidRun) was
-// seen from the middle of its sequence, and communicators whose creation
-// was not seen have no absolute call count: their cycle is rotated to start
-// right after a synchronisation (as seen from the start), and the first
-// step under such a clock takes the index of a peer's step of the same job
-// that ends within a quarter of a step of it, so that an agent restarted
-// during training still numbers the same iteration alike on every rank.
 //
 // Collectives without sizes (HostCall.Count == 0: the torch c10d probes of
 // a gloo job) make a degenerate token sequence, every bucket all-reduce

@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/slowrank/slowrank/detector"
 )
@@ -75,7 +76,15 @@ func checkContiguous(t *testing.T, steps []detector.Step) {
 	}
 }
 
+// testSpan is the ConfirmSpan of tests whose synthetic iterations last
+// about 10 ms: five of them (the default is for real iterations). Tests of
+// init-time bursts set their own.
+const testSpan = 50 * time.Millisecond
+
 func newTest(cfg Config, ranks ...int) *Correlator {
+	if cfg.ConfirmSpan == 0 {
+		cfg.ConfirmSpan = testSpan
+	}
 	c := New(cfg)
 	for _, r := range ranks {
 		c.SetRank(RankInfo{PID: uint32(100 + r), Rank: r, LocalRank: r, WorldSize: len(ranks), Host: "h0", Job: "j1"})

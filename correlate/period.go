@@ -20,8 +20,9 @@ import (
 // (ties: smallest p), accepted when the run covers Repeats cycles
 // (runs[p] >= (Repeats-1)*p), the cycle contains S (unless the sequence
 // has had no S for NoSyncMinCalls tokens), and it starts after the last
-// settled boundary. The cycle is rotated to start at the first collective
-// of the periodic region, so a step ends with its trailing synchronisation.
+// settled boundary. The cycle is rotated to a cut point that depends on the
+// cycle alone (canonStart), so a step ends with a synchronisation and
+// every member cuts at the same call whatever its recording saw.
 //
 // Lock: each token must equal the expected cycle token; a completed cycle
 // is a boundary at the time of its last token (the return of the
@@ -30,9 +31,10 @@ import (
 // the partial cycle is irregular and the search resumes.
 //
 // Confirmation: a fresh lock is tentative; its steps are held until it has
-// held ConfirmCycles more cycles (PromoteCycles when the communicator
-// already has a known cycle), and withdrawn with their indices if it breaks
-// before. Confirmed cycles are remembered (up to maxKnown); a known cycle
+// held ConfirmCycles more cycles and ConfirmSpan of event time
+// (PromoteCycles when the communicator already has a known cycle), and
+// withdrawn with their indices if it breaks before: init-time bursts are
+// periodic but brief. Confirmed cycles are remembered (up to maxKnown); a known cycle
 // is re-locked as soon as one full instance of it is seen (KMP matching),
 // without waiting for repetitions.
 
@@ -109,6 +111,7 @@ func (k *knownCycle) step(x int32) bool {
 
 type detParams struct {
 	repeats, maxPeriod, confirm, promote, noSyncMin int
+	confirmSpan                                     int64 // ns
 }
 
 // detState is what a step detector (seqDet, burstDet) shows the step
@@ -118,6 +121,10 @@ type detState struct {
 	locked, tentative bool
 	irregular         uint64 // calls outside a locked cycle
 	relocks           uint64
+	initCalls         uint64 // collectives before the first confirmed cycle
+	// urgent: the caller's buffers fill up, so that a first lock must not
+	// be held for ConfirmSpan any longer (set before each push).
+	urgent bool
 }
 
 func (d *detState) emit(e detEvent) { d.events = append(d.events, e) }
@@ -126,7 +133,11 @@ type seqDet struct {
 	detState
 	par      detParams
 	syncOnly bool // every token is a synchronisation (fallback clock)
-	midRun   bool // the sequence is seen from the middle (midRunStart)
+	// fromCreation: the communicator's creation was seen at createdAt, so
+	// token 0 is its first call and the creation is a stable start before
+	// it, like a synchronisation.
+	fromCreation bool
+	createdAt    int64
 
 	sigs map[sigKey]int32
 	keys []sigKey // keys[id-1] is the key of token id
@@ -145,8 +156,13 @@ type seqDet struct {
 	cycle            []int32
 	pos              int
 	gen              uint32
-	since            int // cycles completed since the lock
-	need             int // cycles needed to confirm
+	since            int    // cycles completed since the lock
+	need             int    // cycles needed to confirm
+	first            bool   // the lock is the sequence's first cycle: it must also hold ConfirmSpan
+	lockT            int64  // time of the first token of the lock's first instance
+	lockJ            int64  // that token's number
+	colls            uint64 // collective tokens seen
+	confirmedOnce    bool
 	nextIdx, genBase int64
 	genFloor         int64 // floor when the tentative lock was taken
 
@@ -206,6 +222,7 @@ func (d *seqDet) intern(k sigKey) int32 {
 // stay increasing.
 func (d *seqDet) reset() {
 	d.resets++
+	d.fromCreation = false // token 0 is no longer the first call
 	clear(d.sigs)
 	d.keys = d.keys[:0]
 	d.n, d.floor, d.lastS = 0, 0, -1
@@ -258,6 +275,8 @@ func (d *seqDet) push(id int32, t int64) {
 	d.n++
 	if id == tokS && !d.syncOnly {
 		d.lastS = n
+	} else if !d.syncOnly {
+		d.colls++
 	}
 	if d.locked {
 		if id == d.cycle[d.pos] {
@@ -296,10 +315,51 @@ func (d *seqDet) cycleDone(t int64) {
 		return
 	}
 	d.since++
-	if d.since >= d.need {
-		d.tentative = false
-		d.emit(detEvent{kind: evConfirm, gen: d.gen})
-		d.remember(d.cycle)
+	if d.since >= d.need && d.held(t) {
+		d.confirm()
+	}
+}
+
+// held reports whether a tentative lock that has held its cycles may be
+// confirmed at t: a communicator's first cycle must also have lasted
+// ConfirmSpan of event time (init-time bursts — parameter broadcasts,
+// barrier storms, checkpoint loads — repeat many times but briefly, and
+// are followed by the training cycle), unless the caller's buffers fill up.
+func (d *seqDet) held(t int64) bool {
+	return !d.first || d.urgent || t-d.lockT >= d.par.confirmSpan
+}
+
+func (d *seqDet) confirm() {
+	d.tentative = false
+	d.emit(detEvent{kind: evConfirm, gen: d.gen})
+	d.remember(d.cycle)
+	d.noteInit()
+}
+
+// noteInit counts, at the first confirmation, the collectives that came
+// before the confirmed cycle's first instance: calls skipped as init.
+func (d *seqDet) noteInit() {
+	if d.confirmedOnce || d.syncOnly {
+		return
+	}
+	d.confirmedOnce = true
+	var in uint64
+	for i := max(d.lockJ, d.oldest()); i < d.n; i++ {
+		if d.at(i) != tokS {
+			in++
+		}
+	}
+	if d.colls > in {
+		d.initCalls = d.colls - in
+	}
+}
+
+// finish is the end of the sequence (the process exited, or the agent
+// stops): a tentative lock that held its cycles is confirmed, since a
+// cycle that lasted until the end is no init-time burst.
+func (d *seqDet) finish() {
+	if d.locked && d.tentative && d.since >= d.need {
+		d.confirm()
 	}
 }
 
@@ -435,10 +495,8 @@ func (d *seqDet) search(n, best int64, bestRun int32) {
 		if n-j+1 < p {
 			return
 		}
-		if d.midRun {
-			if j = d.midRunStart(j, p, n); n-j+1 < p {
-				return
-			}
+		if j = d.canonStart(j, p, n); n-j+1 < p {
+			return
 		}
 		hasS := false
 		for i := j; i < j+p; i++ {
@@ -468,29 +526,57 @@ func (d *seqDet) search(n, best int64, bestRun int32) {
 	d.lockAt(cyc, j, n, !confirmed)
 }
 
-// midRunStart rotates a cycle found in a sequence seen from the middle of
-// an iteration (the agent attached mid-run): the periodic region then
-// starts wherever the first recorded call fell, and every rank would cut
-// its steps elsewhere. The cycle starts instead right after one of its
-// synchronisations, so that a step ends with one, as it does when the
-// sequence is seen from the start; with several, after the one whose
-// rotation has the smallest signatures, a choice every rank makes alike
-// (token ids differ between ranks, signatures do not). j is the first token
-// of the periodic region, p the period.
-func (d *seqDet) midRunStart(j, p, n int64) int64 {
-	best := int64(-1)
-	// Candidates r whose preceding S lies in the region, so that every
-	// rank weighs the same p rotations wherever its recording began.
-	for r := j + 1; r <= min(j+p, n); r++ {
-		if d.at(r-1) != tokS || d.at(r) == tokS {
+// canonStart rotates a cycle found at token j (the first token of the
+// periodic region; p the period) to a cut point that is a function of the
+// cycle alone, so that every member of a communicator cuts its steps at
+// the same call whatever its recording saw: the communicator's creation or
+// not, an init-time prefix, an agent that attached in the middle of an
+// iteration. The cycle starts right after one of its synchronisations, so
+// that a step ends with one; with several, after the one followed by the
+// most collectives before the next (the gradient buckets of the backward
+// pass follow the previous iteration's last synchronisation), ties to the
+// rotation with the largest signatures (token ids differ between ranks,
+// signatures do not; DDP issues its full buckets first and the remainder
+// last). Without a synchronisation in the cycle, the largest rotation. The first instance is the earliest one at that phase
+// that starts after a stable start: a synchronisation, or the creation
+// before token 0.
+func (d *seqDet) canonStart(j, p, n int64) int64 {
+	stable := func(r int64) bool {
+		if r == 0 {
+			return d.fromCreation
+		}
+		return r-1 >= d.oldest() && d.at(r-1) == tokS
+	}
+	best, bestSeg := int64(-1), int64(-1)
+	// Candidates r in (j, j+p] weigh every phase of the cycle wherever the
+	// region began; r == j (the same phase as j+p) only gives an earlier
+	// first instance.
+	for r := j; r <= min(j+p, n); r++ {
+		if d.at(r) == tokS || !(r > j && d.at(r-1) == tokS || r == j && stable(r)) {
 			continue
 		}
-		if best < 0 || d.lessRotation(r, best, p) {
-			best = r
+		var seg int64
+		for seg < p && r+seg <= n && d.at(r+seg) != tokS {
+			seg++
+		}
+		if best < 0 || seg > bestSeg || seg == bestSeg && d.lessRotation(best, r, p) {
+			best, bestSeg = r, seg
 		}
 	}
-	if best < 0 {
-		return j // no synchronisation in the cycle: keep the first collective
+	if best >= 0 {
+		return best
+	}
+	for i := j; i < j+p; i++ {
+		if d.at(i) == tokS {
+			return j // a synchronisation that starts no candidate: keep the first collective
+		}
+	}
+	// No synchronisation: the largest rotation, earliest instance.
+	best = j
+	for r := j + 1; r < j+p && r <= n; r++ {
+		if d.lessRotation(best, r, p) {
+			best = r
+		}
 	}
 	return best
 }
@@ -536,6 +622,8 @@ func (d *seqDet) lockAt(cyc []int32, j, n int64, tentative bool) {
 	d.genBase = d.nextIdx
 	d.genFloor = d.floor
 	d.since = 0
+	d.first = len(d.known) == 0
+	d.lockJ, d.lockT = j, d.tAt(j)
 	if tentative {
 		d.need = d.par.confirm
 		if len(d.known) > 0 {
@@ -543,9 +631,12 @@ func (d *seqDet) lockAt(cyc []int32, j, n int64, tentative bool) {
 		}
 	}
 	// The token before the first instance is a stable start when it is a
-	// synchronisation (for the sync-only clock every token is one).
+	// synchronisation (for the sync-only clock every token is one); so is
+	// the communicator's creation before its first call.
 	if j-1 >= d.oldest() && j-1 >= 0 && (d.syncOnly || d.at(j-1) == tokS) {
 		d.emit(detEvent{kind: evStart, t: d.tAt(j - 1)})
+	} else if j == 0 && d.creationStarts(p, n) {
+		d.emit(detEvent{kind: evStart, t: d.createdAt})
 	} else {
 		d.emit(detEvent{kind: evStart, t: d.tAt(j + p - 1)})
 		j += p // the first instance only opens the first step
@@ -563,6 +654,18 @@ func (d *seqDet) lockAt(cyc []int32, j, n int64, tentative bool) {
 	for _, k := range d.known {
 		k.state = 0
 	}
+}
+
+// creationStarts reports whether the communicator's creation is the start
+// of the step that the first instance of a cycle of period p at token 0
+// ends: when it was seen and lies within one and a half cycles (as long
+// as the second instance) before that end, not before an idle wait.
+func (d *seqDet) creationStarts(p, n int64) bool {
+	if !d.fromCreation || 2*p-1 > n || d.oldest() > 0 {
+		return false
+	}
+	end, cyc := d.tAt(p-1), d.tAt(2*p-1)-d.tAt(p-1)
+	return d.createdAt <= d.tAt(0) && 2*(end-d.createdAt) <= 3*cyc
 }
 
 func (d *seqDet) remember(cyc []int32) {

@@ -163,7 +163,7 @@ func TestCoverageDutyCycle(t *testing.T) {
 // absent; with Probes set they are present even when zero.
 func TestHostPhasePresence(t *testing.T) {
 	for _, probes := range []Probes{0, ProbeSync | ProbeCollWait} {
-		c := New(Config{})
+		c := New(Config{ConfirmSpan: testSpan})
 		c.SetRank(RankInfo{PID: 1, Rank: 0, Job: "j", Probes: probes})
 		for i := range 40 {
 			base := int64(i) * 10 * ms

@@ -141,17 +141,20 @@ func (c *Correlator) takeClock(p *proc, pc *procComm, evs []detEvent) bool {
 	p.clockIdle = 0
 	p.switched = true
 	p.haveOpen = false
-	p.align = p.info.MidRun && pc.grp == nil && !pc.sync
+	p.align, p.alignOff, p.clockConfirmed = !pc.sync, p.idxOffset, false
 	return true
 }
 
 // alignToPeers returns the index of a step of another process of the same
-// job that ends within a quarter of the step's duration of end. Used once
-// per clock of a process attached mid-run: counted from the agent's first
-// call, its indices start wherever that call fell in the iteration, while
-// ranks coupled by their collectives end the same iteration together. The
-// closest end wins, ties to the lowest pid, so that the result does not
-// depend on map order. ok is false without a match.
+// job that ends within a quarter of the step's duration of end. Used for
+// the first step under each clock: counted from the lock, indices depend
+// on what the process's recording saw (the communicator's creation and an
+// init-time prefix or not, a late dlopen of NCCL, an agent restarted
+// mid-run), while ranks coupled by their collectives end the same
+// iteration together. The first process of a job to close a step numbers
+// it, the others follow. The closest end wins, ties to the lowest pid, so
+// that the result does not depend on map order. ok is false without a
+// match.
 func (c *Correlator) alignToPeers(p *proc, end, dur int64) (idx int64, ok bool) {
 	tol := dur / 4
 	best, bestPID := int64(-1), uint32(0)
@@ -183,6 +186,9 @@ func (c *Correlator) apply(p *proc, evs []detEvent) {
 			p.open(e.t)
 		case evBoundary:
 			p.clockIdle = 0
+			if !e.tentative {
+				p.clockConfirmed = true
+			}
 			if p.haveOpen && e.t > p.openStart {
 				idx := e.idx + p.idxOffset
 				if p.align && p.hasInfo {
@@ -207,7 +213,12 @@ func (c *Correlator) apply(p *proc, evs []detEvent) {
 		case evRetract:
 			c.retractGen(p, p.clockSerial, e.gen)
 			p.haveOpen = false
+			if !p.clockConfirmed && p.hasInfo {
+				// The aligned step was withdrawn: align the next one.
+				p.align, p.idxOffset = true, p.alignOff
+			}
 		case evConfirm:
+			p.clockConfirmed = true
 			for _, s := range p.pending {
 				if s.clock == p.clockSerial && s.gen == e.gen {
 					s.tentative = false
@@ -277,6 +288,11 @@ func (c *Correlator) rewind(p *proc) {
 	p.lastIdx, p.lastEnd = p.emitIdx, p.emitEnd
 	if n := len(p.pending); n > 0 {
 		p.lastIdx, p.lastEnd = p.pending[n-1].idx, p.pending[n-1].end
+	}
+	for i := range p.ends {
+		if p.ends[i].idx > p.lastIdx {
+			p.ends[i] = stepEnd{} // withdrawn: no peer aligns to it
+		}
 	}
 }
 

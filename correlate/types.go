@@ -152,10 +152,10 @@ type RankInfo struct {
 	Probes    Probes
 	// MidRun: the process ran before the agent attached, so its
 	// communicators may have been created and its collective sequence
-	// begun unseen. Steps of communicators whose creation was not seen
-	// are then cut after a synchronisation and numbered like a peer's
-	// step that ends at the same time (see seqDet.midRunStart and
-	// alignToPeers), not counted from the first call seen.
+	// begun unseen. Informational: steps are cut at a point of the cycle
+	// that does not depend on what was seen (seqDet.canonStart) and
+	// numbered like a peer's step that ends at the same time
+	// (alignToPeers) in any case.
 	MidRun bool
 }
 
@@ -177,6 +177,13 @@ type Config struct {
 	// communicator that already has one before its steps are released;
 	// shorter excursions (evaluation loops, checkpoints) are dropped [16].
 	PromoteCycles int
+	// ConfirmSpan is how long, in event time, a communicator's first
+	// cycle must also have held before its steps are released, so that
+	// init-time bursts (parameter broadcasts, barrier storms, checkpoint
+	// loads: periodic but brief, followed by the training cycle) make no
+	// steps. A cycle that holds until the process ends, or while the
+	// buffers are half full, is released earlier [2s].
+	ConfirmSpan time.Duration
 	// NoSyncMinCalls: a cycle without any synchronisation is accepted only
 	// after this many collective calls without one [1024].
 	NoSyncMinCalls int
@@ -228,6 +235,7 @@ func (c Config) withDefaults() Config {
 	def(&c.ConfirmCycles, 2)
 	def(&c.PromoteCycles, 16)
 	def(&c.NoSyncMinCalls, 1024)
+	defD(&c.ConfirmSpan, 2*time.Second)
 	defD(&c.HostReorder, 100*time.Millisecond)
 	defD(&c.DeviceReorder, 3*time.Second)
 	defD(&c.DeviceSlack, 50*time.Millisecond)
@@ -263,6 +271,7 @@ type RankStats struct {
 	IrregularCalls uint64 // collective calls outside a locked cycle
 	Retracted      uint64 // tentative steps withdrawn (short excursions, false locks)
 	Relocks        uint64 // locks regained on a known cycle
+	InitCalls      uint64 // collectives before a communicator's first confirmed cycle (init, warm-up): no steps
 	Unassigned     uint64 // records that fell outside every step
 	Evicted        uint64 // records or steps pushed out of full buffers
 

@@ -116,6 +116,9 @@ struct opts {
   int gloo_cuda_sync;
   int gloo_wait; /* enum gloo_wait */
   int warmup_buckets;
+  int init_bursts;
+  long eval_every;
+  int eval_batches;
 };
 
 static struct opts O = {
@@ -134,6 +137,7 @@ static struct opts O = {
     .seed = 1,
     .crash_rank = -1,
     .crash_step = -1,
+    .eval_batches = 8,
 };
 
 static void usage(FILE *f) {
@@ -147,6 +151,13 @@ static void usage(FILE *f) {
           "  --gpu-ms MS            device compute per step (default 20)\n"
           "  --buckets N            gradient buckets = ncclAllReduce calls per step (default 4, at most 4096)\n"
           "  --warmup-buckets N     buckets of step 0 only (DDP before its bucket rebuild; default --buckets)\n"
+          "  --init-bursts          before step 0: a parameter broadcast (ncclBroadcast per parameter, sizes\n"
+          "                         repeating layer by layer, each followed by a stream synchronisation)\n"
+          "                         and a barrier storm (1-element ncclAllReduce + synchronisation, 40 times),\n"
+          "                         like DDP's init and a startup barrier loop; truth kind \"burst\"\n"
+          "  --eval-every N         after every N-th step an evaluation loop of --eval-batches batches\n"
+          "                         (forward kernel, 2-element metric ncclAllReduce, synchronisation)\n"
+          "  --eval-batches M       batches of that loop (default 8)\n"
           "  --backend nccl|gloo    gloo: buckets are c10d::ProcessGroupGloo::allreduce calls of the fake\n"
           "                         libtorch_cpu.so (dlopen'ed), no NCCL call at all (default nccl)\n"
           "  --gloo-cuda-sync       gloo: one cudaStreamSynchronize per collective inside the library,\n"
@@ -200,7 +211,8 @@ static int parse_opts(int argc, char **argv) {
     o_comm_stream, o_split, o_init_plain, o_sync, o_device_sync, o_slow_rank, o_slow_from, o_slow_to,
     o_slow_factor, o_slow_host, o_slow_gpu, o_jitter, o_seed, o_host_mode, o_dlopen, o_dlopen_delay,
     o_sleep_before, o_truth, o_bench_calls, o_bench_symbol, o_threads, o_crash_rank, o_crash_step, o_verbose,
-    o_no_device_truth, o_backend, o_gloo_cuda_sync, o_gloo_wait, o_warmup_buckets, o_help
+    o_no_device_truth, o_backend, o_gloo_cuda_sync, o_gloo_wait, o_warmup_buckets, o_init_bursts, o_eval_every,
+    o_eval_batches, o_help
   };
   static const struct option lo[] = {
       {"ranks", required_argument, 0, o_ranks},
@@ -241,6 +253,9 @@ static int parse_opts(int argc, char **argv) {
       {"gloo-cuda-sync", no_argument, 0, o_gloo_cuda_sync},
       {"gloo-wait", required_argument, 0, o_gloo_wait},
       {"warmup-buckets", required_argument, 0, o_warmup_buckets},
+      {"init-bursts", no_argument, 0, o_init_bursts},
+      {"eval-every", required_argument, 0, o_eval_every},
+      {"eval-batches", required_argument, 0, o_eval_batches},
       {"help", no_argument, 0, o_help},
       {0, 0, 0, 0},
   };
@@ -322,6 +337,9 @@ static int parse_opts(int argc, char **argv) {
       break;
     }
     case o_warmup_buckets: O.warmup_buckets = atoi(optarg); break;
+    case o_init_bursts: O.init_bursts = 1; break;
+    case o_eval_every: O.eval_every = atol(optarg); break;
+    case o_eval_batches: O.eval_batches = atoi(optarg); break;
     case o_help: usage(stdout); exit(0);
     default: usage(stderr); return -1;
     }
@@ -332,13 +350,18 @@ static int parse_opts(int argc, char **argv) {
   }
   if (O.ranks < 1 || O.ranks > 64 || O.steps < 0 || O.buckets < 0 || O.buckets > 4096 || O.kernels < 0 ||
       O.step_ms < 0 || O.gpu_ms < 0 || O.jitter < 0 || O.jitter >= 1 || O.slow_factor <= 0 || O.threads < 0 ||
-      O.slow_host_ms < 0 || O.slow_gpu_ms < 0 || O.bucket_mb < 0 || O.warmup_buckets < 0 || O.warmup_buckets > 4096) {
+      O.slow_host_ms < 0 || O.slow_gpu_ms < 0 || O.bucket_mb < 0 || O.warmup_buckets < 0 || O.warmup_buckets > 4096 ||
+      O.eval_every < 0 || O.eval_batches < 1 || O.eval_batches > 1000) {
     fprintf(stderr, "faketrainer: flag out of range\n");
     return -1;
   }
   if (O.gloo && (O.group || O.comm_stream || O.split || O.init_plain || O.dlopen_nccl || O.bench_calls > 0)) {
     fprintf(stderr, "faketrainer: --backend gloo takes none of --group --comm-stream --split --init-plain "
                     "--dlopen-nccl --bench-calls\n");
+    return -1;
+  }
+  if (O.gloo && (O.init_bursts || O.eval_every > 0)) {
+    fprintf(stderr, "faketrainer: --init-bursts and --eval-every need --backend nccl\n");
     return -1;
   }
   if (!O.gloo && O.gloo_wait != GLOO_WAIT_DEVICE) {
@@ -584,13 +607,14 @@ static int load_torch(void) {
 enum sym {
   S_cudaLaunchKernel, S_cudaStreamSynchronize, S_cudaDeviceSynchronize, S_cudaEventRecord,
   S_cudaEventSynchronize, S_cudaStreamWaitEvent, S_cuStreamSynchronize, S_cuCtxSynchronize,
-  S_ncclAllReduce, S_ncclGroupStart, S_ncclGroupEnd, S_glooAllreduce, S_futureWait, S_workWait, S_NUM
+  S_ncclAllReduce, S_ncclGroupStart, S_ncclGroupEnd, S_glooAllreduce, S_futureWait, S_workWait, S_ncclBroadcast,
+  S_NUM
 };
 static const char *const sym_names[S_NUM] = {
     "cudaLaunchKernel", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventRecord",
     "cudaEventSynchronize", "cudaStreamWaitEvent", "cuStreamSynchronize", "cuCtxSynchronize",
     "ncclAllReduce", "ncclGroupStart", "ncclGroupEnd", "c10d::ProcessGroupGloo::allreduce",
-    "c10::ivalue::Future::wait", "c10d::Work::wait"};
+    "c10::ivalue::Future::wait", "c10d::Work::wait", "ncclBroadcast"};
 
 struct step_acc {
   uint64_t calls[S_NUM];
@@ -907,6 +931,74 @@ static void bucket_ready(struct rank_ctx *c, int b) {
   } else {
     allreduce(c, b, c->compute);
   }
+}
+
+/* ---------------- bursts outside the training iterations ---------------- */
+
+/* Ground truth of a burst: its kind, time span and calls. */
+static void write_burst(struct rank_ctx *c, const char *what, long after_step, uint64_t start, uint64_t end) {
+  char calls[1024];
+  size_t n = 0;
+  calls[0] = 0;
+  for (int i = 0; i < S_NUM; i++) {
+    if (!A.calls[i]) continue;
+    n += (size_t)snprintf(calls + n, sizeof calls - n, "%s\"%s\":%" PRIu64, n ? "," : "", sym_names[i], A.calls[i]);
+    if (n >= sizeof calls) break;
+  }
+  truth_printf("{\"kind\":\"burst\",\"what\":\"%s\",\"job\":\"%s\",\"rank\":%d,\"pid\":%d,\"after_step\":%ld,"
+               "\"start_ns\":%" PRIu64 ",\"end_ns\":%" PRIu64 ",\"calls\":{%s}}\n",
+               what, c->job, c->rank, (int)getpid(), after_step, start, end, calls);
+}
+
+static void small_allreduce(struct rank_ctx *c, size_t count) {
+  uint64_t t0 = now_ns();
+  A.calls[S_ncclAllReduce]++;
+  nccl_check(N.AllReduce(c->buf, c->buf, count, ncclFloat32, ncclSum, c->comm, c->compute), "ncclAllReduce");
+  A.nccl_ns += now_ns() - t0;
+}
+
+static void stream_sync(struct rank_ctx *c) {
+  A.calls[S_cudaStreamSynchronize]++;
+  cuda_check(cudaStreamSynchronize(c->compute), "cudaStreamSynchronize");
+}
+
+/* DDP's init: every parameter broadcast from rank 0 (a transformer's
+ * layers repeat their parameter shapes, so the sizes repeat layer by
+ * layer), each followed by a synchronisation; then a startup barrier loop.
+ * Periodic, brief, and no training iteration. */
+static void init_bursts(struct rank_ctx *c) {
+  static const size_t layer[] = {3 * 1024 * 1024, 3 * 1024, 1024 * 1024, 1024, 1024, 1024};
+  const int layers = 24, barriers = 40;
+  memset(&A, 0, sizeof A);
+  uint64_t t0 = now_ns();
+  for (int l = 0; l < layers; l++) {
+    for (size_t i = 0; i < sizeof layer / sizeof layer[0]; i++) {
+      uint64_t b0 = now_ns();
+      A.calls[S_ncclBroadcast]++;
+      nccl_check(N.Broadcast(c->buf, c->buf, layer[i], ncclFloat32, 0, c->comm, c->compute), "ncclBroadcast");
+      A.nccl_ns += now_ns() - b0;
+      stream_sync(c);
+    }
+  }
+  for (int i = 0; i < barriers; i++) {
+    small_allreduce(c, 1);
+    stream_sync(c);
+  }
+  write_burst(c, "init", -1, t0, now_ns());
+}
+
+/* An evaluation loop after step k: forward passes with a metric
+ * all-reduce and a synchronisation per batch. */
+static void eval_burst(struct rank_ctx *c, long k, uint64_t *rng) {
+  memset(&A, 0, sizeof A);
+  uint64_t t0 = now_ns();
+  for (int i = 0; i < O.eval_batches; i++) {
+    host_work(jittered(rng, O.step_ms * 0.2));
+    launch(fwd_kernel, jittered(rng, O.gpu_ms * 0.2), c->compute);
+    small_allreduce(c, 2);
+    stream_sync(c);
+  }
+  write_burst(c, "eval", k, t0, now_ns());
 }
 
 static void run_step(struct rank_ctx *c, long k, uint64_t *rng) {
@@ -1242,8 +1334,10 @@ static int rank_main(char **argv) {
     rc = run_bench(c);
   } else {
     uint64_t rng = O.seed * 0x9e3779b97f4a7c15ull ^ ((uint64_t)c->rank << 32 | 0x5bd1e995u);
+    if (O.init_bursts) init_bursts(c);
+    if (g_failed) rc = EXIT_DEVICE;
     uint64_t t_run0 = now_ns();
-    for (long k = 0;; k++) {
+    for (long k = 0; rc == EXIT_OK; k++) {
       if (O.duration_s > 0) {
         if (c->rank == 0 && __atomic_load_n(&st->stop_at, __ATOMIC_ACQUIRE) == 0 &&
             (double)(now_ns() - t_run0) >= O.duration_s * 1e9)
@@ -1271,6 +1365,13 @@ static int rank_main(char **argv) {
       }
       write_step(c, k, t0, t1, slowed);
       steps_done++;
+      if (O.eval_every > 0 && (k + 1) % O.eval_every == 0) {
+        eval_burst(c, k, &rng);
+        if (g_failed) {
+          rc = EXIT_DEVICE;
+          break;
+        }
+      }
     }
   }
   g_cur_step = -1;

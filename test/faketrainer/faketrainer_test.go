@@ -99,6 +99,8 @@ type record struct {
 	NCCL       string         `json:"nccl"`
 	Steps      int            `json:"steps"`
 	Exit       int            `json:"exit"`
+	What       string         `json:"what"`       // burst: init or eval
+	AfterStep  int            `json:"after_step"` // burst: the step before it (-1: before step 0)
 }
 
 type run struct {
@@ -452,6 +454,41 @@ func TestVariants(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestBursts: --init-bursts issues a parameter broadcast and a barrier
+// storm before step 0, --eval-every an evaluation loop after every N-th
+// step; each burst is one truth record of kind burst with its calls, and
+// the steps carry none of them.
+func TestBursts(t *testing.T) {
+	r := trainer(t, nil, "--ranks", "2", "--steps", "7", "--step-ms", "2", "--gpu-ms", "2", "--init-bursts",
+		"--eval-every", "3", "--eval-batches", "4")
+	by := checkComplete(t, r, 2, 7)
+	bursts := map[int][]record{}
+	for _, b := range r.kind("burst") {
+		bursts[b.Rank] = append(bursts[b.Rank], b)
+	}
+	for rank := range 2 {
+		bs := bursts[rank]
+		if len(bs) != 3 || bs[0].What != "init" || bs[0].AfterStep != -1 || bs[1].What != "eval" || bs[1].AfterStep != 2 ||
+			bs[2].AfterStep != 5 {
+			t.Fatalf("rank %d: bursts %+v, want init then eval after steps 2 and 5", rank, bs)
+		}
+		if c := bs[0].Calls; c["ncclBroadcast"] != 24*6 || c["ncclAllReduce"] != 40 || c["cudaStreamSynchronize"] != 24*6+40 {
+			t.Errorf("rank %d: init burst calls %v", rank, c)
+		}
+		if c := bs[1].Calls; c["ncclAllReduce"] != 4 || c["cudaStreamSynchronize"] != 4 {
+			t.Errorf("rank %d: eval burst calls %v", rank, c)
+		}
+		if bs[0].EndNs > by[rank][0].StartNs || bs[1].StartNs < by[rank][2].EndNs || bs[1].EndNs > by[rank][3].StartNs {
+			t.Errorf("rank %d: bursts overlap the steps", rank)
+		}
+		for k := range 7 {
+			if by[rank][k].Calls["ncclBroadcast"] != 0 || by[rank][k].Calls["ncclAllReduce"] != 4 {
+				t.Errorf("rank %d step %d calls %v", rank, k, by[rank][k].Calls)
+			}
+		}
 	}
 }
 

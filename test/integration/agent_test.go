@@ -57,6 +57,13 @@ var ncclJob = job{envKey: "SLOWRANK_IT_RANK_MARK"}
 // and the trainer's steps.
 func (j job) run(t *testing.T, window time.Duration, args ...string) (*captureSink, *agent.Agent, []testutil.TruthRecord) {
 	t.Helper()
+	sink, a, truth := j.runAll(t, window, args...)
+	return sink, a, truth["step"]
+}
+
+// runAll is run returning every kind of truth record.
+func (j job) runAll(t *testing.T, window time.Duration, args ...string) (*captureSink, *agent.Agent, map[string][]testutil.TruthRecord) {
+	t.Helper()
 	trainer := testutil.SharedFakeTrainer(t)
 	sink := &captureSink{}
 	cfg := agent.DefaultConfig()
@@ -94,7 +101,7 @@ func (j job) run(t *testing.T, window time.Duration, args ...string) (*captureSi
 	case <-time.After(20 * time.Second):
 		t.Fatal("agent did not stop within 20 s")
 	}
-	return sink, a, testutil.ReadTruth(t, truth)["step"]
+	return sink, a, testutil.ReadTruth(t, truth)
 }
 
 func TestAgentCountsEveryCallAndMatchesGroundTruth(t *testing.T) {

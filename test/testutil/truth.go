@@ -10,7 +10,8 @@ import (
 )
 
 // TruthRecord is one line of the fake trainer's ground truth (--truth):
-// the fields of its "step", "rank" and "done" records that tests read.
+// the fields of its "step", "rank", "burst" and "done" records that tests
+// read.
 type TruthRecord struct {
 	Kind       string         `json:"kind"`
 	Rank       int            `json:"rank"`
@@ -22,10 +23,11 @@ type TruthRecord struct {
 	Calls      map[string]int `json:"calls"`
 	Steps      int            `json:"steps"` // done: steps completed
 	Exit       *int           `json:"exit"`  // done: exit status
+	What       string         `json:"what"`  // burst: init or eval
 }
 
 // ReadTruth reads a ground-truth file and returns its records by kind
-// ("step", "rank", "done"), each kind in file order.
+// ("step", "rank", "burst", "done"), each kind in file order.
 func ReadTruth(t testing.TB, path string) map[string][]TruthRecord {
 	t.Helper()
 	f, err := os.Open(path)

@@ -1,0 +1,88 @@
+package integration
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/slowrank/slowrank/test/testutil"
+)
+
+// Issue 16: init-time bursts are no steps. The trainer broadcasts its
+// parameters (sizes repeating layer by layer, a synchronisation after
+// each) and runs a barrier storm before step 0, and an evaluation loop
+// after every 120th step (longer apart than ConfirmSpan: see the limits
+// in correlate's doc); the agent watches from the start. Every step fact
+// is a training iteration, numbered alike on every rank: the first is
+// iteration 0, one per iteration, and the init collectives are counted as
+// skipped.
+func TestInitBurstsAreNoSteps(t *testing.T) {
+	testutil.RequireAgent(t, "to attach uprobes")
+	const steps = 250
+	sink, a, truth := ncclJob.runAll(t, 2*time.Second, "--steps", fmt.Sprint(steps), "--step-ms", "8", "--gpu-ms", "12",
+		"--buckets", "3", "--init-bursts", "--eval-every", "120")
+
+	want := callsMade(append(truth["step"], truth["burst"]...))
+	got := a.Counters()
+	for _, sym := range []string{"ncclAllReduce", "ncclBroadcast", "cudaStreamSynchronize"} {
+		if g := got["probe_"+sym]; g != int64(want[sym]) || g == 0 {
+			t.Errorf("%s: agent saw %d calls, trainer made %d", sym, g, want[sym])
+		}
+	}
+	var initColls int64
+	for _, b := range truth["burst"] {
+		if b.What == "init" {
+			initColls += int64(b.Calls["ncclBroadcast"] + b.Calls["ncclAllReduce"])
+		}
+	}
+	if g := got["correlate_init_calls"]; g != initColls || g == 0 {
+		t.Errorf("correlate_init_calls %d, want the %d collectives of the init bursts", g, initColls)
+	}
+
+	byRank := truthByRank(truth["step"])
+	perRank := map[int]int{}
+	first := map[int]int64{} // rank -> lowest step index
+	iteration := map[int64]map[int]int64{}
+	var unmatched []string
+	for _, f := range sink.steps {
+		perRank[f.Rank]++
+		if k, ok := first[f.Rank]; !ok || f.Step < k {
+			first[f.Rank] = f.Step
+		}
+		ts, ok := testutil.NearestStep(byRank[f.Rank], f.EndNS)
+		if !ok {
+			unmatched = append(unmatched, fmt.Sprintf("rank %d step %d (end %d, %+.3f ms from the nearest truth end)",
+				f.Rank, f.Step, f.EndNS, float64(f.EndNS-closest(byRank[f.Rank], f.EndNS))/1e6))
+			continue
+		}
+		if iteration[f.Step] == nil {
+			iteration[f.Step] = map[int]int64{}
+		}
+		iteration[f.Step][f.Rank] = ts.Step
+	}
+	// A preemption between the trainer's clock read and the uretprobe can
+	// move one end past the 1 ms match; a burst cut into steps moves many.
+	if len(unmatched) > len(sink.steps)/100 {
+		t.Errorf("%d of %d steps end at no step end of the truth: %v", len(unmatched), len(sink.steps), unmatched)
+	}
+	for r := range 4 {
+		if n := perRank[r]; n < steps-1 || n > steps+1 {
+			t.Errorf("rank %d: %d steps found, trainer ran %d", r, n, steps)
+		}
+		if it := iteration[first[r]][r]; it != 0 {
+			t.Errorf("rank %d: first step %d is iteration %d, want 0", r, first[r], it)
+		}
+	}
+	for idx, ranks := range iteration {
+		for r, k := range ranks {
+			if k != idx-first[r] {
+				t.Errorf("step %d is iteration %d on rank %d (first step %d)", idx, k, r, first[r])
+			}
+		}
+	}
+	spread := endSpreads(sink.steps)
+	if p := quantile(spread, 0.5); p > 1 || len(spread) < steps-1 {
+		t.Errorf("step ends across ranks: %d steps on all ranks, median spread %.2f ms", len(spread), p)
+	}
+	t.Logf("steps %v, first %v, init calls %d, median end spread %.3f ms", perRank, first, got["correlate_init_calls"], quantile(spread, 0.5))
+}
