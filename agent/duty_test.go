@@ -26,7 +26,7 @@ type dutySim struct {
 	traps func(t int64) float64
 	// suspect, when set, is asked every second whether a window turns
 	// suspicious now; Suspect gets the last 5 s as the window.
-	suspect func(t int64) bool
+	suspect   func(t int64) bool
 	onSuspect func(t int64, granted bool)
 
 	now      int64

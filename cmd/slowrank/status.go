@@ -382,6 +382,9 @@ func writeStatus(w io.Writer, rep agent.StatusReport, where string, nVerdicts in
 		dev = fmt.Sprintf("%s, on %.1f%% of the time, cost estimate %.2f%%", dev, rep.DutyShare*100, rep.DutyCost*100)
 	}
 	fmt.Fprintf(w, "device     %s\n", dev)
+	if o := rep.Overhead; o != nil {
+		writeOverhead(w, *o)
+	}
 
 	fmt.Fprintf(w, "\nattached   %d processes, %d libraries\n", rep.Processes, rep.Attached)
 	if len(rep.Procs) > 0 {
@@ -494,4 +497,17 @@ func thresholdText(d agent.DetectorSettings) string {
 		over = append(over, ph+" "+strconv.FormatFloat(d.PhaseThresholds[ph], 'g', -1, 64))
 	}
 	return s + " (" + strings.Join(over, ", ") + ")"
+}
+
+// writeOverhead prints the overhead ledger and the cost estimate behind it.
+func writeOverhead(w io.Writer, o agent.Overhead) {
+	cost := fmt.Sprintf("prior %.2f%% (%d pairs so far)", o.Cost.Cost*100, o.Cost.Pairs)
+	if o.Cost.Measured {
+		cost = fmt.Sprintf("%.2f%% [%.2f%%, %.2f%%] from %d pairs", o.Cost.Cost*100, o.Cost.Low*100, o.Cost.High*100, o.Cost.Pairs)
+	}
+	fmt.Fprintf(w, "overhead   spent %.3f%% of %.3f%% (device %.3f%%, uprobes %.3f%%, lib %.3f%%)\n",
+		o.Total*100, o.Budget*100, o.Device*100, o.Uprobes*100, o.Library*100)
+	fmt.Fprintf(w, "           over %s of training; escalations %d granted, %d refused\n",
+		o.Training.Round(time.Second), o.EscalationsGranted, o.EscalationsRefused)
+	fmt.Fprintf(w, "           device collection cost %s\n", cost)
 }
