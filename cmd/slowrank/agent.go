@@ -41,7 +41,7 @@ func agentCommand() *cli.Command {
 			&cli.StringFlag{Name: "verdicts", Usage: "write verdicts and a final summary (JSONL) to this file", EnvVars: []string{"SLOWRANK_VERDICTS"}},
 			&cli.StringFlag{Name: "host-name", Usage: "host name in facts and telemetry (default: os.Hostname)", EnvVars: []string{"SLOWRANK_HOST_NAME"}},
 			&cli.StringFlag{Name: "job", Usage: "job id (default: from the processes' environment, e.g. TORCHELASTIC_RUN_ID)", EnvVars: []string{"SLOWRANK_JOB"}},
-			&cli.Float64Flag{Name: "overhead-budget", Value: agent.DefaultDutyConfig().Budget, Usage: "overhead that device-record collection may add, as a fraction of step time", EnvVars: []string{"SLOWRANK_OVERHEAD_BUDGET"}},
+			&cli.Float64Flag{Name: "overhead-budget", Value: agent.DefaultDutyConfig().Budget, Usage: "overhead the agent may add to training (uprobes, device records, escalations), as a fraction of step time", EnvVars: []string{"SLOWRANK_OVERHEAD_BUDGET"}},
 			&cli.DurationFlag{Name: "uprobe-cost", Value: agent.DefaultDutyConfig().UprobeCost, Usage: "cost of one uprobe trap in a training process, charged to the overhead budget (the H200 measured 5.4-6.9us)", EnvVars: []string{"SLOWRANK_UPROBE_COST"}},
 			&cli.BoolFlag{Name: "device-collection", Value: true, Usage: "steer the injection library's duty cycle (off: leave its default)", EnvVars: []string{"SLOWRANK_DEVICE_COLLECTION"}},
 			&cli.StringFlag{Name: "step-marker", Usage: "end a step at every return of this synchronisation call (e.g. cudaDeviceSynchronize) instead of detecting steps from the collective period", EnvVars: []string{"SLOWRANK_STEP_MARKER"}},

@@ -290,7 +290,7 @@ func controlCommand() *cli.Command {
 				&cli.StringFlag{Name: "phase-threshold", Usage: "per-phase overrides of --threshold, e.g. host=0.15 (host=0 removes the override)"},
 				&cli.DurationFlag{Name: "floor", Usage: "absolute difference below which no window is slow"},
 				&cli.IntFlag{Name: "consecutive", Usage: "slow windows before an alert"},
-				&cli.Float64Flag{Name: "duty-budget", Usage: "overhead budget of device collection (fraction of step time)"},
+				&cli.Float64Flag{Name: "duty-budget", Usage: "overhead budget of the agent: uprobes, device records, escalations (fraction of step time)"},
 				&cli.Float64Flag{Name: "duty-share", Usage: "pin the on-share of device collection (0 < share <= 1)"},
 				&cli.BoolFlag{Name: "duty-auto", Usage: "steer the on-share by the budget again"},
 				&cli.DurationFlag{Name: "duty-period", Usage: "duty-cycle period"},
