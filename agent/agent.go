@@ -107,6 +107,7 @@ type Agent struct {
 	gpu *gpuEvidence
 	// probeCounts counts events per probe id (the hot path avoids the map).
 	probeCounts [256]atomic.Uint64
+	trapsSeen   [256]uint64 // probeCounts fed to the duty ledger (main goroutine)
 
 	planMu sync.Mutex
 	plan   *DutyPlan // last duty plan applied, for Status
@@ -242,11 +243,7 @@ loop:
 			a.pipe.tick(mono)
 			if a.duty != nil && now.Sub(lastDuty) >= time.Second {
 				lastDuty = now
-				plan := a.duty.Plan(mono)
-				a.att.applyDuty(plan)
-				a.planMu.Lock()
-				a.plan = &plan
-				a.planMu.Unlock()
+				a.planDuty(mono) // duty.go
 			}
 			a.refreshCounters()
 		}
@@ -267,9 +264,13 @@ loop:
 	a.pipe.flush(monotonicNow())
 	wg.Wait()
 	if a.duty != nil {
-		cost, measured := a.duty.Cost()
-		a.log.Info("device collection cost estimate", "cost", fmt.Sprintf("%.4f", cost), "measured", measured,
-			"share", fmt.Sprintf("%.4f", a.duty.Plan(monotonicNow()).OnShare))
+		p := a.duty.Plan(monotonicNow())
+		o := p.Overhead
+		a.log.Info("overhead", "budget", fmt.Sprintf("%.4f", o.Budget), "spent", fmt.Sprintf("%.4f", o.Total),
+			"device", fmt.Sprintf("%.4f", o.Device), "uprobes", fmt.Sprintf("%.4f", o.Uprobes),
+			"cost", fmt.Sprintf("%.4f", o.Cost.Cost), "cost_ci", fmt.Sprintf("[%.4f, %.4f]", o.Cost.Low, o.Cost.High),
+			"pairs", o.Cost.Pairs, "measured", o.Cost.Measured, "share", fmt.Sprintf("%.4f", p.OnShare),
+			"escalations_granted", o.EscalationsGranted, "escalations_refused", o.EscalationsRefused)
 	}
 	a.refreshCounters()
 	return nil

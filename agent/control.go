@@ -333,11 +333,7 @@ func (a *Agent) applyPlan() {
 	if a.duty == nil || a.control.paused {
 		return
 	}
-	plan := a.duty.Plan(monotonicNow())
-	a.att.applyDuty(plan)
-	a.planMu.Lock()
-	a.plan = &plan
-	a.planMu.Unlock()
+	a.planDuty(monotonicNow())
 }
 
 // withDetectorSettings returns cfg changed by the detector fields of req.

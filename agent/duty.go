@@ -4,44 +4,65 @@ import (
 	"math"
 	"slices"
 	"time"
+
+	"github.com/slowrank/slowrank/bpf"
 )
 
-// DutyConfig steers device-record collection under an overhead budget.
+// DutyConfig steers device-record collection under one overhead budget.
 //
 // Always-on CUPTI kernel records cost +0.8 % to +8.4 % of step time on an
 // H200 (DESIGN.md section 2), so device records are sampled: collection is on
-// for a share of each period, chosen so that the estimated cost stays within
-// Budget, and switched fully on for Escalation when a window turns suspicious.
+// for a share of each period and switched fully on for Escalation when a
+// window turns suspicious. One ledger pays for everything the agent adds to
+// training: device collection (base share and escalations, at the upper
+// bound of the measured cost), uprobe traps and the injection library's
+// thread; the spend over Horizon stays within Budget.
 type DutyConfig struct {
 	// Budget is the overhead the agent may add to training, as a fraction
 	// of step time (0.003 = 0.3 %).
 	Budget float64
 	// Period is the length of one on/off cycle.
 	Period time.Duration
-	// MinShare and MaxShare bound the on-share outside escalations.
+	// MinShare and MaxShare bound the on-share outside escalations. A
+	// MinShare above 0 is a floor the budget may not pay for (pinned shares
+	// use it); MaxShare below 1 leaves off steps to measure the cost against.
 	MinShare, MaxShare float64
 	// PriorCost is the assumed cost of full collection until measured.
 	PriorCost float64
-	// MinCost floors the measured cost: a noisy estimate near zero must not
-	// switch collection fully on (the H200 measured 0.8 % to 8.4 %).
-	MinCost float64
 	// Escalation is how long collection stays fully on after a suspicion.
 	Escalation time.Duration
-	// MaxEscalationShare bounds the share of time spent escalated (over a
-	// sliding hour) so that a flapping job cannot keep collection on.
-	MaxEscalationShare float64
-	// MinSamples is the number of on and off steps per rank needed before
-	// the measured cost replaces the prior.
-	MinSamples int
+	// EscalationReserve is the share of Budget that the base share leaves
+	// for escalations; an escalation is granted only when the ledger can
+	// pay for it.
+	EscalationReserve float64
+	// Horizon is the ledger's sliding window.
+	Horizon time.Duration
+	// UprobeCost is the cost of one uprobe trap in the training process
+	// (the H200 measured 5.4-6.9 us).
+	UprobeCost time.Duration
+	// LibraryCost is an allowance for the injection library's threads, as
+	// a fraction of step time.
+	LibraryCost float64
+	// MinPairs is the number of paired on/off blocks needed before the
+	// measured cost replaces the prior.
+	MinPairs int
+	// PairSteps is how many off steps before and after an on-block it is
+	// compared with.
+	PairSteps int
+	// PairTolerance drops a pair whose off steps before and after the
+	// on-block differ by more than this (the job's own step time moved).
+	PairTolerance float64
 }
 
-// DefaultDutyConfig returns a budget of 0.3 %, 10 s periods and 20 s
-// escalations (Greyhound's detailed-profiling window).
+// DefaultDutyConfig returns a budget of 0.3 % over an hour, a quarter of it
+// reserved for escalations, 10 s periods and 20 s escalations (Greyhound's
+// detailed-profiling window).
 func DefaultDutyConfig() DutyConfig {
 	return DutyConfig{
-		Budget: 0.003, Period: 10 * time.Second, MinShare: 0.02, MaxShare: 1,
-		PriorCost: 0.03, MinCost: 0.015, Escalation: 20 * time.Second, MaxEscalationShare: 0.1,
-		MinSamples: 20,
+		Budget: 0.003, Period: 10 * time.Second, MinShare: 0, MaxShare: 0.5,
+		PriorCost: 0.03, Escalation: 20 * time.Second, EscalationReserve: 0.25,
+		Horizon: time.Hour, UprobeCost: 6 * time.Microsecond, LibraryCost: 0.0001,
+		MinPairs: 10, PairSteps: 8, PairTolerance: 0.02,
 	}
 }
 
@@ -53,133 +74,582 @@ type DutyPlan struct {
 	// EscalatedUntil is in the caller's monotonic nanoseconds.
 	EscalatedUntil int64
 	// Cost is the estimated overhead of full collection, and Measured
-	// whether it comes from this run's on/off steps rather than the prior.
+	// whether it comes from this run's on/off pairs rather than the prior.
 	Cost     float64
 	Measured bool
+	// Overhead is the cost estimate and the ledger behind the plan.
+	Overhead Overhead
 }
 
-// Duty estimates the cost of device collection from steps with and without
-// device records inside the run, and plans the duty cycle. It is pure: time
-// comes in with each call. Not safe for concurrent use.
+// CostEstimate is the overhead of full device collection, as a fraction of
+// step time, with its 95 % confidence interval. Until Measured it is the
+// prior (Low = High = Cost).
+type CostEstimate struct {
+	Cost     float64 `json:"cost"`
+	Low      float64 `json:"low"`
+	High     float64 `json:"high"`
+	Pairs    int     `json:"pairs"` // paired blocks behind the estimate
+	Measured bool    `json:"measured"`
+}
+
+// PairDrops counts on/off pairs left out of the estimate, by reason.
+type PairDrops struct {
+	Short   int64 `json:"short"`   // too few steps on a side
+	Drift   int64 `json:"drift"`   // the off steps before and after disagree
+	Suspect int64 `json:"suspect"` // overlaps a suspicious window or an escalation
+}
+
+// Overhead is what the agent costs the training job: the ledger's spend over
+// its horizon, as fractions of training time, against the budget.
+type Overhead struct {
+	Budget  float64      `json:"budget"`
+	Cost    CostEstimate `json:"cost"`
+	Device  float64      `json:"spent_device"`
+	Uprobes float64      `json:"spent_uprobes"`
+	Library float64      `json:"spent_library"`
+	Total   float64      `json:"spent_total"`
+	// Training is the training time in the horizon that the spend is
+	// divided by.
+	Training           time.Duration `json:"training_ns"`
+	EscalationsGranted int64         `json:"escalations_granted"`
+	EscalationsRefused int64         `json:"escalations_refused"`
+	PairsDropped       PairDrops     `json:"pairs_dropped"`
+}
+
+const (
+	// maxClusters bounds the paired blocks kept for the estimate.
+	maxClusters = 64
+	// maxOnSteps bounds the steps kept of one on-block (an escalation).
+	maxOnSteps = 256
+	// maxExcluded bounds the suspicious spans kept.
+	maxExcluded = 64
+	// trimFraction is trimmed from each end of the pair ratios: a stall of
+	// the job that falls into one on-block must not read as cost.
+	trimFraction = 0.1
+	// ledgerBuckets divide the horizon.
+	ledgerBuckets = 360
+	// recentBuckets is the ledger's recent past (a minute at 1 h) that the
+	// uprobe rate is planned from.
+	recentBuckets = 6
+	// activeGrace is how long after the last step or trap the job counts
+	// as training.
+	activeGrace = int64(30 * time.Second)
+)
+
+// Duty estimates the cost of device collection from paired on/off blocks
+// inside the run, keeps the overhead ledger and plans the duty cycle. It is
+// pure: time comes in with each call. Not safe for concurrent use.
+//
+// The estimate: per rank, each on-block (consecutive steps with device
+// records) is compared with the median of up to PairSteps off steps before
+// and after it, both sides required, the off step on each side of the block
+// left out (partly collected). Ratio r = median(on)/mean(before, after) − 1.
+// The ranks of a host share the duty phase, so their pairs of one block are
+// one observation (they move together in synchronous training): the
+// estimate is a trimmed mean over blocks with a Tukey–McLaughlin t-interval.
 type Duty struct {
-	cfg        DutyConfig
-	on, off    map[int]*ringMean // per rank step times (ms)
-	escUntil   int64
-	escHistory []span // escalations in the last hour
+	cfg   DutyConfig
+	ranks map[int]*rankPairing
+	// clusters are the recent paired blocks, oldest first.
+	clusters []pairCluster
+	excluded []span
+	drops    PairDrops
+
+	// ledger
+	buckets           []ledgerBucket
+	started           bool
+	last              int64 // last advance
+	activity          int   // steps and trap reports since the last advance
+	lastActive        int64
+	share             float64 // on-share in force since the last advance
+	escFrom, escUntil int64
+	granted, refused  int64
+	est               CostEstimate
+	estValid          bool
+	bucketLen         int64
 }
 
 type span struct{ from, to int64 }
 
+func (s span) overlaps(from, to int64) bool { return from < s.to && s.from < to }
+
+// pairCluster is one on-block paired across the ranks that saw it.
+type pairCluster struct {
+	on, whole span // the on-block; with its off steps
+	sum       float64
+	n         int
+}
+
+// ledgerBucket is one slice of the horizon: training seconds and spend in
+// cost-seconds. Device on-time before the cost was measured is kept as
+// on-seconds (priorOn) and charged at the current cost, so that a prior
+// below the true cost is trued up once it is measured.
+type ledgerBucket struct {
+	idx                             int64
+	train, device, uprobes, library float64
+	priorOn                         float64
+}
+
+// rankPairing pairs one rank's on-blocks with their neighbouring off steps.
+type rankPairing struct {
+	lastEnd int64
+	off     []offStep // the last PairSteps+1 clean off steps, oldest first
+	inBlock bool      // in an on-block
+	pending bool      // block ended, collecting off steps after it
+	cur     pairing
+}
+
+type offStep struct {
+	ms         float64
+	start, end int64
+}
+
+type pairing struct {
+	beforeMed float64
+	beforeN   int
+	from      int64 // start of the first off step before
+	on        []float64
+	onFrom    int64
+	onTo      int64
+	after     []float64
+	to        int64 // end of the last off step after
+}
+
 // NewDuty returns a controller.
 func NewDuty(cfg DutyConfig) *Duty {
-	return &Duty{cfg: cfg, on: map[int]*ringMean{}, off: map[int]*ringMean{}}
+	d := &Duty{cfg: cfg, ranks: map[int]*rankPairing{}, buckets: make([]ledgerBucket, ledgerBuckets)}
+	d.bucketLen = max(int64(cfg.Horizon)/ledgerBuckets, 1)
+	for i := range d.buckets {
+		d.buckets[i].idx = math.MinInt64
+	}
+	return d
 }
 
-// ObserveStep records one step of a rank with its wall time and whether the
-// whole step had device collection on.
-func (d *Duty) ObserveStep(rank int, stepMS float64, gpuOn bool) {
-	m := d.off
+// ObserveStep records one step of a rank: its end (monotonic ns), wall time
+// and whether the whole step had device collection on.
+func (d *Duty) ObserveStep(rank int, endNS int64, stepMS float64, gpuOn bool) {
+	d.activity++
+	if !(stepMS > 0) {
+		return
+	}
+	p := d.ranks[rank]
+	if p == nil {
+		p = &rankPairing{}
+		d.ranks[rank] = p
+	}
+	dur := int64(stepMS * 1e6)
+	start := endNS - dur
+	if endNS <= p.lastEnd {
+		return // out of order or repeated
+	}
+	if p.lastEnd != 0 && start-p.lastEnd > max(int64(time.Second), 2*dur) {
+		// A gap: the steps around it are not neighbours in time.
+		if p.pending {
+			d.finish(p)
+		}
+		p.off, p.inBlock = p.off[:0], false
+	}
+	p.lastEnd = endNS
+	k := max(d.cfg.PairSteps, 1)
 	if gpuOn {
-		m = d.on
+		if p.pending {
+			d.finish(p) // the next block began: pair with the off steps there are
+		}
+		if !p.inBlock {
+			p.inBlock = true
+			before := p.off
+			if len(before) > 0 {
+				before = before[:len(before)-1] // partly collected
+			}
+			if len(before) > k {
+				before = before[len(before)-k:]
+			}
+			p.cur = pairing{onFrom: start, on: p.cur.on[:0], after: p.cur.after[:0], from: start, beforeN: len(before)}
+			if len(before) > 0 {
+				vals := make([]float64, len(before))
+				for i, s := range before {
+					vals[i] = s.ms
+				}
+				p.cur.beforeMed, p.cur.from = median(vals), before[0].start
+			}
+		}
+		if len(p.cur.on) < maxOnSteps {
+			p.cur.on = append(p.cur.on, stepMS)
+		}
+		p.cur.onTo = endNS
+		return
 	}
-	r := m[rank]
-	if r == nil {
-		r = newRingMean(256)
-		m[rank] = r
+	if p.inBlock {
+		// The first off step after a block was partly collected.
+		p.inBlock, p.pending = false, true
+		p.off = p.off[:0]
+		return
 	}
-	r.add(stepMS)
-}
-
-// Forget drops a rank's samples (its process exited).
-func (d *Duty) Forget(rank int) {
-	delete(d.on, rank)
-	delete(d.off, rank)
-}
-
-// Suspect escalates collection to full for the configured time, unless
-// escalations already used their share of the last hour.
-func (d *Duty) Suspect(now int64) bool {
-	hour := int64(time.Hour)
-	kept := d.escHistory[:0]
-	used := int64(0)
-	for _, s := range d.escHistory {
-		if s.to > now-hour {
-			kept = append(kept, s)
-			used += min(s.to, now) - max(s.from, now-hour)
+	if p.pending {
+		p.cur.after = append(p.cur.after, stepMS)
+		p.cur.to = endNS
+		if len(p.cur.after) >= k {
+			d.finish(p)
 		}
 	}
-	d.escHistory = kept
+	p.off = append(p.off, offStep{stepMS, start, endNS})
+	if len(p.off) > k+1 {
+		p.off = append(p.off[:0], p.off[1:]...)
+	}
+}
+
+// finish pairs a rank's ended block with the off steps around it.
+func (d *Duty) finish(p *rankPairing) {
+	p.pending = false
+	c := &p.cur
+	minSide := min(3, max(d.cfg.PairSteps, 1))
+	if c.beforeN < minSide || len(c.after) < minSide || len(c.on) == 0 || !(c.beforeMed > 0) {
+		d.drops.Short++
+		return
+	}
+	after := median(slices.Clone(c.after))
+	if !(after > 0) {
+		d.drops.Short++
+		return
+	}
+	if math.Abs(after/c.beforeMed-1) > d.cfg.PairTolerance {
+		d.drops.Drift++
+		return
+	}
+	whole := span{c.from, c.to}
+	for _, s := range d.excluded {
+		if s.overlaps(whole.from, whole.to) {
+			d.drops.Suspect++
+			return
+		}
+	}
+	r := median(slices.Clone(c.on))/((c.beforeMed+after)/2) - 1
+	on := span{c.onFrom, c.onTo}
+	d.estValid = false
+	for i := len(d.clusters) - 1; i >= 0; i-- {
+		cl := &d.clusters[i]
+		if cl.on.overlaps(on.from, on.to) {
+			cl.sum += r
+			cl.n++
+			cl.on = span{min(cl.on.from, on.from), max(cl.on.to, on.to)}
+			cl.whole = span{min(cl.whole.from, whole.from), max(cl.whole.to, whole.to)}
+			return
+		}
+	}
+	d.clusters = append(d.clusters, pairCluster{on: on, whole: whole, sum: r, n: 1})
+	if len(d.clusters) > maxClusters {
+		d.clusters = append(d.clusters[:0], d.clusters[1:]...)
+	}
+}
+
+// exclude keeps the job's own slowdown in [from, to) out of the estimate:
+// pairs that overlap it are dropped, those already taken and those to come.
+func (d *Duty) exclude(from, to int64) {
+	if to <= from {
+		return
+	}
+	kept := d.clusters[:0]
+	for _, cl := range d.clusters {
+		if cl.whole.overlaps(from, to) {
+			d.drops.Suspect += int64(cl.n)
+			d.estValid = false
+			continue
+		}
+		kept = append(kept, cl)
+	}
+	d.clusters = kept
+	d.excluded = append(d.excluded, span{from, to})
+	if len(d.excluded) > maxExcluded {
+		d.excluded = append(d.excluded[:0], d.excluded[1:]...)
+	}
+}
+
+// Forget drops a rank's state (its process exited).
+func (d *Duty) Forget(rank int) { delete(d.ranks, rank) }
+
+// Estimate returns the cost of full collection: the trimmed mean of the
+// paired blocks' ratios with its 95 % interval once MinPairs blocks are
+// paired, else the prior. There is no floor: a noisy estimate near zero has
+// a wide interval, and the plan uses its upper end.
+func (d *Duty) Estimate() CostEstimate {
+	if d.estValid {
+		return d.est
+	}
+	xs := make([]float64, len(d.clusters))
+	for i, cl := range d.clusters {
+		xs[i] = cl.sum / float64(cl.n)
+	}
+	e := CostEstimate{Cost: d.cfg.PriorCost, Low: d.cfg.PriorCost, High: d.cfg.PriorCost, Pairs: len(xs)}
+	if len(xs) >= max(d.cfg.MinPairs, 2) {
+		m, half := trimmedMeanCI(xs, trimFraction)
+		e = CostEstimate{Cost: m, Low: m - half, High: m + half, Pairs: len(xs), Measured: true}
+	}
+	d.est, d.estValid = e, true
+	return e
+}
+
+// chargedCost is the cost of full collection that the ledger charges and
+// the plan divides by: the upper end of the interval (never below zero).
+func (d *Duty) chargedCost() float64 { return max(d.Estimate().High, 0) }
+
+// ObserveTraps adds uprobe traps (per training process) to the ledger.
+func (d *Duty) ObserveTraps(now int64, traps float64) {
+	if traps <= 0 {
+		return
+	}
+	d.activity++
+	d.bucket(now).uprobes += traps * d.cfg.UprobeCost.Seconds()
+}
+
+func (d *Duty) bucket(now int64) *ledgerBucket {
+	idx := now / d.bucketLen
+	b := &d.buckets[int(((idx%ledgerBuckets)+ledgerBuckets)%ledgerBuckets)]
+	if b.idx != idx {
+		*b = ledgerBucket{idx: idx}
+	}
+	return b
+}
+
+// sums adds up the ledger's last n buckets.
+func (d *Duty) sums(now int64, n int) ledgerBucket {
+	var s ledgerBucket
+	cur := now / d.bucketLen
+	for _, b := range d.buckets {
+		if b.idx > cur-int64(n) && b.idx <= cur {
+			s.train += b.train
+			s.device += b.device
+			s.uprobes += b.uprobes
+			s.library += b.library
+			s.priorOn += b.priorOn
+		}
+	}
+	s.device += s.priorOn * d.chargedCost()
+	s.priorOn = 0
+	return s
+}
+
+func (b ledgerBucket) spent() float64 { return b.device + b.uprobes + b.library }
+
+// advance charges the ledger for the time since the last call, at the plan
+// that was in force, while the job trains.
+func (d *Duty) advance(now int64) {
+	if !d.started {
+		d.started, d.last = true, now
+		return
+	}
+	if now <= d.last {
+		return
+	}
+	if d.activity > 0 {
+		d.activity, d.lastActive = 0, now
+	}
+	if d.lastActive != 0 && now-d.lastActive <= activeGrace {
+		dt := float64(now-d.last) / 1e9
+		esc := float64(max(0, min(now, d.escUntil)-max(d.last, d.escFrom))) / 1e9
+		on := esc + (dt-esc)*d.share
+		b := d.bucket(now)
+		b.train += dt
+		if d.Estimate().Measured {
+			b.device += on * d.chargedCost()
+		} else {
+			b.priorOn += on
+		}
+		b.library += dt * d.cfg.LibraryCost
+	}
+	d.last = now
+}
+
+// recentUprobes is the uprobe spend rate of the recent past.
+func (d *Duty) recentUprobes(now int64) float64 {
+	s := d.sums(now, recentBuckets)
+	if s.train <= 0 {
+		return 0
+	}
+	return s.uprobes / s.train
+}
+
+// Suspect asks for an escalation: collection fully on for Escalation. The
+// suspicious window [from, to) is kept out of the cost estimate. It is
+// granted only when the ledger can pay for it within the budget over the
+// horizon; refusals are counted.
+func (d *Duty) Suspect(now, from, to int64) bool {
+	d.advance(now)
+	d.exclude(from, to)
 	if now < d.escUntil {
 		return true // already escalated
 	}
-	if float64(used+int64(d.cfg.Escalation)) > d.cfg.MaxEscalationShare*float64(hour) {
+	e := d.cfg.Escalation.Seconds()
+	cost := e * (d.chargedCost() + d.recentUprobes(now) + d.cfg.LibraryCost)
+	s := d.sums(now, ledgerBuckets)
+	if s.spent()+cost > d.cfg.Budget*(s.train+e) {
+		d.refused++
 		return false
 	}
-	d.escUntil = now + int64(d.cfg.Escalation)
-	d.escHistory = append(d.escHistory, span{now, d.escUntil})
+	d.granted++
+	d.escFrom, d.escUntil = now, now+int64(d.cfg.Escalation)
+	d.exclude(d.escFrom, d.escUntil)
 	return true
 }
 
-// Cost estimates the relative overhead of full collection: the median over
-// ranks of mean(on)/mean(off) − 1, floored at 0, or the prior without enough
-// samples.
-func (d *Duty) Cost() (cost float64, measured bool) {
-	var ratios []float64
-	for rank, on := range d.on {
-		off := d.off[rank]
-		if off == nil || on.n < d.cfg.MinSamples || off.n < d.cfg.MinSamples {
-			continue
-		}
-		if mo := off.mean(); mo > 0 {
-			ratios = append(ratios, on.mean()/mo-1)
-		}
-	}
-	if len(ratios) == 0 {
-		return d.cfg.PriorCost, false
-	}
-	slices.Sort(ratios)
-	return max(d.cfg.MinCost, ratios[len(ratios)/2]), true
-}
-
-// Plan returns the duty cycle for now.
+// Plan charges the ledger up to now and returns the duty cycle: the base
+// share is what the budget leaves after the uprobes, the library and the
+// escalation reserve, divided by the upper end of the cost estimate; none
+// while the ledger is over budget.
 func (d *Duty) Plan(now int64) DutyPlan {
-	cost, measured := d.Cost()
-	share := d.cfg.MaxShare
-	if cost > 0 {
-		share = d.cfg.Budget / cost
+	d.advance(now)
+	est := d.Estimate()
+	ch := d.chargedCost()
+	s := d.sums(now, ledgerBuckets)
+	rate := d.cfg.Budget*(1-d.cfg.EscalationReserve) - d.recentUprobes(now) - d.cfg.LibraryCost
+	if s.spent() > d.cfg.Budget*s.train {
+		rate = 0
 	}
-	share = math.Min(d.cfg.MaxShare, math.Max(d.cfg.MinShare, share))
-	p := DutyPlan{OnShare: share, Period: d.cfg.Period, Cost: cost, Measured: measured}
+	share := d.cfg.MaxShare
+	if ch > 0 {
+		share = max(rate, 0) / ch
+	}
+	share = max(0, d.cfg.MinShare, min(d.cfg.MaxShare, share))
+	d.share = share
+	p := DutyPlan{OnShare: share, Period: d.cfg.Period, Cost: est.Cost, Measured: est.Measured, Overhead: d.overhead(now, est, s)}
 	if now < d.escUntil {
 		p.Escalate, p.EscalatedUntil = true, d.escUntil
 	}
 	return p
 }
 
-// ringMean keeps the mean of the last n samples.
-type ringMean struct {
-	buf []float64
-	i   int
-	n   int
-	sum float64
-}
-
-func newRingMean(n int) *ringMean { return &ringMean{buf: make([]float64, n)} }
-
-func (r *ringMean) add(v float64) {
-	if r.n == len(r.buf) {
-		r.sum -= r.buf[r.i]
-	} else {
-		r.n++
+func (d *Duty) overhead(now int64, est CostEstimate, s ledgerBucket) Overhead {
+	o := Overhead{Budget: d.cfg.Budget, Cost: est, Training: time.Duration(s.train * 1e9),
+		EscalationsGranted: d.granted, EscalationsRefused: d.refused, PairsDropped: d.drops}
+	if s.train > 0 {
+		o.Device, o.Uprobes, o.Library = s.device/s.train, s.uprobes/s.train, s.library/s.train
+		o.Total = s.spent() / s.train
 	}
-	r.buf[r.i] = v
-	r.sum += v
-	r.i = (r.i + 1) % len(r.buf)
+	return o
 }
 
-func (r *ringMean) mean() float64 {
-	if r.n == 0 {
+// trimmedMeanCI returns the mean of xs trimmed by g = floor(gamma·n) values
+// at each end and the half-width of its 95 % interval (Tukey–McLaughlin:
+// winsorized standard deviation, t with n−2g−1 degrees of freedom).
+func trimmedMeanCI(xs []float64, gamma float64) (mean, half float64) {
+	s := slices.Sorted(slices.Values(xs))
+	n := len(s)
+	g := int(gamma * float64(n))
+	h := n - 2*g
+	for _, v := range s[g : n-g] {
+		mean += v
+	}
+	mean /= float64(h)
+	if h < 2 {
+		return mean, math.Inf(1)
+	}
+	lo, hi := s[g], s[n-g-1]
+	wm := 0.0
+	for _, v := range s {
+		wm += min(max(v, lo), hi)
+	}
+	wm /= float64(n)
+	ss := 0.0
+	for _, v := range s {
+		dv := min(max(v, lo), hi) - wm
+		ss += dv * dv
+	}
+	sw := math.Sqrt(ss / float64(n-1))
+	se := sw / (float64(h) / float64(n) * math.Sqrt(float64(n)))
+	return mean, tQuantile975(h-1) * se
+}
+
+// t975 is the 97.5 % quantile of Student's t by degrees of freedom.
+var t975 = [...]float64{math.Inf(1), 12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+	2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+	2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042}
+
+func tQuantile975(df int) float64 {
+	if df < 1 {
+		return math.Inf(1)
+	}
+	if df < len(t975) {
+		return t975[df]
+	}
+	// Cornish–Fisher expansion around the normal quantile.
+	z, v := 1.959964, float64(df)
+	return z + (z*z*z+z)/(4*v) + (5*math.Pow(z, 5)+16*z*z*z+3*z)/(96*v*v)
+}
+
+// median sorts xs and returns its median.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
 		return 0
 	}
-	return r.sum / float64(r.n)
+	slices.Sort(xs)
+	n := len(xs)
+	if n%2 == 1 {
+		return xs[n/2]
+	}
+	return (xs[n/2-1] + xs[n/2]) / 2
+}
+
+// trapsPerEvent is how many uprobe traps one event of a probe stands for:
+// two for an entry/return pair joined in BPF, one for an entry probe.
+var trapsPerEvent = func() (t [256]uint64) {
+	for _, s := range bpf.Specs() {
+		if int(s.ID) < len(t) {
+			t[s.ID] = 1
+			if s.Return != "" {
+				t[s.ID] = 2
+			}
+		}
+	}
+	return t
+}()
+
+// planDuty feeds the uprobe traps since the last call to the ledger, plans
+// the duty cycle and applies it. Main goroutine.
+func (a *Agent) planDuty(now int64) {
+	var traps uint64
+	for id := range a.probeCounts {
+		n := a.probeCounts[id].Load()
+		traps += (n - a.trapsSeen[id]) * trapsPerEvent[id]
+		a.trapsSeen[id] = n
+	}
+	if procs := len(a.att.procs); procs > 0 {
+		// Ranks issue the same collective sequence: the mean per process
+		// is each one's share.
+		a.duty.ObserveTraps(now, float64(traps)/float64(procs))
+	}
+	plan := a.duty.Plan(now)
+	a.att.applyDuty(plan)
+	a.planMu.Lock()
+	a.plan = &plan
+	a.planMu.Unlock()
+	o := plan.Overhead
+	a.counters.set("duty_escalations_granted", o.EscalationsGranted)
+	a.counters.set("duty_escalations_refused", o.EscalationsRefused)
+	a.counters.set("duty_pairs_dropped_short", o.PairsDropped.Short)
+	a.counters.set("duty_pairs_dropped_drift", o.PairsDropped.Drift)
+	a.counters.set("duty_pairs_dropped_suspect", o.PairsDropped.Suspect)
+}
+
+// writeOverheadMetrics writes the overhead ledger and cost estimate.
+func writeOverheadMetrics(m *metricWriter, o *Overhead) {
+	if o == nil {
+		return
+	}
+	b := func(v bool) float64 {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	m.gauge("slowrank_agent_overhead_budget", "Overhead budget of everything the agent adds (fraction of step time).", o.Budget)
+	m.family("slowrank_agent_overhead_spent", "Overhead spent over the ledger's horizon, by source (fraction of training time).", "gauge")
+	m.sample("slowrank_agent_overhead_spent", []string{"source", "device"}, o.Device)
+	m.sample("slowrank_agent_overhead_spent", []string{"source", "uprobes"}, o.Uprobes)
+	m.sample("slowrank_agent_overhead_spent", []string{"source", "library"}, o.Library)
+	m.sample("slowrank_agent_overhead_spent", []string{"source", "total"}, o.Total)
+	m.gauge("slowrank_agent_duty_cost_low", "Lower end of the 95 % interval of the device-collection cost.", o.Cost.Low)
+	m.gauge("slowrank_agent_duty_cost_high", "Upper end of the 95 % interval of the device-collection cost (what the ledger charges).", o.Cost.High)
+	m.gauge("slowrank_agent_duty_cost_pairs", "Paired on/off blocks behind the cost estimate.", float64(o.Cost.Pairs))
+	m.gauge("slowrank_agent_duty_cost_measured", "1 once the cost estimate is measured in this run (else the prior).", b(o.Cost.Measured))
+	m.counter("slowrank_agent_duty_escalations_granted_total", "Escalations to full device collection granted.", float64(o.EscalationsGranted))
+	m.counter("slowrank_agent_duty_escalations_refused_total", "Escalations refused because the ledger could not pay for them.", float64(o.EscalationsRefused))
 }

@@ -1,66 +1,414 @@
 package agent
 
 import (
+	"fmt"
 	"math"
+	"math/rand/v2"
 	"testing"
 	"time"
 )
 
-func TestDutyUsesPriorUntilMeasured(t *testing.T) {
-	d := NewDuty(DefaultDutyConfig())
-	p := d.Plan(0)
-	if p.Measured || math.Abs(p.OnShare-0.1) > 1e-9 {
-		t.Fatalf("prior plan = %+v, want share 0.003/0.03 = 0.1", p)
+// dutySim runs a synchronous training job against a Duty: step times with
+// jitter, a true cost of device collection on the covered part of each step,
+// the library's time-based duty cycle and escalations as the plans ask, a
+// plan every second as the agent makes.
+type dutySim struct {
+	d      *Duty
+	cfg    DutyConfig
+	rng    *rand.Rand
+	ranks  int
+	baseMS float64
+	jitter float64 // relative standard deviation of a step
+	cost   float64 // true cost of full collection
+	// slow is the job's own slowdown factor at t (nil: none).
+	slow func(t int64) float64
+	// traps is uprobe traps per second and process at t (nil: none).
+	traps func(t int64) float64
+	// suspect, when set, is asked every second whether a window turns
+	// suspicious now; Suspect gets the last 5 s as the window.
+	suspect   func(t int64) bool
+	onSuspect func(t int64, granted bool)
+
+	now      int64
+	nextPlan int64
+	plan     DutyPlan
+	escFrom  int64 // when the escalating plan was applied
+	// true spend: seconds of slowdown from collection, and training seconds
+	trueDevice, train float64
+}
+
+const simStart = int64(1000 * time.Second)
+
+func newDutySim(cfg DutyConfig, seed uint64) *dutySim {
+	s := &dutySim{d: NewDuty(cfg), cfg: cfg, rng: rand.New(rand.NewPCG(seed, 7)), ranks: 4, baseMS: 57, jitter: 0.01,
+		now: simStart, nextPlan: simStart}
+	s.plan = s.d.Plan(simStart)
+	s.nextPlan += int64(time.Second)
+	return s
+}
+
+// onTime is how long collection is on in [a, b).
+func (s *dutySim) onTime(a, b int64) int64 {
+	segs := [][2]int64{{a, b}}
+	total := int64(0)
+	if s.plan.Escalate {
+		ea, eb := max(a, s.escFrom), min(b, s.plan.EscalatedUntil)
+		if ea < eb {
+			total += eb - ea
+			segs = [][2]int64{{a, ea}, {eb, b}}
+		}
+	}
+	p := int64(s.plan.Period)
+	on := int64(time.Duration(float64(s.plan.Period) * s.plan.OnShare).Round(time.Millisecond))
+	if s.plan.OnShare >= 1 {
+		on = p
+	}
+	for _, g := range segs {
+		if g[1] <= g[0] || on <= 0 {
+			continue
+		}
+		for k := g[0] / p; k*p < g[1]; k++ {
+			if lo, hi := max(g[0], k*p), min(g[1], k*p+on); hi > lo {
+				total += hi - lo
+			}
+		}
+	}
+	return total
+}
+
+// run simulates d of training.
+func (s *dutySim) run(d time.Duration) {
+	end := s.now + int64(d)
+	for s.now < end {
+		f := 1.0
+		if s.slow != nil {
+			f = s.slow(s.now)
+		}
+		d0 := int64(s.baseMS * f * (1 + s.jitter*s.rng.NormFloat64()) * 1e6)
+		covered := float64(s.onTime(s.now, s.now+d0)) / float64(d0)
+		dur := int64(float64(d0) * (1 + s.cost*covered))
+		gpu := s.onTime(s.now, s.now+dur) == dur
+		s.trueDevice += float64(dur-d0) / 1e9
+		s.train += float64(dur) / 1e9
+		s.now += dur
+		for r := 0; r < s.ranks; r++ {
+			s.d.ObserveStep(r, s.now, float64(dur)/1e6*(1+0.001*s.rng.NormFloat64()), gpu)
+		}
+		for s.nextPlan <= s.now {
+			t := s.nextPlan
+			if s.traps != nil {
+				s.d.ObserveTraps(t, s.traps(t))
+			}
+			if s.suspect != nil && s.suspect(t) {
+				ok := s.d.Suspect(t, t-int64(5*time.Second), t)
+				if s.onSuspect != nil {
+					s.onSuspect(t, ok)
+				}
+			}
+			was := s.plan.Escalate && t < s.plan.EscalatedUntil
+			s.plan = s.d.Plan(t)
+			if s.plan.Escalate && !was {
+				s.escFrom = t
+			}
+			s.nextPlan += int64(time.Second)
+		}
 	}
 }
 
-func TestDutySteersShareByMeasuredCost(t *testing.T) {
-	tests := []struct {
-		name      string
-		onMS      float64
-		wantShare float64
-	}{
-		{"8 % cost gives a small share", 108, 0.003 / 0.08},
-		{"2 % cost", 102, 0.15},
-		{"a cost measured near zero is floored", 100, 0.2},
-		{"huge cost is bounded below", 300, 0.02},
+func TestDutyUsesPriorUntilMeasured(t *testing.T) {
+	cfg := DefaultDutyConfig()
+	d := NewDuty(cfg)
+	p := d.Plan(simStart)
+	want := (cfg.Budget*(1-cfg.EscalationReserve) - cfg.LibraryCost) / cfg.PriorCost
+	if p.Measured || p.Overhead.Cost.Measured || math.Abs(p.OnShare-want) > 1e-9 {
+		t.Fatalf("prior plan = %+v, want share %g", p, want)
 	}
-	for _, tc := range tests {
+}
+
+func TestDutyEstimateRecoversInjectedCost(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cost float64
+	}{
+		{"no cost", 0},
+		{"2 % on covered steps", 0.02},
+		{"8 % on covered steps", 0.08},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := NewDuty(DefaultDutyConfig())
-			for r := 0; r < 4; r++ {
-				for i := 0; i < 30; i++ {
-					d.ObserveStep(r, 100, false)
-					d.ObserveStep(r, tc.onMS, true)
-				}
+			s := newDutySim(DefaultDutyConfig(), 1)
+			s.cost = tc.cost
+			s.run(15 * time.Minute)
+			e := s.d.Estimate()
+			if !e.Measured || e.Pairs < s.cfg.MinPairs {
+				t.Fatalf("estimate %+v not measured", e)
 			}
-			p := d.Plan(0)
-			if !p.Measured || math.Abs(p.OnShare-tc.wantShare) > 1e-6 {
-				t.Fatalf("plan = %+v, want share %g", p, tc.wantShare)
+			if !(e.Low <= tc.cost && tc.cost <= e.High) || e.High-e.Low > 0.005 {
+				t.Fatalf("estimate %+v: interval misses the injected %g or is wider than 0.5 %%", e, tc.cost)
+			}
+			// Collection before the estimate was measured was charged at
+			// the prior; the ledger trues it up.
+			if o := s.d.Plan(s.now).Overhead; o.Device < s.trueDevice/s.train {
+				t.Fatalf("ledger charged %.5f for device collection, true cost %.5f", o.Device, s.trueDevice/s.train)
 			}
 		})
 	}
 }
 
-func TestDutyEscalationIsBounded(t *testing.T) {
+func TestDutyJobSlowdownIsNotCost(t *testing.T) {
+	period := int64(DefaultDutyConfig().Period)
+	for _, tc := range []struct {
+		name string
+		cfg  func(*DutyConfig)
+		slow func(t int64) float64
+		// suspect: escalations at these offsets into each 100 s
+		suspectEvery time.Duration
+		wantDrops    func(PairDrops) bool
+	}{
+		{
+			name: "a lasting slowdown that starts inside on-blocks",
+			// Every third period the job turns 10 % slower 100 ms into the
+			// on-block, and recovers mid-way through the next off time.
+			slow: func(t int64) float64 {
+				pos := (t - simStart) % (3 * period)
+				if pos >= period+int64(100*time.Millisecond) && pos < period+period/2 {
+					return 1.1
+				}
+				return 1
+			},
+			wantDrops: func(d PairDrops) bool { return d.Drift > 0 },
+		},
+		{
+			name: "a stall that fills an on-block",
+			// One block in 16 is stalled 40 % for most of its length.
+			slow: func(t int64) float64 {
+				if pos := (t - simStart) % (16 * period); pos < int64(500*time.Millisecond) {
+					return 1.4
+				}
+				return 1
+			},
+			wantDrops: func(PairDrops) bool { return true },
+		},
+		{
+			name: "a slowdown during each escalation",
+			// A budget that pays for every escalation; the job is 20 %
+			// slower from 2 s to 18 s into each one.
+			cfg:          func(c *DutyConfig) { c.Budget = 0.05 },
+			suspectEvery: 100 * time.Second,
+			slow: func(t int64) float64 {
+				if pos := (t - simStart) % int64(100*time.Second); pos > int64(2*time.Second) && pos < int64(18*time.Second) {
+					return 1.2
+				}
+				return 1
+			},
+			wantDrops: func(d PairDrops) bool { return d.Suspect > 0 },
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultDutyConfig()
+			if tc.cfg != nil {
+				tc.cfg(&cfg)
+			}
+			// The job starts at the period boundary: on-blocks begin
+			// at simStart + k·period.
+			s := newDutySim(cfg, 2)
+			s.cost, s.slow = 0.02, tc.slow
+			refused := 0
+			if tc.suspectEvery > 0 {
+				s.suspect = func(t int64) bool { return (t-simStart)%int64(tc.suspectEvery) == 0 && t > simStart }
+				s.onSuspect = func(_ int64, ok bool) {
+					if !ok {
+						refused++
+					}
+				}
+			}
+			s.run(20 * time.Minute)
+			e := s.d.Estimate()
+			if !e.Measured || !(e.Low <= s.cost && s.cost <= e.High) || math.Abs(e.Cost-s.cost) > 0.003 {
+				t.Fatalf("estimate %+v, want the injected %g within its interval and 0.3 %%", e, s.cost)
+			}
+			if !tc.wantDrops(s.d.drops) || refused > 0 {
+				t.Fatalf("drops %+v, %d escalations refused", s.d.drops, refused)
+			}
+		})
+	}
+}
+
+func TestDutySuspicionDropsItsPairs(t *testing.T) {
+	// One rank: blocks of 5 steps 2 % slower than the 10 off steps around
+	// them; block 6 falls into a job slowdown (+50 %) that the detector
+	// flags, before or after the block is paired.
+	for _, tc := range []struct {
+		name      string
+		suspectAt int // step index of the Suspect call
+	}{
+		{"suspicion settled before the block is paired", 6*15 + 12},
+		{"suspicion settled after the block is paired", 6*15 + 40},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := NewDuty(DefaultDutyConfig())
+			now := simStart
+			var from, to int64
+			for i := 0; i < 15*12; i++ {
+				block, pos := i/15, i%15
+				ms, on := 100.0, pos >= 10
+				if on {
+					ms = 102
+					if block == 6 {
+						ms = 150
+						if from == 0 {
+							from = now
+						}
+						to = now + 150e6
+					}
+				}
+				now += int64(ms * 1e6)
+				d.ObserveStep(0, now, ms, on)
+				if i == tc.suspectAt {
+					d.Suspect(now, from, to)
+				}
+			}
+			e := d.Estimate()
+			if e.Pairs != 10 || d.drops.Suspect != 1 || math.Abs(e.Cost-0.02) > 1e-9 {
+				t.Fatalf("estimate %+v, drops %+v: want the 10 clean blocks at 2 %%", e, d.drops)
+			}
+		})
+	}
+}
+
+func TestDutyShareFollowsUpperBound(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		jitter   float64
+		wantFull bool
+	}{
+		{"a noisy estimate near zero keeps a small share", 0.04, false},
+		{"a quiet estimate near zero allows the largest share", 0.001, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultDutyConfig()
+			s := newDutySim(cfg, 3)
+			s.jitter = tc.jitter
+			s.run(5 * time.Minute)
+			e := s.d.Estimate()
+			p := s.d.Plan(s.now)
+			if !e.Measured || math.Abs(e.Cost) > 3*(e.High-e.Low) {
+				t.Fatalf("estimate %+v: not a measured estimate near zero", e)
+			}
+			full := p.OnShare >= cfg.MaxShare
+			if full != tc.wantFull {
+				t.Fatalf("share %g (max %g) with estimate %+v: full = %v, want %v", p.OnShare, cfg.MaxShare, e, full, tc.wantFull)
+			}
+			if want := (cfg.Budget*(1-cfg.EscalationReserve) - cfg.LibraryCost) / e.High; !full && math.Abs(p.OnShare-want) > 1e-9 {
+				t.Fatalf("share %g, want budget / upper bound = %g", p.OnShare, want)
+			}
+		})
+	}
+}
+
+func TestDutyEscalationsPaidByLedger(t *testing.T) {
 	cfg := DefaultDutyConfig()
-	d := NewDuty(cfg)
-	now := int64(0)
-	if !d.Suspect(now) || !d.Plan(now).Escalate {
-		t.Fatal("first suspicion did not escalate")
+	s := newDutySim(cfg, 4)
+	s.cost = 0.02
+	type attempt struct {
+		at time.Duration
+		ok bool
 	}
-	if d.Plan(now + int64(cfg.Escalation)).Escalate {
-		t.Fatal("escalation did not end")
-	}
-	// An hour allows MaxEscalationShare*hour/Escalation = 18 escalations.
-	granted := 1
-	for i := 1; i < 100; i++ {
-		now = int64(i) * int64(30*time.Second)
-		if d.Suspect(now) {
+	var got []attempt
+	// A candidate window every 30 s, as in the healthy two-H200 run.
+	s.suspect = func(t int64) bool { return (t-simStart)%int64(30*time.Second) == 0 && t > simStart }
+	s.onSuspect = func(t int64, ok bool) { got = append(got, attempt{time.Duration(t - simStart), ok}) }
+	s.run(time.Hour)
+	granted, refused := 0, 0
+	var grants []time.Duration
+	for _, a := range got {
+		if a.ok {
 			granted++
+			grants = append(grants, a.at)
+		} else {
+			refused++
 		}
 	}
-	if granted > 18+3 || granted < 18 {
-		t.Fatalf("granted %d escalations over ~50 min, want about 18 per hour", granted)
+	o := s.d.Plan(s.now).Overhead
+	if got[0].ok {
+		t.Fatal("an escalation 30 s into the run was granted: the ledger cannot pay for it yet")
+	}
+	if granted < 2 || refused == 0 || int64(granted) != o.EscalationsGranted || int64(refused) != o.EscalationsRefused {
+		t.Fatalf("granted %d, refused %d (overhead %+v): want refusals and grants again later", granted, refused, o)
+	}
+	for i := 1; i < len(grants); i++ {
+		if grants[i]-grants[i-1] < 2*cfg.Escalation {
+			t.Fatalf("grants at %v: back to back, the ledger did not pay for them", grants)
+		}
+	}
+	if o.Total > cfg.Budget {
+		t.Fatalf("spent %g of training time, budget %g", o.Total, cfg.Budget)
+	}
+}
+
+func TestDutyUprobeSpendReducesBaseShare(t *testing.T) {
+	cfg := DefaultDutyConfig()
+	base := cfg.Budget*(1-cfg.EscalationReserve) - cfg.LibraryCost
+	for _, tc := range []struct {
+		name      string
+		perSecond float64
+		wantShare float64
+	}{
+		{"no traps", 0, base / cfg.PriorCost},
+		{"100 traps/s", 100, (base - 100*6e-6) / cfg.PriorCost},
+		{"300 traps/s", 300, (base - 300*6e-6) / cfg.PriorCost},
+		{"traps beyond the budget leave no share", 600, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := NewDuty(cfg)
+			var p DutyPlan
+			for i := int64(0); i <= 120; i++ {
+				now := simStart + i*int64(time.Second)
+				d.ObserveStep(0, now, 1000, false)
+				d.ObserveTraps(now, tc.perSecond)
+				p = d.Plan(now)
+			}
+			if math.Abs(p.OnShare-tc.wantShare) > 1e-9 {
+				t.Fatalf("share %g, want %g (overhead %+v)", p.OnShare, tc.wantShare, p.Overhead)
+			}
+			if got := p.Overhead.Uprobes; math.Abs(got-tc.perSecond*6e-6) > 1e-4 {
+				t.Fatalf("uprobe spend %g, want %g", got, tc.perSecond*6e-6)
+			}
+		})
+	}
+}
+
+// TestDutySpendWithinBudget: over random jobs (step times, noise, true cost,
+// uprobe traps, the job's own slowdowns and suspicions), the ledger's spend
+// over a simulated hour stays within the budget, and so does the true cost.
+func TestDutySpendWithinBudget(t *testing.T) {
+	for seed := uint64(1); seed <= 6; seed++ {
+		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 99))
+			cfg := DefaultDutyConfig()
+			s := newDutySim(cfg, seed)
+			s.ranks = 1 + rng.IntN(4)
+			s.baseMS = 30 + 170*rng.Float64()
+			s.jitter = 0.002 + 0.03*rng.Float64()
+			s.cost = 0.08 * rng.Float64()
+			trapLevels := []float64{0, 50 + 250*rng.Float64(), 100 * rng.Float64()}
+			s.traps = func(t int64) float64 { return trapLevels[(t/int64(7*time.Minute))%3] }
+			slowAt := int64(rng.IntN(50)) * int64(time.Minute)
+			s.slow = func(t int64) float64 {
+				if t-simStart > slowAt && t-simStart < slowAt+int64(3*time.Minute) {
+					return 1.3
+				}
+				return 1
+			}
+			pSuspect := rng.Float64() / 10
+			s.suspect = func(int64) bool { return rng.Float64() < pSuspect }
+			s.run(time.Hour)
+			o := s.d.Plan(s.now).Overhead
+			if o.Total > cfg.Budget*1.001 {
+				t.Fatalf("ledger spent %.5f (%+v), budget %g", o.Total, o, cfg.Budget)
+			}
+			if spent := s.trueDevice/s.train + o.Uprobes + o.Library; spent > cfg.Budget*1.05 {
+				t.Fatalf("true spend %.5f, ledger %.5f, budget %g (cost %g, estimate %+v)", spent, o.Total, cfg.Budget, s.cost, o.Cost)
+			}
+		})
 	}
 }

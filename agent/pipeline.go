@@ -195,7 +195,7 @@ func (p *pipeline) deliver(steps []detector.Step, topos []detector.Topology) {
 		}
 		if p.duty != nil {
 			if ms, ok := st.Phases[detector.PhaseStep]; ok {
-				p.duty.ObserveStep(st.Rank, ms, st.GPU)
+				p.duty.ObserveStep(st.Rank, st.EndNS, ms, st.GPU)
 			}
 		}
 		p.mu.Lock()
@@ -226,6 +226,7 @@ func (p *pipeline) settle(now int64) {
 		byWin[k] = append(byWin[k], v)
 	}
 	suspicious := false
+	var from, to int64 // span of the suspicious windows
 	for _, w := range windows {
 		vs := byWin[w]
 		for _, s := range p.sinks {
@@ -235,12 +236,18 @@ func (p *pipeline) settle(now int64) {
 			// A slow-looking window whose exposure is unknown asks for device
 			// records too: their GPU idle time is what can tell.
 			unknown := v.Exposure != nil && v.Exposure.Evidence == detector.EvidenceNone
-			suspicious = suspicious || v.State == detector.StateCandidate || v.State == detector.StateStraggler || unknown
+			if v.State == detector.StateCandidate || v.State == detector.StateStraggler || unknown {
+				if !suspicious || w.StartNS < from {
+					from = w.StartNS
+				}
+				to = max(to, w.EndNS)
+				suspicious = true
+			}
 		}
 	}
 	p.logAlerts(verdicts)
 	if suspicious && p.duty != nil {
-		p.duty.Suspect(now)
+		p.duty.Suspect(now, from, to)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

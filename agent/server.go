@@ -471,6 +471,7 @@ func WriteMetrics(w io.Writer, r StatusReport) {
 	m.gauge("slowrank_agent_alerts", "Active straggler alerts.", float64(len(r.Alerts)))
 	m.gauge("slowrank_agent_duty_share", "On-share of device collection.", r.DutyShare)
 	m.gauge("slowrank_agent_duty_cost_estimate", "Estimated overhead of full device collection (fraction of step time).", r.DutyCost)
+	writeOverheadMetrics(m, r.Overhead) // duty.go
 	m.family("slowrank_agent_device_collection", "Device collection state (1 for the current one).", "gauge")
 	m.sample("slowrank_agent_device_collection", []string{"state", r.DeviceState}, 1)
 	if c := r.Control; c != nil {

@@ -43,6 +43,8 @@ func (f *fakeController) Status() Status {
 		},
 		Alerts:   []detector.Verdict{v},
 		Counters: map[string]int64{"events": 1234, "probe_ncclAllReduce": 99},
+		Overhead: &Overhead{Budget: 0.003, Cost: CostEstimate{Cost: 0.02, Low: 0.018, High: 0.022, Pairs: 40, Measured: true},
+			Device: 0.0015, Uprobes: 0.001, Library: 0.0001, Total: 0.0026, EscalationsGranted: 3, EscalationsRefused: 5},
 	}
 }
 
@@ -251,6 +253,10 @@ func TestMetricsFormat(t *testing.T) {
 		`slowrank_agent_export_counter{name="export_errors"} 1`, `slowrank_agent_device_collection{state="paused"} 1`,
 		"slowrank_agent_detector_window_seconds 5",
 		`slowrank_agent_detector_phase_threshold{phase="compute"} 0.08`, `slowrank_agent_detector_phase_threshold{phase="host"} 0.15`,
+		"slowrank_agent_overhead_budget 0.003", `slowrank_agent_overhead_spent{source="uprobes"} 0.001`,
+		`slowrank_agent_overhead_spent{source="total"} 0.0026`, "slowrank_agent_duty_cost_high 0.022",
+		"slowrank_agent_duty_cost_pairs 40", "slowrank_agent_duty_cost_measured 1",
+		"slowrank_agent_duty_escalations_refused_total 5",
 	} {
 		if !strings.Contains(body, want+"\n") {
 			t.Errorf("metrics lack %q:\n%s", want, body)

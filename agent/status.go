@@ -25,6 +25,7 @@ type Status struct {
 	Recent      []detector.Verdict `json:"recent_verdicts"`
 	Procs       []ProcessView      `json:"process_list"`
 	Counters    map[string]int64   `json:"counters"`
+	Overhead    *Overhead          `json:"overhead,omitempty"` // cost estimate and budget ledger (duty.go)
 }
 
 // Status returns a snapshot; safe to call from any goroutine while Run runs.
@@ -56,6 +57,10 @@ func (a *Agent) Status() Status {
 		if p.Injected {
 			injected++
 		}
+	}
+	if d := a.dutyPlan(); d != nil {
+		o := d.Overhead // uprobes cost even without the injection library
+		st.Overhead = &o
 	}
 	if injected == 0 {
 		st.DeviceState = "no-lib"

@@ -41,7 +41,8 @@ func agentCommand() *cli.Command {
 			&cli.StringFlag{Name: "verdicts", Usage: "write verdicts and a final summary (JSONL) to this file", EnvVars: []string{"SLOWRANK_VERDICTS"}},
 			&cli.StringFlag{Name: "host-name", Usage: "host name in facts and telemetry (default: os.Hostname)", EnvVars: []string{"SLOWRANK_HOST_NAME"}},
 			&cli.StringFlag{Name: "job", Usage: "job id (default: from the processes' environment, e.g. TORCHELASTIC_RUN_ID)", EnvVars: []string{"SLOWRANK_JOB"}},
-			&cli.Float64Flag{Name: "overhead-budget", Value: agent.DefaultDutyConfig().Budget, Usage: "overhead that device-record collection may add, as a fraction of step time", EnvVars: []string{"SLOWRANK_OVERHEAD_BUDGET"}},
+			&cli.Float64Flag{Name: "overhead-budget", Value: agent.DefaultDutyConfig().Budget, Usage: "overhead the agent may add to training (uprobes, device records, escalations), as a fraction of step time", EnvVars: []string{"SLOWRANK_OVERHEAD_BUDGET"}},
+			&cli.DurationFlag{Name: "uprobe-cost", Value: agent.DefaultDutyConfig().UprobeCost, Usage: "cost of one uprobe trap in a training process, charged to the overhead budget (the H200 measured 5.4-6.9us)", EnvVars: []string{"SLOWRANK_UPROBE_COST"}},
 			&cli.BoolFlag{Name: "device-collection", Value: true, Usage: "steer the injection library's duty cycle (off: leave its default)", EnvVars: []string{"SLOWRANK_DEVICE_COLLECTION"}},
 			&cli.StringFlag{Name: "step-marker", Usage: "end a step at every return of this synchronisation call (e.g. cudaDeviceSynchronize) instead of detecting steps from the collective period", EnvVars: []string{"SLOWRANK_STEP_MARKER"}},
 			&cli.BoolFlag{Name: "probe-torch", Usage: "attach torch c10d probes: needed for gloo jobs (blocking coll_wait); NCCL jobs are seen through libnccl", EnvVars: []string{"SLOWRANK_PROBE_TORCH"}},
@@ -80,6 +81,10 @@ func agentConfig(c *cli.Context) (agent.Config, error) {
 	cfg.Duty.Budget = c.Float64("overhead-budget")
 	if !(cfg.Duty.Budget > 0 && cfg.Duty.Budget < 1) {
 		return cfg, cli.Exit(fmt.Sprintf("--overhead-budget must be in (0, 1), got %g", cfg.Duty.Budget), exitUsage)
+	}
+	cfg.Duty.UprobeCost = c.Duration("uprobe-cost")
+	if cfg.Duty.UprobeCost < 0 || cfg.Duty.UprobeCost > time.Millisecond {
+		return cfg, cli.Exit(fmt.Sprintf("--uprobe-cost must be in [0, 1ms], got %s", cfg.Duty.UprobeCost), exitUsage)
 	}
 	cfg.DeviceCollection = c.Bool("device-collection")
 	cfg.ProbeTorch = c.Bool("probe-torch")

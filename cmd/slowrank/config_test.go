@@ -62,6 +62,8 @@ func TestInvalidInputExitsTwo(t *testing.T) {
 		{"bad env value", []string{"agent"}, map[string]string{"SLOWRANK_THRESHOLD": "high"}, []string{"SLOWRANK_THRESHOLD", "high"}},
 		{"threshold out of range", []string{"agent", "--threshold", "-1"}, nil, []string{"threshold"}},
 		{"overhead budget", []string{"agent", "--overhead-budget", "2"}, nil, []string{"--overhead-budget", "(0, 1)"}},
+		{"negative uprobe cost", []string{"agent", "--uprobe-cost", "-1us"}, nil, []string{"--uprobe-cost", "[0, 1ms]"}},
+		{"bad uprobe cost from env", []string{"agent"}, map[string]string{"SLOWRANK_UPROBE_COST": "6"}, []string{"SLOWRANK_UPROBE_COST", "6"}},
 		{"bad regexp", []string{"agent", "--match", "(["}, nil, []string{"--match"}},
 		{"bad memory size", []string{"agent", "--max-memory", "lots"}, nil, []string{"--max-memory", "lots"}},
 		{"memory too small", []string{"agent", "--max-memory", "8MiB"}, nil, []string{"--max-memory", "too small"}},

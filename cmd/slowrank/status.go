@@ -290,7 +290,7 @@ func controlCommand() *cli.Command {
 				&cli.StringFlag{Name: "phase-threshold", Usage: "per-phase overrides of --threshold, e.g. host=0.15 (host=0 removes the override)"},
 				&cli.DurationFlag{Name: "floor", Usage: "absolute difference below which no window is slow"},
 				&cli.IntFlag{Name: "consecutive", Usage: "slow windows before an alert"},
-				&cli.Float64Flag{Name: "duty-budget", Usage: "overhead budget of device collection (fraction of step time)"},
+				&cli.Float64Flag{Name: "duty-budget", Usage: "overhead budget of the agent: uprobes, device records, escalations (fraction of step time)"},
 				&cli.Float64Flag{Name: "duty-share", Usage: "pin the on-share of device collection (0 < share <= 1)"},
 				&cli.BoolFlag{Name: "duty-auto", Usage: "steer the on-share by the budget again"},
 				&cli.DurationFlag{Name: "duty-period", Usage: "duty-cycle period"},
@@ -382,6 +382,9 @@ func writeStatus(w io.Writer, rep agent.StatusReport, where string, nVerdicts in
 		dev = fmt.Sprintf("%s, on %.1f%% of the time, cost estimate %.2f%%", dev, rep.DutyShare*100, rep.DutyCost*100)
 	}
 	fmt.Fprintf(w, "device     %s\n", dev)
+	if o := rep.Overhead; o != nil {
+		writeOverhead(w, *o)
+	}
 
 	fmt.Fprintf(w, "\nattached   %d processes, %d libraries\n", rep.Processes, rep.Attached)
 	if len(rep.Procs) > 0 {
@@ -494,4 +497,17 @@ func thresholdText(d agent.DetectorSettings) string {
 		over = append(over, ph+" "+strconv.FormatFloat(d.PhaseThresholds[ph], 'g', -1, 64))
 	}
 	return s + " (" + strings.Join(over, ", ") + ")"
+}
+
+// writeOverhead prints the overhead ledger and the cost estimate behind it.
+func writeOverhead(w io.Writer, o agent.Overhead) {
+	cost := fmt.Sprintf("prior %.2f%% (%d pairs so far)", o.Cost.Cost*100, o.Cost.Pairs)
+	if o.Cost.Measured {
+		cost = fmt.Sprintf("%.2f%% [%.2f%%, %.2f%%] from %d pairs", o.Cost.Cost*100, o.Cost.Low*100, o.Cost.High*100, o.Cost.Pairs)
+	}
+	fmt.Fprintf(w, "overhead   spent %.3f%% of %.3f%% (device %.3f%%, uprobes %.3f%%, lib %.3f%%)\n",
+		o.Total*100, o.Budget*100, o.Device*100, o.Uprobes*100, o.Library*100)
+	fmt.Fprintf(w, "           over %s of training; escalations %d granted, %d refused\n",
+		o.Training.Round(time.Second), o.EscalationsGranted, o.EscalationsRefused)
+	fmt.Fprintf(w, "           device collection cost %s\n", cost)
 }

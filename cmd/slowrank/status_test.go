@@ -74,6 +74,8 @@ func (f *fakeAgent) Status() agent.Status {
 		Procs: []agent.ProcessView{{PID: 4242, Rank: 0, Job: "ft-2949-1944304736853", Libraries: []string{"libcuda.so.1", "libcudart.so.12", "libnccl.so.2"}},
 			{PID: 4243, Rank: 2, Job: "ft-2949-1944304736853", Libraries: []string{"libnccl.so.2"}, Injected: true}},
 		Counters: map[string]int64{"events": 24110, "ringbuf_lost": 0, "attach_errors": 1},
+		Overhead: &agent.Overhead{Budget: 0.003, Cost: agent.CostEstimate{Cost: 0.0245, Low: 0.0205, High: 0.029, Pairs: 64, Measured: true},
+			Device: 0.0016, Uprobes: 0.0009, Library: 0.0001, Total: 0.0026, Training: time.Hour, EscalationsGranted: 4, EscalationsRefused: 110},
 	}
 }
 
@@ -145,6 +147,8 @@ func TestStatusCommand(t *testing.T) {
 		"4243", "events 24110  lost 0", "late: records 4, facts 1", "attach errors 1",
 		"otel otlp http://127.0.0.1:4318: healthy, spans 120", "verdicts /var/lib/slowrank/verdicts.jsonl",
 		"ALERTS", "rank 2    host      straggler  +58.0% vs r1", "last verdicts", "candidate",
+		"spent 0.260% of 0.300% (device 0.160%, uprobes 0.090%, lib 0.010%)", "escalations 4 granted, 110 refused",
+		"cost 2.45% [2.05%, 2.90%] from 64 pairs",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status lacks %q:\n%s", want, out)
