@@ -756,6 +756,14 @@ def parse_agent_log(path):
             if not m:
                 continue
             lvl, msg, rest = m.group(1), m.group(2).strip('"'), m.group(3)
+            if line.startswith("time="):
+                try:
+                    ts = datetime.fromisoformat(line[5:line.index(" ")].replace("Z", "+00:00")).timestamp()
+                    res["last_ts"] = ts
+                    if msg.startswith("stopping: detaching"):
+                        res["stopping_ts"] = ts
+                except ValueError:
+                    pass
             res["levels"][lvl] = res["levels"].get(lvl, 0) + 1
             if msg == "attached":
                 res["attached"] += 1
@@ -816,6 +824,7 @@ def stress(d):
     ints = [c for c in cycles if c["action"] == "int"]
     kills = [c for c in cycles if c["action"] == "kill"]
     stop_ms = [round((c["exit_us"] - c["sig_us"]) / 1000) for c in ints if c.get("exit_us") and c.get("sig_us")]
+    detach_ms = [round(1000 * (lg["last_ts"] - lg["stopping_ts"])) for lg in logs.values() if "stopping_ts" in lg]
     problems, levels, counter_errs = {}, {}, {}
     for lg in logs.values():
         for k, v in lg["problems"].items():
@@ -845,7 +854,8 @@ def stress(d):
         "agent_panics": sum(1 for lg in logs.values() if lg["panic"]),
         "agent_log_levels": levels, "agent_problems": dict(sorted(problems.items(), key=lambda kv: -kv[1])[:20]),
         "agent_error_lines": levels.get("ERROR", 0), "agent_counter_losses": counter_errs,
-        "stop_ms": quantiles(stop_ms), "max_draining_seen": max((c.get("draining", 0) for c in cycles), default=0),
+        "stop_ms": quantiles(stop_ms), "stop_ms_note": "SIGINT to the driver seeing the exit (an upper bound: the driver looks between cycles)",
+        "detach_ms_from_log": quantiles(detach_ms), "max_draining_seen": max((c.get("draining", 0) for c in cycles), default=0),
         "trainer_rc": rc, "trainer_steps": th["steps"], "trainer_final_record": th["final_record"],
         "loss_finite": th["loss_finite"], "first_loss": th["first_loss"], "last_loss": th["last_loss"],
         "trainer_fatal_patterns": th["fatal_patterns"],

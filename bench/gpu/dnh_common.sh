@@ -25,7 +25,7 @@ TRAIN_ENV=()
 if [ -n "${DRY:-}" ]; then
   PY=${DRY_PYTHON:-/usr/bin/python3}
   EXT_DRY_FLAGS=(--device cpu --shape tiny --dtype fp32 --threads 1)
-  AGENT_SELECT=(--env-key SLOWRANK_GPUDRY)
+  AGENT_SELECT=(--env-key SLOWRANK_GPUDRY --state-dir "$OUT/agent-state")
   TRAIN_ENV=(SLOWRANK_GPUDRY=1)
   if ! "$PY" -c 'import transformers' 2>/dev/null; then
     export PYTHONPATH="$ROOT/bench/gpu/drystub${PYTHONPATH:+:$PYTHONPATH}"
@@ -49,7 +49,7 @@ ext_start() {
   mkdir -p "$OUT/$name"
   env "${TRAIN_ENV[@]}" "${inj[@]}" RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 GROUP_RANK=0 \
     MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" TORCHELASTIC_RUN_ID="$name" PYTHONFAULTHANDLER=1 \
-    "$PY" bench/gpu/ext_train.py --out-dir "$OUT/$name" "$@" "${EXT_DRY_FLAGS[@]}" >"$OUT/$name-train.log" 2>&1 &
+    "$PY" bench/gpu/ext_train.py --out-dir "$OUT/$name" "$@" "${EXT_DRY_FLAGS[@]}" >"$OUT/$name-train.log" 2>&1 </dev/null &
   EXT_PID=$!
 }
 
@@ -105,11 +105,11 @@ def stop(*_):
     time.sleep(float(os.environ.get("DRY_STOP_S", "0.5"))); sys.exit(0)
 signal.signal(signal.SIGINT, stop)
 print("time=x level=INFO msg=attached library=stub", file=sys.stderr, flush=True)
-while True: time.sleep(0.05)' 2>"$log" &
+while True: time.sleep(0.05)' 2>"$log" </dev/null &
     AGENT_PID=$!
     return 0
   fi
-  "$AGENT" agent --host-name h200 "${AGENT_SELECT[@]}" "$@" 2>"$log" &
+  "$AGENT" agent --host-name h200 "${AGENT_SELECT[@]}" "$@" 2>"$log" </dev/null &
   AGENT_PID=$!
 }
 
