@@ -48,7 +48,7 @@ ext_start() {
   if [ -n "$lib" ]; then inj=(CUDA_INJECTION64_PATH="$lib"); fi
   mkdir -p "$OUT/$name"
   env "${TRAIN_ENV[@]}" "${inj[@]}" RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 GROUP_RANK=0 \
-    MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" TORCHELASTIC_RUN_ID="$name" PYTHONFAULTHANDLER=1 \
+    MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" TORCHELASTIC_RUN_ID="$name" PYTHONFAULTHANDLER=1 HF_HUB_OFFLINE=1 \
     "$PY" bench/gpu/ext_train.py --out-dir "$OUT/$name" "$@" "${EXT_DRY_FLAGS[@]}" >"$OUT/$name-train.log" 2>&1 </dev/null &
   EXT_PID=$!
 }
