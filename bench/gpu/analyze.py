@@ -15,12 +15,21 @@ NAME-verdicts.jsonl and NAME-agent.log beside them):
   analyze.py mg-c1 DIR...         C1 overhead of the ABBA run mg-c1: mean delta, bootstrap 95 % CI
   analyze.py mg-c2 DIR...         C2 deterministic OFF/ON/OFF: losses and parameters of every rank
   analyze.py mg-all OUTDIR DIR... all four into OUTDIR/multigpu-*.json; prints a short summary
+Do no harm (issue 15; bench/gpu/stress.sh, coexist.sh, c1matrix.sh, idle_lib.sh):
+  analyze.py stress-plan SEED BUDGET_S STOP_S MAX_DRAINING [MIN_CYCLES MIN_KILLS]
+                                  the seeded attach/detach/kill schedule (TSV: i action run_s)
+  analyze.py stress DIR           trainer survival, steps, cycles, kills, agent log errors
+  analyze.py coexist DIR          kernel events per profiled step with and without slowrank
+  analyze.py c1m DIR NAME         C1 of one shape: ABBA deltas, bootstrap CI, A/A noise
+  analyze.py idle DIR             idle library vs none: turn-taking processes, ABBA
+  analyze.py selftest             the pure functions above on synthetic data
 Where the agent's output is absent (a CPU dry run, or the agent failed), the
 summaries say so under "agent" instead of failing.
 """
 import bisect
 import glob
 import json
+import math
 import os
 import random
 import re
@@ -676,10 +685,543 @@ def mg_all(outdir, *dirs):
     return short
 
 
+
+# --- do no harm (issue 15): bench/gpu/stress.sh, coexist.sh, c1matrix.sh, idle_lib.sh ---
+
+
+def stress_plan(seed, budget_s, stop_s, max_draining, min_cycles=500, min_kills=50, lo=0.3, hi=3.0,
+                short_hi=0.6, overhead_s=0.08, kill_share=0.15):
+    """The seeded schedule of stress.sh: per cycle the agent's run time (from
+    its start to the signal, in [lo, hi]) and how it is stopped (int: SIGINT,
+    the agent detaches; kill: SIGKILL). A SIGINT'd agent takes stop_s to
+    detach and exit; at most max_draining of them may be detaching at once
+    (the next start waits for a slot), so SIGINT cycles cannot come faster
+    than one per stop_s / max_draining. Run times are a mixture: a share q
+    uniform in [lo, short_hi], the rest uniform in [short_hi, hi], q chosen so
+    that min_cycles cycles fit into 92 % of budget_s (at most 98 % short, so
+    that long runs always occur). Cycles are planned to fill 95 % of the
+    budget (the driver stops at the budget); at least min_kills + 10 kills
+    fall among the first min_cycles cycles, about kill_share after them."""
+    rng = random.Random(seed)
+    slot = stop_s / max(1, max_draining)
+
+    def cycle_time(m):
+        c = m + overhead_s
+        return kill_share * c + (1 - kill_share) * max(c, slot)
+    mean_short, mean_long = (lo + short_hi) / 2, (short_hi + hi) / 2
+    m_min = 0.98 * mean_short + 0.02 * mean_long
+    target = 0.92 * budget_s / min_cycles
+    m = m_min
+    if cycle_time(m_min) <= target:
+        a, b = m_min, mean_long
+        for _ in range(60):
+            mid = (a + b) / 2
+            if cycle_time(mid) <= target:
+                a = mid
+            else:
+                b = mid
+        m = a
+    q = min(0.98, max(0.0, (mean_long - m) / (mean_long - mean_short)))
+    n = max(1, int(0.95 * budget_s / cycle_time(m)))
+    runs = [round(rng.uniform(lo, short_hi) if rng.random() < q else rng.uniform(short_hi, hi), 3) for _ in range(n)]
+    head = min(n, min_cycles)
+    kills = set(rng.sample(range(head), min(head, max(min_kills + 10, round(kill_share * head)))))
+    if n > head:
+        kills |= set(rng.sample(range(head, n), min(n - head, round(kill_share * (n - head)))))
+    plan = [{"i": i, "action": "kill" if i in kills else "int", "run_s": runs[i]} for i in range(n)]
+    return {"seed": seed, "budget_s": budget_s, "stop_s": stop_s, "max_draining": max_draining,
+            "cycles_planned": n, "kills_planned": len(kills), "mean_run_s": round(statistics.fmean(runs), 3),
+            "short_share": round(q, 3), "expected_cycle_s": round(cycle_time(m), 3),
+            "fits_min_cycles": n >= min_cycles, "min_cycles": min_cycles, "min_kills": min_kills, "plan": plan}
+
+
+LOG_LINE = re.compile(r'level=(\w+) msg=("(?:[^"\\]|\\.)*"|\S+)(.*)$')
+LOG_KV = re.compile(r'(\w+)=(-?\d+)(?=\s|$)')
+
+
+def parse_agent_log(path):
+    """Counts of one agent log (slog text): lines per level, WARN/ERROR
+    messages, libraries attached, whether it began a detach (SIGINT seen),
+    the final counters line, and the panics or fatal errors of a Go crash."""
+    res = {"levels": {}, "problems": {}, "attached": 0, "stopping": False, "counters": None, "panic": False, "lines": 0}
+    if not os.path.exists(path):
+        res["missing"] = True
+        return res
+    with open(path, errors="replace") as f:
+        for line in f:
+            res["lines"] += 1
+            if line.startswith(("panic:", "fatal error:", "SIGSEGV", "unexpected fault")):
+                res["panic"] = True
+            m = LOG_LINE.search(line)
+            if not m:
+                continue
+            lvl, msg, rest = m.group(1), m.group(2).strip('"'), m.group(3)
+            if line.startswith("time="):
+                try:
+                    ts = datetime.fromisoformat(line[5:line.index(" ")].replace("Z", "+00:00")).timestamp()
+                    res["last_ts"] = ts
+                    if msg.startswith("stopping: detaching"):
+                        res["stopping_ts"] = ts
+                except ValueError:
+                    pass
+            res["levels"][lvl] = res["levels"].get(lvl, 0) + 1
+            if msg == "attached":
+                res["attached"] += 1
+            elif msg.startswith("stopping: detaching"):
+                res["stopping"] = True
+            elif msg == "counters":
+                res["counters"] = {k: int(v) for k, v in LOG_KV.findall(rest)}
+            if lvl in ("WARN", "ERROR"):
+                key = lvl + " " + re.sub(r"\d+", "N", msg)[:100]
+                res["problems"][key] = res["problems"].get(key, 0) + 1
+    return res
+
+
+FATAL_PATTERNS = ("Fatal Python error", "Segmentation fault", "core dumped", "Traceback (most recent call last)",
+                  "CUDA error", "NCCL error", "illegal memory access", "Aborted", "ncclInternalError")
+
+
+def trainer_health(run_dir, log_path):
+    """A training run's steps, losses and the fatal patterns of its log."""
+    rows = jsonl(os.path.join(run_dir, "rank0.jsonl"))
+    steps = [r for r in rows if "step_ms" in r]
+    final = next((r for r in rows if r.get("final")), None)
+    fatal = {}
+    if os.path.exists(log_path):
+        with open(log_path, errors="replace") as f:
+            for line in f:
+                for p in FATAL_PATTERNS:
+                    if p in line:
+                        fatal[p] = fatal.get(p, 0) + 1
+    losses = [r["loss"] for r in steps]
+    return {"steps": len(steps), "final_record": final is not None,
+            "loss_finite": bool(losses) and all(math.isfinite(x) for x in losses),
+            "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
+            "fatal_patterns": fatal, "steps_rows": steps, "events": [r for r in rows if "event" in r]}
+
+
+def median_ms(steps, start_ns=None, end_ns=None):
+    xs = [s["step_ms"] for s in steps if (start_ns is None or s["start_ns"] >= start_ns) and (end_ns is None or s["end_ns"] <= end_ns)]
+    return (round(statistics.median(xs), 3) if xs else None), len(xs)
+
+
+def quantiles(xs, ps=(0.5, 0.9, 0.99, 1.0)):
+    if not xs:
+        return {}
+    xs = sorted(xs)
+    return {f"p{int(p * 100)}": xs[min(len(xs) - 1, int(p * (len(xs) - 1) + 0.5))] for p in ps}
+
+
+def stress(d):
+    meta = {}
+    try:
+        with open(os.path.join(d, "stress-meta.json")) as f:
+            meta = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        pass
+    cycles = jsonl(os.path.join(d, "cycles.jsonl"))
+    logs = {c["i"]: parse_agent_log(os.path.join(d, "cyc", f"{c['i']}.log")) for c in cycles}
+    ints = [c for c in cycles if c["action"] == "int"]
+    kills = [c for c in cycles if c["action"] == "kill"]
+    stop_ms = [round((c["exit_us"] - c["sig_us"]) / 1000) for c in ints if c.get("exit_us") and c.get("sig_us")]
+    detach_ms = [round(1000 * (lg["last_ts"] - lg["stopping_ts"])) for lg in logs.values() if "stopping_ts" in lg]
+    problems, levels, counter_errs = {}, {}, {}
+    for lg in logs.values():
+        for k, v in lg["problems"].items():
+            problems[k] = problems.get(k, 0) + v
+        for k, v in lg["levels"].items():
+            levels[k] = levels.get(k, 0) + v
+        for k, v in (lg["counters"] or {}).items():
+            if v and ("error" in k or "lost" in k or "dropped" in k or "timeout" in k or "failed" in k):
+                counter_errs[k] = counter_errs.get(k, 0) + v
+    phases = {p["phase"]: p for p in jsonl(os.path.join(d, "phases.jsonl"))}
+    th = trainer_health(os.path.join(d, "stress-train"), os.path.join(d, "stress-train-train.log"))
+    med = {}
+    for name in ("pre", "stress", "post"):
+        p = phases.get(name)
+        med[name] = median_ms(th["steps_rows"], p["start_ns"], p["end_ns"]) if p else (None, 0)
+    rc = meta.get("trainer_rc")
+    res = {
+        "seed": meta.get("seed"), "stress_seconds": meta.get("stress_seconds"), "plan": meta.get("plan"),
+        "calibration": meta.get("calibration"),
+        "cycles": len(cycles), "cycles_int": len(ints), "kills": len(kills),
+        "attaches": sum(1 for c in cycles if logs[c["i"]]["attached"] > 0),
+        "detaches": sum(1 for c in ints if c.get("rc") == 0 and logs[c["i"]]["stopping"]),
+        "int_rc_nonzero": sum(1 for c in ints if c.get("rc") not in (0, None)),
+        "int_forced_kill": sum(1 for c in ints if c.get("forced")),
+        "int_before_handler": sum(1 for c in ints if c.get("rc") == 130),
+        "kill_rc_other": sum(1 for c in kills if c.get("rc") not in (137, None)),
+        "agent_panics": sum(1 for lg in logs.values() if lg["panic"]),
+        "agent_log_levels": levels, "agent_problems": dict(sorted(problems.items(), key=lambda kv: -kv[1])[:20]),
+        "agent_error_lines": levels.get("ERROR", 0), "agent_counter_losses": counter_errs,
+        "stop_ms": quantiles(stop_ms), "stop_ms_note": "SIGINT to the driver seeing the exit (an upper bound: the driver looks between cycles)",
+        "detach_ms_from_log": quantiles(detach_ms), "max_draining_seen": max((c.get("draining", 0) for c in cycles), default=0),
+        "trainer_rc": rc, "trainer_steps": th["steps"], "trainer_final_record": th["final_record"],
+        "loss_finite": th["loss_finite"], "first_loss": th["first_loss"], "last_loss": th["last_loss"],
+        "trainer_fatal_patterns": th["fatal_patterns"],
+        "step_ms_median": {k: v[0] for k, v in med.items()}, "steps_in_phase": {k: v[1] for k, v in med.items()},
+    }
+    pre, post = med["pre"][0], med["post"][0]
+    res["post_over_pre"] = round(post / pre, 4) if pre and post else None
+    res["crashes"] = (0 if rc == 0 else 1) + len(th["fatal_patterns"])
+    res["trainer_survived"] = rc == 0 and not th["fatal_patterns"] and th["loss_finite"] and th["steps"] > 0
+    res["meets_issue"] = res["trainer_survived"] and res["cycles"] >= 500 and res["kills"] >= 50
+    return res
+
+
+def profile_counts(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        return {"error": f"{path}: {e}"}
+
+
+def gpu_facts_split(facts, t_start, t_end):
+    """Steps of the agent's facts with and without device records, before,
+    during and after a time window (monotonic ns)."""
+    out = {k: {"steps": 0, "gpu": 0} for k in ("before", "during", "after")}
+    for f in facts:
+        if f.get("kind") != "step":
+            continue
+        e = f.get("end_ns", 0)
+        k = "before" if t_start is not None and e < t_start else "after" if t_end is not None and e > t_end else "during"
+        out[k]["steps"] += 1
+        out[k]["gpu"] += 1 if f.get("gpu") else 0
+    return out
+
+
+def coexist(d):
+    runs = {}
+    for r in ("a", "b", "c"):
+        name = f"co-{r}"
+        prof = profile_counts(os.path.join(d, name + "-prof.json"))
+        th = trainer_health(os.path.join(d, name), os.path.join(d, name + "-train.log"))
+        ev = {e["event"]: e for e in th["events"]}
+        k = prof.get("kernels") or []
+        run = {"kernels_per_step": k, "kernels_median": statistics.median(k) if k else None,
+               "kernels_mean": round(statistics.fmean(k), 1) if k else None,
+               "device_events_per_step": prof.get("device_events"), "parse_error": prof.get("parse_error") or prof.get("error"),
+               "parse_s": prof.get("parse_s"), "trainer_steps": th["steps"], "loss_finite": th["loss_finite"],
+               "fatal_patterns": th["fatal_patterns"], "profiler_error": (ev.get("profiler_error") or {}).get("error")}
+        ps, pe = ev.get("profiler_start"), ev.get("profiler_stop")
+        run["profiler_window_s"] = round((pe["mono_ns"] - ps["mono_ns"]) / 1e9, 2) if ps and pe else None
+        meta = {}
+        try:
+            with open(os.path.join(d, name + "-agent.json")) as f:
+                meta = json.load(f)
+        except (OSError, json.JSONDecodeError):
+            pass
+        run["agent"] = meta or None
+        facts = jsonl(os.path.join(d, name + "-facts.jsonl"))
+        if facts or meta:
+            split = gpu_facts_split(facts, ps and ps["mono_ns"], pe and pe["mono_ns"])
+            run["agent_steps"] = split
+            run["collected_after_profiler"] = split["after"]["gpu"] > 0
+            run["agent_log"] = {k: v for k, v in parse_agent_log(os.path.join(d, name + "-agent.log")).items()
+                                if k in ("levels", "problems", "attached", "counters")}
+        if r == "c" and meta.get("agent_start_ns") and k:
+            # kernels of the steps that began after the agent's start
+            ends = {s["step"]: s for s in th["steps_rows"]}
+            after = [n for lab, n in zip(prof.get("labels") or [], k)
+                     if int(lab.split("#")[1]) in ends and ends[int(lab.split("#")[1])]["start_ns"] >= meta["agent_start_ns"]]
+            before = [n for lab, n in zip(prof.get("labels") or [], k)
+                      if int(lab.split("#")[1]) in ends and ends[int(lab.split("#")[1])]["end_ns"] < meta["agent_start_ns"]]
+            run["kernels_median_before_agent"] = statistics.median(before) if before else None
+            run["kernels_median_after_agent"] = statistics.median(after) if after else None
+            run["steps_after_agent"] = len(after)
+        runs[r] = run
+    a = runs["a"]["kernels_median"]
+
+    def ratio(x):
+        return round(x / a, 4) if a and x is not None else None
+    res = {"runs": runs, "ratio_b_over_a": ratio(runs["b"]["kernels_median"]),
+           "ratio_c_over_a": ratio(runs["c"]["kernels_median"]),
+           "ratio_c_after_agent_over_a": ratio(runs["c"].get("kernels_median_after_agent"))}
+    return res
+
+
+def aa_noise(blocks, arm="off"):
+    """A/A noise from the blocks of one arm (in time order): disjoint pairs of
+    consecutive blocks, the ratio oriented alternately (later/earlier, then
+    earlier/later) as the ABBA pairs are, so that a linear drift cancels."""
+    xs = [b["mean_ms"] for b in blocks if b.get("arm") == arm and b.get("mean_ms")]
+    deltas = []
+    for j in range(len(xs) // 2):
+        e, l = xs[2 * j], xs[2 * j + 1]
+        deltas.append(100 * (l / e - 1) if j % 2 == 0 else 100 * (e / l - 1))
+    return ci_summary(deltas)
+
+
+def ci_summary(deltas):
+    lo, hi = bootstrap_ci(deltas) if len(deltas) >= 2 else (None, None)
+    return {"pairs": len(deltas), "deltas_pct": [round(x, 4) for x in deltas],
+            "mean_pct": round(statistics.fmean(deltas), 4) if deltas else None,
+            "ci95_pct": [None if lo is None else round(lo, 4), None if hi is None else round(hi, 4)],
+            "sd_pct": round(statistics.stdev(deltas), 4) if len(deltas) >= 2 else None}
+
+
+def block_means(blocks, steps):
+    out = []
+    for b in blocks:
+        xs = [s["step_ms"] for s in steps if s["start_ns"] >= b["start_ns"] and s["end_ns"] <= b["end_ns"]]
+        out.append({**b, "steps": len(xs), "mean_ms": statistics.fmean(xs) if xs else None})
+    return out
+
+
+def c1m(d, name):
+    """C1 of one shape (c1matrix.sh): c1()'s ABBA deltas and bootstrap CI over
+    pairs, with the A/A noise of the OFF blocks and of any extra A/A pairs."""
+    base = c1(d, name)
+    blocks = base["blocks"]
+    res = {"shape": None, "pairs": base["pairs"], "deltas_pct": base["deltas_pct"], "mean_pct": base["mean_pct"],
+           "ci95_pct": [base["ci95_low_pct"], base["ci95_high_pct"]],
+           "sd_pct": round(statistics.stdev(base["deltas_pct"]), 4) if len(base["deltas_pct"]) >= 2 else None,
+           "steps_per_block": [b["steps"] for b in blocks], "blocks": blocks, "design": base["design"]}
+    res["shape"] = (base["design"] or {}).get("shape")
+    res["noise_off_blocks"] = aa_noise(blocks, "off")
+    aa = {}
+    for b in blocks:
+        if b["arm"] in ("a1", "a2") and b.get("mean_ms"):
+            aa.setdefault(b["pair"], {})[b["arm"]] = b["mean_ms"]
+    extra = [100 * (v["a2"] / v["a1"] - 1) for _, v in sorted(aa.items()) if "a1" in v and "a2" in v]
+    res["noise_extra_aa"] = ci_summary(extra) if extra else None
+    offs = [b["mean_ms"] for b in blocks if b["arm"] == "off" and b.get("mean_ms")]
+    res["off_step_ms_mean"] = round(statistics.fmean(offs), 3) if offs else None
+    res["off_block_cv_pct"] = round(100 * statistics.stdev(offs) / statistics.fmean(offs), 4) if len(offs) >= 2 else None
+    for extra_file in ("warm", "otlp"):
+        try:
+            with open(os.path.join(d, f"{name}-{extra_file}.json")) as f:
+                res[extra_file] = json.load(f)
+        except (OSError, json.JSONDecodeError):
+            res[extra_file] = None
+    logs = sorted(glob.glob(os.path.join(d, f"{name}-p*-agent.log")))
+    sums, problems = {}, {}
+    for p in logs:
+        lg = parse_agent_log(p)
+        for k, v in (lg["counters"] or {}).items():
+            if k.startswith("otel_") or "error" in k:
+                sums[k] = sums.get(k, 0) + v
+        for k, v in lg["problems"].items():
+            problems[k] = problems.get(k, 0) + v
+    res["agent_runs"] = len(logs)
+    res["agent_counters_sum"] = {k: v for k, v in sorted(sums.items()) if v}
+    res["agent_problems"] = problems
+    res["bar_pct"] = 0.5
+    res["below_bar"] = res["ci95_pct"][1] is not None and res["ci95_pct"][1] < 0.5
+    return res
+
+
+def idle(d):
+    """Idle library vs none (idle_lib.sh): processes that take turns on the
+    GPU; blocks {pair, arm (lib|bare|x|y), proc, kind (ab|aa), start_ns, end_ns}."""
+    blocks = jsonl(os.path.join(d, "idle-blocks.jsonl"))
+    procs = {b["proc"] for b in blocks}
+    steps = {p: [s for s in jsonl(os.path.join(d, p, "rank0.jsonl")) if "step_ms" in s] for p in procs}
+    means = []
+    for b in blocks:
+        means.append(block_means([b], steps.get(b["proc"], []))[0])
+    pairs = {}
+    for b in means:
+        pairs.setdefault((b["kind"], b["pair"]), {})[b["arm"]] = b
+    ab, aa = [], []
+    for (kind, p), v in sorted(pairs.items()):
+        if kind == "ab" and v.get("lib", {}).get("mean_ms") and v.get("bare", {}).get("mean_ms"):
+            ab.append(100 * (v["lib"]["mean_ms"] / v["bare"]["mean_ms"] - 1))
+        if kind == "aa" and v.get("x", {}).get("mean_ms") and v.get("y", {}).get("mean_ms"):
+            aa.append(100 * (v["y"]["mean_ms"] / v["x"]["mean_ms"] - 1))
+    health = {p: {k: v for k, v in trainer_health(os.path.join(d, p), os.path.join(d, p + "-train.log")).items()
+                  if k in ("steps", "loss_finite", "fatal_patterns", "final_record")} for p in sorted(procs)}
+    design = {}
+    try:
+        with open(os.path.join(d, "idle-design.json")) as f:
+            design = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        pass
+    return {"lib_vs_bare": ci_summary(ab), "aa_same_arm_other_process": ci_summary(aa),
+            "blocks": [{k: b.get(k) for k in ("kind", "pair", "arm", "proc", "steps", "mean_ms")} for b in means],
+            "processes": health, "design": design}
+
+
+def selftest():
+    import importlib.util
+    import shutil
+    import tempfile
+    passed, failed = [0], []
+
+    def check(name, cond):
+        if cond:
+            passed[0] += 1
+        else:
+            failed.append(name)
+            print("FAIL", name)
+    # stress_plan
+    p = stress_plan(7, 390, 5.8, 10)
+    check("plan fits", p["fits_min_cycles"])
+    check("plan kills in first 500", sum(1 for c in p["plan"][:500] if c["action"] == "kill") >= 50)
+    check("plan bounds", all(0.3 <= c["run_s"] <= 3.0 for c in p["plan"]))
+    check("plan has long runs", any(c["run_s"] > 2 for c in p["plan"]))
+    check("plan seeded", stress_plan(7, 390, 5.8, 10)["plan"] == p["plan"] and stress_plan(8, 390, 5.8, 10)["plan"] != p["plan"])
+    est = sum(c["run_s"] + 0.08 for c in p["plan"][:500])
+    check("plan 500 cycles fit the budget when drains do not block", est < 390)
+    q = stress_plan(7, 390, 5.8, 1)
+    check("sequential plan says it does not fit", not q["fits_min_cycles"] and q["cycles_planned"] < 500)
+    # count_per_step of ext_train (no torch needed)
+    spec = importlib.util.spec_from_file_location("ext_train", os.path.join(os.path.dirname(os.path.abspath(__file__)), "ext_train.py"))
+    et = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(et)
+    steps = [("ext_step#2", 200.0, 290.0), ("ext_step#1", 100.0, 190.0)]
+    dev = [(50.0, True), (110.0, True), (150.0, False), (195.0, True), (210.0, True), (400.0, True)]
+    r = et.count_per_step(steps, dev)
+    check("count labels ordered", r["labels"] == ["ext_step#1", "ext_step#2"])
+    check("count kernels", r["kernels"] == [2, 2] and r["device_events"] == [3, 2] and r["before_first_step"] == 1)
+    check("kernel_like", et.kernel_like("ampere_sgemm") and not et.kernel_like("Memcpy HtoD (Pageable -> Device)")
+          and not et.kernel_like("Memset (Device)"))
+    tmp = tempfile.mkdtemp(prefix="dnh-selftest-")
+    try:
+        # agent log parsing
+        os.makedirs(os.path.join(tmp, "cyc"))
+        lines = ['time=2026-01-01T00:00:00Z level=INFO msg=attached component=agent library=libnccl.so.2 probes=18',
+                 'time=2026-01-01T00:00:00Z level=WARN msg="pause: untrack process" pid=12 err=x',
+                 'time=2026-01-01T00:00:01Z level=INFO msg="stopping: detaching and settling the last window"',
+                 'time=2026-01-01T00:00:02Z level=INFO msg=counters duty_write_errors=2 events=100 ringbuf_lost=0']
+        with open(os.path.join(tmp, "cyc", "0.log"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+        lg = parse_agent_log(os.path.join(tmp, "cyc", "0.log"))
+        check("log attached", lg["attached"] == 1 and lg["stopping"])
+        check("log counters", lg["counters"] == {"duty_write_errors": 2, "events": 100, "ringbuf_lost": 0})
+        check("log problems", lg["problems"] == {"WARN pause: untrack process": 1})
+        with open(os.path.join(tmp, "cyc", "1.log"), "w") as f:
+            f.write(lines[0] + "\npanic: runtime error\n")
+        # stress summary over a synthetic run
+        rng = random.Random(3)
+        os.makedirs(os.path.join(tmp, "stress-train"))
+        t = 1_000_000_000
+        with open(os.path.join(tmp, "stress-train", "rank0.jsonl"), "w") as f:
+            for i in range(300):
+                ms = 57 + rng.gauss(0, 0.3)
+                f.write(json.dumps({"rank": 0, "step": i, "start_ns": t, "end_ns": t + int(ms * 1e6), "step_ms": ms, "loss": 10.0 - i / 100}) + "\n")
+                t += int(ms * 1e6)
+            f.write(json.dumps({"rank": 0, "final": True, "steps": 300, "loss_finite": True}) + "\n")
+        with open(os.path.join(tmp, "stress-train-train.log"), "w") as f:
+            f.write("step 0 57 ms\n")
+        with open(os.path.join(tmp, "phases.jsonl"), "w") as f:
+            for n, (a, b) in {"pre": (0, 100), "stress": (100, 200), "post": (200, 300)}.items():
+                f.write(json.dumps({"phase": n, "start_ns": 1_000_000_000 + int(a * 57e6), "end_ns": 1_000_000_000 + int(b * 57e6)}) + "\n")
+        with open(os.path.join(tmp, "cycles.jsonl"), "w") as f:
+            f.write(json.dumps({"i": 0, "action": "int", "rc": 0, "sig_us": 10, "exit_us": 5_000_010, "draining": 3}) + "\n")
+            f.write(json.dumps({"i": 1, "action": "kill", "rc": 137, "sig_us": 10, "exit_us": 20}) + "\n")
+        with open(os.path.join(tmp, "stress-meta.json"), "w") as f:
+            json.dump({"seed": 5, "trainer_rc": 0}, f)
+        s = stress(tmp)
+        check("stress counts", s["cycles"] == 2 and s["kills"] == 1 and s["detaches"] == 1 and s["attaches"] == 2)
+        check("stress panic", s["agent_panics"] == 1)
+        check("stress trainer", s["trainer_survived"] and s["trainer_steps"] == 300 and abs(s["post_over_pre"] - 1) < 0.02)
+        check("stress stop ms", s["stop_ms"]["p50"] == 5000 and s["max_draining_seen"] == 3)
+        with open(os.path.join(tmp, "stress-train-train.log"), "a") as f:
+            f.write("Fatal Python error: Segmentation fault\n")
+        s = stress(tmp)
+        check("stress fatal", not s["trainer_survived"] and s["crashes"] == 2)
+        # c1m: ABBA with a +1 % ON effect, drift and noise
+        name = "c1-dense"
+        os.makedirs(os.path.join(tmp, name))
+        t, rows, blocks = 0, [], []
+        for p_ in range(10):
+            for arm in (("off", "on") if p_ % 2 == 0 else ("on", "off")):
+                b0 = t
+                for _ in range(300):
+                    ms = 57 * (1 + 0.0005 * p_) * (1.01 if arm == "on" else 1.0) + rng.gauss(0, 0.5)
+                    rows.append({"rank": 0, "step": len(rows), "start_ns": t, "end_ns": t + int(ms * 1e6), "step_ms": ms, "loss": 1.0})
+                    t += int(ms * 1e6)
+                blocks.append({"pair": p_, "arm": arm, "start_ns": b0, "end_ns": t})
+        for p_ in (10, 11):
+            for arm in (("a1", "a2") if p_ % 2 == 0 else ("a2", "a1")):
+                b0 = t
+                for _ in range(300):
+                    ms = 57 + rng.gauss(0, 0.5)
+                    rows.append({"rank": 0, "step": len(rows), "start_ns": t, "end_ns": t + int(ms * 1e6), "step_ms": ms, "loss": 1.0})
+                    t += int(ms * 1e6)
+                blocks.append({"pair": p_, "arm": arm, "start_ns": b0, "end_ns": t})
+        with open(os.path.join(tmp, name, "rank0.jsonl"), "w") as f:
+            f.writelines(json.dumps(r_) + "\n" for r_ in rows)
+        with open(os.path.join(tmp, name + "-blocks.jsonl"), "w") as f:
+            f.writelines(json.dumps(b) + "\n" for b in blocks)
+        with open(os.path.join(tmp, name + "-design.json"), "w") as f:
+            json.dump({"shape": "dense"}, f)
+        c = c1m(tmp, name)
+        check("c1m pairs", c["pairs"] == 10 and c["shape"] == "dense")
+        check("c1m mean ~1 %", abs(c["mean_pct"] - 1.0) < 0.1 and c["ci95_pct"][0] < 1.0 < c["ci95_pct"][1])
+        check("c1m noise ~0", c["noise_off_blocks"]["pairs"] == 5 and abs(c["noise_off_blocks"]["mean_pct"]) < 0.2)
+        check("c1m extra aa", c["noise_extra_aa"]["pairs"] == 2 and abs(c["noise_extra_aa"]["mean_pct"]) < 0.2)
+        check("c1m steps per block", all(n == 299 or n == 300 for n in c["steps_per_block"]))
+        # idle: processes L0 L1 (lib) N0 N1 (bare), +0.3 % for the library
+        t = 0
+        per = {k: [] for k in ("L0", "L1", "N0", "N1")}
+        iblocks = []
+        seq = [("ab", i, ("lib", "bare") if i % 2 == 0 else ("bare", "lib")) for i in range(8)] + [("aa", 0, ("x", "y")), ("aa", 1, ("y", "x"))]
+        for kind, i, arms in seq:
+            for arm in arms:
+                proc = {"lib": f"L{i % 2}", "bare": f"N{(i // 2) % 2}", "x": "N0", "y": "N1"}[arm]
+                b0 = t
+                for _ in range(200):
+                    ms = 57 * (1.003 if proc.startswith("L") else 1.0) + rng.gauss(0, 0.4)
+                    per[proc].append({"rank": 0, "step": len(per[proc]), "start_ns": t, "end_ns": t + int(ms * 1e6), "step_ms": ms, "loss": 1.0})
+                    t += int(ms * 1e6)
+                iblocks.append({"kind": kind, "pair": i, "arm": arm, "proc": proc, "start_ns": b0, "end_ns": t})
+        for k, v in per.items():
+            os.makedirs(os.path.join(tmp, k))
+            with open(os.path.join(tmp, k, "rank0.jsonl"), "w") as f:
+                f.writelines(json.dumps(r_) + "\n" for r_ in v)
+        with open(os.path.join(tmp, "idle-blocks.jsonl"), "w") as f:
+            f.writelines(json.dumps(b) + "\n" for b in iblocks)
+        i_ = idle(tmp)
+        check("idle pairs", i_["lib_vs_bare"]["pairs"] == 8 and i_["aa_same_arm_other_process"]["pairs"] == 2)
+        check("idle mean ~0.3 %", abs(i_["lib_vs_bare"]["mean_pct"] - 0.3) < 0.1)
+        # coexist
+        for r_, ks in (("a", [1000] * 13), ("b", [990] * 13), ("c", [0] * 5 + [1000] * 8)):
+            nm = f"co-{r_}"
+            os.makedirs(os.path.join(tmp, nm))
+            with open(os.path.join(tmp, nm + "-prof.json"), "w") as f:
+                json.dump({"labels": [f"ext_step#{100 + j}" for j in range(len(ks))], "kernels": ks, "parse_error": None}, f)
+            with open(os.path.join(tmp, nm, "rank0.jsonl"), "w") as f:
+                for j in range(120):
+                    f.write(json.dumps({"rank": 0, "step": j + 90, "start_ns": j * 100, "end_ns": j * 100 + 100, "step_ms": 57.0, "loss": 1.0}) + "\n")
+                f.write(json.dumps({"rank": 0, "event": "profiler_start", "mono_ns": 1000}) + "\n")
+                f.write(json.dumps({"rank": 0, "event": "profiler_stop", "mono_ns": 2300}) + "\n")
+            if r_ != "a":
+                with open(os.path.join(tmp, nm + "-facts.jsonl"), "w") as f:
+                    for e in (500, 1500, 2500, 2600):
+                        f.write(json.dumps({"kind": "step", "end_ns": e, "gpu": e != 1500}) + "\n")
+                with open(os.path.join(tmp, nm + "-agent.json"), "w") as f:
+                    json.dump({"agent_start_ns": 1500}, f)
+        co = coexist(tmp)
+        check("coexist ratios", co["ratio_b_over_a"] == 0.99 and co["ratio_c_over_a"] == 1.0)
+        check("coexist c after agent", co["runs"]["c"]["kernels_median_after_agent"] == 1000
+              and co["runs"]["c"]["kernels_median_before_agent"] == 0)
+        check("coexist after profiler", co["runs"]["b"]["collected_after_profiler"]
+              and co["runs"]["b"]["agent_steps"]["during"] == {"steps": 1, "gpu": 0})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{passed[0]} passed, {len(failed)} failed")
+    return {"passed": passed[0], "failed": failed}
+
+
 def main(argv):
+    if len(argv) == 2 and argv[1] == "selftest":
+        sys.exit(1 if selftest()["failed"] else 0)
     if len(argv) < 3:
         sys.exit(__doc__)
     kind, rest = argv[1], argv[2:]
+    if kind == "stress-plan":
+        seed, budget, stop_s, drain = int(rest[0]), float(rest[1]), float(rest[2]), int(rest[3])
+        extra = [int(x) for x in rest[4:6]]
+        res = stress_plan(seed, budget, stop_s, drain, *extra)
+        print(json.dumps(res, indent=1))
+        return
+    if kind in ("stress", "coexist", "c1m", "idle"):
+        res = {"stress": stress, "coexist": coexist, "c1m": c1m, "idle": idle}[kind](*rest)
+        print(json.dumps(res, indent=1, default=list))
+        return
     if kind == "mg-all":
         if len(rest) < 2:
             sys.exit("usage: analyze.py mg-all OUTDIR DIR...")
