@@ -26,7 +26,7 @@ const (
 	kernelFlagSerial    = 0x1
 	nameFlagTruncated   = 0x1
 	numClasses          = 0x6
-	numStats            = 0x1b
+	numStats            = 0x1c
 	defaultDutyOnMs     = 0xc8
 	defaultDutyPeriodMs = 0x4e20
 )

@@ -180,7 +180,8 @@ struct slowrank_name_record {
 #define SLOWRANK_STAT_CONTROL_REJECTED    24 /* configurations refused as out of bounds (period < minimum) */
 #define SLOWRANK_STAT_REENABLED           25 /* kinds enabled again after a toggle raced another client's start */
 #define SLOWRANK_STAT_SETUPS              26 /* callback (re)registrations */
-#define SLOWRANK_STAT_COUNT               27
+#define SLOWRANK_STAT_CLOCK_CONVERTED     27 /* records on another clock (CLOCK_REALTIME, TSC) mapped to CLOCK_MONOTONIC */
+#define SLOWRANK_STAT_COUNT               28
 
 struct slowrank_stats_record {
 	uint16_t kind;     /* 0 SLOWRANK_REC_STATS */

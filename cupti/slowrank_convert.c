@@ -74,6 +74,7 @@ struct slowrank_conv {
 	uint16_t clock_source;
 	int64_t clock_offset;
 	uint64_t win_lo, win_hi; /* plausible CLOCK_MONOTONIC range, 0/0: unchecked */
+	struct slowrank_clocks clocks;
 	uint32_t clock_bracket;
 	uint32_t generation;
 
@@ -415,22 +416,69 @@ void slowrank_conv_set_window(struct slowrank_conv *c, uint64_t lo_ns, uint64_t 
 	c->win_hi = hi_ns;
 }
 
+void slowrank_conv_set_clocks(struct slowrank_conv *c, const struct slowrank_clocks *k)
+{
+	c->clocks = *k;
+}
+
+static int in_window(const struct slowrank_conv *c, uint64_t s, uint64_t e)
+{
+	return s >= c->win_lo && e <= c->win_hi;
+}
+
+/* Maps s, e from CLOCK_REALTIME or TSC ticks onto CLOCK_MONOTONIC when
+ * they lie as near to that clock's now as records lie to ours. */
+static int other_clock(const struct slowrank_conv *c, uint64_t s, uint64_t e, uint64_t *os, uint64_t *oe)
+{
+	const struct slowrank_clocks *k = &c->clocks;
+	if (k->mono_ns == 0 || c->win_hi <= k->mono_ns)
+		return 0;
+	uint64_t past = k->mono_ns - c->win_lo, future = c->win_hi - k->mono_ns;
+	if (k->real_ns > k->mono_ns && s + past >= k->real_ns && e <= k->real_ns + future) {
+		uint64_t d = k->real_ns - k->mono_ns;
+		if (s > d) {
+			*os = s - d;
+			*oe = e - d;
+			return 1;
+		}
+	}
+	if (k->tsc != 0 && k->tsc_per_ns > 0) {
+		double lo = (double)k->tsc - (double)past * k->tsc_per_ns;
+		double hi = (double)k->tsc + (double)future * k->tsc_per_ns;
+		if ((double)s >= lo && (double)e <= hi) {
+			double ms = (double)k->mono_ns - ((double)k->tsc - (double)s) / k->tsc_per_ns;
+			double me = (double)k->mono_ns - ((double)k->tsc - (double)e) / k->tsc_per_ns;
+			if (ms > 0 && me >= ms) {
+				*os = (uint64_t)ms;
+				*oe = (uint64_t)me;
+				return 1;
+			}
+		}
+	}
+	return 0;
+}
+
 /* Maps a CUPTI timestamp pair to CLOCK_MONOTONIC: 1, or 0 when unusable,
  * -1 when outside the plausible window (another client's clock). */
-static int map_times(const struct slowrank_conv *c, uint64_t s, uint64_t e, uint64_t *os, uint64_t *oe)
+static int map_times(struct slowrank_conv *c, uint64_t s, uint64_t e, uint64_t *os, uint64_t *oe)
 {
+	uint64_t raw_s = s, raw_e = e;
 	if (s == 0 || e == 0 || e < s)
 		return 0;
 	if (c->clock_offset != 0) {
 		int64_t ms = (int64_t)s + c->clock_offset;
 		int64_t me = (int64_t)e + c->clock_offset;
-		if (ms <= 0 || me <= 0)
-			return 0;
-		s = (uint64_t)ms;
-		e = (uint64_t)me;
+		s = ms > 0 ? (uint64_t)ms : 0;
+		e = me > 0 ? (uint64_t)me : 0;
 	}
-	if (c->win_hi != 0 && (s < c->win_lo || e > c->win_hi))
-		return -1;
+	if (c->win_hi != 0 && (s == 0 || !in_window(c, s, e))) {
+		if (!other_clock(c, raw_s, raw_e, os, oe))
+			return -1;
+		c->counters[SLOWRANK_STAT_CLOCK_CONVERTED]++;
+		return 1;
+	}
+	if (s == 0 || e == 0)
+		return 0;
 	*os = s;
 	*oe = e;
 	return 1;

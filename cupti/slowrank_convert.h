@@ -71,6 +71,19 @@ void slowrank_conv_set_clock(struct slowrank_conv *c, uint16_t source, int64_t o
  * another clock (another CUPTI client replaced the timestamp callback):
  * dropped and counted in SLOWRANK_STAT_FOREIGN_CLOCK. hi_ns 0: no check. */
 void slowrank_conv_set_window(struct slowrank_conv *c, uint64_t lo_ns, uint64_t hi_ns);
+
+/* Other clocks a record may be on when another CUPTI client replaced the
+ * timestamp callback and CUPTI kept it (Kineto's TSC ticks, CUPTI's default
+ * CLOCK_REALTIME), read when the buffer arrived. A record outside the
+ * window but near one of them is mapped to CLOCK_MONOTONIC and counted in
+ * SLOWRANK_STAT_CLOCK_CONVERTED. Zero fields: that clock is not tried. */
+struct slowrank_clocks {
+	uint64_t mono_ns;       /* CLOCK_MONOTONIC now */
+	uint64_t real_ns;       /* CLOCK_REALTIME now */
+	uint64_t tsc;           /* time-stamp counter now */
+	double tsc_per_ns;      /* its rate, measured against CLOCK_MONOTONIC */
+};
+void slowrank_conv_set_clocks(struct slowrank_conv *c, const struct slowrank_clocks *k);
 /* Control generation reported in batch headers. */
 void slowrank_conv_set_generation(struct slowrank_conv *c, uint32_t generation);
 /* Starts a new attach epoch: every name is sent again before its next use

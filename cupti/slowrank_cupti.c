@@ -181,6 +181,7 @@ static struct {
 	/* conversion (guarded by mu) */
 	pthread_mutex_t mu;
 	struct slowrank_conv *conv;
+	uint64_t mono0, tsc0; /* at InitializeInjection: the TSC's rate */
 	int dump_fd;
 
 	/* buffer pool (lock-free for bufferRequested) */
@@ -222,6 +223,27 @@ static uint64_t mono_ns(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* The time-stamp counter (Kineto's clock on x86 and arm64), 0 elsewhere. */
+static uint64_t tsc_now(void)
+{
+#if defined(__x86_64__)
+	return __builtin_ia32_rdtsc();
+#elif defined(__aarch64__)
+	uint64_t v;
+	__asm__ __volatile__("mrs %0, cntvct_el0" : "=r"(v));
+	return v;
+#else
+	return 0;
+#endif
+}
+
+static uint64_t real_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
@@ -583,6 +605,10 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
 			uint64_t before = slowrank_conv_counter(g.conv, SLOWRANK_STAT_FOREIGN_CLOCK);
 			slowrank_conv_set_window(g.conv, now > SR_CLOCK_PAST_NS ? now - SR_CLOCK_PAST_NS : 1,
 						 now + SR_CLOCK_FUTURE_NS);
+			struct slowrank_clocks k = {.mono_ns = now, .real_ns = real_ns(), .tsc = tsc_now()};
+			if (k.tsc > g.tsc0 && g.tsc0 != 0 && now - g.mono0 > 1000000000ull)
+				k.tsc_per_ns = (double)(k.tsc - g.tsc0) / (double)(now - g.mono0);
+			slowrank_conv_set_clocks(g.conv, &k);
 			slowrank_convert_buffer(g.conv, buffer, valid, cupti_next, NULL);
 			if (slowrank_conv_counter(g.conv, SLOWRANK_STAT_FOREIGN_CLOCK) != before)
 				atomic_store(&g.foreign_clock, 1);
@@ -1358,6 +1384,8 @@ SR_EXPORT int InitializeInjection(void)
 	if (!atomic_compare_exchange_strong(&g.initialized, &expected, 1))
 		return 1;
 	g.pid = getpid();
+	g.mono0 = mono_ns();
+	g.tsc0 = tsc_now();
 	g.debug = env_flag("SLOWRANK_CUPTI_DEBUG");
 	g.quiet = env_flag("SLOWRANK_CUPTI_QUIET") && !g.debug;
 	if (env_flag("SLOWRANK_CUPTI_DISABLE")) {

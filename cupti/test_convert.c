@@ -503,6 +503,37 @@ static void test_clock_offset(void)
 	capture_reset(&CAP);
 }
 
+static void test_other_clocks(void)
+{
+	/* CLOCK_MONOTONIC now = 1000 s; window [now - 600 s, now + 60 s]. */
+	const uint64_t mono = 1000000000000ull, real = 1700000000000000000ull, tsc = 2500000000000ull;
+	capture_reset(&CAP);
+	S.len = 0;
+	struct slowrank_conv *c = new_conv(&CAP);
+	slowrank_conv_set_window(c, mono - 600000000000ull, mono + 60000000000ull);
+	struct slowrank_clocks k = {.mono_ns = mono, .real_ns = real, .tsc = tsc, .tsc_per_ns = 2.5};
+	slowrank_conv_set_clocks(c, &k);
+	add_kernel(&S, GEMM, mono - 2000000, mono - 1000000, 1);          /* ours */
+	add_kernel(&S, GEMM, real - 3000000, real - 2000000, 2);          /* CUPTI's default clock */
+	add_kernel(&S, GEMM, tsc - 10000000, tsc - 5000000, 3);           /* TSC ticks: 4 ms..2 ms ago */
+	add_kernel(&S, GEMM, 3 * mono + 12345, 3 * mono + 22345, 4);      /* an unknown clock: dropped */
+	slowrank_convert_buffer(c, S.buf, S.len, synth_next, NULL);
+	decode_all(&CAP, &D, 1);
+	CHECK_EQ(D.n, 4); /* name + three kernels */
+	const struct slowrank_kernel_record *k1 = (const void *)D.r[1].p;
+	const struct slowrank_kernel_record *k2 = (const void *)D.r[2].p;
+	const struct slowrank_kernel_record *k3 = (const void *)D.r[3].p;
+	CHECK_EQ(k1->start_ns, mono - 2000000);
+	CHECK_EQ(k2->start_ns, mono - 3000000);
+	CHECK_EQ(k2->end_ns, mono - 2000000);
+	CHECK_EQ(k3->start_ns, mono - 4000000);
+	CHECK_EQ(k3->end_ns, mono - 2000000);
+	CHECK_EQ(slowrank_conv_counter(c, SLOWRANK_STAT_CLOCK_CONVERTED), 2);
+	CHECK_EQ(slowrank_conv_counter(c, SLOWRANK_STAT_FOREIGN_CLOCK), 1);
+	slowrank_conv_free(c);
+	capture_reset(&CAP);
+}
+
 static void test_truncated(void)
 {
 	capture_reset(&CAP);
@@ -768,6 +799,7 @@ int main(int argc, char **argv)
 	} tests[] = {
 		{"basic", test_basic},
 		{"clock_offset", test_clock_offset},
+		{"other_clocks", test_other_clocks},
 		{"truncated", test_truncated},
 		{"long_name", test_long_name},
 		{"many_records", test_many_records},

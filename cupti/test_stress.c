@@ -267,7 +267,15 @@ static uint8_t *k_bufs[4096];
 static uint8_t *k_seen; /* ids delivered to Kineto with timestamps */
 static uint64_t k_unknown, k_sessions, k_finalizes, k_checked, k_missing, k_races;
 
-static uint64_t CUPTIAPI k_clock(void) { return now_ns() * 3 + 12345; } /* TSC-like ticks */
+/* Kineto's clock: TSC ticks (getApproximateTime), not nanoseconds. */
+static uint64_t CUPTIAPI k_clock(void)
+{
+#if defined(__x86_64__)
+	return __builtin_ia32_rdtsc();
+#else
+	return now_ns() * 3 + 12345;
+#endif
+}
 
 static void CUPTIAPI k_req(uint8_t **buf, size_t *size, size_t *max)
 {

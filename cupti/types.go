@@ -186,6 +186,7 @@ const (
 	StatControlRejected   Stat = 24 // configurations refused as out of bounds
 	StatReenabled         Stat = 25 // kinds enabled again after a toggle raced another client
 	StatSetups            Stat = 26 // callback (re)registrations
+	StatClockConverted    Stat = 27 // records on another clock (CLOCK_REALTIME, TSC) mapped to CLOCK_MONOTONIC
 	NumStats                   = numStats
 )
 
@@ -194,7 +195,7 @@ var statNames = [...]string{
 	"names_overflow", "buffers_requested", "buffers_refused", "buffers_completed", "batches",
 	"batch_bytes", "flushes", "enables", "attaches", "cupti_errors", "on_ns", "discarded_detached",
 	"yields", "yielded_ns", "buffers_orphaned", "foreign_clock", "lease_expired", "control_rejected",
-	"reenabled", "setups",
+	"reenabled", "setups", "clock_converted",
 }
 
 func (s Stat) String() string {
