@@ -135,6 +135,11 @@ static const CUpti_ActivityKind sr_kinds[] = {
 #define SR_HAND_BACK_NS  (50ull * 1000000ull)
 #define SR_SUSPECT_NS    (500ull * 1000000ull)
 #define SR_ON_POLL_NS    (2ull * 1000000ull)
+/* Collection time after a (re)registration in which CUPTI must ask for a
+ * buffer at least once; if it never does, its records go to another
+ * client's callbacks (seen on CUDA 13.0 after a torch.profiler session that
+ * ran before this library's first use of CUPTI): collection stops. */
+#define SR_NO_BUFFER_NS  (30ull * 1000000000ull)
 #define SR_POOL_MAX      64
 
 struct pool_slot {
@@ -171,6 +176,8 @@ static struct {
 	uint64_t fast_until; /* poll every 1 ms until then: a toggle may have raced another client */
 	uint64_t hand_back_at; /* forced flush due: CUPTI keeps no buffer of ours while off */
 	uint64_t suspect_until; /* signs of another client: no CUPTI call until then (the agent decides) */
+	uint64_t requested_at_setup; /* c_requested when the callbacks were last registered */
+	uint64_t on_ns_at_setup;     /* c_on_ns then */
 	_Atomic int foreign_clock; /* records on another clock seen: re-register ours */
 	int refusal_printed;
 	int on;          /* kinds enabled */
@@ -826,6 +833,8 @@ static int setup_cupti(void)
 	}
 	g.need_setup = 0;
 	g.ready = 1;
+	g.requested_at_setup = atomic_load(&g.c_requested);
+	g.on_ns_at_setup = atomic_load(&g.c_on_ns);
 	set_status_flag(SLOWRANK_STATUS_CUPTI_READY, 1);
 	DEBUGF("CUPTI ready (clock: %s)", g.ts_callback ? "monotonic callback" : "calibrated");
 	return 1;
@@ -1156,6 +1165,16 @@ static int lease_expired(uint64_t now)
 	return expired;
 }
 
+/* CUPTI never asked for a buffer in SR_NO_BUFFER_NS of collection since
+ * the callbacks were registered. */
+static int no_buffers_since_setup(uint64_t now)
+{
+	if (atomic_load(&g.c_requested) != g.requested_at_setup)
+		return 0;
+	uint64_t on = atomic_load(&g.c_on_ns) + (now - g.on_since) - g.on_ns_at_setup;
+	return on >= SR_NO_BUFFER_NS;
+}
+
 /* One poll while attached; *wake gets the time to the next boundary. */
 static void attached_tick(uint64_t now, uint64_t *wake)
 {
@@ -1185,6 +1204,16 @@ static void attached_tick(uint64_t now, uint64_t *wake)
 		collection_on(reason, now);
 	else if (!want && g.on)
 		collection_off(reason, now);
+	if (g.on && no_buffers_since_setup(now)) {
+		collection_off(SLOWRANK_REASON_ERROR, now);
+		g.refused = 1;
+		atomic_fetch_add(&g.c_cupti_errors, 1);
+		set_state(SLOWRANK_STATE_REFUSED);
+		if (!g.quiet)
+			logline("CUPTI asked this library for no buffer in %llu s of collection: its records go to another "
+				"client's callbacks; device collection off until the agent attaches again",
+				(unsigned long long)(SR_NO_BUFFER_NS / 1000000000ull));
+	}
 	if (!g.refused)
 		set_state(g.on ? SLOWRANK_STATE_ON : SLOWRANK_STATE_OFF_PHASE);
 	if (!g.on && g.hand_back_at != 0 && now >= g.hand_back_at) {
