@@ -73,6 +73,9 @@ type ProcessView struct {
 	Job       string   `json:"job"`
 	Libraries []string `json:"libraries"`
 	Injected  bool     `json:"injected"`
+	// CUPTI is the injection library's state ("on", "off_phase", "yielded"
+	// ...), with the other CUPTI client's thread when it yields to one.
+	CUPTI string `json:"cupti,omitempty"`
 }
 
 func newAttacher(a *Agent) *attacher {
@@ -374,6 +377,12 @@ func (t *attacher) refreshView() {
 	view := make([]ProcessView, 0, len(t.procs))
 	for _, pe := range t.procs {
 		pv := ProcessView{PID: pe.proc.PID, Rank: pe.rank, Job: pe.job, Injected: pe.inject != nil}
+		if pe.cupti.read {
+			pv.CUPTI = pe.cupti.lastBlock.Status.State.String()
+			if active, _ := pe.cupti.track.decision(); active {
+				pv.CUPTI = fmt.Sprintf("yielded to another CUPTI client (pid %d, thread %d)", pe.proc.PID, pe.cupti.track.foreignTID)
+			}
+		}
 		for f := range pe.libs {
 			if le := t.libs[f]; le != nil {
 				pv.Libraries = append(pv.Libraries, filepath.Base(le.path))

@@ -158,6 +158,7 @@ type cuptiState struct {
 // yield decision where the library waits for it or where it changed; it
 // also refreshes duty configurations before their lease runs out.
 func (t *attacher) tendCUPTI(now int64) {
+	tended := false
 	for _, pe := range t.procs {
 		if pe.inject == nil {
 			continue
@@ -166,6 +167,10 @@ func (t *attacher) tendCUPTI(now int64) {
 			t.a.counters.add("cupti_control_errors", 1)
 			t.a.log.Debug("injection library control block", "pid", pe.proc.PID, "err", err)
 		}
+		tended = true
+	}
+	if tended {
+		t.refreshView() // the libraries' states in status
 	}
 }
 

@@ -19,12 +19,17 @@
 //
 // Until an agent attaches, the library makes no CUPTI call at all: nothing is
 // enabled and no buffer is allocated, so an idle library costs a 50 ms poll.
-// When an agent attaches, the library probes cuptiSubscribe (and releases the
-// subscription at once, leaving it to Kineto); if CUPTI refuses (another
-// subscriber such as nsys, CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED,
-// insufficient privileges, no driver) it prints one line, counts it, sets
-// StateRefused and stays out of the way until the next attach. Otherwise it
-// registers its buffer callbacks and, where the libcupti has it,
+// When an agent attaches, the library probes cuptiSubscribe once (and releases
+// the subscription at once) to report whether another client holds CUPTI
+// (StatusForeignSubscriber: Kineto keeps the slot from its first profiling
+// session on), then makes no CUPTI call until the agent has decided whether
+// another client is active (Yield, written with WriteYield; the agent sees
+// other clients' calls with uprobes on libcupti). While one is (Kineto,
+// nsys), the library makes no CUPTI call (StateYielded), so that client's
+// trace is complete; when it is gone the library registers its callbacks and
+// clock again and resumes. A CUPTI error (privileges, no driver) sets
+// StateRefused until the next attach. To use CUPTI it registers its buffer
+// callbacks and, where the libcupti has it,
 // cuptiActivityRegisterTimestampCallback returning CLOCK_MONOTONIC, before
 // enabling any kind; without it, it calibrates CUPTI's clock against
 // CLOCK_MONOTONIC (tightest of 16 brackets, every second) and applies the

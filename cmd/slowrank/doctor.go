@@ -612,6 +612,15 @@ func injectionState(pid int, lib agent.Library) (string, error) {
 		return "", err
 	}
 	s := "library " + cb.Status.State.String()
+	if cb.Status.State == cupti.StateYielded {
+		s = "library yielded to another CUPTI client (torch.profiler/Kineto, nsys) in this process"
+	}
+	if cb.Status.Flags&cupti.StatusWaiting != 0 {
+		s += ", waiting for the agent's decision about other CUPTI clients"
+	}
+	if n := cb.Status.Yields; n > 0 {
+		s += fmt.Sprintf(", yielded %d times (%s)", n, cb.Status.YieldedTotal.Round(time.Second))
+	}
 	if v := cb.Status.CUPTIVersion; v != 0 {
 		s += fmt.Sprintf(", CUPTI API %d", v)
 	}
