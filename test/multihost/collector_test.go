@@ -131,12 +131,14 @@ service:
 			end := testutil.MonoNow() + int64(h)*int64(24*time.Hour)
 			for i := range 2 {
 				r := 2*h + i
-				host := 10.0
+				// Rank 2's extra host time is exposed: its peers wait
+				// for it in their collectives (the detector's evidence).
+				host, wait := 10.0, 3.0
 				if r == 2 {
-					host = 13
+					host, wait = 13, 0
 				}
 				f.Step(detector.Step{Kind: detector.KindStep, Job: "cj", Rank: r, Step: step, StartNS: end - 50e6, EndNS: end,
-					Phases: map[string]float64{detector.PhaseHost: host, detector.PhaseStep: 50}}, 0)
+					Phases: map[string]float64{detector.PhaseHost: host, detector.PhaseCollWait: wait, detector.PhaseStep: 50}}, 0)
 			}
 		}
 	drain:
