@@ -168,9 +168,11 @@ func TestAgentFindsTheSlowRank(t *testing.T) {
 	testutil.RequireAgent(t, "to attach uprobes")
 	// The stall starts after 3 windows of healthy steps: without device
 	// records or collective waits, its exposure shows against the job's own
-	// step time (DESIGN.md section 4).
-	sink, _, _ := ncclJob.run(t, time.Second, "--duration", "14", "--step-ms", "10", "--gpu-ms", "15",
-		"--slow-rank", "1", "--slow-from-step", "200", "--slow-host-ms", "8")
+	// step time (DESIGN.md section 4). Steps appear once their cycle held
+	// for 2 s, later still on a loaded machine, so the stall starts at about
+	// 8 s (step 400 of ~20 ms) and runs for 8 s.
+	sink, _, _ := ncclJob.run(t, time.Second, "--duration", "16", "--step-ms", "10", "--gpu-ms", "15",
+		"--slow-rank", "1", "--slow-from-step", "400", "--slow-host-ms", "8")
 	checkOnlyRank1HostStraggler(t, sink.verdicts)
 }
 
