@@ -250,7 +250,9 @@ loop:
 	}
 	a.log.Info("stopping: detaching and settling the last window")
 	stopWatch()
+	detachStart := time.Now()
 	a.att.detachAll()
+	a.log.Debug("detached", "took", time.Since(detachStart).Round(time.Millisecond))
 	if err := a.reader.Flush(); err != nil && !errors.Is(err, bpf.ErrClosed) {
 		a.log.Warn("flush ring buffer", "err", err)
 	}

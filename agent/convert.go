@@ -28,9 +28,10 @@ type converter struct {
 }
 
 type convProc struct {
-	openSince int64  // start of the open collection period, 0 if none
-	lastSeq   uint64 // last batch sequence number seen
-	lastDrop  uint64 // cumulative CUPTI + library drops reported so far
+	openSince int64                  // start of the open collection period, 0 if none
+	lastSeq   uint64                 // last batch sequence number seen
+	lastDrop  uint64                 // cumulative CUPTI + library drops reported so far
+	libStats  [cupti.NumStats]uint64 // the injection library's last counters (cumulative)
 	// sawNCCL: the process calls NCCL directly; its torch c10d collectives
 	// are then redundant for step detection (and carry no sizes).
 	sawNCCL bool
@@ -213,6 +214,9 @@ func (c *converter) batch(e *bpf.BatchEvent, out []input) []input {
 		out = append(out, otherInput(correlate.Drop{PID: pid, Device: gap, FromNS: p.openSince, ToNS: int64(e.EndNs)}))
 	}
 	p.lastSeq = b.Header.Seq
+	for _, st := range b.Stats {
+		c.libStats(p, st)
+	}
 	drops := b.Header.CUPTIDropped + b.Header.LibDropped
 	if drops < b.Header.CUPTIDropped {
 		drops = ^uint64(0) // a sum that wraps is a lie: saturate
@@ -375,4 +379,23 @@ func torchOp(p bpf.ProbeID) string {
 		return "recv"
 	}
 	return p.String()
+}
+
+// libStats exports the injection library's own counters (yields to another
+// CUPTI client, orphaned buffers, records on another clock, refused
+// configurations, ...) as agent counters cupti_lib_NAME, summed over
+// processes: each stats record carries a process's cumulative values, and
+// what grew since its last record is added.
+func (c *converter) libStats(p *convProc, st cupti.Stats) {
+	for i := 0; i < st.N && i < cupti.NumStats; i++ {
+		v := st.Counters[i]
+		prev := p.libStats[i]
+		if v < prev {
+			prev = 0 // the process restarted its counters (a new library instance)
+		}
+		if d := v - prev; d > 0 {
+			c.counters.add("cupti_lib_"+cupti.Stat(i).String(), int64(min(d, 1<<62)))
+		}
+		p.libStats[i] = v
+	}
 }
