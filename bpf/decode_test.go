@@ -214,6 +214,10 @@ func FuzzDecode(f *testing.F) {
 			if len(b) != torchSize {
 				t.Fatalf("torch of %d bytes accepted", len(b))
 			}
+		case *CUPTICallEvent:
+			if len(b) != cuptiCallSize || h.EndNs != h.StartNs || e.Arg != le.Uint64(b[32:]) {
+				t.Fatalf("cupti call %+v from %d bytes accepted", e, len(b))
+			}
 		default:
 			t.Fatalf("unexpected event type %T", ev)
 		}
