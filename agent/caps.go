@@ -218,30 +218,57 @@ type CapCheck struct {
 	Missing []CapRequirement
 	// UprobesNeedSysAdmin reports what the kernel probe found.
 	UprobesNeedSysAdmin bool
+	// IgnoredMark: CapsDroppedEnv was set but the process's capabilities
+	// show no drop (set by the user, a unit or a parent, not by
+	// DropCapabilities); it was ignored.
+	IgnoredMark bool
 }
 
 // CheckCapabilities checks the calling thread's effective capabilities
 // against CapRequirements. It returns a *MissingCapabilityError for the first
 // required one missing; optional ones missing are listed in the result.
 func CheckCapabilities(deviceCollection bool) (CapCheck, error) {
-	eff, _, _, err := ThreadCapabilities()
+	eff, _, bnd, err := ThreadCapabilities()
 	if err != nil {
 		return CapCheck{}, err
 	}
+	mark, ignored := dropMark(os.Getenv(CapsDroppedEnv), bnd)
 	var needAdmin bool
-	switch os.Getenv(CapsDroppedEnv) {
+	switch mark {
 	case capsDroppedAdmin: // re-executed by DropCapabilities: probed already
 		needAdmin = true
 	case capsDroppedNoAdmin:
 	default:
-		if needAdmin, err = UprobesNeedSysAdmin(); err != nil {
+		if needAdmin, err = probeUprobes(); err != nil {
 			// Cannot tell (e.g. no CAP_BPF to load the probe program):
 			// assume the stricter kernel; the BPF requirements name what
 			// is missing.
 			needAdmin = true
 		}
 	}
-	return checkCaps(eff, CapRequirements(needAdmin, deviceCollection), needAdmin)
+	chk, err := checkCaps(eff, CapRequirements(needAdmin, deviceCollection), needAdmin)
+	chk.IgnoredMark = ignored
+	return chk, err
+}
+
+// probeUprobes is UprobesNeedSysAdmin; tests replace it.
+var probeUprobes = UprobesNeedSysAdmin
+
+// dropMark returns the value of CapsDroppedEnv (env) to act on, given the
+// process's bounding set bnd. The variable is in the environment, which the
+// user controls as much as DropCapabilities does; it is believed only when
+// the bounding set shows that a drop happened: DropCapabilities never keeps
+// CAP_SETPCAP, which root otherwise holds. A mark that the process's
+// capabilities contradict, or an unknown value, is ignored (ignored true):
+// the probe and the drop then run as if it were absent.
+func dropMark(env string, bnd CapSet) (mark string, ignored bool) {
+	switch {
+	case env == "":
+		return "", false
+	case bnd.Has(CapSetPCap), env != capsDroppedAdmin && env != capsDroppedNoAdmin:
+		return "", true
+	}
+	return env, false
 }
 
 func checkCaps(eff CapSet, reqs []CapRequirement, needAdmin bool) (CapCheck, error) {
@@ -350,7 +377,9 @@ func entryOffset(path string) (uint64, error) {
 
 // CapsDroppedEnv marks a process that DropCapabilities re-executed; its
 // value carries what UprobesNeedSysAdmin found, so that the new image does
-// not probe again.
+// not probe again. It is believed only in a process whose bounding set
+// shows the drop (dropMark): set in the environment of a process with its
+// capabilities, it neither skips the probe nor the drop.
 const CapsDroppedEnv = "SLOWRANK_CAPS_DROPPED"
 
 const (
@@ -373,11 +402,11 @@ var ErrCannotDrop = errors.New("cannot drop capabilities")
 // grant them only what CapRequirements lists.
 func DropCapabilities(chk CapCheck) error {
 	keep := chk.Keep
-	if os.Getenv(CapsDroppedEnv) != "" {
-		_, _, bnd, err := ThreadCapabilities()
-		if err != nil {
-			return err
-		}
+	eff, perm, bnd, err := ThreadCapabilities()
+	if err != nil {
+		return err
+	}
+	if mark, _ := dropMark(os.Getenv(CapsDroppedEnv), bnd); mark != "" {
 		if extra := bnd &^ keep; extra != 0 {
 			return fmt.Errorf("re-executed with capabilities %s still in the bounding set", extra)
 		}
@@ -385,10 +414,6 @@ func DropCapabilities(chk CapCheck) error {
 	}
 	if os.Geteuid() != 0 || os.Getuid() != 0 {
 		return fmt.Errorf("%w: not running as root (grant only the needed capabilities instead)", ErrCannotDrop)
-	}
-	eff, perm, bnd, err := ThreadCapabilities()
-	if err != nil {
-		return err
 	}
 	if bnd&^keep == 0 && perm&^keep == 0 && eff&^keep == 0 {
 		return nil // started with no more than it needs (a systemd unit, setpriv)
@@ -401,7 +426,15 @@ func DropCapabilities(chk CapCheck) error {
 	if chk.UprobesNeedSysAdmin {
 		mark = capsDroppedAdmin
 	}
-	env := append(os.Environ(), CapsDroppedEnv+"="+mark)
+	// A mark already in the environment was not believed (dropMark); it
+	// must not shadow this one in the new image.
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, CapsDroppedEnv+"=") {
+			env = append(env, kv)
+		}
+	}
+	env = append(env, CapsDroppedEnv+"="+mark)
 	runtime.LockOSThread() // exec replaces the process; on failure this thread is tainted
 	for _, c := range (bnd &^ keep).List() {
 		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil {

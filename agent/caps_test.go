@@ -112,3 +112,48 @@ func TestUprobesNeedSysAdmin(t *testing.T) {
 		t.Errorf("effective set changed from %s to %s", eff, after)
 	}
 }
+
+func TestDropMarkIsBelievedOnlyAfterADrop(t *testing.T) {
+	dropped := Caps(CapBPF, CapPerfmon, CapSysPtrace)
+	root := dropped | Caps(CapSetPCap, CapSysAdmin, Capability(16))
+	for _, tc := range []struct {
+		name        string
+		env         string
+		bnd         CapSet
+		mark        string
+		wantIgnored bool
+	}{
+		{"absent", "", root, "", false},
+		{"set by the re-exec, no admin", capsDroppedNoAdmin, dropped, capsDroppedNoAdmin, false},
+		{"set by the re-exec, admin", capsDroppedAdmin, dropped | Caps(CapSysAdmin), capsDroppedAdmin, false},
+		{"set in the environment of a full root", capsDroppedNoAdmin, root, "", true},
+		{"admin mark in the environment of a full root", capsDroppedAdmin, root, "", true},
+		{"unknown value", "yes", dropped, "", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mark, ignored := dropMark(tc.env, tc.bnd)
+			if mark != tc.mark || ignored != tc.wantIgnored {
+				t.Errorf("dropMark(%q, %s) = %q, %v; want %q, %v", tc.env, tc.bnd, mark, ignored, tc.mark, tc.wantIgnored)
+			}
+		})
+	}
+}
+
+// TestCapsDroppedEnvDoesNotSkipTheProbe: SLOWRANK_CAPS_DROPPED=1 in the
+// environment of a process that holds CAP_SETPCAP in its bounding set (it
+// was not re-executed by DropCapabilities) neither skips the uprobe probe
+// nor hides itself.
+func TestCapsDroppedEnvDoesNotSkipTheProbe(t *testing.T) {
+	_, _, bnd, err := ThreadCapabilities()
+	if err != nil || !bnd.Has(CapSetPCap) {
+		t.Skipf("needs CAP_SETPCAP in the bounding set (%s, %v)", bnd, err)
+	}
+	t.Setenv(CapsDroppedEnv, capsDroppedNoAdmin)
+	probed := false
+	probeUprobes = func() (bool, error) { probed = true; return true, nil }
+	t.Cleanup(func() { probeUprobes = UprobesNeedSysAdmin })
+	chk, _ := CheckCapabilities(false)
+	if !probed || !chk.UprobesNeedSysAdmin || !chk.IgnoredMark {
+		t.Errorf("probed %v, needs admin %v, mark ignored %v: want all true", probed, chk.UprobesNeedSysAdmin, chk.IgnoredMark)
+	}
+}

@@ -193,6 +193,10 @@ type Stats struct {
 // with cfg.Detector judges every job (cfg.Detector.MaxJobs bounds the jobs
 // tracked at once; a finished job frees its slot).
 func New(cfg Config) (*Aggregator, error) {
+	if cfg.MaxHosts < 0 || cfg.MaxHostsPerJob < 0 || cfg.QueueFacts < 0 {
+		return nil, fmt.Errorf("aggregate: negative limit (max hosts %d, per job %d, queue %d); 0 takes the default",
+			cfg.MaxHosts, cfg.MaxHostsPerJob, cfg.QueueFacts)
+	}
 	det, err := detector.New(cfg.Detector)
 	if err != nil {
 		return nil, err

@@ -116,6 +116,10 @@ type Server struct {
 
 // NewServer listens on cfg.Listen and starts serving; Shutdown stops it.
 func NewServer(cfg ServerConfig, ing Ingester) (*Server, error) {
+	if cfg.MaxRequestBytes < 0 || cfg.MaxConcurrent < 0 || cfg.MaxConns < 0 {
+		return nil, fmt.Errorf("aggregate server: negative limit (request bytes %d, concurrent %d, connections %d); 0 takes the default",
+			cfg.MaxRequestBytes, cfg.MaxConcurrent, cfg.MaxConns)
+	}
 	cfg = cfg.withDefaults()
 	if (cfg.TLSCertFile == "") != (cfg.TLSKeyFile == "") {
 		return nil, errors.New("aggregate server: TLS needs both a certificate and a key file")

@@ -21,6 +21,10 @@ var (
 	// ErrUnsafeFile: an existing regular file with several hard links or
 	// owned by another user.
 	ErrUnsafeFile = errors.New("refusing to write an existing file that is hard-linked or owned by another user")
+	// ErrNotRegular: the path is a FIFO, a device, a socket or a
+	// directory (possibly planted by someone else: an agent writing into
+	// another user's FIFO would block or feed it).
+	ErrNotRegular = errors.New("refusing to write to something other than a regular file (FIFO, device, socket or directory)")
 	// ErrBufferFull: the line was dropped (counted in Lost) because the
 	// writer's buffer is full, e.g. while the disk is full.
 	ErrBufferFull = errors.New("jsonl buffer full: line dropped")
@@ -34,6 +38,7 @@ const (
 	jsonlInterval     = 200 * time.Millisecond
 	jsonlMaxBackoff   = 5 * time.Second
 	jsonlFirstBackoff = 100 * time.Millisecond
+	jsonlCheckEvery   = time.Second // look for a rotated file this often
 )
 
 // JSONLWriter writes one JSON object per line (step facts, verdicts,
@@ -44,11 +49,17 @@ const (
 // it stays valid JSONL; lines that no longer fit the 4 MiB buffer are
 // dropped and counted (Lost). Safe for concurrent use.
 type JSONLWriter struct {
-	path    string
-	maxBuf  int // jsonlMaxBuffer; tests lower it
-	f       *os.File
-	own     bool // close f on Close (not stdout)
-	regular bool
+	path       string
+	maxBuf     int           // jsonlMaxBuffer; tests lower it
+	checkEvery time.Duration // jsonlCheckEvery; tests lower it
+	own        bool          // a file (not stdout): close, reopen on rotation
+
+	// f, id and goodOff are guarded by ioMu (and read by Close after the
+	// background writer stopped).
+	f         *os.File
+	id        fileID // device and inode of f
+	lastCheck time.Time
+	reopened  atomic.Int64
 
 	mu      sync.Mutex // guards buf, closed, retryAt, backoff, lastErr
 	buf     []byte
@@ -58,8 +69,8 @@ type JSONLWriter struct {
 	backoff time.Duration
 	lastErr error
 
-	ioMu    sync.Mutex // serialises file writes
-	goodOff int64      // file size in whole lines (regular files)
+	ioMu    sync.Mutex // serialises file writes and reopening
+	goodOff int64      // file size in whole lines
 
 	lost    atomic.Int64
 	written atomic.Int64
@@ -70,62 +81,163 @@ type JSONLWriter struct {
 }
 
 // NewJSONLWriter creates (or truncates) path for JSONL output; "-" means
-// stdout. A new file gets mode 0640 regardless of umask. The last path
-// element must not be a symbolic link (O_NOFOLLOW; ErrSymlink), and an
-// existing regular file must be ours with a single link (ErrUnsafeFile).
-// Devices such as /dev/null are allowed.
+// stdout. A new file gets mode 0640 regardless of umask. The path must name
+// a regular file or nothing: a symbolic link is refused (O_NOFOLLOW;
+// ErrSymlink), so is a FIFO, device, socket or directory (ErrNotRegular,
+// without blocking on a FIFO), and an existing file must be ours with a
+// single link (ErrUnsafeFile).
+//
+// The writer follows log rotation: when the path names another file or
+// none (checked at most once a second) or on Reopen (SIGHUP), it opens the
+// path again with the same checks and appends to what is there.
 func NewJSONLWriter(path string) (*JSONLWriter, error) {
-	w := &JSONLWriter{path: path, maxBuf: jsonlMaxBuffer, kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	if path == "-" {
-		w.f = os.Stdout
-	} else {
-		f, regular, err := openNoFollow(path)
-		if err != nil {
-			return nil, err
-		}
-		w.f, w.own, w.regular = f, true, regular
+		return newJSONLWriter(path, os.Stdout, fileID{}, false), nil
 	}
-	go w.loop()
-	return w, nil
+	f, id, _, err := openOutput(path, true)
+	if err != nil {
+		return nil, err
+	}
+	return newJSONLWriter(path, f, id, true), nil
 }
 
-func openNoFollow(path string) (*os.File, bool, error) {
-	const flags = os.O_WRONLY | syscall.O_NOFOLLOW | syscall.O_CLOEXEC
+func newJSONLWriter(path string, f *os.File, id fileID, own bool) *JSONLWriter {
+	w := &JSONLWriter{path: path, maxBuf: jsonlMaxBuffer, checkEvery: jsonlCheckEvery, f: f, id: id, own: own, lastCheck: time.Now(),
+		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	go w.loop()
+	return w
+}
+
+// CreateOutput creates or truncates path with mode 0640 under the checks of
+// NewJSONLWriter, for outputs written straight through (replay, simulate).
+func CreateOutput(path string) (*os.File, error) {
+	f, _, _, err := openOutput(path, true)
+	return f, err
+}
+
+type fileID struct{ dev, ino uint64 }
+
+func idOf(fi fs.FileInfo) fileID {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return fileID{uint64(st.Dev), uint64(st.Ino)}
+	}
+	return fileID{}
+}
+
+// openOutput opens path for writing without following a symlink and
+// without blocking (O_NONBLOCK: a FIFO without a reader fails with ENXIO
+// instead of waiting for one), then checks with fstat that what it opened
+// is a regular file; so no path swap between a check and the open matters.
+// truncate empties an existing file; otherwise the returned size is where
+// writing goes on.
+func openOutput(path string, truncate bool) (*os.File, fileID, int64, error) {
+	const flags = os.O_WRONLY | syscall.O_NOFOLLOW | syscall.O_CLOEXEC | syscall.O_NONBLOCK
 	f, err := os.OpenFile(path, flags|os.O_CREATE|os.O_EXCL, 0o640)
 	created := err == nil
 	if errors.Is(err, fs.ErrExist) {
 		f, err = os.OpenFile(path, flags, 0)
 	}
 	if err != nil {
-		if errors.Is(err, syscall.ELOOP) {
-			return nil, false, fmt.Errorf("open %s: %w", path, ErrSymlink)
+		switch {
+		case errors.Is(err, syscall.ELOOP):
+			return nil, fileID{}, 0, fmt.Errorf("open %s: %w", path, ErrSymlink)
+		case errors.Is(err, syscall.ENXIO), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.EOPNOTSUPP):
+			// A FIFO without a reader, a socket, a directory.
+			return nil, fileID{}, 0, fmt.Errorf("open %s: %w", path, ErrNotRegular)
 		}
-		return nil, false, fmt.Errorf("open jsonl output: %w", err)
+		return nil, fileID{}, 0, fmt.Errorf("open jsonl output: %w", err)
 	}
 	fi, err := f.Stat()
 	if err != nil {
 		f.Close()
-		return nil, false, fmt.Errorf("stat %s: %w", path, err)
+		return nil, fileID{}, 0, fmt.Errorf("stat %s: %w", path, err)
 	}
 	if !fi.Mode().IsRegular() {
-		return f, false, nil // a device or pipe: write as is
+		f.Close()
+		return nil, fileID{}, 0, fmt.Errorf("open %s (%s): %w", path, fi.Mode().Type(), ErrNotRegular)
 	}
 	if created {
 		if err := f.Chmod(0o640); err != nil {
 			f.Close()
-			return nil, false, fmt.Errorf("chmod %s: %w", path, err)
+			return nil, fileID{}, 0, fmt.Errorf("chmod %s: %w", path, err)
 		}
-		return f, true, nil
+		return f, idOf(fi), 0, nil
 	}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok && (st.Nlink > 1 || int(st.Uid) != os.Geteuid()) {
 		f.Close()
-		return nil, false, fmt.Errorf("open %s: %w", path, ErrUnsafeFile)
+		return nil, fileID{}, 0, fmt.Errorf("open %s: %w", path, ErrUnsafeFile)
 	}
-	if err := f.Truncate(0); err != nil {
+	size := fi.Size()
+	if truncate {
+		if err := f.Truncate(0); err != nil {
+			f.Close()
+			return nil, fileID{}, 0, fmt.Errorf("truncate %s: %w", path, err)
+		}
+		size = 0
+	} else if _, err := f.Seek(size, 0); err != nil {
 		f.Close()
-		return nil, false, fmt.Errorf("truncate %s: %w", path, err)
+		return nil, fileID{}, 0, fmt.Errorf("seek %s: %w", path, err)
 	}
-	return f, true, nil
+	return f, idOf(fi), size, nil
+}
+
+// Reopen opens the path again and writes there from now on (after log
+// rotation; SIGHUP). An existing file is appended to. On failure the writer
+// keeps the file it has. A no-op for stdout and after Close.
+func (w *JSONLWriter) Reopen() error {
+	if !w.own {
+		return nil
+	}
+	w.ioMu.Lock()
+	defer w.ioMu.Unlock()
+	return w.reopenLocked()
+}
+
+// Reopened returns how many times the writer opened its path again.
+func (w *JSONLWriter) Reopened() int64 { return w.reopened.Load() }
+
+func (w *JSONLWriter) reopenLocked() error {
+	w.mu.Lock()
+	closed := w.closed
+	w.mu.Unlock()
+	if closed {
+		return nil
+	}
+	f, id, size, err := openOutput(w.path, false)
+	if err != nil {
+		err = fmt.Errorf("reopen: %w", err)
+		w.mu.Lock()
+		w.lastErr = err
+		w.mu.Unlock()
+		return err
+	}
+	old := w.f
+	w.f, w.id, w.goodOff = f, id, size
+	w.reopened.Add(1)
+	old.Close()
+	return nil
+}
+
+// checkRotated reopens the path when it no longer names the open file
+// (renamed or removed by log rotation), at most once per checkEvery.
+func (w *JSONLWriter) checkRotated() {
+	if !w.own {
+		return
+	}
+	w.ioMu.Lock()
+	defer w.ioMu.Unlock()
+	if time.Since(w.lastCheck) < w.checkEvery {
+		return
+	}
+	w.lastCheck = time.Now()
+	fi, err := os.Lstat(w.path)
+	if err == nil && idOf(fi) == w.id {
+		return
+	}
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return
+	}
+	_ = w.reopenLocked()
 }
 
 // Write appends v as one JSON line. It does not touch the file; it fails
@@ -183,6 +295,7 @@ func (w *JSONLWriter) loop() {
 		case <-w.stop:
 			return
 		case <-t.C:
+			w.checkRotated()
 		case <-w.kick:
 		}
 		_ = w.flush(false)
@@ -214,21 +327,21 @@ func (w *JSONLWriter) flush(force bool) error {
 	if err != nil {
 		// Cut a regular file back to its last whole line and retry all of
 		// data later; elsewhere what was written stays written.
-		if w.regular && w.f.Truncate(w.goodOff) == nil {
+		if w.own && w.f.Truncate(w.goodOff) == nil {
 			if _, serr := w.f.Seek(w.goodOff, 0); serr == nil {
 				n = 0
 			}
 		}
 		if n > 0 {
 			w.written.Add(int64(bytes.Count(data[:n], []byte{'\n'})))
-			if w.regular {
+			if w.own {
 				w.goodOff += int64(n)
 			}
 		}
 		keep = data[n:]
 	} else {
 		w.written.Add(int64(bytes.Count(data, []byte{'\n'})))
-		if w.regular {
+		if w.own {
 			w.goodOff += int64(n)
 		}
 	}
@@ -280,7 +393,10 @@ func (w *JSONLWriter) Close() error {
 		w.mu.Unlock()
 	}
 	if w.own {
-		if cerr := w.f.Close(); cerr != nil && err == nil {
+		w.ioMu.Lock()
+		f := w.f
+		w.ioMu.Unlock()
+		if cerr := f.Close(); cerr != nil && err == nil {
 			err = fmt.Errorf("close %s: %w", w.path, cerr)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/slowrank/slowrank/detector"
 )
@@ -136,11 +138,15 @@ func TestJSONLWriterRefusesForeignAndLinkedFiles(t *testing.T) {
 
 // /dev/full fails every write with ENOSPC: nothing blocks, the lines stay
 // for retries and Close counts them as lost.
+// /dev/full as an output path is refused (ErrNotRegular); the writer's
+// handling of ENOSPC is tested on it as an already open file.
 func TestJSONLWriterDevFull(t *testing.T) {
-	w, err := NewJSONLWriter("/dev/full")
+	f, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
 	if err != nil {
 		t.Skipf("/dev/full: %v", err)
 	}
+	w := newJSONLWriter("/dev/full", f, fileID{}, false)
+	defer f.Close()
 	for i := 0; i < 10; i++ {
 		if err := w.Write(map[string]int{"i": i}); err != nil {
 			t.Fatal(err)
@@ -234,5 +240,182 @@ func TestJSONLWriterStdout(t *testing.T) {
 	}
 	if _, err := os.Stdout.Stat(); err != nil {
 		t.Fatalf("stdout closed by Close: %v", err)
+	}
+}
+
+func TestJSONLWriterRefusesNonRegularFiles(t *testing.T) {
+	dir, err := os.MkdirTemp("", "jl") // short: a socket path is limited to 108 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	readFifo := filepath.Join(dir, "read-fifo")
+	if err := syscall.Mkfifo(readFifo, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	reader, err := os.OpenFile(readFifo, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	sock := filepath.Join(dir, "sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	sub := filepath.Join(dir, "dir")
+	os.Mkdir(sub, 0o700)
+	for _, tc := range []struct{ name, path string }{
+		{"FIFO without a reader", fifo},
+		{"FIFO with a reader", readFifo},
+		{"Unix socket", sock},
+		{"directory", sub},
+		{"character device", "/dev/null"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, open := range []struct {
+				name string
+				fn   func(string) error
+			}{
+				{"NewJSONLWriter", func(p string) error {
+					w, err := NewJSONLWriter(p)
+					if err == nil {
+						w.Close()
+					}
+					return err
+				}},
+				{"CreateOutput", func(p string) error {
+					f, err := CreateOutput(p)
+					if err == nil {
+						f.Close()
+					}
+					return err
+				}},
+			} {
+				done := make(chan error, 1)
+				go func() { done <- open.fn(tc.path) }()
+				select {
+				case err := <-done:
+					if !errors.Is(err, ErrNotRegular) || !strings.Contains(err.Error(), tc.path) {
+						t.Errorf("%s: err = %v, want ErrNotRegular naming the path", open.name, err)
+					}
+				case <-time.After(5 * time.Second):
+					t.Fatalf("%s blocked on %s", open.name, tc.path) // the open stays stuck: the test binary ends
+				}
+			}
+		})
+	}
+}
+
+func readLines(t *testing.T, path string) []string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Fields(string(b))
+}
+
+func TestJSONLWriterFollowsRotation(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		rotate func(w *JSONLWriter, path string) error
+	}{
+		{"Reopen after rename (SIGHUP)", func(w *JSONLWriter, path string) error {
+			if err := os.Rename(path, path+".1"); err != nil {
+				return err
+			}
+			return w.Reopen()
+		}},
+		{"inode change seen by the writer", func(w *JSONLWriter, path string) error {
+			if err := os.Rename(path, path+".1"); err != nil {
+				return err
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for w.Reopened() == 0 && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			return nil
+		}},
+		{"removed file", func(w *JSONLWriter, path string) error {
+			b, _ := os.ReadFile(path)
+			os.WriteFile(path+".1", b, 0o600)
+			if err := os.Remove(path); err != nil {
+				return err
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for w.Reopened() == 0 && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			return nil
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "facts.jsonl")
+			w, err := NewJSONLWriter(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.ioMu.Lock()
+			w.checkEvery = 20 * time.Millisecond
+			w.ioMu.Unlock()
+			w.Write(1)
+			if err := w.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			if err := tc.rotate(w, path); err != nil {
+				t.Fatal(err)
+			}
+			w.Write(2)
+			if err := w.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if w.Reopened() != 1 {
+				t.Errorf("reopened %d times, want 1", w.Reopened())
+			}
+			if got := readLines(t, path+".1"); len(got) != 1 || got[0] != "1" {
+				t.Errorf("rotated file %q, want [1]", got)
+			}
+			if got := readLines(t, path); len(got) != 1 || got[0] != "2" {
+				t.Errorf("new file %q, want [2]", got)
+			}
+		})
+	}
+}
+
+// A reopen appends to a file that is already there (logrotate's create)
+// and keeps the open file when the path became unsafe.
+func TestJSONLWriterReopenAppendsAndRefusesUnsafe(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "v.jsonl")
+	w, err := NewJSONLWriter(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	os.Rename(path, path+".1")
+	os.WriteFile(path, []byte("0\n"), 0o600)
+	if err := w.Reopen(); err != nil {
+		t.Fatal(err)
+	}
+	w.Write(1)
+	w.Flush()
+	if got := readLines(t, path); strings.Join(got, ",") != "0,1" {
+		t.Errorf("after reopen %q, want [0 1]", got)
+	}
+	os.Rename(path, path+".2")
+	syscall.Mkfifo(path, 0o666)
+	if err := w.Reopen(); !errors.Is(err, ErrNotRegular) {
+		t.Errorf("reopen onto a FIFO: %v, want ErrNotRegular", err)
+	}
+	w.Write(2)
+	w.Flush()
+	if got := readLines(t, path+".2"); strings.Join(got, ",") != "0,1,2" {
+		t.Errorf("kept file %q, want [0 1 2]", got)
 	}
 }

@@ -121,6 +121,7 @@ func runAgent(c *cli.Context) error {
 			return cli.Exit(fmt.Sprintf("--dump-events: %v", err), exitUsage)
 		}
 		defer dump.Close()
+		defer reopenOnHangup(dump)()
 		cfg.Dump = func(v any) { dump.Write(dumpRecord{Type: fmt.Sprintf("%T", v), Record: v}) }
 	}
 	fwd, err := openForwarder(c, cfg.HostName)
@@ -274,7 +275,9 @@ func openSinks(c *cli.Context, cfg agent.Config) (*sinkSet, func(context.Context
 	default:
 		return fail(fmt.Errorf("--otel must be auto, on, off or stdout, got %q", mode))
 	}
+	stopHangup := reopenOnHangup(s.facts, s.verdicts)
 	closeAll := func(ctx context.Context, summaries []detector.Summary) error {
+		stopHangup()
 		var errs []error
 		for _, sum := range summaries {
 			if s.verdicts != nil {

@@ -83,6 +83,9 @@ func runAggregate(c *cli.Context) error {
 	if host == "" {
 		host, _ = os.Hostname()
 	}
+	if err := checkAggregateLimits(c); err != nil {
+		return err
+	}
 	var token string
 	if p := c.String("token-file"); p != "" {
 		if token, err = readToken(p); err != nil {
@@ -155,6 +158,23 @@ func runAggregate(c *cli.Context) error {
 		"unauthorized", ss.Unauthorized, "busy", ss.Busy, "facts", st.Facts, "windows", st.Windows, "late", st.LateFacts)
 	for _, s := range summaries {
 		log.Info("summary", "job", s.Job, "stragglers", s.Stragglers, "windows", s.Windows, "facts", s.Facts)
+	}
+	return nil
+}
+
+// checkAggregateLimits refuses limits that the aggregator would otherwise
+// replace by its defaults without a word (0 or negative sizes) and negative
+// durations.
+func checkAggregateLimits(c *cli.Context) error {
+	for _, name := range []string{"max-request-bytes", "max-hosts"} {
+		if n := c.Int(name); n < 1 {
+			return cli.Exit(fmt.Sprintf("--%s must be positive, got %d", name, n), exitUsage)
+		}
+	}
+	for _, name := range []string{"stats-every", "duration"} {
+		if d := c.Duration(name); d < 0 {
+			return cli.Exit(fmt.Sprintf("--%s must not be negative, got %s", name, d), exitUsage)
+		}
 	}
 	return nil
 }

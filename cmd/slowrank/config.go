@@ -473,6 +473,9 @@ func secureAgent(c *cli.Context, cfg *agent.Config, log *slog.Logger) error {
 		}
 		log.Warn("cannot check capabilities", "err", err)
 	} else {
+		if chk.IgnoredMark {
+			log.Warn("ignoring "+agent.CapsDroppedEnv+" from the environment: this process still holds the capabilities that the drop removes", "value", os.Getenv(agent.CapsDroppedEnv))
+		}
 		for _, m := range chk.Missing {
 			log.Warn("capability missing: a feature will not work", "capability", m.Cap.String(), "needed_to", m.Why)
 		}

@@ -1,17 +1,56 @@
 package main
 
 import (
-	"fmt"
+	"log/slog"
 	"os"
+	"os/signal"
 	"syscall"
+
+	"github.com/slowrank/slowrank/otel"
 )
 
-// createFile creates or truncates path with mode 0640 without following a
-// symlink planted at path (O_NOFOLLOW).
+// createFile creates or truncates path with mode 0640, refusing a symlink
+// planted at path and anything but a regular file (a FIFO would block the
+// open or feed another user's reader), as the JSONL outputs do.
 func createFile(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o640)
-	if err != nil {
-		return nil, fmt.Errorf("create %s: %w", path, err)
+	return otel.CreateOutput(path)
+}
+
+// reopenOnHangup reopens the JSONL file outputs on SIGHUP (log rotation)
+// until the returned stop is called. Without a file output SIGHUP keeps its
+// default action.
+func reopenOnHangup(ws ...*otel.JSONLWriter) (stop func()) {
+	var files []*otel.JSONLWriter
+	for _, w := range ws {
+		if w != nil {
+			files = append(files, w)
+		}
 	}
-	return f, nil
+	if len(files) == 0 {
+		return func() {}
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			select {
+			case <-done:
+				return
+			case <-hup:
+				for _, w := range files {
+					if err := w.Reopen(); err != nil {
+						slog.Warn("SIGHUP: output not reopened; writing on to the open file", "err", err)
+					}
+				}
+			}
+		}
+	}()
+	return func() {
+		signal.Stop(hup)
+		close(done)
+		<-stopped
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 )
@@ -67,14 +68,66 @@ func newApp() *cli.App {
 		// main prints errors and picks the exit code; never exit inside Run.
 		ExitErrHandler: func(*cli.Context, error) {},
 		OnUsageError:   usageError,
+		// Reached without a command or with an unknown one (cli's own
+		// answer is the help and exit 0, or exit 3).
+		Action: missingCommand,
 	}
 	for _, c := range app.Commands {
-		c.OnUsageError = usageError
 		if configurable[c.Name] {
 			withConfigFile(c) // config.go
 		}
+		strictUsage(c)
 	}
 	return app
+}
+
+// strictUsage makes every usage error of c and its subcommands one line and
+// exit 2: bad flag values, a missing or unknown subcommand, and arguments
+// where none are taken (a flag after such an argument would be ignored).
+func strictUsage(c *cli.Command) {
+	c.OnUsageError = usageError
+	if len(c.Subcommands) > 0 {
+		if c.Action == nil {
+			c.Action = missingCommand
+		}
+		for _, sub := range c.Subcommands {
+			strictUsage(sub)
+		}
+		return
+	}
+	if c.ArgsUsage != "" || c.Action == nil {
+		return
+	}
+	action := c.Action
+	c.Action = func(ctx *cli.Context) error {
+		if ctx.Args().Present() {
+			return cli.Exit(fmt.Sprintf("%s: unexpected argument %q (flags go before arguments; see --help)",
+				ctx.Command.FullName(), ctx.Args().First()), exitUsage)
+		}
+		return action(ctx)
+	}
+}
+
+// missingCommand answers a command run without one of its subcommands, or
+// with an unknown one.
+func missingCommand(c *cli.Context) error {
+	name := "slowrank"
+	var subs []*cli.Command
+	if c.Command != nil && c.Command.Name != "" && c.Command.Name != c.App.Name {
+		name, subs = c.Command.FullName(), c.Command.Subcommands
+	} else {
+		subs = c.App.Commands
+	}
+	var names []string
+	for _, s := range subs {
+		if !s.Hidden && s.Name != "help" {
+			names = append(names, s.Name)
+		}
+	}
+	if c.Args().Present() {
+		return cli.Exit(fmt.Sprintf("%s: unknown command %q (want one of %s; see --help)", name, c.Args().First(), strings.Join(names, ", ")), exitUsage)
+	}
+	return cli.Exit(fmt.Sprintf("%s: a command is required (one of %s; see --help)", name, strings.Join(names, ", ")), exitUsage)
 }
 
 // usageError turns a flag parsing error into a one-line message and exit 2.

@@ -146,6 +146,27 @@ func endpointFlags() []cli.Flag {
 	}
 }
 
+// lineageString is the value of string flag name where it was given on the
+// command line: on the command itself or on a parent ("control --socket S
+// pause"). cli's own lookup stops at the nearest command that defines the
+// flag, and so returns the subcommand's default or environment value. A
+// level's flag definition holds that default or environment value (cli
+// writes the environment's into it), so a level whose value differs was
+// given on the command line.
+func lineageString(c *cli.Context, name string) string {
+	for _, x := range c.Lineage() {
+		if x.Command == nil {
+			continue
+		}
+		for _, f := range x.Command.Flags {
+			if sf, ok := f.(*cli.StringFlag); ok && slices.Contains(sf.Names(), name) && x.String(name) != sf.Value {
+				return x.String(name)
+			}
+		}
+	}
+	return c.String(name)
+}
+
 // endpoint is a client of an agent's local endpoint.
 type endpoint struct {
 	where  string // for messages
@@ -154,10 +175,10 @@ type endpoint struct {
 }
 
 func newEndpoint(c *cli.Context) *endpoint {
-	if addr := c.String("addr"); addr != "" {
+	if addr := lineageString(c, "addr"); addr != "" {
 		return &endpoint{where: addr, base: "http://" + addr, client: &http.Client{Timeout: 5 * time.Second}}
 	}
-	sock := c.String("socket")
+	sock := lineageString(c, "socket")
 	return &endpoint{where: sock, base: "http://slowrank-agent", client: newEndpointClient(sock, 5*time.Second)}
 }
 
@@ -300,7 +321,7 @@ func controlCommand() *cli.Command {
 					return cli.Exit(err.Error(), exitUsage)
 				}
 				if err := req.Validate(); err != nil {
-					return cli.Exit(err.Error(), exitUsage)
+					return cli.Exit("control set: "+strings.ReplaceAll(err.Error(), "\n", "; "), exitUsage)
 				}
 				return show(c, req)
 			}},

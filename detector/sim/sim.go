@@ -63,6 +63,12 @@ func Default() Config {
 	}
 }
 
+// Bounds of the finite inputs: beyond them the generated times overflow.
+const (
+	maxFactor = 1000
+	maxMS     = 3600e3 // an hour
+)
+
 // Validate reports what is wrong with c.
 func (c Config) Validate() error {
 	var errs []error
@@ -75,8 +81,12 @@ func (c Config) Validate() error {
 	if c.Step <= 0 || c.Duration < c.Step {
 		errs = append(errs, fmt.Errorf("step (%s) must be positive and not longer than duration (%s)", c.Step, c.Duration))
 	}
-	if c.HostShare < 0 || c.HostShare > 1 || c.Jitter < 0 || c.Jitter > 1 || c.MissingGPU < 0 || c.MissingGPU > 1 {
+	// Written so that NaN fails every range (a NaN compares false).
+	if !(c.HostShare >= 0 && c.HostShare <= 1) || !(c.Jitter >= 0 && c.Jitter <= 1) || !(c.MissingGPU >= 0 && c.MissingGPU <= 1) {
 		errs = append(errs, errors.New("host share, jitter and missing-gpu must be in [0, 1]"))
+	}
+	if !(c.CommMS >= 0 && c.CommMS <= maxMS) {
+		errs = append(errs, fmt.Errorf("comm ms must be in [0, %g], got %g", float64(maxMS), c.CommMS))
 	}
 	if c.DPGroups < 0 || (c.DPGroups > 0 && c.Ranks%c.DPGroups != 0) {
 		errs = append(errs, fmt.Errorf("dp groups (%d) must divide ranks (%d)", c.DPGroups, c.Ranks))
@@ -88,8 +98,9 @@ func (c Config) Validate() error {
 		if s.Phase != detector.PhaseCompute && s.Phase != detector.PhaseHost {
 			errs = append(errs, fmt.Errorf("slowdown phase must be compute or host, got %q", s.Phase))
 		}
-		if s.Factor < 0 || s.AddMS < 0 {
-			errs = append(errs, errors.New("slowdown factor and add must not be negative"))
+		if !(s.Factor >= 0 && s.Factor <= maxFactor) || !(s.AddMS >= 0 && s.AddMS <= maxMS) {
+			errs = append(errs, fmt.Errorf("slowdown factor must be in [0, %g] and add in [0, %gms], got factor %g, add %gms",
+				float64(maxFactor), float64(maxMS), s.Factor, s.AddMS))
 		}
 	}
 	return errors.Join(errs...)
