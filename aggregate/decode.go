@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"go.opentelemetry.io/collector/pdata/pcommon"
@@ -152,6 +153,13 @@ func DecodeLogs(ld plog.Logs, lim Limits) Decoded {
 					err = fmt.Errorf("%w: %s %d is after %s %d (one clock: impossible)", ErrInvalid,
 						otel.AttrEndNS, f.Step.EndNS, otel.AttrSentMonoNS, sent)
 				}
+				if err == nil && f.Step != nil && sent > 0 && sent-f.Step.EndNS > int64(MaxFactAge) {
+					// A fact that old is past every window's lateness; an age
+					// this large is a broken or hostile clock that would put
+					// the step far outside the job's timeline.
+					err = fmt.Errorf("%w: %s %d is %s after %s %d (at most %s)", ErrInvalid, otel.AttrSentMonoNS, sent,
+						time.Duration(sent-f.Step.EndNS), otel.AttrEndNS, f.Step.EndNS, MaxFactAge)
+				}
 				if err != nil {
 					d.reject(err)
 					continue
@@ -178,13 +186,18 @@ func resourceJob(attrs pcommon.Map, lim Limits) (string, error) {
 	return v.Str(), nil
 }
 
+// MaxFactAge is the oldest a step fact may be when its sender sends it
+// (sent_mono_ns - end_ns): far past any window's lateness, and short enough
+// that no clock error can move a step out of its job's timeline.
+const MaxFactAge = time.Hour
+
 func scopeSent(attrs pcommon.Map) (int64, error) {
 	v, ok := attrs.Get(string(otel.AttrSentMonoNS))
 	if !ok {
 		return 0, nil
 	}
-	if v.Type() != pcommon.ValueTypeInt || v.Int() < 0 {
-		return 0, fmt.Errorf("%w: scope %s must be a non-negative int", ErrInvalid, otel.AttrSentMonoNS)
+	if v.Type() != pcommon.ValueTypeInt || v.Int() < 0 || v.Int() >= detector.MaxTimeNS {
+		return 0, fmt.Errorf("%w: scope %s must be an int in [0, 2^62)", ErrInvalid, otel.AttrSentMonoNS)
 	}
 	return v.Int(), nil
 }

@@ -105,7 +105,15 @@ func TestDecodeLogsRejects(t *testing.T) {
 			scope.PutInt("slowrank.sent_mono_ns", 26*3600*1e9)
 		}, "limit 24 h"},
 		{"end after send", func(_, scope, _ pcommon.Map, _ plog.LogRecord) { scope.PutInt("slowrank.sent_mono_ns", 1) }, "after slowrank.sent_mono_ns"},
-		{"negative sent", func(_, scope, _ pcommon.Map, _ plog.LogRecord) { scope.PutInt("slowrank.sent_mono_ns", -1) }, "non-negative int"},
+		{"negative sent", func(_, scope, _ pcommon.Map, _ plog.LogRecord) { scope.PutInt("slowrank.sent_mono_ns", -1) }, "must be an int in [0, 2^62)"},
+		// One such fact used to wrap the window index and make the job's
+		// next facts late.
+		{"sent near 2^63", func(_, scope, _ pcommon.Map, _ plog.LogRecord) {
+			scope.PutInt("slowrank.sent_mono_ns", math.MaxInt64-5)
+		}, "must be an int in [0, 2^62)"},
+		{"sent an hour and more after the end", func(_, scope, _ pcommon.Map, _ plog.LogRecord) {
+			scope.PutInt("slowrank.sent_mono_ns", 2*3600*1e9)
+		}, "at most 1h0m0s"},
 		{"NaN phase", func(_, _, a pcommon.Map, _ plog.LogRecord) { a.PutDouble("slowrank.phase.host_ms", math.NaN()) }, "finite"},
 		{"negative phase", func(_, _, a pcommon.Map, _ plog.LogRecord) { a.PutDouble("slowrank.phase.host_ms", -1) }, "finite"},
 		{"inf phase", func(_, _, a pcommon.Map, _ plog.LogRecord) { a.PutDouble("slowrank.phase.host_ms", math.Inf(1)) }, "finite"},

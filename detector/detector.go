@@ -12,6 +12,11 @@ import (
 // start, a negative phase value, ...).
 var ErrInvalidFact = errors.New("invalid fact")
 
+// MaxTimeNS bounds the magnitude of every time of a fact (about 146 years
+// of nanoseconds): differences of two valid times never overflow, so one
+// fact with a time near 2^63 cannot wrap a job's window index.
+const MaxTimeNS = int64(1) << 62
+
 // Detector judges step facts of any number of jobs. Not safe for concurrent use.
 type Detector struct {
 	cfg      Config
@@ -244,6 +249,8 @@ func validateStep(s Step) error {
 		return fmt.Errorf("%w: negative rank %d", ErrInvalidFact, s.Rank)
 	case s.EndNS < s.StartNS:
 		return fmt.Errorf("%w: end_ns %d before start_ns %d", ErrInvalidFact, s.EndNS, s.StartNS)
+	case s.StartNS <= -MaxTimeNS || s.EndNS >= MaxTimeNS:
+		return fmt.Errorf("%w: start_ns %d, end_ns %d outside (-2^62, 2^62)", ErrInvalidFact, s.StartNS, s.EndNS)
 	}
 	for p, v := range s.Phases {
 		if !(v >= 0) || v > 1e12 {

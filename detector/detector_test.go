@@ -1,7 +1,9 @@
 package detector_test
 
 import (
+	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -554,5 +556,27 @@ func TestForgetJobAndTopologyPruning(t *testing.T) {
 	d.AddStep(detector.Step{Job: "b", Rank: 0, Step: 1, EndNS: 1, Phases: map[string]float64{}})
 	if s := d.Summaries(); len(s) != 1 || s[0].Job != "b" {
 		t.Fatalf("the freed slot was not reused: %+v", s)
+	}
+}
+
+func TestTimesNearTheInt64LimitsAreInvalid(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		start, end int64
+	}{
+		{"end near 2^63", 0, math.MaxInt64 - 1},
+		{"end at 2^62", 0, detector.MaxTimeNS},
+		{"start near -2^63", math.MinInt64 + 1, 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := detector.New(detector.DefaultConfig())
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := detector.Step{Kind: detector.KindStep, Job: "j", Rank: 0, StartNS: tc.start, EndNS: tc.end, Phases: map[string]float64{detector.PhaseStep: 1}}
+			if _, err := d.AddStep(s); !errors.Is(err, detector.ErrInvalidFact) {
+				t.Fatalf("AddStep(%d, %d) = %v, want detector.ErrInvalidFact", tc.start, tc.end, err)
+			}
+		})
 	}
 }
