@@ -55,16 +55,8 @@ case $SHAPE in
   *) echo "SHAPE must be dense, gpu or launch"; exit 2 ;;
 esac
 NAME=c1-$SHAPE
-RESULTS=${OUT:-$(pwd)/out/c1matrix}
-export OUT=${DNH_WORK:-/var/tmp/slowrank-dnh}/$NAME
-rm -rf "$OUT"
-mkdir -p "$OUT" "$RESULTS"
-RESULTS=$(cd "$RESULTS" && pwd)
-# shellcheck source=common.sh
-source "$(dirname "$0")/common.sh"
-# shellcheck source=dnh_common.sh
-source "$ROOT/bench/gpu/dnh_common.sh"
-exec > >(tee -a "$OUT/console.log") 2>&1
+# shellcheck source=dnh_begin.sh
+source "$(dirname "$0")/dnh_begin.sh" c1matrix "$NAME"
 
 PAIRS=${PAIRS:-8}
 AA_PAIRS=${AA_PAIRS:-0}

@@ -27,16 +27,8 @@
 # DRY=1 [DRY_AGENT=1] CO_S=15 PROF_AT=30 PROF_C_AT=20 PROF_C_STEPS=30 bash bench/gpu/coexist.sh
 #   CPU dry run (no CUDA events: counts are 0).
 set -euo pipefail
-RESULTS=${OUT:-$(pwd)/out/coexist}
-export OUT=${DNH_WORK:-/var/tmp/slowrank-dnh}/coexist
-rm -rf "$OUT"
-mkdir -p "$OUT" "$RESULTS"
-RESULTS=$(cd "$RESULTS" && pwd)
-# shellcheck source=common.sh
-source "$(dirname "$0")/common.sh"
-# shellcheck source=dnh_common.sh
-source "$ROOT/bench/gpu/dnh_common.sh"
-exec > >(tee -a "$OUT/console.log") 2>&1
+# shellcheck source=dnh_begin.sh
+source "$(dirname "$0")/dnh_begin.sh" coexist "coexist"
 
 CO_S=${CO_S:-60}
 PROF_AT=${PROF_AT:-300}

@@ -32,16 +32,8 @@
 # idle-console.log.
 # DRY=1 PAIRS=2 AA_PAIRS=2 BLOCK=2 SETTLE=1 bash bench/gpu/idle_lib.sh   (CPU dry run: no library)
 set -euo pipefail
-RESULTS=${OUT:-$(pwd)/out/idle}
-export OUT=${DNH_WORK:-/var/tmp/slowrank-dnh}/idle
-rm -rf "$OUT"
-mkdir -p "$OUT" "$RESULTS"
-RESULTS=$(cd "$RESULTS" && pwd)
-# shellcheck source=common.sh
-source "$(dirname "$0")/common.sh"
-# shellcheck source=dnh_common.sh
-source "$ROOT/bench/gpu/dnh_common.sh"
-exec > >(tee -a "$OUT/console.log") 2>&1
+# shellcheck source=dnh_begin.sh
+source "$(dirname "$0")/dnh_begin.sh" idle "idle"
 
 SHAPE=${SHAPE:-dense}
 PAIRS=${PAIRS:-8}

@@ -36,16 +36,8 @@
 # DRY=1 [DRY_AGENT=1]: CPU dry run (see dnh_common.sh), e.g.
 #   DRY=1 DRY_AGENT=1 STRESS_SECONDS=40 MIN_CYCLES=40 MIN_KILLS=5 bash bench/gpu/stress.sh
 set -euo pipefail
-RESULTS=${OUT:-$(pwd)/out/stress}
-export OUT=${DNH_WORK:-/var/tmp/slowrank-dnh}/stress
-rm -rf "$OUT"
-mkdir -p "$OUT" "$RESULTS"
-RESULTS=$(cd "$RESULTS" && pwd)
-# shellcheck source=common.sh
-source "$(dirname "$0")/common.sh"
-# shellcheck source=dnh_common.sh
-source "$ROOT/bench/gpu/dnh_common.sh"
-exec > >(tee -a "$OUT/console.log") 2>&1
+# shellcheck source=dnh_begin.sh
+source "$(dirname "$0")/dnh_begin.sh" stress "stress"
 export LC_ALL=C
 
 BUDGET=${BUDGET:-565}
