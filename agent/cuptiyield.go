@@ -222,11 +222,7 @@ func (t *attacher) foreignCUPTICall(c CUPTICall) {
 		if !pe.cupti.track.call(c) {
 			return
 		}
-		gen := pe.cupti.yieldGen
-		if pe.cupti.read && pe.cupti.lastBlock.Yield.Gen > gen {
-			gen = pe.cupti.lastBlock.Yield.Gen
-		}
-		if err := t.writeYield(pe, gen); err != nil {
+		if err := t.writeYield(pe, pe.cupti.lastBlock.Yield.Gen); err != nil {
 			t.a.counters.add("cupti_control_errors", 1)
 			t.a.log.Debug("write yield", "pid", pe.proc.PID, "err", err)
 		}
@@ -234,6 +230,8 @@ func (t *attacher) foreignCUPTICall(c CUPTICall) {
 	}
 }
 
+// writeYield writes the tracker's decision with a generation past both the
+// one last read from the block (seen) and the one last written.
 func (t *attacher) writeYield(pe *procEntry, seen uint32) error {
 	active, since := pe.cupti.track.decision()
 	gen := max(seen, pe.cupti.yieldGen) + 1

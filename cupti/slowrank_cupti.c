@@ -264,9 +264,10 @@ static void logline(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void logline(const char *fmt, ...)
 {
 	char buf[768];
+	uint64_t now = g.debug ? mono_ns() : 0;
 	int n = g.debug ? snprintf(buf, sizeof(buf), "slowrank-cupti: pid %d: %llu.%03llu: ", (int)getpid(),
-				   (unsigned long long)(mono_ns() / 1000000000ull),
-				   (unsigned long long)(mono_ns() / 1000000ull % 1000ull))
+				   (unsigned long long)(now / 1000000000ull),
+				   (unsigned long long)(now / 1000000ull % 1000ull))
 			: snprintf(buf, sizeof(buf), "slowrank-cupti: pid %d: ", (int)getpid());
 	va_list ap;
 	va_start(ap, fmt);
@@ -527,28 +528,22 @@ static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *ma
 	atomic_fetch_add(&g.c_refused, 1);
 }
 
-/* Returns 1 when buffer is one of ours (and gives its slot back). */
-static int release_buffer(uint8_t *buffer)
-{
-	for (int i = 0; i < SR_POOL_MAX; i++) {
-		struct pool_slot *sl = &g.pool[i];
-		if (atomic_load(&sl->mem) != buffer)
-			continue;
-		if (!atomic_load(&g.pool_keep))
-			madvise(buffer, g.bufsize, MADV_DONTNEED);
-		atomic_store(&sl->orphan, 0);
-		atomic_store(&sl->given, 0);
-		return 1;
-	}
-	return 0;
-}
-
-static int is_ours(const uint8_t *buffer)
+/* The pool slot of one of our buffers, NULL for another client's. */
+static struct pool_slot *slot_of(const uint8_t *buffer)
 {
 	for (int i = 0; i < SR_POOL_MAX; i++)
 		if (atomic_load(&g.pool[i].mem) == buffer)
-			return 1;
-	return 0;
+			return &g.pool[i];
+	return NULL;
+}
+
+/* Gives a buffer CUPTI handed back its slot again. */
+static void release_buffer(struct pool_slot *sl)
+{
+	if (!atomic_load(&g.pool_keep))
+		madvise(atomic_load(&sl->mem), g.bufsize, MADV_DONTNEED);
+	atomic_store(&sl->orphan, 0);
+	atomic_store(&sl->given, 0);
 }
 
 /* Gives idle buffers' memory back to the kernel; the mappings stay. */
@@ -598,7 +593,8 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
 {
 	(void)size;
 	atomic_fetch_add(&g.c_completed, 1);
-	if (buffer && !is_ours(buffer)) {
+	struct pool_slot *sl = buffer ? slot_of(buffer) : NULL;
+	if (buffer && !sl) {
 		/* Another client's buffer, completed to us after we registered
 		 * again: its records are not ours and its memory is not ours
 		 * to free. Counted; left alone. */
@@ -633,8 +629,8 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
 			slowrank_conv_add_cupti_dropped(g.conv, dropped);
 		pthread_mutex_unlock(&g.mu);
 	}
-	if (buffer)
-		release_buffer(buffer);
+	if (sl)
+		release_buffer(sl);
 }
 
 /* ---------------------------------------------------------------------- */
