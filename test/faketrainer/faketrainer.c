@@ -933,18 +933,23 @@ static void bucket_ready(struct rank_ctx *c, int b) {
   }
 }
 
+/* The calls counted since the last truth record, as JSON members. */
+static void format_calls(char *calls, size_t cap) {
+  size_t n = 0;
+  calls[0] = 0;
+  for (int i = 0; i < S_NUM; i++) {
+    if (!A.calls[i]) continue;
+    n += (size_t)snprintf(calls + n, cap - n, "%s\"%s\":%" PRIu64, n ? "," : "", sym_names[i], A.calls[i]);
+    if (n >= cap) break;
+  }
+}
+
 /* ---------------- bursts outside the training iterations ---------------- */
 
 /* Ground truth of a burst: its kind, time span and calls. */
 static void write_burst(struct rank_ctx *c, const char *what, long after_step, uint64_t start, uint64_t end) {
   char calls[1024];
-  size_t n = 0;
-  calls[0] = 0;
-  for (int i = 0; i < S_NUM; i++) {
-    if (!A.calls[i]) continue;
-    n += (size_t)snprintf(calls + n, sizeof calls - n, "%s\"%s\":%" PRIu64, n ? "," : "", sym_names[i], A.calls[i]);
-    if (n >= sizeof calls) break;
-  }
+  format_calls(calls, sizeof calls);
   truth_printf("{\"kind\":\"burst\",\"what\":\"%s\",\"job\":\"%s\",\"rank\":%d,\"pid\":%d,\"after_step\":%ld,"
                "\"start_ns\":%" PRIu64 ",\"end_ns\":%" PRIu64 ",\"calls\":{%s}}\n",
                what, c->job, c->rank, (int)getpid(), after_step, start, end, calls);
@@ -1095,13 +1100,7 @@ static void write_step(struct rank_ctx *c, long k, uint64_t start, uint64_t end,
   char dev[64] = "";
   if (c->device_end_ns) snprintf(dev, sizeof dev, "\"device_end_ns\":%" PRIu64 ",", c->device_end_ns);
   char calls[1024];
-  size_t n = 0;
-  calls[0] = 0;
-  for (int i = 0; i < S_NUM; i++) {
-    if (!A.calls[i]) continue;
-    n += (size_t)snprintf(calls + n, sizeof calls - n, "%s\"%s\":%" PRIu64, n ? "," : "", sym_names[i], A.calls[i]);
-    if (n >= sizeof calls) break;
-  }
+  format_calls(calls, sizeof calls);
   truth_printf("{\"kind\":\"step\",\"job\":\"%s\",\"rank\":%d,\"local_rank\":%d,\"world\":%d,\"pid\":%d,"
                "\"tid\":%d,\"step\":%ld,\"start_ns\":%" PRIu64 ",\"end_ns\":%" PRIu64 ",\"step_ms\":%.6f,"
                "\"host_ms\":%.6f,\"host_work_ms\":%.6f,\"sync_wait_ms\":%.6f,\"coll_wait_ms\":%.6f,"
