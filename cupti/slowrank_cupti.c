@@ -1135,8 +1135,13 @@ static int yield_gate(uint64_t now)
 	struct slowrank_cupti_control *c = &slowrank_cupti_control;
 	uint32_t gen = __atomic_load_n(&c->cupti_gen, __ATOMIC_ACQUIRE);
 	if (g.waiting) {
-		if (gen == g.seen_cupti_gen)
+		if (gen == g.seen_cupti_gen) {
+			/* Act on the decision within a millisecond: a client that
+			 * starts between the decision and this library's first
+			 * registration would lose its callbacks to it. */
+			g.fast_until = now + 2ull * 1000000ull;
 			return 1;
+		}
 		g.waiting = 0;
 		set_status_flag(SLOWRANK_STATUS_WAITING, 0);
 	}

@@ -146,6 +146,7 @@ static int kineto_active;          /* a session is running (the agent's uprobes 
 static uint64_t kineto_since;
 static uint32_t gen;               /* duty seqlock generation */
 static int window_open;            /* a session started, the agent's decision not landed yet */
+static uint64_t last_clear_ns;     /* when the agent last decided "no other client" */
 static int window_detached;        /* ... and the agent went away inside that window */
 static uint64_t n_attach, n_kill, n_restart, n_torn, n_bad, n_decisions;
 
@@ -159,6 +160,8 @@ static void decide(void)
 		fprintf(stderr, "agent: %llu.%03llu decide yield=%d\n", (unsigned long long)(t / 1000000000ull),
 			(unsigned long long)(t / 1000000ull % 1000ull), kineto_active);
 	}
+	if (!kineto_active)
+		last_clear_ns = now_ns();
 	ST(foreign_since_ns, kineto_active ? kineto_since : 0);
 	ST(yield, kineto_active ? 1u : 0u);
 	ST(cupti_gen, __atomic_load_n(&ctl->cupti_gen, __ATOMIC_RELAXED) + 1);
@@ -356,7 +359,11 @@ static void kineto_session(uint64_t *s)
 	kineto_since = now_ns();
 	kineto_active = 1; /* the uprobe on the first call below fires now */
 	window_open = 1;
-	window_detached = 0;
+	/* A session that starts right after the agent said "no other client"
+	 * can find its callbacks taken by the library acting on that decision
+	 * (the race the library narrows to about a millisecond): not checked,
+	 * counted. */
+	window_detached = !external && kineto_since - last_clear_ns < 5ull * 1000000ull;
 	pthread_mutex_unlock(&agent_mu);
 	fc.reg_ts(k_clock);
 	fc.reg(k_req, k_comp);
@@ -382,7 +389,7 @@ static void kineto_session(uint64_t *s)
 	}
 	pthread_mutex_lock(&agent_mu);
 	kineto_active = 0;
-	int racy = window_detached; /* killed before its decision landed: nothing protects */
+	int racy = window_detached; /* agent gone or deciding inside its reaction time: nothing protects */
 	pthread_mutex_unlock(&agent_mu);
 	react(s);
 	k_sessions++;
@@ -403,7 +410,7 @@ static void kineto_session(uint64_t *s)
 	pthread_mutex_unlock(&k_mu);
 	if (racy) {
 		n_racy++;
-		fprintf(stderr, "  session %llu: agent gone inside its reaction time: %llu of %llu missing (not checked)\n",
+		fprintf(stderr, "  session %llu: agent gone or deciding inside its reaction time: %llu of %llu missing (not checked)\n",
 			(unsigned long long)k_sessions, (unsigned long long)missing, (unsigned long long)expected);
 		return;
 	}
@@ -543,8 +550,8 @@ int main(int argc, char **argv)
 	       "%llu decisions\n",
 	       (unsigned long long)n_attach, (unsigned long long)n_kill, (unsigned long long)n_restart,
 	       (unsigned long long)n_torn, (unsigned long long)n_bad, (unsigned long long)n_decisions);
-	printf("test_stress: Kineto %llu sessions (%llu finalized, %llu with the agent killed inside its reaction "
-	       "time), %llu activities checked, %llu missing in %llu sessions, %llu unknown buffers\n",
+	printf("test_stress: Kineto %llu sessions (%llu finalized, %llu with the agent killed or deciding inside its "
+	       "reaction time), %llu activities checked, %llu missing in %llu sessions, %llu unknown buffers\n",
 	       (unsigned long long)k_sessions, (unsigned long long)k_finalizes, (unsigned long long)n_racy,
 	       (unsigned long long)k_checked, (unsigned long long)k_missing, (unsigned long long)k_races,
 	       (unsigned long long)k_unknown);
