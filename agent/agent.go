@@ -45,6 +45,9 @@ type Config struct {
 	ProbeTorch bool
 
 	RingBufferSize int
+	// SingleUprobes uses perf-event uprobes even where the kernel has
+	// uprobe_multi links (bpf.Options.SingleUprobes).
+	SingleUprobes bool
 	// Tick is how often event time advances (steps released, windows
 	// settled by the wall clock).
 	Tick time.Duration
@@ -152,7 +155,7 @@ func New(cfg Config) (*Agent, error) {
 	// BPF wakes the reader once 1/16 of the ring is pending (else every
 	// poll interval, which bounds the latency): fewer blocking reads, and
 	// fewer Go sysmon wake-ups behind them (a tenth less CPU per event).
-	probes, err := bpf.Load(bpf.Options{RingBufferSize: cfg.RingBufferSize, WakeupBytes: max(cfg.RingBufferSize/16, 4096), Logger: cfg.Logger.With("component", "bpf")})
+	probes, err := bpf.Load(bpf.Options{RingBufferSize: cfg.RingBufferSize, WakeupBytes: max(cfg.RingBufferSize/16, 4096), SingleUprobes: cfg.SingleUprobes, Logger: cfg.Logger.With("component", "bpf")})
 	if err != nil {
 		return nil, fmt.Errorf("load BPF programs: %w", err)
 	}

@@ -229,8 +229,7 @@ func (t *attacher) unmapped(k ProcessKey, f FileID) {
 // detachLinger is how long an attachment that no process uses any more stays
 // attached. An elastic restart maps the same library files again within
 // seconds: reusing the attachment spares the new processes the attach, and
-// the kernel the teardown (about 0.1 s per link, during which new uprobes
-// wait), so the first steps after a restart are not missed.
+// the kernel the teardown (grace periods, during which new uprobes wait), so the first steps after a restart are not missed.
 const detachLinger = 15 * time.Second
 
 // release drops k's use of library f; when nobody maps it any more, it is
@@ -260,8 +259,9 @@ func (t *attacher) detachIdle(now int64) {
 	}
 }
 
-// detach closes le's attachment. Detaching takes about 0.1 s per link in
-// the kernel: it runs in the background so the pipeline never waits for it.
+// detach closes le's attachment. Detaching waits for kernel grace periods
+// (seconds with perf-event uprobes): it runs in the background so the
+// pipeline never waits for it.
 func (t *attacher) detach(f FileID, le *libEntry) {
 	delete(t.libs, f)
 	if le.att != nil {

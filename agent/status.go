@@ -17,6 +17,7 @@ type Status struct {
 	Windows     int64              `json:"windows"`
 	Facts       int64              `json:"facts"`
 	Verdicts    int64              `json:"verdicts"`
+	Uprobes     string             `json:"uprobes"` // "uprobe_multi" or "perf_event" links
 	DeviceState string             `json:"device_collection"`
 	DutyShare   float64            `json:"duty_share"`
 	DutyCost    float64            `json:"duty_cost_estimate"`
@@ -44,6 +45,10 @@ func (a *Agent) Status() Status {
 		Recent:      recent,
 		Counters:    c,
 		DeviceState: "off",
+		Uprobes:     "perf_event",
+	}
+	if a.probes.UprobeMulti() {
+		st.Uprobes = "uprobe_multi"
 	}
 	st.Processes = len(st.Procs)
 	for _, r := range rows {

@@ -121,8 +121,9 @@ func (a *Attachment) close() error {
 }
 
 // closeLinks closes uprobe links concurrently. Each close waits for kernel
-// grace periods (about 0.1 s per uprobe on 6.x, partly serialised by the
-// kernel); concurrency makes a library detach somewhat faster.
+// grace periods; concurrent uprobe_multi closes share them (perf-event
+// uprobes are torn down one after another whatever we do, see
+// useUprobeMulti).
 func closeLinks(links []link.Link) error {
 	var (
 		wg   sync.WaitGroup
@@ -262,11 +263,11 @@ func (a *Attachment) attachOne(ex *link.Executable, r resolved, ls *libSymbols) 
 			return fmt.Errorf("program %q not in bpf object", r.spec.Return)
 		}
 	}
-	opts := &link.UprobeOptions{Address: r.offset}
+	var refCtr uint64
 	if r.spec.RefCtr != "" {
 		off, ok := ls.objects[r.spec.RefCtr]
 		if ok {
-			opts.RefCtrOffset = off
+			refCtr = off
 			a.RefCtrOffset = off
 		}
 		a.RefCtrErr = ls.objErrs[r.spec.RefCtr]
@@ -279,13 +280,13 @@ func (a *Attachment) attachOne(ex *link.Executable, r resolved, ls *libSymbols) 
 	}
 	var pl probeLinks
 	if ret != nil {
-		rl, err := ex.Uretprobe(r.elfName, ret, &link.UprobeOptions{Address: r.offset})
+		rl, err := a.p.uprobe(ex, r, ret, true, 0)
 		if err != nil {
 			return classify("uretprobe "+r.elfName, err)
 		}
 		pl.ret = rl
 	}
-	l, err := ex.Uprobe(r.elfName, entry, opts)
+	l, err := a.p.uprobe(ex, r, entry, false, refCtr)
 	if err != nil {
 		if pl.ret != nil {
 			pl.ret.Close()
@@ -297,4 +298,25 @@ func (a *Attachment) attachOne(ex *link.Executable, r resolved, ls *libSymbols) 
 	a.links = append(a.links, pl)
 	a.mu.Unlock()
 	return nil
+}
+
+// uprobe creates one entry or return probe at the resolved function: a
+// uprobe_multi link of one address where the programs were loaded for it,
+// else a perf-event uprobe. refCtr is the semaphore's file offset, 0 for none.
+func (p *Probes) uprobe(ex *link.Executable, r resolved, prog *ebpf.Program, ret bool, refCtr uint64) (link.Link, error) {
+	if !p.multi {
+		opts := &link.UprobeOptions{Address: r.offset, RefCtrOffset: refCtr}
+		if ret {
+			return ex.Uretprobe(r.elfName, prog, opts)
+		}
+		return ex.Uprobe(r.elfName, prog, opts)
+	}
+	opts := &link.UprobeMultiOptions{Addresses: []uint64{r.offset}}
+	if refCtr != 0 {
+		opts.RefCtrOffsets = []uint64{refCtr}
+	}
+	if ret {
+		return ex.UretprobeMulti(nil, prog, opts)
+	}
+	return ex.UprobeMulti(nil, prog, opts)
 }

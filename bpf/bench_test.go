@@ -95,3 +95,46 @@ func BenchmarkProbeCost(b *testing.B) {
 		b.Logf("stats: events %d lost %d missing %d", st.Events, st.Lost(), st.MissingEntry)
 	}
 }
+
+// BenchmarkDetach measures attaching and then detaching every fake library
+// (all functions, entry and return probes), per kind of uprobe link: what an
+// agent stop or an idle library's detach costs in wall time.
+//
+//	go test -run '^$' -bench Detach -benchtime 3x ./bpf/
+func BenchmarkDetach(b *testing.B) {
+	requireBPF(b)
+	dir := fakeLibs(b)
+	libs := map[LibKind]string{LibNCCL: "libnccl.so.2", LibCUDART: "libcudart.so.13", LibCUDA: "libcuda.so.1", LibTorch: "libtorch_cpu.so"}
+	for _, mode := range []struct {
+		name   string
+		single bool
+	}{{"uprobe_multi", false}, {"perf_event", true}} {
+		b.Run(mode.name, func(b *testing.B) {
+			p, err := Load(Options{SingleUprobes: mode.single})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer p.Close()
+			if !mode.single && !p.UprobeMulti() {
+				b.Skip("kernel without uprobe_multi links")
+			}
+			for b.Loop() {
+				b.StopTimer()
+				var atts []*Attachment
+				for kind, name := range libs {
+					a, err := p.AttachLibrary(filepath.Join(dir, name), kind)
+					if err != nil {
+						b.Fatal(err)
+					}
+					atts = append(atts, a)
+				}
+				b.StartTimer()
+				for _, a := range atts {
+					if err := a.Close(); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,6 +60,11 @@ type Options struct {
 	PollInterval time.Duration
 	// Logger receives debug logs about attachments; nil discards.
 	Logger *slog.Logger
+	// SingleUprobes attaches one perf-event uprobe per function even where
+	// the kernel has uprobe_multi links (Linux 6.6+). Only for tests and
+	// for kernels whose uprobe_multi misbehaves: single uprobes detach one
+	// grace period at a time (seconds per process's libraries).
+	SingleUprobes bool
 }
 
 // Probes is the loaded BPF collection: programs, the ring buffer, the
@@ -72,6 +78,8 @@ type Probes struct {
 	log      *slog.Logger
 	ncpu     int
 	poll     time.Duration
+	// multi: programs are loaded for uprobe_multi links (see useUprobeMulti).
+	multi bool
 
 	mu          sync.Mutex
 	closed      bool
@@ -124,6 +132,15 @@ func CheckRefCtrSupport() error {
 	return nil
 }
 
+// CheckUprobeMultiSupport reports whether the kernel has uprobe_multi links
+// (Linux 6.6+), which Load uses unless Options.SingleUprobes is set.
+func CheckUprobeMultiSupport() error {
+	if err := features.HaveBPFLinkUprobeMulti(); err != nil {
+		return classify("uprobe_multi links (Linux 6.6+)", err)
+	}
+	return nil
+}
+
 func haveUprobes() error {
 	for _, p := range []string{
 		"/sys/bus/event_source/devices/uprobe/type",
@@ -159,6 +176,10 @@ func Load(opts Options) (*Probes, error) {
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, classify("remove memlock rlimit", err)
 	}
+	multi := !opts.SingleUprobes && CheckUprobeMultiSupport() == nil
+	if multi {
+		useUprobeMulti(spec)
+	}
 	coll, err := ebpf.NewCollection(spec)
 	if err != nil {
 		if serr := CheckSupport(); serr != nil {
@@ -183,10 +204,30 @@ func Load(opts Options) (*Probes, error) {
 		log:         log.With("component", "bpf"),
 		ncpu:        ncpu,
 		poll:        cmp.Or(opts.PollInterval, DefaultPollInterval),
+		multi:       multi,
 		attachments: map[*Attachment]struct{}{},
 		readers:     map[*Reader]struct{}{},
 	}, nil
 }
+
+// useUprobeMulti loads every uprobe program for uprobe_multi links. The
+// programs stay the same (same context, same helpers); only the attach type
+// changes, and with it how a link is destroyed: a perf-event uprobe waits
+// for its own grace periods, and the kernel runs those teardowns one after
+// another even when they are closed concurrently (6.5 s for the 37 functions
+// of the fake libraries on 6.18; up to 24 s seen for a real training
+// process), while a uprobe_multi link unregisters all its addresses and
+// then waits once (0.67 s for the same libraries).
+func useUprobeMulti(spec *ebpf.CollectionSpec) {
+	for _, ps := range spec.Programs {
+		if ps.Type == ebpf.Kprobe && (strings.HasPrefix(ps.SectionName, "uprobe") || strings.HasPrefix(ps.SectionName, "uretprobe")) {
+			ps.AttachType = ebpf.AttachTraceUprobeMulti
+		}
+	}
+}
+
+// UprobeMulti reports whether the probes attach through uprobe_multi links.
+func (p *Probes) UprobeMulti() bool { return p.multi }
 
 // prepareSpec checks the object version and applies the sizes of opts.
 func prepareSpec(spec *ebpf.CollectionSpec, opts Options) error {
@@ -318,8 +359,8 @@ func (p *Probes) Stats() (Stats, error) {
 
 // Close releases everything in this order: readers (unblocking Read), then
 // attachments (uprobe links; semaphores drop to 0), then maps and programs.
-// Detaching costs the kernel about 0.1 s per uprobe (grace periods), so
-// closing a process's worth of libraries can take seconds.
+// Detaching waits for kernel grace periods: well under a second with
+// uprobe_multi links, about 0.1 s per function with perf-event uprobes.
 // Closing twice is a no-op. Callers may close readers and attachments
 // themselves earlier, in the same order.
 func (p *Probes) Close() error {

@@ -68,15 +68,31 @@ func attachAll(t *testing.T, p *Probes, dir string) map[LibKind]*Attachment {
 	return out
 }
 
+// TestUprobesEndToEnd runs the fake libraries' calls through both kinds of
+// uprobe the agent uses: uprobe_multi links where the kernel has them, and
+// perf-event uprobes (the fallback for kernels before 6.6).
 func TestUprobesEndToEnd(t *testing.T) {
 	requireBPF(t)
-	dir := fakeLibs(t)
-
-	p, err := Load(Options{RingBufferSize: 1 << 20})
-	if err != nil {
-		t.Fatalf("Load: %v", err)
+	for _, tc := range []struct {
+		name   string
+		single bool
+	}{{"uprobe_multi", false}, {"perf_event", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := Load(Options{RingBufferSize: 1 << 20, SingleUprobes: tc.single})
+			if err != nil {
+				t.Fatalf("Load: %v", err)
+			}
+			defer p.Close()
+			if !tc.single && !p.UprobeMulti() {
+				t.Skip("kernel without uprobe_multi links")
+			}
+			uprobesEndToEnd(t, p)
+		})
 	}
-	defer p.Close()
+}
+
+func uprobesEndToEnd(t *testing.T, p *Probes) {
+	dir := fakeLibs(t)
 	r, err := p.NewReader()
 	if err != nil {
 		t.Fatal(err)

@@ -52,6 +52,7 @@ func agentCommand() *cli.Command {
 			&cli.BoolFlag{Name: "live", Usage: "print a live per-rank table to stdout", EnvVars: []string{"SLOWRANK_LIVE"}},
 			&cli.DurationFlag{Name: "live-interval", Value: time.Second, Usage: "refresh period of the live table", EnvVars: []string{"SLOWRANK_LIVE_INTERVAL"}},
 			&cli.DurationFlag{Name: "duration", Usage: "stop after this long (0: until SIGINT/SIGTERM)", EnvVars: []string{"SLOWRANK_DURATION"}},
+			&cli.BoolFlag{Name: "single-uprobes", Usage: "attach one perf-event uprobe per function even where the kernel has uprobe_multi links (Linux 6.6+); detaching then takes about 0.1 s per function", EnvVars: []string{"SLOWRANK_SINGLE_UPROBES"}},
 			&cli.IntFlag{Name: "ringbuf-size", Value: 8 << 20, Usage: "BPF ring buffer bytes (power of two)", EnvVars: []string{"SLOWRANK_RINGBUF_SIZE"}},
 		}, append(append(append(reliabilityFlags(), aggregatorFlags()...), statusServerFlags()...), detectorFlags()...)...),
 		Action: runAgent,
@@ -90,6 +91,7 @@ func agentConfig(c *cli.Context) (agent.Config, error) {
 	cfg.ProbeTorch = c.Bool("probe-torch")
 	cfg.StepMarker = c.String("step-marker")
 	cfg.RingBufferSize = c.Int("ringbuf-size")
+	cfg.SingleUprobes = c.Bool("single-uprobes")
 	return cfg, nil
 }
 

@@ -115,6 +115,7 @@ func runDoctor(ctx context.Context, o doctorOptions) []checkResult {
 		checkCapabilities(),
 		checkBPF(),
 		checkRefCtr(),
+		checkUprobeMulti(),
 		checkNVML(),
 	}
 	libPath, lib := checkInjectionLibrary(o.lib)
@@ -412,6 +413,17 @@ func checkRefCtr() checkResult {
 		return r
 	}
 	r.Status, r.Detail = checkOK, "uprobe ref_ctr_offset supported (the injection library's attach semaphore)"
+	return r
+}
+
+func checkUprobeMulti() checkResult {
+	r := checkResult{Check: "uprobe_multi"}
+	if err := bpf.CheckUprobeMultiSupport(); err != nil {
+		r.Status, r.Detail = checkWarn, fmt.Sprintf("no uprobe_multi links: %v", err)
+		r.Fix = "Linux 6.6+; without it the agent uses one perf-event uprobe per function, which the kernel detaches one at a time (about 0.1 s each: an agent stop or a library detach takes seconds)"
+		return r
+	}
+	r.Status, r.Detail = checkOK, "uprobe_multi links supported (uprobes detach in well under a second)"
 	return r
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 
@@ -168,7 +169,7 @@ func TestDoctorJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &checks); err != nil {
 		t.Fatalf("doctor --json: %v\n%s", err, out)
 	}
-	want := []string{"kernel", "btf", "uprobes", "tracefs", "caps", "bpf", "refctr", "nvml", "cupti-lib", "cuda", "processes", "otlp", "agent"}
+	want := []string{"kernel", "btf", "uprobes", "tracefs", "caps", "bpf", "refctr", "uprobe_multi", "nvml", "cupti-lib", "cuda", "processes", "otlp", "agent"}
 	if len(checks) != len(want) {
 		t.Fatalf("%d checks, want %d: %+v", len(checks), len(want), checks)
 	}
@@ -192,8 +193,9 @@ func TestDoctorJSON(t *testing.T) {
 		}
 	}
 	// Port 1 on loopback refuses: the configured endpoint fails.
-	if checks[11].Status != checkFail || !failed || code != 1 {
-		t.Errorf("otlp %+v, exit %d", checks[11], code)
+	otlp := checks[slices.Index(want, "otlp")]
+	if otlp.Status != checkFail || !failed || code != 1 {
+		t.Errorf("otlp %+v, exit %d", otlp, code)
 	}
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -407,7 +408,7 @@ func writeStatus(w io.Writer, rep agent.StatusReport, where string, nVerdicts in
 		writeOverhead(w, *o)
 	}
 
-	fmt.Fprintf(w, "\nattached   %d processes, %d libraries\n", rep.Processes, rep.Attached)
+	fmt.Fprintf(w, "\nattached   %d processes, %d libraries (%s uprobes)\n", rep.Processes, rep.Attached, cmp.Or(rep.Uprobes, "?"))
 	if len(rep.Procs) > 0 {
 		fmt.Fprintf(w, "  %-8s %5s  %-20s %-4s %s\n", "PID", "RANK", "JOB", "LIB", "LIBRARIES")
 		for _, p := range rep.Procs {
