@@ -277,10 +277,15 @@ def loop_trainer(env, log):
     cfg = GPT2Config(n_layer=s["layers"], n_embd=s["embd"], n_head=s["heads"], n_positions=s["seq"],
                      vocab_size=s["vocab"], use_cache=False)
     model = GPT2LMHeadModel(cfg)
-    targs = TrainingArguments(output_dir=os.path.join(env.args.out_dir, "hf"), max_steps=10 ** 6,
-                              per_device_train_batch_size=s["batch"], learning_rate=1e-4, bf16=env.cuda,
-                              use_cpu=not env.cuda, save_strategy="no", report_to="none", disable_tqdm=True,
-                              dataloader_num_workers=0, seed=env.args.seed)
+    want = dict(output_dir=os.path.join(env.args.out_dir, "hf"), max_steps=10 ** 6,
+                per_device_train_batch_size=s["batch"], learning_rate=1e-4, bf16=env.cuda, use_cpu=not env.cuda,
+                save_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0, seed=env.args.seed)
+    import dataclasses
+    if dataclasses.is_dataclass(TrainingArguments):  # keep to the fields this version has (say which it lacks)
+        have = {f.name for f in dataclasses.fields(TrainingArguments)}
+        env.dry += [f"TrainingArguments has no {k}" for k in want if k not in have]
+        want = {k: v for k, v in want.items() if k in have}
+    targs = TrainingArguments(**want)
     tr = Trainer(model=model, args=targs, train_dataset=Rows(10 ** 7, s["seq"], s["vocab"], env.args.seed),
                  callbacks=[Timing()])
     tr.train()

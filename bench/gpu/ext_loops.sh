@@ -15,8 +15,8 @@
 # `compute`. Per loop, in this order:
 #   L-agent  the job with the injection library (CUDA_INJECTION64_PATH):
 #            WARM iterations, then AGENT_S seconds; its hook writes the loop's
-#            own timing (L-agent/steps.jsonl); the facts carry job L-agent
-#            (SLOWRANK_JOB_ID)
+#            own timing (L-agent/steps.jsonl); the agent's facts carry job
+#            L-agent (torchrun's TORCHELASTIC_RUN_ID, which the launch sets)
 #   L-prof   the same job without the library under torch.profiler: WARM
 #            iterations, then 1 + PROF_STEPS profiled ones, a Chrome trace,
 #            reduced to L-prof/trace.min.json.gz (the agent watches it too,
@@ -33,7 +33,7 @@
 # Expected wall time ~6 min (measured locally only as a CPU dry run; the
 # estimates below are guesses): lib build ~10 s, per loop ~30 s with the
 # agent + ~15 s profiled, torch.compile ~60 s more for its first compile;
-# agent stop and analysis ~30 s. A budget guard (BUDGET_S, default 510 s)
+# agent stop and analysis ~30 s. A budget guard (BUDGET_S, default 500 s)
 # skips runs that would not fit and says so in runs.jsonl and the summary;
 # every run has its own time limit, so one hung loop cannot take the call.
 # What comes back in $OUT: gpu-ext-loops.json (one row per loop),
@@ -45,7 +45,7 @@
 #       --md /tmp/rows.md > bench/results/gpu-ext-loops.json
 #
 # Knobs: LOOPS (default: all six, in this order), AGENT_S (20), WARM (10),
-# PROF_STEPS (8), DUTY_SHARE (1 | auto), BUDGET_S (510), SKIP_BUILD=1 (use a
+# PROF_STEPS (8), DUTY_SHARE (1 | auto), BUDGET_S (500), SKIP_BUILD=1 (use a
 # carried bin/libslowrank_cupti.so). DRY=1: CPU dry run on a machine without
 # a GPU (Debian's python3-torch; tiny shapes, gloo; the Trainer and Lightning
 # from bench/gpu/drystub when missing; no injection library; an agent stub,
@@ -57,9 +57,10 @@ AGENT_S=${AGENT_S:-20}
 WARM=${WARM:-10}
 PROF_STEPS=${PROF_STEPS:-8}
 DUTY_SHARE=${DUTY_SHARE:-1}
-BUDGET_S=${BUDGET_S:-510}
+BUDGET_S=${BUDGET_S:-500}
 RESERVE_S=40 # agent stop, analysis, packing
-MCORE_TGZ=$(ls "$ROOT"/bench/gpu/vendor/megatron-core-*.tar.xz 2>/dev/null | head -1)
+MCORE_TGZ=
+for f in "$ROOT"/bench/gpu/vendor/megatron-core-*.tar.xz; do [ -f "$f" ] && MCORE_TGZ=$f; done
 LOOP_FLAGS=()
 if [ -n "${DRY:-}" ]; then
   LOOP_FLAGS=(--device cpu --shape tiny --threads 1)
@@ -81,8 +82,16 @@ estimate() {
   if [ "$2" = agent ]; then echo "$a"; else echo "$p"; fi
 }
 
+# skip_run LOOP PHASE WHY [LEFT EST]: a run that is not made, in runs.jsonl.
+skip_run() {
+  echo "skip $1-$2: $3"
+  printf '{"loop":"%s","phase":"%s","name":"%s","skipped":true,"why":"%s","left_s":%d,"estimate_s":%d}\n' \
+    "$1" "$2" "$1-$2" "$3" "${4:-0}" "${5:-0}" >>"$OUT/runs.jsonl"
+}
+
 RUN_IDX=0
-# run_one LOOP PHASE: one job, started like torchrun starts rank 0 of a world of 1.
+# run_one LOOP PHASE: one job, started like torchrun starts rank 0 of a world
+# of 1; returns 3 when the budget had no room for it.
 run_one() {
   local loop=$1 phase=$2 name=$1-$2 est left limit t0 t1 start wall timed_out=false
   local inj=() extra=() pyp=()
@@ -90,10 +99,8 @@ run_one() {
   left=$((BUDGET_S - SECONDS - RESERVE_S))
   RUN_IDX=$((RUN_IDX + 1))
   if ((left < est)); then
-    echo "skip $name: ${left} s left of the budget, estimate ${est} s"
-    printf '{"loop":"%s","phase":"%s","name":"%s","skipped":true,"left_s":%d,"estimate_s":%d}\n' \
-      "$loop" "$phase" "$name" "$left" "$est" >>"$OUT/runs.jsonl"
-    return 0
+    skip_run "$loop" "$phase" "${left} s left of the budget, estimate ${est} s" "$left" "$est"
+    return 3
   fi
   limit=$((est * 2)); ((limit > left)) && limit=$left
   if [ "$phase" = agent ]; then
@@ -107,7 +114,7 @@ run_one() {
   t0=$(mono); start=$SECONDS
   env "${TRAIN_ENV[@]}" "${inj[@]}" "${pyp[@]}" RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 GROUP_RANK=0 \
     ROLE_RANK=0 ROLE_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$((29600 + RUN_IDX)) TORCHELASTIC_RUN_ID="$name" \
-    SLOWRANK_JOB_ID="$name" PYTHONFAULTHANDLER=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
+    PYTHONFAULTHANDLER=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
     "$PY" bench/gpu/ext_loops.py --loop "$loop" --out-dir "$OUT/$name" --warm "$WARM" "${extra[@]}" "${LOOP_FLAGS[@]}" \
     >"$OUT/$name.log" 2>&1 </dev/null &
   EXT_PID=$!
@@ -150,8 +157,7 @@ fi
 echo "agent pid $AGENT_PID, t=${SECONDS} s"
 
 for loop in $LOOPS; do
-  run_one "$loop" agent
-  run_one "$loop" prof
+  if run_one "$loop" agent; then run_one "$loop" prof || true; else skip_run "$loop" prof "its agent run was skipped"; fi
 done
 
 if [ -z "${DRY:-}" ] || [ -n "${DRY_AGENT:-}" ]; then
