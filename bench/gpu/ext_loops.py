@@ -501,7 +501,10 @@ def loop_megatron(env, log):
         loss = losses[0]["lm loss"] if losses else None
         if log.step_end(own_ms=elapsed * 1000.0, loss=float(loss) if loss is not None else None):
             break
-    timers.log(["forward-backward", "optimizer"], normalizer=max(log.n, 1))
+    try:  # Megatron's own summary of its timers, into the training log
+        timers.log(["forward-backward", "optimizer"], normalizer=max(log.n, 1))
+    except Exception as ex:
+        print(f"timers.log: {ex!r}", flush=True)
 
 
 def main():
