@@ -49,3 +49,47 @@ class GPT2LMHeadModel(nn.Module):
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1))
         return types.SimpleNamespace(loss=loss, logits=logits)
+
+
+# The Trainer's surface that bench/gpu/ext_loops.py uses (callbacks with
+# on_train_begin/on_step_end, control.should_training_stop, max_steps).
+class TrainingArguments:
+    def __init__(self, output_dir=None, max_steps=-1, per_device_train_batch_size=8, learning_rate=5e-5, **_):
+        self.output_dir, self.max_steps = output_dir, max_steps
+        self.per_device_train_batch_size, self.learning_rate = per_device_train_batch_size, learning_rate
+
+
+class TrainerCallback:
+    pass
+
+
+class Trainer:
+    def __init__(self, model=None, args=None, train_dataset=None, callbacks=None, **_):
+        self.model, self.args, self.train_dataset = model, args, train_dataset
+        self.callbacks = list(callbacks or [])
+
+    def _call(self, event, state, control):
+        for cb in self.callbacks:
+            fn = getattr(cb, event, None)
+            if fn is not None:
+                fn(self.args, state, control, model=self.model)
+
+    def train(self):
+        from torch.utils.data import DataLoader
+        state = types.SimpleNamespace(global_step=0)
+        control = types.SimpleNamespace(should_training_stop=False)
+        opt = torch.optim.AdamW(self.model.parameters(), lr=self.args.learning_rate)
+        self.model.train()
+        self._call("on_train_begin", state, control)
+        for batch in DataLoader(self.train_dataset, batch_size=self.args.per_device_train_batch_size):
+            loss = self.model(**batch).loss
+            loss.backward()
+            if torch.isnan(loss):  # the Trainer's logging_nan_inf_filter: a sync every step
+                pass
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            state.global_step += 1
+            self._call("on_step_end", state, control)
+            if control.should_training_stop or state.global_step >= self.args.max_steps > 0:
+                break
+        return types.SimpleNamespace(global_step=state.global_step)
