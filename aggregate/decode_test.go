@@ -131,6 +131,10 @@ func TestDecodeLogsRejects(t *testing.T) {
 		}, "attributes (limit 64)"},
 		{"bool gpu as int", func(_, _, a pcommon.Map, _ plog.LogRecord) { a.PutInt("slowrank.gpu", 1) }, "must be a bool"},
 		{"negative tokens", func(_, _, a pcommon.Map, _ plog.LogRecord) { a.PutInt("slowrank.workload.tokens", -5) }, "out of range"},
+		// Two such counts overflowed the detector's median.
+		{"tokens near 2^63", func(_, _, a pcommon.Map, _ plog.LogRecord) {
+			a.PutInt("slowrank.workload.tokens", math.MaxInt64-1)
+		}, "out of range"},
 		{"job mismatch", func(_, _, a pcommon.Map, _ plog.LogRecord) { a.PutStr("slowrank.job.id", "other") }, "differs from its resource"},
 		{"kind not a string", func(_, _, a pcommon.Map, _ plog.LogRecord) { a.PutInt("slowrank.kind", 1) }, "must be a string"},
 	}
