@@ -42,6 +42,21 @@ type Config struct {
 	// MaxHostsPerJob per job (default 8192). Facts of further hosts are
 	// refused and counted.
 	MaxHosts, MaxHostsPerJob int
+	// MaxRanks bounds the ranks with state over all jobs (default 1<<19;
+	// the detector's MaxRanks bounds them per job). A rank gets state
+	// from its steps only: ranks that a topology names but that send no
+	// step are left out of the topology handed to the detector. Steps of
+	// further ranks are refused and counted.
+	MaxRanks int
+	// MaxJobsPerHost and MaxRanksPerHost are one host name's quota: the
+	// jobs it takes part in (default 16) and the ranks it sends steps for
+	// over them (default 1024). Facts beyond them are refused and counted.
+	MaxJobsPerHost, MaxRanksPerHost int
+	// MaxTopologyEntries bounds what the hosts' topologies store over all
+	// jobs: one entry per rank a host lists and per member of each
+	// distinct member list (default 1<<23, about 100 MiB). A topology
+	// beyond it is refused (the host's previous one is kept).
+	MaxTopologyEntries int
 	// HostTTL forgets a host silent this long: its topology leaves the
 	// merged one (default EvictAfter windows, when the detector evicts its
 	// ranks too).
@@ -71,6 +86,18 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxHostsPerJob <= 0 {
 		c.MaxHostsPerJob = 8192
+	}
+	if c.MaxRanks <= 0 {
+		c.MaxRanks = 1 << 19
+	}
+	if c.MaxJobsPerHost <= 0 {
+		c.MaxJobsPerHost = 16
+	}
+	if c.MaxRanksPerHost <= 0 {
+		c.MaxRanksPerHost = 1024
+	}
+	if c.MaxTopologyEntries <= 0 {
+		c.MaxTopologyEntries = 1 << 23
 	}
 	if c.HostTTL <= 0 {
 		c.HostTTL = time.Duration(max(c.Detector.EvictAfter, 1)) * c.Detector.Window
@@ -125,6 +152,9 @@ type Aggregator struct {
 	order     []string // jobs in first-seen order
 	finished  []detector.Summary
 	nHosts    int
+	nRanks    int                   // ranks with state over all jobs (MaxRanks)
+	quotas    map[string]*hostQuota // by host name
+	topoUsed  topoBudget
 	lastStats int64
 	ran       bool
 
@@ -151,13 +181,21 @@ type jobState struct {
 	// plus the lateness past it, the job has no pending window left.
 	lastEnd  int64
 	hasSteps bool
+	// ranks counts, per rank that sent steps, the hosts that sent them: the
+	// ranks the detector may know from the topology.
+	ranks map[int]int
+	// ranksChanged: ranks came or went since the last topology push.
+	ranksChanged bool
 }
 
 type hostState struct {
 	lastRecv int64
 	silent   bool
-	ranks    map[int]struct{} // ranks seen in facts (bounded by MaxRanks per job)
+	ranks    map[int]struct{} // ranks it sent steps for (its quota)
 }
+
+// hostQuota is what one host name holds over all jobs.
+type hostQuota struct{ jobs, ranks int }
 
 // Stats are the aggregator's counters. Times are on its CLOCK_MONOTONIC.
 type Stats struct {
@@ -166,7 +204,10 @@ type Stats struct {
 	TopoVersions   int64 // merged versions built
 	RefusedQueue   int64 // facts refused because the queue was full
 	RefusedHosts   int64 // facts of hosts beyond MaxHosts / MaxHostsPerJob
-	RefusedJobs    int64 // facts of jobs beyond the detector's MaxJobs
+	RefusedJobs    int64 // facts of jobs beyond the detector's MaxJobs or a host's MaxJobsPerHost
+	RefusedRanks   int64 // steps of ranks beyond MaxRanks, the detector's MaxRanks or MaxRanksPerHost
+	RefusedTopos   int64 // topologies beyond MaxTopologyEntries
+	Ranks          int   // ranks with state now
 	FinishedJobs   int64 // jobs forgotten after all their hosts were
 	Invalid        int64 // facts the detector rejected
 	Windows        int64 // windows settled
@@ -193,9 +234,13 @@ type Stats struct {
 // with cfg.Detector judges every job (cfg.Detector.MaxJobs bounds the jobs
 // tracked at once; a finished job frees its slot).
 func New(cfg Config) (*Aggregator, error) {
-	if cfg.MaxHosts < 0 || cfg.MaxHostsPerJob < 0 || cfg.QueueFacts < 0 {
-		return nil, fmt.Errorf("aggregate: negative limit (max hosts %d, per job %d, queue %d); 0 takes the default",
-			cfg.MaxHosts, cfg.MaxHostsPerJob, cfg.QueueFacts)
+	if cfg.MaxHosts < 0 || cfg.MaxHostsPerJob < 0 || cfg.QueueFacts < 0 || cfg.MaxRanks < 0 ||
+		cfg.MaxJobsPerHost < 0 || cfg.MaxRanksPerHost < 0 || cfg.MaxTopologyEntries < 0 {
+		return nil, fmt.Errorf("aggregate: negative limit (max hosts %d, per job %d, queue %d, ranks %d, jobs per host %d, ranks per host %d, topology entries %d); 0 takes the default",
+			cfg.MaxHosts, cfg.MaxHostsPerJob, cfg.QueueFacts, cfg.MaxRanks, cfg.MaxJobsPerHost, cfg.MaxRanksPerHost, cfg.MaxTopologyEntries)
+	}
+	if err := checkTimes(cfg); err != nil {
+		return nil, err
 	}
 	det, err := detector.New(cfg.Detector)
 	if err != nil {
@@ -203,14 +248,38 @@ func New(cfg Config) (*Aggregator, error) {
 	}
 	cfg = cfg.withDefaults()
 	return &Aggregator{
-		cfg:     cfg,
-		log:     cfg.Logger.With("component", "aggregate"),
-		det:     det,
-		lagEnds: map[string]int64{},
-		in:      make(chan batch, 4096),
-		jobs:    map[string]*jobState{},
-		done:    make(chan struct{}),
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "aggregate"),
+		det:      det,
+		lagEnds:  map[string]int64{},
+		in:       make(chan batch, 4096),
+		jobs:     map[string]*jobState{},
+		quotas:   map[string]*hostQuota{},
+		topoUsed: topoBudget{limit: cfg.MaxTopologyEntries},
+		done:     make(chan struct{}),
 	}, nil
+}
+
+// maxSpan bounds the aggregator's durations (window, lateness, how long a
+// host is kept) so that sums of them and of a time never overflow.
+const maxSpan = 30 * 24 * time.Hour
+
+// checkTimes refuses durations whose sums the timeline cannot hold: a
+// window or lateness beyond a day, a host kept (HostTTL, or EvictAfter
+// windows) beyond 30 days.
+func checkTimes(cfg Config) error {
+	d := cfg.Detector
+	switch {
+	case d.Window > 24*time.Hour || d.Lateness > 24*time.Hour:
+		return fmt.Errorf("aggregate: window %s and lateness %s must be at most 24h", d.Window, d.Lateness)
+	case cfg.HostTTL < 0 || cfg.HostTTL > maxSpan:
+		return fmt.Errorf("aggregate: host TTL %s must be in [0, %s]", cfg.HostTTL, maxSpan)
+	case cfg.HostTTL == 0 && d.Window > 0 && int64(d.EvictAfter) > int64(maxSpan/d.Window):
+		return fmt.Errorf("aggregate: %d windows of %s (evict-after) is more than %s", d.EvictAfter, d.Window, maxSpan)
+	case cfg.TopologyDebounce < 0 || cfg.TopologyDebounce > time.Hour || cfg.Tick < 0 || cfg.Tick > time.Hour:
+		return fmt.Errorf("aggregate: topology debounce %s and tick %s must be in [0, 1h]", cfg.TopologyDebounce, cfg.Tick)
+	}
+	return nil
 }
 
 // Offer hands the facts of one request, received at recvMono (the
@@ -343,7 +412,7 @@ func (a *Aggregator) job(name string) *jobState {
 	if len(a.jobs) >= a.cfg.Detector.MaxJobs {
 		return nil
 	}
-	j := &jobState{name: name, topo: newTopoMerge(name), hosts: map[string]*hostState{}}
+	j := &jobState{name: name, topo: newTopoMerge(name, &a.topoUsed), hosts: map[string]*hostState{}, ranks: map[int]int{}}
 	a.jobs[name] = j
 	a.order = append(a.order, name)
 	return j
@@ -385,8 +454,9 @@ func (a *Aggregator) finish(j *jobState) {
 	}
 }
 
-// host returns the state of host in job, creating it within the bounds.
-func (a *Aggregator) host(j *jobState, name string, now int64) *hostState {
+// host returns the state of host in job, creating it within the bounds
+// (nil beyond; jobQuota: the host's MaxJobsPerHost was the bound).
+func (a *Aggregator) host(j *jobState, name string, now int64) (h *hostState, jobQuota bool) {
 	if h, ok := j.hosts[name]; ok {
 		if h.silent {
 			h.silent = false
@@ -394,20 +464,73 @@ func (a *Aggregator) host(j *jobState, name string, now int64) *hostState {
 				"silent_for", time.Duration(now-h.lastRecv).Round(time.Millisecond))
 		}
 		h.lastRecv = now
-		return h
+		return h, false
 	}
 	if a.nHosts >= a.cfg.MaxHosts || len(j.hosts) >= a.cfg.MaxHostsPerJob {
-		return nil
+		return nil, false
 	}
-	h := &hostState{lastRecv: now, ranks: map[int]struct{}{}}
+	q := a.quotas[name]
+	if q == nil {
+		q = &hostQuota{}
+		a.quotas[name] = q
+	}
+	if q.jobs >= a.cfg.MaxJobsPerHost {
+		return nil, true
+	}
+	q.jobs++
+	h = &hostState{lastRecv: now, ranks: map[int]struct{}{}}
 	j.hosts[name] = h
 	a.nHosts++
-	return h
+	return h, false
+}
+
+// claimRank records that host sent steps of rank r in job j, within the
+// host's quota, the job's MaxRanks and the global MaxRanks; it reports
+// whether the step may be judged.
+func (a *Aggregator) claimRank(j *jobState, name string, h *hostState, r int) bool {
+	if _, ok := h.ranks[r]; ok {
+		return true
+	}
+	q := a.quotas[name]
+	newRank := j.ranks[r] == 0
+	if q.ranks >= a.cfg.MaxRanksPerHost ||
+		newRank && (a.nRanks >= a.cfg.MaxRanks || len(j.ranks) >= a.cfg.Detector.MaxRanks) {
+		return false
+	}
+	h.ranks[r] = struct{}{}
+	q.ranks++
+	if newRank {
+		a.nRanks++
+		j.ranksChanged = true
+	}
+	j.ranks[r]++
+	return true
+}
+
+// forgetHost drops a host from a job: its topology, its ranks (a rank no
+// other host of the job sends steps for leaves the topology handed to the
+// detector) and its quota.
+func (a *Aggregator) forgetHost(j *jobState, name string, h *hostState) {
+	j.topo.forget(name)
+	q := a.quotas[name]
+	for r := range h.ranks {
+		q.ranks--
+		if j.ranks[r]--; j.ranks[r] <= 0 {
+			delete(j.ranks, r)
+			a.nRanks--
+			j.ranksChanged = true
+		}
+	}
+	if q.jobs--; q.jobs <= 0 {
+		delete(a.quotas, name)
+	}
+	delete(j.hosts, name)
+	a.nHosts--
 }
 
 func (a *Aggregator) handle(b batch) {
 	a.queued.Add(-int64(len(b.facts)))
-	var facts, topos, refused, refusedJobs, invalid, late int64
+	var facts, topos, refused, refusedJobs, refusedRanks, refusedTopos, invalid, late int64
 	var maxAge int64
 	for i := range b.facts {
 		f := &b.facts[i]
@@ -422,14 +545,25 @@ func (a *Aggregator) handle(b batch) {
 			refusedJobs++
 			continue
 		}
-		h := a.host(j, f.Host, b.recv)
+		h, jobQuota := a.host(j, f.Host, b.recv)
 		if h == nil {
-			refused++
+			if jobQuota {
+				refusedJobs++
+			} else {
+				refused++
+			}
 			continue
 		}
 		if f.Topology != nil {
 			topos++
-			j.topo.update(f.Host, f.Topology)
+			if _, err := j.topo.update(f.Host, f.Topology); err != nil {
+				refusedTopos++
+				a.log.Debug("topology refused", "job", j.name, "host", f.Host, "err", err)
+			}
+			continue
+		}
+		if !a.claimRank(j, f.Host, h, f.Step.Rank) {
+			refusedRanks++
 			continue
 		}
 		s := *f.Step
@@ -448,9 +582,6 @@ func (a *Aggregator) handle(b batch) {
 			s.Host = f.Host
 		}
 		s.Topo = j.topo.mergedVersion(f.Host, s.Topo)
-		if _, ok := h.ranks[s.Rank]; !ok && len(h.ranks) < a.cfg.Detector.MaxRanks {
-			h.ranks[s.Rank] = struct{}{}
-		}
 		if w, ok := a.det.WindowOf(s.Job, s.EndNS); ok && j.nextSet && w < j.next {
 			late++
 		}
@@ -477,6 +608,8 @@ func (a *Aggregator) handle(b batch) {
 		st.Topologies += topos
 		st.RefusedHosts += refused
 		st.RefusedJobs += refusedJobs
+		st.RefusedRanks += refusedRanks
+		st.RefusedTopos += refusedTopos
 		st.Invalid += invalid
 		st.LateFacts += late
 		st.MaxAge = max(st.MaxAge, time.Duration(maxAge))
@@ -490,11 +623,12 @@ func (a *Aggregator) handle(b batch) {
 func (a *Aggregator) pushTopologies(now int64, force bool) {
 	for _, name := range a.order {
 		j := a.jobs[name]
-		if !j.topo.dirty || len(j.hosts) == 0 || (!force && j.lastPush != 0 && now-j.lastPush < int64(a.cfg.TopologyDebounce)) {
+		changed := j.topo.dirty || j.ranksChanged && len(j.topo.hosts) > 0
+		if !changed || len(j.hosts) == 0 || (!force && j.lastPush != 0 && now-j.lastPush < int64(a.cfg.TopologyDebounce)) {
 			continue
 		}
-		t := j.topo.build()
-		j.lastPush = now
+		t := j.topo.build(func(r int) bool { return j.ranks[r] > 0 })
+		j.lastPush, j.ranksChanged = now, false
 		if err := a.det.AddTopology(t); err != nil {
 			a.log.Warn("merged topology rejected", "job", j.name, "err", err)
 			continue
@@ -568,9 +702,7 @@ func (a *Aggregator) checkHosts(now int64) {
 			quiet := now - h.lastRecv
 			switch {
 			case quiet > int64(a.cfg.HostTTL):
-				j.topo.forget(name)
-				delete(j.hosts, name)
-				a.nHosts--
+				a.forgetHost(j, name, h)
 				a.addStat(func(s *Stats) { s.ForgottenHosts++ })
 				a.log.Info("host forgotten after silence", "job", j.name, "host", name, "silent_for", time.Duration(quiet).Round(time.Second))
 			case quiet > silentAfter:
@@ -592,8 +724,8 @@ func (a *Aggregator) checkHosts(now int64) {
 	for _, j := range gone {
 		a.finish(j)
 	}
-	hosts := a.nHosts
-	a.addStat(func(s *Stats) { s.SilentHosts, s.Hosts = silent, hosts })
+	hosts, ranks := a.nHosts, a.nRanks
+	a.addStat(func(s *Stats) { s.SilentHosts, s.Hosts, s.Ranks = silent, hosts, ranks })
 }
 
 func sortedRanks(m map[int]struct{}, limit int) []int {
@@ -614,7 +746,7 @@ func (a *Aggregator) logStats(now int64) {
 	runtime.ReadMemStats(&ms)
 	a.log.Info("aggregate stats", "facts", s.Facts, "hosts", s.Hosts, "silent_hosts", s.SilentHosts,
 		"windows", s.Windows, "verdicts", s.Verdicts, "late", s.LateFacts, "refused_queue", s.RefusedQueue,
-		"refused_hosts", s.RefusedHosts, "refused_jobs", s.RefusedJobs, "queued", s.Queued, "settle_ms", ms3(s.Settle), "settle_max_ms", ms3(s.SettleMax),
+		"refused_hosts", s.RefusedHosts, "refused_jobs", s.RefusedJobs, "refused_ranks", s.RefusedRanks, "refused_topologies", s.RefusedTopos, "ranks", s.Ranks, "queued", s.Queued, "settle_ms", ms3(s.Settle), "settle_max_ms", ms3(s.SettleMax),
 		"lag_ms", ms3(s.Lag), "lag_max_ms", ms3(s.LagMax), "max_age_ms", ms3(s.MaxAge),
 		"heap_mib", fmt.Sprintf("%.1f", float64(ms.HeapAlloc)/(1<<20)), "sys_mib", fmt.Sprintf("%.1f", float64(ms.Sys)/(1<<20)))
 	a.statsMu.Lock()

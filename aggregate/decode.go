@@ -51,6 +51,10 @@ const maxStepSpanNS = int64(24 * 3600 * 1e9)
 // maxPhaseMS bounds a phase value (about 11.6 days).
 const maxPhaseMS = 1e9
 
+// maxTokens bounds a step's token count (2^40, far beyond any batch), so that
+// the detector's median of two counts cannot overflow.
+const maxTokens = 1 << 40
+
 func (l Limits) withDefaults() Limits {
 	if l.MaxRecords <= 0 {
 		l.MaxRecords = 1 << 16
@@ -372,7 +376,7 @@ func (sd *stepDecoder) attr(k string, v pcommon.Value) bool {
 		}
 	case string(otel.AttrWorkloadTokens):
 		var n int64
-		if n, ok = sd.intAttr(fTokens, k, v, 0, math.MaxInt64); ok {
+		if n, ok = sd.intAttr(fTokens, k, v, 0, maxTokens); ok {
 			sd.workload().Tokens = n
 		}
 	case string(otel.AttrLastArrival):

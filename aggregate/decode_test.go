@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/collector/pdata/plog"
 	"go.opentelemetry.io/collector/pdata/plog/plogotlp"
 	"go.opentelemetry.io/collector/pdata/ptrace"
+	"go.opentelemetry.io/collector/pdata/ptrace/ptraceotlp"
 
 	"github.com/slowrank/slowrank/detector"
 	"github.com/slowrank/slowrank/otel"
@@ -131,6 +132,10 @@ func TestDecodeLogsRejects(t *testing.T) {
 		}, "attributes (limit 64)"},
 		{"bool gpu as int", func(_, _, a pcommon.Map, _ plog.LogRecord) { a.PutInt("slowrank.gpu", 1) }, "must be a bool"},
 		{"negative tokens", func(_, _, a pcommon.Map, _ plog.LogRecord) { a.PutInt("slowrank.workload.tokens", -5) }, "out of range"},
+		// Two such counts overflowed the detector's median.
+		{"tokens near 2^63", func(_, _, a pcommon.Map, _ plog.LogRecord) {
+			a.PutInt("slowrank.workload.tokens", math.MaxInt64-1)
+		}, "out of range"},
 		{"job mismatch", func(_, _, a pcommon.Map, _ plog.LogRecord) { a.PutStr("slowrank.job.id", "other") }, "differs from its resource"},
 		{"kind not a string", func(_, _, a pcommon.Map, _ plog.LogRecord) { a.PutInt("slowrank.kind", 1) }, "must be a string"},
 	}
@@ -305,6 +310,69 @@ func FuzzDecodeLogs(f *testing.F) {
 				}
 			} else if err := det.AddTopology(*f.Topology); err != nil {
 				t.Fatalf("detector rejects an accepted topology: %v", err)
+			}
+		}
+	})
+}
+
+// stepSpans is a traces request with one train.step span as the agent's
+// exporter writes it and one span of another name.
+func stepSpans(start, end uint64) ptrace.Traces {
+	td := ptrace.NewTraces()
+	rs := td.ResourceSpans().AppendEmpty()
+	rs.Resource().Attributes().PutStr("host.name", "h7")
+	rs.Resource().Attributes().PutStr("slowrank.job.id", "j1")
+	spans := rs.ScopeSpans().AppendEmpty().Spans()
+	sp := spans.AppendEmpty()
+	sp.SetName(otel.SpanStep)
+	sp.SetStartTimestamp(pcommon.Timestamp(start))
+	sp.SetEndTimestamp(pcommon.Timestamp(end))
+	a := sp.Attributes()
+	a.PutInt("slowrank.rank", 3)
+	a.PutInt("slowrank.step", 9)
+	a.PutDouble("slowrank.phase.host_ms", 3.5)
+	a.PutInt("slowrank.workload.tokens", 4096)
+	spans.AppendEmpty().SetName("phase.host")
+	return td
+}
+
+// FuzzDecodeTraces feeds arbitrary bytes as an ExportTraceServiceRequest:
+// the decoder must never panic, and every step it accepts must satisfy the
+// detector's invariants (its seeds are in testdata/fuzz/FuzzDecodeTraces).
+func FuzzDecodeTraces(f *testing.F) {
+	for _, td := range []ptrace.Traces{stepSpans(1e9, 1.026e9), stepSpans(math.MaxUint64, 1e9), stepSpans(0, math.MaxInt64)} {
+		seed, _ := ptraceotlp.NewExportRequestFromTraces(td).MarshalProto()
+		f.Add(seed)
+	}
+	lim := Limits{MaxRecords: 64}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		req := ptraceotlp.NewExportRequest()
+		if err := req.UnmarshalProto(data); err != nil {
+			return
+		}
+		d := DecodeTraces(req.Traces(), lim)
+		if len(d.Facts)+d.Rejected+d.Ignored != req.Traces().SpanCount() || len(d.Facts) > lim.MaxRecords {
+			t.Fatalf("%d facts, %d rejected, %d ignored of %d spans", len(d.Facts), d.Rejected, d.Ignored, req.Traces().SpanCount())
+		}
+		if d.Rejected > 0 && d.FirstErr == nil {
+			t.Fatal("rejection without a reason")
+		}
+		det, _ := detector.New(detector.DefaultConfig())
+		for _, f := range d.Facts {
+			st := f.Step
+			if st == nil || f.Topology != nil || f.Host == "" || f.Host != st.Host || st.Job == "" {
+				t.Fatalf("bad fact %+v", f)
+			}
+			if st.Rank < 0 || st.Rank >= MaxRank || st.Step < 0 || st.StartNS < 0 || st.EndNS < st.StartNS ||
+				st.EndNS-st.StartNS > maxStepSpanNS || len(st.Phases) > 16 || (st.Workload != nil && st.Workload.Tokens > maxTokens) {
+				t.Fatalf("invariant broken: %+v", st)
+			}
+			// The aggregator places a span at its receive time; its length
+			// is what the detector gets from the span.
+			placed := *st
+			placed.EndNS, placed.StartNS = 1e12, 1e12-(st.EndNS-st.StartNS)
+			if _, err := det.AddStep(placed); err != nil {
+				t.Fatalf("detector rejects an accepted step: %v", err)
 			}
 		}
 	})

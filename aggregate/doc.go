@@ -67,7 +67,7 @@
 // decided by the aggregator. Silence is noticed because the aggregator
 // advances event time by its own clock every Tick (detector.Advance): a
 // window settles at its end plus --lateness even if some host sent nothing,
-// and a known rank (from the merged topology or earlier facts) without
+// and a known rank (one that sent steps before) without
 // facts in it is `uncertain` ("no steps in window while N peers measured
 // ..."), never slow and never recovered; an active alert is kept
 // (alert_active). When the host reports again its ranks are judged again
@@ -98,31 +98,56 @@
 // ranks; per communicator its local members, all ranks for a world group).
 // Per job the aggregator keeps every host's latest topology and builds the
 // union: ranks by number, groups by id (members united, type by majority).
-// The merged version increases by one whenever the union changes (at most
-// once per TopologyDebounce, default 1 s), and a step's
-// slowrank.topology.version is re-tagged with the merged version that first
-// included the host's version. A host silent for HostTTL (default
-// evict-after windows) is forgotten and leaves the union.
+// The merged version increases by one whenever the union changes, or the
+// set of ranks that sent steps does (at most once per TopologyDebounce,
+// default 1 s), and a step's slowrank.topology.version is re-tagged with
+// the latest merged version that included the host's version. A host silent
+// for HostTTL (default evict-after windows) is forgotten and leaves the
+// union. A host's update costs O(its own topology): each rank keeps the
+// list of hosts that claim it.
 //
 // # Security and bounds
 //
-// The receiver binds 127.0.0.1:4317 unless told otherwise. Optional TLS
-// (certificate and key files) and an optional bearer token (read from a
-// file) required on every request, checked before any body is read.
-// Requests are bounded (4 MiB compressed and decompressed, gRPC messages
-// too), at most 16 are read and decoded at once (others wait up to 5 s,
-// then get a retryable refusal), connections are bounded (4096, 8 streams
-// each), and decoding is bounded per request (Limits: records, attributes,
-// string lengths, phases, topology size). State is bounded: hosts (65536
-// overall, 8192 per job, forgotten after HostTTL), jobs (the detector
-// configuration's MaxJobs at once; one detector judges them all, each job
-// on its own origin and windows, and a job whose hosts are all forgotten is
-// finished once its last window has settled on time: its summary kept,
-// its state dropped from the detector, its slot freed), ranks (MaxRanks per
-// job), facts waiting for the detector (QueueFacts; beyond it the receiver
+// The receiver binds 127.0.0.1:4317 unless told otherwise and warns at start
+// when it listens beyond loopback without TLS or without a token (or client
+// certificates). Optional TLS (certificate and key files), optional client
+// certificates (a CA file: every client must present a certificate it
+// signed, and may then speak only for the hosts its certificate names,
+// DNS names or else its common name: slowrank.host and a topology's rank
+// hosts; other records are rejected and counted as impersonation) and an
+// optional bearer token (read from a file) required on every request,
+// checked before any body is read.
+//
+// Connections: at most 4096 open and 64 per source address (an IPv6 /64 is
+// one source; beyond it a connection is closed at once and counted), 8
+// streams each; headers must arrive within 5 s, an idle connection is
+// closed after 30 s, and a request refused for its token, its size, its
+// rate or its form is answered and its connection closed (HTTP/2: GOAWAY),
+// so that refused clients hold no slot. Bodies: at most 4 MiB (compressed
+// and decompressed, gRPC messages too), read whole at 64 KiB/s at least
+// after a 5 s grace (slower: 408, closed) into a buffer charged to a memory
+// budget of 256 MiB over all requests being read or waiting (beyond it:
+// retryable 503), and only then does a request take one of 16 decoding
+// slots (waiting up to 5 s, then a retryable refusal): slow senders cannot
+// hold the decoders. Decoding is bounded per request (Limits: records,
+// attributes, string lengths, phases, topology size).
+//
+// State is bounded: hosts (65536 overall, 8192 per job, forgotten after
+// HostTTL), jobs (the detector configuration's MaxJobs at once; one detector
+// judges them all, each job on its own origin and windows, and a job whose
+// hosts are all forgotten is finished once its last window has settled on
+// time: its summary kept, its state dropped from the detector, its slot
+// freed), ranks (MaxRanks per job and 2^19 over all jobs), per host name
+// 16 jobs and 1024 ranks, stored topology entries (2^23 over all jobs),
+// facts waiting for the detector (QueueFacts; beyond it the receiver
 // answers a retryable UNAVAILABLE / HTTP 503 and the forwarder backs off).
-// Identical group member lists from many hosts (the world group) are stored
-// once.
+// A rank gets state only from its steps: the merged topology handed to the
+// detector holds the ranks that sent steps (as ranks and as group
+// members), so a topology that names a hundred thousand ranks costs the
+// topology's size, not rank state. Identical group member lists from many
+// hosts (the world group) are stored once. Durations are bounded (window
+// and lateness at most a day, HostTTL at most 30 days) so that no sum of
+// times overflows.
 //
 // # Concurrency
 //

@@ -1,10 +1,11 @@
 package aggregate
 
 import (
-	"compress/gzip"
+	"bytes"
 	"context"
 	"crypto/subtle"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -43,36 +45,74 @@ type ServerConfig struct {
 	Listen string
 	// TLSCertFile and TLSKeyFile enable TLS (both or neither).
 	TLSCertFile, TLSKeyFile string
+	// ClientCAFile, with TLS, requires every client to present a
+	// certificate signed by one of these CAs, and binds the host names a
+	// client may claim (slowrank.host, a topology's rank hosts) to the DNS
+	// names of its certificate (its common name when it has none).
+	ClientCAFile string
 	// Token, when set, must come as "authorization: Bearer <token>" with
 	// every request; it is checked before any body is read.
 	Token string
 	// MaxRequestBytes bounds a request body, compressed and decompressed,
 	// and a gRPC message (default 4 MiB).
 	MaxRequestBytes int
-	// MaxConcurrent bounds the requests being read and decoded at once
-	// (default 16); others wait up to 5 s, then get a retryable refusal.
-	// Memory for requests is therefore about MaxConcurrent ×
-	// MaxRequestBytes × a small decoding factor, whatever the clients do.
+	// MaxConcurrent bounds the requests decoded at once (default 16);
+	// others wait up to 5 s, then get a retryable refusal. A body is read
+	// whole before it waits for a slot, so slow senders hold no slot.
 	MaxConcurrent int
-	// MaxConns bounds open connections (default 4096).
-	MaxConns int
-	Limits   Limits
-	NowMono  func() int64
-	Logger   *slog.Logger
+	// MaxMemory bounds the bytes of request bodies held at once, being
+	// read or waiting for a decoding slot (default 256 MiB, at least
+	// MaxRequestBytes): a body that does not fit is refused at once
+	// (retryable). Decoding adds about MaxConcurrent × MaxRequestBytes ×
+	// a small factor.
+	MaxMemory int64
+	// MaxConns bounds open connections (default 4096); MaxConnsPerSource
+	// those of one source address (an IPv6 /64 counts as one; default
+	// 64): a connection beyond it is closed at once.
+	MaxConns, MaxConnsPerSource int
+	// MinBodyRate is the slowest a body may arrive, in bytes per second,
+	// after BodyGrace (defaults 64 KiB/s and 5 s): a slower one is cut
+	// (408) and its connection closed.
+	MinBodyRate int
+	BodyGrace   time.Duration
+	Limits      Limits
+	NowMono     func() int64
+	Logger      *slog.Logger
 }
+
+// Timeouts of a connection: the headers of a request must arrive within
+// readHeaderTimeout; an idle keep-alive connection is closed after
+// idleTimeout (agents send every 200 ms while they have facts).
+const (
+	readHeaderTimeout = 5 * time.Second
+	idleTimeout       = 30 * time.Second
+	slotWait          = 5 * time.Second
+)
 
 func (c ServerConfig) withDefaults() ServerConfig {
 	if c.Listen == "" {
 		c.Listen = DefaultListen
 	}
-	if c.MaxRequestBytes <= 0 {
+	if c.MaxRequestBytes == 0 {
 		c.MaxRequestBytes = 4 << 20
 	}
-	if c.MaxConcurrent <= 0 {
+	if c.MaxConcurrent == 0 {
 		c.MaxConcurrent = 16
 	}
-	if c.MaxConns <= 0 {
+	if c.MaxMemory == 0 {
+		c.MaxMemory = max(256<<20, int64(c.MaxRequestBytes))
+	}
+	if c.MaxConns == 0 {
 		c.MaxConns = 4096
+	}
+	if c.MaxConnsPerSource == 0 {
+		c.MaxConnsPerSource = min(64, c.MaxConns)
+	}
+	if c.MinBodyRate == 0 {
+		c.MinBodyRate = 64 << 10
+	}
+	if c.BodyGrace == 0 {
+		c.BodyGrace = 5 * time.Second
 	}
 	if c.NowMono == nil {
 		c.NowMono = MonoNow
@@ -84,16 +124,43 @@ func (c ServerConfig) withDefaults() ServerConfig {
 	return c
 }
 
+// check refuses negative limits and a memory budget that cannot hold one
+// request; 0 takes the default.
+func (c ServerConfig) check() error {
+	if c.MaxRequestBytes < 0 || c.MaxConcurrent < 0 || c.MaxConns < 0 || c.MaxConnsPerSource < 0 ||
+		c.MaxMemory < 0 || c.MinBodyRate < 0 || c.BodyGrace < 0 {
+		return fmt.Errorf("aggregate server: negative limit (request bytes %d, concurrent %d, memory %d, connections %d, per source %d, body rate %d, grace %s); 0 takes the default",
+			c.MaxRequestBytes, c.MaxConcurrent, c.MaxMemory, c.MaxConns, c.MaxConnsPerSource, c.MinBodyRate, c.BodyGrace)
+	}
+	d := c.withDefaults()
+	if d.MaxMemory < int64(d.MaxRequestBytes) {
+		return fmt.Errorf("aggregate server: memory budget %d is below one request (%d bytes)", d.MaxMemory, d.MaxRequestBytes)
+	}
+	if d.MaxConnsPerSource > d.MaxConns {
+		return fmt.Errorf("aggregate server: %d connections per source is more than %d in all", d.MaxConnsPerSource, d.MaxConns)
+	}
+	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
+		return errors.New("aggregate server: TLS needs both a certificate and a key file")
+	}
+	if c.ClientCAFile != "" && c.TLSCertFile == "" {
+		return errors.New("aggregate server: client certificates need TLS (a certificate and a key file)")
+	}
+	return nil
+}
+
 // ServerStats are the receiver's counters.
 type ServerStats struct {
-	Requests     int64 // requests decoded
-	Records      int64 // fact records accepted
-	Rejected     int64 // records rejected by validation
-	Ignored      int64 // records that were not slowrank facts
-	Unauthorized int64 // requests without the right token
-	TooLarge     int64 // requests over MaxRequestBytes
-	BadRequests  int64 // undecodable bodies, wrong method/type
-	Busy         int64 // refused: concurrency limit or aggregator queue full
+	Requests      int64 // requests decoded
+	Records       int64 // fact records accepted
+	Rejected      int64 // records rejected by validation
+	Ignored       int64 // records that were not slowrank facts
+	Unauthorized  int64 // requests without the right token
+	TooLarge      int64 // requests over MaxRequestBytes
+	BadRequests   int64 // undecodable bodies, wrong method/type
+	Busy          int64 // refused: concurrency limit, memory budget or aggregator queue full
+	SlowBodies    int64 // bodies cut for arriving below MinBodyRate
+	RefusedConns  int64 // connections closed at once: their source had MaxConnsPerSource
+	Impersonation int64 // records naming a host their client certificate does not
 }
 
 // Server is the OTLP receiver in front of an Ingester.
@@ -105,44 +172,41 @@ type Server struct {
 	http  *http.Server
 	grpc  *grpc.Server
 	sem   chan struct{}
+	mem   budget
 	auth  []byte // "Bearer <token>", nil without a token
 	tls   bool
+	mtls  bool // client certificates name the hosts a client may claim
 	stats struct {
 		requests, records, rejected, ignored, unauthorized, tooLarge, bad, busy atomic.Int64
+		slow, impersonation                                                     atomic.Int64
 	}
+	conns    *limitListener
 	serveErr chan error
 	once     sync.Once
 }
 
 // NewServer listens on cfg.Listen and starts serving; Shutdown stops it.
 func NewServer(cfg ServerConfig, ing Ingester) (*Server, error) {
-	if cfg.MaxRequestBytes < 0 || cfg.MaxConcurrent < 0 || cfg.MaxConns < 0 {
-		return nil, fmt.Errorf("aggregate server: negative limit (request bytes %d, concurrent %d, connections %d); 0 takes the default",
-			cfg.MaxRequestBytes, cfg.MaxConcurrent, cfg.MaxConns)
+	if err := cfg.check(); err != nil {
+		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	if (cfg.TLSCertFile == "") != (cfg.TLSKeyFile == "") {
-		return nil, errors.New("aggregate server: TLS needs both a certificate and a key file")
-	}
 	s := &Server{
 		cfg:      cfg,
 		log:      cfg.Logger.With("component", "aggregate-server"),
 		ing:      ing,
 		sem:      make(chan struct{}, cfg.MaxConcurrent),
+		mem:      budget{limit: cfg.MaxMemory},
 		serveErr: make(chan error, 1),
 	}
 	if cfg.Token != "" {
 		s.auth = []byte("Bearer " + cfg.Token)
 	}
-	var tlsCfg *tls.Config
-	if cfg.TLSCertFile != "" {
-		cert, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("load TLS certificate: %w", err)
-		}
-		tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}}
-		s.tls = true
+	tlsCfg, err := serverTLS(cfg)
+	if err != nil {
+		return nil, err
 	}
+	s.tls, s.mtls = tlsCfg != nil, cfg.ClientCAFile != ""
 	s.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(cfg.MaxRequestBytes), grpc.MaxSendMsgSize(1<<20))
 	plogotlp.RegisterGRPCServer(s.grpc, &logsService{s: s})
 	ptraceotlp.RegisterGRPCServer(s.grpc, &tracesService{s: s})
@@ -151,7 +215,8 @@ func NewServer(cfg ServerConfig, ing Ingester) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
-	ln = &limitListener{Listener: ln, sem: make(chan struct{}, cfg.MaxConns), closed: make(chan struct{})}
+	s.conns = newLimitListener(ln, cfg.MaxConns, cfg.MaxConnsPerSource)
+	ln = s.conns
 	if tlsCfg != nil {
 		ln = tls.NewListener(ln, tlsCfg)
 	}
@@ -167,18 +232,63 @@ func NewServer(cfg ServerConfig, ing Ingester) (*Server, error) {
 		Handler:           s,
 		Protocols:         &protos,
 		HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: 8, MaxReceiveBufferPerStream: 1 << 20},
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       5 * time.Minute,
+		ReadHeaderTimeout: readHeaderTimeout,
+		IdleTimeout:       idleTimeout,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
-	}
-	if tlsCfg != nil {
-		s.http.TLSConfig = tlsCfg
+		TLSConfig:         tlsCfg,
 	}
 	go func() { s.serveErr <- s.http.Serve(ln) }()
-	s.log.Info("OTLP receiver listening", "addr", ln.Addr().String(), "tls", s.tls, "token", s.auth != nil,
-		"max_request_bytes", cfg.MaxRequestBytes)
+	s.log.Info("OTLP receiver listening", "addr", ln.Addr().String(), "tls", s.tls, "client_certs", s.mtls,
+		"token", s.auth != nil, "max_request_bytes", cfg.MaxRequestBytes)
+	s.warnExposure()
 	return s, nil
+}
+
+// serverTLS builds the TLS configuration (nil without TLS); with a client
+// CA every client must present a certificate it signed.
+func serverTLS(cfg ServerConfig) (*tls.Config, error) {
+	if cfg.TLSCertFile == "" {
+		return nil, nil
+	}
+	cert, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("load TLS certificate: %w", err)
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}}
+	if cfg.ClientCAFile != "" {
+		pem, err := os.ReadFile(cfg.ClientCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("client CA: %w", err)
+		}
+		c.ClientCAs = x509.NewCertPool()
+		if !c.ClientCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("client CA: no PEM certificate in %s", cfg.ClientCAFile)
+		}
+		c.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return c, nil
+}
+
+// warnExposure warns when the receiver listens beyond loopback without TLS
+// or without a token: anyone who reaches the port can then feed (or read
+// the traffic of) every job.
+func (s *Server) warnExposure() {
+	addr, ok := s.ln.Addr().(*net.TCPAddr)
+	if !ok || addr.IP.IsLoopback() {
+		return
+	}
+	var missing []string
+	if !s.tls {
+		missing = append(missing, "TLS (--tls-cert, --tls-key)")
+	}
+	if s.auth == nil && !s.mtls {
+		missing = append(missing, "a token (--token-file) or client certificates (--tls-client-ca)")
+	}
+	if len(missing) > 0 {
+		s.log.Warn("OTLP receiver listens beyond loopback without "+strings.Join(missing, " and ")+
+			": anyone who reaches it can send facts for any host and job", "addr", addr.String())
+	}
 }
 
 // Addr is the address the server listens on.
@@ -206,7 +316,8 @@ func (s *Server) Stats() ServerStats {
 	return ServerStats{
 		Requests: s.stats.requests.Load(), Records: s.stats.records.Load(), Rejected: s.stats.rejected.Load(),
 		Ignored: s.stats.ignored.Load(), Unauthorized: s.stats.unauthorized.Load(), TooLarge: s.stats.tooLarge.Load(),
-		BadRequests: s.stats.bad.Load(), Busy: s.stats.busy.Load(),
+		BadRequests: s.stats.bad.Load(), Busy: s.stats.busy.Load(), SlowBodies: s.stats.slow.Load(),
+		RefusedConns: s.conns.refused.Load(), Impersonation: s.stats.impersonation.Load(),
 	}
 }
 
@@ -218,14 +329,14 @@ func (s *Server) authorized(r *http.Request) bool {
 	return subtle.ConstantTimeCompare([]byte(got), s.auth) == 1
 }
 
-// acquire takes a concurrency slot, waiting at most 5 s.
+// acquire takes a decoding slot, waiting at most slotWait.
 func (s *Server) acquire(ctx context.Context) bool {
 	select {
 	case s.sem <- struct{}{}:
 		return true
 	default:
 	}
-	t := time.NewTimer(5 * time.Second)
+	t := time.NewTimer(slotWait)
 	defer t.Stop()
 	select {
 	case s.sem <- struct{}{}:
@@ -239,39 +350,80 @@ func (s *Server) acquire(ctx context.Context) bool {
 
 func (s *Server) release() { <-s.sem }
 
-// ServeHTTP routes gRPC (HTTP/2, application/grpc) to the gRPC server and
-// everything else to the OTLP/HTTP handlers, after the token check and the
-// concurrency limit, so that nobody makes the server read a body without
-// the token.
+// refusal is an answer before decoding: the HTTP status, the gRPC code and
+// whether the connection is closed after it. A client that sent no token,
+// too much or too slowly gets no second request on its connection, so that
+// idle refused connections cannot hold the connection slots.
+type refusal struct {
+	status int
+	code   codes.Code
+	msg    string
+	close  bool
+}
+
+func (s *Server) refuse(w http.ResponseWriter, isGRPC bool, rf refusal) {
+	if rf.close {
+		// HTTP/1.1 closes after the answer; HTTP/2 sends GOAWAY and closes
+		// once the connection's other streams are done.
+		w.Header().Set("Connection", "close")
+	}
+	if isGRPC {
+		grpcRefuse(w, rf.code, rf.msg)
+		return
+	}
+	switch rf.status {
+	case http.StatusUnauthorized:
+		w.Header().Set("WWW-Authenticate", `Bearer realm="slowrank"`)
+	case http.StatusServiceUnavailable:
+		w.Header().Set("Retry-After", "1")
+	}
+	http.Error(w, rf.msg, rf.status)
+}
+
+// ServeHTTP checks the token, reads the body whole (bounded in size, rate
+// and memory), and only then takes a decoding slot and hands the request
+// to the gRPC server or the OTLP/HTTP decoder: nobody makes the server read
+// a body without the token, and a slow body holds no decoding slot.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	isGRPC := r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc")
 	if !s.authorized(r) {
 		s.stats.unauthorized.Add(1)
-		if isGRPC {
-			grpcRefuse(w, codes.Unauthenticated, "missing or wrong bearer token")
+		s.refuse(w, isGRPC, refusal{http.StatusUnauthorized, codes.Unauthenticated, "missing or wrong bearer token", true})
+		return
+	}
+	var req otlpRequest
+	limit := int64(s.cfg.MaxRequestBytes)
+	if isGRPC {
+		// The gRPC frame: 5 bytes of header, and a compressed message may
+		// be a little larger than its content.
+		limit += limit/64 + 1024
+	} else {
+		var rf *refusal
+		if req, rf = parseOTLPHTTP(r); rf != nil {
+			s.stats.bad.Add(1)
+			s.refuse(w, false, *rf)
 			return
 		}
-		w.Header().Set("WWW-Authenticate", `Bearer realm="slowrank"`)
-		http.Error(w, "missing or wrong bearer token", http.StatusUnauthorized)
+	}
+	body, done, err := s.readBody(w, r, limit)
+	defer done()
+	if err != nil {
+		s.refuse(w, isGRPC, s.bodyRefusal(err))
 		return
 	}
 	if !s.acquire(r.Context()) {
 		s.stats.busy.Add(1)
-		if isGRPC {
-			grpcRefuse(w, codes.Unavailable, "aggregator busy: retry")
-			return
-		}
-		w.Header().Set("Retry-After", "1")
-		http.Error(w, "aggregator busy: retry", http.StatusServiceUnavailable)
+		s.refuse(w, isGRPC, refusal{http.StatusServiceUnavailable, codes.Unavailable, "aggregator busy: retry", false})
 		return
 	}
 	defer s.release()
-	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(30 * time.Second))
+	hosts := clientHosts(r)
 	if isGRPC {
-		s.grpc.ServeHTTP(w, r)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		s.grpc.ServeHTTP(w, r.WithContext(withClientHosts(r.Context(), hosts)))
 		return
 	}
-	s.serveOTLPHTTP(w, r)
+	s.serveOTLPHTTP(w, req, body, hosts)
 }
 
 // grpcRefuse answers a gRPC call with a trailers-only error response.
@@ -282,90 +434,67 @@ func grpcRefuse(w http.ResponseWriter, code codes.Code, msg string) {
 	w.WriteHeader(http.StatusOK)
 }
 
-func (s *Server) serveOTLPHTTP(w http.ResponseWriter, r *http.Request) {
-	var signal string
+// otlpRequest is what the headers of an OTLP/HTTP request say.
+type otlpRequest struct {
+	traces bool   // /v1/traces, else /v1/logs
+	ct     string // application/x-protobuf or application/json
+	gzip   bool
+}
+
+// parseOTLPHTTP checks path, method and encodings before any body is read.
+func parseOTLPHTTP(r *http.Request) (otlpRequest, *refusal) {
+	var req otlpRequest
 	switch r.URL.Path {
 	case "/v1/logs":
-		signal = "logs"
 	case "/v1/traces":
-		signal = "traces"
+		req.traces = true
 	default:
-		http.NotFound(w, r)
-		return
+		return req, &refusal{http.StatusNotFound, codes.Unimplemented, "404 page not found", false}
 	}
 	if r.Method != http.MethodPost {
-		s.stats.bad.Add(1)
-		w.Header().Set("Allow", http.MethodPost)
-		http.Error(w, "use POST", http.StatusMethodNotAllowed)
-		return
+		return req, &refusal{http.StatusMethodNotAllowed, codes.Unimplemented, "use POST", false}
 	}
-	ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
-	if ct != "application/x-protobuf" && ct != "application/json" {
-		s.stats.bad.Add(1)
-		http.Error(w, "content type must be application/x-protobuf or application/json", http.StatusUnsupportedMediaType)
-		return
+	req.ct, _, _ = mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if req.ct != "application/x-protobuf" && req.ct != "application/json" {
+		return req, &refusal{http.StatusUnsupportedMediaType, codes.InvalidArgument,
+			"content type must be application/x-protobuf or application/json", true}
 	}
-	body, err := s.readBody(w, r)
-	if err != nil {
-		if errors.Is(err, errTooLarge) {
-			s.stats.tooLarge.Add(1)
-			http.Error(w, err.Error(), http.StatusRequestEntityTooLarge)
-		} else {
-			s.stats.bad.Add(1)
-			http.Error(w, err.Error(), http.StatusBadRequest)
-		}
-		return
+	switch enc := strings.ToLower(r.Header.Get("Content-Encoding")); enc {
+	case "", "identity":
+	case "gzip":
+		req.gzip = true
+	default:
+		return req, &refusal{http.StatusUnsupportedMediaType, codes.InvalidArgument, fmt.Sprintf("unsupported content encoding %q", enc), true}
 	}
-	var d Decoded
-	var resp interface {
-		MarshalProto() ([]byte, error)
-		MarshalJSON() ([]byte, error)
-	}
-	if signal == "logs" {
-		req := plogotlp.NewExportRequest()
-		if ct == "application/json" {
-			err = req.UnmarshalJSON(body)
-		} else {
-			err = req.UnmarshalProto(body)
-		}
-		if err == nil {
-			d = DecodeLogs(req.Logs(), s.cfg.Limits)
-			r := plogotlp.NewExportResponse()
-			if d.Rejected > 0 {
-				r.PartialSuccess().SetRejectedLogRecords(int64(d.Rejected))
-				r.PartialSuccess().SetErrorMessage(d.FirstErr.Error())
-			}
-			resp = r
-		}
-	} else {
-		req := ptraceotlp.NewExportRequest()
-		if ct == "application/json" {
-			err = req.UnmarshalJSON(body)
-		} else {
-			err = req.UnmarshalProto(body)
-		}
-		if err == nil {
-			d = DecodeTraces(req.Traces(), s.cfg.Limits)
-			r := ptraceotlp.NewExportResponse()
-			if d.Rejected > 0 {
-				r.PartialSuccess().SetRejectedSpans(int64(d.Rejected))
-				r.PartialSuccess().SetErrorMessage(d.FirstErr.Error())
-			}
-			resp = r
+	return req, nil
+}
+
+// marshaler is an OTLP export response.
+type marshaler interface {
+	MarshalProto() ([]byte, error)
+	MarshalJSON() ([]byte, error)
+}
+
+func (s *Server) serveOTLPHTTP(w http.ResponseWriter, req otlpRequest, body []byte, hosts []string) {
+	if req.gzip {
+		var err error
+		if body, err = gunzip(body, int64(s.cfg.MaxRequestBytes)); err != nil {
+			s.refuse(w, false, s.bodyRefusal(err))
+			return
 		}
 	}
+	d, resp, err := s.decodeOTLPHTTP(req, body, hosts)
 	if err != nil {
 		s.stats.bad.Add(1)
-		http.Error(w, "undecodable OTLP request: "+err.Error(), http.StatusBadRequest)
+		s.refuse(w, false, refusal{http.StatusBadRequest, codes.InvalidArgument, "undecodable OTLP request: " + err.Error(), true})
 		return
 	}
 	if err := s.ingest(d); err != nil {
-		w.Header().Set("Retry-After", "1")
-		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		s.refuse(w, false, refusal{http.StatusServiceUnavailable, codes.Unavailable, err.Error(), false})
 		return
 	}
 	var out []byte
-	if ct == "application/json" {
+	if req.ct == "application/json" {
 		out, err = resp.MarshalJSON()
 	} else {
 		out, err = resp.MarshalProto()
@@ -374,47 +503,54 @@ func (s *Server) serveOTLPHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "encode response", http.StatusInternalServerError)
 		return
 	}
-	w.Header().Set("Content-Type", ct)
+	w.Header().Set("Content-Type", req.ct)
 	_, _ = w.Write(out)
 }
 
-var errTooLarge = errors.New("request body too large")
-
-// readBody reads at most MaxRequestBytes, after gzip decompression too.
-func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
-	limit := int64(s.cfg.MaxRequestBytes)
-	if r.ContentLength > limit {
-		return nil, fmt.Errorf("%w: %d bytes (limit %d)", errTooLarge, r.ContentLength, limit)
-	}
-	var src io.Reader = http.MaxBytesReader(w, r.Body, limit)
-	switch enc := strings.ToLower(r.Header.Get("Content-Encoding")); enc {
-	case "", "identity":
-	case "gzip":
-		zr, err := gzip.NewReader(src)
-		if err != nil {
-			return nil, wrapTooLarge(fmt.Errorf("gzip body: %w", err))
+// decodeOTLPHTTP unmarshals and decodes a logs or traces request and builds
+// its response (partial success when records were rejected).
+func (s *Server) decodeOTLPHTTP(req otlpRequest, body []byte, hosts []string) (Decoded, marshaler, error) {
+	unmarshal := func(u interface {
+		UnmarshalProto([]byte) error
+		UnmarshalJSON([]byte) error
+	}) error {
+		if req.ct == "application/json" {
+			return u.UnmarshalJSON(body)
 		}
-		defer zr.Close()
-		src = zr
-	default:
-		return nil, fmt.Errorf("unsupported content encoding %q", enc)
+		return u.UnmarshalProto(body)
 	}
-	body, err := io.ReadAll(io.LimitReader(src, limit+1))
-	if err != nil {
-		return nil, wrapTooLarge(fmt.Errorf("read body: %w", err))
+	if req.traces {
+		r := ptraceotlp.NewExportRequest()
+		if err := unmarshal(r); err != nil {
+			return Decoded{}, nil, err
+		}
+		d := s.checkHosts(DecodeTraces(r.Traces(), s.cfg.Limits), hosts)
+		return d, tracesResponse(d), nil
 	}
-	if int64(len(body)) > limit {
-		return nil, fmt.Errorf("%w: more than %d bytes decompressed", errTooLarge, limit)
+	r := plogotlp.NewExportRequest()
+	if err := unmarshal(r); err != nil {
+		return Decoded{}, nil, err
 	}
-	return body, nil
+	d := s.checkHosts(DecodeLogs(r.Logs(), s.cfg.Limits), hosts)
+	return d, logsResponse(d), nil
 }
 
-func wrapTooLarge(err error) error {
-	var mbe *http.MaxBytesError
-	if errors.As(err, &mbe) {
-		return fmt.Errorf("%w: %w", errTooLarge, err)
+func logsResponse(d Decoded) plogotlp.ExportResponse {
+	r := plogotlp.NewExportResponse()
+	if d.Rejected > 0 {
+		r.PartialSuccess().SetRejectedLogRecords(int64(d.Rejected))
+		r.PartialSuccess().SetErrorMessage(d.FirstErr.Error())
 	}
-	return err
+	return r
+}
+
+func tracesResponse(d Decoded) ptraceotlp.ExportResponse {
+	r := ptraceotlp.NewExportResponse()
+	if d.Rejected > 0 {
+		r.PartialSuccess().SetRejectedSpans(int64(d.Rejected))
+		r.PartialSuccess().SetErrorMessage(d.FirstErr.Error())
+	}
+	return r
 }
 
 // ingest counts a decoded request and hands its facts to the aggregator.
@@ -438,17 +574,12 @@ type logsService struct {
 	s *Server
 }
 
-func (l *logsService) Export(_ context.Context, req plogotlp.ExportRequest) (plogotlp.ExportResponse, error) {
-	d := DecodeLogs(req.Logs(), l.s.cfg.Limits)
+func (l *logsService) Export(ctx context.Context, req plogotlp.ExportRequest) (plogotlp.ExportResponse, error) {
+	d := l.s.checkHosts(DecodeLogs(req.Logs(), l.s.cfg.Limits), clientHostsOf(ctx))
 	if err := l.s.ingest(d); err != nil {
 		return plogotlp.NewExportResponse(), status.Error(codes.Unavailable, err.Error())
 	}
-	resp := plogotlp.NewExportResponse()
-	if d.Rejected > 0 {
-		resp.PartialSuccess().SetRejectedLogRecords(int64(d.Rejected))
-		resp.PartialSuccess().SetErrorMessage(d.FirstErr.Error())
-	}
-	return resp, nil
+	return logsResponse(d), nil
 }
 
 type tracesService struct {
@@ -456,54 +587,10 @@ type tracesService struct {
 	s *Server
 }
 
-func (t *tracesService) Export(_ context.Context, req ptraceotlp.ExportRequest) (ptraceotlp.ExportResponse, error) {
-	d := DecodeTraces(req.Traces(), t.s.cfg.Limits)
+func (t *tracesService) Export(ctx context.Context, req ptraceotlp.ExportRequest) (ptraceotlp.ExportResponse, error) {
+	d := t.s.checkHosts(DecodeTraces(req.Traces(), t.s.cfg.Limits), clientHostsOf(ctx))
 	if err := t.s.ingest(d); err != nil {
 		return ptraceotlp.NewExportResponse(), status.Error(codes.Unavailable, err.Error())
 	}
-	resp := ptraceotlp.NewExportResponse()
-	if d.Rejected > 0 {
-		resp.PartialSuccess().SetRejectedSpans(int64(d.Rejected))
-		resp.PartialSuccess().SetErrorMessage(d.FirstErr.Error())
-	}
-	return resp, nil
-}
-
-// limitListener bounds the open connections: Accept waits for a free slot.
-type limitListener struct {
-	net.Listener
-	sem    chan struct{}
-	closed chan struct{}
-	once   sync.Once
-}
-
-func (l *limitListener) Accept() (net.Conn, error) {
-	select {
-	case l.sem <- struct{}{}:
-	case <-l.closed:
-		return nil, net.ErrClosed
-	}
-	c, err := l.Listener.Accept()
-	if err != nil {
-		<-l.sem
-		return nil, err
-	}
-	return &limitConn{Conn: c, release: func() { <-l.sem }}, nil
-}
-
-func (l *limitListener) Close() error {
-	l.once.Do(func() { close(l.closed) })
-	return l.Listener.Close()
-}
-
-type limitConn struct {
-	net.Conn
-	once    sync.Once
-	release func()
-}
-
-func (c *limitConn) Close() error {
-	err := c.Conn.Close()
-	c.once.Do(c.release)
-	return err
+	return tracesResponse(d), nil
 }

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -23,7 +25,7 @@ func aggregateCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "aggregate",
 		Usage:     "judge the ranks of every host of a job behind an OTLP endpoint (agents: --aggregator)",
-		UsageText: "slowrank aggregate --listen ADDR [--facts F] [--verdicts F] [--window D] [--tls-cert F --tls-key F] [--token-file F]",
+		UsageText: "slowrank aggregate --listen ADDR [--facts F] [--verdicts F] [--window D] [--tls-cert F --tls-key F [--tls-client-ca F]] [--token-file F]",
 		Description: "Receives the step and topology facts that agents forward (slowrank agent\n" +
 			"--aggregator ADDR) as OTLP log records over gRPC or HTTP on one port, merges the\n" +
 			"hosts' topologies, runs the detector across all ranks of each job and exports\n" +
@@ -31,16 +33,25 @@ func aggregateCommand() *cli.Command {
 			"are cut on this host's clock (receive time minus the age each fact had when sent):\n" +
 			"hosts' clocks are never compared. A host that goes silent makes its ranks\n" +
 			"uncertain. Binds 127.0.0.1 unless --listen says otherwise; use --tls-cert/--tls-key\n" +
-			"and --token-file off a private network. SIGINT/SIGTERM settle the last window.",
+			"and --token-file (or --tls-client-ca) off a private network. SIGINT/SIGTERM settle\n" +
+			"the last window.",
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "listen", Value: aggregate.DefaultListen, Usage: "host:port of the OTLP receiver (gRPC and HTTP on one port)", EnvVars: []string{"SLOWRANK_LISTEN"}},
 			&cli.StringFlag{Name: "facts", Usage: "write the facts as judged (JSONL, times on this host's clock) to this file", EnvVars: []string{"SLOWRANK_FACTS"}},
 			&cli.StringFlag{Name: "verdicts", Usage: "write verdicts and final summaries (JSONL) to this file", EnvVars: []string{"SLOWRANK_VERDICTS"}},
 			&cli.StringFlag{Name: "tls-cert", Usage: "serve TLS with this PEM certificate (needs --tls-key)", EnvVars: []string{"SLOWRANK_TLS_CERT"}},
 			&cli.StringFlag{Name: "tls-key", Usage: "PEM private key of --tls-cert", EnvVars: []string{"SLOWRANK_TLS_KEY"}},
+			&cli.StringFlag{Name: "tls-client-ca", Usage: "require client certificates signed by these PEM CAs; a client may then speak only for the hosts its certificate names (DNS names, else common name)", EnvVars: []string{"SLOWRANK_TLS_CLIENT_CA"}},
 			&cli.StringFlag{Name: "token-file", Usage: "require 'authorization: Bearer <token>' with the token in this file on every request", EnvVars: []string{"SLOWRANK_TOKEN_FILE"}},
 			&cli.IntFlag{Name: "max-request-bytes", Value: 4 << 20, Usage: "largest request body (compressed and decompressed) or gRPC message", EnvVars: []string{"SLOWRANK_MAX_REQUEST_BYTES"}},
 			&cli.IntFlag{Name: "max-hosts", Value: 1 << 16, Usage: "hosts tracked over all jobs (facts of more are refused, counted)", EnvVars: []string{"SLOWRANK_MAX_HOSTS"}},
+			&cli.IntFlag{Name: "max-conns", Value: 4096, Usage: "open connections", EnvVars: []string{"SLOWRANK_MAX_CONNS"}},
+			&cli.IntFlag{Name: "max-conns-per-source", Value: 64, Usage: "open connections of one source address (an IPv6 /64 is one); raise it behind a gateway collector", EnvVars: []string{"SLOWRANK_MAX_CONNS_PER_SOURCE"}},
+			&cli.IntFlag{Name: "max-concurrent", Value: 16, Usage: "requests decoded at once (a body is read whole before it waits for one)", EnvVars: []string{"SLOWRANK_MAX_CONCURRENT"}},
+			&cli.StringFlag{Name: "max-memory", Value: "256MiB", Usage: "request bodies held at once, being read or waiting to be decoded (bytes, or with KiB, MiB, GiB); at least --max-request-bytes", EnvVars: []string{"SLOWRANK_MAX_MEMORY"}},
+			&cli.IntFlag{Name: "max-ranks", Value: 1 << 19, Usage: "ranks with state over all jobs (a rank gets state from its steps only)", EnvVars: []string{"SLOWRANK_MAX_RANKS"}},
+			&cli.IntFlag{Name: "max-ranks-per-host", Value: 1024, Usage: "ranks one host name may send steps for, over all its jobs", EnvVars: []string{"SLOWRANK_MAX_RANKS_PER_HOST"}},
+			&cli.IntFlag{Name: "max-jobs-per-host", Value: 16, Usage: "jobs one host name may take part in at once", EnvVars: []string{"SLOWRANK_MAX_JOBS_PER_HOST"}},
 			&cli.StringFlag{Name: "host-name", Usage: "host name in telemetry (default: os.Hostname)", EnvVars: []string{"SLOWRANK_HOST_NAME"}},
 			&cli.StringFlag{Name: "otel", Value: "auto", Usage: "OpenTelemetry export: auto (on when OTEL_EXPORTER_OTLP_ENDPOINT is set), on, off, stdout", EnvVars: []string{"SLOWRANK_OTEL"}},
 			&cli.IntFlag{Name: "sample-every", Value: 20, Usage: "export every rank's span of one step in N as a baseline (anomalous windows: all)", EnvVars: []string{"SLOWRANK_SAMPLE_EVERY"}},
@@ -83,7 +94,8 @@ func runAggregate(c *cli.Context) error {
 	if host == "" {
 		host, _ = os.Hostname()
 	}
-	if err := checkAggregateLimits(c); err != nil {
+	maxMemory, err := checkAggregateLimits(c)
+	if err != nil {
 		return err
 	}
 	var token string
@@ -95,6 +107,9 @@ func runAggregate(c *cli.Context) error {
 	if (c.String("tls-cert") == "") != (c.String("tls-key") == "") {
 		return cli.Exit("--tls-cert and --tls-key go together", exitUsage)
 	}
+	if c.String("tls-client-ca") != "" && c.String("tls-cert") == "" {
+		return cli.Exit("--tls-client-ca needs --tls-cert and --tls-key", exitUsage)
+	}
 	sinks, closeSinks, err := openSinks(c, agent.Config{HostName: host})
 	if err != nil {
 		return err
@@ -104,23 +119,31 @@ func runAggregate(c *cli.Context) error {
 		aggSinks = append(aggSinks, s)
 	}
 	agg, err := aggregate.New(aggregate.Config{
-		Detector:   det,
-		Sinks:      aggSinks,
-		MaxHosts:   c.Int("max-hosts"),
-		StatsEvery: statsEvery(c.Duration("stats-every")),
-		Logger:     log,
+		Detector:        det,
+		Sinks:           aggSinks,
+		MaxHosts:        c.Int("max-hosts"),
+		MaxRanks:        c.Int("max-ranks"),
+		MaxRanksPerHost: c.Int("max-ranks-per-host"),
+		MaxJobsPerHost:  c.Int("max-jobs-per-host"),
+		StatsEvery:      statsEvery(c.Duration("stats-every")),
+		Logger:          log,
 	})
 	if err != nil {
 		closeSinks(context.Background(), nil)
 		return cli.Exit(err.Error(), exitUsage)
 	}
 	srv, err := aggregate.NewServer(aggregate.ServerConfig{
-		Listen:          c.String("listen"),
-		TLSCertFile:     c.String("tls-cert"),
-		TLSKeyFile:      c.String("tls-key"),
-		Token:           token,
-		MaxRequestBytes: c.Int("max-request-bytes"),
-		Logger:          log,
+		Listen:            c.String("listen"),
+		TLSCertFile:       c.String("tls-cert"),
+		TLSKeyFile:        c.String("tls-key"),
+		ClientCAFile:      c.String("tls-client-ca"),
+		Token:             token,
+		MaxRequestBytes:   c.Int("max-request-bytes"),
+		MaxConns:          c.Int("max-conns"),
+		MaxConnsPerSource: c.Int("max-conns-per-source"),
+		MaxConcurrent:     c.Int("max-concurrent"),
+		MaxMemory:         maxMemory,
+		Logger:            log,
 	}, agg)
 	if err != nil {
 		closeSinks(context.Background(), nil)
@@ -163,20 +186,52 @@ func runAggregate(c *cli.Context) error {
 }
 
 // checkAggregateLimits refuses limits that the aggregator would otherwise
-// replace by its defaults without a word (0 or negative sizes) and negative
-// durations.
-func checkAggregateLimits(c *cli.Context) error {
-	for _, name := range []string{"max-request-bytes", "max-hosts"} {
+// replace by its defaults without a word (0 or negative sizes), limits that
+// contradict each other and negative durations; it returns --max-memory in
+// bytes.
+func checkAggregateLimits(c *cli.Context) (int64, error) {
+	for _, name := range []string{"max-request-bytes", "max-hosts", "max-conns", "max-conns-per-source", "max-concurrent",
+		"max-ranks", "max-ranks-per-host", "max-jobs-per-host"} {
 		if n := c.Int(name); n < 1 {
-			return cli.Exit(fmt.Sprintf("--%s must be positive, got %d", name, n), exitUsage)
+			return 0, cli.Exit(fmt.Sprintf("--%s must be positive, got %d", name, n), exitUsage)
 		}
+	}
+	if c.Int("max-conns-per-source") > c.Int("max-conns") {
+		return 0, cli.Exit(fmt.Sprintf("--max-conns-per-source %d is more than --max-conns %d", c.Int("max-conns-per-source"), c.Int("max-conns")), exitUsage)
+	}
+	mem, err := parseBytes(c.String("max-memory"))
+	if err != nil {
+		return 0, cli.Exit(fmt.Sprintf("--max-memory: %v", err), exitUsage)
+	}
+	if mem < int64(c.Int("max-request-bytes")) {
+		return 0, cli.Exit(fmt.Sprintf("--max-memory %d is below one request (--max-request-bytes %d)", mem, c.Int("max-request-bytes")), exitUsage)
 	}
 	for _, name := range []string{"stats-every", "duration"} {
 		if d := c.Duration(name); d < 0 {
-			return cli.Exit(fmt.Sprintf("--%s must not be negative, got %s", name, d), exitUsage)
+			return 0, cli.Exit(fmt.Sprintf("--%s must not be negative, got %s", name, d), exitUsage)
 		}
 	}
-	return nil
+	return mem, nil
+}
+
+// parseBytes reads a positive size: a number of bytes, optionally followed
+// by KiB, MiB or GiB.
+func parseBytes(s string) (int64, error) {
+	num, unit := s, int64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}} {
+		if n, ok := strings.CutSuffix(s, u.suffix); ok {
+			num, unit = n, u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(num), 10, 64)
+	if err != nil || n < 1 || n > math.MaxInt64/unit {
+		return 0, fmt.Errorf("want a positive size such as 268435456, 512MiB or 2GiB, got %q", s)
+	}
+	return n * unit, nil
 }
 
 func statsEvery(d time.Duration) time.Duration {
@@ -199,6 +254,11 @@ func aggregateCounters(agg *aggregate.Aggregator, srv *aggregate.Server) map[str
 		"aggregate_too_large":       ss.TooLarge,
 		"aggregate_bad_requests":    ss.BadRequests,
 		"aggregate_busy":            ss.Busy,
+		"aggregate_slow_bodies":     ss.SlowBodies,
+		"aggregate_refused_conns":   ss.RefusedConns,
+		"aggregate_impersonation":   ss.Impersonation,
+		"aggregate_refused_ranks":   st.RefusedRanks,
+		"aggregate_refused_topos":   st.RefusedTopos,
 		"aggregate_facts":           st.Facts,
 		"aggregate_late":            st.LateFacts,
 		"aggregate_refused_hosts":   st.RefusedHosts,

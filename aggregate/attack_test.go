@@ -1,0 +1,235 @@
+package aggregate
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/collector/pdata/plog/plogotlp"
+
+	"github.com/slowrank/slowrank/detector"
+	"github.com/slowrank/slowrank/otel"
+)
+
+// dialFrom opens a TCP connection to addr from the loopback address src
+// (127.0.0.2 and so on all reach the loopback device on Linux), so that a
+// test can play several sources.
+func dialFrom(t *testing.T, src, addr string) net.Conn {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 2 * time.Second}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatalf("dial from %s: %v", src, err)
+	}
+	return c
+}
+
+// goodLogsBody is an OTLP/HTTP protobuf body with one valid step fact.
+func goodLogsBody(t *testing.T) []byte {
+	t.Helper()
+	body, err := plogotlp.NewExportRequestFromLogs(otel.FactLogs("h1", nil, []detector.Step{sampleStep()}, nil)).MarshalProto()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return body
+}
+
+// agentPost sends one authenticated request on a fresh connection, as an
+// agent would, and returns its status (0 when it did not complete in time).
+func agentPost(t *testing.T, addr, token string, body []byte) int {
+	t.Helper()
+	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/logs", strings.NewReader(string(body)))
+	req.Header.Set("Content-Type", "application/x-protobuf")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Logf("agent request: %v", err)
+		return 0
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode
+}
+
+// unauthorizedThenIdle sends one request without a token, reads the 401 and
+// keeps the connection open, as the issue's 4,100 connections did. It
+// reports whether the server closed the connection after its answer.
+func unauthorizedThenIdle(c net.Conn) (closed bool, err error) {
+	_, err = fmt.Fprintf(c, "POST /v1/logs HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\nContent-Length: 4\r\n\r\njunk")
+	if err != nil {
+		return false, err
+	}
+	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return false, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		return false, fmt.Errorf("status %d, want 401", resp.StatusCode)
+	}
+	return resp.Close, nil
+}
+
+func TestIdleConnectionsAfterUnauthorizedDoNotBlockAnAgent(t *testing.T) {
+	const maxConns = 64
+	ts := startServer(t, ServerConfig{Token: "s3cret", MaxConns: maxConns, MaxConnsPerSource: maxConns})
+	// More 401'd, idle connections than the server has slots, from one
+	// source (the issue used 4,100 against the default 4,096 slots).
+	var conns []net.Conn
+	t.Cleanup(func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	closedByServer := 0
+	for range maxConns + 4 {
+		c := dialFrom(t, "127.0.0.2", ts.addr)
+		conns = append(conns, c)
+		closed, err := unauthorizedThenIdle(c)
+		if err != nil {
+			break // today's server stops accepting once its slots are held
+		}
+		if closed {
+			closedByServer++
+		}
+	}
+	if closedByServer < maxConns {
+		t.Errorf("%d of %d connections closed by the server after their 401", closedByServer, len(conns))
+	}
+	if code := agentPost(t, ts.addr, "s3cret", goodLogsBody(t)); code != http.StatusOK {
+		t.Fatalf("authenticated agent got %d behind %d idle unauthorized connections, want 200", code, len(conns))
+	}
+}
+
+func TestSilentConnectionsOfOneSourceDoNotBlockAnother(t *testing.T) {
+	ts := startServer(t, ServerConfig{Token: "s3cret", MaxConns: 32, MaxConnsPerSource: 8})
+	// Connections that send nothing at all hold a slot until the header
+	// timeout; one source may hold only its share.
+	var conns []net.Conn
+	t.Cleanup(func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	for range 40 {
+		conns = append(conns, dialFrom(t, "127.0.0.3", ts.addr))
+	}
+	if code := agentPost(t, ts.addr, "s3cret", goodLogsBody(t)); code != http.StatusOK {
+		t.Fatalf("agent from another source got %d while one source opened 40 silent connections, want 200", code)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for ts.srv.Stats().RefusedConns < 40-8 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := ts.srv.Stats().RefusedConns; got < 40-8 {
+		t.Errorf("connections refused beyond the source's share: %d, want at least %d", got, 40-8)
+	}
+}
+
+// slowBody starts a request that declares a body and then sends it one byte
+// at a time, far below any reasonable rate.
+func slowBody(ctx context.Context, c net.Conn, token string, wg *sync.WaitGroup) {
+	defer wg.Done()
+	_, err := fmt.Fprintf(c, "POST /v1/logs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/x-protobuf\r\nContent-Length: 100000\r\n\r\n", token)
+	if err != nil {
+		return
+	}
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			if _, err := c.Write([]byte{0}); err != nil {
+				return
+			}
+		}
+	}
+}
+
+func TestSlowBodiesDoNotTakeEveryDecodeSlot(t *testing.T) {
+	const slots = 16
+	ts := startServer(t, ServerConfig{Token: "s3cret", MaxConcurrent: slots})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var conns []net.Conn
+	for i := range slots {
+		c := dialFrom(t, fmt.Sprintf("127.0.0.%d", 10+i), ts.addr)
+		conns = append(conns, c)
+		wg.Add(1)
+		go slowBody(ctx, c, "s3cret", &wg)
+	}
+	t.Cleanup(func() {
+		cancel()
+		for _, c := range conns {
+			c.Close()
+		}
+		wg.Wait()
+	})
+	time.Sleep(300 * time.Millisecond) // every slow body has started
+	if code := agentPost(t, ts.addr, "s3cret", goodLogsBody(t)); code != http.StatusOK {
+		t.Fatalf("agent got %d while %d slow bodies were being sent, want 200", code, slots)
+	}
+}
+
+func TestBodyBelowMinimumRateIsCut(t *testing.T) {
+	ts := startServer(t, ServerConfig{Token: "s3cret", MinBodyRate: 1 << 20, BodyGrace: 300 * time.Millisecond})
+	c := dialFrom(t, "127.0.0.4", ts.addr)
+	defer c.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go slowBody(ctx, c, "s3cret", &wg)
+	defer func() { cancel(); c.Close(); wg.Wait() }()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer to a body sent below the minimum rate: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestTimeout || !resp.Close {
+		t.Errorf("slow body answered %d (close %v), want 408 and the connection closed", resp.StatusCode, resp.Close)
+	}
+	if got := ts.srv.Stats().SlowBodies; got != 1 {
+		t.Errorf("slow bodies counted: %d, want 1", got)
+	}
+}
+
+func TestBodiesBeyondTheMemoryBudgetAreRefused(t *testing.T) {
+	// Two bodies of 48 KiB fit in 100 KiB; the third waits for none of them.
+	ts := startServer(t, ServerConfig{Token: "s3cret", MaxRequestBytes: 64 << 10, MaxMemory: 100 << 10})
+	var conns []net.Conn
+	for i := range 2 {
+		c := dialFrom(t, fmt.Sprintf("127.0.0.%d", 40+i), ts.addr)
+		conns = append(conns, c)
+		fmt.Fprintf(c, "POST /v1/logs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\nContent-Type: application/x-protobuf\r\nContent-Length: %d\r\n\r\n", 48<<10)
+		c.Write(make([]byte, 1)) // the rest never comes
+	}
+	t.Cleanup(func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	time.Sleep(200 * time.Millisecond)
+	body := make([]byte, 48<<10)
+	if code := agentPost(t, ts.addr, "s3cret", body); code != http.StatusServiceUnavailable {
+		t.Errorf("third 48 KiB body within a 100 KiB budget: %d, want 503", code)
+	}
+	// Small requests still fit.
+	if code := agentPost(t, ts.addr, "s3cret", goodLogsBody(t)); code != http.StatusOK {
+		t.Errorf("small request: %d, want 200", code)
+	}
+}

@@ -1,0 +1,193 @@
+package aggregate
+
+import (
+	"fmt"
+	"runtime"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/slowrank/slowrank/detector"
+	"github.com/slowrank/slowrank/otel"
+)
+
+// hugeTopology is the hostile record: a topology whose one group
+// lists 2^17 - 1 ranks, about 0.8 MB of JSON, decoded as the receiver does.
+func hugeTopology(t testing.TB, job string) Fact {
+	t.Helper()
+	members := make([]int, 1<<17-1)
+	for i := range members {
+		members[i] = i
+	}
+	topo := detector.Topology{Kind: detector.KindTopology, Job: job, Version: 1,
+		Ranks: []detector.RankInfo{{Rank: 0}}, Groups: []detector.Group{{ID: "w", Type: "world", Ranks: members}}}
+	d := DecodeLogs(otel.FactLogs("evil", []detector.Topology{topo}, nil, nil), Limits{})
+	if len(d.Facts) != 1 {
+		t.Fatalf("hostile topology not decoded: %v", d.FirstErr)
+	}
+	return d.Facts[0]
+}
+
+func heapAfterGC() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+func TestTopologyAloneCreatesNoRankState(t *testing.T) {
+	c := &capture{}
+	now := int64(1e12)
+	a, err := New(Config{Detector: testDetector(), Sinks: []Sink{c}, StatsEvery: -1, NowMono: func() int64 { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := hugeTopology(t, "j")
+	before := heapAfterGC()
+	a.handle(batch{recv: now, facts: []Fact{f}})
+	a.tick(now)
+	grown := int64(heapAfterGC()) - int64(before)
+	runtime.KeepAlive(a)
+	// What is stored is the topology itself (2^17 ints and its maps), not
+	// state for 2^17 ranks (today ≈62 MiB).
+	if grown > 8<<20 {
+		t.Errorf("one 0.8 MB topology record grew the heap by %.1f MiB, want under 8 MiB", float64(grown)/(1<<20))
+	}
+	t.Logf("heap grown by %.1f MiB", float64(grown)/(1<<20))
+	// Ranks that send steps join the topology handed to the detector, with
+	// their group; the others stay out.
+	for r := range 2 {
+		st := detector.Step{Kind: detector.KindStep, Job: "j", Rank: r, Step: 1, StartNS: now - 2e6, EndNS: now - 1e6,
+			Phases: map[string]float64{detector.PhaseHost: 1}}
+		a.handle(batch{recv: now, facts: []Fact{{Host: "h", Step: &st}}})
+	}
+	now += int64(a.cfg.TopologyDebounce)
+	a.tick(now)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	last := c.topos[len(c.topos)-1]
+	if len(last.Ranks) != 1 || len(last.Groups) != 1 || !slices.Equal(last.Groups[0].Ranks, []int{0, 1}) {
+		t.Fatalf("topology handed on: %d ranks, groups %+v; want rank 0 and the group of ranks 0 and 1", len(last.Ranks), last.Groups)
+	}
+	if st := a.Stats(); st.Ranks != 2 {
+		t.Errorf("ranks with state: %d, want 2", st.Ranks)
+	}
+}
+
+func TestRankAndJobQuotas(t *testing.T) {
+	step := func(job string, rank int) *detector.Step {
+		return &detector.Step{Kind: detector.KindStep, Job: job, Rank: rank, Step: 1, StartNS: 0, EndNS: 10, Phases: map[string]float64{}}
+	}
+	tests := []struct {
+		name                  string
+		cfg                   Config
+		facts                 []Fact
+		facts_, ranks_, jobs_ int64
+	}{
+		{"global rank budget", Config{MaxRanks: 3},
+			[]Fact{{Host: "a", Step: step("j1", 0)}, {Host: "b", Step: step("j1", 1)}, {Host: "c", Step: step("j2", 0)},
+				{Host: "c", Step: step("j2", 1)}, {Host: "a", Step: step("j1", 0)}},
+			4, 1, 0},
+		{"a rank two hosts send counts once", Config{MaxRanks: 1},
+			[]Fact{{Host: "a", Step: step("j1", 0)}, {Host: "b", Step: step("j1", 0)}, {Host: "b", Step: step("j1", 1)}},
+			2, 1, 0},
+		{"ranks per host over its jobs", Config{MaxRanksPerHost: 2},
+			[]Fact{{Host: "a", Step: step("j1", 0)}, {Host: "a", Step: step("j2", 0)}, {Host: "a", Step: step("j2", 1)},
+				{Host: "b", Step: step("j2", 1)}},
+			3, 1, 0},
+		{"jobs per host", Config{MaxJobsPerHost: 2},
+			[]Fact{{Host: "a", Step: step("j1", 0)}, {Host: "a", Step: step("j2", 0)}, {Host: "a", Step: step("j3", 0)},
+				{Host: "b", Step: step("j3", 0)}},
+			3, 0, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.cfg.Detector, tt.cfg.StatsEvery = testDetector(), -1
+			a, err := New(tt.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a.handle(batch{recv: 1, facts: tt.facts})
+			if st := a.Stats(); st.Facts != tt.facts_ || st.RefusedRanks != tt.ranks_ || st.RefusedJobs != tt.jobs_ {
+				t.Errorf("facts %d, refused ranks %d, refused jobs %d; want %d, %d, %d",
+					st.Facts, st.RefusedRanks, st.RefusedJobs, tt.facts_, tt.ranks_, tt.jobs_)
+			}
+		})
+	}
+}
+
+func TestForgottenHostGivesItsQuotaBack(t *testing.T) {
+	now := int64(1e12)
+	a, err := New(Config{Detector: testDetector(), StatsEvery: -1, MaxRanks: 2, MaxJobsPerHost: 1,
+		HostTTL: 3e9, NowMono: func() int64 { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r := range 2 {
+		st := detector.Step{Kind: detector.KindStep, Job: "j1", Rank: r, Step: 1, StartNS: now - 2, EndNS: now - 1, Phases: map[string]float64{}}
+		a.handle(batch{recv: now, facts: []Fact{{Host: "a", Step: &st}}})
+	}
+	now += 4e9
+	a.tick(now)
+	st := detector.Step{Kind: detector.KindStep, Job: "j2", Rank: 7, Step: 1, StartNS: now - 2, EndNS: now - 1, Phases: map[string]float64{}}
+	a.handle(batch{recv: now, facts: []Fact{{Host: "a", Step: &st}}})
+	if s := a.Stats(); s.Facts != 3 || s.RefusedRanks != 0 || s.RefusedJobs != 0 || len(a.quotas) != 1 || a.nRanks != 1 {
+		t.Fatalf("after host a was forgotten: %+v, quotas %d, ranks %d", s, len(a.quotas), a.nRanks)
+	}
+}
+
+func TestTopologyBudgetCountsSharedListsOnce(t *testing.T) {
+	world := make([]int, 100)
+	for i := range world {
+		world[i] = i
+	}
+	a, err := New(Config{Detector: testDetector(), StatsEvery: -1, MaxTopologyEntries: 150})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var facts []Fact
+	for h := range 10 {
+		host := fmt.Sprint("h", h)
+		facts = append(facts, Fact{Host: host, Topology: hostTopology(1, host, []int{h}, detector.Group{ID: "w", Type: "world", Ranks: world})})
+	}
+	// A host whose own list does not fit is refused; the others are kept.
+	other := slices.Clone(world[:60])
+	facts = append(facts, Fact{Host: "big", Topology: hostTopology(1, "big", nil, detector.Group{ID: "dp", Type: "dp", Ranks: other})})
+	a.handle(batch{recv: 1, facts: facts})
+	if st := a.Stats(); st.RefusedTopos != 1 || a.topoUsed.used != 110 {
+		t.Fatalf("refused %d topologies, %d entries in use; want 1 and 110 (100 shared members + 10 ranks)", st.RefusedTopos, a.topoUsed.used)
+	}
+	j := a.jobs["j"]
+	a.forgetHost(j, "h0", j.hosts["h0"])
+	if a.topoUsed.used != 109 {
+		t.Errorf("after forgetting a host: %d entries, want 109", a.topoUsed.used)
+	}
+}
+
+func TestNewRefusesNonsenseLimits(t *testing.T) {
+	det := testDetector()
+	longWindow := det
+	longWindow.Window = 48 * time.Hour
+	manyWindows := det
+	manyWindows.EvictAfter = 1 << 40
+	tests := []struct {
+		name string
+		cfg  Config
+	}{
+		{"negative rank budget", Config{Detector: det, MaxRanks: -1}},
+		{"negative ranks per host", Config{Detector: det, MaxRanksPerHost: -1}},
+		{"negative jobs per host", Config{Detector: det, MaxJobsPerHost: -1}},
+		{"negative topology entries", Config{Detector: det, MaxTopologyEntries: -1}},
+		{"two-day window", Config{Detector: longWindow}},
+		{"evict-after overflowing the host TTL", Config{Detector: manyWindows}},
+		{"negative host TTL", Config{Detector: det, HostTTL: -time.Second}},
+		{"year-long host TTL", Config{Detector: det, HostTTL: 365 * 24 * time.Hour}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := New(tt.cfg); err == nil {
+				t.Fatal("accepted")
+			}
+		})
+	}
+}

@@ -1,0 +1,73 @@
+package aggregate
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+)
+
+// clientHosts returns the host names a client's verified certificate lets
+// it claim: its DNS names, or its common name when it has none (nil
+// without a client certificate).
+func clientHosts(r *http.Request) []string {
+	if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || len(r.TLS.PeerCertificates) == 0 {
+		return nil
+	}
+	cert := r.TLS.PeerCertificates[0]
+	if len(cert.DNSNames) > 0 {
+		return cert.DNSNames
+	}
+	if cert.Subject.CommonName != "" {
+		return []string{cert.Subject.CommonName}
+	}
+	return nil
+}
+
+type clientHostsKey struct{}
+
+func withClientHosts(ctx context.Context, hosts []string) context.Context {
+	return context.WithValue(ctx, clientHostsKey{}, hosts)
+}
+
+func clientHostsOf(ctx context.Context) []string {
+	hosts, _ := ctx.Value(clientHostsKey{}).([]string)
+	return hosts
+}
+
+// checkHosts, with client certificates, rejects the facts that name a host
+// the client's certificate does not: the sender (slowrank.host) and, in a
+// topology, the host of every rank. Without client certificates every
+// claim stands (a token holder may speak for any host).
+func (s *Server) checkHosts(d Decoded, hosts []string) Decoded {
+	if !s.mtls {
+		return d
+	}
+	allowed := func(h string) bool {
+		return slices.ContainsFunc(hosts, func(c string) bool { return strings.EqualFold(c, h) })
+	}
+	kept := d.Facts[:0]
+	for _, f := range d.Facts {
+		bad := f.Host
+		if allowed(f.Host) {
+			bad = ""
+			if f.Topology != nil {
+				for _, r := range f.Topology.Ranks {
+					if !allowed(r.Host) {
+						bad = r.Host
+						break
+					}
+				}
+			}
+		}
+		if bad != "" {
+			s.stats.impersonation.Add(1)
+			d.reject(fmt.Errorf("%w: host %q is not named by the client certificate (%s)", ErrInvalid, bad, strings.Join(hosts, ", ")))
+			continue
+		}
+		kept = append(kept, f)
+	}
+	d.Facts = kept
+	return d
+}

@@ -1,0 +1,237 @@
+package check
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// agentCaps is the capability set of agent/caps.go (CAP_ prefix dropped).
+var agentCaps = []corev1.Capability{"BPF", "PERFMON", "SYS_ADMIN", "SYS_PTRACE", "DAC_READ_SEARCH", "DAC_OVERRIDE", "CHECKPOINT_RESTORE"}
+
+const digest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+// rendered is what one rendering of the chart yields, decoded.
+type rendered struct {
+	ds  appsv1.DaemonSet
+	sa  corev1.ServiceAccount
+	nps []networkingv1.NetworkPolicy
+}
+
+// render renders the chart with vals and decodes every manifest strictly.
+func render(t *testing.T, vals map[string]any) (rendered, error) {
+	t.Helper()
+	ch, err := loader.Load("../slowrank")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: "sr", Namespace: "slowrank"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := engine.Render(ch, rv)
+	if err != nil {
+		return rendered{}, err
+	}
+	var r rendered
+	for name, text := range out {
+		if !strings.HasSuffix(name, ".yaml") || strings.TrimSpace(text) == "" {
+			continue
+		}
+		var meta struct{ Kind string }
+		if err := yaml.Unmarshal([]byte(text), &meta); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		var into any
+		switch meta.Kind {
+		case "DaemonSet":
+			into = &r.ds
+		case "ServiceAccount":
+			into = &r.sa
+		case "NetworkPolicy":
+			r.nps = append(r.nps, networkingv1.NetworkPolicy{})
+			into = &r.nps[len(r.nps)-1]
+		default:
+			t.Fatalf("%s: unexpected kind %q", name, meta.Kind)
+		}
+		if err := yaml.UnmarshalStrict([]byte(text), into); err != nil {
+			t.Fatalf("%s does not match the %s API: %v", name, meta.Kind, err)
+		}
+	}
+	return r, nil
+}
+
+func container(t *testing.T, spec corev1.PodSpec, name string, init bool) corev1.Container {
+	t.Helper()
+	cs := spec.Containers
+	if init {
+		cs = spec.InitContainers
+	}
+	for _, c := range cs {
+		if c.Name == name {
+			return c
+		}
+	}
+	t.Fatalf("no container %q", name)
+	return corev1.Container{}
+}
+
+func TestDefaultsAreLeastPrivilegeAndPrivate(t *testing.T) {
+	r, err := render(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := r.ds.Spec.Template.Spec
+	agent := container(t, spec, "agent", false)
+	sc := agent.SecurityContext
+	if sc == nil || sc.Privileged == nil || *sc.Privileged || sc.Capabilities == nil {
+		t.Fatalf("agent security context %+v: want unprivileged with capabilities", sc)
+	}
+	if !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || !slices.Equal(sc.Capabilities.Add, agentCaps) {
+		t.Errorf("capabilities %+v, want drop ALL, add %v", sc.Capabilities, agentCaps)
+	}
+	if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+		t.Error("privilege escalation allowed")
+	}
+	if sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeUnconfined {
+		t.Errorf("seccomp %+v: the default profile refuses bpf()", sc.SeccompProfile)
+	}
+	// /status and /metrics stay off the pod IP.
+	for _, a := range agent.Args {
+		if strings.HasPrefix(a, "--status-addr") || a == "--status-allow-remote" {
+			t.Errorf("agent serves status on the pod IP by default: %q", a)
+		}
+	}
+	if len(agent.Ports) != 0 || len(r.nps) != 0 {
+		t.Errorf("ports %v and %d network policies with metrics off", agent.Ports, len(r.nps))
+	}
+	if agent.LivenessProbe == nil || agent.LivenessProbe.Exec == nil {
+		t.Errorf("liveness probe %+v: want an exec probe over the control socket", agent.LivenessProbe)
+	}
+	if r.sa.AutomountServiceAccountToken == nil || *r.sa.AutomountServiceAccountToken {
+		t.Error("service account token mounted")
+	}
+	// The image that writes the injection library is a release, not latest.
+	for _, c := range append(spec.InitContainers, spec.Containers...) {
+		if strings.HasSuffix(c.Image, ":latest") || !strings.Contains(c.Image, ":") {
+			t.Errorf("container %s image %q is not pinned to a release", c.Name, c.Image)
+		}
+	}
+	ic := container(t, spec, "install-cupti-lib", true).SecurityContext
+	if ic == nil || !slices.Equal(ic.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(ic.Capabilities.Add) != 0 {
+		t.Errorf("installer security context %+v: want every capability dropped", ic)
+	}
+}
+
+func TestVariants(t *testing.T) {
+	tests := []struct {
+		name  string
+		vals  map[string]any
+		check func(t *testing.T, r rendered)
+	}{
+		{"metrics on: port behind a network policy", map[string]any{"metrics": map[string]any{"enabled": true}}, func(t *testing.T, r rendered) {
+			agent := container(t, r.ds.Spec.Template.Spec, "agent", false)
+			if !slices.Contains(agent.Args, "--status-addr=0.0.0.0:9464") || len(agent.Ports) != 1 {
+				t.Errorf("args %v ports %v", agent.Args, agent.Ports)
+			}
+			if len(r.nps) != 1 || len(r.nps[0].Spec.Ingress) != 1 || len(r.nps[0].Spec.Ingress[0].From) == 0 ||
+				r.nps[0].Spec.Ingress[0].Ports[0].Port.IntValue() != 9464 {
+				t.Fatalf("network policies %+v", r.nps)
+			}
+		}},
+		{"digest pins the image", map[string]any{"image": map[string]any{"tag": "0.2.0", "digest": digest}}, func(t *testing.T, r rendered) {
+			for _, c := range append(r.ds.Spec.Template.Spec.InitContainers, r.ds.Spec.Template.Spec.Containers...) {
+				if c.Image != "ghcr.io/slowrank/slowrank:0.2.0@"+digest {
+					t.Errorf("%s image %q", c.Name, c.Image)
+				}
+			}
+		}},
+		{"privileged fallback", map[string]any{"privileged": true}, func(t *testing.T, r rendered) {
+			sc := container(t, r.ds.Spec.Template.Spec, "agent", false).SecurityContext
+			if sc.Privileged == nil || !*sc.Privileged || sc.Capabilities != nil {
+				t.Errorf("security context %+v", sc)
+			}
+		}},
+		{"legacy kernel adds SYS_RESOURCE", map[string]any{"legacyKernel": true}, func(t *testing.T, r rendered) {
+			sc := container(t, r.ds.Spec.Template.Spec, "agent", false).SecurityContext
+			if !slices.Equal(sc.Capabilities.Add, append(slices.Clone(agentCaps), "SYS_RESOURCE")) {
+				t.Errorf("capabilities %v", sc.Capabilities.Add)
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := render(t, tt.vals)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.check(t, r)
+		})
+	}
+}
+
+func TestRefusedValues(t *testing.T) {
+	for name, vals := range map[string]map[string]any{
+		"tag latest":        {"image": map[string]any{"tag": "latest"}},
+		"digest not sha256": {"image": map[string]any{"digest": "md5:abc"}},
+		"short digest":      {"image": map[string]any{"digest": "sha256:abc"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := render(t, vals); err == nil {
+				t.Fatal("rendered")
+			}
+		})
+	}
+}
+
+// TestPlainManifestsMatchTheAPI decodes deploy/kubernetes strictly, as
+// kubectl's server-side field validation would.
+func TestPlainManifestsMatchTheAPI(t *testing.T) {
+	files, err := filepath.Glob("../../kubernetes/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no manifests: %v", err)
+	}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, doc := range strings.Split(string(data), "\n---\n") {
+			var meta struct{ Kind string }
+			if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
+				t.Fatalf("%s #%d: %v", f, i, err)
+			}
+			var into any
+			switch meta.Kind {
+			case "Namespace":
+				into = &corev1.Namespace{}
+			case "ServiceAccount":
+				into = &corev1.ServiceAccount{}
+			case "Pod":
+				into = &corev1.Pod{}
+			case "DaemonSet":
+				into = &appsv1.DaemonSet{}
+			case "Job":
+				into = &batchv1.Job{}
+			case "NetworkPolicy":
+				into = &networkingv1.NetworkPolicy{}
+			default:
+				t.Fatalf("%s #%d: unexpected kind %q", f, i, meta.Kind)
+			}
+			if err := yaml.UnmarshalStrict([]byte(doc), into); err != nil {
+				t.Errorf("%s #%d (%s): %v", f, i, meta.Kind, err)
+			}
+		}
+	}
+}
