@@ -10,7 +10,7 @@ export OUT_DIR CUDA_HOME
 # go-nvml declares deprecated NVML calls; its cgo build would warn on each.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build test e2e-tools demo-sim unit-test race-test fuzz-test lint generate check-generated demo bench clean help
+.PHONY: all build test e2e-tools demo-sim unit-test race-test fuzz-test helm-check lint generate check-generated demo bench clean help
 
 all: build
 
@@ -49,7 +49,10 @@ fuzz-test: ## run every fuzz target for FUZZTIME
 	    echo "fuzz $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 2s $$pkg; \
 	  done; done
 
-test: lint build fakelibs cupti-test cupti-stress e2e-tools unit-test fuzz-test ## everything CI runs
+helm-check: ## render the Helm chart with Helm's engine and decode every manifest against the Kubernetes types (own module)
+	cd deploy/helm/check && $(GO) vet ./... && $(GO) test -count=1 ./...
+
+test: lint build fakelibs cupti-test cupti-stress e2e-tools unit-test fuzz-test helm-check ## everything CI runs
 
 demo: build fakelibs ## the agent on a 4-rank fake job with one slow rank (root)
 	test/demo/demo.sh

@@ -15,9 +15,10 @@
 # detach time), STOP_TIMEOUT (30), PRE_S / POST_S (15: no agent before and
 # after, to compare step times), SHAPE (dense), BUDGET (565 s for the call).
 #
-# A SIGINT'd agent takes seconds to detach and exit (3.6-5.8 s measured
-# before: the uprobe detaches), so 500 strictly sequential cycles cannot fit
-# in 7 minutes. The driver therefore does not wait for a SIGINT'd agent
+# A stopped agent takes time to exit: a SIGINT'd one detaches in about
+# 0.3 s (uprobe_multi links closed concurrently), but a SIGKILL'd one leaves
+# the kernel to close its links one file at a time, about 4.5 s on the H200
+# (seen 2026-12-01). The driver therefore does not wait for a stopped agent
 # before starting the next one: up to MAX_DRAINING agents may be detaching
 # while a new one attaches (like a rolling restart whose old instance still
 # shuts down); the next start waits for a slot. MAX_DRAINING=1 makes cycles
@@ -161,15 +162,9 @@ while read -r i action run; do
   sleep "$run"
   now_us; sig=$NOW
   rec=$(printf '{"i":%d,"action":"%s","run_s":%s,"t0_us":%d,"sig_us":%d,"draining":%d,"forced":0' "$i" "$action" "$run" "$t0" "$sig" "$draining")
-  if [ "$action" = kill ]; then
-    kill -KILL "$pid" 2>/dev/null || true
-    rc=0; wait "$pid" 2>/dev/null || rc=$?
-    D_REC[$pid]=$rec
-    record_reaped "$pid" "$rc"
-  else
-    kill -INT "$pid" 2>/dev/null || true
-    D_T[$pid]=$sig D_REC[$pid]=$rec
-  fi
+  if [ "$action" = kill ]; then signame=KILL; else signame=INT; fi
+  kill "-$signame" "$pid" 2>/dev/null || true
+  D_T[$pid]=$sig D_REC[$pid]=$rec
   done_n=$((done_n + 1))
   if ((done_n % 50 == 0)); then echo "t=${SECONDS} s: $done_n cycles, ${#D_T[@]} agents detaching"; fi
 done <"$OUT/plan.tsv"
