@@ -4,14 +4,20 @@
 package cupti
 
 const (
-	BatchMagic   = 0x42435253
-	ABIVersion   = 0x1
-	BatchMax     = 0x4000
-	RecordAlign  = 0x8
-	RecordMin    = 0x8
-	NameMax      = 0x200
-	ControlMagic = 0x54435253
-	ControlVer   = 0x2
+	BatchMagic    = 0x42435253
+	ABIVersion    = 0x1
+	BatchMax      = 0x4000
+	RecordAlign   = 0x8
+	RecordMin     = 0x8
+	NameMax       = 0x200
+	ControlMagic  = 0x54435253
+	ControlVer    = 0x2
+	HandbackMagic = 0x42485253
+	HandbackVer   = 0x1
+
+	handbackFlagPair  = 0x1
+	handbackFlagClock = 0x2
+	handbackFlagKinds = 0x4
 
 	batchFlagEpochStart = 0x1
 	batchFlagFinal      = 0x2
@@ -26,7 +32,7 @@ const (
 	kernelFlagSerial    = 0x1
 	nameFlagTruncated   = 0x1
 	numClasses          = 0x6
-	numStats            = 0x1c
+	numStats            = 0x20
 	defaultDutyOnMs     = 0xc8
 	defaultDutyPeriodMs = 0x4e20
 )
@@ -152,5 +158,29 @@ type rawControl struct {
 	Yields             uint32
 	Yielded_ns_total   uint64
 	Buffers_orphaned   uint64
-	Reserved2          uint64
+	Handback_addr      uint64
+}
+
+type rawHandback struct {
+	Magic           uint32
+	Version         uint16
+	Size            uint16
+	Own_request     uint64
+	Own_complete    uint64
+	Own_timestamp   uint64
+	Seq             uint32
+	Flags           uint32
+	Request_fn      uint64
+	Complete_fn     uint64
+	Pair_ns         uint64
+	Timestamp_fn    uint64
+	Timestamp_ns    uint64
+	Kinds           uint64
+	Handbacks       uint64
+	Clock_handbacks uint64
+	Forwarded       uint64
+	Taken           uint64
+	Rejected        uint64
+	Applied_pair_ns uint64
+	Reserved        uint64
 }

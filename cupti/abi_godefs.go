@@ -11,14 +11,20 @@ package cupti
 import "C"
 
 const (
-	BatchMagic   = C.SLOWRANK_BATCH_MAGIC
-	ABIVersion   = C.SLOWRANK_ABI_VERSION
-	BatchMax     = C.SLOWRANK_BATCH_MAX
-	RecordAlign  = C.SLOWRANK_RECORD_ALIGN
-	RecordMin    = C.SLOWRANK_RECORD_MIN
-	NameMax      = C.SLOWRANK_NAME_MAX
-	ControlMagic = C.SLOWRANK_CONTROL_MAGIC
-	ControlVer   = C.SLOWRANK_CONTROL_VERSION
+	BatchMagic    = C.SLOWRANK_BATCH_MAGIC
+	ABIVersion    = C.SLOWRANK_ABI_VERSION
+	BatchMax      = C.SLOWRANK_BATCH_MAX
+	RecordAlign   = C.SLOWRANK_RECORD_ALIGN
+	RecordMin     = C.SLOWRANK_RECORD_MIN
+	NameMax       = C.SLOWRANK_NAME_MAX
+	ControlMagic  = C.SLOWRANK_CONTROL_MAGIC
+	ControlVer    = C.SLOWRANK_CONTROL_VERSION
+	HandbackMagic = C.SLOWRANK_HANDBACK_MAGIC
+	HandbackVer   = C.SLOWRANK_HANDBACK_VERSION
+
+	handbackFlagPair  = C.SLOWRANK_HANDBACK_F_PAIR
+	handbackFlagClock = C.SLOWRANK_HANDBACK_F_CLOCK
+	handbackFlagKinds = C.SLOWRANK_HANDBACK_F_KINDS
 
 	batchFlagEpochStart = C.SLOWRANK_BATCH_F_EPOCH_START
 	batchFlagFinal      = C.SLOWRANK_BATCH_F_FINAL
@@ -53,3 +59,5 @@ type rawStats C.struct_slowrank_stats_record
 type rawTransition C.struct_slowrank_transition_record
 
 type rawControl C.struct_slowrank_cupti_control
+
+type rawHandback C.struct_slowrank_cupti_handback

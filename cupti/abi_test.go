@@ -27,6 +27,7 @@ var abiStructs = []struct {
 	{"slowrank_stats_record", reflect.TypeOf(rawStats{})},
 	{"slowrank_transition_record", reflect.TypeOf(rawTransition{})},
 	{"slowrank_cupti_control", reflect.TypeOf(rawControl{})},
+	{"slowrank_cupti_handback", reflect.TypeOf(rawHandback{})},
 }
 
 var abiConsts = map[string]int64{
@@ -38,6 +39,13 @@ var abiConsts = map[string]int64{
 	"SLOWRANK_NAME_MAX":                NameMax,
 	"SLOWRANK_CONTROL_MAGIC":           ControlMagic,
 	"SLOWRANK_CONTROL_VERSION":         ControlVer,
+	"SLOWRANK_HANDBACK_MAGIC":          HandbackMagic,
+	"SLOWRANK_HANDBACK_VERSION":        HandbackVer,
+	"SLOWRANK_HANDBACK_F_PAIR":         handbackFlagPair,
+	"SLOWRANK_HANDBACK_F_CLOCK":        handbackFlagClock,
+	"SLOWRANK_HANDBACK_F_KINDS":        handbackFlagKinds,
+	"SLOWRANK_STAT_HANDBACKS":          int64(StatHandbacks),
+	"SLOWRANK_STAT_HANDBACK_REJECTED":  int64(StatHandbackRejected),
 	"SLOWRANK_STAT_COUNT":              int64(NumStats),
 	"SLOWRANK_CLASS_COUNT":             numClasses,
 	"SLOWRANK_CLASS_COPY":              int64(ClassCopy),

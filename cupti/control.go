@@ -59,6 +59,9 @@ type Status struct {
 	Yields          uint32        // times the library yielded to another CUPTI client
 	YieldedTotal    time.Duration // time spent yielded
 	BuffersOrphaned uint64        // buffers CUPTI never handed back (another client, cuptiFinalize)
+	// HandbackAddr is the address of the library's handback block in the
+	// process (ReadHandback, WriteHandback); 0 for libraries before it.
+	HandbackAddr uint64
 }
 
 // Yield is the agent's decision about other CUPTI clients in the process
@@ -129,6 +132,7 @@ func ParseControl(b []byte) (ControlBlock, error) {
 		Yields:            u32(b, unsafe.Offsetof(r.Yields)),
 		YieldedTotal:      time.Duration(u64(b, unsafe.Offsetof(r.Yielded_ns_total))),
 		BuffersOrphaned:   u64(b, unsafe.Offsetof(r.Buffers_orphaned)),
+		HandbackAddr:      u64(b, unsafe.Offsetof(r.Handback_addr)),
 	}
 	c.Yield = Yield{
 		Gen:            u32(b, unsafe.Offsetof(r.Cupti_gen)),

@@ -89,7 +89,9 @@ cupti-test-tsan: $(CUPTI_LIB_SRCS) $(CUPTI_HDRS) $(CUPTI_DIR)/test_inject.c $(CU
 
 # The life cycle under a random schedule (attach, detach, SIGKILL, restart,
 # bad control writes, fork, a Kineto-like second client, cuptiFinalize)
-# against the fake libcupti, once under ASan+UBSan and once under TSan.
+# against the fake libcupti, once under ASan+UBSan and once under TSan, with
+# an agent that publishes the other client's callbacks (Handback); then once
+# more under ASan with an agent that does not (STRESS_OLD_AGENT=1).
 # STRESS_SECONDS per run; STRESS_SEED=N repeats a schedule.
 STRESS_SECONDS ?= 8
 CUPTI_FAKE_SRC := $(CUPTI_ROOT)/test/fakelibs/cupti.c
@@ -118,6 +120,9 @@ cupti-stress-plain: $(CUPTI_TEST_OUT)/plain/test_stress
 .PHONY: cupti-stress
 cupti-stress: $(CUPTI_TEST_OUT)/asan/test_stress $(CUPTI_TEST_OUT)/tsan/test_stress
 	ASAN_OPTIONS=abort_on_error=1:detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+		timeout 120 $(CUPTI_TEST_OUT)/asan/test_stress $(CUPTI_TEST_OUT)/asan/libslowrank_cupti.so \
+		$(CUPTI_TEST_OUT)/asan/libcupti.so $(STRESS_SECONDS)
+	STRESS_OLD_AGENT=1 ASAN_OPTIONS=abort_on_error=1:detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 		timeout 120 $(CUPTI_TEST_OUT)/asan/test_stress $(CUPTI_TEST_OUT)/asan/libslowrank_cupti.so \
 		$(CUPTI_TEST_OUT)/asan/libcupti.so $(STRESS_SECONDS)
 	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \

@@ -87,6 +87,16 @@
 // ControlAddress computes. Without an agent write the library uses
 // DefaultDuty (200 ms of every 20 s).
 //
+// The yield to another CUPTI client (Yield, WriteYield) comes with a hand
+// back: Status.HandbackAddr points at the library's slowrank_cupti_handback
+// (HandbackSize bytes), where the agent publishes the other client's buffer
+// callbacks, clock and kinds as its uprobes saw them (WriteHandback, then
+// WriteYield with an advanced generation). A client that registered its
+// callbacks as the library took CUPTI gets them back, and its buffers that
+// completed to the library, when the library yields (Handback in
+// slowrank_abi.h); ReadHandback reports what the library gave back and the
+// yields where it could not (HandbackStatus.Taken).
+//
 // # Requirements
 //
 // Building needs cupti.h and cuda.h: a CUDA toolkit (11.8 to 13.x; CUDA_HOME,
@@ -100,7 +110,7 @@
 //
 // # Concurrency
 //
-// The Go API is pure except ReadControl, WriteDuty, WriteStep and
-// InspectLibrary, which do the I/O they name. Interner is safe for
+// The Go API is pure except ReadControl, WriteDuty, WriteStep, WriteYield,
+// ReadHandback, WriteHandback and InspectLibrary, which do the I/O they name. Interner is safe for
 // concurrent use; the decoding functions keep no state.
 package cupti

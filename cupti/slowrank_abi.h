@@ -181,7 +181,11 @@ struct slowrank_name_record {
 #define SLOWRANK_STAT_REENABLED           25 /* kinds enabled again after a toggle raced another client's start */
 #define SLOWRANK_STAT_SETUPS              26 /* callback (re)registrations */
 #define SLOWRANK_STAT_CLOCK_CONVERTED     27 /* records on another clock (CLOCK_REALTIME, TSC) mapped to CLOCK_MONOTONIC */
-#define SLOWRANK_STAT_COUNT               28
+#define SLOWRANK_STAT_HANDBACKS           28 /* another client's buffer callbacks registered again after the library's (Handback) */
+#define SLOWRANK_STAT_FORWARDED           29 /* another client's buffers completed to the library, passed to its own callback */
+#define SLOWRANK_STAT_CALLBACKS_TAKEN     30 /* yields where the library's registration may have replaced another client's callbacks and no pair to give back was known */
+#define SLOWRANK_STAT_HANDBACK_REJECTED   31 /* pairs from the agent refused (not code of a loaded object, or the library's own) */
+#define SLOWRANK_STAT_COUNT               32
 
 struct slowrank_stats_record {
 	uint16_t kind;     /* 0 SLOWRANK_REC_STATS */
@@ -280,6 +284,13 @@ struct slowrank_transition_record {
  * At attach the library reports in SLOWRANK_STATUS_FOREIGN_SUBSCRIBER
  * whether another client holds CUPTI's subscriber slot (Kineto holds it
  * from its first profiling session on), for the agent's decision.
+ *
+ * Hand back. A client that starts between the agent's "no other client"
+ * and the library's registration loses its callbacks to it (CUPTI keeps
+ * the last pair registered). `handback_addr` points at the library's
+ * struct slowrank_cupti_handback (below), where the agent publishes the
+ * other client's callbacks as its uprobes saw them; when the library then
+ * yields it registers them again (see Handback).
  */
 struct slowrank_cupti_control {
 	/* fixed at build time */
@@ -321,7 +332,71 @@ struct slowrank_cupti_control {
 	uint32_t yields;              /* 164 times yielded */
 	uint64_t yielded_ns_total;    /* 168 */
 	uint64_t buffers_orphaned;    /* 176 */
-	uint64_t reserved2;           /* 184 */
+	uint64_t handback_addr;       /* 184 address of slowrank_cupti_handback in the process (0: none, older library) */
+};
+
+/*
+ * Handback (agent -> library, counters library -> agent). Found through
+ * slowrank_cupti_control.handback_addr; absent (0) in libraries before it,
+ * and an agent that never writes it leaves the library as it was: a client
+ * whose callbacks the library's registration replaced gets no records
+ * until it registers again (counted, SLOWRANK_STAT_CALLBACKS_TAKEN).
+ *
+ * The agent writes, for calls into libcupti from any thread but `ctl_tid`
+ * (its uprobes' arguments, CLOCK_MONOTONIC entry times), with a seqlock:
+ * seq+1 (odd), the fields from `flags` to `kinds`, seq+2; then it advances
+ * cupti_gen in the control block (with or without a new yield decision):
+ *   request_fn, complete_fn, pair_ns: the arguments and time of the last
+ *     cuptiActivityRegisterCallbacks call (SLOWRANK_HANDBACK_F_PAIR);
+ *   timestamp_fn, timestamp_ns: the same for
+ *     cuptiActivityRegisterTimestampCallback (SLOWRANK_HANDBACK_F_CLOCK);
+ *   kinds: bit k set while the other client has called cuptiActivityEnable(k)
+ *     (k < 64) and not cuptiActivityDisable(k) or cuptiFinalize since
+ *     (SLOWRANK_HANDBACK_F_KINDS).
+ * The library, while yielded to a session that began (foreign_since_ns)
+ * before its own last cuptiActivityRegisterCallbacks returned, registers
+ * the pair again when pair_ns >= foreign_since_ns and pair_ns is not after
+ * that return (the other client's registration may have come first), the
+ * clock likewise, and enables again those of its kinds (of `kinds` when
+ * given) that it disabled after foreign_since_ns. A pair is used only if
+ * both addresses lie in executable segments of objects loaded in the
+ * process and differ from the library's own (own_request, own_complete).
+ * Buffers of the other client that CUPTI completed to the library's
+ * callbacks meanwhile are passed to its completion callback.
+ */
+#define SLOWRANK_HANDBACK_MAGIC   0x42485253u /* "SRHB" */
+#define SLOWRANK_HANDBACK_VERSION 1
+
+#define SLOWRANK_HANDBACK_F_PAIR  (1u << 0) /* request_fn, complete_fn, pair_ns are set */
+#define SLOWRANK_HANDBACK_F_CLOCK (1u << 1) /* timestamp_fn, timestamp_ns are set */
+#define SLOWRANK_HANDBACK_F_KINDS (1u << 2) /* kinds is kept by the agent */
+
+struct slowrank_cupti_handback {
+	/* fixed at build time */
+	uint32_t magic;            /*   0 SLOWRANK_HANDBACK_MAGIC */
+	uint16_t version;          /*   4 SLOWRANK_HANDBACK_VERSION */
+	uint16_t size;             /*   6 sizeof(struct slowrank_cupti_handback) */
+	/* written by the library at start: its own callbacks */
+	uint64_t own_request;      /*   8 */
+	uint64_t own_complete;     /*  16 */
+	uint64_t own_timestamp;    /*  24 */
+	/* written by the agent (seqlock on seq) */
+	uint32_t seq;              /*  32 odd while the agent writes */
+	uint32_t flags;            /*  36 SLOWRANK_HANDBACK_F_* */
+	uint64_t request_fn;       /*  40 */
+	uint64_t complete_fn;      /*  48 */
+	uint64_t pair_ns;          /*  56 CLOCK_MONOTONIC */
+	uint64_t timestamp_fn;     /*  64 */
+	uint64_t timestamp_ns;     /*  72 CLOCK_MONOTONIC */
+	uint64_t kinds;            /*  80 bit per CUpti_ActivityKind < 64 */
+	/* written by the library */
+	uint64_t handbacks;        /*  88 pairs registered again (SLOWRANK_STAT_HANDBACKS) */
+	uint64_t clock_handbacks;  /*  96 timestamp callbacks registered again */
+	uint64_t forwarded;        /* 104 SLOWRANK_STAT_FORWARDED */
+	uint64_t taken;            /* 112 SLOWRANK_STAT_CALLBACKS_TAKEN */
+	uint64_t rejected;         /* 120 SLOWRANK_STAT_HANDBACK_REJECTED */
+	uint64_t applied_pair_ns;  /* 128 pair_ns of the last pair registered again */
+	uint64_t reserved;         /* 136 */
 };
 
 #define SLOWRANK_MIN_PERIOD_MS 100
@@ -339,6 +414,7 @@ struct slowrank_cupti_control {
 #define SLOWRANK_SYM_EMIT      "slowrank_cupti_emit"
 #define SLOWRANK_SYM_SEMAPHORE "slowrank_cupti_semaphore"
 #define SLOWRANK_SYM_CONTROL   "slowrank_cupti_control"
+#define SLOWRANK_SYM_HANDBACK  "slowrank_cupti_handback"
 #define SLOWRANK_SEMAPHORE_SECTION ".probes"
 
 #ifndef __cplusplus
@@ -355,6 +431,7 @@ SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_name_record) == 16, "name record size
 SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_stats_record) == 8, "stats record size");
 SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_transition_record) == 16, "transition record size");
 SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_cupti_control) == 192, "control block size");
+SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_cupti_handback) == 144, "handback block size");
 SLOWRANK_ABI_ASSERT(SLOWRANK_BATCH_MAX <= 65535, "record sizes are u16");
 
 #ifdef __cplusplus

@@ -9,7 +9,9 @@
  *   - does nothing CUPTI-related until an agent attaches its uprobe on
  *     slowrank_cupti_emit (the kernel then raises slowrank_cupti_semaphore)
  *     and has decided whether another CUPTI client is active (Yield in
- *     slowrank_abi.h): it never takes CUPTI from Kineto or nsys;
+ *     slowrank_abi.h): it never takes CUPTI from Kineto or nsys, and a
+ *     client that registered its callbacks just as the library took CUPTI
+ *     gets them back when it yields (Handback in slowrank_abi.h);
  *   - while attached, follows the duty cycle in slowrank_cupti_control,
  *     enabling CONCURRENT_KERNEL + MEMCPY + MEMSET for on-phases only;
  *   - never frees or unmaps a buffer it gave CUPTI: buffers are private
@@ -81,6 +83,14 @@ SR_EXPORT __attribute__((used, aligned(64))) struct slowrank_cupti_control slowr
 	.period_ms = SLOWRANK_DEFAULT_PERIOD_MS,
 };
 
+/* The other client's callbacks as the agent saw them, and what the library
+ * did with them (Handback in slowrank_abi.h). */
+SR_EXPORT __attribute__((used, aligned(64))) struct slowrank_cupti_handback slowrank_cupti_handback = {
+	.magic = SLOWRANK_HANDBACK_MAGIC,
+	.version = SLOWRANK_HANDBACK_VERSION,
+	.size = sizeof(struct slowrank_cupti_handback),
+};
+
 /* The hand-off: the agent uprobes this function and copies `len` bytes from
  * `batch`. Deliberately empty; the barrier keeps calls from being elided. */
 SR_EXPORT __attribute__((noinline, used)) SR_NOIPA void slowrank_cupti_emit(const void *batch, uint32_t len)
@@ -141,11 +151,26 @@ static const CUpti_ActivityKind sr_kinds[] = {
  * ran before this library's first use of CUPTI): collection stops. */
 #define SR_NO_BUFFER_NS  (30ull * 1000000000ull)
 #define SR_POOL_MAX      64
+/* Another client's buffers completed to this library's callbacks, held
+ * until the agent says whose they are (Handback). */
+#define SR_PARK_MAX      32
+/* After a yield starts (and whenever the agent writes again meanwhile), poll
+ * every millisecond for this long: the other client's callbacks may follow
+ * the yield decision. */
+#define SR_HANDBACK_POLL_NS (50ull * 1000000ull)
 
 struct pool_slot {
 	_Atomic int given;  /* 1 while CUPTI holds it */
 	_Atomic int orphan; /* given before another client took CUPTI: may never come back */
 	uint8_t *_Atomic mem; /* mapped once, never unmapped */
+};
+
+/* A buffer of another client, completed to this library's callbacks. */
+struct parked_buffer {
+	CUcontext ctx;
+	uint32_t stream;
+	uint8_t *buffer;
+	size_t size, valid;
 };
 
 struct duty_cfg {
@@ -176,6 +201,17 @@ static struct {
 	uint64_t fast_until; /* poll every 1 ms until then: a toggle may have raced another client */
 	uint64_t hand_back_at; /* forced flush due: CUPTI keeps no buffer of ours while off */
 	uint64_t suspect_until; /* signs of another client: no CUPTI call until then (the agent decides) */
+	uint64_t own_reg_end; /* CLOCK_MONOTONIC when this library's last cuptiActivityRegisterCallbacks returned */
+	uint64_t own_ts_end;  /* ... and its last cuptiActivityRegisterTimestampCallback */
+	/* Handback, per yield: what was given back to the other client */
+	uint64_t hb_pair_seen, hb_ts_seen; /* pair_ns / timestamp_ns already acted on */
+	int hb_pair_known;   /* a pair of the other client's current session was seen */
+	uint64_t hb_since;   /* foreign_since_ns of the yield (the agent clears it when the yield ends) */
+	uint64_t hb_kinds_on; /* bit per kind of sr_kinds: on for the other client now */
+	pthread_mutex_t park_mu;
+	CUpti_BuffersCallbackCompleteFunc fwd_complete; /* guarded by park_mu: where parked buffers go */
+	struct parked_buffer park[SR_PARK_MAX];
+	int npark;
 	uint64_t requested_at_setup; /* c_requested when the callbacks were last registered */
 	uint64_t on_ns_at_setup;     /* c_on_ns then */
 	_Atomic int foreign_clock; /* records on another clock seen: re-register ours */
@@ -201,7 +237,8 @@ static struct {
 	/* runtime counters, merged into stats records */
 	_Atomic uint64_t c_requested, c_refused, c_completed, c_flushes, c_enables, c_attaches,
 		c_cupti_errors, c_on_ns, c_discarded, c_yields, c_yielded_ns, c_orphaned, c_lease,
-		c_rejected, c_reenabled, c_setups, c_foreign_buffers;
+		c_rejected, c_reenabled, c_setups, c_foreign_buffers, c_handbacks, c_clock_handbacks,
+		c_forwarded, c_taken, c_hb_rejected;
 
 	/* control thread */
 	pthread_t thread;
@@ -223,8 +260,16 @@ static struct {
 } g = {
 	.mu = PTHREAD_MUTEX_INITIALIZER,
 	.ctl_mu = PTHREAD_MUTEX_INITIALIZER,
+	.park_mu = PTHREAD_MUTEX_INITIALIZER,
 	.dump_fd = -1,
 };
+
+/* Poll every millisecond until at least t. */
+static void fast_poll_until(uint64_t t)
+{
+	if (t > g.fast_until)
+		g.fast_until = t;
+}
 
 static uint64_t mono_ns(void)
 {
@@ -595,10 +640,23 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
 	atomic_fetch_add(&g.c_completed, 1);
 	struct pool_slot *sl = buffer ? slot_of(buffer) : NULL;
 	if (buffer && !sl) {
-		/* Another client's buffer, completed to us after we registered
-		 * again: its records are not ours and its memory is not ours
-		 * to free. Counted; left alone. */
-		atomic_fetch_add(&g.c_foreign_buffers, 1);
+		/* Another client's buffer, completed to us because our
+		 * registration came after its own: its records and its memory
+		 * are its own. Passed to its completion callback once the agent
+		 * has said which that is (Handback), else held until then. */
+		pthread_mutex_lock(&g.park_mu);
+		CUpti_BuffersCallbackCompleteFunc f = g.fwd_complete;
+		if (!f) {
+			if (g.npark < SR_PARK_MAX)
+				g.park[g.npark++] = (struct parked_buffer){ctx, stream, buffer, size, valid};
+			else
+				atomic_fetch_add(&g.c_foreign_buffers, 1);
+		}
+		pthread_mutex_unlock(&g.park_mu);
+		if (f) {
+			atomic_fetch_add(&g.c_forwarded, 1);
+			f(ctx, stream, buffer, size, valid);
+		}
 		return;
 	}
 	if (buffer && valid > 0 && !atomic_load(&g.forked_child)) {
@@ -688,6 +746,10 @@ static void sync_counters(void)
 	slowrank_conv_set_counter(c, SLOWRANK_STAT_CONTROL_REJECTED, atomic_load(&g.c_rejected));
 	slowrank_conv_set_counter(c, SLOWRANK_STAT_REENABLED, atomic_load(&g.c_reenabled));
 	slowrank_conv_set_counter(c, SLOWRANK_STAT_SETUPS, atomic_load(&g.c_setups));
+	slowrank_conv_set_counter(c, SLOWRANK_STAT_HANDBACKS, atomic_load(&g.c_handbacks));
+	slowrank_conv_set_counter(c, SLOWRANK_STAT_FORWARDED, atomic_load(&g.c_forwarded));
+	slowrank_conv_set_counter(c, SLOWRANK_STAT_CALLBACKS_TAKEN, atomic_load(&g.c_taken));
+	slowrank_conv_set_counter(c, SLOWRANK_STAT_HANDBACK_REJECTED, atomic_load(&g.c_hb_rejected));
 }
 
 static void emit_stats(int final)
@@ -805,6 +867,9 @@ static int setup_cupti(void)
 		emit_transition(0, SLOWRANK_REASON_ERROR, now);
 	}
 	CUptiResult r = g.api.ActivityRegisterCallbacks(buffer_requested, buffer_completed);
+	/* A client whose registration entered before this returned may have
+	 * lost its callbacks to ours (Handback). */
+	g.own_reg_end = mono_ns();
 	if (r != CUPTI_SUCCESS) {
 		refuse("cuptiActivityRegisterCallbacks", r);
 		return 0;
@@ -813,6 +878,7 @@ static int setup_cupti(void)
 	g.ts_callback = 0;
 	if (g.api.ActivityRegisterTimestampCallback) {
 		r = g.api.ActivityRegisterTimestampCallback(sr_timestamp);
+		g.own_ts_end = mono_ns();
 		if (r == CUPTI_SUCCESS)
 			g.ts_callback = 1;
 		else
@@ -829,6 +895,9 @@ static int setup_cupti(void)
 	}
 	g.need_setup = 0;
 	g.ready = 1;
+	/* A client whose first calls raced this registration is given back
+	 * its callbacks as soon as the agent's decision lands: look often. */
+	fast_poll_until(g.own_reg_end + SR_HANDBACK_POLL_NS);
 	g.requested_at_setup = atomic_load(&g.c_requested);
 	g.on_ns_at_setup = atomic_load(&g.c_on_ns);
 	set_status_flag(SLOWRANK_STATUS_CUPTI_READY, 1);
@@ -836,6 +905,8 @@ static int setup_cupti(void)
 	return 1;
 }
 
+/* Kinds are one global switch: a client that enabled them before this
+ * disable lost them (start_yield and give_back enable them again). */
 static void disable_kinds(void)
 {
 	for (size_t i = 0; i < SR_NKINDS; i++) {
@@ -843,6 +914,7 @@ static void disable_kinds(void)
 		if (r != CUPTI_SUCCESS)
 			cupti_error("cuptiActivityDisable", r);
 	}
+	g.last_disable_ns = mono_ns();
 }
 
 static void collection_off(int reason, uint64_t now)
@@ -850,10 +922,9 @@ static void collection_off(int reason, uint64_t now)
 	if (!g.on)
 		return;
 	disable_kinds();
-	g.last_disable_ns = mono_ns();
 	/* Another client starting right now would have lost its kinds: look
 	 * for the agent's yield often for a while, to give them back at once. */
-	g.fast_until = g.last_disable_ns + 20ull * 1000000ull;
+	fast_poll_until(g.last_disable_ns + 20ull * 1000000ull);
 	/* Once the records in flight have completed, take every buffer back
 	 * (forced flush): a client that starts while collection is off then
 	 * finds no buffer of ours in CUPTI to write its first records into. */
@@ -1015,7 +1086,218 @@ static void update_status(uint64_t now)
 	pthread_mutex_unlock(&g.mu);
 	__atomic_store_n(&c->buffers_orphaned, atomic_load(&g.c_orphaned) + atomic_load(&g.c_foreign_buffers),
 			 __ATOMIC_RELAXED);
+	struct slowrank_cupti_handback *hb = &slowrank_cupti_handback;
+	__atomic_store_n(&hb->handbacks, atomic_load(&g.c_handbacks), __ATOMIC_RELAXED);
+	__atomic_store_n(&hb->clock_handbacks, atomic_load(&g.c_clock_handbacks), __ATOMIC_RELAXED);
+	__atomic_store_n(&hb->forwarded, atomic_load(&g.c_forwarded), __ATOMIC_RELAXED);
+	__atomic_store_n(&hb->taken, atomic_load(&g.c_taken), __ATOMIC_RELAXED);
+	__atomic_store_n(&hb->rejected, atomic_load(&g.c_hb_rejected), __ATOMIC_RELAXED);
 	__atomic_store_n(&c->heartbeat_ns, now, __ATOMIC_RELAXED);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Handback: the other client's callbacks, given back                      */
+/* ---------------------------------------------------------------------- */
+
+/* What the agent published in slowrank_cupti_handback. */
+struct hb_view {
+	uint32_t flags;
+	uint64_t request_fn, complete_fn, pair_ns, timestamp_fn, timestamp_ns, kinds;
+};
+
+/* One consistent copy (the agent writes through /proc/PID/mem with a
+ * seqlock); 0 while it is writing. */
+static int read_handback(struct hb_view *v)
+{
+	struct slowrank_cupti_handback *hb = &slowrank_cupti_handback;
+#define SR_HB(f) __atomic_load_n(&hb->f, __ATOMIC_RELAXED)
+	uint32_t s1 = __atomic_load_n(&hb->seq, __ATOMIC_ACQUIRE);
+	if (s1 & 1)
+		return 0;
+	v->flags = SR_HB(flags);
+	v->request_fn = SR_HB(request_fn);
+	v->complete_fn = SR_HB(complete_fn);
+	v->pair_ns = SR_HB(pair_ns);
+	v->timestamp_fn = SR_HB(timestamp_fn);
+	v->timestamp_ns = SR_HB(timestamp_ns);
+	v->kinds = SR_HB(kinds);
+#undef SR_HB
+	__atomic_thread_fence(__ATOMIC_ACQUIRE);
+	return __atomic_load_n(&hb->seq, __ATOMIC_ACQUIRE) == s1;
+}
+
+struct code_query {
+	uintptr_t addr;
+	int found;
+};
+
+static int code_cb(struct dl_phdr_info *info, size_t size, void *arg)
+{
+	(void)size;
+	struct code_query *q = arg;
+	for (int i = 0; i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_X))
+			continue;
+		uintptr_t lo = (uintptr_t)info->dlpi_addr + (uintptr_t)ph->p_vaddr;
+		if (q->addr >= lo && q->addr - lo < (uintptr_t)ph->p_memsz) {
+			q->found = 1;
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* 1 when addr lies in an executable segment of an object loaded in this
+ * process: what the agent wrote can be called. */
+static int is_code(uint64_t addr)
+{
+	if (addr == 0 || addr > UINTPTR_MAX)
+		return 0;
+	struct code_query q = {.addr = (uintptr_t)addr, .found = 0};
+	dl_iterate_phdr(code_cb, &q);
+	return q.found;
+}
+
+static uint64_t fn_addr(const void *fnp, size_t n)
+{
+	uintptr_t a = 0;
+	memcpy(&a, fnp, n < sizeof(a) ? n : sizeof(a));
+	return (uint64_t)a;
+}
+
+/* Another client's buffers completed to us go to f from now on; the ones
+ * held meanwhile go there now. f NULL: held ones are lost (counted). */
+static void set_forward(CUpti_BuffersCallbackCompleteFunc f)
+{
+	struct parked_buffer p[SR_PARK_MAX];
+	pthread_mutex_lock(&g.park_mu);
+	g.fwd_complete = f;
+	int n = g.npark;
+	memcpy(p, g.park, (size_t)n * sizeof(p[0]));
+	g.npark = 0;
+	pthread_mutex_unlock(&g.park_mu);
+	if (!f) {
+		atomic_fetch_add(&g.c_foreign_buffers, (uint64_t)n);
+		return;
+	}
+	for (int i = 0; i < n; i++) {
+		atomic_fetch_add(&g.c_forwarded, 1);
+		f(p[i].ctx, p[i].stream, p[i].buffer, p[i].size, p[i].valid);
+	}
+}
+
+/* While yielded: gives the other client back what this library's last
+ * registration (or disable) may have taken from it, as the agent reports
+ * it (Handback in slowrank_abi.h): its buffer callbacks, its clock, its
+ * kinds, and its buffers that completed to us. Idempotent; called at the
+ * yield and at every poll while yielded. */
+static void give_back(uint64_t now)
+{
+	if (!g.yielded)
+		return;
+	uint64_t since = __atomic_load_n(&slowrank_cupti_control.foreign_since_ns, __ATOMIC_RELAXED);
+	struct hb_view v;
+	if (since != 0)
+		g.hb_since = since;
+	if (!read_handback(&v)) {
+		fast_poll_until(now + SR_HANDBACK_POLL_NS); /* the agent is writing */
+		return;
+	}
+	if (since == 0)
+		return; /* no time to compare with: nothing is given back */
+	uint64_t mask = (v.flags & SLOWRANK_HANDBACK_F_KINDS) ? v.kinds : ~0ull;
+	if (g.ready && g.last_disable_ns >= since) {
+		/* Kinds this library disabled after the other client's first
+		 * call (a toggle, or the disable before its registration): the
+		 * other client's; on again. */
+		int n = 0;
+		for (size_t i = 0; i < SR_NKINDS; i++) {
+			uint64_t bit = 1ull << (unsigned)sr_kinds[i];
+			if (!(mask & bit) || (g.hb_kinds_on & bit))
+				continue;
+			g.hb_kinds_on |= bit;
+			CUptiResult r = g.api.ActivityEnable(sr_kinds[i]);
+			if (r != CUPTI_SUCCESS)
+				cupti_error("cuptiActivityEnable (other client's kind)", r);
+			n++;
+		}
+		if (n)
+			atomic_fetch_add(&g.c_reenabled, 1);
+	}
+	int handed = 0;
+	if ((v.flags & SLOWRANK_HANDBACK_F_PAIR) && v.pair_ns >= since && v.pair_ns != g.hb_pair_seen) {
+		g.hb_pair_seen = v.pair_ns;
+		CUpti_BuffersCallbackRequestFunc req;
+		CUpti_BuffersCallbackCompleteFunc comp;
+		uintptr_t a = (uintptr_t)v.request_fn, b = (uintptr_t)v.complete_fn;
+		memcpy(&req, &a, sizeof(req));
+		memcpy(&comp, &b, sizeof(comp));
+		struct slowrank_cupti_handback *hb = &slowrank_cupti_handback;
+		if (!is_code(v.request_fn) || !is_code(v.complete_fn) || v.request_fn == hb->own_request ||
+		    v.complete_fn == hb->own_complete) {
+			atomic_fetch_add(&g.c_hb_rejected, 1);
+			DEBUGF("handback: pair %#llx/%#llx refused", (unsigned long long)v.request_fn,
+			       (unsigned long long)v.complete_fn);
+		} else {
+			g.hb_pair_known = 1;
+			/* Its buffers that completed to us (ours came after its
+			 * registration) go to it; so do those still to come. */
+			set_forward(comp);
+			if (g.ready && v.pair_ns <= g.own_reg_end) {
+				/* Ours may have replaced its pair. Our closed buffers
+				 * come back to us first (flush), then its pair is the
+				 * registered one again. */
+				flush(0);
+				CUptiResult r = g.api.ActivityRegisterCallbacks(req, comp);
+				if (r == CUPTI_SUCCESS) {
+					handed = 1;
+					atomic_fetch_add(&g.c_handbacks, 1);
+					__atomic_store_n(&hb->applied_pair_ns, v.pair_ns, __ATOMIC_RELAXED);
+					orphan_outstanding(); /* ours left in CUPTI now complete to it */
+					g.need_setup = 1;
+				} else {
+					cupti_error("cuptiActivityRegisterCallbacks (other client's)", r);
+				}
+				DEBUGF("handback: the other client's callbacks registered again (its call %llu, ours until %llu)",
+				       (unsigned long long)v.pair_ns, (unsigned long long)g.own_reg_end);
+			}
+		}
+	}
+	if ((v.flags & SLOWRANK_HANDBACK_F_CLOCK) && v.timestamp_ns >= since && v.timestamp_ns != g.hb_ts_seen &&
+	    g.api.ActivityRegisterTimestampCallback) {
+		g.hb_ts_seen = v.timestamp_ns;
+		sr_ts_fn ts;
+		uintptr_t a = (uintptr_t)v.timestamp_fn;
+		memcpy(&ts, &a, sizeof(ts));
+		if (!is_code(v.timestamp_fn) || v.timestamp_fn == slowrank_cupti_handback.own_timestamp) {
+			atomic_fetch_add(&g.c_hb_rejected, 1);
+		} else if (g.own_ts_end != 0 && v.timestamp_ns <= g.own_ts_end) {
+			CUptiResult r = g.api.ActivityRegisterTimestampCallback(ts);
+			if (r == CUPTI_SUCCESS)
+				atomic_fetch_add(&g.c_clock_handbacks, 1);
+			else
+				cupti_error("cuptiActivityRegisterTimestampCallback (other client's)", r);
+			g.need_setup = 1;
+		}
+	}
+	if (handed)
+		flush(0); /* a buffer of ours that CUPTI took meanwhile: closed now */
+}
+
+/* At the end of a yield: the other client's session began before this
+ * library's last registration returned and no pair of that session came
+ * from the agent (an agent without Handback): its callbacks may have been
+ * ours all along. Counted, for status and /metrics. */
+static void count_taken(void)
+{
+	uint64_t since = g.hb_since;
+	if (since != 0 && g.own_reg_end >= since && !g.hb_pair_known) {
+		atomic_fetch_add(&g.c_taken, 1);
+		if (!g.quiet)
+			logline("the other CUPTI client's buffer callbacks may have been replaced by this library's "
+				"(it started as the library took CUPTI) and the agent did not say which to give back");
+	}
 }
 
 /* ---------------------------------------------------------------------- */
@@ -1072,12 +1354,14 @@ static void on_detach(uint64_t now)
 	atomic_store(&g.pool_keep, 0);
 	if (g.yielded) {
 		/* CUPTI is the other client's: touch nothing. */
+		count_taken();
 		end_yield(now);
 		g.on = 0;
 	} else if (g.ready) {
 		collection_off(SLOWRANK_REASON_ATTACH, now);
 		flush(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED); /* hand every buffer back */
 	}
+	set_forward(NULL); /* nobody says whose held buffers are now */
 	release_idle_buffers();
 	if (g.loaded)
 		set_state(SLOWRANK_STATE_IDLE);
@@ -1094,19 +1378,26 @@ static void start_yield(uint64_t now)
 	g.yield_since = now;
 	atomic_fetch_add(&g.c_yields, 1);
 	__atomic_store_n(&slowrank_cupti_control.yields, (uint32_t)atomic_load(&g.c_yields), __ATOMIC_RELAXED);
+	g.hb_pair_seen = g.hb_ts_seen = 0;
+	g.hb_pair_known = 0;
+	g.hb_since = since;
+	g.hb_kinds_on = 0;
 	if (g.on) {
+		/* Our kinds are on: the other client's now. */
 		atomic_fetch_add(&g.c_on_ns, now - g.on_since);
 		g.on = 0;
-	} else if (g.ready && g.last_disable_ns != 0 && since != 0 && g.last_disable_ns >= since) {
 		for (size_t i = 0; i < SR_NKINDS; i++)
-			g.api.ActivityEnable(sr_kinds[i]);
-		atomic_fetch_add(&g.c_reenabled, 1);
+			g.hb_kinds_on |= 1ull << (unsigned)sr_kinds[i];
 	}
 	/* CUPTI's current buffer may be ours, with the other client's first
 	 * records in it: have CUPTI close it (it completes to the other
 	 * client's callbacks now) so that the rest go to a buffer of its own. */
 	if (g.ready)
 		flush(0);
+	/* Its kinds we disabled, its callbacks and clock if ours replaced
+	 * them (Handback); the agent may tell those a little later. */
+	give_back(now);
+	fast_poll_until(now + SR_HANDBACK_POLL_NS);
 	g.hand_back_at = 0;
 	emit_transition(0, SLOWRANK_REASON_YIELD, now);
 	set_state(SLOWRANK_STATE_YIELDED);
@@ -1119,6 +1410,8 @@ static void start_yield(uint64_t now)
 /* The other client is gone: register again, orphan what it may have taken. */
 static void stop_yield(uint64_t now)
 {
+	count_taken();
+	set_forward(NULL);
 	end_yield(now);
 	g.suspect_until = 0;
 	atomic_store(&g.foreign_clock, 0);
@@ -1139,17 +1432,23 @@ static int yield_gate(uint64_t now)
 			/* Act on the decision within a millisecond: a client that
 			 * starts between the decision and this library's first
 			 * registration would lose its callbacks to it. */
-			g.fast_until = now + 2ull * 1000000ull;
+			fast_poll_until(now + 2ull * 1000000ull);
 			return 1;
 		}
 		g.waiting = 0;
 		set_status_flag(SLOWRANK_STATUS_WAITING, 0);
 	}
 	int y = __atomic_load_n(&c->yield, __ATOMIC_ACQUIRE) != 0;
-	if (y && !g.yielded)
+	if (y && !g.yielded) {
 		start_yield(now);
-	else if (!y && g.yielded)
+	} else if (!y && g.yielded) {
 		stop_yield(now);
+	} else if (g.yielded) {
+		if (gen != g.seen_cupti_gen)
+			fast_poll_until(now + SR_HANDBACK_POLL_NS); /* the agent wrote: more may follow */
+		give_back(now);
+	}
+	g.seen_cupti_gen = gen;
 	return g.yielded;
 }
 
@@ -1433,6 +1732,15 @@ SR_EXPORT int InitializeInjection(void)
 	const char *dump = getenv("SLOWRANK_CUPTI_DUMP");
 	if (dump && *dump)
 		g.dump_fd = open(dump, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+
+	/* Where the agent finds the handback block, and our callbacks in it. */
+	slowrank_cupti_handback.own_request = fn_addr(&(CUpti_BuffersCallbackRequestFunc){buffer_requested},
+						      sizeof(CUpti_BuffersCallbackRequestFunc));
+	slowrank_cupti_handback.own_complete = fn_addr(&(CUpti_BuffersCallbackCompleteFunc){buffer_completed},
+						       sizeof(CUpti_BuffersCallbackCompleteFunc));
+	slowrank_cupti_handback.own_timestamp = fn_addr(&(sr_ts_fn){sr_timestamp}, sizeof(sr_ts_fn));
+	__atomic_store_n(&slowrank_cupti_control.handback_addr,
+			 (uint64_t)(uintptr_t)&slowrank_cupti_handback, __ATOMIC_RELEASE);
 
 	struct slowrank_conv_config cfg = {.pid = (uint32_t)g.pid, .emit = rt_emit, .emit_user = NULL};
 	g.conv = slowrank_conv_new(&cfg);

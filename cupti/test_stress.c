@@ -11,16 +11,23 @@
  *                writes random duty configurations with the seqlock
  *                (bad ones too: period 0, tiny periods, torn writes), and
  *                makes the yield decision the real agent makes from its
- *                libcupti uprobes, after a random 0-2 ms reaction time;
+ *                libcupti uprobes, after a random 0-2 ms reaction time,
+ *                with the other client's callbacks, clock and kinds as
+ *                its uprobes saw them (Handback in slowrank_abi.h;
+ *                STRESS_OLD_AGENT=1: an agent without it);
  *   Kineto       a second CUPTI client as torch.profiler drives CUPTI:
  *                cuptiSubscribe once (kept), then sessions of
  *                RegisterTimestampCallback (its own clock), RegisterCallbacks,
  *                Enable, run, Disable, FlushAll(FORCED); sometimes
- *                cuptiFinalize (TEARDOWN_CUPTI=1).
+ *                cuptiFinalize (TEARDOWN_CUPTI=1); half of its sessions
+ *                start 0-1 ms after the agent said "no other client", as
+ *                the library takes CUPTI (its registration races Kineto's).
  * Checks: no crash, hang or sanitizer report (build it with ASan or TSan);
  * every kernel that ran inside a Kineto session reached Kineto, except what
  * ran inside the agent's reaction time when the session started while the
- * library was collecting (at most 5 % of a session, 1 % in all); the library hands
+ * library was collecting or taking CUPTI (at most 5 % of a session, 1 % in
+ * all; with STRESS_OLD_AGENT=1 sessions that raced the library's
+ * registration are counted apart, and must show in its counters); the library hands
  * CUPTI no buffer twice (the fake aborts); after the last session the
  * library collects again (records counter moves).
  *
@@ -149,8 +156,30 @@ static int window_open;            /* a session started, the agent's decision no
 static uint64_t last_clear_ns;     /* when the agent last decided "no other client" */
 static int window_detached;        /* ... and the agent went away inside that window */
 static uint64_t n_attach, n_kill, n_restart, n_torn, n_bad, n_decisions;
+static int old_agent;              /* STRESS_OLD_AGENT=1: no Handback */
+static pthread_cond_t clear_cv = PTHREAD_COND_INITIALIZER; /* a "no other client" decision */
+static uint64_t n_clears;
+
+/* What the agent's uprobes saw of Kineto's calls (entry times), published
+ * with each decision (Handback). */
+static struct {
+	uint64_t req, comp, pair_ns, ts, ts_ns, kinds;
+	uint32_t flags;
+} seen;
+
+static struct slowrank_cupti_handback *hb;
+#define HB(f) __atomic_load_n(&hb->f, __ATOMIC_RELAXED)
 
 #define ST(f, v) __atomic_store_n(&ctl->f, (v), __ATOMIC_RELEASE)
+
+static void trace(const char *what)
+{
+	if (!getenv("STRESS_TRACE"))
+		return;
+	uint64_t t = now_ns();
+	fprintf(stderr, "%llu.%06llu %s\n", (unsigned long long)(t / 1000000000ull),
+		(unsigned long long)(t / 1000ull % 1000000ull), what);
+}
 
 /* Caller holds agent_mu. */
 static void decide(void)
@@ -160,8 +189,23 @@ static void decide(void)
 		fprintf(stderr, "agent: %llu.%03llu decide yield=%d\n", (unsigned long long)(t / 1000000000ull),
 			(unsigned long long)(t / 1000000ull % 1000ull), kineto_active);
 	}
-	if (!kineto_active)
+	if (!kineto_active) {
 		last_clear_ns = now_ns();
+		n_clears++;
+		pthread_cond_broadcast(&clear_cv);
+	}
+	if (!old_agent && hb) { /* the seqlock, then the decision */
+		uint32_t q = __atomic_load_n(&hb->seq, __ATOMIC_RELAXED);
+		__atomic_store_n(&hb->seq, q + 1, __ATOMIC_RELEASE);
+		__atomic_store_n(&hb->flags, seen.flags, __ATOMIC_RELAXED);
+		__atomic_store_n(&hb->request_fn, seen.req, __ATOMIC_RELAXED);
+		__atomic_store_n(&hb->complete_fn, seen.comp, __ATOMIC_RELAXED);
+		__atomic_store_n(&hb->pair_ns, seen.pair_ns, __ATOMIC_RELAXED);
+		__atomic_store_n(&hb->timestamp_fn, seen.ts, __ATOMIC_RELAXED);
+		__atomic_store_n(&hb->timestamp_ns, seen.ts_ns, __ATOMIC_RELAXED);
+		__atomic_store_n(&hb->kinds, seen.kinds, __ATOMIC_RELAXED);
+		__atomic_store_n(&hb->seq, q + 2, __ATOMIC_RELEASE);
+	}
 	ST(foreign_since_ns, kineto_active ? kineto_since : 0);
 	ST(yield, kineto_active ? 1u : 0u);
 	ST(cupti_gen, __atomic_load_n(&ctl->cupti_gen, __ATOMIC_RELAXED) + 1);
@@ -218,6 +262,7 @@ static void *agent_main(void *arg)
 		pthread_mutex_lock(&agent_mu);
 		__atomic_add_fetch(sem, 1, __ATOMIC_RELAXED); /* the kernel, at uprobe attach */
 		attached = 1;
+		trace("agent attach");
 		n_attach++;
 		pthread_mutex_unlock(&agent_mu);
 		wait_then_decide(between(&s, 0, 3000));
@@ -236,7 +281,11 @@ static void *agent_main(void *arg)
 			n_kill++; /* SIGKILL: the kernel drops the uprobes, nothing else */
 		__atomic_sub_fetch(sem, 1, __ATOMIC_RELAXED);
 		attached = 0;
-		if (window_open)
+		trace("agent detach");
+		/* Gone before its decision landed, or before the library acted
+		 * on it: nothing protects the session. */
+		if (window_open ||
+		    (kineto_active && __atomic_load_n(&ctl->state, __ATOMIC_RELAXED) != SLOWRANK_STATE_YIELDED))
 			window_detached = 1;
 		pthread_mutex_unlock(&agent_mu);
 		if (how == 1) {
@@ -353,6 +402,47 @@ static void react(uint64_t *s)
 	pthread_mutex_unlock(&agent_mu);
 }
 
+static uint64_t fn_u64(const void *p, size_t n)
+{
+	uint64_t v = 0;
+	memcpy(&v, p, n < sizeof(v) ? n : sizeof(v));
+	return v;
+}
+
+/* The agent's uprobe at the entry of one of Kineto's calls. */
+enum k_call { K_TS, K_REG, K_ENABLE, K_DISABLE, K_FINALIZE };
+static void uprobe(enum k_call c, int kind)
+{
+	pthread_mutex_lock(&agent_mu);
+	uint64_t t = now_ns();
+	switch (c) {
+	case K_TS:
+		seen.ts = fn_u64(&(CUpti_TimestampCallbackFunc){k_clock}, sizeof(CUpti_TimestampCallbackFunc));
+		seen.ts_ns = t;
+		seen.flags |= SLOWRANK_HANDBACK_F_CLOCK;
+		break;
+	case K_REG:
+		seen.req = fn_u64(&(CUpti_BuffersCallbackRequestFunc){k_req}, sizeof(CUpti_BuffersCallbackRequestFunc));
+		seen.comp = fn_u64(&(CUpti_BuffersCallbackCompleteFunc){k_comp}, sizeof(CUpti_BuffersCallbackCompleteFunc));
+		seen.pair_ns = t;
+		seen.flags |= SLOWRANK_HANDBACK_F_PAIR;
+		break;
+	case K_ENABLE:
+		seen.kinds |= 1ull << kind;
+		break;
+	case K_DISABLE:
+		seen.kinds &= ~(1ull << kind);
+		break;
+	case K_FINALIZE:
+		seen.kinds = 0;
+		break;
+	}
+	seen.flags |= SLOWRANK_HANDBACK_F_KINDS;
+	pthread_mutex_unlock(&agent_mu);
+}
+
+static uint64_t n_aimed, n_aimed_close, n_taken_sessions;
+
 static void kineto_session(uint64_t *s)
 {
 	pthread_mutex_lock(&agent_mu);
@@ -360,15 +450,22 @@ static void kineto_session(uint64_t *s)
 	kineto_active = 1; /* the uprobe on the first call below fires now */
 	window_open = 1;
 	/* A session that starts right after the agent said "no other client"
-	 * can find its callbacks taken by the library acting on that decision
-	 * (the race the library narrows to about a millisecond): not checked,
-	 * counted. */
-	window_detached = !external && kineto_since - last_clear_ns < 5ull * 1000000ull;
+	 * can find its callbacks taken by the library acting on that decision:
+	 * the library gives them back (Handback) and the session is checked;
+	 * with an agent without Handback it is not checked, and one that lost
+	 * most of its records must show in the library's counters. */
+	int close_to_clear = !external && kineto_since - last_clear_ns < 60ull * 1000000ull;
+	n_aimed_close += close_to_clear;
+	window_detached = 0;
 	pthread_mutex_unlock(&agent_mu);
+	uprobe(K_TS, 0);
 	fc.reg_ts(k_clock);
+	uprobe(K_REG, 0);
 	fc.reg(k_req, k_comp);
-	for (size_t i = 0; i < 3; i++)
+	for (size_t i = 0; i < 3; i++) {
+		uprobe(K_ENABLE, k_kinds[i]);
 		fc.enable(k_kinds[i]);
+	}
 	uint64_t t_on = now_ns();
 	if (getenv("STRESS_TRACE"))
 		fprintf(stderr, "kineto: %llu.%03llu session %llu on\n", (unsigned long long)(t_on / 1000000000ull),
@@ -379,17 +476,21 @@ static void kineto_session(uint64_t *s)
 	if (getenv("STRESS_TRACE"))
 		fprintf(stderr, "kineto: %llu.%03llu session off\n", (unsigned long long)(t_off / 1000000000ull),
 			(unsigned long long)(t_off / 1000000ull % 1000ull));
-	for (size_t i = 0; i < 3; i++)
+	for (size_t i = 0; i < 3; i++) {
+		uprobe(K_DISABLE, k_kinds[i]);
 		fc.disable(k_kinds[i]);
+	}
 	fc.flush(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
 	int fin = between(s, 0, 5) == 0;
 	if (fin) {
+		uprobe(K_FINALIZE, 0);
 		fc.finalize();
 		k_finalizes++;
 	}
 	pthread_mutex_lock(&agent_mu);
 	kineto_active = 0;
-	int racy = window_detached; /* agent gone or deciding inside its reaction time: nothing protects */
+	int detached = window_detached; /* agent gone inside its reaction time: nothing protects */
+	int racy = detached || (old_agent && close_to_clear);
 	pthread_mutex_unlock(&agent_mu);
 	react(s);
 	k_sessions++;
@@ -410,6 +511,8 @@ static void kineto_session(uint64_t *s)
 	pthread_mutex_unlock(&k_mu);
 	if (racy) {
 		n_racy++;
+		if (!detached && expected > 0 && missing * 2 > expected)
+			n_taken_sessions++; /* the library must have counted it (callbacks taken) */
 		fprintf(stderr, "  session %llu: agent gone or deciding inside its reaction time: %llu of %llu missing (not checked)\n",
 			(unsigned long long)k_sessions, (unsigned long long)missing, (unsigned long long)expected);
 		return;
@@ -440,6 +543,21 @@ static void *kineto_main(void *arg)
 			break;
 		if (!subscribed) /* libkineto_init: once, kept for the process's life */
 			subscribed = fc.subscribe(&sub, noop, NULL) == CUPTI_SUCCESS;
+		if (!external && between(&s, 0, 1) == 0) {
+			/* Aim at the race: start just after a "no other client"
+			 * decision, as the library takes CUPTI on it. */
+			n_aimed++;
+			pthread_mutex_lock(&agent_mu);
+			uint64_t c0 = n_clears;
+			struct timespec dl;
+			clock_gettime(CLOCK_REALTIME, &dl);
+			dl.tv_sec += 2;
+			while (n_clears == c0 && !STOPPED())
+				if (pthread_cond_timedwait(&clear_cv, &agent_mu, &dl) != 0)
+					break;
+			pthread_mutex_unlock(&agent_mu);
+			sleep_us(between(&s, 0, 1000));
+		}
 		kineto_session(&s);
 	}
 	return NULL;
@@ -461,6 +579,7 @@ int main(int argc, char **argv)
 		FAIL("usage: test_stress LIB FAKE_CUPTI [SECONDS]");
 	double secs = argc > 3 ? atof(argv[3]) : 8;
 	external = argc > 4 && strcmp(argv[4], "external") == 0;
+	old_agent = getenv("STRESS_OLD_AGENT") && strcmp(getenv("STRESS_OLD_AGENT"), "1") == 0;
 	const char *se = getenv("STRESS_SEED");
 	seed = se && *se ? strtoull(se, NULL, 10) : (uint64_t)time(NULL);
 	if (seed == 0)
@@ -497,6 +616,10 @@ int main(int argc, char **argv)
 	ctl = sym(h, SLOWRANK_SYM_CONTROL);
 	if (init() != 1)
 		FAIL("InitializeInjection");
+	hb = (struct slowrank_cupti_handback *)(uintptr_t)__atomic_load_n(&ctl->handback_addr, __ATOMIC_ACQUIRE);
+	if (!hb || hb != sym(h, SLOWRANK_SYM_HANDBACK) || hb->magic != SLOWRANK_HANDBACK_MAGIC ||
+	    hb->size != sizeof(*hb))
+		FAIL("handback block: control block points at %p", (void *)hb);
 
 	pthread_t app[APP_THREADS], agent, kineto;
 	for (int i = 0; i < APP_THREADS; i++)
@@ -555,6 +678,15 @@ int main(int argc, char **argv)
 	       (unsigned long long)k_sessions, (unsigned long long)k_finalizes, (unsigned long long)n_racy,
 	       (unsigned long long)k_checked, (unsigned long long)k_missing, (unsigned long long)k_races,
 	       (unsigned long long)k_unknown);
+	printf("test_stress: %llu sessions lost most of their records to the library's registration (old agent)\n",
+	       (unsigned long long)n_taken_sessions);
+	printf("test_stress: %s agent; %llu sessions aimed at the library's registration, %llu started within 60 ms "
+	       "of a 'no other client' decision; library: %llu pairs and %llu clocks given back, %llu buffers "
+	       "forwarded, %llu sessions with callbacks possibly taken, %llu pairs refused\n",
+	       old_agent ? "old (no handback)" : "handback", (unsigned long long)n_aimed,
+	       (unsigned long long)n_aimed_close, (unsigned long long)HB(handbacks),
+	       (unsigned long long)HB(clock_handbacks), (unsigned long long)HB(forwarded),
+	       (unsigned long long)HB(taken), (unsigned long long)HB(rejected));
 	printf("test_stress: fake CUPTI %llu launches, %llu records, %llu buffers requested, %llu completed, "
 	       "%llu lost to finalize; library: %u yields, %llu orphaned buffers, batches %llu, records %llu\n",
 	       (unsigned long long)c.launches, (unsigned long long)c.records,
@@ -566,10 +698,13 @@ int main(int argc, char **argv)
 	if (!resumed)
 		FAIL("collection did not resume after the last Kineto session (state %u)",
 		     __atomic_load_n(&ctl->state, __ATOMIC_RELAXED));
+	if (old_agent && n_taken_sessions > 0 && HB(taken) == 0)
+		FAIL("%llu sessions lost their callbacks to the library's registration and the library counted none",
+		     (unsigned long long)n_taken_sessions);
 	if (k_sessions == 0 || (!external && n_attach < 5))
 		FAIL("schedule too short to mean anything (%llu sessions, %llu attaches)",
 		     (unsigned long long)k_sessions, (unsigned long long)n_attach);
-	if (k_checked == 0)
+	if (k_checked == 0 && !(old_agent && n_racy == k_sessions))
 		FAIL("no activity ran inside a Kineto session");
 	if (k_missing * 100 > k_checked)
 		FAIL("Kineto lost %llu of %llu activities in all (more than 1 %%)", (unsigned long long)k_missing,

@@ -187,6 +187,10 @@ const (
 	StatReenabled         Stat = 25 // kinds enabled again after a toggle raced another client
 	StatSetups            Stat = 26 // callback (re)registrations
 	StatClockConverted    Stat = 27 // records on another clock (CLOCK_REALTIME, TSC) mapped to CLOCK_MONOTONIC
+	StatHandbacks         Stat = 28 // another client's buffer callbacks registered again after the library's
+	StatForwarded         Stat = 29 // another client's buffers completed to the library, passed to its callback
+	StatCallbacksTaken    Stat = 30 // yields where the library may have replaced another client's callbacks, none given back
+	StatHandbackRejected  Stat = 31 // callback pairs from the agent refused (not code, or the library's own)
 	NumStats                   = numStats
 )
 
@@ -195,7 +199,7 @@ var statNames = [...]string{
 	"names_overflow", "buffers_requested", "buffers_refused", "buffers_completed", "batches",
 	"batch_bytes", "flushes", "enables", "attaches", "cupti_errors", "on_ns", "discarded_detached",
 	"yields", "yielded_ns", "buffers_orphaned", "foreign_clock", "lease_expired", "control_rejected",
-	"reenabled", "setups", "clock_converted",
+	"reenabled", "setups", "clock_converted", "handbacks", "forwarded", "callbacks_taken", "handback_rejected",
 }
 
 func (s Stat) String() string {
