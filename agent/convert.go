@@ -125,7 +125,7 @@ func (c *converter) convert(ev bpf.Event, out []input) []input {
 		if !ok {
 			break
 		}
-		return append(out, otherInput(CUPTICall{PID: e.PID, TID: e.TID, Fn: fn, Arg: e.Arg, TimeNs: int64(e.StartNs)}))
+		return append(out, otherInput(CUPTICall{PID: e.PID, TID: e.TID, Fn: fn, Arg: e.Arg, Arg2: e.Arg2, TimeNs: int64(e.StartNs)}))
 	case *bpf.BatchEvent:
 		c.mu.Lock()
 		defer c.mu.Unlock()

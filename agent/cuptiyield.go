@@ -26,7 +26,8 @@ import (
 type CUPTICall struct {
 	PID, TID uint32
 	Fn       CUPTIFn
-	Arg      uint64 // first argument (activity kind, flush flags)
+	Arg      uint64 // first argument (activity kind, flush flags, request callback)
+	Arg2     uint64 // second argument (completion callback)
 	TimeNs   int64  // CLOCK_MONOTONIC
 }
 
@@ -80,6 +81,11 @@ type yieldTracker struct {
 	foreignTID   uint32
 	sessions     uint64
 	lastDecision bool
+	// foreign is what the other client registered and enabled, for the
+	// library to give back if its own registration replaced it (handback in
+	// cupti/slowrank_abi.h); foreignDirty: changed since last published.
+	foreign      cupti.ForeignCallbacks
+	foreignDirty bool
 }
 
 // call applies one libcupti call; it returns true when the decision changed.
@@ -88,6 +94,7 @@ func (y *yieldTracker) call(c CUPTICall) bool {
 		return false // the library's own call
 	}
 	y.foreignTID = c.TID
+	y.noteForeign(c)
 	switch c.Fn {
 	case CUPTIDisable, CUPTIFinalize:
 		y.endAt = c.TimeNs
@@ -101,6 +108,34 @@ func (y *yieldTracker) call(c CUPTICall) bool {
 		y.start(c.TimeNs)
 	}
 	return y.decisionChanged()
+}
+
+// noteForeign records the other client's callbacks and activity kinds. The
+// kinds are trusted (KindsKept) only once its session was seen from its
+// registration on: kinds it enabled before the agent watched are unknown,
+// and the library then re-enables every kind it switched off itself.
+func (y *yieldTracker) noteForeign(c CUPTICall) {
+	f := &y.foreign
+	switch c.Fn {
+	case CUPTIRegisterCallbacks:
+		f.RequestFn, f.CompleteFn, f.PairNs = c.Arg, c.Arg2, uint64(max(c.TimeNs, 1))
+		f.KindsKept = true
+	case CUPTIRegisterTimestamp:
+		f.TimestampFn, f.TimestampNs = c.Arg, uint64(max(c.TimeNs, 1))
+	case CUPTIEnable:
+		if c.Arg < 64 {
+			f.Kinds |= 1 << c.Arg
+		}
+	case CUPTIDisable:
+		if c.Arg < 64 {
+			f.Kinds &^= 1 << c.Arg
+		}
+	case CUPTIFinalize:
+		f.Kinds = 0
+	default:
+		return
+	}
+	y.foreignDirty = true
 }
 
 func (y *yieldTracker) start(ts int64) {
@@ -152,6 +187,9 @@ type cuptiState struct {
 	lastBlock cupti.ControlBlock
 	read      bool
 	yieldGen  uint32 // last cupti_gen written
+	hbSeq     uint32 // handback seqlock value last written (0: not read yet)
+	// wrote, wroteActive: a decision was written, and which.
+	wrote, wroteActive bool
 }
 
 // tendCUPTI reads every injection library's control block and writes the
@@ -197,8 +235,50 @@ func (t *attacher) tendOne(pe *procEntry, now int64) error {
 	}
 	changed := cs.track.tick(now)
 	if waiting || changed {
-		return t.writeYield(pe, cb.Yield.Gen)
+		return t.writeDecision(pe, cb.Yield.Gen)
 	}
+	return nil
+}
+
+// writeDecision publishes the other client's callbacks (when the library
+// has a handback block and they changed) and then the yield decision,
+// whose new generation makes the library read both.
+func (t *attacher) writeDecision(pe *procEntry, seen uint32) error {
+	if err := t.writeHandback(pe); err != nil {
+		t.a.counters.add("cupti_handback_errors", 1)
+		t.a.log.Debug("write handback", "pid", pe.proc.PID, "err", err)
+	}
+	return t.writeYield(pe, seen)
+}
+
+func (t *attacher) writeHandback(pe *procEntry) error {
+	cs := &pe.cupti
+	addr := int64(cs.lastBlock.Status.HandbackAddr)
+	if addr == 0 { // a library without hand-back: nothing to publish to
+		cs.track.foreignDirty = false
+	}
+	if !cs.track.foreignDirty {
+		return nil
+	}
+	mem, err := os.OpenFile(t.procPath(pe.proc.PID, "mem"), os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer mem.Close()
+	if cs.hbSeq == 0 {
+		hb, err := cupti.ReadHandback(mem, addr)
+		if err != nil {
+			return err
+		}
+		cs.hbSeq = hb.Seq
+	}
+	seq, err := cupti.WriteHandback(mem, addr, cs.hbSeq, cs.track.foreign)
+	cs.hbSeq = seq
+	if err != nil {
+		return err
+	}
+	cs.track.foreignDirty = false
+	t.a.counters.add("cupti_handback_writes", 1)
 	return nil
 }
 
@@ -219,10 +299,10 @@ func (t *attacher) foreignCUPTICall(c CUPTICall) {
 			return
 		}
 		t.a.counters.add("cupti_foreign_calls", 1)
-		if !pe.cupti.track.call(c) {
+		if !pe.cupti.track.call(c) && !pe.cupti.track.foreignDirty {
 			return
 		}
-		if err := t.writeYield(pe, pe.cupti.lastBlock.Yield.Gen); err != nil {
+		if err := t.writeDecision(pe, pe.cupti.lastBlock.Yield.Gen); err != nil {
 			t.a.counters.add("cupti_control_errors", 1)
 			t.a.log.Debug("write yield", "pid", pe.proc.PID, "err", err)
 		}
@@ -245,6 +325,11 @@ func (t *attacher) writeYield(pe *procEntry, seen uint32) error {
 		return err
 	}
 	pe.cupti.yieldGen = gen
+	t.a.counters.add("cupti_decisions", 1)
+	if pe.cupti.wrote && active == pe.cupti.wroteActive {
+		return nil // the same decision again (new hand-back data)
+	}
+	pe.cupti.wrote, pe.cupti.wroteActive = true, active
 	if active {
 		t.a.counters.add("cupti_yields", 1)
 		t.a.log.Info("device collection yields to another CUPTI client (Kineto, nsys?)", "pid", pe.proc.PID,
@@ -252,7 +337,6 @@ func (t *attacher) writeYield(pe *procEntry, seen uint32) error {
 	} else if pe.cupti.track.sessions > 0 || pe.cupti.lastBlock.Status.State == cupti.StateYielded {
 		t.a.counters.add("cupti_resumes", 1)
 	}
-	t.a.counters.add("cupti_decisions", 1)
 	return nil
 }
 

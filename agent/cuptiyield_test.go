@@ -3,6 +3,8 @@ package agent
 import (
 	"testing"
 	"time"
+
+	"github.com/slowrank/slowrank/cupti"
 )
 
 func TestYieldTrackerDecisions(t *testing.T) {
@@ -83,6 +85,58 @@ func TestYieldTrackerDecisions(t *testing.T) {
 				if st.sinceNow != 0 && since != uint64(st.sinceNow) {
 					t.Fatalf("step %d: since %d, want %d", i, since, st.sinceNow)
 				}
+			}
+		})
+	}
+}
+
+// TestYieldTrackerRemembersForeignCallbacks: what the other client
+// registered and enabled is kept for the library's hand-back, its kinds
+// trusted only once its registration was seen.
+func TestYieldTrackerRemembersForeignCallbacks(t *testing.T) {
+	const ctl, kineto = 77, 5
+	c := func(fn CUPTIFn, tid uint32, at int64, arg, arg2 uint64) CUPTICall {
+		return CUPTICall{PID: 1, TID: tid, Fn: fn, Arg: arg, Arg2: arg2, TimeNs: at}
+	}
+	cases := []struct {
+		name      string
+		calls     []CUPTICall
+		want      cupti.ForeignCallbacks
+		wantDirty bool
+	}{
+		{"the library's own calls are not the other client's", []CUPTICall{
+			c(CUPTIRegisterCallbacks, ctl, 10, 0x1000, 0x2000),
+			c(CUPTIEnable, ctl, 11, 10, 0),
+		}, cupti.ForeignCallbacks{}, false},
+		{"a Kineto session from its registration on", []CUPTICall{
+			c(CUPTIRegisterTimestamp, kineto, 10, 0x3000, 0),
+			c(CUPTIRegisterCallbacks, kineto, 11, 0x1000, 0x2000),
+			c(CUPTIEnable, kineto, 12, 10, 0),
+			c(CUPTIEnable, kineto, 13, 41, 0),
+			c(CUPTIEnable, kineto, 14, 200, 0), // no such kind bit: ignored
+			c(CUPTIDisable, kineto, 15, 41, 0),
+		}, cupti.ForeignCallbacks{RequestFn: 0x1000, CompleteFn: 0x2000, PairNs: 11, TimestampFn: 0x3000, TimestampNs: 10,
+			Kinds: 1 << 10, KindsKept: true}, true},
+		{"kinds enabled before the agent watched are unknown: not kept", []CUPTICall{
+			c(CUPTIEnable, kineto, 12, 10, 0),
+		}, cupti.ForeignCallbacks{Kinds: 1 << 10}, true},
+		{"finalize clears the kinds but keeps the callbacks", []CUPTICall{
+			c(CUPTIRegisterCallbacks, kineto, 11, 0x1000, 0x2000),
+			c(CUPTIEnable, kineto, 12, 10, 0),
+			c(CUPTIFinalize, kineto, 20, 0, 0),
+		}, cupti.ForeignCallbacks{RequestFn: 0x1000, CompleteFn: 0x2000, PairNs: 11, KindsKept: true}, true},
+		{"a flush changes nothing to give back", []CUPTICall{
+			c(CUPTIFlushAll, kineto, 12, 0, 0),
+		}, cupti.ForeignCallbacks{}, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			y := yieldTracker{ctlTID: ctl}
+			for _, call := range tc.calls {
+				y.call(call)
+			}
+			if y.foreign != tc.want || y.foreignDirty != tc.wantDirty {
+				t.Errorf("foreign %+v dirty %v, want %+v dirty %v", y.foreign, y.foreignDirty, tc.want, tc.wantDirty)
 			}
 		})
 	}

@@ -200,7 +200,7 @@ func decode(b []byte, s *scratch) (Event, error) {
 		if h.EndNs != h.StartNs {
 			return nil, malformed("%s marker with a duration", h.Probe)
 		}
-		return &CUPTICallEvent{Header: h, Arg: le.Uint64(b[32:])}, nil
+		return &CUPTICallEvent{Header: h, Arg: le.Uint64(b[32:]), Arg2: le.Uint64(b[40:])}, nil
 	case EventBatch:
 		if len(b) < batchDataOffset || len(b) > batchDataOffset+BatchMax {
 			return nil, malformed("batch record of %d bytes outside [%d, %d]", len(b), batchDataOffset, batchDataOffset+BatchMax)

@@ -215,7 +215,7 @@ func FuzzDecode(f *testing.F) {
 				t.Fatalf("torch of %d bytes accepted", len(b))
 			}
 		case *CUPTICallEvent:
-			if len(b) != cuptiCallSize || h.EndNs != h.StartNs || e.Arg != le.Uint64(b[32:]) {
+			if len(b) != cuptiCallSize || h.EndNs != h.StartNs || e.Arg != le.Uint64(b[32:]) || e.Arg2 != le.Uint64(b[40:]) {
 				t.Fatalf("cupti call %+v from %d bytes accepted", e, len(b))
 			}
 		default:

@@ -7,7 +7,7 @@ import (
 
 // EventsVersion is SLOWRANK_EVENTS_VERSION of events.h that this decoder
 // understands. Load refuses an object carrying another version.
-const EventsVersion = 1
+const EventsVersion = 2
 
 // BatchMax is SLOWRANK_BATCH_MAX: the largest CUPTI batch that is carried.
 const BatchMax = 16384
@@ -20,7 +20,7 @@ const (
 	syncSize        = 48
 	groupSize       = 40
 	torchSize       = 48
-	cuptiCallSize   = 40
+	cuptiCallSize   = 48
 	batchDataOffset = 40
 )
 
@@ -137,10 +137,14 @@ type TorchEvent struct {
 }
 
 // CUPTICallEvent is one call into libcupti (entry only, StartNs == EndNs)
-// with its first argument (activity kind, flush flags).
+// with its first two arguments: the activity kind or flush flags, or for
+// cuptiActivityRegisterCallbacks the request and completion callbacks (the
+// injection library hands them back to a client whose registration it
+// overwrote: cupti.ForeignCallbacks).
 type CUPTICallEvent struct {
 	Header
-	Arg uint64
+	Arg  uint64
+	Arg2 uint64
 }
 
 // BatchEvent is one opaque CUPTI batch from slowrank_cupti_emit; decode it

@@ -15,7 +15,7 @@
 
 #include <linux/types.h>
 
-#define SLOWRANK_EVENTS_VERSION 1
+#define SLOWRANK_EVENTS_VERSION 2
 
 /* Largest CUPTI batch slowrank_cupti_emit may pass. Same value and spelling
  * as cupti/slowrank_abi.h, so including both is fine and a mismatch is a
@@ -211,7 +211,8 @@ struct sr_batch_event {
  * the injection library's calls (its control thread) from another client's. */
 struct sr_cupti_call_event {
 	struct sr_event_hdr hdr; /* 0 */
-	__u64 arg;               /* 32: first argument (activity kind, flush flags) */
+	__u64 arg;               /* 32: first argument (activity kind, flush flags, callback) */
+	__u64 arg2;              /* 40: second argument (the completion callback) */
 };
 
 _Static_assert(sizeof(struct sr_event_hdr) == 32, "sr_event_hdr layout");
@@ -220,7 +221,7 @@ _Static_assert(sizeof(struct sr_comm_init_event) == 88, "sr_comm_init_event layo
 _Static_assert(sizeof(struct sr_sync_event) == 48, "sr_sync_event layout");
 _Static_assert(sizeof(struct sr_group_event) == 40, "sr_group_event layout");
 _Static_assert(sizeof(struct sr_torch_event) == 48, "sr_torch_event layout");
-_Static_assert(sizeof(struct sr_cupti_call_event) == 40, "sr_cupti_call_event layout");
+_Static_assert(sizeof(struct sr_cupti_call_event) == 48, "sr_cupti_call_event layout");
 _Static_assert(sizeof(struct sr_batch_event) == SR_BATCH_DATA_OFFSET + SLOWRANK_BATCH_MAX,
 	       "sr_batch_event layout");
 

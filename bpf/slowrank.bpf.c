@@ -664,7 +664,7 @@ int cupti_emit_entry(struct pt_regs *ctx)
 
 // Entry of a libcupti function: who called it (the agent tells the injection
 // library's control thread from another CUPTI client such as Kineto) and its
-// first argument. Rare calls, woken at once: the injection library yields
+// first two arguments. Rare calls, woken at once: the injection library yields
 // within the agent's reaction time.
 #define CUPTI_CALL_PROBE(name, probe)                                                      \
 	SEC("uprobe")                                                                      \
@@ -681,6 +681,7 @@ int cupti_emit_entry(struct pt_regs *ctx)
 			return 0;                                                          \
 		fill_hdr(&e->hdr, SR_EV_CUPTI_CALL, probe, id, now, now);                  \
 		e->arg = ARG1(ctx);                                                        \
+		e->arg2 = ARG2(ctx);                                                       \
 		bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);                                \
 		count(SR_CNT_EVENTS);                                                      \
 		return 0;                                                                  \

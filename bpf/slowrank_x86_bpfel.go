@@ -64,9 +64,10 @@ const (
 )
 
 type slowrankSrCuptiCallEvent struct {
-	_   structs.HostLayout
-	Hdr slowrankSrEventHdr
-	Arg uint64
+	_    structs.HostLayout
+	Hdr  slowrankSrEventHdr
+	Arg  uint64
+	Arg2 uint64
 }
 
 type slowrankSrEventHdr struct {
