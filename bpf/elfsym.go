@@ -1,9 +1,13 @@
 package bpf
 
 import (
+	"bytes"
 	"debug/elf"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -67,57 +71,72 @@ func newSymbolWanter(specs []ProbeSpec) (*symbolWanter, error) {
 	return w, nil
 }
 
-func (w *symbolWanter) want(name string) bool {
-	if w.exact[name] {
+// wantBytes reports whether the symbol named name is wanted; it allocates
+// nothing (the map lookup of a converted slice does not copy it).
+func (w *symbolWanter) wantBytes(name []byte) bool {
+	if w.exact[string(name)] {
 		return true
 	}
 	for _, p := range w.prefixes {
-		if strings.HasPrefix(name, p) {
+		if bytes.HasPrefix(name, []byte(p)) {
 			return true
 		}
 	}
 	return false
 }
 
-// readLibSymbols scans .symtab and .dynsym for the wanted names.
+// readLibSymbols scans the .symtab and .dynsym of an opened file for the
+// wanted names, within the size limits of elfread.go. It cannot check the
+// file itself (its size, its allocated blocks, a FIFO at its path): that is
+// loadLibSymbols, which callers should use instead of elf.Open and this.
 func readLibSymbols(f *elf.File, w *symbolWanter) (*libSymbols, error) {
+	progs := make([]elf.ProgHeader, len(f.Progs))
+	for i, p := range f.Progs {
+		progs[i] = p.ProgHeader
+	}
+	sections := make([]elf.SectionHeader, len(f.Sections))
+	for i, s := range f.Sections {
+		sections[i] = s.SectionHeader
+	}
+	tabs, err := symbolTables(sections, math.MaxInt64, func(i int) *io.SectionReader {
+		return io.NewSectionReader(f.Sections[i], 0, int64(f.Sections[i].Size))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return collectLibSymbols(progs, f.ByteOrder, tabs, w)
+}
+
+// collectLibSymbols scans the symbol tables for the wanted names and maps
+// them to file offsets through progs.
+func collectLibSymbols(progs []elf.ProgHeader, bo binary.ByteOrder, tabs []symbolTable, w *symbolWanter) (*libSymbols, error) {
 	ls := &libSymbols{funcs: map[string]uint64{}, objects: map[string]uint64{}, objErrs: map[string]error{}}
-	var all []elf.Symbol
-	syms, err := f.Symbols()
-	switch {
-	case err == nil:
-		ls.hasSymtab = true
-		all = append(all, syms...)
-	case !errors.Is(err, elf.ErrNoSymbols):
-		return nil, fmt.Errorf("read symbol table: %w", err)
-	}
-	dyn, err := f.DynamicSymbols()
-	switch {
-	case err == nil:
-		ls.hasDynsym = true
-		all = append(all, dyn...)
-	case !errors.Is(err, elf.ErrNoSymbols):
-		return nil, fmt.Errorf("read dynamic symbol table: %w", err)
-	}
-	for _, s := range all {
-		if s.Section == elf.SHN_UNDEF || s.Value == 0 || !w.want(s.Name) {
-			continue
+	for _, t := range tabs {
+		if t.typ == elf.SHT_SYMTAB {
+			ls.hasSymtab = true
+		} else {
+			ls.hasDynsym = true
 		}
-		switch elf.ST_TYPE(s.Info) {
-		case elf.STT_FUNC:
-			if off, ok := funcFileOffset(f, s.Value); ok {
-				ls.funcs[s.Name] = off
+		err := scanSymbols(t, bo, w, func(s elf.Symbol) {
+			switch elf.ST_TYPE(s.Info) {
+			case elf.STT_FUNC:
+				if off, ok := funcFileOffset(progs, s.Value); ok {
+					ls.funcs[s.Name] = off
+				}
+			case elf.STT_OBJECT:
+				off, warn, err := objectFileOffset(progs, s)
+				if err != nil {
+					ls.objErrs[s.Name] = err
+					return
+				}
+				ls.objects[s.Name] = off
+				if warn != nil {
+					ls.objErrs[s.Name] = warn
+				}
 			}
-		case elf.STT_OBJECT:
-			off, warn, err := objectFileOffset(f, s)
-			if err != nil {
-				ls.objErrs[s.Name] = err
-				continue
-			}
-			ls.objects[s.Name] = off
-			if warn != nil {
-				ls.objErrs[s.Name] = warn
-			}
+		})
+		if err != nil {
+			return nil, fmt.Errorf("read %v symbols: %w", t.typ, err)
 		}
 	}
 	return ls, nil
@@ -125,8 +144,8 @@ func readLibSymbols(f *elf.File, w *symbolWanter) (*libSymbols, error) {
 
 // funcFileOffset maps a function's virtual address to its file offset through
 // the executable PT_LOAD segment that contains it (what uprobes want).
-func funcFileOffset(f *elf.File, vaddr uint64) (uint64, bool) {
-	for _, p := range f.Progs {
+func funcFileOffset(progs []elf.ProgHeader, vaddr uint64) (uint64, bool) {
+	for _, p := range progs {
 		if p.Type != elf.PT_LOAD || p.Flags&elf.PF_X == 0 {
 			continue
 		}
@@ -149,8 +168,8 @@ func funcFileOffset(f *elf.File, vaddr uint64) (uint64, bool) {
 // symbol in .bss inside that page is usable but unreliable (warn): ld.so
 // zeroes that tail after mapping, wiping the kernel's increment in processes
 // that load the library after the uprobe exists.
-func objectFileOffset(f *elf.File, s elf.Symbol) (off uint64, warn, err error) {
-	for _, p := range f.Progs {
+func objectFileOffset(progs []elf.ProgHeader, s elf.Symbol) (off uint64, warn, err error) {
+	for _, p := range progs {
 		if p.Type != elf.PT_LOAD || s.Value < p.Vaddr || s.Value >= p.Vaddr+p.Memsz {
 			continue
 		}
