@@ -94,10 +94,14 @@ type WatcherStats struct {
 	// not delivered and sends it on the next poll: a deferred event is late, not lost.
 	EventsDeferred uint64
 	// ExitsLost counts ProcessExited events dropped because too many were waiting for room.
-	ExitsLost     uint64
-	Vanished      uint64 // processes that ended while being read; skipped
-	Denied        uint64 // processes whose environ or maps the agent may not read
-	Failed        uint64 // unexpected read or parse errors
+	ExitsLost uint64
+	Vanished  uint64 // processes that ended while being read; skipped
+	Denied    uint64 // processes whose environ or maps the agent may not read
+	Failed    uint64 // unexpected read or parse errors
+	// Oversized counts processes whose environ or cmdline exceeds its
+	// bound (not selected), and maps reads of tracked processes beyond
+	// theirs (libraries not updated).
+	Oversized     uint64
 	MapsReads     uint64 // /proc/PID/maps reads of tracked processes
 	MapsUnchanged uint64 // of which had the same content as the last read (not parsed)
 	MapsSkipped   uint64 // maps reads saved because the address-space size had not changed
@@ -107,7 +111,7 @@ type watcherCounters struct {
 	polls, lastPoll, tracked              atomic.Int64
 	added, exited, mapped, unmapped       atomic.Uint64
 	deferred, exitsLost                   atomic.Uint64
-	vanished, denied, failed              atomic.Uint64
+	vanished, denied, failed, oversized   atomic.Uint64
 	mapsReads, mapsUnchanged, mapsSkipped atomic.Uint64
 }
 
@@ -139,6 +143,7 @@ type Watcher struct {
 	buf          []byte
 	seed         maphash.Seed
 	deniedLogged bool
+	bigLogged    bool
 }
 
 type trackedProc struct {
@@ -220,6 +225,7 @@ func (w *Watcher) Stats() WatcherStats {
 		Vanished:          c.vanished.Load(),
 		Denied:            c.denied.Load(),
 		Failed:            c.failed.Load(),
+		Oversized:         c.oversized.Load(),
 		MapsReads:         c.mapsReads.Load(),
 		MapsUnchanged:     c.mapsUnchanged.Load(),
 		MapsSkipped:       c.mapsSkipped.Load(),
@@ -338,6 +344,9 @@ func (w *Watcher) consider(st procStat) {
 	case evalFailed:
 		w.stats.failed.Add(1)
 		w.log.Debug("evaluate process", "pid", st.PID, "error", err)
+	case evalOversized:
+		w.stats.oversized.Add(1)
+		w.logOversized(st.PID, err)
 	}
 	w.seen[st.PID] = &seenProc{start: st.StartTime, execSig: st.ExecSig, firstPoll: w.poll, listed: w.poll,
 		failed: res == evalFailed}
@@ -380,11 +389,15 @@ func (w *Watcher) refresh(t *trackedProc) {
 func (w *Watcher) refreshMaps(t *trackedProc) bool {
 	pid := t.proc.PID
 	var err error
-	w.buf, err = readInto(w.r.path(pid, "maps"), w.buf)
+	w.buf, err = readInto(w.r.path(pid, "maps"), w.buf, maxMapsBytes)
 	w.stats.mapsReads.Add(1)
 	switch {
 	case err != nil && procGone(err):
 		return false
+	case errors.Is(err, errProcFileTooLarge):
+		w.stats.oversized.Add(1)
+		w.logOversized(pid, err)
+		return true
 	case err != nil:
 		if !t.mapsErr {
 			t.mapsErr = true
@@ -400,6 +413,11 @@ func (w *Watcher) refreshMaps(t *trackedProc) bool {
 		return true
 	}
 	libs, err := librariesFromMaps(w.buf, w.r.root, pid)
+	if errors.Is(err, errProcFileTooLarge) {
+		w.stats.oversized.Add(1)
+		w.logOversized(pid, err)
+		return true
+	}
 	if err != nil {
 		w.stats.failed.Add(1)
 		w.log.Warn("parse maps", "pid", pid, "error", err)
@@ -479,6 +497,16 @@ func (w *Watcher) send(ev Event) bool {
 		w.stats.deferred.Add(1)
 		return false
 	}
+}
+
+// logOversized warns of the first oversized proc file, the others at debug.
+func (w *Watcher) logOversized(pid int, err error) {
+	lvl := slog.LevelDebug
+	if !w.bigLogged {
+		lvl, w.bigLogged = slog.LevelWarn, true
+	}
+	w.log.Log(context.Background(), lvl, "proc file beyond its bound; the process is not watched (further ones logged at debug)",
+		"pid", pid, "error", err)
 }
 
 func (w *Watcher) countErr(err error, pid int, what string) {
