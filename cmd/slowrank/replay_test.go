@@ -154,3 +154,31 @@ func TestCreateOutputRefusesSymlink(t *testing.T) {
 		t.Fatal("symlink target was modified")
 	}
 }
+
+// An input without newlines (/dev/zero) must end in a usage error, not grow.
+func TestReplayRefusesAnEndlessLine(t *testing.T) {
+	if _, code := run(t, "", "replay", "--input", "/dev/zero", "--output", "$OUT"); code != exitUsage {
+		t.Errorf("replay --input /dev/zero: exit %d, want %d", code, exitUsage)
+	}
+}
+
+func TestReplaySkipsALongLine(t *testing.T) {
+	good := `{"kind":"step","job":"j","rank":0,"step":1,"end_ns":1,"phases":{"compute":1}}`
+	for _, tc := range []struct {
+		name  string
+		input string
+	}{
+		{"long line with its newline", strings.Repeat(" ", maxFactLine+1) + "\n" + good + "\n"},
+		{"long line ending exactly at a buffer boundary", strings.Repeat(" ", maxFactLine+1<<16-1) + "\n" + good + "\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			facts, err := readFacts(strings.NewReader(tc.input), true)
+			if err != nil || facts.invalid != 1 || len(facts.steps) != 1 {
+				t.Fatalf("err %v, facts %+v; want 1 invalid line and the good one", err, facts)
+			}
+			if _, err := readFacts(strings.NewReader(tc.input), false); !errors.Is(err, errLineTooLong) {
+				t.Errorf("without --skip-invalid: err %v, want %v", err, errLineTooLong)
+			}
+		})
+	}
+}
