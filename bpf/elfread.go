@@ -242,7 +242,10 @@ type candidate struct {
 // scanSymbols calls visit with each wanted symbol of t. Memory does not grow
 // with the tables: the symbols are read in chunks, the candidates (8 bytes
 // each) sorted by name offset, and the string table read forward once, a
-// window at a time.
+// window at a time. Time does not grow with the names: a candidate costs a
+// look at as many bytes as the longest exact wanted name, or at most
+// maxSymbolName bytes for a prefix hit, of which there are at most
+// maxWantedSymbols.
 func scanSymbols(t symbolTable, bo binary.ByteOrder, w *symbolWanter, visit func(elf.Symbol)) error {
 	cands, err := candidates(t.syms, bo)
 	if err != nil {
@@ -256,17 +259,20 @@ func scanSymbols(t symbolTable, bo binary.ByteOrder, w *symbolWanter, visit func
 	var matches []match
 	win := strtabWindow{r: t.strs}
 	for _, c := range cands {
-		name, err := win.name(int64(c.name))
+		b, err := win.at(int64(c.name))
 		if err != nil {
 			return fmt.Errorf("read %v strings: %w", t.typ, err)
 		}
-		if name == nil || !w.wantBytes(name) {
+		name, hit := w.find(b)
+		if !hit {
 			continue
 		}
 		if len(matches) == maxWantedSymbols {
 			return fmt.Errorf("%w: more than %d wanted symbols in %v", errELFBounds, maxWantedSymbols, t.typ)
 		}
-		matches = append(matches, match{c.index, string(name)})
+		if name != nil {
+			matches = append(matches, match{c.index, string(name)})
+		}
 	}
 	slices.SortFunc(matches, func(a, b match) int { return cmp.Compare(a.index, b.index) })
 	var b [elf.Sym64Size]byte
@@ -327,10 +333,9 @@ type strtabWindow struct {
 	buf []byte
 }
 
-// name returns the NUL-terminated name at off, or nil when there is none
-// within maxSymbolName bytes (or off is outside the table). The slice is
-// valid until the next call.
-func (s *strtabWindow) name(off int64) ([]byte, error) {
+// at returns the bytes of the table from off, at most maxSymbolName+1 of
+// them (nil outside the table). The slice is valid until the next call.
+func (s *strtabWindow) at(off int64) ([]byte, error) {
 	if off >= s.r.Size() {
 		return nil, nil
 	}
@@ -345,10 +350,5 @@ func (s *strtabWindow) name(off int64) ([]byte, error) {
 		}
 		s.off, s.buf = off, s.buf[:n]
 	}
-	b := s.buf[off-s.off : min(end, s.off+int64(len(s.buf)))-s.off]
-	i := bytes.IndexByte(b, 0)
-	if i < 0 {
-		return nil, nil
-	}
-	return b[:i], nil
+	return s.buf[off-s.off : min(end, s.off+int64(len(s.buf)))-s.off], nil
 }

@@ -48,7 +48,7 @@ func referenceSymbols(f *elf.File, w *symbolWanter) *libSymbols {
 		all = append(all, dyn...)
 	}
 	for _, s := range all {
-		if !isCandidate(s) || len(s.Name) > maxSymbolName || !w.wantBytes([]byte(s.Name)) {
+		if !isCandidate(s) || len(s.Name) > maxSymbolName || !wants(w, s.Name) {
 			continue
 		}
 		switch elf.ST_TYPE(s.Info) {
@@ -69,6 +69,11 @@ func referenceSymbols(f *elf.File, w *symbolWanter) *libSymbols {
 		}
 	}
 	return ls
+}
+
+func wants(w *symbolWanter, name string) bool {
+	n, hit := w.find(append([]byte(name), 0))
+	return hit && n != nil
 }
 
 func TestLoadLibSymbolsFindsWhatDebugELFFinds(t *testing.T) {

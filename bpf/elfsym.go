@@ -48,17 +48,18 @@ func mangledPrefixes(qualified string) ([]string, error) {
 // library has hundreds of thousands).
 type symbolWanter struct {
 	exact    map[string]bool
+	maxExact int // the longest exact name
 	prefixes []string
 }
 
 func newSymbolWanter(specs []ProbeSpec) (*symbolWanter, error) {
 	w := &symbolWanter{exact: map[string]bool{}}
 	for _, s := range specs {
-		if s.Symbol != "" {
-			w.exact[s.Symbol] = true
-		}
-		if s.RefCtr != "" {
-			w.exact[s.RefCtr] = true
+		for _, name := range []string{s.Symbol, s.RefCtr} {
+			if name != "" {
+				w.exact[name] = true
+				w.maxExact = max(w.maxExact, len(name))
+			}
 		}
 		if s.Qualified != "" {
 			ps, err := mangledPrefixes(s.Qualified)
@@ -71,18 +72,24 @@ func newSymbolWanter(specs []ProbeSpec) (*symbolWanter, error) {
 	return w, nil
 }
 
-// wantBytes reports whether the symbol named name is wanted; it allocates
-// nothing (the map lookup of a converted slice does not copy it).
-func (w *symbolWanter) wantBytes(name []byte) bool {
-	if w.exact[string(name)] {
-		return true
+// find looks for a wanted name at the start of b, the bytes of a string
+// table from a symbol's name, and reports a hit: an exact name (looked for
+// within the longest exact name's length) or a name with a wanted prefix
+// (nil when it has no NUL within b). It allocates nothing (the map lookup of
+// a converted slice does not copy it).
+func (w *symbolWanter) find(b []byte) (name []byte, hit bool) {
+	if i := bytes.IndexByte(b[:min(len(b), w.maxExact+1)], 0); i >= 0 && w.exact[string(b[:i])] {
+		return b[:i], true
 	}
 	for _, p := range w.prefixes {
-		if bytes.HasPrefix(name, []byte(p)) {
-			return true
+		if bytes.HasPrefix(b, []byte(p)) {
+			if i := bytes.IndexByte(b, 0); i >= 0 {
+				return b[:i], true
+			}
+			return nil, true
 		}
 	}
-	return false
+	return nil, false
 }
 
 // readLibSymbols scans the .symtab and .dynsym of an opened file for the
