@@ -6,6 +6,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -180,5 +181,30 @@ func TestReplaySkipsALongLine(t *testing.T) {
 				t.Errorf("without --skip-invalid: err %v, want %v", err, errLineTooLong)
 			}
 		})
+	}
+}
+
+// A window under the shortest duty period would switch device collection
+// off in every trainer (the library reads a period under 100 ms as off).
+func TestWindowUnderTheMinimumIsAUsageError(t *testing.T) {
+	for _, tc := range []struct {
+		window string
+		code   int
+	}{
+		{"0s", exitUsage}, {"1ms", exitUsage}, {"99ms", exitUsage}, {"-5s", exitUsage}, {"100ms", 0},
+	} {
+		for _, cmd := range [][]string{
+			{"replay", "--input", "$IN", "--output", "$OUT"},
+			{"agent", "--status-socket", "", "--duration", "1ns"},
+			{"aggregate", "--listen", "127.0.0.1:0"},
+		} {
+			if tc.code == 0 && cmd[0] != "replay" {
+				continue // would start them
+			}
+			args := append(slices.Clone(cmd), "--window", tc.window)
+			if _, code := run(t, "", args...); code != tc.code {
+				t.Errorf("%v: exit %d, want %d", args, code, tc.code)
+			}
+		}
 	}
 }
