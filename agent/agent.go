@@ -431,6 +431,8 @@ func (a *Agent) refreshCounters() {
 	a.counters.set("processes_exited", int64(ws.ProcessesExited))
 	a.counters.set("discovery_denied", int64(ws.Denied))
 	a.counters.set("discovery_oversized", int64(ws.Oversized))
+	a.counters.set("discovery_refused_policy", int64(ws.RefusedPolicy))
+	a.counters.set("discovery_refused_quota", int64(ws.RefusedQuota))
 	a.counters.set("discovery_events_deferred", int64(ws.EventsDeferred))
 	a.counters.set("input_queue_len", a.queued.Load())
 	a.refreshPipeline()

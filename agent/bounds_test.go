@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -46,20 +45,10 @@ func TestReadIntoBoundsTheFile(t *testing.T) {
 	}
 }
 
-// copyProcFixture copies testdata/proc (symlinks included) to a new tree.
-func copyProcFixture(t *testing.T) string {
-	t.Helper()
-	dst := filepath.Join(t.TempDir(), "proc")
-	if out, err := exec.Command("cp", "-a", "testdata/proc", dst).CombinedOutput(); err != nil {
-		t.Fatalf("cp: %v %s", err, out)
-	}
-	return dst
-}
-
 // A process whose environment exceeds the bound (prctl PR_SET_MM_MAP can
 // point it at gigabytes) is counted, not read whole nor selected.
 func TestDiscoverRefusesAnOversizedEnvironment(t *testing.T) {
-	root := copyProcFixture(t)
+	root := copyProcTree(t, "testdata/proc")
 	env := append([]byte("RANK=0\x00"), bytes.Repeat([]byte("X=y\x00"), maxProcFile/4)...)
 	if err := os.WriteFile(filepath.Join(root, "100", "environ"), env, 0o644); err != nil {
 		t.Fatal(err)
@@ -74,7 +63,7 @@ func TestDiscoverRefusesAnOversizedEnvironment(t *testing.T) {
 }
 
 func TestReadLibrariesRefusesOversizedMaps(t *testing.T) {
-	root := copyProcFixture(t)
+	root := copyProcTree(t, "testdata/proc")
 	line := "7f0000000000-7f0000001000 r--p 00000000 00:00 0 [anon:" + string(bytes.Repeat([]byte{'x'}, 4000)) + "]\n"
 	maps := bytes.Repeat([]byte(line), maxMapsBytes/len(line)+1)
 	if err := os.WriteFile(filepath.Join(root, "100", "maps"), maps, 0o644); err != nil {

@@ -71,6 +71,7 @@ type Process struct {
 	// EnvDenied is true when the environment could not be read (an explicitly selected PID
 	// of a process the agent may not inspect); Identity is then all Unknown.
 	EnvDenied bool
+	Owner     Owner
 }
 
 // Selector decides which processes are training processes. A process is selected when its PID
@@ -82,6 +83,9 @@ type Selector struct {
 	PIDs   []int
 	Match  *regexp.Regexp
 	EnvKey string
+	// Policy says whose processes may be selected (by Match or EnvKey; a
+	// PID given explicitly is the operator's choice) and how many per owner.
+	Policy Policy
 }
 
 func (s Selector) envKey() string {
@@ -290,6 +294,7 @@ const (
 	// evalOversized: environ or cmdline beyond maxProcFile; not looked at
 	// again until the process execs.
 	evalOversized
+	evalRefused // its owner is not allowed by the policy
 )
 
 // evaluate reads one process and decides whether sel selects it. explicit holds the start
@@ -305,6 +310,13 @@ func (r *procReader) evaluate(st procStat, sel Selector, explicit map[int]uint64
 	if pid == r.self || st.Flags&pfKthread != 0 || st.exited() {
 		return p, evalRejected, nil
 	}
+	explicitPID := isExplicit(explicit, st)
+	if sel.Policy.restricted() && !explicitPID {
+		// Before the environment: a disallowed owner's processes cost no read of it.
+		if p.Owner = r.owner(pid); !sel.Policy.allows(p.Owner) {
+			return p, evalRefused, nil
+		}
+	}
 	envKey := sel.envKey()
 	keep := func(k string) bool { return identityVars[k] || k == envKey }
 	var env map[string]string
@@ -318,7 +330,7 @@ func (r *procReader) evaluate(st procStat, sel Selector, explicit map[int]uint64
 		env = parseEnviron(data, keep)
 	}
 	switch {
-	case isExplicit(explicit, st):
+	case explicitPID:
 		p.SelectedBy = "pid"
 	case sel.byEnv():
 		readEnv()
@@ -384,6 +396,9 @@ func (r *procReader) evaluate(st procStat, sel Selector, explicit map[int]uint64
 		}
 		p.Cmdline = cmd
 	}
+	if !sel.Policy.restricted() || explicitPID {
+		p.Owner = r.owner(pid)
+	}
 	// A process that ended while being read has an empty environ and cmdline: look again.
 	if st2, err := r.stat(pid); err != nil || st2.StartTime != st.StartTime || st2.exited() {
 		return p, evalGone, nil
@@ -437,6 +452,7 @@ type ScanStats struct {
 	// Oversized counts processes whose environ or cmdline exceeds
 	// maxProcFile; they are not selected.
 	Oversized int
+	Refused   int // owner not allowed by the policy
 }
 
 // Discover scans the proc tree at procRoot ("" for /proc) once and returns the processes that
@@ -497,6 +513,8 @@ func (r *procReader) discover(sel Selector) ([]Process, ScanStats, error) {
 			errs = append(errs, err)
 		case evalOversized:
 			stats.Oversized++
+		case evalRefused:
+			stats.Refused++
 		}
 	}
 	if denied != nil {

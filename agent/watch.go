@@ -101,7 +101,13 @@ type WatcherStats struct {
 	// Oversized counts processes whose environ or cmdline exceeds its
 	// bound (not selected), and maps reads of tracked processes beyond
 	// theirs (libraries not updated).
-	Oversized     uint64
+	Oversized uint64
+	// RefusedPolicy counts processes not selected because the policy does
+	// not allow their owner; RefusedQuota selections refused because their
+	// owner had its quota of tracked processes (looked at again every
+	// Recheck).
+	RefusedPolicy uint64
+	RefusedQuota  uint64
 	MapsReads     uint64 // /proc/PID/maps reads of tracked processes
 	MapsUnchanged uint64 // of which had the same content as the last read (not parsed)
 	MapsSkipped   uint64 // maps reads saved because the address-space size had not changed
@@ -112,6 +118,7 @@ type watcherCounters struct {
 	added, exited, mapped, unmapped       atomic.Uint64
 	deferred, exitsLost                   atomic.Uint64
 	vanished, denied, failed, oversized   atomic.Uint64
+	refusedPolicy, refusedQuota           atomic.Uint64
 	mapsReads, mapsUnchanged, mapsSkipped atomic.Uint64
 }
 
@@ -144,10 +151,13 @@ type Watcher struct {
 	seed         maphash.Seed
 	deniedLogged bool
 	bigLogged    bool
+	perOwner     map[string]int // tracked processes per Owner.quotaKey
+	refusalLog   time.Time      // last refusal logged at warning level
 }
 
 type trackedProc struct {
 	proc      Process
+	quotaKey  string // "" for an explicitly selected PID (not counted)
 	execSig   [2]uint64
 	vsize     uint64
 	announced bool
@@ -184,6 +194,9 @@ func NewWatcher(cfg WatcherConfig) (*Watcher, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if err := CheckPolicy(cfg.Selector.Policy); err != nil {
+		return nil, fmt.Errorf("watcher config: %w", err)
+	}
 	r, err := newProcReader(cfg.ProcRoot)
 	if err != nil {
 		return nil, err
@@ -202,6 +215,7 @@ func NewWatcher(cfg WatcherConfig) (*Watcher, error) {
 		events:   make(chan Event, cfg.QueueSize),
 		tracked:  make(map[int]*trackedProc),
 		seen:     make(map[int]*seenProc),
+		perOwner: make(map[string]int),
 		seed:     maphash.MakeSeed(),
 	}, nil
 }
@@ -226,6 +240,8 @@ func (w *Watcher) Stats() WatcherStats {
 		Denied:            c.denied.Load(),
 		Failed:            c.failed.Load(),
 		Oversized:         c.oversized.Load(),
+		RefusedPolicy:     c.refusedPolicy.Load(),
+		RefusedQuota:      c.refusedQuota.Load(),
 		MapsReads:         c.mapsReads.Load(),
 		MapsUnchanged:     c.mapsUnchanged.Load(),
 		MapsSkipped:       c.mapsSkipped.Load(),
@@ -321,15 +337,28 @@ func (w *Watcher) consider(st procStat) {
 	switch res {
 	case evalSelected:
 		t := &trackedProc{proc: p, execSig: st.ExecSig, vsize: st.VSize, sent: make(map[FileID]Library)}
+		if p.SelectedBy != "pid" {
+			t.quotaKey = p.Owner.quotaKey()
+			if w.perOwner[t.quotaKey] >= w.sel.Policy.quota() {
+				w.stats.refusedQuota.Add(1)
+				w.logRefusal(p, "its owner has its quota of tracked processes")
+				res = evalFailed // looked at again every Recheck: a slot may free
+				break
+			}
+			w.perOwner[t.quotaKey]++
+		}
 		w.tracked[p.PID] = t
 		w.log.Debug("process selected", "pid", p.PID, "rank", p.Identity.Rank, "job", p.Identity.JobID, "by", p.SelectedBy)
 		if !w.refreshMaps(t) {
-			delete(w.tracked, p.PID)
+			w.untrack(t)
 			w.stats.vanished.Add(1)
 			return
 		}
 		w.announce(t)
 		return
+	case evalRefused:
+		w.stats.refusedPolicy.Add(1)
+		w.logRefusal(p, "the selection policy does not allow its owner")
 	case evalGone:
 		w.stats.vanished.Add(1)
 		return
@@ -462,7 +491,7 @@ func (w *Watcher) announce(t *trackedProc) {
 
 // remove stops tracking t and queues its ProcessExited if it was announced.
 func (w *Watcher) remove(t *trackedProc) {
-	delete(w.tracked, t.proc.PID)
+	w.untrack(t)
 	if !t.announced {
 		return
 	}
@@ -497,6 +526,32 @@ func (w *Watcher) send(ev Event) bool {
 		w.stats.deferred.Add(1)
 		return false
 	}
+}
+
+// untrack forgets t and frees its owner's slot.
+func (w *Watcher) untrack(t *trackedProc) {
+	delete(w.tracked, t.proc.PID)
+	if t.quotaKey == "" {
+		return
+	}
+	if w.perOwner[t.quotaKey]--; w.perOwner[t.quotaKey] <= 0 {
+		delete(w.perOwner, t.quotaKey)
+	}
+}
+
+// refusalLogEvery rate-limits the warnings about refused processes.
+const refusalLogEvery = time.Minute
+
+// logRefusal logs a refused process: a warning at most every
+// refusalLogEvery, with the counts so far, the others at debug.
+func (w *Watcher) logRefusal(p Process, why string) {
+	lvl := slog.LevelDebug
+	if now := time.Now(); now.Sub(w.refusalLog) >= refusalLogEvery {
+		lvl, w.refusalLog = slog.LevelWarn, now
+	}
+	w.log.Log(context.Background(), lvl, "process not watched: "+why+" (further ones logged at debug for a minute)",
+		"pid", p.PID, "uid", p.Owner.UID, "cgroup", p.Owner.Cgroup,
+		"refused_policy", w.stats.refusedPolicy.Load(), "refused_quota", w.stats.refusedQuota.Load())
 }
 
 // logOversized warns of the first oversized proc file, the others at debug.

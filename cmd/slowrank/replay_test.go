@@ -208,3 +208,17 @@ func TestWindowUnderTheMinimumIsAUsageError(t *testing.T) {
 		}
 	}
 }
+
+func TestBadSelectionPolicyIsAUsageError(t *testing.T) {
+	for _, args := range [][]string{
+		{"--allow-uid", "no-such-user-slowrank"},
+		{"--allow-uid", "-1"},
+		{"--allow-cgroup", "kubepods.slice"},
+		{"--owner-quota", "0"},
+	} {
+		full := append([]string{"agent", "--status-socket", "", "--duration", "1ns"}, args...)
+		if _, code := run(t, "", full...); code != exitUsage {
+			t.Errorf("%v: exit %d, want %d", args, code, exitUsage)
+		}
+	}
+}
