@@ -117,8 +117,8 @@ func (r ControlRequest) Validate() error {
 	if !r.hasDetector() && !r.hasDuty() {
 		return bad("\"set\" needs at least one of window, threshold, phase_thresholds, floor, consecutive, duty_budget, duty_share, duty_auto, duty_period")
 	}
-	if r.Window != nil && *r.Window <= 0 {
-		return bad("window must be positive, got %s", time.Duration(*r.Window))
+	if r.Window != nil && time.Duration(*r.Window) < MinWindow {
+		return bad("window must be at least %s, got %s", MinWindow, time.Duration(*r.Window))
 	}
 	if r.Threshold != nil && (!(*r.Threshold > 0) || *r.Threshold > 100) {
 		return bad("threshold must be in (0, 100], got %g", *r.Threshold)
@@ -143,8 +143,8 @@ func (r ControlRequest) Validate() error {
 	if r.DutyShare != nil && r.DutyAuto {
 		return bad("duty_share and duty_auto exclude each other")
 	}
-	if r.DutyPeriod != nil && time.Duration(*r.DutyPeriod) < 100*time.Millisecond {
-		return bad("duty_period must be at least 100ms, got %s", time.Duration(*r.DutyPeriod))
+	if r.DutyPeriod != nil && time.Duration(*r.DutyPeriod) < MinDutyPeriod {
+		return bad("duty_period must be at least %s, got %s", MinDutyPeriod, time.Duration(*r.DutyPeriod))
 	}
 	return nil
 }

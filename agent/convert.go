@@ -1,8 +1,10 @@
 package agent
 
 import (
+	"math"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/correlate"
@@ -227,7 +229,13 @@ func (c *converter) batch(e *bpf.BatchEvent, out []input) []input {
 		out = append(out, otherInput(correlate.Drop{PID: pid, Device: n, FromNS: p.openSince, ToNS: int64(e.EndNs)}))
 		p.lastDrop = drops
 	}
+	emitted := int64(e.EndNs)
+	implausible := 0
 	for _, t := range b.Transitions {
+		if !plausibleSpan(t.TimestampNs, t.TimestampNs, emitted) {
+			implausible++
+			continue
+		}
 		ts := int64(t.TimestampNs)
 		switch {
 		case t.On && p.openSince == 0:
@@ -239,6 +247,10 @@ func (c *converter) batch(e *bpf.BatchEvent, out []input) []input {
 		}
 	}
 	for _, k := range b.Kernels {
+		if !plausibleSpan(k.StartNs, k.EndNs, emitted) {
+			implausible++
+			continue
+		}
 		out = append(out, deviceInput(correlate.DeviceInterval{
 			PID: pid, Kind: correlate.DeviceKernel, Class: kernelClass(k.Class),
 			StartNS: int64(k.StartNs), EndNS: int64(k.EndNs), Device: k.Device, Stream: k.Stream,
@@ -249,6 +261,10 @@ func (c *converter) batch(e *bpf.BatchEvent, out []input) []input {
 		}))
 	}
 	for _, cp := range b.Copies {
+		if !plausibleSpan(cp.StartNs, cp.EndNs, emitted) {
+			implausible++
+			continue
+		}
 		kind := correlate.DeviceMemcpy
 		if cp.Memset {
 			kind = correlate.DeviceMemset
@@ -259,7 +275,31 @@ func (c *converter) batch(e *bpf.BatchEvent, out []input) []input {
 		}))
 	}
 	c.counters.add("device_records", int64(len(b.Kernels)+len(b.Copies)))
+	if implausible > 0 {
+		c.counters.add("device_records_implausible", int64(implausible))
+	}
 	return out
+}
+
+// The times of device records are written by the training process (its
+// injection library); the batch's emit time is the kernel's clock at the
+// uprobe, which the process cannot set. A record is believed from
+// maxRecordAge before its batch's emission (CUPTI hands over buffers
+// seconds late) to maxRecordLead after it (clock mapping of another
+// client's timestamps); outside, it is dropped and counted in
+// device_records_implausible. So a process cannot push its job's
+// timeline into the far future or past.
+const (
+	maxRecordAge  = int64(time.Hour)
+	maxRecordLead = int64(time.Second)
+)
+
+func plausibleSpan(start, end uint64, emitted int64) bool {
+	if start > end || end > math.MaxInt64 {
+		return false
+	}
+	s, e := int64(start), int64(end)
+	return e <= emitted+maxRecordLead && s >= emitted-maxRecordAge
 }
 
 // maxPlausibleLoss bounds the records or batches one batch header may claim

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -340,16 +341,26 @@ func (t *attacher) writeYield(pe *procEntry, seen uint32) error {
 	return nil
 }
 
+// errInjectNotAttached: the injection library of a process has no
+// attachment (its attach failed or is pending); its control block is not
+// looked up.
+var errInjectNotAttached = errors.New("injection library not attached")
+
 // controlAddr finds the process's control block once.
 func (t *attacher) controlAddr(pe *procEntry) error {
 	if pe.ctlAddr != 0 {
 		return nil
 	}
+	// The file belongs to whoever maps it: it is read only once the
+	// bounded symbol reader of the attach has accepted it.
+	if le := t.libs[pe.inject.File]; le == nil || le.att == nil {
+		return errInjectNotAttached
+	}
 	lib, err := cupti.InspectLibrary(pe.inject.HostPath)
 	if err != nil {
 		return fmt.Errorf("inspect injection library: %w", err)
 	}
-	maps, err := os.ReadFile(t.procPath(pe.proc.PID, "maps"))
+	maps, err := readInto(t.procPath(pe.proc.PID, "maps"), nil, maxMapsBytes)
 	if err != nil {
 		return err
 	}

@@ -71,6 +71,7 @@ type Process struct {
 	// EnvDenied is true when the environment could not be read (an explicitly selected PID
 	// of a process the agent may not inspect); Identity is then all Unknown.
 	EnvDenied bool
+	Owner     Owner
 }
 
 // Selector decides which processes are training processes. A process is selected when its PID
@@ -82,6 +83,9 @@ type Selector struct {
 	PIDs   []int
 	Match  *regexp.Regexp
 	EnvKey string
+	// Policy says whose processes may be selected (by Match or EnvKey; a
+	// PID given explicitly is the operator's choice) and how many per owner.
+	Policy Policy
 }
 
 func (s Selector) envKey() string {
@@ -194,7 +198,7 @@ func newProcReader(root string) (*procReader, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open proc filesystem: %w", err)
 	}
-	return &procReader{fs: pfs, root: root, self: os.Getpid(), readFile: os.ReadFile}, nil
+	return &procReader{fs: pfs, root: root, self: os.Getpid(), readFile: readProcFile}, nil
 }
 
 func procPath(root string, pid int, elem ...string) string {
@@ -225,8 +229,27 @@ func (r *procReader) stat(pid int) (procStat, error) {
 	return parseStat(data)
 }
 
-// readInto reads a whole file into buf[:0], reusing its capacity.
-func readInto(name string, buf []byte) ([]byte, error) {
+// Bounds of the proc files read. Their process's owner sizes them: prctl
+// PR_SET_MM_MAP (allowed in a user namespace the user owns) points the
+// environment and argument areas at any memory of the process, and 65,530
+// mappings with 4 kB paths make a maps file of 270 MB. A training process
+// has an environment of kilobytes and a maps file of about 1 MB (5,000
+// mappings).
+const (
+	maxProcFile  = 1 << 20  // stat, environ, cmdline
+	maxMapsBytes = 16 << 20 // maps
+)
+
+// errProcFileTooLarge is wrapped by the errors about a proc file larger
+// than its bound; its process is not looked at again until it execs.
+var errProcFileTooLarge = errors.New("proc file larger than its bound")
+
+func readProcFile(name string) ([]byte, error) { return readInto(name, nil, maxProcFile) }
+
+// readInto reads a whole file of at most limit bytes into buf[:0], reusing
+// its capacity; a larger file is an errProcFileTooLarge after reading
+// limit+1 bytes.
+func readInto(name string, buf []byte, limit int) ([]byte, error) {
 	f, err := os.Open(name)
 	if err != nil {
 		return buf[:0], err
@@ -234,11 +257,14 @@ func readInto(name string, buf []byte) ([]byte, error) {
 	defer f.Close()
 	buf = buf[:0]
 	if cap(buf) == 0 {
-		buf = make([]byte, 0, 64<<10)
+		buf = make([]byte, 0, min(64<<10, limit+1))
 	}
 	for {
-		n, err := f.Read(buf[len(buf):cap(buf)])
+		n, err := f.Read(buf[len(buf):min(cap(buf), limit+1)])
 		buf = buf[:len(buf)+n]
+		if len(buf) > limit {
+			return buf[:0], fmt.Errorf("read %s: %w (%d bytes)", name, errProcFileTooLarge, limit)
+		}
 		if err == io.EOF || (err == nil && n == 0) {
 			return buf, nil
 		}
@@ -246,7 +272,7 @@ func readInto(name string, buf []byte) ([]byte, error) {
 			return buf, err
 		}
 		if len(buf) == cap(buf) {
-			buf = slices.Grow(buf, cap(buf))
+			buf = slices.Grow(buf, min(cap(buf), limit+1-len(buf)))
 		}
 	}
 }
@@ -265,6 +291,10 @@ const (
 	evalGone   // vanished while read
 	evalDenied // environ unreadable and needed for the decision
 	evalFailed // unexpected read or parse error
+	// evalOversized: environ or cmdline beyond maxProcFile; not looked at
+	// again until the process execs.
+	evalOversized
+	evalRefused // its owner is not allowed by the policy
 )
 
 // evaluate reads one process and decides whether sel selects it. explicit holds the start
@@ -280,6 +310,13 @@ func (r *procReader) evaluate(st procStat, sel Selector, explicit map[int]uint64
 	if pid == r.self || st.Flags&pfKthread != 0 || st.exited() {
 		return p, evalRejected, nil
 	}
+	explicitPID := isExplicit(explicit, st)
+	if sel.Policy.restricted() && !explicitPID {
+		// Before the environment: a disallowed owner's processes cost no read of it.
+		if p.Owner = r.owner(pid); !sel.Policy.allows(p.Owner) {
+			return p, evalRefused, nil
+		}
+	}
 	envKey := sel.envKey()
 	keep := func(k string) bool { return identityVars[k] || k == envKey }
 	var env map[string]string
@@ -293,7 +330,7 @@ func (r *procReader) evaluate(st procStat, sel Selector, explicit map[int]uint64
 		env = parseEnviron(data, keep)
 	}
 	switch {
-	case isExplicit(explicit, st):
+	case explicitPID:
 		p.SelectedBy = "pid"
 	case sel.byEnv():
 		readEnv()
@@ -315,6 +352,9 @@ func (r *procReader) evaluate(st procStat, sel Selector, explicit map[int]uint64
 			if procGone(err) {
 				return p, evalGone, nil
 			}
+			if errors.Is(err, errProcFileTooLarge) {
+				return p, evalOversized, err
+			}
 			return p, evalFailed, fmt.Errorf("read cmdline of pid %d: %w", pid, err)
 		}
 		if !sel.matches(p.Exe, p.Comm, p.Cmdline) {
@@ -331,6 +371,8 @@ func (r *procReader) evaluate(st procStat, sel Selector, explicit map[int]uint64
 	case envErr == nil:
 	case procGone(envErr):
 		return p, evalGone, nil
+	case errors.Is(envErr, errProcFileTooLarge):
+		return p, evalOversized, envErr
 	case errors.Is(envErr, fs.ErrPermission):
 		if p.SelectedBy == "" { // the decision needed the environment
 			return p, evalDenied, envErr
@@ -353,6 +395,9 @@ func (r *procReader) evaluate(st procStat, sel Selector, explicit map[int]uint64
 			return p, evalGone, nil
 		}
 		p.Cmdline = cmd
+	}
+	if !sel.Policy.restricted() || explicitPID {
+		p.Owner = r.owner(pid)
 	}
 	// A process that ended while being read has an empty environ and cmdline: look again.
 	if st2, err := r.stat(pid); err != nil || st2.StartTime != st.StartTime || st2.exited() {
@@ -404,6 +449,10 @@ type ScanStats struct {
 	Vanished int // ended while being read; skipped
 	Denied   int // environ unreadable; see AccessError
 	Failed   int // unexpected read or parse errors
+	// Oversized counts processes whose environ or cmdline exceeds
+	// maxProcFile; they are not selected.
+	Oversized int
+	Refused   int // owner not allowed by the policy
 }
 
 // Discover scans the proc tree at procRoot ("" for /proc) once and returns the processes that
@@ -462,6 +511,10 @@ func (r *procReader) discover(sel Selector) ([]Process, ScanStats, error) {
 		case evalFailed:
 			stats.Failed++
 			errs = append(errs, err)
+		case evalOversized:
+			stats.Oversized++
+		case evalRefused:
+			stats.Refused++
 		}
 	}
 	if denied != nil {
@@ -477,7 +530,7 @@ func ReadLibraries(procRoot string, pid int) ([]Library, error) {
 	if procRoot == "" {
 		procRoot = procfs.DefaultMountPoint
 	}
-	data, err := os.ReadFile(procPath(procRoot, pid, "maps"))
+	data, err := readInto(procPath(procRoot, pid, "maps"), nil, maxMapsBytes)
 	if err != nil {
 		return nil, fmt.Errorf("read maps: %w", err)
 	}

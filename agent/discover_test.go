@@ -138,6 +138,7 @@ func TestDiscoverFixtureProcess(t *testing.T) {
 			RunID: "run-42", MasterAddr: "10.0.0.1", MasterPort: "29500", JobID: "run-42", JobIDSource: "TORCHELASTIC_RUN_ID",
 			VisibleDevices: "0,1,2,3", InjectionPath: "/opt/slowrank dev/lib/libslowrank_cupti.so", Injected: true},
 		SelectedBy: "env:RANK",
+		Owner:      Owner{UID: -1}, // the fixture has no status nor cgroup
 	}
 	if !reflect.DeepEqual(p, want) {
 		t.Errorf("got  %+v\nwant %+v", p, want)

@@ -8,6 +8,15 @@ import (
 	"github.com/slowrank/slowrank/bpf"
 )
 
+// MinDutyPeriod is the shortest duty period: the injection library reads a
+// shorter one as off (SLOWRANK_MIN_PERIOD_MS in cupti/slowrank_abi.h).
+const MinDutyPeriod = 100 * time.Millisecond
+
+// MinWindow is the shortest detector window the agent takes: the duty
+// period follows the window down to it (a window must contain covered
+// steps), so a shorter window would switch device collection off.
+const MinWindow = MinDutyPeriod
+
 // DutyConfig steers device-record collection under one overhead budget.
 //
 // Always-on CUPTI kernel records cost +0.8 % to +8.4 % of step time on an

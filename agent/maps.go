@@ -329,11 +329,17 @@ func (l Library) RuntimeAddr(vaddr, firstLoadVaddr uint64) uint64 {
 	return l.Base - firstLoadVaddr&^pageMask + vaddr
 }
 
+// maxLibrariesPerProcess bounds the probed library files of one process: a
+// training process maps about 7; each one is an attach. More is a process
+// made to cost the agent work (it is the process's owner who names files).
+const maxLibrariesPerProcess = 64
+
 // librariesFromMaps returns the probed libraries in a maps content, by File, each with all its
 // mappings. procRoot and pid build HostPath and MapFilesPath. Only lines whose basename is a
 // known kind allocate.
 func librariesFromMaps(data []byte, procRoot string, pid int) ([]Library, error) {
 	var libs []Library
+	index := map[FileID]int{}
 	err := eachMapsLine(data, func(line []byte) error {
 		m, err := parseMapsLine(line, false)
 		if err != nil {
@@ -342,13 +348,15 @@ func librariesFromMaps(data []byte, procRoot string, pid int) ([]Library, error)
 		if !m.fileBacked() {
 			return nil
 		}
-		for i := range libs {
-			if libs[i].File == m.File {
-				libs[i].Mappings = append(libs[i].Mappings, m)
-				libs[i].Deleted = libs[i].Deleted || m.Deleted
-				return nil
-			}
+		if i, ok := index[m.File]; ok {
+			libs[i].Mappings = append(libs[i].Mappings, m)
+			libs[i].Deleted = libs[i].Deleted || m.Deleted
+			return nil
 		}
+		if len(libs) == maxLibrariesPerProcess {
+			return fmt.Errorf("more than %d probed library files: %w", maxLibrariesPerProcess, errProcFileTooLarge)
+		}
+		index[m.File] = len(libs)
 		libs = append(libs, Library{
 			Kind:     classifyLibrary(path.Base(m.Path)),
 			File:     m.File,

@@ -94,10 +94,20 @@ type WatcherStats struct {
 	// not delivered and sends it on the next poll: a deferred event is late, not lost.
 	EventsDeferred uint64
 	// ExitsLost counts ProcessExited events dropped because too many were waiting for room.
-	ExitsLost     uint64
-	Vanished      uint64 // processes that ended while being read; skipped
-	Denied        uint64 // processes whose environ or maps the agent may not read
-	Failed        uint64 // unexpected read or parse errors
+	ExitsLost uint64
+	Vanished  uint64 // processes that ended while being read; skipped
+	Denied    uint64 // processes whose environ or maps the agent may not read
+	Failed    uint64 // unexpected read or parse errors
+	// Oversized counts processes whose environ or cmdline exceeds its
+	// bound (not selected), and maps reads of tracked processes beyond
+	// theirs (libraries not updated).
+	Oversized uint64
+	// RefusedPolicy counts processes not selected because the policy does
+	// not allow their owner; RefusedQuota selections refused because their
+	// owner had its quota of tracked processes (looked at again every
+	// Recheck).
+	RefusedPolicy uint64
+	RefusedQuota  uint64
 	MapsReads     uint64 // /proc/PID/maps reads of tracked processes
 	MapsUnchanged uint64 // of which had the same content as the last read (not parsed)
 	MapsSkipped   uint64 // maps reads saved because the address-space size had not changed
@@ -107,7 +117,8 @@ type watcherCounters struct {
 	polls, lastPoll, tracked              atomic.Int64
 	added, exited, mapped, unmapped       atomic.Uint64
 	deferred, exitsLost                   atomic.Uint64
-	vanished, denied, failed              atomic.Uint64
+	vanished, denied, failed, oversized   atomic.Uint64
+	refusedPolicy, refusedQuota           atomic.Uint64
 	mapsReads, mapsUnchanged, mapsSkipped atomic.Uint64
 }
 
@@ -139,10 +150,14 @@ type Watcher struct {
 	buf          []byte
 	seed         maphash.Seed
 	deniedLogged bool
+	bigLogged    bool
+	perOwner     map[string]int // tracked processes per Owner.quotaKey
+	refusalLog   time.Time      // last refusal logged at warning level
 }
 
 type trackedProc struct {
 	proc      Process
+	quotaKey  string // "" for an explicitly selected PID (not counted)
 	execSig   [2]uint64
 	vsize     uint64
 	announced bool
@@ -179,6 +194,9 @@ func NewWatcher(cfg WatcherConfig) (*Watcher, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if err := CheckPolicy(cfg.Selector.Policy); err != nil {
+		return nil, fmt.Errorf("watcher config: %w", err)
+	}
 	r, err := newProcReader(cfg.ProcRoot)
 	if err != nil {
 		return nil, err
@@ -197,6 +215,7 @@ func NewWatcher(cfg WatcherConfig) (*Watcher, error) {
 		events:   make(chan Event, cfg.QueueSize),
 		tracked:  make(map[int]*trackedProc),
 		seen:     make(map[int]*seenProc),
+		perOwner: make(map[string]int),
 		seed:     maphash.MakeSeed(),
 	}, nil
 }
@@ -220,6 +239,9 @@ func (w *Watcher) Stats() WatcherStats {
 		Vanished:          c.vanished.Load(),
 		Denied:            c.denied.Load(),
 		Failed:            c.failed.Load(),
+		Oversized:         c.oversized.Load(),
+		RefusedPolicy:     c.refusedPolicy.Load(),
+		RefusedQuota:      c.refusedQuota.Load(),
 		MapsReads:         c.mapsReads.Load(),
 		MapsUnchanged:     c.mapsUnchanged.Load(),
 		MapsSkipped:       c.mapsSkipped.Load(),
@@ -315,15 +337,28 @@ func (w *Watcher) consider(st procStat) {
 	switch res {
 	case evalSelected:
 		t := &trackedProc{proc: p, execSig: st.ExecSig, vsize: st.VSize, sent: make(map[FileID]Library)}
+		if p.SelectedBy != "pid" {
+			t.quotaKey = p.Owner.quotaKey()
+			if w.perOwner[t.quotaKey] >= w.sel.Policy.quota() {
+				w.stats.refusedQuota.Add(1)
+				w.logRefusal(p, "its owner has its quota of tracked processes")
+				res = evalFailed // looked at again every Recheck: a slot may free
+				break
+			}
+			w.perOwner[t.quotaKey]++
+		}
 		w.tracked[p.PID] = t
 		w.log.Debug("process selected", "pid", p.PID, "rank", p.Identity.Rank, "job", p.Identity.JobID, "by", p.SelectedBy)
 		if !w.refreshMaps(t) {
-			delete(w.tracked, p.PID)
+			w.untrack(t)
 			w.stats.vanished.Add(1)
 			return
 		}
 		w.announce(t)
 		return
+	case evalRefused:
+		w.stats.refusedPolicy.Add(1)
+		w.logRefusal(p, "the selection policy does not allow its owner")
 	case evalGone:
 		w.stats.vanished.Add(1)
 		return
@@ -338,6 +373,9 @@ func (w *Watcher) consider(st procStat) {
 	case evalFailed:
 		w.stats.failed.Add(1)
 		w.log.Debug("evaluate process", "pid", st.PID, "error", err)
+	case evalOversized:
+		w.stats.oversized.Add(1)
+		w.logOversized(st.PID, err)
 	}
 	w.seen[st.PID] = &seenProc{start: st.StartTime, execSig: st.ExecSig, firstPoll: w.poll, listed: w.poll,
 		failed: res == evalFailed}
@@ -380,11 +418,15 @@ func (w *Watcher) refresh(t *trackedProc) {
 func (w *Watcher) refreshMaps(t *trackedProc) bool {
 	pid := t.proc.PID
 	var err error
-	w.buf, err = readInto(w.r.path(pid, "maps"), w.buf)
+	w.buf, err = readInto(w.r.path(pid, "maps"), w.buf, maxMapsBytes)
 	w.stats.mapsReads.Add(1)
 	switch {
 	case err != nil && procGone(err):
 		return false
+	case errors.Is(err, errProcFileTooLarge):
+		w.stats.oversized.Add(1)
+		w.logOversized(pid, err)
+		return true
 	case err != nil:
 		if !t.mapsErr {
 			t.mapsErr = true
@@ -400,6 +442,11 @@ func (w *Watcher) refreshMaps(t *trackedProc) bool {
 		return true
 	}
 	libs, err := librariesFromMaps(w.buf, w.r.root, pid)
+	if errors.Is(err, errProcFileTooLarge) {
+		w.stats.oversized.Add(1)
+		w.logOversized(pid, err)
+		return true
+	}
 	if err != nil {
 		w.stats.failed.Add(1)
 		w.log.Warn("parse maps", "pid", pid, "error", err)
@@ -444,7 +491,7 @@ func (w *Watcher) announce(t *trackedProc) {
 
 // remove stops tracking t and queues its ProcessExited if it was announced.
 func (w *Watcher) remove(t *trackedProc) {
-	delete(w.tracked, t.proc.PID)
+	w.untrack(t)
 	if !t.announced {
 		return
 	}
@@ -479,6 +526,42 @@ func (w *Watcher) send(ev Event) bool {
 		w.stats.deferred.Add(1)
 		return false
 	}
+}
+
+// untrack forgets t and frees its owner's slot.
+func (w *Watcher) untrack(t *trackedProc) {
+	delete(w.tracked, t.proc.PID)
+	if t.quotaKey == "" {
+		return
+	}
+	if w.perOwner[t.quotaKey]--; w.perOwner[t.quotaKey] <= 0 {
+		delete(w.perOwner, t.quotaKey)
+	}
+}
+
+// refusalLogEvery rate-limits the warnings about refused processes.
+const refusalLogEvery = time.Minute
+
+// logRefusal logs a refused process: a warning at most every
+// refusalLogEvery, with the counts so far, the others at debug.
+func (w *Watcher) logRefusal(p Process, why string) {
+	lvl := slog.LevelDebug
+	if now := time.Now(); now.Sub(w.refusalLog) >= refusalLogEvery {
+		lvl, w.refusalLog = slog.LevelWarn, now
+	}
+	w.log.Log(context.Background(), lvl, "process not watched: "+why+" (further ones logged at debug for a minute)",
+		"pid", p.PID, "uid", p.Owner.UID, "cgroup", p.Owner.Cgroup,
+		"refused_policy", w.stats.refusedPolicy.Load(), "refused_quota", w.stats.refusedQuota.Load())
+}
+
+// logOversized warns of the first oversized proc file, the others at debug.
+func (w *Watcher) logOversized(pid int, err error) {
+	lvl := slog.LevelDebug
+	if !w.bigLogged {
+		lvl, w.bigLogged = slog.LevelWarn, true
+	}
+	w.log.Log(context.Background(), lvl, "proc file beyond its bound; the process is not watched (further ones logged at debug)",
+		"pid", pid, "error", err)
 }
 
 func (w *Watcher) countErr(err error, pid int, what string) {

@@ -1,7 +1,6 @@
 package bpf
 
 import (
-	"debug/elf"
 	"errors"
 	"fmt"
 	"sync"
@@ -166,12 +165,7 @@ func (p *Probes) AttachLibrary(path string, kind LibKind) (*Attachment, error) {
 	if err != nil {
 		return nil, fmt.Errorf("attach %s: %w", path, err)
 	}
-	f, err := elf.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("open library %s: %w", path, err)
-	}
-	ls, err := readLibSymbols(f, w)
-	f.Close()
+	ls, err := loadLibSymbols(path, w)
 	if err != nil {
 		return nil, fmt.Errorf("read symbols of %s: %w", path, err)
 	}

@@ -27,7 +27,7 @@ func openLibSymbols(t *testing.T, path string, kind LibKind) (*elf.File, *libSym
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { f.Close() })
-	ls, err := readLibSymbols(f, w)
+	ls, err := loadLibSymbols(path, w)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,9 @@
 package bpf
 
 import (
+	"bytes"
 	"debug/elf"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sort"
@@ -44,17 +46,18 @@ func mangledPrefixes(qualified string) ([]string, error) {
 // library has hundreds of thousands).
 type symbolWanter struct {
 	exact    map[string]bool
+	maxExact int // the longest exact name
 	prefixes []string
 }
 
 func newSymbolWanter(specs []ProbeSpec) (*symbolWanter, error) {
 	w := &symbolWanter{exact: map[string]bool{}}
 	for _, s := range specs {
-		if s.Symbol != "" {
-			w.exact[s.Symbol] = true
-		}
-		if s.RefCtr != "" {
-			w.exact[s.RefCtr] = true
+		for _, name := range []string{s.Symbol, s.RefCtr} {
+			if name != "" {
+				w.exact[name] = true
+				w.maxExact = max(w.maxExact, len(name))
+			}
 		}
 		if s.Qualified != "" {
 			ps, err := mangledPrefixes(s.Qualified)
@@ -67,57 +70,56 @@ func newSymbolWanter(specs []ProbeSpec) (*symbolWanter, error) {
 	return w, nil
 }
 
-func (w *symbolWanter) want(name string) bool {
-	if w.exact[name] {
-		return true
+// find looks for a wanted name at the start of b, the bytes of a string
+// table from a symbol's name, and reports a hit: an exact name (looked for
+// within the longest exact name's length) or a name with a wanted prefix
+// (nil when it has no NUL within b). It allocates nothing (the map lookup of
+// a converted slice does not copy it).
+func (w *symbolWanter) find(b []byte) (name []byte, hit bool) {
+	if i := bytes.IndexByte(b[:min(len(b), w.maxExact+1)], 0); i >= 0 && w.exact[string(b[:i])] {
+		return b[:i], true
 	}
 	for _, p := range w.prefixes {
-		if strings.HasPrefix(name, p) {
-			return true
+		if bytes.HasPrefix(b, []byte(p)) {
+			if i := bytes.IndexByte(b, 0); i >= 0 {
+				return b[:i], true
+			}
+			return nil, true
 		}
 	}
-	return false
+	return nil, false
 }
 
-// readLibSymbols scans .symtab and .dynsym for the wanted names.
-func readLibSymbols(f *elf.File, w *symbolWanter) (*libSymbols, error) {
+// collectLibSymbols scans the symbol tables for the wanted names and maps
+// them to file offsets through progs.
+func collectLibSymbols(progs []elf.ProgHeader, bo binary.ByteOrder, tabs []symbolTable, w *symbolWanter) (*libSymbols, error) {
 	ls := &libSymbols{funcs: map[string]uint64{}, objects: map[string]uint64{}, objErrs: map[string]error{}}
-	var all []elf.Symbol
-	syms, err := f.Symbols()
-	switch {
-	case err == nil:
-		ls.hasSymtab = true
-		all = append(all, syms...)
-	case !errors.Is(err, elf.ErrNoSymbols):
-		return nil, fmt.Errorf("read symbol table: %w", err)
-	}
-	dyn, err := f.DynamicSymbols()
-	switch {
-	case err == nil:
-		ls.hasDynsym = true
-		all = append(all, dyn...)
-	case !errors.Is(err, elf.ErrNoSymbols):
-		return nil, fmt.Errorf("read dynamic symbol table: %w", err)
-	}
-	for _, s := range all {
-		if s.Section == elf.SHN_UNDEF || s.Value == 0 || !w.want(s.Name) {
-			continue
+	for _, t := range tabs {
+		if t.typ == elf.SHT_SYMTAB {
+			ls.hasSymtab = true
+		} else {
+			ls.hasDynsym = true
 		}
-		switch elf.ST_TYPE(s.Info) {
-		case elf.STT_FUNC:
-			if off, ok := funcFileOffset(f, s.Value); ok {
-				ls.funcs[s.Name] = off
+		err := scanSymbols(t, bo, w, func(s elf.Symbol) {
+			switch elf.ST_TYPE(s.Info) {
+			case elf.STT_FUNC:
+				if off, ok := funcFileOffset(progs, s.Value); ok {
+					ls.funcs[s.Name] = off
+				}
+			case elf.STT_OBJECT:
+				off, warn, err := objectFileOffset(progs, s)
+				if err != nil {
+					ls.objErrs[s.Name] = err
+					return
+				}
+				ls.objects[s.Name] = off
+				if warn != nil {
+					ls.objErrs[s.Name] = warn
+				}
 			}
-		case elf.STT_OBJECT:
-			off, warn, err := objectFileOffset(f, s)
-			if err != nil {
-				ls.objErrs[s.Name] = err
-				continue
-			}
-			ls.objects[s.Name] = off
-			if warn != nil {
-				ls.objErrs[s.Name] = warn
-			}
+		})
+		if err != nil {
+			return nil, fmt.Errorf("read %v symbols: %w", t.typ, err)
 		}
 	}
 	return ls, nil
@@ -125,8 +127,8 @@ func readLibSymbols(f *elf.File, w *symbolWanter) (*libSymbols, error) {
 
 // funcFileOffset maps a function's virtual address to its file offset through
 // the executable PT_LOAD segment that contains it (what uprobes want).
-func funcFileOffset(f *elf.File, vaddr uint64) (uint64, bool) {
-	for _, p := range f.Progs {
+func funcFileOffset(progs []elf.ProgHeader, vaddr uint64) (uint64, bool) {
+	for _, p := range progs {
 		if p.Type != elf.PT_LOAD || p.Flags&elf.PF_X == 0 {
 			continue
 		}
@@ -149,8 +151,8 @@ func funcFileOffset(f *elf.File, vaddr uint64) (uint64, bool) {
 // symbol in .bss inside that page is usable but unreliable (warn): ld.so
 // zeroes that tail after mapping, wiping the kernel's increment in processes
 // that load the library after the uprobe exists.
-func objectFileOffset(f *elf.File, s elf.Symbol) (off uint64, warn, err error) {
-	for _, p := range f.Progs {
+func objectFileOffset(progs []elf.ProgHeader, s elf.Symbol) (off uint64, warn, err error) {
+	for _, p := range progs {
 		if p.Type != elf.PT_LOAD || s.Value < p.Vaddr || s.Value >= p.Vaddr+p.Memsz {
 			continue
 		}

@@ -6,8 +6,11 @@ import (
 	"debug/elf"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // Exported symbols of libslowrank_cupti.so.
@@ -44,7 +47,11 @@ type Library struct {
 
 // InspectLibrary reads the library's symbol table.
 func InspectLibrary(path string) (Library, error) {
-	f, err := elf.Open(path)
+	raw, err := readLibraryFile(path)
+	if err != nil {
+		return Library{}, err
+	}
+	f, err := elf.NewFile(bytes.NewReader(raw))
 	if err != nil {
 		return Library{}, fmt.Errorf("open injection library: %w", err)
 	}
@@ -54,6 +61,41 @@ func InspectLibrary(path string) (Library, error) {
 		return Library{}, fmt.Errorf("inspect %s: %w", path, err)
 	}
 	return lib, nil
+}
+
+// maxLibraryBytes bounds the injection library file the agent reads (ours
+// is about 160 kB): the path is in a training process's maps, and whoever
+// can write that file decides what it holds.
+const maxLibraryBytes = 16 << 20
+
+// readLibraryFile reads the file at path whole, refusing anything but a
+// regular file (a FIFO would block the agent) and files over
+// maxLibraryBytes, so that parsing it costs bounded memory whatever its
+// headers claim.
+func readLibraryFile(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open injection library: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("stat injection library: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%w: %s is not a regular file (%s)", ErrNotInjectionLibrary, path, fi.Mode().Type())
+	}
+	if fi.Size() > maxLibraryBytes {
+		return nil, fmt.Errorf("%w: %s has %d bytes (at most %d)", ErrNotInjectionLibrary, path, fi.Size(), maxLibraryBytes)
+	}
+	raw, err := io.ReadAll(io.LimitReader(f, maxLibraryBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("read injection library: %w", err)
+	}
+	if len(raw) > maxLibraryBytes {
+		return nil, fmt.Errorf("%w: %s grew past %d bytes", ErrNotInjectionLibrary, path, maxLibraryBytes)
+	}
+	return raw, nil
 }
 
 func inspectELF(f *elf.File) (Library, error) {

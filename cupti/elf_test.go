@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // builtLibrary returns the library built by `make cupti`, or skips.
@@ -81,5 +83,35 @@ func TestInspectNotInjectionLibrary(t *testing.T) {
 	}
 	if _, err := InspectLibrary("/nonexistent"); err == nil {
 		t.Error("missing file accepted")
+	}
+}
+
+// TestInspectLibraryRefusesHostileFiles: the path comes from a training
+// process's maps; a FIFO must not block the agent and a huge or sparse file
+// must not be read.
+func TestInspectLibraryRefusesHostileFiles(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "libslowrank_cupti.so")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	big := filepath.Join(dir, "big.so")
+	if err := os.WriteFile(big, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(big, maxLibraryBytes+1); err != nil { // sparse: no disk
+		t.Fatal(err)
+	}
+	for _, path := range []string{fifo, big} {
+		done := make(chan error, 1)
+		go func() { _, err := InspectLibrary(path); done <- err }()
+		select {
+		case err := <-done:
+			if !errors.Is(err, ErrNotInjectionLibrary) {
+				t.Errorf("%s: err %v, want ErrNotInjectionLibrary", filepath.Base(path), err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: InspectLibrary blocked", filepath.Base(path))
+		}
 	}
 }

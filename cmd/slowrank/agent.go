@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"os/user"
 	"regexp"
+	"strconv"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -37,6 +39,9 @@ func agentCommand() *cli.Command {
 			&cli.IntSliceFlag{Name: "pid", Usage: "watch this process (repeatable); it must exist", EnvVars: []string{"SLOWRANK_PID"}},
 			&cli.StringFlag{Name: "match", Usage: "watch processes whose executable, comm or command line matches this regexp", EnvVars: []string{"SLOWRANK_MATCH"}},
 			&cli.StringFlag{Name: "env-key", Value: "RANK", Usage: "without --pid/--match: watch processes whose environment has this variable", EnvVars: []string{"SLOWRANK_ENV_KEY"}},
+			&cli.StringSliceFlag{Name: "allow-uid", Usage: "only processes of this user (uid or name; repeatable) may be ranks, with those of --allow-cgroup (default: every owner)", EnvVars: []string{"SLOWRANK_ALLOW_UID"}},
+			&cli.StringSliceFlag{Name: "allow-cgroup", Usage: "only processes in this cgroup v2 subtree (e.g. /kubepods.slice, /system.slice/slurmstepd.scope; repeatable) may be ranks, with those of --allow-uid", EnvVars: []string{"SLOWRANK_ALLOW_CGROUP"}},
+			&cli.IntFlag{Name: "owner-quota", Value: agent.DefaultOwnerQuota, Usage: "processes tracked at most per owner (a uid; for root, a cgroup), so that one owner's flood cannot take every slot", EnvVars: []string{"SLOWRANK_OWNER_QUOTA"}},
 			&cli.StringFlag{Name: "facts", Usage: "write step and topology facts (JSONL) to this file", EnvVars: []string{"SLOWRANK_FACTS"}},
 			&cli.StringFlag{Name: "verdicts", Usage: "write verdicts and a final summary (JSONL) to this file", EnvVars: []string{"SLOWRANK_VERDICTS"}},
 			&cli.StringFlag{Name: "host-name", Usage: "host name in facts and telemetry (default: os.Hostname)", EnvVars: []string{"SLOWRANK_HOST_NAME"}},
@@ -74,6 +79,9 @@ func agentConfig(c *cli.Context) (agent.Config, error) {
 		}
 		cfg.Selector.Match = re
 	}
+	if cfg.Selector.Policy, err = selectionPolicy(c); err != nil {
+		return cfg, err
+	}
 	cfg.HostName = c.String("host-name")
 	if cfg.HostName == "" {
 		cfg.HostName, _ = os.Hostname()
@@ -93,6 +101,40 @@ func agentConfig(c *cli.Context) (agent.Config, error) {
 	cfg.RingBufferSize = c.Int("ringbuf-size")
 	cfg.SingleUprobes = c.Bool("single-uprobes")
 	return cfg, nil
+}
+
+// selectionPolicy reads --allow-uid, --allow-cgroup and --owner-quota.
+func selectionPolicy(c *cli.Context) (agent.Policy, error) {
+	p := agent.Policy{AllowCgroups: c.StringSlice("allow-cgroup"), OwnerQuota: c.Int("owner-quota")}
+	for _, u := range c.StringSlice("allow-uid") {
+		uid, err := lookupUID(u)
+		if err != nil {
+			return p, cli.Exit(fmt.Sprintf("--allow-uid %q: %v", u, err), exitUsage)
+		}
+		p.AllowUIDs = append(p.AllowUIDs, uid)
+	}
+	if p.OwnerQuota < 1 {
+		return p, cli.Exit(fmt.Sprintf("--owner-quota must be at least 1, got %d", p.OwnerQuota), exitUsage)
+	}
+	if err := agent.CheckPolicy(p); err != nil {
+		return p, cli.Exit(fmt.Sprintf("--allow-cgroup: %v", err), exitUsage)
+	}
+	return p, nil
+}
+
+// lookupUID takes a uid or a user name.
+func lookupUID(s string) (int, error) {
+	if uid, err := strconv.Atoi(s); err == nil {
+		if uid < 0 {
+			return 0, fmt.Errorf("negative uid")
+		}
+		return uid, nil
+	}
+	u, err := user.Lookup(s)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(u.Uid)
 }
 
 func runAgent(c *cli.Context) error {

@@ -160,7 +160,14 @@ func readFacts(in io.Reader, skipInvalid bool) (*factSet, error) {
 	f := &factSet{origin: map[string]int64{}}
 	r := bufio.NewReaderSize(in, 1<<16)
 	for n := 1; ; n++ {
-		line, err := r.ReadBytes('\n')
+		line, err := readLine(r, maxFactLine, skipInvalid)
+		if errors.Is(err, errLineTooLong) {
+			if !skipInvalid {
+				return nil, &inputError{line: n, err: err}
+			}
+			f.invalid++
+			continue
+		}
 		if len(line) > 0 {
 			if perr := f.add(line); perr != nil {
 				switch {
@@ -189,6 +196,40 @@ func readFacts(in io.Reader, skipInvalid bool) (*factSet, error) {
 		return ta.Version < tb.Version
 	})
 	return f, nil
+}
+
+// maxFactLine bounds one line of facts: a topology of 100,000 ranks is
+// about 6 MB. Without it, an input without newlines (/dev/zero) grows
+// without bound.
+const maxFactLine = 16 << 20
+
+var errLineTooLong = fmt.Errorf("line longer than %d MiB", maxFactLine>>20)
+
+// readLine returns the next line (with its newline, if any) of at most max
+// bytes. A longer one is errLineTooLong; with skipLong it has been read to
+// its end, else only its first max bytes.
+func readLine(r *bufio.Reader, max int, skipLong bool) ([]byte, error) {
+	var line []byte
+	long := false
+	for {
+		chunk, err := r.ReadSlice('\n')
+		if !long && len(line)+len(chunk) > max {
+			if !skipLong {
+				return nil, errLineTooLong
+			}
+			long, line = true, nil
+		}
+		if !long {
+			line = append(line, chunk...)
+		}
+		if err == bufio.ErrBufferFull {
+			continue
+		}
+		if long && (err == nil || err == io.EOF) {
+			err = errLineTooLong
+		}
+		return line, err
+	}
 }
 
 func (f *factSet) add(line []byte) error {

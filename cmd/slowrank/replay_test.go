@@ -6,6 +6,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -152,5 +153,72 @@ func TestCreateOutputRefusesSymlink(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(target); string(b) != "keep" {
 		t.Fatal("symlink target was modified")
+	}
+}
+
+// An input without newlines (/dev/zero) must end in a usage error, not grow.
+func TestReplayRefusesAnEndlessLine(t *testing.T) {
+	if _, code := run(t, "", "replay", "--input", "/dev/zero", "--output", "$OUT"); code != exitUsage {
+		t.Errorf("replay --input /dev/zero: exit %d, want %d", code, exitUsage)
+	}
+}
+
+func TestReplaySkipsALongLine(t *testing.T) {
+	good := `{"kind":"step","job":"j","rank":0,"step":1,"end_ns":1,"phases":{"compute":1}}`
+	for _, tc := range []struct {
+		name  string
+		input string
+	}{
+		{"long line with its newline", strings.Repeat(" ", maxFactLine+1) + "\n" + good + "\n"},
+		{"long line ending exactly at a buffer boundary", strings.Repeat(" ", maxFactLine+1<<16-1) + "\n" + good + "\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			facts, err := readFacts(strings.NewReader(tc.input), true)
+			if err != nil || facts.invalid != 1 || len(facts.steps) != 1 {
+				t.Fatalf("err %v, facts %+v; want 1 invalid line and the good one", err, facts)
+			}
+			if _, err := readFacts(strings.NewReader(tc.input), false); !errors.Is(err, errLineTooLong) {
+				t.Errorf("without --skip-invalid: err %v, want %v", err, errLineTooLong)
+			}
+		})
+	}
+}
+
+// A window under the shortest duty period would switch device collection
+// off in every trainer (the library reads a period under 100 ms as off).
+func TestWindowUnderTheMinimumIsAUsageError(t *testing.T) {
+	for _, tc := range []struct {
+		window string
+		code   int
+	}{
+		{"0s", exitUsage}, {"1ms", exitUsage}, {"99ms", exitUsage}, {"-5s", exitUsage}, {"100ms", 0},
+	} {
+		for _, cmd := range [][]string{
+			{"replay", "--input", "$IN", "--output", "$OUT"},
+			{"agent", "--status-socket", "", "--duration", "1ns"},
+			{"aggregate", "--listen", "127.0.0.1:0"},
+		} {
+			if tc.code == 0 && cmd[0] != "replay" {
+				continue // would start them
+			}
+			args := append(slices.Clone(cmd), "--window", tc.window)
+			if _, code := run(t, "", args...); code != tc.code {
+				t.Errorf("%v: exit %d, want %d", args, code, tc.code)
+			}
+		}
+	}
+}
+
+func TestBadSelectionPolicyIsAUsageError(t *testing.T) {
+	for _, args := range [][]string{
+		{"--allow-uid", "no-such-user-slowrank"},
+		{"--allow-uid", "-1"},
+		{"--allow-cgroup", "kubepods.slice"},
+		{"--owner-quota", "0"},
+	} {
+		full := append([]string{"agent", "--status-socket", "", "--duration", "1ns"}, args...)
+		if _, code := run(t, "", full...); code != exitUsage {
+			t.Errorf("%v: exit %d, want %d", args, code, exitUsage)
+		}
 	}
 }
