@@ -10,7 +10,7 @@ export OUT_DIR CUDA_HOME
 # go-nvml declares deprecated NVML calls; its cgo build would warn on each.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build test e2e-tools demo-sim unit-test race-test fuzz-test helm-check lint generate check-generated demo bench clean help
+.PHONY: all build test e2e-tools demo-sim unit-test race-test fuzz-test helm-check rules-test lint generate check-generated demo bench clean help
 
 all: build
 
@@ -51,6 +51,12 @@ fuzz-test: ## run every fuzz target for FUZZTIME
 
 helm-check: ## render the Helm chart with Helm's engine and decode every manifest against the Kubernetes types (own module)
 	cd deploy/helm/check && $(GO) vet ./... && $(GO) test -count=1 ./...
+
+rules-test: ## check and unit-test the Prometheus alert rules (promtool, Debian's prometheus package); the chart ships the same file
+	promtool check rules deploy/prometheus/slowrank-rules.yaml
+	cd deploy/prometheus && promtool test rules slowrank-rules.test.yaml
+	cmp deploy/prometheus/slowrank-rules.yaml deploy/helm/slowrank/files/slowrank-rules.yaml || \
+	  { echo "deploy/helm/slowrank/files/slowrank-rules.yaml differs: cp deploy/prometheus/slowrank-rules.yaml deploy/helm/slowrank/files/"; exit 1; }
 
 test: lint build fakelibs cupti-test cupti-stress e2e-tools unit-test fuzz-test helm-check ## everything CI runs
 

@@ -116,6 +116,9 @@ type Agent struct {
 	plan   *DutyPlan // last duty plan applied, for Status
 
 	control controlState // runtime control (control.go), main goroutine only
+	// lastControl is the control state as of the last refreshCounters,
+	// for Observe (which must not wait for the main goroutine).
+	lastControl atomic.Pointer[ControlState]
 
 	lastMemStats time.Time // main goroutine only (refreshRuntime)
 	overBound    bool
@@ -441,6 +444,8 @@ func (a *Agent) refreshCounters() {
 	a.refreshPipeline()
 	a.refreshSinks()
 	a.refreshRuntime()
+	cs := a.controlState()
+	a.lastControl.Store(&cs)
 }
 
 // Summaries returns the detector's end-of-run summaries; call after Run.

@@ -637,28 +637,3 @@ func (a *Agent) planDuty(now int64) {
 	a.counters.set("duty_pairs_dropped_drift", o.PairsDropped.Drift)
 	a.counters.set("duty_pairs_dropped_suspect", o.PairsDropped.Suspect)
 }
-
-// writeOverheadMetrics writes the overhead ledger and cost estimate.
-func writeOverheadMetrics(m *metricWriter, o *Overhead) {
-	if o == nil {
-		return
-	}
-	b := func(v bool) float64 {
-		if v {
-			return 1
-		}
-		return 0
-	}
-	m.gauge("slowrank_agent_overhead_budget", "Overhead budget of everything the agent adds (fraction of step time).", o.Budget)
-	m.family("slowrank_agent_overhead_spent", "Overhead spent over the ledger's horizon, by source (fraction of training time).", "gauge")
-	m.sample("slowrank_agent_overhead_spent", []string{"source", "device"}, o.Device)
-	m.sample("slowrank_agent_overhead_spent", []string{"source", "uprobes"}, o.Uprobes)
-	m.sample("slowrank_agent_overhead_spent", []string{"source", "library"}, o.Library)
-	m.sample("slowrank_agent_overhead_spent", []string{"source", "total"}, o.Total)
-	m.gauge("slowrank_agent_duty_cost_low", "Lower end of the 95 % interval of the device-collection cost.", o.Cost.Low)
-	m.gauge("slowrank_agent_duty_cost_high", "Upper end of the 95 % interval of the device-collection cost (what the ledger charges).", o.Cost.High)
-	m.gauge("slowrank_agent_duty_cost_pairs", "Paired on/off blocks behind the cost estimate.", float64(o.Cost.Pairs))
-	m.gauge("slowrank_agent_duty_cost_measured", "1 once the cost estimate is measured in this run (else the prior).", b(o.Cost.Measured))
-	m.counter("slowrank_agent_duty_escalations_granted_total", "Escalations to full device collection granted.", float64(o.EscalationsGranted))
-	m.counter("slowrank_agent_duty_escalations_refused_total", "Escalations refused because the ledger could not pay for them.", float64(o.EscalationsRefused))
-}

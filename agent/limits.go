@@ -211,6 +211,7 @@ func (a *Agent) refreshPipeline() {
 	c.set("detector_duplicates", dup)
 	c.set("detector_evicted", evicted)
 	c.set("detector_rejected_ranks", rejected)
+	c.set("detector_late_after_swap", a.pipe.swap.lateAfterSwap)
 	st := a.conv.names.Stats()
 	c.set("names_interned", int64(st.Names))
 	c.set("names_refused", int64(st.Refused)+a.conv.refusedNames())

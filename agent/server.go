@@ -7,14 +7,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"net"
 	"net/http"
 	"net/http/pprof"
 	"os"
 	"path/filepath"
-	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -76,6 +73,8 @@ type ServerConfig struct {
 	Version     string
 	// Export reports the outputs' health (nil: not reported).
 	Export func() ExportHealth
+	// Metrics serves GET /metrics (see HandlerConfig.Metrics).
+	Metrics http.Handler
 	// Timeout bounds how long a request waits for the agent's main
 	// goroutine (default 3 s).
 	Timeout time.Duration
@@ -136,7 +135,7 @@ func (s *Server) Addrs() []string { return append([]string(nil), s.addrs...) }
 
 func (s *Server) serve(ln net.Listener, control bool) {
 	hs := &http.Server{
-		Handler:           NewHandler(s.ctl, HandlerConfig{Control: control, Version: s.cfg.Version, Export: s.cfg.Export, Timeout: s.cfg.Timeout}),
+		Handler:           NewHandler(s.ctl, HandlerConfig{Control: control, Version: s.cfg.Version, Export: s.cfg.Export, Timeout: s.cfg.Timeout, Metrics: s.cfg.Metrics}),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      15 * time.Second,
@@ -305,6 +304,11 @@ type HandlerConfig struct {
 	Version string
 	Export  func() ExportHealth
 	Timeout time.Duration
+	// Metrics serves GET /metrics: the OpenTelemetry Prometheus exporter
+	// of the process' one MeterProvider, which carries the instruments of
+	// selfmetrics.Table (fed by Agent.Observe) and the detector's metrics
+	// (nil: 404).
+	Metrics http.Handler
 }
 
 // NewHandler returns the endpoint's HTTP handler for ctl.
@@ -338,7 +342,7 @@ func (h *handler) index(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	io.WriteString(w, "slowrank agent\n  GET  /status   JSON status\n  GET  /metrics  Prometheus text format\n")
+	io.WriteString(w, "slowrank agent\n  GET  /status   JSON status\n  GET  /metrics  Prometheus exposition (docs/metrics.md)\n")
 	if h.cfg.Control {
 		io.WriteString(w, "  GET  /debug/pprof/  profiles of the agent (Go pprof)\n")
 		io.WriteString(w, "  POST /control  {\"action\":\"pause\"|\"resume\"|\"set\", \"window\":\"5s\", \"threshold\":0.05, \"floor\":\"1ms\", \"consecutive\":3, \"duty_budget\":0.003, \"duty_share\":0.1, \"duty_auto\":true, \"duty_period\":\"10s\"}\n")
@@ -390,9 +394,11 @@ func (h *handler) metrics(w http.ResponseWriter, r *http.Request) {
 	if !allow(w, r, http.MethodGet) {
 		return
 	}
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	w.WriteHeader(http.StatusOK)
-	WriteMetrics(w, h.report(r.Context()))
+	if h.cfg.Metrics == nil {
+		writeError(w, http.StatusNotFound, "no metrics on this endpoint")
+		return
+	}
+	h.cfg.Metrics.ServeHTTP(w, r)
 }
 
 // controlBodyMax bounds the body of POST /control.
@@ -452,134 +458,4 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
 	enc.Encode(v)
-}
-
-// WriteMetrics writes the report in the Prometheus text exposition format
-// (version 0.0.4). Every name starts with slowrank_agent_ so that it never
-// collides with the OTLP-exported slowrank_* metrics.
-func WriteMetrics(w io.Writer, r StatusReport) {
-	m := &metricWriter{w: w}
-	m.gauge("slowrank_agent_up", "1 while the agent answers.", 1)
-	m.gauge("slowrank_agent_uptime_seconds", "Time since the agent started.", r.Uptime.Seconds())
-	m.gauge("slowrank_agent_processes", "Training processes watched.", float64(r.Processes))
-	m.gauge("slowrank_agent_libraries_attached", "Libraries with attached uprobes.", float64(r.Attached))
-	m.counter("slowrank_agent_events_total", "Ring-buffer events read.", float64(r.Events))
-	m.counter("slowrank_agent_lost_total", "Records lost (ring buffer full, queue full, malformed).", float64(r.Lost))
-	m.counter("slowrank_agent_windows_total", "Windows settled.", float64(r.Windows))
-	m.counter("slowrank_agent_facts_total", "Step facts produced.", float64(r.Facts))
-	m.counter("slowrank_agent_verdicts_total", "Verdicts produced.", float64(r.Verdicts))
-	m.gauge("slowrank_agent_alerts", "Active straggler alerts.", float64(len(r.Alerts)))
-	m.gauge("slowrank_agent_duty_share", "On-share of device collection.", r.DutyShare)
-	m.gauge("slowrank_agent_duty_cost_estimate", "Estimated overhead of full device collection (fraction of step time).", r.DutyCost)
-	writeOverheadMetrics(m, r.Overhead) // duty.go
-	m.family("slowrank_agent_device_collection", "Device collection state (1 for the current one).", "gauge")
-	m.sample("slowrank_agent_device_collection", []string{"state", r.DeviceState}, 1)
-	if c := r.Control; c != nil {
-		paused := 0.0
-		if c.Paused {
-			paused = 1
-		}
-		m.gauge("slowrank_agent_paused", "1 while collection is paused.", paused)
-		m.gauge("slowrank_agent_detector_window_seconds", "Detector window.", time.Duration(c.Detector.Window).Seconds())
-		m.gauge("slowrank_agent_detector_threshold", "Relative deviation that makes a window slow.", c.Detector.Threshold)
-		if len(c.Detector.PhaseThresholds) > 0 {
-			m.family("slowrank_agent_detector_phase_threshold", "Per-phase override of the detector threshold.", "gauge")
-			for _, ph := range slices.Sorted(maps.Keys(c.Detector.PhaseThresholds)) {
-				m.sample("slowrank_agent_detector_phase_threshold", []string{"phase", ph}, c.Detector.PhaseThresholds[ph])
-			}
-		}
-		m.gauge("slowrank_agent_detector_floor_seconds", "Absolute difference below which no window is slow.", time.Duration(c.Detector.Floor).Seconds())
-		m.gauge("slowrank_agent_detector_consecutive", "Slow windows before an alert.", float64(c.Detector.Consecutive))
-		m.counter("slowrank_agent_detector_swaps_total", "Detector changes at run time.", float64(c.DetectorSwaps))
-		m.counter("slowrank_agent_records_late_total", "Capture records that arrived after their step was settled.", float64(c.Records.Late))
-		m.counter("slowrank_agent_records_duplicate_total", "Duplicate capture records.", float64(c.Records.Duplicate))
-		m.counter("slowrank_agent_facts_late_total", "Step facts that arrived after their window was settled.", float64(c.Facts.Late+c.Facts.LateAfterSwap))
-		m.counter("slowrank_agent_facts_duplicate_total", "Duplicate step facts.", float64(c.Facts.Duplicates))
-		if c.Duty != nil {
-			m.gauge("slowrank_agent_duty_budget", "Overhead budget of device collection.", c.Duty.Budget)
-		}
-	}
-	if len(r.Ranks) > 0 {
-		m.family("slowrank_agent_rank_step_milliseconds", "Wall time of the rank's latest step.", "gauge")
-		for _, rv := range r.Ranks {
-			if v, ok := rv.Step.Phases["step"]; ok {
-				m.sample("slowrank_agent_rank_step_milliseconds", []string{"job", rv.Job, "rank", strconv.Itoa(rv.Rank)}, v)
-			}
-		}
-		m.family("slowrank_agent_rank_straggler", "1 while the rank holds an active straggler alert.", "gauge")
-		for _, rv := range r.Ranks {
-			v := 0.0
-			if rv.Verdict != nil && rv.Verdict.AlertActive {
-				v = 1
-			}
-			m.sample("slowrank_agent_rank_straggler", []string{"job", rv.Job, "rank", strconv.Itoa(rv.Rank)}, v)
-		}
-	}
-	if len(r.Counters) > 0 {
-		m.family("slowrank_agent_counter", "The agent's health counters by name (most are monotonic).", "gauge")
-		for _, k := range sortedKeys(r.Counters) {
-			m.sample("slowrank_agent_counter", []string{"name", k}, float64(r.Counters[k]))
-		}
-	}
-	if e := r.Export; e != nil && len(e.Counters) > 0 {
-		m.family("slowrank_agent_export_counter", "The exporter's own counters by name.", "gauge")
-		for _, k := range sortedKeys(e.Counters) {
-			m.sample("slowrank_agent_export_counter", []string{"name", k}, float64(e.Counters[k]))
-		}
-	}
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
-}
-
-type metricWriter struct {
-	w io.Writer
-}
-
-func (m *metricWriter) family(name, help, typ string) {
-	fmt.Fprintf(m.w, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, typ)
-}
-
-func (m *metricWriter) gauge(name, help string, v float64) {
-	m.family(name, help, "gauge")
-	m.sample(name, nil, v)
-}
-
-func (m *metricWriter) counter(name, help string, v float64) {
-	m.family(name, help, "counter")
-	m.sample(name, nil, v)
-}
-
-// sample writes one line; labels are name/value pairs.
-func (m *metricWriter) sample(name string, labels []string, v float64) {
-	var b strings.Builder
-	b.WriteString(name)
-	if len(labels) > 0 {
-		b.WriteByte('{')
-		for i := 0; i+1 < len(labels); i += 2 {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			b.WriteString(labels[i])
-			b.WriteString(`="`)
-			b.WriteString(escapeLabel(labels[i+1]))
-			b.WriteByte('"')
-		}
-		b.WriteByte('}')
-	}
-	b.WriteByte(' ')
-	b.WriteString(strconv.FormatFloat(v, 'g', -1, 64))
-	b.WriteByte('\n')
-	io.WriteString(m.w, b.String())
-}
-
-// escapeLabel escapes a label value: backslash, double quote and newline.
-func escapeLabel(s string) string {
-	return strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(s)
 }

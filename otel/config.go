@@ -13,6 +13,8 @@ import (
 
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/slowrank/slowrank/selfmetrics"
 )
 
 // Protocols of OTEL_EXPORTER_OTLP_PROTOCOL.
@@ -75,9 +77,11 @@ type Config struct {
 	Queue  QueueConfig
 	Policy Policy
 
-	// Counters, when set, is read at each metric collection for the counters
-	// of other components (records dropped/late/duplicate, attach errors).
-	Counters CounterSource
+	// Self are the sources of the other components' self-metrics (the
+	// agent's counters and gauges, the aggregator's), read at each metric
+	// collection; the exporter adds its own and the process' CPU and RSS.
+	// Every key is declared in selfmetrics.Table.
+	Self []selfmetrics.Source
 
 	// NowMono returns CLOCK_MONOTONIC now in ns (the clock of step facts);
 	// default reads CLOCK_MONOTONIC. Used for slowrank.verdict.latency.
@@ -96,6 +100,10 @@ type Config struct {
 	// set (tests: tracetest.InMemoryExporter, sdkmetric.NewManualReader).
 	SpanExporter sdktrace.SpanExporter
 	MetricReader sdkmetric.Reader
+	// MetricReaders also read every instrument (the agent's /metrics: the
+	// OpenTelemetry Prometheus exporter). With them the meter provider
+	// exists even when Metrics is "none".
+	MetricReaders []sdkmetric.Reader
 }
 
 // QueueConfig bounds the span export queue. It mirrors the SDK's

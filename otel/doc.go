@@ -4,7 +4,8 @@
 // own health becomes metrics; it also owns the JSONL sinks for facts and
 // verdicts (JSONLWriter). It imports detector for the fact and verdict types
 // only and knows nothing of bpf, cupti or agent: other components' counters
-// come in through CounterSource. Import the upstream API as
+// and gauges come in as selfmetrics.Source (Config.Self), under the keys that
+// selfmetrics.Table declares. Import the upstream API as
 // otelapi "go.opentelemetry.io/otel" next to it.
 //
 // # Setup
@@ -64,14 +65,19 @@
 // Histograms slowrank.step.duration and slowrank.phase.duration (ms;
 // slowrank.job.id, rank, phase), gauges slowrank.deviation,
 // slowrank.straggler (1 while an alert is active; hint) and slowrank.state
-// (StateCode), counters slowrank.verdicts{state}, slowrank.records.dropped,
-// .late, .duplicate and slowrank.attach.errors (from CounterSource),
-// slowrank.export.*, the process' CPU seconds and RSS (/proc/self), and the
-// histogram slowrank.verdict.latency (s): from the end of the window's last
-// step (CLOCK_MONOTONIC, Config.NowMono) to the moment its verdicts' spans
-// were handed to the exporter. The job is the attribute slowrank.job.id
+// (StateCode), the counter slowrank.verdicts{state}, and the histogram
+// slowrank.verdict.latency (s): from the end of the window's last step
+// (CLOCK_MONOTONIC, Config.NowMono) to the moment its verdicts' spans were
+// handed to the exporter. The job is the attribute slowrank.job.id
 // (Prometheus label slowrank_job_id), not "job", which Prometheus derives
 // from service.name.
+//
+// Self-metrics: every instrument of selfmetrics.Table, fed by Config.Self,
+// the exporter's own counters (Counters: slowrank.export.*) and the
+// process' CPU seconds and RSS (ProcessSource, /proc/self). Each reader of
+// the one MeterProvider sees the same instruments: the OTLP periodic reader
+// and Config.MetricReaders (the agent's /metrics, an OpenTelemetry
+// Prometheus exporter), which keep the provider alive with Metrics "none".
 //
 // # Concurrency
 //

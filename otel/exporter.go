@@ -153,9 +153,18 @@ func New(ctx context.Context, cfg Config) (*Exporter, error) {
 		reader = sdkmetric.NewPeriodicReader(&countingMetricExporter{Exporter: x, stats: &e.stats},
 			sdkmetric.WithInterval(r.MetricInterval))
 	}
+	var readers []sdkmetric.Reader
 	if reader != nil {
-		e.mp = sdkmetric.NewMeterProvider(sdkmetric.WithResource(res), sdkmetric.WithReader(reader))
-		e.inst, err = newInstruments(e.mp.Meter(ScopeName, metricVersion(cfg)), e, cfg.Counters)
+		readers = append(readers, reader)
+	}
+	readers = append(readers, cfg.MetricReaders...)
+	if len(readers) > 0 {
+		opts := []sdkmetric.Option{sdkmetric.WithResource(res)}
+		for _, r := range readers {
+			opts = append(opts, sdkmetric.WithReader(r))
+		}
+		e.mp = sdkmetric.NewMeterProvider(opts...)
+		e.inst, err = newInstruments(e.mp.Meter(ScopeName, metricVersion(cfg)), e, cfg.Self)
 		if err != nil {
 			_ = e.shutdownProviders(ctx)
 			return nil, fmt.Errorf("create instruments: %w", err)

@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/slowrank/slowrank/detector"
+	"github.com/slowrank/slowrank/selfmetrics"
 )
 
 func TestTraceIDIsSHA256Prefix(t *testing.T) {
@@ -229,8 +230,8 @@ func TestBufferOverflowDropsOldestWindowCounted(t *testing.T) {
 		}
 	}
 	rm := collect(t, h.reader)
-	if v := sumInt(rm, MetricExportDropped, map[attribute.Key]string{KeyReason: DropBufferOverflow}); v != 40 {
-		t.Fatalf("%s{reason=buffer_overflow} = %d, want 40", MetricExportDropped, v)
+	if v := sumInt(rm, selfmetrics.ExportDropped, map[attribute.Key]string{KeyReason: DropBufferOverflow}); v != 40 {
+		t.Fatalf("%s{reason=buffer_overflow} = %d, want 40", selfmetrics.ExportDropped, v)
 	}
 }
 
@@ -293,8 +294,8 @@ func TestSettleLagAndLateFacts(t *testing.T) {
 func TestMetrics(t *testing.T) {
 	var src atomic.Int64
 	src.Store(5)
-	h2 := newHarnessWithCounters(t, CounterFunc(func() map[string]int64 {
-		return map[string]int64{"records.dropped/ringbuf_full": src.Load(), "records.late": 2, "attach.errors": 1, "events.read": 99}
+	h2 := newHarnessWithCounters(t, selfmetrics.Counters([]string{selfmetrics.Agent}, func() map[string]int64 {
+		return map[string]int64{"ringbuf_lost": src.Load(), "correlate_late": 2, "attach_errors": 1, "not_declared": 99}
 	}))
 	h2.feedWindow(testJob, 0, 4, 2, 20)
 	h2.now = (stepsPerWindow*stepNS + 2*int64(time.Second)) // 2 s after the window's last step
@@ -311,11 +312,17 @@ func TestMetrics(t *testing.T) {
 	if v := sumInt(rm, MetricVerdicts, map[attribute.Key]string{KeyState: "straggler"}); v != 1 {
 		t.Fatalf("verdict counter %d", v)
 	}
-	if v := sumInt(rm, MetricRecordsDropped, map[attribute.Key]string{KeyReason: "ringbuf_full"}); v != 5 {
+	if v := sumInt(rm, selfmetrics.RecordsDropped, map[attribute.Key]string{KeyReason: "ringbuf_full"}); v != 5 {
 		t.Fatalf("records dropped %d", v)
 	}
-	if v := sumInt(rm, MetricComponent, map[attribute.Key]string{KeyName: "events.read"}); v != 99 {
-		t.Fatalf("component counter %d", v)
+	if v := sumInt(rm, selfmetrics.RecordsDropped, map[attribute.Key]string{KeyReason: "queue_full"}); v != 0 {
+		t.Fatalf("records dropped (queue full, never reported: 0) %d", v)
+	}
+	if v := sumInt(rm, selfmetrics.AttachErrors, nil); v != 1 {
+		t.Fatalf("attach errors %d", v)
+	}
+	if v := sumInt(rm, selfmetrics.Undeclared, map[attribute.Key]string{KeyName: "not_declared"}); v != 99 {
+		t.Fatalf("undeclared counter %d", v)
 	}
 	m, _ := findMetric(rm, MetricPhaseDuration)
 	hist, ok := m.Data.(metricdata.Histogram[float64])
@@ -327,7 +334,7 @@ func TestMetrics(t *testing.T) {
 	if !ok || len(lat.DataPoints) != 1 || lat.DataPoints[0].Count != 1 || lat.DataPoints[0].Sum != 2 {
 		t.Fatalf("verdict latency %#v", m.Data)
 	}
-	for _, name := range []string{MetricCPUTime, MetricRSS, MetricStepDuration, MetricExportSpans} {
+	for _, name := range []string{"slowrank.agent.cpu.time", "slowrank.agent.memory.rss", MetricStepDuration, "slowrank.export.spans"} {
 		if _, ok := findMetric(rm, name); !ok {
 			t.Errorf("metric %s missing", name)
 		}
@@ -353,12 +360,12 @@ func TestMetrics(t *testing.T) {
 	}
 }
 
-func newHarnessWithCounters(t *testing.T, src CounterSource) *harness {
+func newHarnessWithCounters(t *testing.T, src selfmetrics.Source) *harness {
 	h := &harness{spans: tracetest.NewInMemoryExporter()}
 	h.reader = sdkmetric.NewManualReader()
 	e, err := New(context.Background(), Config{
 		Job: testJob, HostName: "testhost", Env: testEnv(nil), SpanExporter: h.spans, MetricReader: h.reader,
-		Counters: src, NowMono: func() int64 { return h.now },
+		Self: []selfmetrics.Source{src}, NowMono: func() int64 { return h.now },
 		MonoToWall: func(ns int64) time.Time { return time.Unix(1_700_000_000, ns) },
 	})
 	if err != nil {
@@ -389,6 +396,13 @@ func sumInt(rm metricdata.ResourceMetrics, name string, want map[attribute.Key]s
 		for _, dp := range s.DataPoints {
 			if matches(dp.Attributes, want) {
 				n += dp.Value
+			}
+		}
+	}
+	if s, ok := m.Data.(metricdata.Sum[float64]); ok { // the self-metrics
+		for _, dp := range s.DataPoints {
+			if matches(dp.Attributes, want) {
+				n += int64(dp.Value)
 			}
 		}
 	}
@@ -575,3 +589,21 @@ func TestStdoutExporter(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// TestCounterKeysDeclared: the keys the exporter and the forwarder report
+// are declared in selfmetrics.Table.
+func TestCounterKeysDeclared(t *testing.T) {
+	h := newHarnessWithCounters(t, selfmetrics.Source{Observe: func(func(string, float64, ...string)) {}})
+	f, err := NewForwarder(ForwardConfig{Endpoint: "127.0.0.1:1", HostName: "h"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close(context.Background())
+	for _, m := range []map[string]int64{h.e.Counters(), f.Counters()} {
+		for k := range m {
+			if _, s, ok := selfmetrics.Lookup(k); !ok || strings.HasSuffix(s.Key, "*") {
+				t.Errorf("counter %q is not declared in selfmetrics.Table", k)
+			}
+		}
+	}
+}

@@ -414,6 +414,21 @@ func (f *Forwarder) Stats() ForwardStats {
 	}
 }
 
+// Counters returns the forwarder's counters under their selfmetrics keys
+// (forward_sent, forward_dropped_REASON, ...). The agent merges them into
+// its status counters, as it does for every sink that counts its losses.
+func (f *Forwarder) Counters() map[string]int64 {
+	st := f.Stats()
+	m := map[string]int64{
+		"forward_sent": st.Sent, "forward_requests": st.Requests, "forward_failures": st.Failures,
+		"forward_queued": int64(st.Queued),
+	}
+	for reason, n := range st.Dropped {
+		m["forward_dropped_"+reason] = n
+	}
+	return m
+}
+
 // Close stops accepting facts, sends what is queued within ctx's deadline
 // (one attempt per batch: a failure ends the drain), counts the rest as
 // dropped and closes the connection. Calls after the first return the

@@ -2,7 +2,6 @@ package otel
 
 import (
 	"context"
-	"strings"
 	"sync"
 
 	"github.com/prometheus/procfs"
@@ -11,10 +10,14 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/slowrank/slowrank/detector"
+	"github.com/slowrank/slowrank/selfmetrics"
 )
 
 // Metric names (OpenTelemetry; the collector's Prometheus exporter turns
-// dots into underscores and adds unit and _total suffixes).
+// dots into underscores and adds unit and _total suffixes). These are the
+// detector's results; slowrank's own health metrics (records dropped, late,
+// duplicate, attach errors, export.*, CPU and RSS, ...) are declared in
+// selfmetrics.Table.
 const (
 	MetricStepDuration   = "slowrank.step.duration"   // histogram, ms; job, rank
 	MetricPhaseDuration  = "slowrank.phase.duration"  // histogram, ms; job, rank, phase
@@ -23,18 +26,6 @@ const (
 	MetricState          = "slowrank.state"           // gauge, StateCode; job, rank, phase
 	MetricVerdicts       = "slowrank.verdicts"        // counter; job, state, phase
 	MetricVerdictLatency = "slowrank.verdict.latency" // histogram, s; job
-	MetricRecordsDropped = "slowrank.records.dropped" // counter; reason (from CounterSource)
-	MetricRecordsLate    = "slowrank.records.late"
-	MetricRecordsDup     = "slowrank.records.duplicate"
-	MetricAttachErrors   = "slowrank.attach.errors"
-	MetricComponent      = "slowrank.component.events" // counter; name (other CounterSource keys)
-	MetricExportDropped  = "slowrank.export.dropped"   // counter; signal, reason, unit
-	MetricExportSpans    = "slowrank.export.spans"     // counter: spans exported
-	MetricExportErrors   = "slowrank.export.errors"    // counter: errors seen by the OTel error handler
-	MetricExportLate     = "slowrank.export.late_facts"
-	MetricExportBuffered = "slowrank.export.buffered_steps" // gauge
-	MetricCPUTime        = "slowrank.agent.cpu.time"        // counter, s (user+system of this process)
-	MetricRSS            = "slowrank.agent.memory.rss"      // gauge, By
 )
 
 // Metric attribute keys. The job is AttrJob ("slowrank.job.id", label
@@ -50,30 +41,6 @@ const (
 	KeyUnit   = attribute.Key("unit")
 	KeyName   = attribute.Key("name")
 )
-
-// Keys a CounterSource may report; "name/reason" adds a reason attribute
-// (e.g. "records.dropped/ringbuf_full"). Other keys are exported as
-// slowrank.component.events{name=KEY}.
-const (
-	CounterRecordsDropped = "records.dropped"
-	CounterRecordsLate    = "records.late"
-	CounterRecordsDup     = "records.duplicate"
-	CounterAttachErrors   = "attach.errors"
-)
-
-// CounterSource reports monotonic counters of other components (the agent's
-// ring-buffer drops, late and duplicate records, attach failures). Counters
-// is called at each metric collection, from the SDK's goroutine; it must be
-// quick and safe for concurrent use.
-type CounterSource interface {
-	Counters() map[string]int64
-}
-
-// CounterFunc adapts a function to CounterSource.
-type CounterFunc func() map[string]int64
-
-// Counters calls f.
-func (f CounterFunc) Counters() map[string]int64 { return f() }
 
 // StateCode is the value of the slowrank.state gauge: ok 0, recovered 1,
 // uncertain 2, candidate 3, straggler 4 (-1 for an unknown state).
@@ -115,7 +82,7 @@ type instruments struct {
 	attrs map[attrKey]metric.MeasurementOption
 }
 
-func newInstruments(m metric.Meter, e *Exporter, src CounterSource) (*instruments, error) {
+func newInstruments(m metric.Meter, e *Exporter, self []selfmetrics.Source) (*instruments, error) {
 	in := &instruments{attrs: map[attrKey]metric.MeasurementOption{}}
 	var err error
 	if in.stepDur, err = m.Float64Histogram(MetricStepDuration, metric.WithUnit("ms"),
@@ -149,56 +116,6 @@ func newInstruments(m metric.Meter, e *Exporter, src CounterSource) (*instrument
 	if err != nil {
 		return nil, err
 	}
-	dropped, err := m.Int64ObservableCounter(MetricExportDropped, metric.WithDescription("Telemetry the exporter dropped, by signal, reason and unit (span, fact, point)."))
-	if err != nil {
-		return nil, err
-	}
-	spans, err := m.Int64ObservableCounter(MetricExportSpans, metric.WithDescription("Spans exported successfully."))
-	if err != nil {
-		return nil, err
-	}
-	errs, err := m.Int64ObservableCounter(MetricExportErrors, metric.WithDescription("Errors reported to the OpenTelemetry error handler (export failures)."))
-	if err != nil {
-		return nil, err
-	}
-	late, err := m.Int64ObservableCounter(MetricExportLate, metric.WithDescription("Step facts that arrived after their window settled."))
-	if err != nil {
-		return nil, err
-	}
-	buffered, err := m.Int64ObservableGauge(MetricExportBuffered, metric.WithDescription("Step facts waiting for their window's verdicts."))
-	if err != nil {
-		return nil, err
-	}
-	recDropped, err := m.Int64ObservableCounter(MetricRecordsDropped, metric.WithDescription("Records lost before correlation (bounded queues, ring buffer)."))
-	if err != nil {
-		return nil, err
-	}
-	recLate, err := m.Int64ObservableCounter(MetricRecordsLate, metric.WithDescription("Records that arrived too late to count."))
-	if err != nil {
-		return nil, err
-	}
-	recDup, err := m.Int64ObservableCounter(MetricRecordsDup, metric.WithDescription("Duplicate records ignored."))
-	if err != nil {
-		return nil, err
-	}
-	attach, err := m.Int64ObservableCounter(MetricAttachErrors, metric.WithDescription("Failed probe attachments."))
-	if err != nil {
-		return nil, err
-	}
-	comp, err := m.Int64ObservableCounter(MetricComponent, metric.WithDescription("Other counters of slowrank components, by name."))
-	if err != nil {
-		return nil, err
-	}
-	cpu, err := m.Float64ObservableCounter(MetricCPUTime, metric.WithUnit("s"), metric.WithDescription("CPU time (user+system) of the slowrank process."))
-	if err != nil {
-		return nil, err
-	}
-	rss, err := m.Int64ObservableGauge(MetricRSS, metric.WithUnit("By"), metric.WithDescription("Resident set size of the slowrank process."))
-	if err != nil {
-		return nil, err
-	}
-	fs, fsErr := procfs.NewFS("/proc")
-
 	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		e.series.observe(func(k seriesKey, v seriesVal) {
 			base := metric.WithAttributes(AttrJob.String(k.job), KeyRank.Int(k.rank), KeyPhase.String(k.phase))
@@ -210,68 +127,63 @@ func newInstruments(m metric.Meter, e *Exporter, src CounterSource) (*instrument
 			}
 			o.ObserveInt64(strag, a, metric.WithAttributes(AttrJob.String(k.job), KeyRank.Int(k.rank), KeyPhase.String(k.phase), KeyHint.String(v.hint)))
 		})
-		st := &e.stats
-		for _, d := range []struct {
-			signal, reason, unit string
-			n                    int64
-		}{
-			{"traces", DropQueueFull, "span", st.dropQueueFull.Load()},
-			{"traces", DropExportFailed, "span", st.dropExportFailed.Load()},
-			{"traces", DropShutdown, "span", st.dropShutdown.Load()},
-			{"traces", DropBufferOverflow, "fact", st.dropOverflow.Load()},
-			{"traces", DropSettleQueue, "fact", st.dropSettleQueue.Load()},
-			{"traces", DropWindowBudget, "fact", st.dropBudget.Load()},
-			{"traces", DropShutdown, "fact", st.factsShutdown.Load()},
-			{"metrics", DropExportFailed, "point", st.metricsFailed.Load()},
-		} {
-			o.ObserveInt64(dropped, d.n, metric.WithAttributes(KeySignal.String(d.signal), KeyReason.String(d.reason), KeyUnit.String(d.unit)))
-		}
-		o.ObserveInt64(spans, st.spansExported.Load())
-		o.ObserveInt64(errs, exportErrors.Load())
-		o.ObserveInt64(late, st.lateFacts.Load())
-		e.mu.Lock()
-		n := e.buf.n
-		e.mu.Unlock()
-		o.ObserveInt64(buffered, int64(n))
-
-		if src != nil {
-			for key, v := range src.Counters() {
-				name, reason, hasReason := strings.Cut(key, "/")
-				var inst metric.Int64Observable
-				switch name {
-				case CounterRecordsDropped:
-					inst = recDropped
-				case CounterRecordsLate:
-					inst = recLate
-				case CounterRecordsDup:
-					inst = recDup
-				case CounterAttachErrors:
-					inst = attach
-				default:
-					o.ObserveInt64(comp, v, metric.WithAttributes(KeyName.String(key)))
-					continue
-				}
-				if hasReason {
-					o.ObserveInt64(inst, v, metric.WithAttributes(KeyReason.String(reason)))
-				} else {
-					o.ObserveInt64(inst, v)
-				}
-			}
-		}
-		if fsErr == nil {
-			if p, err := fs.Self(); err == nil {
-				if s, err := p.Stat(); err == nil {
-					o.ObserveFloat64(cpu, s.CPUTime())
-					o.ObserveInt64(rss, int64(s.ResidentMemory()))
-				}
-			}
-		}
 		return nil
-	}, dev, strag, state, dropped, spans, errs, late, buffered, recDropped, recLate, recDup, attach, comp, cpu, rss)
+	}, dev, strag, state)
 	if err != nil {
 		return nil, err
 	}
+	srcs := append([]selfmetrics.Source{e.selfSource(), ProcessSource()}, self...)
+	if _, err := selfmetrics.Register(m, srcs...); err != nil {
+		return nil, err
+	}
 	return in, nil
+}
+
+// selfSource reports the exporter's own counters under their
+// selfmetrics keys (the keys of Counters).
+func (e *Exporter) selfSource() selfmetrics.Source {
+	return selfmetrics.Counters([]string{selfmetrics.Export}, e.Counters)
+}
+
+// Counters returns the exporter's counters under their selfmetrics keys
+// (otel_spans_exported, otel_spans_dropped_REASON, ...): what the agent's
+// status shows and the self-metrics export.
+func (e *Exporter) Counters() map[string]int64 {
+	st := e.Stats()
+	m := map[string]int64{
+		"otel_spans_exported":       st.SpansExported,
+		"otel_metric_points_failed": st.MetricPointsFailed,
+		"otel_export_errors":        st.ExportErrors,
+		"otel_late_facts":           st.LateFacts,
+		"otel_forced_settles":       st.ForcedSettles,
+		"otel_buffered_steps":       int64(st.BufferedSteps),
+	}
+	for reason, n := range st.SpansDropped {
+		m["otel_spans_dropped_"+reason] = n
+	}
+	for reason, n := range st.FactsDropped {
+		m["otel_facts_dropped_"+reason] = n
+	}
+	return m
+}
+
+// ProcessSource reports the CPU time and resident set size of this
+// process (/proc/self); without /proc it reports nothing.
+func ProcessSource() selfmetrics.Source {
+	fs, fsErr := procfs.NewFS("/proc")
+	return selfmetrics.Source{Components: []string{selfmetrics.Process}, Observe: func(obs func(string, float64, ...string)) {
+		if fsErr != nil {
+			return
+		}
+		p, err := fs.Self()
+		if err != nil {
+			return
+		}
+		if s, err := p.Stat(); err == nil {
+			obs("process_cpu_seconds", s.CPUTime())
+			obs("process_rss_bytes", float64(s.ResidentMemory()))
+		}
+	}}
 }
 
 // opt returns the cached attribute option of (job, rank, phase); phase ""

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/signal"
 	"os/user"
@@ -14,12 +15,17 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/urfave/cli/v2"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/slowrank/slowrank/agent"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/detector"
 	"github.com/slowrank/slowrank/otel"
+	"github.com/slowrank/slowrank/selfmetrics"
 )
 
 func agentCommand() *cli.Command {
@@ -153,7 +159,11 @@ func runAgent(c *cli.Context) error {
 	if err := secureAgent(c, &cfg, log); err != nil { // config.go: capabilities, epoch
 		return err
 	}
-	sinks, closeSinks, err := openSinks(c, cfg)
+	comps := []string{selfmetrics.Agent, selfmetrics.Library}
+	if c.String("aggregator") != "" {
+		comps = append(comps, selfmetrics.Forward)
+	}
+	sinks, closeSinks, err := openSinks(c, cfg, comps)
 	if err != nil {
 		return err
 	}
@@ -183,9 +193,7 @@ func runAgent(c *cli.Context) error {
 		return agentStartError(err)
 	}
 	defer a.Close()
-	if sinks.otel != nil {
-		sinks.counters.set(a.Counters)
-	}
+	sinks.self.set(a.Observe)
 	closeStatus := startStatusServer(c, a, sinks) // status.go: local endpoint
 	defer closeStatus()
 
@@ -261,8 +269,13 @@ func isTerminal(f *os.File) bool {
 // sinkSet holds the agent's outputs.
 type sinkSet struct {
 	facts, verdicts *otel.JSONLWriter
-	otel            *otel.Exporter
-	counters        *counterSource
+	// otel exports the metrics (and with otelOn, spans and OTLP): it also
+	// exists with --otel off when a status endpoint serves /metrics.
+	otel   *otel.Exporter
+	otelOn bool
+	self   *selfSource
+	// metrics serves /metrics (nil without a status endpoint).
+	metrics http.Handler
 }
 
 func (s *sinkSet) list() []agent.Sink {
@@ -276,8 +289,10 @@ func (s *sinkSet) list() []agent.Sink {
 	return out
 }
 
-func openSinks(c *cli.Context, cfg agent.Config) (*sinkSet, func(context.Context, []detector.Summary) error, error) {
-	s := &sinkSet{counters: &counterSource{}}
+// openSinks opens the outputs. comps are the self-metrics components that
+// sinkSet.self will speak for.
+func openSinks(c *cli.Context, cfg agent.Config, comps []string) (*sinkSet, func(context.Context, []detector.Summary) error, error) {
+	s := &sinkSet{self: &selfSource{}}
 	fail := func(err error) (*sinkSet, func(context.Context, []detector.Summary) error, error) {
 		if s.facts != nil {
 			s.facts.Close()
@@ -305,19 +320,36 @@ func openSinks(c *cli.Context, cfg agent.Config) (*sinkSet, func(context.Context
 			mode = "on"
 		}
 	}
+	var readers []sdkmetric.Reader
+	if c.String("status-socket") != "" || c.String("status-addr") != "" {
+		// /metrics: the same instruments as OTLP, read by the OpenTelemetry
+		// Prometheus exporter from the one MeterProvider.
+		reg := prometheus.NewRegistry()
+		pe, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo())
+		if err != nil {
+			return fail(fmt.Errorf("metrics endpoint: %w", err))
+		}
+		readers = append(readers, pe)
+		s.metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+	}
+	oc := otel.Config{HostName: cfg.HostName, ServiceVersion: version, Logger: slog.Default(), MetricReaders: readers,
+		Self: []selfmetrics.Source{{Components: comps, Observe: s.self.observe}}}
+	oc.Policy.SampleEvery = c.Int("sample-every")
 	switch mode {
 	case "off":
-	case "on", "stdout":
-		oc := otel.Config{HostName: cfg.HostName, ServiceVersion: version, Counters: s.counters, Logger: slog.Default()}
-		oc.Policy.SampleEvery = c.Int("sample-every")
-		if mode == "stdout" {
-			oc.Traces, oc.Metrics = "console", "none"
-		}
+		oc.Traces, oc.Metrics = otel.KindNone, otel.KindNone
+	case "on":
+		s.otelOn = true
+	case "stdout":
+		s.otelOn = true
+		oc.Traces, oc.Metrics = "console", "none"
+	default:
+		return fail(fmt.Errorf("--otel must be auto, on, off or stdout, got %q", mode))
+	}
+	if s.otelOn || len(readers) > 0 {
 		if s.otel, err = otel.New(c.Context, oc); err != nil {
 			return fail(fmt.Errorf("--otel: %w", err))
 		}
-	default:
-		return fail(fmt.Errorf("--otel must be auto, on, off or stdout, got %q", mode))
 	}
 	stopHangup := reopenOnHangup(s.facts, s.verdicts)
 	closeAll := func(ctx context.Context, summaries []detector.Summary) error {
@@ -382,16 +414,25 @@ func (o otelSink) Settled(w detector.SettledWindow, vs []detector.Verdict) {
 	o.e.SettleWindow(w.Job, w.Index, vs)
 }
 
-// counterSource feeds the agent's health counters to the metric exporter.
-type counterSource struct {
-	fn atomic.Pointer[func() map[string]int64]
+// selfSource feeds the agent's (or the aggregator's) self-metrics to the
+// metric exporter once it exists.
+type selfSource struct {
+	fn atomic.Pointer[func(func(string, float64, ...string))]
 }
 
-func (c *counterSource) set(fn func() map[string]int64) { c.fn.Store(&fn) }
+func (s *selfSource) set(fn func(func(string, float64, ...string))) { s.fn.Store(&fn) }
 
-func (c *counterSource) Counters() map[string]int64 {
-	if fn := c.fn.Load(); fn != nil {
-		return (*fn)()
+func (s *selfSource) observe(obs func(string, float64, ...string)) {
+	if fn := s.fn.Load(); fn != nil {
+		(*fn)(obs)
 	}
-	return nil
+}
+
+// observeCounters adapts a map of counters to selfSource.set.
+func observeCounters(f func() map[string]int64) func(func(string, float64, ...string)) {
+	return func(obs func(string, float64, ...string)) {
+		for k, v := range f() {
+			obs(k, float64(v))
+		}
+	}
 }

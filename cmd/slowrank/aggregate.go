@@ -19,6 +19,7 @@ import (
 	"github.com/slowrank/slowrank/agent"
 	"github.com/slowrank/slowrank/aggregate"
 	"github.com/slowrank/slowrank/otel"
+	"github.com/slowrank/slowrank/selfmetrics"
 )
 
 func aggregateCommand() *cli.Command {
@@ -110,7 +111,7 @@ func runAggregate(c *cli.Context) error {
 	if c.String("tls-client-ca") != "" && c.String("tls-cert") == "" {
 		return cli.Exit("--tls-client-ca needs --tls-cert and --tls-key", exitUsage)
 	}
-	sinks, closeSinks, err := openSinks(c, agent.Config{HostName: host})
+	sinks, closeSinks, err := openSinks(c, agent.Config{HostName: host}, []string{selfmetrics.Aggregate})
 	if err != nil {
 		return err
 	}
@@ -149,9 +150,7 @@ func runAggregate(c *cli.Context) error {
 		closeSinks(context.Background(), nil)
 		return cli.Exit(err.Error(), exitUsage)
 	}
-	if sinks.otel != nil {
-		sinks.counters.set(func() map[string]int64 { return aggregateCounters(agg, srv) })
-	}
+	sinks.self.set(observeCounters(func() map[string]int64 { return aggregateCounters(agg, srv) }))
 
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -241,8 +240,8 @@ func statsEvery(d time.Duration) time.Duration {
 	return d
 }
 
-// aggregateCounters feeds the aggregator's monotonic counters to the
-// self-metrics (slowrank.component.events{name}).
+// aggregateCounters feeds the aggregator's counters and gauges to the
+// self-metrics (keys of selfmetrics.Table).
 func aggregateCounters(agg *aggregate.Aggregator, srv *aggregate.Server) map[string]int64 {
 	st, ss := agg.Stats(), srv.Stats()
 	return map[string]int64{
@@ -264,6 +263,13 @@ func aggregateCounters(agg *aggregate.Aggregator, srv *aggregate.Server) map[str
 		"aggregate_refused_hosts":   st.RefusedHosts,
 		"aggregate_topo_versions":   st.TopoVersions,
 		"aggregate_hosts_forgotten": st.ForgottenHosts,
+		"aggregate_refused_queue":   st.RefusedQueue,
+		"aggregate_refused_jobs":    st.RefusedJobs,
+		"aggregate_invalid":         st.Invalid,
+		"aggregate_hosts":           int64(st.Hosts),
+		"aggregate_silent_hosts":    int64(st.SilentHosts),
+		"aggregate_queued":          st.Queued,
+		"aggregate_lag_ns":          int64(st.Lag),
 	}
 }
 

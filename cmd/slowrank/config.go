@@ -535,20 +535,6 @@ func (j *jsonlSink) Counters() map[string]int64 {
 	return m
 }
 
-// Counters implements agent.CounterSource: spans exported and dropped.
-func (o otelSink) Counters() map[string]int64 {
-	st := o.e.Stats()
-	m := map[string]int64{
-		"otel_spans_exported":       st.SpansExported,
-		"otel_metric_points_failed": st.MetricPointsFailed,
-		"otel_export_errors":        st.ExportErrors,
-		"otel_late_facts":           st.LateFacts,
-	}
-	for reason, n := range st.SpansDropped {
-		m["otel_spans_dropped_"+reason] = n
-	}
-	for reason, n := range st.FactsDropped {
-		m["otel_facts_dropped_"+reason] = n
-	}
-	return m
-}
+// Counters implements agent.CounterSource: spans exported and dropped
+// (the keys of otel.Exporter.Counters).
+func (o otelSink) Counters() map[string]int64 { return o.e.Counters() }

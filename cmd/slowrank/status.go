@@ -53,7 +53,7 @@ func checkStatusServerFlags(c *cli.Context) error {
 func startStatusServer(c *cli.Context, a *agent.Agent, sinks *sinkSet) func() {
 	cfg := agent.ServerConfig{
 		Socket: c.String("status-socket"), Addr: c.String("status-addr"), AllowRemote: c.Bool("status-allow-remote"),
-		Version: version, Export: sinks.health(c), Logger: slog.Default(),
+		Version: version, Export: sinks.health(c), Metrics: sinks.metrics, Logger: slog.Default(),
 	}
 	if cfg.Socket == "" && cfg.Addr == "" {
 		return func() {}
@@ -81,7 +81,7 @@ func (s *sinkSet) health(c *cli.Context) func() agent.ExportHealth {
 	}
 	mode := "off"
 	endpoint := ""
-	if s.otel != nil {
+	if s.otelOn {
 		mode = "otlp"
 		if c.String("otel") == "stdout" {
 			mode = "stdout"
@@ -93,7 +93,7 @@ func (s *sinkSet) health(c *cli.Context) func() agent.ExportHealth {
 	}
 	return func() agent.ExportHealth {
 		h := agent.ExportHealth{OTel: mode, Endpoint: endpoint, Files: files}
-		if s.otel != nil {
+		if s.otelOn {
 			st := s.otel.Stats()
 			h.Counters = map[string]int64{
 				"spans_exported":       st.SpansExported,

@@ -22,15 +22,17 @@ func TestAgentToJaegerAndPrometheus(t *testing.T) {
 	testutil.RequireRoot(t, "to attach uprobes")
 	bin := testutil.ToolsBin(t, "jaeger", "otelcol")
 	st := startStack(t, bin)
+	prom, noProm := startPrometheus(t, st, strings.TrimSuffix(strings.TrimPrefix(st.prom, "http://"), "/metrics"))
 	// The agent and the fake trainer, built into a temporary directory.
 	dir := t.TempDir()
 	agentBin, trainer := testutil.BuildAgent(t, dir), testutil.BuildFakes(t, dir)
 	job := fmt.Sprintf("e2e-agent-%d", time.Now().UnixNano())
 	verdicts := filepath.Join(t.TempDir(), "verdicts.jsonl")
+	statusAddr := testutil.FreeAddr(t)
 
 	agentCmd := exec.Command(agentBin, "agent", "--window", "1s", "--lateness", "300ms", "--duration", "30s",
 		"--env-key", "SLOWRANK_E2E_MARK", "--job", job, "--host-name", "e2e-host", "--otel", "on",
-		"--verdicts", verdicts)
+		"--verdicts", verdicts, "--status-socket", filepath.Join(t.TempDir(), "agent.sock"), "--status-addr", statusAddr)
 	agentCmd.Env = append(os.Environ(),
 		"OTEL_EXPORTER_OTLP_ENDPOINT=http://"+st.otlpGRPC, "OTEL_EXPORTER_OTLP_PROTOCOL=grpc",
 		"OTEL_METRIC_EXPORT_INTERVAL=500")
@@ -97,6 +99,28 @@ func TestAgentToJaegerAndPrometheus(t *testing.T) {
 	time.Sleep(3 * time.Second) // last windows settle and export
 	cancel()
 	wg.Wait()
+	// While the agent still runs: every query of the shipped dashboard
+	// returns data on a real Prometheus scraping the collector, and the
+	// agent's own /metrics serves the same instruments.
+	t.Run("dashboard", func(t *testing.T) {
+		if prom == "" {
+			t.Skip(noProm)
+		}
+		checkDashboard(t, st, prom, job)
+	})
+	if body, err := getText(st.client, "http://"+statusAddr+"/metrics"); err != nil {
+		t.Errorf("agent /metrics: %v", err)
+	} else {
+		for _, want := range []string{`slowrank_records_dropped_total{reason="ringbuf_full"`, "\nslowrank_attach_errors_total",
+			"\nslowrank_agent_uptime_seconds", "\nslowrank_straggler{", "\nslowrank_step_duration_milliseconds_bucket{"} {
+			if !strings.Contains(body, want) {
+				t.Errorf("agent /metrics lacks %s", want)
+			}
+		}
+		if strings.Contains(body, "slowrank_component_events_total") {
+			t.Errorf("agent /metrics has undeclared counters:\n%s", grepLines(body, "slowrank_component_events_total"))
+		}
+	}
 	agentCmd.Process.Signal(os.Interrupt)
 	select {
 	case err := <-agentDone:
@@ -148,6 +172,16 @@ func TestAgentToJaegerAndPrometheus(t *testing.T) {
 	}
 	t.Logf("step end -> straggler trace queryable in Jaeger: median %s, p95 %s over %d traces",
 		percentile(latencies, 0.5).Round(time.Millisecond), percentile(latencies, 0.95).Round(time.Millisecond), len(latencies))
+}
+
+func grepLines(body, prefix string) string {
+	var out []string
+	for _, l := range strings.Split(body, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 // promGauge returns the value of metric for (job, rank, phase) in a

@@ -3,6 +3,7 @@ package check
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -24,9 +26,35 @@ const digest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef012345678
 
 // rendered is what one rendering of the chart yields, decoded.
 type rendered struct {
-	ds  appsv1.DaemonSet
-	sa  corev1.ServiceAccount
-	nps []networkingv1.NetworkPolicy
+	ds   appsv1.DaemonSet
+	sa   corev1.ServiceAccount
+	nps  []networkingv1.NetworkPolicy
+	rule *prometheusRule
+}
+
+// prometheusRule is the Prometheus Operator's PrometheusRule
+// (monitoring.coreos.com/v1), the fields its CRD defines for rule groups:
+// decoded strictly, an unknown field fails as the CRD's schema would.
+type prometheusRule struct {
+	APIVersion string            `json:"apiVersion"`
+	Kind       string            `json:"kind"`
+	Metadata   metav1.ObjectMeta `json:"metadata"`
+	Spec       ruleSpec          `json:"spec"`
+}
+
+type ruleSpec struct {
+	Groups []struct {
+		Name     string `json:"name"`
+		Interval string `json:"interval,omitempty"`
+		Rules    []struct {
+			Alert       string            `json:"alert,omitempty"`
+			Record      string            `json:"record,omitempty"`
+			Expr        string            `json:"expr"`
+			For         string            `json:"for,omitempty"`
+			Labels      map[string]string `json:"labels,omitempty"`
+			Annotations map[string]string `json:"annotations,omitempty"`
+		} `json:"rules"`
+	} `json:"groups"`
 }
 
 // render renders the chart with vals and decodes every manifest strictly.
@@ -62,6 +90,9 @@ func render(t *testing.T, vals map[string]any) (rendered, error) {
 		case "NetworkPolicy":
 			r.nps = append(r.nps, networkingv1.NetworkPolicy{})
 			into = &r.nps[len(r.nps)-1]
+		case "PrometheusRule":
+			r.rule = &prometheusRule{}
+			into = r.rule
 		default:
 			t.Fatalf("%s: unexpected kind %q", name, meta.Kind)
 		}
@@ -113,6 +144,9 @@ func TestDefaultsAreLeastPrivilegeAndPrivate(t *testing.T) {
 			t.Errorf("agent serves status on the pod IP by default: %q", a)
 		}
 	}
+	if r.rule != nil {
+		t.Error("a PrometheusRule by default (it needs the operator's CRD)")
+	}
 	if len(agent.Ports) != 0 || len(r.nps) != 0 {
 		t.Errorf("ports %v and %d network policies with metrics off", agent.Ports, len(r.nps))
 	}
@@ -154,6 +188,38 @@ func TestVariants(t *testing.T) {
 			for _, c := range append(r.ds.Spec.Template.Spec.InitContainers, r.ds.Spec.Template.Spec.Containers...) {
 				if c.Image != "ghcr.io/slowrank/slowrank:0.2.0@"+digest {
 					t.Errorf("%s image %q", c.Name, c.Image)
+				}
+			}
+		}},
+		{"prometheusRule on: the rules of deploy/prometheus", map[string]any{"prometheusRule": map[string]any{
+			"enabled": true, "labels": map[string]any{"release": "kube-prometheus-stack"}}}, func(t *testing.T, r rendered) {
+			if r.rule == nil {
+				t.Fatal("no PrometheusRule")
+			}
+			if r.rule.APIVersion != "monitoring.coreos.com/v1" || r.rule.Metadata.Namespace != "slowrank" ||
+				r.rule.Metadata.Labels["release"] != "kube-prometheus-stack" {
+				t.Errorf("PrometheusRule %+v", r.rule.Metadata)
+			}
+			b, err := os.ReadFile("../../prometheus/slowrank-rules.yaml")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var want ruleSpec
+			if err := yaml.UnmarshalStrict(b, &want); err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(r.rule.Spec, want) {
+				t.Errorf("the chart's rules differ from deploy/prometheus/slowrank-rules.yaml: cp it to deploy/helm/slowrank/files/")
+			}
+			var alerts []string
+			for _, g := range r.rule.Spec.Groups {
+				for _, rl := range g.Rules {
+					alerts = append(alerts, rl.Alert)
+				}
+			}
+			for _, a := range []string{"SlowrankStraggler", "SlowrankVerdictUncertain", "SlowrankDeviceCollectionYielded", "SlowrankRecordsDropped", "SlowrankAgentDown"} {
+				if !slices.Contains(alerts, a) {
+					t.Errorf("alert %s missing (have %v)", a, alerts)
 				}
 			}
 		}},
