@@ -50,7 +50,12 @@ type job struct {
 }
 
 // ncclJob is an NCCL job whose ranks carry the step marker.
-var ncclJob = job{envKey: "SLOWRANK_IT_RANK_MARK"}
+var ncclJob = job{envKey: runKey("SLOWRANK_IT_RANK_MARK")}
+
+// runKey makes an environment key this test process's own: an agent of the
+// same test run from another checkout on the host must not watch this run's
+// trainers (it would count their calls too).
+func runKey(name string) string { return fmt.Sprintf("%s_%d", name, os.Getpid()) }
 
 // run starts the agent, then a 4-rank fake trainer with j's arguments and
 // args, waits for the trainer, stops the agent and returns what it captured

@@ -14,7 +14,7 @@ import (
 // buckets as c10d::ProcessGroupGloo::allreduce calls of the fake
 // libtorch_cpu.so, with gloo's per-bucket stream synchronisation and a
 // cudaDeviceSynchronize per step (a timer).
-var glooJob = job{probeTorch: true, envKey: "SLOWRANK_IT_GLOO_MARK", args: []string{"--backend", "gloo",
+var glooJob = job{probeTorch: true, envKey: runKey("SLOWRANK_IT_GLOO_MARK"), args: []string{"--backend", "gloo",
 	"--gloo-cuda-sync", "--sync", "device", "--buckets", "4", "--warmup-buckets", "3"}}
 
 // Issue 5: steps of a gloo job are found without --step-marker: one per

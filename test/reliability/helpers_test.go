@@ -167,7 +167,9 @@ func markOf(t *testing.T) string {
 			b.WriteByte('_')
 		}
 	}
-	return "SLOWRANK_REL_" + strings.ToUpper(b.String())
+	// The pid keeps agents of the same test run elsewhere on the host (another
+	// checkout's test run) off this run's trainers.
+	return fmt.Sprintf("SLOWRANK_REL_%s_%d", strings.ToUpper(b.String()), os.Getpid())
 }
 
 // agentProc is `slowrank agent` running as a subprocess.
