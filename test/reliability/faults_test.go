@@ -242,8 +242,9 @@ func TestFaultRingBufferOverflow(t *testing.T) {
 	if seen+lost != made {
 		t.Errorf("seen %d + lost %d = %d, want exactly the %d calls made", seen, lost, seen+lost, made)
 	}
-	if st.Lost == 0 || !strings.Contains(metrics, "ringbuf_lost") {
-		t.Errorf("loss not visible: status lost %d, metrics mention ringbuf_lost: %v", st.Lost, strings.Contains(metrics, "ringbuf_lost"))
+	const series = `slowrank_records_dropped_total{reason="ringbuf_full"` // selfmetrics table
+	if st.Lost == 0 || !strings.Contains(metrics, series) {
+		t.Errorf("loss not visible: status lost %d, /metrics has %s: %v", st.Lost, series, strings.Contains(metrics, series))
 	}
 	t.Logf("burst of %d calls into a 4 KiB ring buffer: seen %d, lost %d (%.1f %%), status lost %d, max RSS %d MiB",
 		calls, seen, lost, 100*float64(lost)/calls, st.Lost, ag.maxRSS.Load()>>20)
