@@ -189,12 +189,15 @@ cleanup() {
   AGENT_PID= AGG_PID= PROBE_PID= COL_PID= JAEGER_PID= TRAINER_PIDS=()
 }
 
-# keep_raw DEST FILE...: gzip copies of FILEs into DEST (raw data for commit).
+# keep_raw DEST FILE...: gzip copies of FILEs into DEST (raw data for
+# commit), with this machine's paths replaced by <repo> and <work>.
 keep_raw() {
   local dest=$1 f
   shift
   mkdir -p "$dest"
-  for f in "$@"; do [ -f "$f" ] && gzip -9 -c "$f" >"$dest/$(basename "$f").gz"; done
+  for f in "$@"; do
+    [ -f "$f" ] && sed -e "s#$ROOT#<repo>#g" -e "s#$WORK#<work>#g" "$f" | gzip -9 >"$dest/$(basename "$f").gz"
+  done
 }
 
 # truth_digest OUT TRUTH...: one line per job of the fake trainer's truth

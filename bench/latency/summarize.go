@@ -327,7 +327,7 @@ func latencySummary(r *raw) map[string]any {
 			promAt[k] = p.SeenNS
 		}
 	}
-	var s2v, v2p, v2c []float64
+	var s2v, v2p, v2c, s2p []float64
 	var rows []jobLatency
 	missed := 0
 	falseAlerts := 0
@@ -375,6 +375,7 @@ func latencySummary(r *raw) map[string]any {
 		if t, ok := promAt[k]; ok {
 			row.VerdictToProm = round3(sec(t - v))
 			v2p = append(v2p, sec(t-v))
+			s2p = append(s2p, sec(t-start))
 		}
 		if t, ok := collStraggler[k]; ok {
 			row.VerdictToColl = round3(sec(t - v))
@@ -406,6 +407,7 @@ func latencySummary(r *raw) map[string]any {
 		"step_end_to_jaeger":         summarizeSample(jAll),
 		"step_end_to_jaeger_split":   map[string]stats{"before_slowdown": summarizeSample(jBase), "slowed_steps": summarizeSample(jSlow)},
 		"verdict_to_prometheus":      summarizeSample(v2p),
+		"slowdown_to_prometheus":     summarizeSample(s2p),
 		"verdict_to_collector":       summarizeSample(v2c),
 		"jobs_with_slowdown":         len(rows),
 		"jobs_missed":                missed,
@@ -418,6 +420,7 @@ func latencySummary(r *raw) map[string]any {
 		res["step_end_to_jaeger"] = nil
 		res["step_end_to_jaeger_split"] = nil
 		res["verdict_to_prometheus"] = nil
+		res["slowdown_to_prometheus"] = nil
 		res["note"] = "collector otelcol-mini (OTLP in, debug out): no Jaeger and no Prometheus exporter; collector receipt is the probe's"
 	}
 	return res
