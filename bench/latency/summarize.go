@@ -643,6 +643,17 @@ func volumeSummary(r *raw) (map[string]any, error) {
 				}
 			}
 		}
+		// Metrics are per export, not per step: the same job at other step
+		// times, on a host of 8 GPUs (the agent's own series shared by 8).
+		perExportGPU := metricJobBytes / ranks / math.Max(1, float64(metricReqs))
+		perExportHost := agentBytes / math.Max(1, float64(metricReqs))
+		var proj []map[string]any
+		for _, stepS := range []float64{0.1, 0.5, 1, 2, 5} {
+			m := (perExportGPU + perExportHost/8) * stepS / interval
+			proj = append(proj, map[string]any{"step_s": stepS, "metrics": r1(m),
+				"total": r1(v.Spans + v.Facts + m), "total_without_aggregator": r1(v.Spans + m)})
+		}
+		row["projection_8_gpus_per_host"] = proj
 		row["metrics_after_job_end_30s"] = map[string]any{"exports": staleN, "job_bytes": stale}
 		jobsOut[j.Job] = row
 	}
