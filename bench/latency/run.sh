@@ -47,9 +47,12 @@
 # verdict -> collector; the Jaeger and Prometheus figures are null. It
 # measures the agent and the host, not the GPU: the fake job has no device
 # records, so on the H200 it shows the agent's latency on that machine's
-# CPUs. For the full chain there, also carry bin/otelcol.xz and bin/jaeger.xz
-# (xz -9 -c .cache/tools/bin/otelcol > bin/otelcol.xz, the same for jaeger;
-# together with the above about 45 MB). Results go to $OUT (latency.json, raw/latency/).
+# CPUs. For the full chain there, carry bin/otelcol.xz and bin/jaeger.xz
+# (xz -9 -c .cache/tools/bin/otelcol > bin/otelcol.xz, the same for jaeger)
+# in place of bin/otelcol-mini.xz: with slowrank.xz, latency-probe.xz and
+# fakelibs about 46 MB (xz -6 sizes: 13.9 + 3.9 + 0.8 + 9.6 + 17.4 MB).
+# Checked here: MINI=1 SHORT=1 with only the three .xz files in bin/.
+# Results go to $OUT (latency.json, raw/latency/).
 # Knobs: JOBS (16), EVERY (13 s), JOB_S (58 s), RANKS (4), STEP_MS (20),
 # GPU_MS (30), SLOW_HOST_MS (12), SEED (1), WINDOW (agent default 5s),
 # SETTLE (12 s after the last job), MINI=1 (otelcol-mini even here).

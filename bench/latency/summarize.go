@@ -421,6 +421,8 @@ func latencySummary(r *raw) map[string]any {
 		res["step_end_to_jaeger_split"] = nil
 		res["verdict_to_prometheus"] = nil
 		res["slowdown_to_prometheus"] = nil
+		res["what"] = "end-to-end latency of slowrank's output on the fake job (bench/latency/run.sh): real agent, real uprobes, " +
+			"OTLP/HTTP through a recording proxy to otelcol-mini"
 		res["note"] = "collector otelcol-mini (OTLP in, debug out): no Jaeger and no Prometheus exporter; collector receipt is the probe's"
 	}
 	return res
