@@ -4,7 +4,7 @@
 # (bench/latency: the recording OTLP proxy) and the agent. Sets ROOT, WORK,
 # PYTHON and the *_PID variables; cleanup kills what it started, by pid.
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-cd "$ROOT"
+cd "$ROOT" || exit 2
 AGENT=${AGENT:-$ROOT/bin/slowrank}
 TRAINER=${TRAINER:-$ROOT/bin/fakelibs/faketrainer}
 PROBE=${PROBE:-$ROOT/bin/latency-probe}
@@ -13,7 +13,7 @@ PYTHON=$(command -v python3 || true)
 WORK=${WORK:-$(mktemp -d /tmp/slowrank-bench-XXXXXX)}
 mkdir -p "$WORK"
 chmod 700 "$WORK"
-JAEGER_PID= COL_PID= PROBE_PID= AGENT_PID= AGG_PID=
+JAEGER_PID='' COL_PID='' PROBE_PID='' AGENT_PID='' AGG_PID=''
 TRAINER_PIDS=()
 
 free_port() {
@@ -22,8 +22,8 @@ free_port() {
 
 # wait_tcp PORT PID NAME: until something listens on 127.0.0.1:PORT (15 s).
 wait_tcp() {
-  local i
-  for i in $(seq 150); do
+  local _i
+  for _i in $(seq 150); do
     if (: </dev/tcp/127.0.0.1/"$1") 2>/dev/null; then return 0; fi
     if ! kill -0 "$2" 2>/dev/null; then echo "$3 exited:" >&2; tail -n 20 "$WORK/$3.log" >&2; return 1; fi
     sleep 0.1
@@ -58,7 +58,7 @@ PYX
 # BUILD_TOOLS is not 0; else mini (bin/otelcol-mini: OTLP in, debug out; no
 # Jaeger, no Prometheus).
 find_tools() {
-  OTELCOL= JAEGER= COLLECTOR_KIND=
+  OTELCOL='' JAEGER='' COLLECTOR_KIND=''
   if [ ! -x "$TOOLS_BIN/otelcol" ] || [ ! -x "$TOOLS_BIN/jaeger" ]; then
     if [ "${BUILD_TOOLS:-1}" != 0 ] && command -v go >/dev/null && [ -z "${MINI:-}" ]; then
       echo "building the Collector and Jaeger (test/e2e/build-tools.sh, ~3-8 min on 2 cores) ..."
@@ -70,7 +70,7 @@ find_tools() {
   elif [ -z "${MINI:-}" ] && OTELCOL=$(unpack otelcol) && JAEGER=$(unpack jaeger); then
     COLLECTOR_KIND=full
   elif OTELCOL=$(unpack otelcol-mini); then
-    JAEGER= COLLECTOR_KIND=mini
+    JAEGER='' COLLECTOR_KIND=mini
   else
     echo "no collector: build it (bash test/e2e/build-tools.sh, or bench/otelcol-mini for bin/otelcol-mini)" >&2
     return 1
@@ -91,7 +91,7 @@ find_tools() {
 # (deploy/otelcol.yaml, as shipped) on free ports; for mini, otelcol-mini with
 # a debug exporter. Sets OTLP_HTTP, PROM_URL, JAEGER_URL.
 start_servers() {
-  JAEGER_URL= PROM_URL=
+  JAEGER_URL='' PROM_URL=''
   local cg ch
   cg=$(free_port) ch=$(free_port)
   if [ "$COLLECTOR_KIND" = full ]; then
@@ -145,8 +145,8 @@ start_probe() {
     ${JAEGER_URL:+--jaeger "$JAEGER_URL"} ${PROM_URL:+--prom "$PROM_URL"} \
     --out "$WORK/probe.jsonl" --ready "$WORK/probe.addr" "$@" >"$WORK/probe.log" 2>&1 &
   PROBE_PID=$!
-  local i
-  for i in $(seq 100); do [ -s "$WORK/probe.addr" ] && break; sleep 0.1; done
+  local _i
+  for _i in $(seq 100); do [ -s "$WORK/probe.addr" ] && break; sleep 0.1; done
   [ -s "$WORK/probe.addr" ] || { echo "probe did not start:" >&2; cat "$WORK/probe.log" >&2; return 1; }
   PROBE_URL=http://$(cat "$WORK/probe.addr")
 }
@@ -161,8 +161,8 @@ start_agent() {
     "$AGENT" agent --env-key "$mark" --otel on --status-socket "$WORK/agent.sock" --state-dir "$WORK/state" \
     --verdicts "$WORK/verdicts.jsonl" "$@" >"$WORK/agent.log" 2>&1 &
   AGENT_PID=$!
-  local i
-  for i in $(seq 100); do [ -S "$WORK/agent.sock" ] && return 0; kill -0 "$AGENT_PID" 2>/dev/null || break; sleep 0.1; done
+  local _i
+  for _i in $(seq 100); do [ -S "$WORK/agent.sock" ] && return 0; kill -0 "$AGENT_PID" 2>/dev/null || break; sleep 0.1; done
   echo "agent did not start:" >&2
   tail -n 20 "$WORK/agent.log" >&2
   return 1
@@ -170,10 +170,10 @@ start_agent() {
 
 # stop PID [SIGNAL] [SECONDS]: signal, wait up to SECONDS, then SIGKILL.
 stop_pid() {
-  local pid=$1 sig=${2:-TERM} t=${3:-10} i
+  local pid=$1 sig=${2:-TERM} t=${3:-10} _i
   [ -n "$pid" ] || return 0
   kill -"$sig" "$pid" 2>/dev/null || return 0
-  for i in $(seq $((t * 10))); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  for _i in $(seq $((t * 10))); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   kill -KILL "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
 }
@@ -186,7 +186,7 @@ cleanup() {
   stop_pid "$PROBE_PID" TERM 10
   stop_pid "$COL_PID" TERM 5
   stop_pid "$JAEGER_PID" TERM 5
-  AGENT_PID= AGG_PID= PROBE_PID= COL_PID= JAEGER_PID= TRAINER_PIDS=()
+  AGENT_PID='' AGG_PID='' PROBE_PID='' COL_PID='' JAEGER_PID='' TRAINER_PIDS=()
 }
 
 # keep_raw DEST FILE...: gzip copies of FILEs into DEST (raw data for

@@ -84,6 +84,7 @@ per_win=$((win_s * 1000 / 40))
 base_step=$((4 * per_win))  # 3 clean windows (exposure's step-time baseline) after the first
 echo "latency: $JOBS jobs of $RANKS ranks, one every ${EVERY}s for ${JOB_S}s, window ${WINDOW:-5s (default)}, collector $COLLECTOR_KIND${DRY:+ (DRY RUN)}; work $WORK"
 start_servers
+# shellcheck disable=SC2119 # no extra probe flags here
 start_probe
 echo "servers up: collector $OTLP_HTTP${JAEGER_URL:+, jaeger $JAEGER_URL}${PROM_URL:+, prometheus $PROM_URL}; probe $PROBE_URL"
 run_id=$(date +%s)
@@ -116,9 +117,9 @@ TRAINER_PIDS=()
 echo "t=${SECONDS}s jobs done; settling ${SETTLE}s"
 sleep "$SETTLE"
 stop_pid "$AGENT_PID" INT 20
-AGENT_PID=
+AGENT_PID=''
 stop_pid "$PROBE_PID" TERM 10
-PROBE_PID=
+PROBE_PID=''
 cleanup
 truth_digest "$WORK/truth.jsonl" "$WORK"/truth-*.jsonl
 cat >"$WORK/config.json" <<JSON

@@ -44,7 +44,7 @@ trap cleanup EXIT
 find_tools
 [ -x "$AGENT" ] && [ -x "$TRAINER" ] || { echo "build first: make build fakelibs" >&2; exit 2; }
 start_servers
-JAEGER_URL= PROM_URL=  # the probe only counts here
+JAEGER_URL='' PROM_URL=''  # the probe only counts here
 agg=$(free_port)
 "$AGENT" aggregate --listen "127.0.0.1:$agg" --otel off ${WINDOW:+--window "$WINDOW"} >"$WORK/aggregate.log" 2>&1 &
 AGG_PID=$!
@@ -74,9 +74,9 @@ run_job anomalous "$ANOM_S" --slow-rank 2 --slow-from-step "$from" --slow-host-m
 echo "t=${SECONDS}s idle ${IDLE_S}s"
 sleep "$IDLE_S"
 stop_pid "$AGENT_PID" INT 20
-AGENT_PID=
+AGENT_PID=''
 stop_pid "$PROBE_PID" TERM 10
-PROBE_PID=
+PROBE_PID=''
 cleanup
 truth_digest "$WORK/truth.jsonl" "$WORK"/truth-*.jsonl
 cat >"$WORK/config.json" <<JSON
