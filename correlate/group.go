@@ -100,7 +100,10 @@ func (d *seqDet) instance(t int64, counts bool) {
 func (d *seqDet) groupEnd(k int64) bool {
 	switch {
 	case d.resync:
-		if d.reach(k) < d.grp-1 {
+		// The instance that ends the next step dominates its group and
+		// lasts as long as the dominant instances did (half at least), not
+		// a spike among the many calls of a logging step.
+		if dk, _ := d.dur(k); d.reach(k) < d.grp-1 || 2*dk < d.domDur {
 			return false
 		}
 		d.resync, d.anchor = false, k
@@ -111,6 +114,7 @@ func (d *seqDet) groupEnd(k int64) bool {
 		d.resync = true // an iteration with other calls: find the phase again
 		return false
 	}
+	d.domDur, _ = d.dur(k)
 	return true
 }
 
@@ -121,11 +125,17 @@ func (d *seqDet) findGroup(k int64) {
 	r := d.reach(k)
 	m := r + 1
 	reps := int64(d.par.repeats)
+	if m == d.grp && !d.resync {
+		return // the current grouping; its phase is kept by groupEnd
+	}
+	if m < d.grp {
+		// A shorter group must hold over Repeats−1 of the current ones: a
+		// lesser peak inside the iteration repeats at a period of its own
+		// for a few instances.
+		reps = max(reps, (reps-1)*d.grp/m+1)
+	}
 	if m < 2 || m > maxGroup || k-(reps-1)*m-r < d.instFrom {
 		return
-	}
-	if m == d.grp && !d.resync && (k-d.anchor)%m == 0 {
-		return // the current grouping
 	}
 	for j := int64(1); j < reps; j++ {
 		if d.reach(k-j*m) < r {
@@ -137,12 +147,14 @@ func (d *seqDet) findGroup(k int64) {
 
 // regroup withdraws the lock's steps and reports groups of m instances
 // ending with instance k instead.
+
 func (d *seqDet) regroup(m, k int64) {
 	d.emit(detEvent{kind: evRetract, gen: d.gen})
 	d.nextIdx = d.genBase
 	d.gen++
 	d.since, d.nStep = 0, 0
 	d.grp, d.anchor, d.resync, d.grpOpen = m, k, false, true
+	d.domDur, _ = d.dur(k)
 	e0 := k
 	for e0-m >= d.instFrom && d.reach(e0-m) >= m-1 {
 		e0 -= m

@@ -154,6 +154,8 @@ type seqDet struct {
 	runs      []int32
 	runsFresh bool
 	lastS     int64 // absolute number of the latest S, -1 when none
+	lastST    int64 // its time
+	firstT    int64 // time of token 0
 	floor     int64 // tokens before this belong to settled cycles
 
 	cycle            []int32
@@ -182,6 +184,7 @@ type seqDet struct {
 	grp      int64              // instances per step; <= 1: one
 	anchor   int64              // an instance that ends a step
 	resync   bool               // the groups' phase is unknown: wait for a dominant instance
+	domDur   int64              // duration of the latest instance that ended a step of groups
 	grpOpen  bool               // a step of groups is open
 	stepT    [steadyN + 1]int64 // latest boundary times, for steadiness
 	nStep    int
@@ -295,8 +298,11 @@ func (d *seqDet) push(id int32, t int64) {
 	d.ids[n&d.mask] = id
 	d.ts[n&d.mask] = t
 	d.n++
+	if n == 0 {
+		d.firstT = t
+	}
 	if id == tokS && !d.syncOnly {
-		d.lastS = n
+		d.lastS, d.lastST = n, t
 	} else if !d.syncOnly {
 		d.colls++
 	}
@@ -646,11 +652,14 @@ func compareKeys(a, b sigKey) int {
 	return cmp.Or(cmp.Compare(a.op, b.op), cmp.Compare(a.count, b.count), cmp.Compare(a.dtype, b.dtype), cmp.Compare(a.stream, b.stream))
 }
 
+// noSyncAllowed reports whether a cycle without synchronisations may be
+// locked at token n: after NoSyncMinCalls calls without one, or ConfirmSpan
+// of event time (a DDP loop with a few buckets and no .item(): Lightning).
 func (d *seqDet) noSyncAllowed(n int64) bool {
 	if d.lastS < 0 {
-		return n+1 >= int64(d.par.noSyncMin)
+		return n+1 >= int64(d.par.noSyncMin) || d.tAt(n)-d.firstT >= d.par.confirmSpan
 	}
-	return n-d.lastS >= int64(d.par.noSyncMin)
+	return n-d.lastS >= int64(d.par.noSyncMin) || d.tAt(n)-d.lastST >= d.par.confirmSpan
 }
 
 // lockAt locks onto cyc whose first instance starts at token j; tokens up
@@ -686,8 +695,9 @@ func (d *seqDet) lockAt(cyc []int32, j, n int64, tentative bool) {
 	case j == 0 && d.creationStarts(p, n):
 		startT = d.createdAt
 	default:
-		startT = d.tAt(j + p - 1)
-		j += p // the first instance only opens the first step
+		e := d.skipS(j, p) - 1
+		startT = d.tAt(e)
+		j = e + 1 // the first instance only opens the first step
 	}
 	if d.grp <= 1 {
 		d.emit(detEvent{kind: evStart, t: startT})
@@ -696,17 +706,38 @@ func (d *seqDet) lockAt(cyc []int32, j, n int64, tentative bool) {
 	d.instFrom = d.inst
 	d.setInstT(d.inst-1, startT)
 	d.floor = max(d.floor, j)
-	for e := j + p - 1; e <= n; e += p {
-		d.floor = e + 1
-		d.instance(d.tAt(e), false)
+	var cnt int64
+	for e := j; e <= n; e++ {
+		if d.noS && d.at(e) == tokS {
+			continue // ignored by a cycle without synchronisations
+		}
+		if cnt++; cnt == p {
+			cnt = 0
+			d.floor = e + 1
+			d.instance(d.tAt(e), false)
+		}
 	}
-	d.pos = int((n + 1 - j) % p)
+	d.pos = int(cnt)
 	if !tentative {
 		d.remember(cyc)
 	}
 	for _, k := range d.known {
 		k.state = 0
 	}
+}
+
+// skipS returns the token after the p tokens of the cycle from j (S
+// tokens do not count when the cycle has none).
+func (d *seqDet) skipS(j, p int64) int64 {
+	if !d.noS {
+		return j + p
+	}
+	for cnt := int64(0); cnt < p; j++ {
+		if d.at(j) != tokS {
+			cnt++
+		}
+	}
+	return j
 }
 
 // initBefore reports whether the token before the periodic region starting

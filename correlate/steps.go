@@ -122,7 +122,7 @@ func (c *Correlator) takeClock(p *proc, pc *procComm, evs []detEvent) bool {
 	case pc.sync:
 		return false
 	case cur.sync:
-		if p.clockConfirmed && c.coarser(p, evs) {
+		if c.coarser(p, pc, evs) {
 			return false // an occasional collective (logging every N iterations)
 		}
 	case pc.nranks() > cur.nranks() && (confirmed || !curSettled):
@@ -148,27 +148,32 @@ func (c *Correlator) takeClock(p *proc, pc *procComm, evs []detEvent) bool {
 	return true
 }
 
-// coarser reports whether the steps that evs report are more than twice
-// as long as the latest step of p's clock.
-func (c *Correlator) coarser(p *proc, evs []detEvent) bool {
+// coarser reports whether the steps of pc (its latest, or the shortest
+// that evs report) are more than twice as long as the latest step of p's
+// clock.
+func (c *Correlator) coarser(p *proc, pc *procComm, evs []detEvent) bool {
 	prev := p.ends[uint64(p.lastIdx-1)%endsN]
 	if p.lastIdx < 1 || prev.idx != p.lastIdx-1 || prev.end == 0 {
 		return false
 	}
 	clk := p.lastEnd - prev.end
+	shortest := int64(-1)
+	if d := pc.det; d != nil && d.nStep >= 2 {
+		shortest = d.stepT[(d.nStep-1)%len(d.stepT)] - d.stepT[(d.nStep-2)%len(d.stepT)]
+	}
 	last := int64(-1)
 	for _, e := range evs {
 		switch e.kind {
 		case evStart:
 			last = e.t
 		case evBoundary:
-			if last >= 0 && e.t-last > 2*clk {
-				return true
+			if d := e.t - last; last >= 0 && (shortest < 0 || d < shortest) {
+				shortest = d
 			}
 			last = e.t
 		}
 	}
-	return false
+	return shortest > 2*clk
 }
 
 // alignToPeers returns the index of a step of another process of the same
