@@ -27,10 +27,14 @@ type loopScript struct {
 	preNS int64      // the first iteration starts here
 	iter  func(i int) ([]loopCall, int64)
 	n     int
+	comm  bool // the communicator's creation is seen, at t=0
 }
 
 // feedLoop feeds the script to c and returns the iterations' [start, end].
 func feedLoop(c *Correlator, p uint32, s loopScript) (starts, ends []int64) {
+	if s.comm {
+		c.AddCommInit(CommInit{PID: p, Comm: 1, NRanks: 1, UniqueIDHash: 0x5eed})
+	}
 	var calls []HostCall
 	add := func(base int64, lc loopCall) {
 		h := HostCall{PID: p, TID: p, StartNS: base + lc.at, EndNS: base + lc.at + lc.dur, Op: lc.op, Stream: lc.stream}
@@ -158,6 +162,28 @@ func TestExternalLoopShapes(t *testing.T) {
 		name: "megatron",
 		script: func() loopScript {
 			return loopScript{
+				pre:   []loopCall{{op: "allreduce", count: 1, at: 1 * ms, dur: 20 * us}, {sync: true, at: 1100 * us, dur: 20 * us}},
+				preNS: 5 * ms, n: 120, iter: func(i int) ([]loopCall, int64) {
+					d := 70 * ms
+					if i == 0 {
+						d = 700 * ms
+					}
+					e := d - 1*ms
+					return []loopCall{
+						{sync: true, op: "cudaDeviceSynchronize", at: 100 * us, dur: 20 * us},
+						{sync: true, op: "cudaDeviceSynchronize", at: e - 31*ms, dur: 30 * ms},
+						{op: "allreduce", count: 1, at: e + 50*us, dur: 20 * us},
+						{sync: true, op: "cudaDeviceSynchronize", at: e + 100*us, dur: 20 * us},
+						{op: "allreduce", count: 1, at: e + 150*us, dur: 20 * us},
+						{sync: true, op: "cudaDeviceSynchronize", at: e + 200*us, dur: 20 * us},
+						{sync: true, at: e + 300*us, dur: 10 * us},
+					}, d
+				}}
+		},
+	}, {
+		name: "megatron, creation seen",
+		script: func() loopScript {
+			return loopScript{comm: true,
 				pre:   []loopCall{{op: "allreduce", count: 1, at: 1 * ms, dur: 20 * us}, {sync: true, at: 1100 * us, dur: 20 * us}},
 				preNS: 5 * ms, n: 120, iter: func(i int) ([]loopCall, int64) {
 					d := 70 * ms

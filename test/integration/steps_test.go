@@ -96,7 +96,9 @@ func TestInitBurstsAreNoSteps(t *testing.T) {
 // (Lightning), a warm-up on a side stream before a CUDA graph, the model's
 // copy to the GPU before DDP's first collective and a long iteration 0
 // (torch.compile). Every rank's step facts are its iterations: one per
-// iteration (±1 in all), the first one in iteration 0, none before it.
+// iteration (±1 in all), the first one in iteration 0, none before it;
+// where the ranks are coupled by collectives, step k is the same
+// iteration on both.
 func TestLoopShapesAreIterations(t *testing.T) {
 	testutil.RequireAgent(t, "to attach uprobes")
 	for _, shape := range []string{"trainer", "megatron", "lightning", "cudagraph", "compile"} {
@@ -111,6 +113,7 @@ func TestLoopShapesAreIterations(t *testing.T) {
 			sink, _, truth := ncclJob.runAll(t, 2*time.Second, append([]string{"--ranks", "2", "--steps", fmt.Sprint(steps),
 				"--step-ms", "8", "--gpu-ms", "12", "--buckets", "3", "--loop-shape", shape}, extra...)...)
 			byRank := truthByRank(truth["step"])
+			iterOf := map[int64]map[int]int64{} // step index -> rank -> iteration
 			for r := range 2 {
 				iters := byRank[r]
 				per := map[int64]int{}
@@ -127,6 +130,10 @@ func TestLoopShapesAreIterations(t *testing.T) {
 						continue
 					}
 					per[iters[i].Step]++
+					if iterOf[f.Step] == nil {
+						iterOf[f.Step] = map[int]int64{}
+					}
+					iterOf[f.Step][r] = iters[i].Step
 					if first < 0 || iters[i].Step < first {
 						first = iters[i].Step
 					}
@@ -144,6 +151,18 @@ func TestLoopShapesAreIterations(t *testing.T) {
 				} else {
 					t.Log(msg)
 				}
+			}
+			if shape == "trainer" || shape == "cudagraph" {
+				return // no collective per iteration: the ranks are not coupled
+			}
+			apart := 0
+			for _, m := range iterOf {
+				if len(m) == 2 && m[0] != m[1] {
+					apart++
+				}
+			}
+			if apart > 0 {
+				t.Errorf("%d step indices are different iterations on the two ranks", apart)
 			}
 		})
 	}
