@@ -114,13 +114,14 @@ func TestLoopShapesAreIterations(t *testing.T) {
 				"--step-ms", "8", "--gpu-ms", "12", "--buckets", "3", "--loop-shape", shape}, extra...)...)
 			byRank := truthByRank(truth["step"])
 			iterOf := map[int64]map[int]int64{} // step index -> rank -> iteration
+			job := truth["step"][0].Job         // not another session's fake trainer
 			for r := range 2 {
 				iters := byRank[r]
 				per := map[int64]int{}
 				var n, outside int
 				first := int64(-1)
 				for _, f := range sink.steps {
-					if f.Rank != r {
+					if f.Rank != r || f.Job != job {
 						continue
 					}
 					n++

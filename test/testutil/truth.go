@@ -14,6 +14,7 @@ import (
 // read.
 type TruthRecord struct {
 	Kind       string         `json:"kind"`
+	Job        string         `json:"job"`
 	Rank       int            `json:"rank"`
 	Step       int64          `json:"step"`
 	StartNS    int64          `json:"start_ns"`
