@@ -75,7 +75,7 @@
 // (after 64 synchronisations) the synchronisation calls themselves are the
 // sequence, keyed by function, not stream; occasional collectives do not
 // stop them, and a communicator whose steps are more than twice as long
-// does not take the synchronisation clock over. That clock's first
+// does not take a confirmed or steady synchronisation clock over. Its first
 // lock is confirmed once steadyN steps agree within a factor of two, and
 // the shorter steps before them (one per parameter copied to the GPU) are
 // withdrawn. A cycle that occurs several times per iteration (Megatron's

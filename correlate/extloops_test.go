@@ -2,6 +2,7 @@ package correlate
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"sort"
 	"testing"
 )
@@ -274,6 +275,28 @@ func TestExternalLoopShapes(t *testing.T) {
 					{sync: true, at: off + 16*ms, dur: 2 * ms},
 				}
 				return cs, off + 18*ms + 300*us
+			}}
+		},
+	}, {
+		// Not a loop of the H200 runs: DDP whose synchronisations vary per
+		// iteration (data-dependent .item()s). The synchronisation clock is
+		// never steady, so the communicator's cycle takes it over.
+		name: "ddp, irregular synchronisations",
+		script: func() loopScript {
+			pre, end := paramCopies(6, 0)
+			pre = append(pre, loopCall{op: "broadcast", count: 1 << 22, at: end + 50*ms, dur: 2 * ms})
+			rng := rand.New(rand.NewPCG(3, 4))
+			return loopScript{pre: pre, preNS: end + 100*ms, n: 300, iter: func(i int) ([]loopCall, int64) {
+				cs := []loopCall{
+					{op: "allreduce", count: 6_553_600, at: 10 * ms, dur: 20 * us},
+					{op: "allreduce", count: 6_553_600, at: 12 * ms, dur: 20 * us},
+					{op: "allreduce", count: 1_000_000, at: 14 * ms, dur: 20 * us},
+				}
+				for k := range 1 + rng.IntN(4) {
+					cs = append(cs, loopCall{sync: true, at: int64(k)*2*ms + int64(rng.IntN(1000))*us, dur: 50 * us})
+				}
+				cs = append(cs, loopCall{sync: true, at: 16 * ms, dur: 2 * ms})
+				return cs, 18*ms + 300*us
 			}}
 		},
 	}}

@@ -122,8 +122,10 @@ func (c *Correlator) takeClock(p *proc, pc *procComm, evs []detEvent) bool {
 	case pc.sync:
 		return false
 	case cur.sync:
-		if c.coarser(p, pc, evs) {
-			return false // an occasional collective (logging every N iterations)
+		if _, steady := cur.det.steady(); (p.clockConfirmed || steady) && c.coarser(p, pc, evs) {
+			// A regular synchronisation clock stays against an occasional
+			// collective (logging every N iterations).
+			return false
 		}
 	case pc.nranks() > cur.nranks() && (confirmed || !curSettled):
 	case confirmed && !cur.state().locked:
