@@ -2,6 +2,7 @@ package otel
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
@@ -30,6 +31,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	grpcgzip "google.golang.org/grpc/encoding/gzip"
 	"google.golang.org/grpc/status"
 
 	"github.com/slowrank/slowrank/detector"
@@ -193,6 +195,11 @@ type ForwardConfig struct {
 	Token string
 	// RootCAs verifies a TLS endpoint (nil: the system pool).
 	RootCAs *x509.CertPool
+	// NoCompression sends request bodies as they are. By default they are
+	// gzip'ed (gRPC's gzip compressor, or Content-Encoding: gzip): a step
+	// fact's 14 attributes shrink about 7.6 times, which every collector
+	// and the aggregator accept.
+	NoCompression bool
 	// QueueSize bounds the step facts waiting to leave (default 16384).
 	// When full, the oldest fact is dropped and counted (stale facts are
 	// worth less than fresh ones: the aggregator judges the present).
@@ -653,7 +660,7 @@ func newSender(cfg ForwardConfig) (sender, error) {
 		if scheme == "grpcs" {
 			creds = credentials.NewTLS(tlsCfg)
 		}
-		return &grpcSender{target: rest, creds: creds, token: cfg.Token, tls: scheme == "grpcs", timeout: cfg.Timeout}, nil
+		return &grpcSender{target: rest, creds: creds, token: cfg.Token, tls: scheme == "grpcs", timeout: cfg.Timeout, gzip: !cfg.NoCompression}, nil
 	case "http", "https":
 		u, err := url.Parse(ep)
 		if err != nil || u.Host == "" {
@@ -664,7 +671,7 @@ func newSender(cfg ForwardConfig) (sender, error) {
 		}
 		tr := &http.Transport{TLSClientConfig: tlsCfg, MaxIdleConns: 2, IdleConnTimeout: 90 * time.Second,
 			ResponseHeaderTimeout: cfg.Timeout, ForceAttemptHTTP2: true}
-		return &httpSender{url: u.String(), token: cfg.Token, client: &http.Client{Transport: tr, Timeout: cfg.Timeout}, tr: tr}, nil
+		return &httpSender{url: u.String(), token: cfg.Token, client: &http.Client{Transport: tr, Timeout: cfg.Timeout}, tr: tr, gzip: !cfg.NoCompression}, nil
 	default:
 		return nil, fmt.Errorf("%w: aggregator endpoint %q: scheme must be grpc, grpcs, http or https", ErrConfig, cfg.Endpoint)
 	}
@@ -677,6 +684,7 @@ type grpcSender struct {
 	token   string
 	tls     bool
 	timeout time.Duration
+	gzip    bool
 
 	mu   sync.Mutex
 	conn *grpc.ClientConn
@@ -723,7 +731,11 @@ func (g *grpcSender) send(ctx context.Context, req plogotlp.ExportRequest) (int6
 	if err != nil {
 		return 0, err
 	}
-	resp, err := c.Export(ctx, req)
+	var opts []grpc.CallOption
+	if g.gzip {
+		opts = append(opts, grpc.UseCompressor(grpcgzip.Name))
+	}
+	resp, err := c.Export(ctx, req, opts...)
 	if err != nil {
 		switch status.Code(err) {
 		case codes.Canceled, codes.DeadlineExceeded, codes.Unavailable, codes.ResourceExhausted,
@@ -756,6 +768,7 @@ type httpSender struct {
 	token  string
 	client *http.Client
 	tr     *http.Transport
+	gzip   bool
 }
 
 // maxResponseBytes bounds what is read of a response.
@@ -766,11 +779,19 @@ func (h *httpSender) send(ctx context.Context, req plogotlp.ExportRequest) (int6
 	if err != nil {
 		return 0, permanentError{fmt.Errorf("marshal logs: %w", err)}
 	}
+	if h.gzip {
+		if body, err = gzipBytes(body); err != nil {
+			return 0, permanentError{fmt.Errorf("compress logs: %w", err)}
+		}
+	}
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, h.url, bytes.NewReader(body))
 	if err != nil {
 		return 0, permanentError{fmt.Errorf("build request: %w", err)}
 	}
 	hr.Header.Set("Content-Type", "application/x-protobuf")
+	if h.gzip {
+		hr.Header.Set("Content-Encoding", "gzip")
+	}
 	if h.token != "" {
 		hr.Header.Set("Authorization", "Bearer "+h.token)
 	}
@@ -793,6 +814,18 @@ func (h *httpSender) send(ctx context.Context, req plogotlp.ExportRequest) (int6
 	default:
 		return 0, permanentError{fmt.Errorf("post logs: HTTP %d: %s", resp.StatusCode, snippet(data))}
 	}
+}
+
+func gzipBytes(b []byte) ([]byte, error) {
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	if _, err := zw.Write(b); err != nil {
+		return nil, err
+	}
+	if err := zw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
 }
 
 func snippet(b []byte) string {

@@ -1,6 +1,7 @@
 package otel
 
 import (
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -302,7 +303,8 @@ func TestForwarderHTTP(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := calls.Add(1)
 		gotAuth.Store(r.Header.Get("Authorization"))
-		if r.URL.Path != "/v1/logs" || r.Header.Get("Content-Type") != "application/x-protobuf" {
+		if r.URL.Path != "/v1/logs" || r.Header.Get("Content-Type") != "application/x-protobuf" ||
+			r.Header.Get("Content-Encoding") != "gzip" { // gzip'ed by default
 			http.Error(w, "bad", http.StatusBadRequest)
 			return
 		}
@@ -310,7 +312,12 @@ func TestForwarderHTTP(t *testing.T) {
 			http.Error(w, "busy", http.StatusServiceUnavailable)
 			return
 		}
-		body, _ := io.ReadAll(r.Body)
+		zr, err := gzip.NewReader(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		body, _ := io.ReadAll(zr)
 		req := plogotlp.NewExportRequest()
 		if err := req.UnmarshalProto(body); err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)

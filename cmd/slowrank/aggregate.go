@@ -279,6 +279,7 @@ func aggregatorFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "aggregator", Usage: "also forward step and topology facts to this slowrank aggregate (host:port or grpc:// for OTLP/gRPC, grpcs:// with TLS, http:// or https:// for OTLP/HTTP); the local detector keeps running", EnvVars: []string{"SLOWRANK_AGGREGATOR"}},
 		&cli.StringFlag{Name: "aggregator-token-file", Usage: "send 'authorization: Bearer <token>' with the token in this file", EnvVars: []string{"SLOWRANK_AGGREGATOR_TOKEN_FILE"}},
+		&cli.StringFlag{Name: "aggregator-compression", Value: "gzip", Usage: "gzip or none: how request bodies to the aggregator are sent", EnvVars: []string{"SLOWRANK_AGGREGATOR_COMPRESSION"}},
 		&cli.StringFlag{Name: "aggregator-ca", Usage: "PEM CA certificates that verify a grpcs:// or https:// aggregator (default: the system's)", EnvVars: []string{"SLOWRANK_AGGREGATOR_CA"}},
 	}
 }
@@ -290,6 +291,13 @@ func openForwarder(c *cli.Context, host string) (*otel.Forwarder, error) {
 		return nil, nil
 	}
 	cfg := otel.ForwardConfig{Endpoint: ep, HostName: host, Logger: slog.Default()}
+	switch comp := c.String("aggregator-compression"); comp {
+	case "gzip":
+	case "none":
+		cfg.NoCompression = true
+	default:
+		return nil, cli.Exit(fmt.Sprintf("--aggregator-compression %q: want gzip or none", comp), exitUsage)
+	}
 	if p := c.String("aggregator-token-file"); p != "" {
 		tok, err := readToken(p)
 		if err != nil {
