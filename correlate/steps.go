@@ -251,11 +251,7 @@ func (c *Correlator) apply(p *proc, evs []detEvent) {
 				p.align, p.idxOffset = true, p.alignOff
 			}
 		case evTrim:
-			if c.trimGen(p, p.clockSerial, e.gen, e.t) && !p.clockConfirmed && p.hasInfo {
-				// The lock's first steps, the aligned one among them, were
-				// withdrawn: align the next one, as after a retract.
-				p.align, p.idxOffset = true, p.alignOff
-			}
+			c.trimGen(p, p.clockSerial, e.gen, e.t)
 		case evConfirm:
 			p.clockConfirmed = true
 			for _, s := range p.pending {
@@ -311,9 +307,8 @@ func (c *Correlator) retractGen(p *proc, clock, gen uint32) {
 }
 
 // trimGen withdraws the tentative steps of one lock up to the latest one
-// shorter than minNS (init-time steps before the steady ones) and reports
-// whether it withdrew any.
-func (c *Correlator) trimGen(p *proc, clock, gen uint32, minNS int64) bool {
+// shorter than minNS (init-time steps before the steady ones).
+func (c *Correlator) trimGen(p *proc, clock, gen uint32, minNS int64) {
 	cut := -1
 	for i := len(p.pending) - 1; i >= 0; i-- {
 		s := p.pending[i]
@@ -323,7 +318,7 @@ func (c *Correlator) trimGen(p *proc, clock, gen uint32, minNS int64) bool {
 		}
 	}
 	if cut < 0 {
-		return false
+		return
 	}
 	for i := 0; i <= cut && i < len(p.pending); {
 		s := p.pending[i]
@@ -336,7 +331,6 @@ func (c *Correlator) trimGen(p *proc, clock, gen uint32, minNS int64) bool {
 		i++
 	}
 	c.rewind(p)
-	return true
 }
 
 // dropTentative withdraws every tentative step of p.
