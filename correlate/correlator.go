@@ -103,7 +103,7 @@ type proc struct {
 	markerMode     bool
 
 	sawSync, sawCollWait bool
-	everColl             bool   // a collective was seen: the synchronisation fallback is off
+	everColl             bool   // a collective was seen
 	syncCalls            uint64 // synchronisations seen
 
 	openStart    int64
@@ -353,15 +353,22 @@ func (c *Correlator) sync(p *proc, h *HostCall) {
 		}
 	}
 	p.syncCalls++
-	if p.everColl {
+	if p.clock != nil && !p.clock.sync {
 		return // collectives drive the steps
 	}
+	// Until a communicator is the clock, the synchronisations may be: a
+	// collective seen does not stop them (the transformers Trainer's
+	// logging all-gather every 500 iterations; model copies to the GPU
+	// before DDP's first broadcast make no steps: see seqDet.boundary).
 	if p.syncPC == nil {
 		p.syncPC = &procComm{p: p, sync: true, det: newSeqDet(c.par, true)}
 	}
 	d := p.syncPC.det
 	d.urgent = c.urgent(p)
-	d.push(d.intern(sigKey{op: h.Op, stream: h.Stream}), h.EndNS)
+	// The stream is no part of the token: a loop that synchronises on a
+	// side stream for its first iterations (CUDA graph warm-up) is still
+	// the same loop.
+	d.push(d.intern(sigKey{op: h.Op}), h.EndNS)
 	if p.syncCalls < syncFallbackMin {
 		d.events = d.events[:0] // too early to tell that no collective will come
 		return

@@ -65,10 +65,25 @@
 // clock. The first step under each clock takes the index of a peer's step
 // of the same job that ends within a quarter of a step of it (the first
 // process to close a step numbers it), so that step k is the same
-// iteration on every rank of a host whatever each one's call count. Without
-// any collective (after 64 synchronisations) the synchronisation calls
-// themselves are the sequence; a process that reports HostMarker calls is
-// cut at markers only (HostCall.Count > 0 is the step index).
+// iteration on every rank of a host whatever each one's call count. A
+// cycle without synchronisations is accepted after NoSyncMinCalls calls or
+// ConfirmSpan of event time without one, and keeps its lock through an
+// occasional one (logging every N iterations); the first lock of a
+// communicator also
+// starts at the return of an init-time call right before it (the first
+// iteration after DDP's broadcast). Until a communicator is the clock
+// (after 64 synchronisations) the synchronisation calls themselves are the
+// sequence, keyed by function, not stream; occasional collectives do not
+// stop them, and a communicator whose steps are more than twice as long
+// does not take a confirmed or steady synchronisation clock over. Its first
+// lock is confirmed once steadyN steps agree within a factor of two, and
+// the shorter steps before them (one per parameter copied to the GPU) are
+// withdrawn. A cycle that occurs several times per iteration (Megatron's
+// "B S B S", the Trainer's five synchronisations) is resolved by timing
+// (see group.go): one instance per iteration holds the forward and backward
+// pass and dominates the others; a step is the m instances that end with
+// it. A process that reports HostMarker calls is cut at markers only
+// (HostCall.Count > 0 is the step index).
 //
 // Collectives without sizes (HostCall.Count == 0: the torch c10d probes of
 // a gloo job) make a degenerate token sequence, every bucket all-reduce

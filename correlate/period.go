@@ -3,6 +3,7 @@ package correlate
 import (
 	"cmp"
 	"math"
+	"slices"
 )
 
 // Step detection on one communicator's call sequence.
@@ -59,6 +60,7 @@ const (
 	evBreak                            // the sequence left the cycle: the open step is irregular
 	evConfirm                          // the tentative lock gen is confirmed
 	evRetract                          // the tentative lock gen is withdrawn with its steps
+	evTrim                             // the tentative steps of gen before the latest one shorter than t are withdrawn
 )
 
 type detEvent struct {
@@ -70,6 +72,7 @@ type detEvent struct {
 }
 
 type knownCycle struct {
+	grp     int64 // instances per step (group.go)
 	ids     []int32
 	fail    []int32
 	state   int32
@@ -151,9 +154,12 @@ type seqDet struct {
 	runs      []int32
 	runsFresh bool
 	lastS     int64 // absolute number of the latest S, -1 when none
+	lastST    int64 // its time
+	firstT    int64 // time of token 0
 	floor     int64 // tokens before this belong to settled cycles
 
 	cycle            []int32
+	noS              bool // the cycle has no synchronisation token
 	pos              int
 	gen              uint32
 	since            int    // cycles completed since the lock
@@ -170,6 +176,18 @@ type seqDet struct {
 	clock uint64 // use counter for known-cycle LRU
 
 	resets uint64
+
+	// Instances of the locked cycle per iteration, from timing (group.go).
+	inst     int64              // cycle instances completed
+	instFrom int64              // first instance of the lock whose duration is known
+	instT    [instRing]int64    // end of instance k at k%instRing (instFrom-1: the lock's start)
+	grp      int64              // instances per step; <= 1: one
+	anchor   int64              // an instance that ends a step
+	resync   bool               // the groups' phase is unknown: wait for a dominant instance
+	domDur   int64              // duration of the latest instance that ended a step of groups
+	grpOpen  bool               // a step of groups is open
+	stepT    [steadyN + 1]int64 // latest boundary times, for steadiness
+	nStep    int
 }
 
 func newSeqDet(par detParams, syncOnly bool) *seqDet {
@@ -238,6 +256,7 @@ func (d *seqDet) reset() {
 	}
 	d.locked, d.tentative = false, false
 	d.known = d.known[:0]
+	d.grp, d.resync = 0, false
 }
 
 func (d *seqDet) at(abs int64) int32  { return d.ids[abs&d.mask] }
@@ -268,13 +287,22 @@ func (d *seqDet) hasKnown() bool { return len(d.known) > 0 }
 
 // push appends one token at time t and runs the detector.
 func (d *seqDet) push(id int32, t int64) {
+	if id == tokS && d.locked && d.noS {
+		// A cycle without synchronisations (DDP buckets, no .item()) keeps
+		// its lock through an occasional one (logging every N iterations):
+		// it is no token of the cycle.
+		return
+	}
 	d.grow()
 	n := d.n
 	d.ids[n&d.mask] = id
 	d.ts[n&d.mask] = t
 	d.n++
+	if n == 0 {
+		d.firstT = t
+	}
 	if id == tokS && !d.syncOnly {
-		d.lastS = n
+		d.lastS, d.lastST = n, t
 	} else if !d.syncOnly {
 		d.colls++
 	}
@@ -308,14 +336,33 @@ func (d *seqDet) push(id int32, t int64) {
 }
 
 func (d *seqDet) cycleDone(t int64) {
+	d.floor = d.n
+	d.instance(t, true)
+}
+
+// boundary reports the end of a step at t; counts: it counts towards the
+// confirmation of a tentative lock (instances reported at the lock do not).
+func (d *seqDet) boundary(t int64, counts bool) {
 	d.emit(detEvent{kind: evBoundary, tentative: d.tentative, gen: d.gen, t: t, idx: d.nextIdx})
 	d.nextIdx++
-	d.floor = d.n
-	if !d.tentative {
+	d.stepT[d.nStep%len(d.stepT)] = t
+	d.nStep++
+	if !d.tentative || !counts {
 		return
 	}
 	d.since++
 	if d.since >= d.need && d.held(t) {
+		if d.syncOnly && d.first && !d.urgent {
+			// Synchronisations alone repeat in init bursts too (a copy per
+			// parameter, a period of one call that never breaks): the first
+			// lock of the fallback clock is confirmed once its steps are
+			// steady, without the shorter steps before them.
+			thr, ok := d.steady()
+			if !ok {
+				return
+			}
+			d.emit(detEvent{kind: evTrim, gen: d.gen, t: thr})
+		}
 		d.confirm()
 	}
 }
@@ -545,7 +592,7 @@ func (d *seqDet) canonStart(j, p, n int64) int64 {
 		if r == 0 {
 			return d.fromCreation
 		}
-		return r-1 >= d.oldest() && d.at(r-1) == tokS
+		return r-1 >= d.oldest() && (d.at(r-1) == tokS || r == j && d.initBefore(r, p))
 	}
 	best, bestSeg := int64(-1), int64(-1)
 	// Candidates r in (j, j+p] weigh every phase of the cycle wherever the
@@ -605,11 +652,14 @@ func compareKeys(a, b sigKey) int {
 	return cmp.Or(cmp.Compare(a.op, b.op), cmp.Compare(a.count, b.count), cmp.Compare(a.dtype, b.dtype), cmp.Compare(a.stream, b.stream))
 }
 
+// noSyncAllowed reports whether a cycle without synchronisations may be
+// locked at token n: after NoSyncMinCalls calls without one, or ConfirmSpan
+// of event time (a DDP loop with a few buckets and no .item(): Lightning).
 func (d *seqDet) noSyncAllowed(n int64) bool {
 	if d.lastS < 0 {
-		return n+1 >= int64(d.par.noSyncMin)
+		return n+1 >= int64(d.par.noSyncMin) || d.tAt(n)-d.firstT >= d.par.confirmSpan
 	}
-	return n-d.lastS >= int64(d.par.noSyncMin)
+	return n-d.lastS >= int64(d.par.noSyncMin) || d.tAt(n)-d.lastST >= d.par.confirmSpan
 }
 
 // lockAt locks onto cyc whose first instance starts at token j; tokens up
@@ -618,6 +668,7 @@ func (d *seqDet) lockAt(cyc []int32, j, n int64, tentative bool) {
 	p := int64(len(cyc))
 	d.locked, d.tentative = true, tentative
 	d.cycle = append(d.cycle[:0], cyc...)
+	d.noS = !d.syncOnly && !slices.Contains(cyc, tokS)
 	d.gen++
 	d.genBase = d.nextIdx
 	d.genFloor = d.floor
@@ -630,30 +681,71 @@ func (d *seqDet) lockAt(cyc []int32, j, n int64, tentative bool) {
 			d.need = d.par.promote
 		}
 	}
+	known := d.knownGroup(cyc)
+	d.grp, d.resync, d.grpOpen = known, known > 1, false
 	// The token before the first instance is a stable start when it is a
-	// synchronisation (for the sync-only clock every token is one); so is
-	// the communicator's creation before its first call.
-	if j-1 >= d.oldest() && j-1 >= 0 && (d.syncOnly || d.at(j-1) == tokS) {
-		d.emit(detEvent{kind: evStart, t: d.tAt(j - 1)})
-	} else if j == 0 && d.creationStarts(p, n) {
-		d.emit(detEvent{kind: evStart, t: d.createdAt})
-	} else {
-		d.emit(detEvent{kind: evStart, t: d.tAt(j + p - 1)})
-		j += p // the first instance only opens the first step
+	// synchronisation (for the sync-only clock every token is one), or a
+	// call outside the cycle before a communicator's first lock (the last
+	// init-time call: the first iteration starts after it); so is the
+	// communicator's creation before its first call.
+	var startT int64
+	switch {
+	case j-1 >= d.oldest() && j-1 >= 0 && (d.syncOnly || d.at(j-1) == tokS || d.initBefore(j, p)):
+		startT = d.tAt(j - 1)
+	case j == 0 && d.creationStarts(p, n):
+		startT = d.createdAt
+	default:
+		e := d.skipS(j, p) - 1
+		startT = d.tAt(e)
+		j = e + 1 // the first instance only opens the first step
 	}
+	if d.grp <= 1 {
+		d.emit(detEvent{kind: evStart, t: startT})
+	}
+	d.nStep = 0
+	d.instFrom = d.inst
+	d.setInstT(d.inst-1, startT)
 	d.floor = max(d.floor, j)
-	for e := j + p - 1; e <= n; e += p {
-		d.emit(detEvent{kind: evBoundary, tentative: tentative, gen: d.gen, t: d.tAt(e), idx: d.nextIdx})
-		d.nextIdx++
-		d.floor = e + 1
+	var cnt int64
+	for e := j; e <= n; e++ {
+		if d.noS && d.at(e) == tokS {
+			continue // ignored by a cycle without synchronisations
+		}
+		if cnt++; cnt == p {
+			cnt = 0
+			d.floor = e + 1
+			d.instance(d.tAt(e), false)
+		}
 	}
-	d.pos = int((n + 1 - j) % p)
+	d.pos = int(cnt)
 	if !tentative {
 		d.remember(cyc)
 	}
 	for _, k := range d.known {
 		k.state = 0
 	}
+}
+
+// skipS returns the token after the p tokens of the cycle from j (S
+// tokens do not count when the cycle has none).
+func (d *seqDet) skipS(j, p int64) int64 {
+	if !d.noS {
+		return j + p
+	}
+	for cnt := int64(0); cnt < p; j++ {
+		if d.at(j) != tokS {
+			cnt++
+		}
+	}
+	return j
+}
+
+// initBefore reports whether the token before the periodic region starting
+// at j (period p) is an init-time call: on the sequence's first lock, a
+// call that does not repeat p tokens later.
+func (d *seqDet) initBefore(j, p int64) bool {
+	return !d.confirmedOnce && len(d.known) == 0 && !d.syncOnly && j-1 >= d.oldest() && j-1+p < d.n &&
+		d.at(j-1) != tokS && d.at(j-1) != d.at(j-1+p)
 }
 
 // creationStarts reports whether the communicator's creation is the start
@@ -672,12 +764,12 @@ func (d *seqDet) remember(cyc []int32) {
 	d.clock++
 	for _, k := range d.known {
 		if equalIDs(k.ids, cyc) {
-			k.lastUse = d.clock
+			k.lastUse, k.grp = d.clock, d.grp
 			return
 		}
 	}
 	k := newKnown(cyc)
-	k.lastUse = d.clock
+	k.lastUse, k.grp = d.clock, d.grp
 	d.known = remember(d.known, k, func(k *knownCycle) uint64 { return k.lastUse })
 }
 

@@ -122,6 +122,11 @@ func (c *Correlator) takeClock(p *proc, pc *procComm, evs []detEvent) bool {
 	case pc.sync:
 		return false
 	case cur.sync:
+		if _, steady := cur.det.steady(); (p.clockConfirmed || steady) && c.coarser(p, pc, evs) {
+			// A regular synchronisation clock stays against an occasional
+			// collective (logging every N iterations).
+			return false
+		}
 	case pc.nranks() > cur.nranks() && (confirmed || !curSettled):
 	case confirmed && !cur.state().locked:
 		for _, e := range evs {
@@ -143,6 +148,34 @@ func (c *Correlator) takeClock(p *proc, pc *procComm, evs []detEvent) bool {
 	p.haveOpen = false
 	p.align, p.alignOff, p.clockConfirmed = !pc.sync, p.idxOffset, false
 	return true
+}
+
+// coarser reports whether the steps of pc (its latest, or the shortest
+// that evs report) are more than twice as long as the latest step of p's
+// clock.
+func (c *Correlator) coarser(p *proc, pc *procComm, evs []detEvent) bool {
+	prev := p.ends[uint64(p.lastIdx-1)%endsN]
+	if p.lastIdx < 1 || prev.idx != p.lastIdx-1 || prev.end == 0 {
+		return false
+	}
+	clk := p.lastEnd - prev.end
+	shortest := int64(-1)
+	if d := pc.det; d != nil && d.nStep >= 2 {
+		shortest = d.stepT[(d.nStep-1)%len(d.stepT)] - d.stepT[(d.nStep-2)%len(d.stepT)]
+	}
+	last := int64(-1)
+	for _, e := range evs {
+		switch e.kind {
+		case evStart:
+			last = e.t
+		case evBoundary:
+			if d := e.t - last; last >= 0 && (shortest < 0 || d < shortest) {
+				shortest = d
+			}
+			last = e.t
+		}
+	}
+	return shortest > 2*clk
 }
 
 // alignToPeers returns the index of a step of another process of the same
@@ -217,6 +250,8 @@ func (c *Correlator) apply(p *proc, evs []detEvent) {
 				// The aligned step was withdrawn: align the next one.
 				p.align, p.idxOffset = true, p.alignOff
 			}
+		case evTrim:
+			c.trimGen(p, p.clockSerial, e.gen, e.t)
 		case evConfirm:
 			p.clockConfirmed = true
 			for _, s := range p.pending {
@@ -264,6 +299,33 @@ func (c *Correlator) retractGen(p *proc, clock, gen uint32) {
 		if s.tentative && s.clock == clock && s.gen == gen {
 			p.stats.Retracted++
 			c.recycle(p, i)
+			continue
+		}
+		i++
+	}
+	c.rewind(p)
+}
+
+// trimGen withdraws the tentative steps of one lock up to the latest one
+// shorter than minNS (init-time steps before the steady ones).
+func (c *Correlator) trimGen(p *proc, clock, gen uint32, minNS int64) {
+	cut := -1
+	for i := len(p.pending) - 1; i >= 0; i-- {
+		s := p.pending[i]
+		if s.tentative && s.clock == clock && s.gen == gen && s.end-s.start < minNS {
+			cut = i
+			break
+		}
+	}
+	if cut < 0 {
+		return
+	}
+	for i := 0; i <= cut && i < len(p.pending); {
+		s := p.pending[i]
+		if s.tentative && s.clock == clock && s.gen == gen {
+			p.stats.Retracted++
+			c.recycle(p, i)
+			cut--
 			continue
 		}
 		i++

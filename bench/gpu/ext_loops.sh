@@ -46,7 +46,9 @@
 #
 # Knobs: LOOPS (default: all six, in this order), AGENT_S (20), WARM (10),
 # PROF_STEPS (8), DUTY_SHARE (1 | auto), BUDGET_S (500), SKIP_BUILD=1 (use a
-# carried bin/libslowrank_cupti.so). DRY=1: CPU dry run on a machine without
+# carried bin/libslowrank_cupti.so), SKIP_PROF=1 (agent runs only: a rerun of
+# the step counts; analyse with --prof-from an earlier run's folder for the
+# profiler's compute). DRY=1: CPU dry run on a machine without
 # a GPU (Debian's python3-torch; tiny shapes, gloo; the Trainer and Lightning
 # from bench/gpu/drystub when missing; no injection library; an agent stub,
 # or with DRY_AGENT=1 the real agent selecting by a private variable).
@@ -157,7 +159,13 @@ fi
 echo "agent pid $AGENT_PID, t=${SECONDS} s"
 
 for loop in $LOOPS; do
-  if run_one "$loop" agent; then run_one "$loop" prof || true; else skip_run "$loop" prof "its agent run was skipped"; fi
+  if ! run_one "$loop" agent; then
+    skip_run "$loop" prof "its agent run was skipped"
+  elif [ -n "${SKIP_PROF:-}" ]; then
+    skip_run "$loop" prof "SKIP_PROF"
+  else
+    run_one "$loop" prof || true
+  fi
 done
 
 if [ -z "${DRY:-}" ] || [ -n "${DRY_AGENT:-}" ]; then

@@ -1,7 +1,12 @@
 #!/usr/bin/env python3
 """Analysis of bench/gpu/ext_loops.sh (issue 16 item 4); standard library only.
 
-  ext_loops_analyze.py summarize WORK [--md FILE]   the JSON summary on stdout
+  ext_loops_analyze.py summarize WORK [--md FILE] [--prof-from DIR]
+                                                    the JSON summary on stdout;
+                                                    --prof-from: the profiler
+                                                    runs (L-prof/, facts) of an
+                                                    earlier WORK (a SKIP_PROF=1
+                                                    rerun of the agent runs)
   ext_loops_analyze.py reduce TRACE OUT.json.gz     a Chrome trace cut to what
                                                     the analysis reads
   ext_loops_analyze.py selftest                     synthetic checks (no torch)
@@ -294,11 +299,13 @@ def run_error(final, iters, runs):
     return f"no final line (rc {r.get('rc')}{', timed out' if r.get('timed_out') else ''}, {len(iters)} iterations)"
 
 
-def analyze_loop(work, loop, facts, verdicts, runs):
+def analyze_loop(work, loop, facts, verdicts, runs, prof_from=None, prof_facts=None, prof_runs=None):
     row = {"loop": loop, "name": LOOP_NAMES.get(loop, loop)}
-    a_dir, p_dir = os.path.join(work, loop + "-agent"), os.path.join(work, loop + "-prof")
+    a_dir, p_dir = os.path.join(work, loop + "-agent"), os.path.join(prof_from or work, loop + "-prof")
     ra = [r for r in runs if r.get("name") == loop + "-agent"]
-    rp = [r for r in runs if r.get("name") == loop + "-prof"]
+    rp = [r for r in (runs if prof_runs is None else prof_runs) if r.get("name") == loop + "-prof"]
+    if prof_from:
+        row["prof_from"] = prof_from
     row["runs"] = {"agent": ra[-1] if ra else None, "prof": rp[-1] if rp else None}
     iters, ev, final = split_steps(read_jsonl(os.path.join(a_dir, "steps.jsonl")))
     begin = ev.get("begin", {})
@@ -310,7 +317,7 @@ def analyze_loop(work, loop, facts, verdicts, runs):
     row.update(analyze_run_steps(step_facts(facts, loop + "-agent"), iters, warm))
     # The profiler run: its compute, and the agent's steps there (no injection library).
     p_iters, p_ev, p_final = split_steps(read_jsonl(os.path.join(p_dir, "steps.jsonl")))
-    pf = step_facts(facts, loop + "-prof")
+    pf = step_facts(facts if prof_facts is None else prof_facts, loop + "-prof")
     row["prof_run"] = {"iterations": len(p_iters), "steps_found": len(pf),
                        "error": run_error(p_final, p_iters, rp),
                        "export_s": p_ev.get("trace_exported", {}).get("export_s")}
@@ -374,17 +381,22 @@ def md_rows(rows):
     return head + out
 
 
-def summarize(work):
+def summarize(work, prof_from=None):
     facts = read_jsonl(os.path.join(work, "facts.jsonl"))
     verdicts = read_jsonl(os.path.join(work, "verdicts.jsonl"))
     runs = read_jsonl(os.path.join(work, "runs.jsonl"))
+    prof_facts = prof_runs = None
+    if prof_from:
+        prof_facts = read_jsonl(os.path.join(prof_from, "facts.jsonl"))
+        prof_runs = read_jsonl(os.path.join(prof_from, "runs.jsonl"))
     seen = [r.get("loop") for r in runs if r.get("loop")]
     loops = [l for l in ORDER if l in seen] + sorted(set(seen) - set(ORDER))
-    rows = [analyze_loop(work, l, facts, verdicts, runs) for l in loops]
+    rows = [analyze_loop(work, l, facts, verdicts, runs, prof_from, prof_facts, prof_runs) for l in loops]
     summ = next((v for v in reversed(verdicts) if v.get("kind") == "summary"), None)
     return {"script": "bench/gpu/ext_loops.sh", "analysis": "bench/gpu/ext_loops_analyze.py",
             "criteria": {"steps": f"|facts - iterations| <= {STEP_TOL}", "step_time": f"median and mean within {TIME_TOL:.0%}",
                          "compute": f"median within {COMPUTE_TOL:.0%} of torch.profiler's"},
+            "prof_from": prof_from,
             "facts_lines": len(facts), "malformed_fact_lines": sum(1 for f in facts if "_malformed" in f),
             "agent_summary": summ, "rows": rows, "passed": sum(1 for r in rows if r["pass"]), "loops": len(rows),
             "markdown": md_rows(rows)}
@@ -527,7 +539,7 @@ def main(argv):
         print(f"{argv[3]}: {len(r['steps'])} steps, {len(r['gpu'])} device events")
         return 0
     if len(argv) >= 3 and argv[1] == "summarize":
-        s = summarize(argv[2])
+        s = summarize(argv[2], argv[argv.index("--prof-from") + 1] if "--prof-from" in argv else None)
         if "--md" in argv:
             with open(argv[argv.index("--md") + 1], "w") as f:
                 f.write("\n".join(s["markdown"]) + "\n")

@@ -77,6 +77,11 @@ static const char *const sync_names[] = {"stream", "device", "event", "cu-stream
 enum gloo_wait { GLOO_WAIT_DEVICE, GLOO_WAIT_FUTURE, GLOO_WAIT_WORK };
 static const char *const gloo_wait_names[] = {"device", "future", "work"};
 
+/* --loop-shape: the call cycle of an external training loop (issue 16, the
+ * loops of bench/gpu/ext_loops.py) instead of the default iteration. */
+enum loop_shape { SHAPE_NONE, SHAPE_TRAINER, SHAPE_MEGATRON, SHAPE_LIGHTNING, SHAPE_CUDAGRAPH, SHAPE_COMPILE };
+static const char *const shape_names[] = {"none", "trainer", "megatron", "lightning", "cudagraph", "compile"};
+
 struct opts {
   int ranks;
   long steps;
@@ -119,6 +124,8 @@ struct opts {
   int init_bursts;
   long eval_every;
   int eval_batches;
+  int shape; /* enum loop_shape */
+  long log_every;
 };
 
 static struct opts O = {
@@ -138,6 +145,7 @@ static struct opts O = {
     .crash_rank = -1,
     .crash_step = -1,
     .eval_batches = 8,
+    .log_every = 50,
 };
 
 static void usage(FILE *f) {
@@ -158,6 +166,23 @@ static void usage(FILE *f) {
           "  --eval-every N         after every N-th step an evaluation loop of --eval-batches batches\n"
           "                         (forward kernel, 2-element metric ncclAllReduce, synchronisation)\n"
           "  --eval-batches M       batches of that loop (default 8)\n"
+          "  --loop-shape NAME      the call cycle of an external loop instead of the default iteration\n"
+          "                         (bench/gpu/ext_loops.py; --step-ms/--gpu-ms/--buckets scale it):\n"
+          "                         trainer: the transformers Trainer without DDP: the model's copy to the GPU\n"
+          "                           (a cudaStreamSynchronize per tensor), five cudaStreamSynchronize per\n"
+          "                           iteration, a logging step every --log-every with an ncclAllGather and\n"
+          "                           100 synchronisations\n"
+          "                         megatron: Megatron-core's timers (cudaDeviceSynchronize at each start and\n"
+          "                           stop), a grad-norm and a barrier all-reduce of one element per iteration\n"
+          "                           (B S B S), the --buckets grad all-reduces after backward\n"
+          "                         lightning: Lightning DDP: bucket all-reduces, no synchronisation except one\n"
+          "                           every --log-every iterations\n"
+          "                         cudagraph: a CUDA graph of the whole step: 3 eager warm-up iterations\n"
+          "                           synchronising a side stream, the capture (no call), then one launch and\n"
+          "                           one cudaStreamSynchronize per iteration\n"
+          "                         compile: torch.compile under DDP: the copy to the GPU before the first\n"
+          "                           collective, DDP's broadcast, an iteration 0 of 30 steps' time\n"
+          "  --log-every N          (--loop-shape trainer, lightning) logging step period (default 50)\n"
           "  --backend nccl|gloo    gloo: buckets are c10d::ProcessGroupGloo::allreduce calls of the fake\n"
           "                         libtorch_cpu.so (dlopen'ed), no NCCL call at all (default nccl)\n"
           "  --gloo-cuda-sync       gloo: one cudaStreamSynchronize per collective inside the library,\n"
@@ -212,7 +237,7 @@ static int parse_opts(int argc, char **argv) {
     o_slow_factor, o_slow_host, o_slow_gpu, o_jitter, o_seed, o_host_mode, o_dlopen, o_dlopen_delay,
     o_sleep_before, o_truth, o_bench_calls, o_bench_symbol, o_threads, o_crash_rank, o_crash_step, o_verbose,
     o_no_device_truth, o_backend, o_gloo_cuda_sync, o_gloo_wait, o_warmup_buckets, o_init_bursts, o_eval_every,
-    o_eval_batches, o_help
+    o_eval_batches, o_loop_shape, o_log_every, o_help
   };
   static const struct option lo[] = {
       {"ranks", required_argument, 0, o_ranks},
@@ -256,6 +281,8 @@ static int parse_opts(int argc, char **argv) {
       {"init-bursts", no_argument, 0, o_init_bursts},
       {"eval-every", required_argument, 0, o_eval_every},
       {"eval-batches", required_argument, 0, o_eval_batches},
+      {"loop-shape", required_argument, 0, o_loop_shape},
+      {"log-every", required_argument, 0, o_log_every},
       {"help", no_argument, 0, o_help},
       {0, 0, 0, 0},
   };
@@ -338,6 +365,18 @@ static int parse_opts(int argc, char **argv) {
     }
     case o_warmup_buckets: O.warmup_buckets = atoi(optarg); break;
     case o_init_bursts: O.init_bursts = 1; break;
+    case o_loop_shape: {
+      int m = -1;
+      for (int i = 0; i < (int)(sizeof shape_names / sizeof shape_names[0]); i++)
+        if (strcmp(optarg, shape_names[i]) == 0) m = i;
+      if (m < 0) {
+        fprintf(stderr, "faketrainer: bad --loop-shape %s\n", optarg);
+        return -1;
+      }
+      O.shape = m;
+      break;
+    }
+    case o_log_every: O.log_every = atol(optarg); break;
     case o_eval_every: O.eval_every = atol(optarg); break;
     case o_eval_batches: O.eval_batches = atoi(optarg); break;
     case o_help: usage(stdout); exit(0);
@@ -358,6 +397,10 @@ static int parse_opts(int argc, char **argv) {
   if (O.gloo && (O.group || O.comm_stream || O.split || O.init_plain || O.dlopen_nccl || O.bench_calls > 0)) {
     fprintf(stderr, "faketrainer: --backend gloo takes none of --group --comm-stream --split --init-plain "
                     "--dlopen-nccl --bench-calls\n");
+    return -1;
+  }
+  if (O.gloo && O.shape != SHAPE_NONE) {
+    fprintf(stderr, "faketrainer: --loop-shape needs --backend nccl\n");
     return -1;
   }
   if (O.gloo && (O.init_bursts || O.eval_every > 0)) {
@@ -608,13 +651,13 @@ enum sym {
   S_cudaLaunchKernel, S_cudaStreamSynchronize, S_cudaDeviceSynchronize, S_cudaEventRecord,
   S_cudaEventSynchronize, S_cudaStreamWaitEvent, S_cuStreamSynchronize, S_cuCtxSynchronize,
   S_ncclAllReduce, S_ncclGroupStart, S_ncclGroupEnd, S_glooAllreduce, S_futureWait, S_workWait, S_ncclBroadcast,
-  S_NUM
+  S_ncclAllGather, S_NUM
 };
 static const char *const sym_names[S_NUM] = {
     "cudaLaunchKernel", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventRecord",
     "cudaEventSynchronize", "cudaStreamWaitEvent", "cuStreamSynchronize", "cuCtxSynchronize",
     "ncclAllReduce", "ncclGroupStart", "ncclGroupEnd", "c10d::ProcessGroupGloo::allreduce",
-    "c10::ivalue::Future::wait", "c10d::Work::wait", "ncclBroadcast"};
+    "c10::ivalue::Future::wait", "c10d::Work::wait", "ncclBroadcast", "ncclAllGather"};
 
 struct step_acc {
   uint64_t calls[S_NUM];
@@ -1006,7 +1049,173 @@ static void eval_burst(struct rank_ctx *c, long k, uint64_t *rng) {
   write_burst(c, "eval", k, t0, now_ns());
 }
 
+
+/* ---------------- external loop shapes (--loop-shape) ---------------- */
+
+static cudaStream_t g_side; /* cudagraph: the warm-up's side stream */
+
+static void device_sync(void) {
+  uint64_t t0 = now_ns();
+  A.calls[S_cudaDeviceSynchronize]++;
+  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  A.sync_ns += now_ns() - t0;
+}
+
+static void timed_stream_sync(struct rank_ctx *c, cudaStream_t s) {
+  uint64_t t0 = now_ns();
+  A.calls[S_cudaStreamSynchronize]++;
+  cuda_check(cudaStreamSynchronize(s ? s : c->compute), "cudaStreamSynchronize");
+  A.sync_ns += now_ns() - t0;
+}
+
+/* model.to("cuda"): a pageable copy and its synchronisation per tensor, a
+ * GPT's layers one after another (weights, then small biases). */
+static void param_copies(struct rank_ctx *c) {
+  static const double tensor_ms[] = {0.2, 0.02, 1.0, 0.3, 1.0, 0.3, 0.02, 0.02, 0.02, 0.02, 0.8, 0.2};
+  memset(&A, 0, sizeof A);
+  uint64_t t0 = now_ns();
+  for (int l = 0; l < 6; l++)
+    for (size_t i = 0; i < sizeof tensor_ms / sizeof tensor_ms[0]; i++) {
+      host_work(0.05);
+      launch(fwd_kernel, tensor_ms[i], c->compute);
+      timed_stream_sync(c, 0);
+    }
+  write_burst(c, "params", -1, t0, now_ns());
+}
+
+static void broadcast(struct rank_ctx *c, size_t count) {
+  uint64_t t0 = now_ns();
+  A.calls[S_ncclBroadcast]++;
+  nccl_check(N.Broadcast(c->buf, c->buf, count, ncclFloat32, 0, c->comm, c->compute), "ncclBroadcast");
+  A.nccl_ns += now_ns() - t0;
+}
+
+/* Before the first iteration, per shape. */
+static void shape_init(struct rank_ctx *c) {
+  switch (O.shape) {
+  case SHAPE_TRAINER:
+  case SHAPE_CUDAGRAPH:
+    param_copies(c);
+    break;
+  case SHAPE_COMPILE: {
+    param_copies(c);
+    memset(&A, 0, sizeof A);
+    uint64_t t0 = now_ns();
+    broadcast(c, 1 << 20); /* DDP's _sync_module_states */
+    broadcast(c, 1024);
+    write_burst(c, "init", -1, t0, now_ns());
+    break;
+  }
+  case SHAPE_LIGHTNING: {
+    memset(&A, 0, sizeof A);
+    uint64_t t0 = now_ns();
+    broadcast(c, 1 << 20);
+    timed_stream_sync(c, 0);
+    write_burst(c, "init", -1, t0, now_ns());
+    break;
+  }
+  case SHAPE_MEGATRON: {
+    memset(&A, 0, sizeof A);
+    uint64_t t0 = now_ns();
+    small_allreduce(c, 1); /* timers("interval-time").start(barrier=True) */
+    device_sync();
+    write_burst(c, "init", -1, t0, now_ns());
+    break;
+  }
+  default:
+    break;
+  }
+  if (O.shape == SHAPE_CUDAGRAPH) cuda_check(cudaStreamCreate(&g_side), "cudaStreamCreate");
+}
+
+/* Forward and backward: host dispatch and device work on stream s, with
+ * the bucket all-reduces of --buckets during backward when buckets. */
+static void fwd_bwd(struct rank_ctx *c, uint64_t *rng, double host, double gpu, cudaStream_t s, int buckets) {
+  host_work(jittered(rng, host * 0.3));
+  launch(fwd_kernel, jittered(rng, gpu * 0.3), s);
+  int nb = buckets && O.buckets > 0 ? O.buckets : 1;
+  for (int b = 0; b < nb; b++) {
+    host_work(jittered(rng, host * 0.3 / nb));
+    launch(bwd_kernel, jittered(rng, gpu * 0.6 / nb), s);
+    if (buckets && O.buckets > 0) allreduce(c, b, s);
+  }
+}
+
+/* One iteration of an external loop's shape. */
+static void run_shape_step(struct rank_ctx *c, long k, uint64_t *rng) {
+  double host = O.step_ms, gpu = O.gpu_ms;
+  switch (O.shape) {
+  case SHAPE_TRAINER:
+    /* data: the batch's token count and two more .item()s */
+    host_work(jittered(rng, host * 0.1));
+    timed_stream_sync(c, 0);
+    timed_stream_sync(c, 0);
+    host_work(jittered(rng, host * 0.1));
+    timed_stream_sync(c, 0);
+    fwd_bwd(c, rng, host * 0.6, gpu * 0.9, c->compute, 0);
+    timed_stream_sync(c, 0); /* the nan check of the loss: waits for backward */
+    launch(opt_kernel, jittered(rng, gpu * 0.05), c->compute);
+    timed_stream_sync(c, 0); /* grad_norm.item() */
+    host_work(jittered(rng, host * 0.1));
+    launch(opt_kernel, jittered(rng, gpu * 0.05), c->compute);
+    if (O.log_every > 0 && (k + 1) % O.log_every == 0) {
+      uint64_t t0 = now_ns();
+      A.calls[S_ncclAllGather]++; /* the logged loss, gathered */
+      nccl_check(N.AllGather(c->buf, c->buf, 1, ncclFloat32, c->comm, c->compute), "ncclAllGather");
+      A.nccl_ns += now_ns() - t0;
+      for (int i = 0; i < 100; i++) {
+        host_work(0.05);
+        timed_stream_sync(c, 0);
+      }
+    }
+    break;
+  case SHAPE_MEGATRON:
+    device_sync(); /* timers("forward-backward").start() */
+    fwd_bwd(c, rng, host * 0.9, gpu * 0.95, c->compute, 1);
+    device_sync(); /* .stop(): waits for backward */
+    small_allreduce(c, 1); /* the grad norm */
+    device_sync();         /* timers("optimizer").start() */
+    host_work(jittered(rng, host * 0.02));
+    launch(opt_kernel, jittered(rng, gpu * 0.05), c->compute);
+    small_allreduce(c, 1); /* interval-time elapsed(barrier=True) */
+    device_sync();
+    timed_stream_sync(c, 0); /* float(loss) */
+    break;
+  case SHAPE_LIGHTNING:
+    fwd_bwd(c, rng, host * 0.9, gpu * 0.9, c->compute, 1);
+    host_work(jittered(rng, host * 0.1));
+    launch(opt_kernel, jittered(rng, gpu * 0.1), c->compute);
+    if (O.log_every > 0 && (k + 1) % O.log_every == 0) timed_stream_sync(c, 0); /* logging */
+    break;
+  case SHAPE_CUDAGRAPH:
+    if (k < 3) { /* eager warm-up on the side stream; loss.item() there */
+      fwd_bwd(c, rng, host * 0.9, gpu, g_side, 0);
+      timed_stream_sync(c, g_side);
+      host_work(jittered(rng, host * 0.1));
+      break;
+    }
+    if (k == 3) host_work(host * 5); /* the capture: no synchronisation allowed */
+    host_work(jittered(rng, host * 0.05));
+    launch(fwd_kernel, jittered(rng, gpu), c->compute); /* graph.replay() */
+    timed_stream_sync(c, 0);
+    break;
+  case SHAPE_COMPILE:
+    if (k == 0) host_work(host * 30); /* compilation */
+    fwd_bwd(c, rng, host * 0.9, gpu * 0.9, c->compute, 1);
+    host_work(jittered(rng, host * 0.1));
+    launch(opt_kernel, jittered(rng, gpu * 0.1), c->compute);
+    timed_stream_sync(c, 0); /* loss.item() */
+    break;
+  default:
+    break;
+  }
+}
+
 static void run_step(struct rank_ctx *c, long k, uint64_t *rng) {
+  if (O.shape != SHAPE_NONE) {
+    run_shape_step(c, k, rng);
+    return;
+  }
   int slowed = c->rank == O.slow_rank && k >= O.slow_from && (O.slow_to < 0 || k < O.slow_to);
   double f = slowed ? O.slow_factor : 1.0;
   double host = O.step_ms * f, gpu = O.gpu_ms * f;
@@ -1334,6 +1543,7 @@ static int rank_main(char **argv) {
   } else {
     uint64_t rng = O.seed * 0x9e3779b97f4a7c15ull ^ ((uint64_t)c->rank << 32 | 0x5bd1e995u);
     if (O.init_bursts) init_bursts(c);
+    if (O.shape != SHAPE_NONE) shape_init(c);
     if (g_failed) rc = EXIT_DEVICE;
     uint64_t t_run0 = now_ns();
     for (long k = 0; rc == EXIT_OK; k++) {

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"fmt"
+	"sort"
 	"testing"
 	"time"
 
@@ -85,4 +86,85 @@ func TestInitBurstsAreNoSteps(t *testing.T) {
 		t.Errorf("step ends across ranks: %d steps on all ranks, median spread %.2f ms", len(spread), p)
 	}
 	t.Logf("steps %v, first %v, init calls %d, median end spread %.3f ms", perRank, first, got["correlate_init_calls"], quantile(spread, 0.5))
+}
+
+// Issue 16 item 4: the call cycles of the external training loops run on
+// the H200 (bench/gpu/ext_loops.py), reproduced by the fake trainer's
+// --loop-shape: several identical synchronisations per iteration and no
+// collective (the transformers Trainer), a cycle "B S B S" per iteration
+// (Megatron's timers), no synchronisation but one every 100 iterations
+// (Lightning), a warm-up on a side stream before a CUDA graph, the model's
+// copy to the GPU before DDP's first collective and a long iteration 0
+// (torch.compile). Every rank's step facts are its iterations: one per
+// iteration (±1 in all), the first one in iteration 0, none before it;
+// where the ranks are coupled by collectives, step k is the same
+// iteration on both.
+func TestLoopShapesAreIterations(t *testing.T) {
+	testutil.RequireAgent(t, "to attach uprobes")
+	for _, shape := range []string{"trainer", "megatron", "lightning", "cudagraph", "compile"} {
+		t.Run(shape, func(t *testing.T) {
+			steps, extra := 260, []string(nil)
+			if shape == "lightning" {
+				// A cycle without synchronisations is locked after ConfirmSpan
+				// (2 s) without one: Lightning on the H200 synchronised every
+				// 100 iterations of 22 ms. The fake's are ~6 ms.
+				steps, extra = 500, []string{"--log-every", "400"}
+			}
+			sink, _, truth := ncclJob.runAll(t, 2*time.Second, append([]string{"--ranks", "2", "--steps", fmt.Sprint(steps),
+				"--step-ms", "8", "--gpu-ms", "12", "--buckets", "3", "--loop-shape", shape}, extra...)...)
+			byRank := truthByRank(truth["step"])
+			iterOf := map[int64]map[int]int64{} // step index -> rank -> iteration
+			job := truth["step"][0].Job         // not another session's fake trainer
+			for r := range 2 {
+				iters := byRank[r]
+				per := map[int64]int{}
+				var n, outside int
+				first := int64(-1)
+				for _, f := range sink.steps {
+					if f.Rank != r || f.Job != job {
+						continue
+					}
+					n++
+					i := sort.Search(len(iters), func(k int) bool { return iters[k].EndNS >= f.EndNS })
+					if i == len(iters) || f.EndNS <= iters[i].StartNS {
+						outside++
+						continue
+					}
+					per[iters[i].Step]++
+					if iterOf[f.Step] == nil {
+						iterOf[f.Step] = map[int]int64{}
+					}
+					iterOf[f.Step][r] = iters[i].Step
+					if first < 0 || iters[i].Step < first {
+						first = iters[i].Step
+					}
+				}
+				dups := 0
+				for _, v := range per {
+					if v > 1 {
+						dups++
+					}
+				}
+				msg := fmt.Sprintf("rank %d: %d facts for %d iterations, first in iteration %d, %d outside the iterations, %d iterations with several",
+					r, n, len(iters), first, outside, dups)
+				if n < len(iters)-1 || n > len(iters)+1 || first != 0 || outside > 0 || dups > 0 {
+					t.Error(msg)
+				} else {
+					t.Log(msg)
+				}
+			}
+			if shape == "trainer" || shape == "cudagraph" {
+				return // no collective per iteration: the ranks are not coupled
+			}
+			apart := 0
+			for _, m := range iterOf {
+				if len(m) == 2 && m[0] != m[1] {
+					apart++
+				}
+			}
+			if apart > 0 {
+				t.Errorf("%d step indices are different iterations on the two ranks", apart)
+			}
+		})
+	}
 }

@@ -14,8 +14,10 @@ import (
 // read.
 type TruthRecord struct {
 	Kind       string         `json:"kind"`
+	Job        string         `json:"job"`
 	Rank       int            `json:"rank"`
 	Step       int64          `json:"step"`
+	StartNS    int64          `json:"start_ns"`
 	EndNS      int64          `json:"end_ns"`
 	StepMS     float64        `json:"step_ms"`
 	HostMS     float64        `json:"host_ms"`

@@ -1,0 +1,311 @@
+package correlate
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"testing"
+)
+
+// Replays of the call cycles of external training loops (issue 16, the
+// H200 runs of bench/gpu/ext_loops.sh), shaped from the agent's facts of
+// those runs and from what each framework calls. Each script lays out
+// host calls on one rank; the truth is the end of each iteration as the
+// loop's own hook saw it. Steps must be iterations: one fact per
+// iteration (±1), the first fact in the first iteration, no fact before it.
+
+type loopCall struct {
+	sync   bool
+	op     string
+	count  uint64
+	stream uint64
+	at     int64 // start, from the iteration's start
+	dur    int64
+}
+
+type loopScript struct {
+	pre   []loopCall // before the first iteration (init), from t=0
+	preNS int64      // the first iteration starts here
+	iter  func(i int) ([]loopCall, int64)
+	n     int
+	comm  bool // the communicator's creation is seen, at t=0
+}
+
+// feedLoop feeds the script to c and returns the iterations' [start, end].
+func feedLoop(c *Correlator, p uint32, s loopScript) (starts, ends []int64) {
+	if s.comm {
+		c.AddCommInit(CommInit{PID: p, Comm: 1, NRanks: 1, UniqueIDHash: 0x5eed})
+	}
+	var calls []HostCall
+	add := func(base int64, lc loopCall) {
+		h := HostCall{PID: p, TID: p, StartNS: base + lc.at, EndNS: base + lc.at + lc.dur, Op: lc.op, Stream: lc.stream}
+		if lc.sync {
+			h.Kind = HostSyncWait
+			if h.Op == "" {
+				h.Op = "cudaStreamSynchronize"
+			}
+		} else {
+			h.Kind, h.Count, h.Datatype, h.Comm = HostCollective, lc.count, 7, 1
+		}
+		calls = append(calls, h)
+	}
+	for _, lc := range s.pre {
+		add(0, lc)
+	}
+	t := s.preNS
+	for i := range s.n {
+		cs, d := s.iter(i)
+		for _, lc := range cs {
+			add(t, lc)
+		}
+		starts = append(starts, t)
+		t += d
+		ends = append(ends, t)
+	}
+	sort.SliceStable(calls, func(a, b int) bool { return calls[a].EndNS < calls[b].EndNS })
+	for _, h := range calls {
+		c.AddHostCall(h)
+	}
+	return starts, ends
+}
+
+// checkIterations: facts == iterations ±1, none before the first
+// iteration, the first in iteration 0, at most one per iteration.
+func checkIterations(t *testing.T, c *Correlator, starts, ends []int64) {
+	t.Helper()
+	c.Advance(ends[len(ends)-1] + int64(10e9))
+	steps, _ := c.Flush()
+	per := map[int]int{}
+	first, before := -1, 0
+	for _, s := range steps {
+		i := sort.Search(len(ends), func(k int) bool { return ends[k] >= s.EndNS })
+		if i == len(ends) || s.EndNS <= starts[i] {
+			before++
+			continue
+		}
+		per[i]++
+		if first < 0 {
+			first = i
+		}
+	}
+	dups := 0
+	for _, v := range per {
+		if v > 1 {
+			dups++
+		}
+	}
+	n := len(ends)
+	msg := fmt.Sprintf("%d facts for %d iterations: first in iteration %d, %d outside, %d iterations with several", len(steps), n, first, before, dups)
+	if d := len(steps) - n; d < -1 || d > 1 || first != 0 || before > 0 || dups > 0 {
+		t.Fatal(msg)
+	}
+	t.Log(msg)
+	checkContiguous(t, steps)
+}
+
+// paramCopies: model.to("cuda") of a GPT, one pageable copy and its
+// cudaStreamSynchronize per tensor, layer by layer (a weight, then a small
+// bias, ...): init-time synchronisations that repeat but are no steps.
+func paramCopies(layers int, stream uint64) ([]loopCall, int64) {
+	var out []loopCall
+	t := 5 * ms
+	for l := range layers {
+		_ = l
+		for _, d := range []int64{40 * us, 20 * us, 1900 * us, 600 * us, 2000 * us, 600 * us, 40 * us, 20 * us, 20 * us, 20 * us, 1500 * us, 450 * us} {
+			out = append(out, loopCall{sync: true, stream: stream, at: t, dur: d / 10})
+			t += d
+		}
+	}
+	return out, t
+}
+
+func TestExternalLoopShapes(t *testing.T) {
+	tests := []struct {
+		name   string
+		script func() loopScript
+	}{{
+		// transformers Trainer at world size 1: no DDP; five
+		// cudaStreamSynchronize of one stream per iteration (.item() of the
+		// batch's token count, the nan check after backward, the grad
+		// norm, ...); a logging step every 50 with an all-gather and a
+		// hundred small synchronisations.
+		name: "trainer",
+		script: func() loopScript {
+			pre, end := paramCopies(6, 0)
+			return loopScript{pre: pre, preNS: end + 1200*ms, n: 160, iter: func(i int) ([]loopCall, int64) {
+				cs := []loopCall{
+					{sync: true, at: 200 * us, dur: 6 * us}, {sync: true, at: 240 * us, dur: 6 * us},
+					{sync: true, at: 2400 * us, dur: 20 * us}, {sync: true, at: 20 * ms, dur: 12 * ms},
+					{sync: true, at: 33100 * us, dur: 10 * us}}
+				d := 37 * ms
+				if i == 0 {
+					for k := range cs {
+						cs[k].at += 500 * ms
+					}
+					d += 500 * ms
+				}
+				if i%50 == 49 {
+					cs = append(cs, loopCall{op: "allgather", count: 1, at: 34 * ms, dur: 50 * us})
+					for k := range 100 {
+						cs = append(cs, loopCall{sync: true, at: 35*ms + int64(k)*220*us, dur: 5 * us})
+					}
+					d += 30 * ms
+				}
+				return cs, d
+			}}
+		},
+	}, {
+		// Megatron-core, its own timers (a device synchronisation at every
+		// start and stop), the grad-norm all-reduce and the interval
+		// timer's barrier (an all-reduce of one element): per iteration two
+		// identical halves "B S", 0.2 ms apart, then the 70 ms forward and
+		// backward.
+		name: "megatron",
+		script: func() loopScript {
+			return loopScript{
+				pre:   []loopCall{{op: "allreduce", count: 1, at: 1 * ms, dur: 20 * us}, {sync: true, at: 1100 * us, dur: 20 * us}},
+				preNS: 5 * ms, n: 120, iter: func(i int) ([]loopCall, int64) {
+					d := 70 * ms
+					if i == 0 {
+						d = 700 * ms
+					}
+					e := d - 1*ms
+					return []loopCall{
+						{sync: true, op: "cudaDeviceSynchronize", at: 100 * us, dur: 20 * us},
+						{sync: true, op: "cudaDeviceSynchronize", at: e - 31*ms, dur: 30 * ms},
+						{op: "allreduce", count: 1, at: e + 50*us, dur: 20 * us},
+						{sync: true, op: "cudaDeviceSynchronize", at: e + 100*us, dur: 20 * us},
+						{op: "allreduce", count: 1, at: e + 150*us, dur: 20 * us},
+						{sync: true, op: "cudaDeviceSynchronize", at: e + 200*us, dur: 20 * us},
+						{sync: true, at: e + 300*us, dur: 10 * us},
+					}, d
+				}}
+		},
+	}, {
+		name: "megatron, creation seen",
+		script: func() loopScript {
+			return loopScript{comm: true,
+				pre:   []loopCall{{op: "allreduce", count: 1, at: 1 * ms, dur: 20 * us}, {sync: true, at: 1100 * us, dur: 20 * us}},
+				preNS: 5 * ms, n: 120, iter: func(i int) ([]loopCall, int64) {
+					d := 70 * ms
+					if i == 0 {
+						d = 700 * ms
+					}
+					e := d - 1*ms
+					return []loopCall{
+						{sync: true, op: "cudaDeviceSynchronize", at: 100 * us, dur: 20 * us},
+						{sync: true, op: "cudaDeviceSynchronize", at: e - 31*ms, dur: 30 * ms},
+						{op: "allreduce", count: 1, at: e + 50*us, dur: 20 * us},
+						{sync: true, op: "cudaDeviceSynchronize", at: e + 100*us, dur: 20 * us},
+						{op: "allreduce", count: 1, at: e + 150*us, dur: 20 * us},
+						{sync: true, op: "cudaDeviceSynchronize", at: e + 200*us, dur: 20 * us},
+						{sync: true, at: e + 300*us, dur: 10 * us},
+					}, d
+				}}
+		},
+	}, {
+		// Lightning, DDP strategy: the bucket all-reduces of the backward
+		// pass and no synchronisation, except one every 100 iterations.
+		name: "lightning",
+		script: func() loopScript {
+			return loopScript{
+				pre:   []loopCall{{op: "broadcast", count: 1 << 20, at: 1 * ms, dur: 1 * ms}, {sync: true, at: 3 * ms, dur: 100 * us}},
+				preNS: 10 * ms, n: 400, iter: func(i int) ([]loopCall, int64) {
+					var cs []loopCall
+					for k := range 22 {
+						cnt := uint64(6_553_600)
+						if k == 0 {
+							cnt = 262_144
+						} else if k == 21 {
+							cnt = 1_234_567
+						}
+						cs = append(cs, loopCall{op: "allreduce", count: cnt, at: 5*ms + int64(k)*500*us, dur: 15 * us})
+					}
+					d := 20 * ms
+					if i == 0 {
+						for k := range cs {
+							cs[k].at += 1800 * ms
+						}
+						d += 1800 * ms
+					}
+					if i%100 == 99 {
+						cs = append(cs, loopCall{sync: true, at: 17 * ms, dur: 18 * ms})
+						d += 20 * ms
+					}
+					return cs, d
+				}}
+		},
+	}, {
+		// A CUDA graph of the whole step: three eager warm-up iterations on
+		// a side stream (loss.item() synchronises it), the capture (no
+		// synchronisation), then one replay and one loss.item() on the
+		// default stream per iteration.
+		name: "cudagraph",
+		script: func() loopScript {
+			pre, end := paramCopies(6, 0)
+			return loopScript{pre: pre, preNS: end + 400*ms, n: 300, iter: func(i int) ([]loopCall, int64) {
+				switch {
+				case i < 3:
+					return []loopCall{{sync: true, stream: 9, at: 3 * ms, dur: 19 * ms}}, 23 * ms
+				case i == 3: // the capture, then the first replay
+					return []loopCall{{sync: true, at: 60 * ms, dur: 20 * ms}}, 81 * ms
+				}
+				return []loopCall{{sync: true, at: 1 * ms, dur: 20 * ms}}, 21600 * us
+			}}
+		},
+	}, {
+		// torch.compile under DDP (and FSDP2 alike): the model's copy to the
+		// GPU before the first collective (synchronisations only), DDP's
+		// broadcast of the parameters, a first iteration of 15 s
+		// (compilation), then bucket all-reduces and loss.item().
+		name: "compile",
+		script: func() loopScript {
+			pre, end := paramCopies(6, 0)
+			pre = append(pre, loopCall{op: "broadcast", count: 1 << 22, at: end + 100*ms, dur: 2 * ms},
+				loopCall{op: "broadcast", count: 1 << 12, at: end + 103*ms, dur: 100 * us})
+			return loopScript{pre: pre, preNS: end + 200*ms, n: 300, iter: func(i int) ([]loopCall, int64) {
+				off := int64(0)
+				if i == 0 {
+					off = 15 * 1000 * ms
+				}
+				cs := []loopCall{
+					{op: "allreduce", count: 6_553_600, at: off + 10*ms, dur: 20 * us},
+					{op: "allreduce", count: 6_553_600, at: off + 12*ms, dur: 20 * us},
+					{op: "allreduce", count: 1_000_000, at: off + 14*ms, dur: 20 * us},
+					{sync: true, at: off + 16*ms, dur: 2 * ms},
+				}
+				return cs, off + 18*ms + 300*us
+			}}
+		},
+	}, {
+		// Not a loop of the H200 runs: DDP whose synchronisations vary per
+		// iteration (data-dependent .item()s). The synchronisation clock is
+		// never steady, so the communicator's cycle takes it over.
+		name: "ddp, irregular synchronisations",
+		script: func() loopScript {
+			pre, end := paramCopies(6, 0)
+			pre = append(pre, loopCall{op: "broadcast", count: 1 << 22, at: end + 50*ms, dur: 2 * ms})
+			rng := rand.New(rand.NewPCG(3, 4))
+			return loopScript{pre: pre, preNS: end + 100*ms, n: 300, iter: func(i int) ([]loopCall, int64) {
+				cs := []loopCall{
+					{op: "allreduce", count: 6_553_600, at: 10 * ms, dur: 20 * us},
+					{op: "allreduce", count: 6_553_600, at: 12 * ms, dur: 20 * us},
+					{op: "allreduce", count: 1_000_000, at: 14 * ms, dur: 20 * us},
+				}
+				for k := range 1 + rng.IntN(4) {
+					cs = append(cs, loopCall{sync: true, at: int64(k)*2*ms + int64(rng.IntN(1000))*us, dur: 50 * us})
+				}
+				cs = append(cs, loopCall{sync: true, at: 16 * ms, dur: 2 * ms})
+				return cs, 18*ms + 300*us
+			}}
+		},
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := New(Config{})
+			c.SetRank(RankInfo{PID: pid(0), Rank: 0, WorldSize: 1, Host: "h0", Job: "j1"})
+			starts, ends := feedLoop(c, pid(0), tc.script())
+			checkIterations(t, c, starts, ends)
+		})
+	}
+}

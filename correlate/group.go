@@ -1,0 +1,202 @@
+package correlate
+
+import "slices"
+
+// Several instances of a cycle per iteration, resolved by timing.
+//
+// The token cycle is the shortest period of the call sequence, and an
+// iteration can hold it several times: Megatron's grad-norm all-reduce and
+// its interval timer's barrier (both an all-reduce of one element), each
+// followed by the timers' device synchronisation, make "B S B S" per
+// iteration; the transformers Trainer without a collective makes five
+// identical cudaStreamSynchronize per iteration (a period of one call on
+// the fallback clock). Tokens cannot tell these instances apart; their
+// timing can: the instances of one iteration follow each other closely,
+// and one of them holds the forward and backward pass. As in burst.go,
+// reach(k) counts the instances right before instance k whose duration
+// (from the end of the previous instance to its own end) is less than
+// 1/groupRatio of instance k's. While a lock is tentative, an instance k
+// with reach r >= 1 whose predecessors k−(r+1), k−2(r+1), … (Repeats
+// groups in all) reach as far makes groups of m = r+1 instances: the lock's
+// per-instance steps are withdrawn and a step becomes m instances, ending
+// with the dominant one (the return of the synchronisation that waited for
+// the iteration's GPU work). The first group is the earliest one whose
+// dominant instance reaches as far, and one before it when its last
+// instance dominates the one before it and lasts at least half as long as
+// the others' (the first iteration, whose first instance holds data
+// loading or compilation). Later groups are cut by count; a group whose
+// last instance does not dominate its predecessor loses the phase, which
+// is found again at the next instance that reaches m−1 (an iteration with
+// extra calls, a logging step). A confirmed cycle remembers m; re-locked,
+// it waits for such an instance before its first step.
+//
+// The decisions depend on the timing of one rank's calls; ranks coupled by
+// their collectives run the same iteration structure, so they group alike.
+
+const (
+	// groupRatio: the dominant instance lasts at least this many times
+	// every other instance of its iteration (burstRatio's counterpart).
+	groupRatio = 2
+	// maxGroup is the most instances of a cycle per iteration.
+	maxGroup = 16
+	// instRing: instance end times kept (Repeats+1 groups of maxGroup fit).
+	instRing = 256
+	// steadyN: steps whose durations must agree within groupRatio before
+	// the fallback clock's first lock is confirmed.
+	steadyN = 4
+)
+
+func (d *seqDet) setInstT(k, t int64)  { d.instT[((k%instRing)+instRing)%instRing] = t }
+func (d *seqDet) instAt(k int64) int64 { return d.instT[((k%instRing)+instRing)%instRing] }
+
+// dur is the duration of instance k; ok when its start is known.
+func (d *seqDet) dur(k int64) (int64, bool) {
+	if k < d.instFrom || k >= d.inst || k-1 <= d.inst-instRing {
+		return 0, false
+	}
+	return d.instAt(k) - d.instAt(k-1), true
+}
+
+// reach counts the instances right before k shorter than 1/groupRatio of
+// instance k.
+func (d *seqDet) reach(k int64) int64 {
+	dk, ok := d.dur(k)
+	if !ok {
+		return 0
+	}
+	var r int64
+	for i := k - 1; r < maxGroup; i-- {
+		di, ok := d.dur(i)
+		if !ok || di*groupRatio >= dk {
+			break
+		}
+		r++
+	}
+	return r
+}
+
+// instance notes the end of one instance of the locked cycle at t and
+// reports a step boundary when it ends a step.
+func (d *seqDet) instance(t int64, counts bool) {
+	k := d.inst
+	d.inst++
+	d.setInstT(k, t)
+	if d.grp <= 1 {
+		d.boundary(t, counts)
+	} else if d.groupEnd(k) {
+		if !d.grpOpen {
+			d.grpOpen = true
+			d.emit(detEvent{kind: evStart, t: t})
+		} else {
+			d.boundary(t, counts)
+		}
+	}
+	if d.locked && d.tentative {
+		d.findGroup(k)
+	}
+}
+
+// groupEnd reports whether instance k ends a step of groups.
+func (d *seqDet) groupEnd(k int64) bool {
+	switch {
+	case d.resync:
+		// The instance that ends the next step dominates its group and
+		// lasts as long as the dominant instances did (half at least), not
+		// a spike among the many calls of a logging step.
+		if dk, _ := d.dur(k); d.reach(k) < d.grp-1 || 2*dk < d.domDur {
+			return false
+		}
+		d.resync, d.anchor = false, k
+		return true
+	case (k-d.anchor)%d.grp != 0:
+		return false
+	case d.reach(k) < 1:
+		d.resync = true // an iteration with other calls: find the phase again
+		return false
+	}
+	d.domDur, _ = d.dur(k)
+	return true
+}
+
+// findGroup looks for m instances per iteration ending with instance k,
+// while the lock is tentative: a grouping (or its phase) found in an
+// init-time burst gives way to the training loop's.
+func (d *seqDet) findGroup(k int64) {
+	r := d.reach(k)
+	m := r + 1
+	reps := int64(d.par.repeats)
+	if m == d.grp && !d.resync {
+		return // the current grouping; its phase is kept by groupEnd
+	}
+	if m < d.grp {
+		// A shorter group must hold over Repeats−1 of the current ones: a
+		// lesser peak inside the iteration repeats at a period of its own
+		// for a few instances.
+		reps = max(reps, (reps-1)*d.grp/m+1)
+	}
+	if m < 2 || m > maxGroup || k-(reps-1)*m-r < d.instFrom {
+		return
+	}
+	for j := int64(1); j < reps; j++ {
+		if d.reach(k-j*m) < r {
+			return
+		}
+	}
+	d.regroup(m, k)
+}
+
+// regroup withdraws the lock's steps and reports groups of m instances
+// ending with instance k instead.
+
+func (d *seqDet) regroup(m, k int64) {
+	d.emit(detEvent{kind: evRetract, gen: d.gen})
+	d.nextIdx = d.genBase
+	d.gen++
+	d.since, d.nStep = 0, 0
+	d.grp, d.anchor, d.resync, d.grpOpen = m, k, false, true
+	d.domDur, _ = d.dur(k)
+	e0 := k
+	for e0-m >= d.instFrom && d.reach(e0-m) >= m-1 {
+		e0 -= m
+	}
+	if g := e0 - m; g >= d.instFrom {
+		dg, _ := d.dur(g)
+		de, _ := d.dur(e0)
+		if d.reach(g) >= min(1, g-d.instFrom) && 2*dg >= de {
+			e0 = g // the first iteration
+		}
+	}
+	d.emit(detEvent{kind: evStart, t: d.instAt(max(e0-m, d.instFrom-1))})
+	for e := e0; e <= k; e += m {
+		d.boundary(d.instAt(e), false)
+	}
+}
+
+// knownGroup is the instances per step of a confirmed cycle (0: unknown).
+func (d *seqDet) knownGroup(cyc []int32) int64 {
+	for _, k := range d.known {
+		if equalIDs(k.ids, cyc) {
+			return k.grp
+		}
+	}
+	return 0
+}
+
+// steady reports whether the latest steadyN steps agree within groupRatio;
+// thr is half their median: the shorter steps before them are init-time.
+func (d *seqDet) steady() (thr int64, ok bool) {
+	if d.nStep < steadyN+1 {
+		return 0, false
+	}
+	var ds [steadyN]int64
+	for i := range steadyN {
+		a := d.stepT[(d.nStep-1-i)%len(d.stepT)]
+		b := d.stepT[(d.nStep-2-i)%len(d.stepT)]
+		ds[i] = a - b
+	}
+	slices.Sort(ds[:])
+	if ds[0]*groupRatio < ds[steadyN-1] {
+		return 0, false
+	}
+	return ds[steadyN/2] / 2, true
+}
