@@ -251,7 +251,11 @@ func (c *Correlator) apply(p *proc, evs []detEvent) {
 				p.align, p.idxOffset = true, p.alignOff
 			}
 		case evTrim:
-			c.trimGen(p, p.clockSerial, e.gen, e.t)
+			if c.trimGen(p, p.clockSerial, e.gen, e.t) && !p.clockConfirmed && p.hasInfo {
+				// The lock's first steps, the aligned one among them, were
+				// withdrawn: align the next one, as after a retract.
+				p.align, p.idxOffset = true, p.alignOff
+			}
 		case evConfirm:
 			p.clockConfirmed = true
 			for _, s := range p.pending {
@@ -307,8 +311,9 @@ func (c *Correlator) retractGen(p *proc, clock, gen uint32) {
 }
 
 // trimGen withdraws the tentative steps of one lock up to the latest one
-// shorter than minNS (init-time steps before the steady ones).
-func (c *Correlator) trimGen(p *proc, clock, gen uint32, minNS int64) {
+// shorter than minNS (init-time steps before the steady ones) and reports
+// whether it withdrew any.
+func (c *Correlator) trimGen(p *proc, clock, gen uint32, minNS int64) bool {
 	cut := -1
 	for i := len(p.pending) - 1; i >= 0; i-- {
 		s := p.pending[i]
@@ -318,7 +323,7 @@ func (c *Correlator) trimGen(p *proc, clock, gen uint32, minNS int64) {
 		}
 	}
 	if cut < 0 {
-		return
+		return false
 	}
 	for i := 0; i <= cut && i < len(p.pending); {
 		s := p.pending[i]
@@ -331,6 +336,7 @@ func (c *Correlator) trimGen(p *proc, clock, gen uint32, minNS int64) {
 		i++
 	}
 	c.rewind(p)
+	return true
 }
 
 // dropTentative withdraws every tentative step of p.
