@@ -71,7 +71,9 @@ func feedLoop(c *Correlator, p uint32, s loopScript) (starts, ends []int64) {
 
 // checkIterations: facts == iterations ±1, none before the first
 // iteration, the first in iteration 0, at most one per iteration.
-func checkIterations(t *testing.T, c *Correlator, starts, ends []int64) {
+// checkIterations checks one fact per iteration (±1 in all), none outside
+// them, and the first in iteration firstAt.
+func checkIterations(t *testing.T, c *Correlator, starts, ends []int64, firstAt int) {
 	t.Helper()
 	c.Advance(ends[len(ends)-1] + int64(10e9))
 	steps, _ := c.Flush()
@@ -96,7 +98,7 @@ func checkIterations(t *testing.T, c *Correlator, starts, ends []int64) {
 	}
 	n := len(ends)
 	msg := fmt.Sprintf("%d facts for %d iterations: first in iteration %d, %d outside, %d iterations with several", len(steps), n, first, before, dups)
-	if d := len(steps) - n; d < -1 || d > 1 || first != 0 || before > 0 || dups > 0 {
+	if d := len(steps) - n; d < -1 || d > 1 || first != firstAt || before > 0 || dups > 0 {
 		t.Fatal(msg)
 	}
 	t.Log(msg)
@@ -121,8 +123,9 @@ func paramCopies(layers int, stream uint64) ([]loopCall, int64) {
 
 func TestExternalLoopShapes(t *testing.T) {
 	tests := []struct {
-		name   string
-		script func() loopScript
+		name    string
+		script  func() loopScript
+		firstAt int // the iteration of the first fact
 	}{{
 		// transformers Trainer at world size 1: no DDP; five
 		// cudaStreamSynchronize of one stream per iteration (.item() of the
@@ -259,6 +262,13 @@ func TestExternalLoopShapes(t *testing.T) {
 		// broadcast of the parameters, a first iteration of 15 s
 		// (compilation), then bucket all-reduces and loss.item().
 		name: "compile",
+		// Iteration 0 follows DDP's broadcasts and has no synchronisation
+		// before it: no cut point. Starting the first lock after the init
+		// call before it would give one, but only to a rank that saw that
+		// call, so the ranks' cut points would depend on the attach timing
+		// (TestCutPointAlignedWhateverTheAttach): the count is right, the
+		// first fact is iteration 1.
+		firstAt: 1,
 		script: func() loopScript {
 			pre, end := paramCopies(6, 0)
 			pre = append(pre, loopCall{op: "broadcast", count: 1 << 22, at: end + 100*ms, dur: 2 * ms},
@@ -305,7 +315,7 @@ func TestExternalLoopShapes(t *testing.T) {
 			c := New(Config{})
 			c.SetRank(RankInfo{PID: pid(0), Rank: 0, WorldSize: 1, Host: "h0", Job: "j1"})
 			starts, ends := feedLoop(c, pid(0), tc.script())
-			checkIterations(t, c, starts, ends)
+			checkIterations(t, c, starts, ends, tc.firstAt)
 		})
 	}
 }
