@@ -1,10 +1,18 @@
 package correlate
 
 import (
+	"bufio"
+	"compress/gzip"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"os"
 	"sort"
+	"strconv"
+	"strings"
 	"testing"
+
+	"github.com/slowrank/slowrank/detector"
 )
 
 // Replays of the call cycles of external training loops (issue 16, the
@@ -317,5 +325,142 @@ func TestExternalLoopShapes(t *testing.T) {
 			starts, ends := feedLoop(c, pid(0), tc.script())
 			checkIterations(t, c, starts, ends, tc.firstAt)
 		})
+	}
+}
+
+// The capture records of one run of the integration test
+// TestLoopShapesAreIterations/trainer (the fake trainer's --loop-shape
+// trainer, 2 ranks, 260 iterations, logging every 50), in the order the
+// agent's pipeline fed them, with the trainer's iterations. The fallback
+// clock's first locks are retracted (the model's copy to the GPU), the
+// third is aligned to the peer's numbering (an offset of 69) and is
+// confirmed at iteration 133 with a trim of its first step, the aligned
+// one: the alignment re-armed by the trim finds no peer step (rank 1 has
+// not yet closed that iteration), and the lock's own count from before the
+// alignment numbered the next steps below the 133 standing ones: they were
+// dropped until the count caught up, 69 iterations without a step.
+func TestReplayTrainerTwoRanks(t *testing.T) {
+	f, err := os.Open("testdata/trainer-2ranks.records.gz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tick := range []int64{200e6, 50e6, 1e9} {
+		t.Run(fmt.Sprintf("tick %d ms", tick/1e6), func(t *testing.T) {
+			replayTrainerRecords(t, zr, tick)
+		})
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			t.Fatal(err)
+		}
+		if err := zr.Reset(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// replayTrainerRecords feeds the records, advancing event time every tick
+// of it (the agent's ticks), and checks that every rank's steps are its
+// iterations, numbered alike on both ranks.
+func replayTrainerRecords(t *testing.T, r io.Reader, tick int64) {
+	const base = 1_000_000_000_000
+	c := New(Config{})
+	iters := map[int][][2]int64{}
+	var steps []detector.Step
+	var last, next int64
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) == 0 || f[0] == "#" {
+			continue
+		}
+		n := make([]int64, len(f))
+		for i := 1; i < len(f); i++ {
+			n[i], _ = strconv.ParseInt(f[i], 10, 64)
+		}
+		rank := int(n[1])
+		p := pid(rank)
+		switch f[0] {
+		case "r":
+			c.SetRank(RankInfo{PID: p, Rank: rank, LocalRank: rank, WorldSize: 2, Host: "h0", Job: "j1"})
+		case "c":
+			c.AddCommInit(CommInit{PID: p, Comm: 1, NRanks: int(n[2]), Rank: rank, UniqueIDHash: 0x5eed, AtNS: base})
+		case "i":
+			iters[rank] = append(iters[rank], [2]int64{base + n[2], base + n[3]})
+		case "h":
+			op := f[3]
+			if op == "s" {
+				op = "cudaStreamSynchronize"
+			}
+			h := HostCall{PID: p, TID: p, Kind: HostKind(n[2]), Op: op, Count: uint64(n[4]), Datatype: uint32(n[5]),
+				Comm: uint64(n[6]), Stream: uint64(n[7]), StartNS: base + n[8], EndNS: base + n[8] + n[9]}
+			c.AddHostCall(h)
+			if last = max(last, h.EndNS); last >= next {
+				c.Advance(last)
+				s, _ := c.Drain()
+				steps = append(steps, s...)
+				next = last + tick
+			}
+		default:
+			t.Fatalf("bad record %q", sc.Text())
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	c.Advance(last + int64(10e9))
+	s, _ := c.Flush()
+	steps = append(steps, s...)
+	iterOf := map[int64]map[int]int{}
+	for rank := range 2 {
+		its := iters[rank]
+		var mine []detector.Step
+		per := map[int]int{}
+		first, outside := -1, 0
+		for _, s := range steps {
+			if s.Rank != rank {
+				continue
+			}
+			mine = append(mine, s)
+			i := sort.Search(len(its), func(k int) bool { return its[k][1] >= s.EndNS })
+			if i == len(its) || s.EndNS <= its[i][0] {
+				outside++
+				continue
+			}
+			per[i]++
+			if first < 0 || i < first {
+				first = i
+			}
+			if iterOf[s.Step] == nil {
+				iterOf[s.Step] = map[int]int{}
+			}
+			iterOf[s.Step][rank] = i
+		}
+		dups := 0
+		for _, v := range per {
+			if v > 1 {
+				dups++
+			}
+		}
+		msg := fmt.Sprintf("rank %d: %d facts for %d iterations, first in iteration %d, %d outside, %d iterations with several",
+			rank, len(mine), len(its), first, outside, dups)
+		if d := len(mine) - len(its); d < -1 || d > 1 || first != 0 || outside > 0 || dups > 0 {
+			t.Error(msg)
+		} else {
+			t.Log(msg)
+		}
+		checkContiguous(t, mine)
+	}
+	apart := 0
+	for _, m := range iterOf {
+		if len(m) == 2 && m[0] != m[1] {
+			apart++
+		}
+	}
+	if apart > 0 {
+		t.Errorf("%d step indices are different iterations on the two ranks", apart)
 	}
 }

@@ -224,14 +224,20 @@ func (c *Correlator) apply(p *proc, evs []detEvent) {
 			}
 			if p.haveOpen && e.t > p.openStart {
 				idx := e.idx + p.idxOffset
+				realign := false
 				if p.align && p.hasInfo {
 					if peer, ok := c.alignToPeers(p, e.t, e.t-p.openStart); ok && peer > p.lastIdx {
 						p.idxOffset += peer - idx
 						idx = peer
 					}
-					p.align = false
+					p.align, realign = false, true
 				}
-				if idx <= p.lastIdx && p.switched {
+				// A step after the last one standing gets a later index, also
+				// when the alignment re-armed by a retract or a trim found no
+				// peer's step (the peer has not closed that iteration yet): the
+				// lock's own count from alignOff is then behind the steps a trim
+				// left, and every step up to them would be dropped.
+				if idx <= p.lastIdx && (p.switched || realign && e.t > p.lastEnd) {
 					p.idxOffset += p.lastIdx + 1 - idx
 					idx = p.lastIdx + 1
 				}

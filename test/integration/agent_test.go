@@ -78,6 +78,9 @@ func (j job) runAll(t *testing.T, window time.Duration, args ...string) (*captur
 	cfg.Detector.Lateness = 500 * time.Millisecond
 	cfg.Sinks = []agent.Sink{sink}
 	cfg.Selector = agent.Selector{EnvKey: j.envKey}
+	if path := os.Getenv("SLOWRANK_IT_DUMP"); path != "" {
+		cfg.Dump = dumpTo(t, path)
+	}
 	a, err := agent.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -95,6 +98,11 @@ func (j job) runAll(t *testing.T, window time.Duration, args ...string) (*captur
 	if err != nil {
 		cancel()
 		t.Fatalf("fake trainer: %v\n%s", err, out)
+	}
+	if path := os.Getenv("SLOWRANK_IT_DUMP"); path != "" {
+		if b, err := os.ReadFile(truth); err == nil {
+			os.WriteFile(path+".truth", b, 0o644)
+		}
 	}
 	time.Sleep(300 * time.Millisecond) // in-flight ring buffer records
 	cancel()
