@@ -51,22 +51,7 @@ func referenceSymbols(f *elf.File, w *symbolWanter) *libSymbols {
 		if !isCandidate(s) || len(s.Name) > maxSymbolName || !wants(w, s.Name) {
 			continue
 		}
-		switch elf.ST_TYPE(s.Info) {
-		case elf.STT_FUNC:
-			if off, ok := funcFileOffset(progs, s.Value); ok {
-				ls.funcs[s.Name] = off
-			}
-		case elf.STT_OBJECT:
-			off, warn, err := objectFileOffset(progs, s)
-			if err != nil {
-				ls.objErrs[s.Name] = err
-				continue
-			}
-			ls.objects[s.Name] = off
-			if warn != nil {
-				ls.objErrs[s.Name] = warn
-			}
-		}
+		ls.add(progs, s)
 	}
 	return ls
 }

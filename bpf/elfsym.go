@@ -100,29 +100,32 @@ func collectLibSymbols(progs []elf.ProgHeader, bo binary.ByteOrder, tabs []symbo
 		} else {
 			ls.hasDynsym = true
 		}
-		err := scanSymbols(t, bo, w, func(s elf.Symbol) {
-			switch elf.ST_TYPE(s.Info) {
-			case elf.STT_FUNC:
-				if off, ok := funcFileOffset(progs, s.Value); ok {
-					ls.funcs[s.Name] = off
-				}
-			case elf.STT_OBJECT:
-				off, warn, err := objectFileOffset(progs, s)
-				if err != nil {
-					ls.objErrs[s.Name] = err
-					return
-				}
-				ls.objects[s.Name] = off
-				if warn != nil {
-					ls.objErrs[s.Name] = warn
-				}
-			}
-		})
+		err := scanSymbols(t, bo, w, func(s elf.Symbol) { ls.add(progs, s) })
 		if err != nil {
 			return nil, fmt.Errorf("read %v symbols: %w", t.typ, err)
 		}
 	}
 	return ls, nil
+}
+
+// add records a wanted function or object symbol at its file offset.
+func (ls *libSymbols) add(progs []elf.ProgHeader, s elf.Symbol) {
+	switch elf.ST_TYPE(s.Info) {
+	case elf.STT_FUNC:
+		if off, ok := funcFileOffset(progs, s.Value); ok {
+			ls.funcs[s.Name] = off
+		}
+	case elf.STT_OBJECT:
+		off, warn, err := objectFileOffset(progs, s)
+		if err != nil {
+			ls.objErrs[s.Name] = err
+			return
+		}
+		ls.objects[s.Name] = off
+		if warn != nil {
+			ls.objErrs[s.Name] = warn
+		}
+	}
 }
 
 // funcFileOffset maps a function's virtual address to its file offset through
