@@ -85,6 +85,26 @@ type jobBytes struct {
 	Bytes   int `json:"bytes"`
 }
 
+// jobItem is one data point or log record of a job and its encoded size.
+type jobItem struct {
+	job  string
+	size int
+}
+
+// addJobs spreads a request's total bytes over its jobs in proportion to
+// their records' sizes (sum of them).
+func (l *reqLine) addJobs(items []jobItem, sum, total int) {
+	for _, it := range items {
+		jb := l.Jobs[it.job]
+		if jb == nil {
+			jb = &jobBytes{}
+			l.Jobs[it.job] = jb
+		}
+		jb.Records++
+		jb.Bytes += share(it.size, sum, total)
+	}
+}
+
 type stragglerPoint struct {
 	Job   string `json:"job"`
 	Rank  int    `json:"rank"`
@@ -110,6 +130,18 @@ type reqLine struct {
 type sized struct {
 	N     int `json:"n"`
 	Bytes int `json:"bytes"`
+}
+
+// envelope adds one request's bytes outside its records (the caller holds
+// t.mu).
+func (t *totals) envelope(signal string, bytes int) {
+	env := t.Envelope[signal]
+	if env == nil {
+		env = &sized{}
+		t.Envelope[signal] = env
+	}
+	env.N++
+	env.Bytes += bytes
 }
 
 // totals are the run's bytes by what they carry, per job.
@@ -379,13 +411,7 @@ func (p *probe) decode(line *reqLine, raw []byte) error {
 				}
 			}
 		}
-		env := p.tot.Envelope["traces"]
-		if env == nil {
-			env = &sized{}
-			p.tot.Envelope["traces"] = env
-		}
-		env.N++
-		env.Bytes += len(raw) - sum
+		p.tot.envelope("traces", len(raw)-sum)
 		p.tot.mu.Unlock()
 		for _, it := range items {
 			by[it.k].Bytes += share(it.size, sum, len(raw))
@@ -407,16 +433,12 @@ func (p *probe) decode(line *reqLine, raw []byte) error {
 			return fmt.Errorf("metrics: %w", err)
 		}
 		line.Jobs = map[string]*jobBytes{}
-		type item struct {
-			job  string
-			size int
-		}
-		var items []item
+		var items []jobItem
 		sum := 0
 		p.tot.mu.Lock()
 		point := func(name string, attrs []*commonpb.KeyValue, size int) {
 			job := attrString(attrs, "slowrank.job.id")
-			items = append(items, item{job, size})
+			items = append(items, jobItem{job, size})
 			sum += size
 			add(p.tot.MetricName, job, name, size)
 			for _, kv := range attrs {
@@ -454,34 +476,16 @@ func (p *probe) decode(line *reqLine, raw []byte) error {
 				}
 			}
 		}
-		env := p.tot.Envelope["metrics"]
-		if env == nil {
-			env = &sized{}
-			p.tot.Envelope["metrics"] = env
-		}
-		env.N++
-		env.Bytes += len(raw) - sum
+		p.tot.envelope("metrics", len(raw)-sum)
 		p.tot.mu.Unlock()
-		for _, it := range items {
-			jb := line.Jobs[it.job]
-			if jb == nil {
-				jb = &jobBytes{}
-				line.Jobs[it.job] = jb
-			}
-			jb.Records++
-			jb.Bytes += share(it.size, sum, len(raw))
-		}
+		line.addJobs(items, sum, len(raw))
 	case "logs":
 		var req collogs.ExportLogsServiceRequest
 		if err := proto.Unmarshal(raw, &req); err != nil {
 			return fmt.Errorf("logs: %w", err)
 		}
 		line.Jobs = map[string]*jobBytes{}
-		type item struct {
-			job  string
-			size int
-		}
-		var items []item
+		var items []jobItem
 		sum := 0
 		p.tot.mu.Lock()
 		for _, rl := range req.GetResourceLogs() {
@@ -490,7 +494,7 @@ func (p *probe) decode(line *reqLine, raw []byte) error {
 				for _, lr := range sl.GetLogRecords() {
 					size := proto.Size(lr) + 2
 					sum += size
-					items = append(items, item{job, size})
+					items = append(items, jobItem{job, size})
 					for _, kv := range lr.GetAttributes() {
 						add(p.tot.LogAttrs, job, kv.GetKey(), proto.Size(kv)+2)
 					}
@@ -500,23 +504,9 @@ func (p *probe) decode(line *reqLine, raw []byte) error {
 				}
 			}
 		}
-		env := p.tot.Envelope["logs"]
-		if env == nil {
-			env = &sized{}
-			p.tot.Envelope["logs"] = env
-		}
-		env.N++
-		env.Bytes += len(raw) - sum
+		p.tot.envelope("logs", len(raw)-sum)
 		p.tot.mu.Unlock()
-		for _, it := range items {
-			jb := line.Jobs[it.job]
-			if jb == nil {
-				jb = &jobBytes{}
-				line.Jobs[it.job] = jb
-			}
-			jb.Records++
-			jb.Bytes += share(it.size, sum, len(raw))
-		}
+		line.addJobs(items, sum, len(raw))
 	default:
 		return fmt.Errorf("unknown path %q", line.Signal)
 	}
