@@ -283,14 +283,18 @@ func summarizeMain(args []string) error {
 	if err != nil {
 		return err
 	}
-	sum := latencySummary(r)
-	b, err := json.MarshalIndent(sum, "", " ")
+	return writeSummary(*out, latencySummary(r))
+}
+
+// writeSummary prints v as indented JSON and writes it to path.
+func writeSummary(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", " ")
 	if err != nil {
 		return err
 	}
 	b = append(b, '\n')
 	os.Stdout.Write(b)
-	return os.WriteFile(*out, b, 0o644)
+	return os.WriteFile(path, b, 0o644)
 }
 
 func latencySummary(r *raw) map[string]any {
@@ -442,13 +446,7 @@ func volumeMain(args []string) error {
 	if err != nil {
 		return err
 	}
-	b, err := json.MarshalIndent(sum, "", " ")
-	if err != nil {
-		return err
-	}
-	b = append(b, '\n')
-	os.Stdout.Write(b)
-	return os.WriteFile(*out, b, 0o644)
+	return writeSummary(*out, sum)
 }
 
 type period struct {
