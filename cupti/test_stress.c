@@ -25,8 +25,9 @@
  * Checks: no crash, hang or sanitizer report (build it with ASan or TSan);
  * every kernel that ran inside a Kineto session reached Kineto, except what
  * ran inside the agent's reaction time when the session started while the
- * library was collecting or taking CUPTI (at most 5 % of a session, 1 % in
- * all; with STRESS_OLD_AGENT=1 nothing protects a session whose start
+ * library was collecting or taking CUPTI (launched before the library was
+ * seen yielded, at most 250 ms into the session: a share of records would
+ * not do, a loaded machine launches few in a session; with STRESS_OLD_AGENT=1 nothing protects a session whose start
  * raced the library's registration, and such races are not only those
  * within 60 ms of a "no other client" decision (activities lost 0.3-0.7 s
  * into a session were seen under load), so every session is counted apart
@@ -449,6 +450,26 @@ static void uprobe(enum k_call c, int kind)
 }
 
 static uint64_t n_aimed, n_aimed_close, n_taken_sessions;
+/* Longest from the start of a session that lost records to the library's
+ * yield: the agent's reaction (0-2 ms here) and the library's poll, plus
+ * what a loaded 2-core machine adds to both. */
+static uint64_t k_react_max;
+#define SESSION_REACT_MAX_NS (250ull * 1000000ull)
+
+/* When the library was first seen yielded to the session (0: not by t_end).
+ * Until then CUPTI's current buffer may be the library's, with the
+ * session's first records in it: those are the agent's reaction time. */
+static uint64_t wait_yielded(uint64_t t_end)
+{
+	for (;;) {
+		uint64_t t = now_ns();
+		if (__atomic_load_n(&ctl->state, __ATOMIC_ACQUIRE) == SLOWRANK_STATE_YIELDED)
+			return t;
+		if (t >= t_end)
+			return 0;
+		sleep_us(100);
+	}
+}
 
 static void kineto_session(uint64_t *s)
 {
@@ -478,7 +499,10 @@ static void kineto_session(uint64_t *s)
 		fprintf(stderr, "kineto: %llu.%03llu session %llu on\n", (unsigned long long)(t_on / 1000000000ull),
 			(unsigned long long)(t_on / 1000000ull % 1000ull), (unsigned long long)k_sessions + 1);
 	react(s);
-	sleep_us(between(s, 300000, 800000)); /* ~13 steps of 25-60 ms */
+	uint64_t t_end = now_ns() + 1000ull * between(s, 300000, 800000); /* ~13 steps of 25-60 ms */
+	uint64_t t_yielded = wait_yielded(t_end);
+	if (now_ns() < t_end)
+		sleep_us((t_end - now_ns()) / 1000ull);
 	uint64_t t_off = now_ns();
 	if (getenv("STRESS_TRACE"))
 		fprintf(stderr, "kineto: %llu.%03llu session off\n", (unsigned long long)(t_off / 1000000000ull),
@@ -503,7 +527,7 @@ static void kineto_session(uint64_t *s)
 	k_sessions++;
 	/* Every activity that ran entirely inside [t_on, t_off] reached Kineto. */
 	uint32_t last = __atomic_load_n(&next_id, __ATOMIC_RELAXED);
-	uint64_t expected = 0, missing = 0;
+	uint64_t expected = 0, missing = 0, late = 0;
 	pthread_mutex_lock(&k_mu);
 	for (uint32_t id = 1; id < last && id < MAX_LAUNCHES; id++) {
 		struct launch *l = &launches[id];
@@ -514,6 +538,7 @@ static void kineto_session(uint64_t *s)
 			continue;
 		expected++;
 		missing += !k_seen[id];
+		late += !k_seen[id] && (t_yielded == 0 || t0 >= t_yielded);
 		if (!k_seen[id] && getenv("STRESS_TRACE"))
 			fprintf(stderr, "  missing id %u: t0 %+.1f ms from session on, %+.1f ms from the yield decision\n", id,
 				((double)t0 - (double)t_on) / 1e6, ((double)t0 - (double)last_yield_ns) / 1e6);
@@ -528,14 +553,18 @@ static void kineto_session(uint64_t *s)
 		return;
 	}
 	k_checked += expected;
+	if (missing && t_yielded != 0 && t_yielded - t_on > k_react_max)
+		k_react_max = t_yielded - t_on;
 	if (missing) {
 		k_races++;
 		k_missing += missing;
-		fprintf(stderr, "  session %llu: %llu of %llu activities missing\n", (unsigned long long)k_sessions,
-			(unsigned long long)missing, (unsigned long long)expected);
-		if (missing * 20 > expected)
-			FAIL("Kineto lost %llu of %llu activities (more than 5 %%)", (unsigned long long)missing,
-			     (unsigned long long)expected);
+		fprintf(stderr, "  session %llu: %llu of %llu activities missing, %llu after the library yielded "
+			"(%.1f ms after the session began)\n", (unsigned long long)k_sessions,
+			(unsigned long long)missing, (unsigned long long)expected, (unsigned long long)late,
+			t_yielded ? ((double)t_yielded - (double)t_on) / 1e6 : -1.0);
+		if (late)
+			FAIL("Kineto lost %llu of %llu activities that ran after the library had yielded to it",
+			     (unsigned long long)late, (unsigned long long)expected);
 	}
 	if (fin)
 		sleep_us(50000);
@@ -688,6 +717,7 @@ int main(int argc, char **argv)
 	       (unsigned long long)k_sessions, (unsigned long long)k_finalizes, (unsigned long long)n_racy,
 	       (unsigned long long)k_checked, (unsigned long long)k_missing, (unsigned long long)k_races,
 	       (unsigned long long)k_unknown);
+	printf("test_stress: the library yielded at most %.1f ms after a session began\n", (double)k_react_max / 1e6);
 	printf("test_stress: %llu sessions lost most of their records to the library's registration (old agent)\n",
 	       (unsigned long long)n_taken_sessions);
 	printf("test_stress: %s agent; %llu sessions aimed at the library's registration, %llu started within 60 ms "
@@ -716,9 +746,9 @@ int main(int argc, char **argv)
 		     (unsigned long long)k_sessions, (unsigned long long)n_attach);
 	if (k_checked == 0 && !(old_agent && n_racy == k_sessions))
 		FAIL("no activity ran inside a Kineto session");
-	if (k_missing * 100 > k_checked)
-		FAIL("Kineto lost %llu of %llu activities in all (more than 1 %%)", (unsigned long long)k_missing,
-		     (unsigned long long)k_checked);
+	if (k_react_max > SESSION_REACT_MAX_NS)
+		FAIL("the library yielded %.1f ms after a session began (more than %llu ms)", (double)k_react_max / 1e6,
+		     (unsigned long long)(SESSION_REACT_MAX_NS / 1000000ull));
 	printf("test_stress: ok\n");
 	return 0;
 }
