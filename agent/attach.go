@@ -28,6 +28,9 @@ type attacher struct {
 	forgets  []pendingForget
 	nextRank int
 	closing  sync.WaitGroup
+	// worker attaches libraries off the main goroutine (started on the
+	// first library to attach).
+	worker *attachWorker
 
 	mu   sync.Mutex // guards view, read by Status from other goroutines
 	view []ProcessView
@@ -36,7 +39,9 @@ type attacher struct {
 type libEntry struct {
 	kind LibraryKind
 	path string
-	att  *bpf.Attachment // nil when attaching failed
+	att  *bpf.Attachment // nil while attaching or when attaching failed
+	// attaching: queued for or in the attach worker.
+	attaching bool
 	// failed: the last attach failed; the next process mapping the
 	// library retries it.
 	failed bool
@@ -158,7 +163,7 @@ func (t *attacher) mapped(k ProcessKey, lib Library) {
 			le.idleSince = 0
 			t.a.counters.add("attachments_reused", 1)
 		}
-		if !le.failed {
+		if !le.failed || le.attaching {
 			return
 		}
 		// The attach through another process failed (it may have exited
@@ -177,14 +182,42 @@ func (t *attacher) mapped(k ProcessKey, lib Library) {
 	if lib.Deleted {
 		path = lib.MapFilesPath
 	}
-	start := time.Now()
-	att, err := t.a.probes.AttachLibrary(path, kind)
-	if err != nil {
-		le.failed = true
-		t.a.counters.add("attach_errors", 1)
-		t.a.log.Warn("attach library", "path", lib.Path, "pid", k.PID, "err", err)
+	if t.worker == nil {
+		t.worker = newAttachWorker(t.a.probes.AttachLibrary, t.a.ctl, t.attachDone)
+	}
+	le.attaching = true
+	t.worker.enqueue(attachJob{file: lib.File, path: path, name: lib.Path, pid: k.PID, kind: kind})
+}
+
+// injectAttaching: pe's injection library is still with the attach worker.
+func (t *attacher) injectAttaching(pe *procEntry) bool {
+	le := t.libs[pe.inject.File]
+	return le != nil && le.attaching
+}
+
+// attachDone takes the worker's outcome for one library (main goroutine).
+func (t *attacher) attachDone(o attachOutcome) {
+	le := t.libs[o.job.file]
+	if le == nil { // cannot happen: an attaching entry is kept until now
+		if o.att != nil {
+			o.att.Close()
+		}
 		return
 	}
+	le.attaching = false
+	if len(le.users) == 0 {
+		le.idleSince = monotonicNow() // every user went while it attached: linger, then detach
+	}
+	if o.err != nil {
+		le.failed = true
+		t.a.counters.add("attach_errors", 1)
+		t.a.log.Warn("attach library", "path", o.job.name, "pid", o.job.pid, "err", o.err)
+		if len(le.users) == 0 {
+			delete(t.libs, o.job.file)
+		}
+		return
+	}
+	att := o.att
 	le.att, le.failed = att, false
 	if missing, required := att.Missing(); len(missing) > 0 {
 		t.a.counters.add("symbols_missing", int64(len(missing)))
@@ -195,12 +228,14 @@ func (t *attacher) mapped(k ProcessKey, lib Library) {
 		if required {
 			log = t.a.log.Warn
 		}
-		log("library lacks probed symbols", "path", lib.Path, "missing", len(missing),
+		log("library lacks probed symbols", "path", o.job.name, "missing", len(missing),
 			"symbols", missingNames(missing, 6), "stripped", att.Stripped)
 	}
 	t.a.counters.add("libraries_attached", 1)
 	t.a.counters.add("probes_attached", int64(att.Attached()))
-	t.a.log.Info("attached", "library", filepath.Base(lib.Path), "kind", lib.Kind, "probes", att.Attached(), "took", time.Since(start).Round(time.Millisecond))
+	t.a.log.Info("attached", "library", filepath.Base(o.job.name), "kind", le.kind, "probes", att.Attached(),
+		"took", o.took.Round(time.Millisecond), "queued", t.worker.pending())
+	t.refreshView()
 }
 
 // missingNames lists up to max probe names, then how many more there are.
@@ -242,6 +277,9 @@ func (t *attacher) release(k ProcessKey, f FileID) {
 	delete(le.users, k)
 	if len(le.users) > 0 {
 		return
+	}
+	if le.attaching {
+		return // attachDone decides
 	}
 	if le.att == nil {
 		delete(t.libs, f)
@@ -309,6 +347,9 @@ func (t *attacher) forgetDue(now int64) {
 
 // detachAll closes every attachment (on stop) and waits for the closes.
 func (t *attacher) detachAll() {
+	if t.worker != nil {
+		t.worker.close() // closes the attachment in flight; queued ones are not made
+	}
 	for f, le := range t.libs {
 		le.users = nil
 		t.detach(f, le)
@@ -338,6 +379,9 @@ func (t *attacher) applyDuty(p DutyPlan) {
 		fresh := now.Sub(pe.dutyAt) < dutyRefresh
 		if pe.inject == nil || (pe.dutyValid && pe.lastDuty == d && fresh) {
 			continue
+		}
+		if t.injectAttaching(pe) {
+			continue // written once its attachment exists (next plan)
 		}
 		if err := t.writeDuty(pe, d); err != nil {
 			t.a.counters.add("duty_write_errors", 1)
