@@ -161,3 +161,36 @@ func TestRanksReplaced(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+// A process that any local user starts can claim any WORLD_SIZE and call a
+// fake ncclCommInitRank with any nranks: a "world" group of 2^31 ranks
+// would be 16 GiB of rank numbers in the agent. Sizes beyond MaxRanks are
+// not believed (the group is sized by its members) and counted.
+func TestImplausibleCommunicatorSizeIsNotBelieved(t *testing.T) {
+	const huge = 1<<31 - 1
+	c := New(Config{ConfirmSpan: testSpan})
+	c.SetRank(RankInfo{PID: pid(0), Rank: 0, WorldSize: huge, Host: "h0", Job: "j1"})
+	c.AddCommInit(CommInit{PID: pid(0), Comm: 0x100, NRanks: huge, Rank: 0, UniqueIDHash: 0xaaaa})
+	var b batch
+	for i := range 12 {
+		base := ms + int64(i)*10*ms
+		b.coll(pid(0), 0x100, "allreduce", 4096, base+1*ms, base+1*ms+10*us)
+		b.sync(pid(0), base+8*ms, base+10*ms)
+	}
+	b.feed(c)
+	_, topos := c.Flush()
+	for _, top := range topos {
+		for _, g := range top.Groups {
+			if len(g.Ranks) > MaxRanks {
+				t.Fatalf("group %s lists %d ranks (more than MaxRanks %d)", g.ID, len(g.Ranks), MaxRanks)
+			}
+		}
+	}
+	var implausible uint64
+	for _, st := range c.Stats() {
+		implausible += st.ImplausibleSizes
+	}
+	if implausible != 2 {
+		t.Fatalf("ImplausibleSizes = %d, want 2 (the world size and the communicator's)", implausible)
+	}
+}

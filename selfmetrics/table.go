@@ -246,6 +246,8 @@ var Table = []Metric{
 		Desc: "Step cycles locked again after being lost.", Series: []Series{s("correlate_relocks")}},
 	{Name: "slowrank.correlate.arrival.timeouts", Kind: Counter, Unit: "{step}", Component: Agent,
 		Desc: "Steps emitted before every local peer reported its arrival.", Series: []Series{s("correlate_arrival_timeouts")}},
+	{Name: "slowrank.correlate.implausible_sizes", Kind: Counter, Unit: "{report}", Component: Agent,
+		Desc: "World or communicator sizes above 131,072 ranks (from a process's environment or its NCCL calls), treated as unknown.", Series: []Series{s("correlate_implausible_sizes")}},
 
 	// Detector and pipeline.
 	{Name: "slowrank.agent.windows", Kind: Counter, Unit: "{window}", Component: Agent,
