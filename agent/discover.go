@@ -246,6 +246,12 @@ var errProcFileTooLarge = errors.New("proc file larger than its bound")
 
 func readProcFile(name string) ([]byte, error) { return readInto(name, nil, maxProcFile) }
 
+// ReadMaps reads /proc/PID/maps within the agent's bound (16 MiB), for
+// tools that look at a process the way the agent does (doctor).
+func ReadMaps(pid int) ([]byte, error) {
+	return readInto("/proc/"+strconv.Itoa(pid)+"/maps", nil, maxMapsBytes)
+}
+
 // readInto reads a whole file of at most limit bytes into buf[:0], reusing
 // its capacity; a larger file is an errProcFileTooLarge after reading
 // limit+1 bytes.

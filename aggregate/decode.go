@@ -51,9 +51,8 @@ const maxStepSpanNS = int64(24 * 3600 * 1e9)
 // maxPhaseMS bounds a phase value (about 11.6 days).
 const maxPhaseMS = 1e9
 
-// maxTokens bounds a step's token count (2^40, far beyond any batch), so that
-// the detector's median of two counts cannot overflow.
-const maxTokens = 1 << 40
+// maxTokens is the detector's bound on a step's token count.
+const maxTokens = detector.MaxTokens
 
 func (l Limits) withDefaults() Limits {
 	if l.MaxRecords <= 0 {
