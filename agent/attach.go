@@ -123,6 +123,12 @@ func (t *attacher) added(p Process) {
 	if job == "" {
 		job = "default"
 	}
+	if parent := t.rankParent(p, rank, job); parent != nil {
+		t.a.counters.add("processes_rank_workers", 1)
+		t.a.log.Info("process started by a rank with the rank's own identity (a compile or data-loader worker): not a rank",
+			"pid", p.PID, "parent", parent.proc.PID, "rank", rank, "job", job)
+		return
+	}
 	pe := &procEntry{proc: p, rank: rank, job: job, libs: map[FileID]bool{}}
 	t.procs[p.ProcessKey] = pe
 	localRank := p.Identity.LocalRank
@@ -144,6 +150,25 @@ func (t *attacher) added(p Process) {
 		t.a.log.Warn("track process", "pid", p.PID, "err", err)
 	}
 	t.a.log.Info("training process found", "pid", p.PID, "rank", rank, "job", job, "selected_by", p.SelectedBy)
+}
+
+// rankParent returns the tracked process that started p when it is the
+// same rank of the same job and already maps a probed library: p inherited
+// the rank's environment (torch.compile's compile workers, data-loader
+// workers, anything forked after import torch) and is not another copy of
+// the rank; tracked as one, it would be a silent rank-0 peer of the real
+// one. A launcher that got RANK and started the trainer (a shell wrapper)
+// maps no probed library, so its child is still the rank.
+func (t *attacher) rankParent(p Process, rank int, job string) *procEntry {
+	if p.Identity.Rank < 0 || p.PPID <= 0 {
+		return nil
+	}
+	for _, pe := range t.procs {
+		if pe.proc.PID == p.PPID && pe.rank == rank && pe.job == job && len(pe.libs) > 0 {
+			return pe
+		}
+	}
+	return nil
 }
 
 func (t *attacher) mapped(k ProcessKey, lib Library) {

@@ -84,6 +84,8 @@ var Table = []Metric{
 		Desc: "Followed processes that exited.", Series: []Series{s("processes_exited")}},
 	{Name: "slowrank.agent.processes.without_rank", Kind: Counter, Unit: "{process}", Component: Agent,
 		Desc: "Matched processes without a rank in their environment.", Series: []Series{s("processes_without_rank")}},
+	{Name: "slowrank.agent.processes.rank_workers", Kind: Counter, Unit: "{process}", Component: Agent,
+		Desc: "Processes started by a rank with its identity (compile, data-loader workers): not ranks.", Series: []Series{s("processes_rank_workers")}},
 	{Name: "slowrank.agent.discovery.refused", Kind: Counter, Unit: "{process}", Component: Agent,
 		Desc: "Processes the discovery could not or would not read, by reason.", Series: []Series{
 			s("discovery_denied", "reason", "denied"),
