@@ -63,6 +63,9 @@ type procEntry struct {
 	dutyValid bool
 	dutyAt    time.Time  // last duty write: rewritten before the library's lease ends
 	cupti     cuptiState // other CUPTI clients, the library's status
+	// info is the identity sent to the pipeline, sent again when the
+	// rank's GPU becomes known (placement.go).
+	info correlate.RankInfo
 }
 
 type pendingForget struct {
@@ -138,11 +141,14 @@ func (t *attacher) added(p Process) {
 	world := max(p.Identity.WorldSize, 0)
 	// The rank's identity reaches the pipeline before any of its events:
 	// BPF only emits them after Track, and the main goroutine owns both.
-	t.a.pipe.handle(correlate.RankInfo{
+	pe.info = correlate.RankInfo{
 		PID: uint32(p.PID), Rank: rank, LocalRank: localRank, WorldSize: world,
 		Host: t.a.cfg.HostName, Job: job, Epoch: t.a.cfg.Epoch,
-		MidRun: t.a.midRun(p.StartTime),
-	})
+		MidRun:    t.a.midRun(p.StartTime),
+		Placement: p.Identity.placement(t.a.cfg.HostName),
+	}
+	t.a.placeGPU(pe)
+	t.a.pipe.handle(pe.info)
 	if t.a.control.paused {
 		// Collection is paused: tracked on resume (control.go).
 	} else if err := t.a.probes.Track(uint32(p.PID), uint32(rank)); err != nil {

@@ -225,6 +225,32 @@ func checkString(name, s string, lim Limits) error {
 	return nil
 }
 
+// maxGPUIndex bounds a placement's NVML index (far beyond any host's GPUs).
+const maxGPUIndex = 1 << 16
+
+// checkPlacement validates a rank's placement, every field of which is
+// optional (agents before it sent none): a string that is given must pass
+// checkString, as it becomes a span attribute and a metric label.
+func checkPlacement(p *detector.Placement, lim Limits) error {
+	for _, f := range [...]struct{ name, v string }{
+		{"k8s.pod_name", p.K8s.PodName}, {"k8s.pod_uid", p.K8s.PodUID}, {"k8s.namespace", p.K8s.Namespace},
+		{"k8s.container_name", p.K8s.ContainerName}, {"container_id", p.ContainerID},
+		{"slurm.job_id", p.Slurm.JobID}, {"slurm.step_id", p.Slurm.StepID},
+		{"gpu.uuid", p.GPU.UUID}, {"gpu.pci_bus_id", p.GPU.PCIBusID},
+	} {
+		if f.v == "" {
+			continue
+		}
+		if err := checkString(f.name, f.v, lim); err != nil {
+			return err
+		}
+	}
+	if p.GPU.Index < 0 || p.GPU.Index >= maxGPUIndex {
+		return fmt.Errorf("%w: gpu.index %d out of range [0, %d)", ErrInvalid, p.GPU.Index, maxGPUIndex)
+	}
+	return nil
+}
+
 // validPhaseName accepts [a-z0-9_]{1,32}.
 func validPhaseName(s string) bool {
 	if s == "" || len(s) > 32 {
@@ -532,6 +558,9 @@ func decodeTopology(lr plog.LogRecord, job string, lim Limits) (Fact, error) {
 			r.Host = host
 		} else if err := checkString("topology rank host", r.Host, lim); err != nil {
 			return Fact{}, err
+		}
+		if err := checkPlacement(&r.Placement, lim); err != nil {
+			return Fact{}, fmt.Errorf("topology rank %d: %w", r.Rank, err)
 		}
 	}
 	for _, g := range t.Groups {

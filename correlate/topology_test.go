@@ -194,3 +194,31 @@ func TestImplausibleCommunicatorSizeIsNotBelieved(t *testing.T) {
 		t.Fatalf("ImplausibleSizes = %d, want 2 (the world size and the communicator's)", implausible)
 	}
 }
+
+// A rank's placement reaches the topology as given; sending it again with the
+// GPU that NVML found later makes a new version, sending it unchanged does not.
+func TestPlacementInTopology(t *testing.T) {
+	pod := detector.Placement{
+		K8s:         detector.K8sPod{PodName: "llama-worker-1", PodUID: "6f1c0e4a-2b8d-4c7e-9a51-3d2f8b7e1c90", Namespace: "train", ContainerName: "pytorch"},
+		ContainerID: "4f3a1d2e9b8c7a6f5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f",
+	}
+	info := RankInfo{PID: 100, Rank: 0, WorldSize: 1, Host: "h0", Job: "j1", Placement: pod}
+	c := New(Config{})
+	c.SetRank(info)
+	_, topos := c.Flush() // the first version waits for steps or the end
+	if len(topos) != 1 || topos[0].Ranks[0].Placement != pod {
+		t.Fatalf("first topology %+v, want the placement %+v", topos, pod)
+	}
+
+	c.SetRank(info)
+	if _, topos := c.Drain(); len(topos) != 0 {
+		t.Fatalf("unchanged placement made topology %+v", topos)
+	}
+
+	info.Placement.GPU = detector.RankGPU{Index: 3, UUID: "GPU-5b1e3a8c-0d2f-4e6a-8b9c-1a2b3c4d5e6f", PCIBusID: "00000000:3B:00.0"}
+	c.SetRank(info)
+	_, topos = c.Drain()
+	if len(topos) != 1 || topos[0].Version != 2 || topos[0].Ranks[0].Placement != info.Placement {
+		t.Fatalf("after the GPU was found: %+v, want version 2 with %+v", topos, info.Placement)
+	}
+}

@@ -1,6 +1,10 @@
 package correlate
 
-import "time"
+import (
+	"time"
+
+	"github.com/slowrank/slowrank/detector"
+)
 
 // HostKind says what a host interval is.
 type HostKind uint8
@@ -164,6 +168,10 @@ type RankInfo struct {
 	// numbered like a peer's step that ends at the same time
 	// (alignToPeers) in any case.
 	MidRun bool
+	// Placement is where the process runs as the cluster names it (pod,
+	// container, Slurm step, GPU); it goes into the topology unchanged. A
+	// RankInfo sent again with a new Placement makes a new topology version.
+	Placement detector.Placement
 }
 
 // Config tunes a Correlator. The zero value is usable; zero fields take the
