@@ -725,6 +725,7 @@ func (r *RankStats) add(o *RankStats) {
 	r.DroppedDevice += o.DroppedDevice
 	r.IrregularCalls += o.IrregularCalls
 	r.Retracted += o.Retracted
+	r.BurstSteps += o.BurstSteps
 	r.Relocks += o.Relocks
 	r.InitCalls += o.InitCalls
 	r.Unassigned += o.Unassigned

@@ -86,7 +86,7 @@ func (d *seqDet) instance(t int64, counts bool) {
 	} else if d.groupEnd(k) {
 		if !d.grpOpen {
 			d.grpOpen = true
-			d.emit(detEvent{kind: evStart, t: t})
+			d.startStep(t)
 		} else {
 			d.boundary(t, counts)
 		}
@@ -166,7 +166,7 @@ func (d *seqDet) regroup(m, k int64) {
 			e0 = g // the first iteration
 		}
 	}
-	d.emit(detEvent{kind: evStart, t: d.instAt(max(e0-m, d.instFrom-1))})
+	d.startStep(d.instAt(max(e0-m, d.instFrom-1)))
 	for e := e0; e <= k; e += m {
 		d.boundary(d.instAt(e), false)
 	}
