@@ -110,11 +110,18 @@ func (d *seqDet) groupEnd(k int64) bool {
 		return true
 	case (k-d.anchor)%d.grp != 0:
 		return false
-	case d.reach(k) < 1:
+	}
+	// The instance at the count dominates its predecessor and either its
+	// whole group (whatever its length: the iterations may get shorter) or
+	// lasts as long as the dominant instances did (half at least: the
+	// first instance of the group is long, a data-loading stall), not a
+	// spike among the calls of a logging step that fell on the count.
+	dk, _ := d.dur(k)
+	if r := d.reach(k); r < 1 || r < d.grp-1 && 2*dk < d.domDur {
 		d.resync = true // an iteration with other calls: find the phase again
 		return false
 	}
-	d.domDur, _ = d.dur(k)
+	d.domDur = dk
 	return true
 }
 

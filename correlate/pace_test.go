@@ -252,3 +252,53 @@ func TestBurstIndicesAlikeOnRanks(t *testing.T) {
 		t.Errorf("BurstSteps per rank %v, want the same burst on both", per)
 	}
 }
+
+// TestGroupPhaseKept: the Trainer's five synchronisations per iteration
+// (groups of five instances, group.go) keep their phase through a
+// logging step whose calls jitter (a spike of the burst on the group's
+// count is no boundary) and a data-loading stall (a long first instance
+// of the group).
+func TestGroupPhaseKept(t *testing.T) {
+	tests := []struct {
+		name string
+		iter func(i int) ([]loopCall, int64)
+	}{{
+		name: "logging steps with spikes",
+		iter: func(i int) ([]loopCall, int64) {
+			cs, d := trainerIter(i)
+			if i%50 == 49 {
+				// every fifth logging synchronisation 3x later after the
+				// previous one, the first of them on the group's count
+				for k := range cs {
+					if cs[k].at >= 35*ms {
+						if j := (cs[k].at - 35*ms) / (220 * us); j%5 == 1 {
+							cs[k].at += 400 * us
+						}
+					}
+				}
+			}
+			return cs, d
+		},
+	}, {
+		name: "a data-loading stall every 30",
+		iter: func(i int) ([]loopCall, int64) {
+			cs, d := trainerIter(i)
+			if i%30 == 7 {
+				for k := range cs {
+					cs[k].at += 20 * ms
+				}
+				d += 20 * ms
+			}
+			return cs, d
+		},
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := New(Config{})
+			c.SetRank(RankInfo{PID: pid(0), Rank: 0, WorldSize: 1, Host: "h0", Job: "j1"})
+			pre, end := paramCopies(6, 0)
+			starts, ends := feedLoop(c, pid(0), loopScript{pre: pre, preNS: end + 1200*ms, n: 600, iter: tc.iter})
+			checkIterations(t, c, starts, ends, 0, 0)
+		})
+	}
+}
