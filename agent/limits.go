@@ -199,6 +199,9 @@ func (a *Agent) refreshPipeline() {
 	c.set("correlate_reordered", int64(t.Reordered))
 	c.set("correlate_arrival_timeouts", int64(t.ArrivalTimeout))
 	c.set("correlate_implausible_sizes", int64(t.ImplausibleSizes))
+	// Boundaries of bursts far shorter than the steps (the Trainer's
+	// end-of-training calls): merged into the next step or dropped.
+	c.set("correlate_burst_steps", int64(t.BurstSteps))
 	var late, dup, evicted, rejected int64
 	for _, s := range a.pipe.det.Summaries() {
 		late += s.Late

@@ -735,6 +735,7 @@ func (r *RankStats) Add(o RankStats) {
 	r.DroppedDevice += o.DroppedDevice
 	r.IrregularCalls += o.IrregularCalls
 	r.Retracted += o.Retracted
+	r.BurstSteps += o.BurstSteps
 	r.Relocks += o.Relocks
 	r.InitCalls += o.InitCalls
 	r.Unassigned += o.Unassigned

@@ -82,8 +82,16 @@
 // "B S B S", the Trainer's five synchronisations) is resolved by timing
 // (see group.go): one instance per iteration holds the forward and backward
 // pass and dominates the others; a step is the m instances that end with
-// it. A process that reports HostMarker calls is cut at markers only
-// (HostCall.Count > 0 is the step index).
+// it. On a confirmed lock, a boundary whose own step is shorter than 1/8
+// of the median of the latest steps reported is held (see pace.go): a
+// burst of calls inside or after an iteration (the Trainer's end of
+// training) is merged into the next step, or dropped with the open step
+// when the lock or the sequence ends, and counted (BurstSteps); held
+// boundaries consume no index, so step k stays the same iteration on
+// every rank. Held boundaries that keep coming for 16 boundaries and
+// ConfirmSpan are a new pace (iterations that got shorter): they are
+// reported as steps after all. A process that reports HostMarker calls
+// is cut at markers only (HostCall.Count > 0 is the step index).
 //
 // Collectives without sizes (HostCall.Count == 0: the torch c10d probes of
 // a gloo job) make a degenerate token sequence, every bucket all-reduce

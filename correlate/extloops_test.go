@@ -36,7 +36,8 @@ type loopScript struct {
 	preNS int64      // the first iteration starts here
 	iter  func(i int) ([]loopCall, int64)
 	n     int
-	comm  bool // the communicator's creation is seen, at t=0
+	comm  bool       // the communicator's creation is seen, at t=0
+	post  []loopCall // after the last iteration (an epilogue), from its end
 }
 
 // feedLoop feeds the script to c and returns the iterations' [start, end].
@@ -70,6 +71,9 @@ func feedLoop(c *Correlator, p uint32, s loopScript) (starts, ends []int64) {
 		t += d
 		ends = append(ends, t)
 	}
+	for _, lc := range s.post {
+		add(t, lc)
+	}
 	sort.SliceStable(calls, func(a, b int) bool { return calls[a].EndNS < calls[b].EndNS })
 	for _, h := range calls {
 		c.AddHostCall(h)
@@ -77,18 +81,22 @@ func feedLoop(c *Correlator, p uint32, s loopScript) (starts, ends []int64) {
 	return starts, ends
 }
 
-// checkIterations: facts == iterations ±1, none before the first
-// iteration, the first in iteration 0, at most one per iteration.
 // checkIterations checks one fact per iteration (±1 in all), none outside
-// them, and the first in iteration firstAt.
-func checkIterations(t *testing.T, c *Correlator, starts, ends []int64, firstAt int) {
+// them but at most after of them after the last iteration (an epilogue:
+// the time up to its first call is a step), and the first in iteration
+// firstAt. It returns the facts.
+func checkIterations(t *testing.T, c *Correlator, starts, ends []int64, firstAt, after int) []detector.Step {
 	t.Helper()
 	c.Advance(ends[len(ends)-1] + int64(10e9))
 	steps, _ := c.Flush()
 	per := map[int]int{}
-	first, before := -1, 0
+	first, before, past := -1, 0, 0
 	for _, s := range steps {
 		i := sort.Search(len(ends), func(k int) bool { return ends[k] >= s.EndNS })
+		if i == len(ends) && past < after {
+			past++
+			continue
+		}
 		if i == len(ends) || s.EndNS <= starts[i] {
 			before++
 			continue
@@ -105,12 +113,14 @@ func checkIterations(t *testing.T, c *Correlator, starts, ends []int64, firstAt 
 		}
 	}
 	n := len(ends)
-	msg := fmt.Sprintf("%d facts for %d iterations: first in iteration %d, %d outside, %d iterations with several", len(steps), n, first, before, dups)
+	msg := fmt.Sprintf("%d facts for %d iterations: first in iteration %d, %d outside, %d after the last, %d iterations with several",
+		len(steps), n, first, before, past, dups)
 	if d := len(steps) - n; d < -1 || d > 1 || first != firstAt || before > 0 || dups > 0 {
 		t.Fatal(msg)
 	}
 	t.Log(msg)
 	checkContiguous(t, steps)
+	return steps
 }
 
 // paramCopies: model.to("cuda") of a GPT, one pageable copy and its
@@ -134,6 +144,7 @@ func TestExternalLoopShapes(t *testing.T) {
 		name    string
 		script  func() loopScript
 		firstAt int // the iteration of the first fact
+		after   int // facts allowed after the last iteration
 	}{{
 		// transformers Trainer at world size 1: no DDP; five
 		// cudaStreamSynchronize of one stream per iteration (.item() of the
@@ -143,27 +154,21 @@ func TestExternalLoopShapes(t *testing.T) {
 		name: "trainer",
 		script: func() loopScript {
 			pre, end := paramCopies(6, 0)
-			return loopScript{pre: pre, preNS: end + 1200*ms, n: 160, iter: func(i int) ([]loopCall, int64) {
-				cs := []loopCall{
-					{sync: true, at: 200 * us, dur: 6 * us}, {sync: true, at: 240 * us, dur: 6 * us},
-					{sync: true, at: 2400 * us, dur: 20 * us}, {sync: true, at: 20 * ms, dur: 12 * ms},
-					{sync: true, at: 33100 * us, dur: 10 * us}}
-				d := 37 * ms
-				if i == 0 {
-					for k := range cs {
-						cs[k].at += 500 * ms
-					}
-					d += 500 * ms
-				}
-				if i%50 == 49 {
-					cs = append(cs, loopCall{op: "allgather", count: 1, at: 34 * ms, dur: 50 * us})
-					for k := range 100 {
-						cs = append(cs, loopCall{sync: true, at: 35*ms + int64(k)*220*us, dur: 5 * us})
-					}
-					d += 30 * ms
-				}
-				return cs, d
-			}}
+			return loopScript{pre: pre, preNS: end + 1200*ms, n: 160, iter: trainerIter}
+		},
+	}, {
+		// The Trainer's end of training on the H200 (bench/results/raw/
+		// ext-loops/run2: 482 facts for 415 iterations, 68 after the
+		// last): another synchronisation breaks the lock, the known cycle
+		// is locked again, and the step up to a burst of 67 groups of five
+		// synchronisations, then four more groups, end where the facts of
+		// that run ended. The burst makes no steps; the step before it is
+		// the one fact after the last iteration.
+		name:  "trainer, H200 epilogue",
+		after: 1,
+		script: func() loopScript {
+			pre, end := paramCopies(6, 0)
+			return loopScript{pre: pre, preNS: end + 1200*ms, n: 160, iter: trainerIter, post: trainerEpilogue()}
 		},
 	}, {
 		// Megatron-core, its own timers (a device synchronisation at every
@@ -323,9 +328,81 @@ func TestExternalLoopShapes(t *testing.T) {
 			c := New(Config{})
 			c.SetRank(RankInfo{PID: pid(0), Rank: 0, WorldSize: 1, Host: "h0", Job: "j1"})
 			starts, ends := feedLoop(c, pid(0), tc.script())
-			checkIterations(t, c, starts, ends, tc.firstAt)
+			checkIterations(t, c, starts, ends, tc.firstAt, tc.after)
+			bursts := uint64(0)
+			for _, st := range c.Stats() {
+				bursts += st.BurstSteps
+			}
+			if tc.after > 0 && bursts == 0 {
+				t.Error("no burst steps counted")
+			}
+			t.Logf("burst steps %d", bursts)
 		})
 	}
+}
+
+// trainerIter is one iteration of the transformers Trainer at world size
+// 1: no DDP; five cudaStreamSynchronize of one stream per iteration
+// (.item() of the batch's token count, the nan check after backward, the
+// grad norm, ...); a logging step every 50 with an all-gather and a
+// hundred small synchronisations.
+func trainerIter(i int) ([]loopCall, int64) {
+	cs := []loopCall{
+		{sync: true, at: 200 * us, dur: 6 * us}, {sync: true, at: 240 * us, dur: 6 * us},
+		{sync: true, at: 2400 * us, dur: 20 * us}, {sync: true, at: 20 * ms, dur: 12 * ms},
+		{sync: true, at: 33100 * us, dur: 10 * us}}
+	d := 37 * ms
+	if i == 0 {
+		for k := range cs {
+			cs[k].at += 500 * ms
+		}
+		d += 500 * ms
+	}
+	if i%50 == 49 {
+		cs = append(cs, loopCall{op: "allgather", count: 1, at: 34 * ms, dur: 50 * us})
+		for k := range 100 {
+			cs = append(cs, loopCall{sync: true, at: 35*ms + int64(k)*220*us, dur: 5 * us})
+		}
+		d += 30 * ms
+	}
+	return cs, d
+}
+
+// h200EpilogueUS: the ends of the Trainer's facts after its last iteration
+// in the H200 run (µs after the iteration's end, as its hook saw it): the
+// first closes the step from 91.2 ms, the others each five
+// synchronisations.
+var h200EpilogueUS = []int64{
+	432931, 433103, 433250, 433490, 433639, 433786, 433945, 434089, 434243, 434393, 434534, 434676,
+	434813, 434953, 435099, 435267, 435519, 435858, 436191, 436411, 436589, 436764, 436936, 437103,
+	437281, 437475, 437646, 437828, 438001, 438170, 438365, 438539, 438720, 438891, 439060, 439240,
+	439433, 439611, 439785, 439980, 440165, 440345, 440525, 440697, 440872, 441041, 441222, 441409,
+	441581, 441756, 441925, 442121, 442306, 442495, 442673, 442841, 443027, 443205, 443389, 443562,
+	443728, 443910, 444112, 444280, 445077, 449105, 449967, 449971,
+}
+
+// trainerEpilogue lays out the calls that end at h200EpilogueUS after the
+// last iteration: a device synchronisation breaks the lock, four
+// synchronisations 10 ms apart re-lock the known cycle and the fifth
+// (91.2 ms) opens a step (the dominant instance of a group of five); each
+// fact then ends with the fifth of five synchronisations, the first four
+// close together.
+func trainerEpilogue() []loopCall {
+	endAt := func(t int64) loopCall { return loopCall{sync: true, at: t - 200, dur: 200} }
+	cs := []loopCall{{sync: true, op: "cudaDeviceSynchronize", at: 5 * ms, dur: 10 * us}}
+	for _, t := range []int64{20 * ms, 30 * ms, 40 * ms, 50 * ms, 91200 * us} {
+		cs = append(cs, endAt(t))
+	}
+	prev := 91200 * us
+	for _, e := range h200EpilogueUS {
+		e *= us
+		for j := int64(1); j <= 4; j++ {
+			cs = append(cs, endAt(prev+j*(e-prev)/10))
+		}
+		cs = append(cs, endAt(e))
+		prev = e
+	}
+	return cs
 }
 
 // The capture records of one run of the integration test
@@ -340,7 +417,24 @@ func TestExternalLoopShapes(t *testing.T) {
 // alignment numbered the next steps below the 133 standing ones: they were
 // dropped until the count caught up, 69 iterations without a step.
 func TestReplayTrainerTwoRanks(t *testing.T) {
-	f, err := os.Open("testdata/trainer-2ranks.records.gz")
+	replayTrainerFile(t, "testdata/trainer-2ranks.records.gz", 0)
+}
+
+// The capture records of one run of TestLoopShapesAreIterations/
+// trainer+epilogue (--loop-shape trainer --epilogue, 2 ranks, 260
+// iterations, then the Trainer's end of training: a device
+// synchronisation, a wait of 31 steps' time with a few synchronisations,
+// 67 groups of five synchronisations in 17 ms), as above. Without
+// holding bursts (pace.go) each rank had 67 facts in the burst, as the
+// H200 run had; the step up to it is one fact after the last iteration.
+func TestReplayTrainerEpilogue(t *testing.T) {
+	replayTrainerFile(t, "testdata/trainer-epilogue-2ranks.records.gz", 1)
+}
+
+// replayTrainerFile replays a records file at several agent ticks (see
+// replayTrainerRecords).
+func replayTrainerFile(t *testing.T, path string, after int) {
+	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -351,7 +445,7 @@ func TestReplayTrainerTwoRanks(t *testing.T) {
 	}
 	for _, tick := range []int64{200e6, 50e6, 1e9} {
 		t.Run(fmt.Sprintf("tick %d ms", tick/1e6), func(t *testing.T) {
-			replayTrainerRecords(t, zr, tick)
+			replayTrainerRecords(t, zr, tick, after)
 		})
 		if _, err := f.Seek(0, io.SeekStart); err != nil {
 			t.Fatal(err)
@@ -364,8 +458,9 @@ func TestReplayTrainerTwoRanks(t *testing.T) {
 
 // replayTrainerRecords feeds the records, advancing event time every tick
 // of it (the agent's ticks), and checks that every rank's steps are its
-// iterations, numbered alike on both ranks.
-func replayTrainerRecords(t *testing.T, r io.Reader, tick int64) {
+// iterations, numbered alike on both ranks, at most after of them after
+// the last iteration.
+func replayTrainerRecords(t *testing.T, r io.Reader, tick int64, after int) {
 	const base = 1_000_000_000_000
 	c := New(Config{})
 	iters := map[int][][2]int64{}
@@ -419,13 +514,17 @@ func replayTrainerRecords(t *testing.T, r io.Reader, tick int64) {
 		its := iters[rank]
 		var mine []detector.Step
 		per := map[int]int{}
-		first, outside := -1, 0
+		first, outside, past := -1, 0, 0
 		for _, s := range steps {
 			if s.Rank != rank {
 				continue
 			}
 			mine = append(mine, s)
 			i := sort.Search(len(its), func(k int) bool { return its[k][1] >= s.EndNS })
+			if i == len(its) && past < after {
+				past++
+				continue
+			}
 			if i == len(its) || s.EndNS <= its[i][0] {
 				outside++
 				continue
@@ -445,8 +544,8 @@ func replayTrainerRecords(t *testing.T, r io.Reader, tick int64) {
 				dups++
 			}
 		}
-		msg := fmt.Sprintf("rank %d: %d facts for %d iterations, first in iteration %d, %d outside, %d iterations with several",
-			rank, len(mine), len(its), first, outside, dups)
+		msg := fmt.Sprintf("rank %d: %d facts for %d iterations, first in iteration %d, %d outside, %d after the last, %d iterations with several",
+			rank, len(mine), len(its), first, outside, past, dups)
 		if d := len(mine) - len(its); d < -1 || d > 1 || first != 0 || outside > 0 || dups > 0 {
 			t.Error(msg)
 		} else {
@@ -463,4 +562,9 @@ func replayTrainerRecords(t *testing.T, r io.Reader, tick int64) {
 	if apart > 0 {
 		t.Errorf("%d step indices are different iterations on the two ranks", apart)
 	}
+	bursts := map[int]uint64{}
+	for _, st := range c.Stats() {
+		bursts[st.Rank] += st.BurstSteps
+	}
+	t.Logf("burst steps per rank %v", bursts)
 }

@@ -86,7 +86,7 @@ func (d *seqDet) instance(t int64, counts bool) {
 	} else if d.groupEnd(k) {
 		if !d.grpOpen {
 			d.grpOpen = true
-			d.emit(detEvent{kind: evStart, t: t})
+			d.startStep(t)
 		} else {
 			d.boundary(t, counts)
 		}
@@ -110,11 +110,18 @@ func (d *seqDet) groupEnd(k int64) bool {
 		return true
 	case (k-d.anchor)%d.grp != 0:
 		return false
-	case d.reach(k) < 1:
+	}
+	// The instance at the count dominates its predecessor and either its
+	// whole group (whatever its length: the iterations may get shorter) or
+	// lasts as long as the dominant instances did (half at least: the
+	// first instance of the group is long, a data-loading stall), not a
+	// spike among the calls of a logging step that fell on the count.
+	dk, _ := d.dur(k)
+	if r := d.reach(k); r < 1 || r < d.grp-1 && 2*dk < d.domDur {
 		d.resync = true // an iteration with other calls: find the phase again
 		return false
 	}
-	d.domDur, _ = d.dur(k)
+	d.domDur = dk
 	return true
 }
 
@@ -166,7 +173,7 @@ func (d *seqDet) regroup(m, k int64) {
 			e0 = g // the first iteration
 		}
 	}
-	d.emit(detEvent{kind: evStart, t: d.instAt(max(e0-m, d.instFrom-1))})
+	d.startStep(d.instAt(max(e0-m, d.instFrom-1)))
 	for e := e0; e <= k; e += m {
 		d.boundary(d.instAt(e), false)
 	}

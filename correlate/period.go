@@ -61,6 +61,7 @@ const (
 	evConfirm                          // the tentative lock gen is confirmed
 	evRetract                          // the tentative lock gen is withdrawn with its steps
 	evTrim                             // the tentative steps of gen before the latest one shorter than t are withdrawn
+	evBurst                            // idx boundaries held in the open step were merged into it or dropped with it (pace.go)
 )
 
 type detEvent struct {
@@ -188,6 +189,8 @@ type seqDet struct {
 	grpOpen  bool               // a step of groups is open
 	stepT    [steadyN + 1]int64 // latest boundary times, for steadiness
 	nStep    int
+
+	pace paceState // boundaries far shorter than the steps are held (pace.go)
 }
 
 func newSeqDet(par detParams, syncOnly bool) *seqDet {
@@ -251,6 +254,7 @@ func (d *seqDet) reset() {
 			d.emit(detEvent{kind: evRetract, gen: d.gen})
 			d.nextIdx = d.genBase
 		} else {
+			d.dropHeld()
 			d.emit(detEvent{kind: evBreak})
 		}
 	}
@@ -342,7 +346,21 @@ func (d *seqDet) cycleDone(t int64) {
 
 // boundary reports the end of a step at t; counts: it counts towards the
 // confirmation of a tentative lock (instances reported at the lock do not).
+// A confirmed lock's boundary far shorter than its recent steps is held
+// instead (pace.go).
 func (d *seqDet) boundary(t int64, counts bool) {
+	if !d.tentative && d.hold(t) {
+		return
+	}
+	d.report(t, counts)
+}
+
+// report reports a boundary at t.
+func (d *seqDet) report(t int64, counts bool) {
+	ps := &d.pace
+	ps.ref[ps.nRef%paceRef] = t - ps.open
+	ps.nRef++
+	ps.open, ps.last = t, t
 	d.emit(detEvent{kind: evBoundary, tentative: d.tentative, gen: d.gen, t: t, idx: d.nextIdx})
 	d.nextIdx++
 	d.stepT[d.nStep%len(d.stepT)] = t
@@ -408,6 +426,7 @@ func (d *seqDet) finish() {
 	if d.locked && d.tentative && d.since >= d.need {
 		d.confirm()
 	}
+	d.dropHeld() // the open step never closes
 }
 
 // settled is the first token not part of a confirmed cycle instance.
@@ -431,6 +450,7 @@ func (d *seqDet) breakLock(n int64) {
 	if d.tentative {
 		d.retract()
 	} else {
+		d.dropHeld()
 		d.emit(detEvent{kind: evBreak})
 	}
 	d.locked, d.tentative = false, false
@@ -700,7 +720,7 @@ func (d *seqDet) lockAt(cyc []int32, j, n int64, tentative bool) {
 		j = e + 1 // the first instance only opens the first step
 	}
 	if d.grp <= 1 {
-		d.emit(detEvent{kind: evStart, t: startT})
+		d.startStep(startT)
 	}
 	d.nStep = 0
 	d.instFrom = d.inst

@@ -262,6 +262,8 @@ func (c *Correlator) apply(p *proc, evs []detEvent) {
 				// withdrawn: align the next one, as after a retract.
 				p.align, p.idxOffset = true, p.alignOff
 			}
+		case evBurst:
+			p.stats.BurstSteps += uint64(e.idx)
 		case evConfirm:
 			p.clockConfirmed = true
 			for _, s := range p.pending {

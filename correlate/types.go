@@ -285,6 +285,7 @@ type RankStats struct {
 
 	IrregularCalls uint64 // collective calls outside a locked cycle
 	Retracted      uint64 // tentative steps withdrawn (short excursions, false locks)
+	BurstSteps     uint64 // boundaries of bursts far shorter than the steps (pace.go), merged into the next step or dropped with the open one
 	Relocks        uint64 // locks regained on a known cycle
 	InitCalls      uint64 // collectives before a communicator's first confirmed cycle (init, warm-up): no steps
 	Unassigned     uint64 // records that fell outside every step

@@ -233,11 +233,12 @@ var Table = []Metric{
 	{Name: "slowrank.correlate.records.reordered", Kind: Counter, Unit: "{record}", Component: Agent,
 		Desc: "Records placed after reordering.", Series: []Series{s("correlate_reordered")}},
 	{Name: "slowrank.correlate.steps", Kind: Counter, Unit: "{step}", Component: Agent,
-		Desc: "Steps that are not plain facts, by outcome (invalid: dropped; degraded: without device records; without_rank; retracted: tentative steps withdrawn).", Series: []Series{
+		Desc: "Steps that are not plain facts, by outcome (invalid: dropped; degraded: without device records; without_rank; retracted: tentative steps withdrawn; burst: boundaries far shorter than the steps, merged into the next or dropped).", Series: []Series{
 			s("correlate_invalid_steps", "outcome", "invalid"),
 			s("correlate_degraded_steps", "outcome", "degraded"),
 			s("correlate_norank_steps", "outcome", "without_rank"),
 			s("correlate_retracted_steps", "outcome", "retracted"),
+			s("correlate_burst_steps", "outcome", "burst"),
 		}},
 	{Name: "slowrank.correlate.calls", Kind: Counter, Unit: "{call}", Component: Agent,
 		Desc: "Collective calls cut into no step, by kind (irregular: outside a locked cycle; init: before a communicator's first cycle).", Series: []Series{

@@ -128,6 +128,7 @@ struct opts {
   int eval_batches;
   int shape; /* enum loop_shape */
   long log_every;
+  int epilogue;
 };
 
 static struct opts O = {
@@ -185,6 +186,10 @@ static void usage(FILE *f) {
           "                         compile: torch.compile under DDP: the copy to the GPU before the first\n"
           "                           collective, DDP's broadcast, an iteration 0 of 30 steps' time\n"
           "  --log-every N          (--loop-shape trainer, lightning) logging step period (default 50)\n"
+          "  --epilogue             (--loop-shape trainer) the Trainer's end of training after the last\n"
+          "                         iteration: a cudaDeviceSynchronize, a wait of ~30 steps' time, then a\n"
+          "                         burst of 67 groups of five cudaStreamSynchronize (the H200 run: 68\n"
+          "                         facts after the last iteration); truth kind \"burst\", what \"epilogue\"\n"
           "  --backend nccl|gloo    gloo: buckets are c10d::ProcessGroupGloo::allreduce calls of the fake\n"
           "                         libtorch_cpu.so (dlopen'ed), no NCCL call at all (default nccl)\n"
           "  --gloo-cuda-sync       gloo: one cudaStreamSynchronize per collective inside the library,\n"
@@ -242,7 +247,7 @@ static int parse_opts(int argc, char **argv) {
     o_slow_factor, o_slow_host, o_slow_gpu, o_jitter, o_seed, o_host_mode, o_dlopen, o_dlopen_delay,
     o_sleep_before, o_truth, o_bench_calls, o_bench_symbol, o_threads, o_crash_rank, o_crash_step, o_verbose,
     o_no_device_truth, o_backend, o_gloo_cuda_sync, o_gloo_wait, o_warmup_buckets, o_init_bursts, o_eval_every, o_workers,
-    o_eval_batches, o_loop_shape, o_log_every, o_help
+    o_eval_batches, o_loop_shape, o_log_every, o_epilogue, o_help
   };
   static const struct option lo[] = {
       {"ranks", required_argument, 0, o_ranks},
@@ -289,6 +294,7 @@ static int parse_opts(int argc, char **argv) {
       {"eval-batches", required_argument, 0, o_eval_batches},
       {"loop-shape", required_argument, 0, o_loop_shape},
       {"log-every", required_argument, 0, o_log_every},
+      {"epilogue", no_argument, 0, o_epilogue},
       {"help", no_argument, 0, o_help},
       {0, 0, 0, 0},
   };
@@ -383,6 +389,7 @@ static int parse_opts(int argc, char **argv) {
       break;
     }
     case o_log_every: O.log_every = atol(optarg); break;
+    case o_epilogue: O.epilogue = 1; break;
     case o_eval_every: O.eval_every = atol(optarg); break;
     case o_workers: O.workers = atoi(optarg); break;
     case o_eval_batches: O.eval_batches = atoi(optarg); break;
@@ -1218,6 +1225,32 @@ static void run_shape_step(struct rank_ctx *c, long k, uint64_t *rng) {
   }
 }
 
+/* --epilogue: the transformers Trainer's end of training on the H200, after
+ * its last iteration (bench/results/raw/ext-loops/run2): another kind of
+ * synchronisation, a wait of ~30 iterations' time with a few
+ * synchronisations, then a burst of 67 groups of five within ~17 ms (four
+ * back to back, the fifth after a short host gap). No iteration. */
+static void trainer_epilogue(struct rank_ctx *c) {
+  memset(&A, 0, sizeof A);
+  uint64_t t0 = now_ns();
+  device_sync();
+  for (int i = 0; i < 4; i++) {
+    host_work(O.step_ms * 0.5);
+    timed_stream_sync(c, 0);
+  }
+  host_work(O.step_ms * 4);
+  timed_stream_sync(c, 0);
+  for (int i = 0; i < 4; i++) timed_stream_sync(c, 0);
+  host_work(O.step_ms * 25);
+  timed_stream_sync(c, 0);
+  for (int g = 0; g < 67; g++) {
+    for (int i = 0; i < 4; i++) timed_stream_sync(c, 0);
+    host_work(0.2);
+    timed_stream_sync(c, 0);
+  }
+  write_burst(c, "epilogue", -1, t0, now_ns());
+}
+
 static void run_step(struct rank_ctx *c, long k, uint64_t *rng) {
   if (O.shape != SHAPE_NONE) {
     run_shape_step(c, k, rng);
@@ -1619,6 +1652,10 @@ static int rank_main(char **argv) {
         }
       }
     }
+  }
+  if (rc == EXIT_OK && O.epilogue && O.shape == SHAPE_TRAINER) {
+    trainer_epilogue(c);
+    if (g_failed) rc = EXIT_DEVICE;
   }
   g_cur_step = -1;
   truth_printf("{\"kind\":\"done\",\"job\":\"%s\",\"rank\":%d,\"pid\":%d,\"steps\":%ld,\"exit\":%d}\n", c->job,

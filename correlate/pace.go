@@ -1,0 +1,121 @@
+package correlate
+
+import "slices"
+
+// Bursts: boundaries far shorter than the pace of the steps.
+//
+// A boundary that ends a step much shorter than the lock's recent steps is
+// no end of a training iteration: the transformers Trainer's end of
+// training (on the H200, after its last 37 ms iteration and a 341 ms
+// step, 67 groups of five synchronisations within 11 ms, then four more
+// under 5 ms: 71 facts outside the iterations), a burst of calls inside an
+// iteration or between two (a recompilation, a checkpoint's copies). On a
+// confirmed lock, a boundary whose own step (from the latest boundary,
+// held or not) is shorter than 1/paceRatio of the median of the latest
+// paceRef steps reported (paceMinRef of them at least) is held: it is not
+// reported and consumes no index. The next boundary of normal length
+// closes the open step with the held ones merged into it: one step, one
+// index. The end of the lock (a break, the end of the sequence) drops them
+// with the open step. Either way they are counted (evBurst, BurstSteps).
+//
+// A genuine change of pace (iterations that get shorter after a warm-up,
+// a smaller batch) is held at first too, but does not end: once paceRegime
+// boundaries have been held over ConfirmSpan, or paceRegime of them while
+// the caller's buffers fill up, they are reported after all, as the steps
+// they are (late by ConfirmSpan at most, as a first lock's), and become
+// the pace. A burst is brief (the Trainer's: 17 ms), as init-time bursts
+// are for the confirmation of a first lock; one that lasts longer than
+// ConfirmSpan becomes steps. At most maxHeld boundaries are held; beyond
+// that the held ones are merged into the step that the chain's first
+// reported boundary closes.
+//
+// Held boundaries consume no index: the detector's count stays the step
+// index, and the alignment across ranks (steps.go) sees only reported
+// steps. The decisions depend on one rank's timing, as the grouping of
+// group.go does; ranks coupled by their collectives see the same burst
+// (the same calls, far below the threshold) and hold alike once their
+// locks are confirmed. A tentative lock holds nothing: its init-time steps
+// are withdrawn or trimmed by confirmation, which hold decisions would
+// change. (So a burst while one member's lock is confirmed and another's
+// is still tentative, within ConfirmSpan of their first locks, would
+// number their later steps apart.)
+
+const (
+	// paceRatio: a held step is shorter than the pace by this factor.
+	paceRatio = 8
+	// paceRef: the pace is the median of this many latest steps reported.
+	paceRef = 8
+	// paceMinRef: steps reported before any is held.
+	paceMinRef = 4
+	// paceRegime: held boundaries that may become the new pace.
+	paceRegime = 16
+	// maxHeld: boundaries held at most.
+	maxHeld = 1024
+)
+
+type paceState struct {
+	ref    [paceRef]int64 // durations of the latest steps reported, a ring
+	nRef   int
+	open   int64   // start of the open step: the latest start or boundary reported
+	last   int64   // the latest boundary, held or not, or the start
+	held   []int64 // boundaries held, in order
+	chainT int64   // start of the first held step
+}
+
+// pace is the median of the latest steps reported; ok once there are
+// paceMinRef.
+func (ps *paceState) pace() (int64, bool) {
+	if ps.nRef < paceMinRef {
+		return 0, false
+	}
+	n := min(ps.nRef, paceRef)
+	var ds [paceRef]int64
+	copy(ds[:n], ps.ref[:n])
+	slices.Sort(ds[:n])
+	return ds[n/2], true
+}
+
+// startStep opens a step at t; boundaries held in a previous open step
+// are dropped with it.
+func (d *seqDet) startStep(t int64) {
+	d.dropHeld()
+	d.pace.open, d.pace.last = t, t
+	d.emit(detEvent{kind: evStart, t: t})
+}
+
+// dropHeld reports the held boundaries as merged into the open step (or
+// dropped with it).
+func (d *seqDet) dropHeld() {
+	if n := len(d.pace.held); n > 0 {
+		d.emit(detEvent{kind: evBurst, idx: int64(n)})
+		d.pace.held = d.pace.held[:0]
+	}
+}
+
+// hold reports whether the boundary at t of a confirmed lock is held; it
+// reports the held boundaries when they become the new pace.
+func (d *seqDet) hold(t int64) bool {
+	ps := &d.pace
+	p, ok := ps.pace()
+	if !ok || (t-ps.last)*paceRatio >= p {
+		d.dropHeld() // merged into the step that t closes
+		return false
+	}
+	if len(ps.held) == 0 {
+		ps.chainT = ps.last
+	} else if len(ps.held) == maxHeld {
+		d.dropHeld()
+	}
+	ps.held = append(ps.held, t)
+	ps.last = t
+	if len(ps.held) < paceRegime || !d.urgent && t-ps.chainT < d.par.confirmSpan {
+		return true
+	}
+	// A new pace: the held boundaries are steps.
+	held := ps.held
+	for _, h := range held {
+		d.report(h, true)
+	}
+	ps.held = held[:0]
+	return true
+}
