@@ -1,6 +1,7 @@
 package aggregate
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -339,7 +340,7 @@ func TestOfferRefusesWhenQueueFull(t *testing.T) {
 	if err := a.Offer(1, f); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Offer(1, f); err != ErrQueueFull {
+	if err := a.Offer(1, f); !errors.Is(err, ErrQueueFull) {
 		t.Fatalf("second offer: %v, want ErrQueueFull", err)
 	}
 	if got := a.Stats(); got.RefusedQueue != 2 || got.Queued != 2 {

@@ -453,7 +453,7 @@ func TestCloseUnblocksRead(t *testing.T) {
 	}
 	select {
 	case err := <-errc:
-		if err != ErrClosed {
+		if !errors.Is(err, ErrClosed) {
 			t.Errorf("Read after Close: %v, want ErrClosed", err)
 		}
 	case <-time.After(5 * time.Second):

@@ -180,7 +180,7 @@ func readFacts(in io.Reader, skipInvalid bool) (*factSet, error) {
 				}
 			}
 		}
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
@@ -222,10 +222,10 @@ func readLine(r *bufio.Reader, max int, skipLong bool) ([]byte, error) {
 		if !long {
 			line = append(line, chunk...)
 		}
-		if err == bufio.ErrBufferFull {
+		if errors.Is(err, bufio.ErrBufferFull) {
 			continue
 		}
-		if long && (err == nil || err == io.EOF) {
+		if long && (err == nil || errors.Is(err, io.EOF)) {
 			err = errLineTooLong
 		}
 		return line, err

@@ -1,6 +1,7 @@
 package reliability
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -347,7 +348,7 @@ func TestOutputFiles(t *testing.T) {
 	cmd := exec.Command(tl.slowrank, "agent", "--env-key", markOf(t), "--status-socket", "", "--state-dir", "", "--facts", link, "--duration", "1s")
 	out, err := cmd.CombinedOutput()
 	var ee *exec.ExitError
-	if err == nil || !errorsAs(err, &ee) || ee.ExitCode() != 2 {
+	if err == nil || !errors.As(err, &ee) || ee.ExitCode() != 2 {
 		t.Errorf("agent with --facts at a symlink: %v, want exit 2\n%s", err, out)
 	}
 	if !strings.Contains(string(out), "--facts") || !strings.Contains(string(out), "symbolic link") {
@@ -359,12 +360,4 @@ func TestOutputFiles(t *testing.T) {
 	if fi, _ := os.Lstat(link); fi.Mode()&os.ModeSymlink == 0 {
 		t.Error("the symlink was replaced")
 	}
-}
-
-func errorsAs(err error, ee **exec.ExitError) bool {
-	e, ok := err.(*exec.ExitError)
-	if ok {
-		*ee = e
-	}
-	return ok
 }

@@ -105,7 +105,7 @@ var buildTools = sync.OnceValues(func() (*tools, error) {
 		cmd.Dir = repoRoot
 		cmd.Env = append(os.Environ(), "CGO_CFLAGS=-O2 -g -Wno-deprecated-declarations")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+			return fmt.Errorf("%s %s: %w\n%s", name, strings.Join(args, " "), err, out)
 		}
 		return nil
 	}

@@ -1,6 +1,7 @@
 package reliability
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -88,8 +89,8 @@ func TestCapabilitiesRefused(t *testing.T) {
 		argv := append(setprivCaps(caps), tl.slowrank, "agent", "--env-key", markOf(t), "--status-socket", "", "--state-dir", "", "--duration", "2s")
 		out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
 		msg := strings.TrimSpace(string(out))
-		ee, ok := err.(*exec.ExitError)
-		if !ok || ee.ExitCode() != 1 {
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 {
 			t.Errorf("without %s: %v, want exit 1\n%s", missing, err, out)
 			continue
 		}

@@ -37,7 +37,7 @@ func buildFakes(root, dir string) (string, error) {
 	cmd := exec.Command("make", "-s", "-f", "test/fakelibs/fakelibs.mk", "fakelibs", "OUT_DIR="+dir)
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build fakes: %v\n%s", err, out)
+		return "", fmt.Errorf("build fakes: %w\n%s", err, out)
 	}
 	return filepath.Join(dir, "fakelibs", "faketrainer"), nil
 }
