@@ -1,9 +1,6 @@
 package agent
 
-import (
-	"sort"
-	"sync"
-)
+import "sync"
 
 // counters are the agent's own health counters (events read, lost, attach
 // failures, ...). Every loss is counted here and exported; none is silent.
@@ -41,17 +38,5 @@ func (c *counters) snapshot() map[string]int64 {
 	for k, v := range c.m {
 		out[k] = v
 	}
-	return out
-}
-
-// names returns the counter names in order.
-func (c *counters) names() []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := make([]string, 0, len(c.m))
-	for k := range c.m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
 	return out
 }

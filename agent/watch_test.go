@@ -277,7 +277,7 @@ func TestWatcherRejectedThenExecs(t *testing.T) {
 }
 
 func TestWatcherQueueFull(t *testing.T) {
-	w, root := newFixtureWatcher(t, WatcherConfig{QueueSize: 4, Selector: Selector{PIDs: []int{100}}})
+	w, _ := newFixtureWatcher(t, WatcherConfig{QueueSize: 4, Selector: Selector{PIDs: []int{100}}})
 	var got []string
 	for range 3 {
 		mustPoll(t, w)
@@ -291,7 +291,7 @@ func TestWatcherQueueFull(t *testing.T) {
 	}
 
 	// An exit that cannot be sent waits, and a new process on the same PID waits behind it.
-	w, root = newFixtureWatcher(t, WatcherConfig{QueueSize: 7})
+	w, root := newFixtureWatcher(t, WatcherConfig{QueueSize: 7})
 	mustPoll(t, w) // 7 events of 100 fit, 101 waits
 	if got := drainEvents(w); len(got) != 7 {
 		t.Fatalf("first poll: %q", got)

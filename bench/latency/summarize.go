@@ -102,11 +102,9 @@ type truthDigest struct {
 }
 
 type alert struct {
-	t           time.Time
-	job, phase  string
-	rank        int
-	deviationS  string
-	referenceRk string
+	t          time.Time
+	job, phase string
+	rank       int
 }
 
 var (
