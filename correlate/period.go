@@ -39,10 +39,11 @@ import (
 // is re-locked as soon as one full instance of it is seen (KMP matching),
 // without waiting for repetitions.
 
+const tokS int32 = 0 // the synchronisation token
+
 const (
-	tokS     int32 = 0 // the synchronisation token
-	maxKnown       = 8
-	maxSigs        = 4096
+	maxKnown = 8
+	maxSigs  = 4096
 )
 
 type sigKey struct {

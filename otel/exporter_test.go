@@ -379,7 +379,7 @@ func newHarnessWithCounters(t *testing.T, src selfmetrics.Source) *harness {
 func matches(set attribute.Set, want map[attribute.Key]string) bool {
 	for k, v := range want {
 		got, ok := set.Value(k)
-		if !ok || got.Emit() != v {
+		if !ok || got.String() != v {
 			return false
 		}
 	}
