@@ -10,7 +10,7 @@ export OUT_DIR CUDA_HOME
 # go-nvml declares deprecated NVML calls; its cgo build would warn on each.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build test golangci-lint e2e-tools demo-sim unit-test race-test fuzz-test helm-check rules-test lint generate check-generated demo bench clean help
+.PHONY: all build test golangci-lint c-format c-format-check e2e-tools demo-sim unit-test race-test fuzz-test helm-check rules-test lint generate check-generated demo bench clean help
 
 all: build
 
@@ -39,6 +39,20 @@ golangci-lint: ## build the pinned golangci-lint into .cache/tools (cached)
 	echo "building golangci-lint $(GOLANGCI_LINT_VERSION) with $$want into $(GOLANGCI_LINT_DIR) ..."; start=$$(date +%s); \
 	GOBIN=$(GOLANGCI_LINT_DIR) $(GO) install -trimpath github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION) && \
 	echo "$$want" > $(GOLANGCI_LINT_DIR)/.goversion && echo "built golangci-lint in $$(( $$(date +%s) - start ))s"
+
+# C style: .clang-format at the root (kernel-like, cupti/), bpf/ (100
+# columns) and test/fakelibs/ (two-space). Pinned to Debian 12's
+# clang-format-14 like BPF_CLANG: other versions format some lines
+# differently.
+CLANG_FORMAT ?= clang-format-14
+C_FORMAT_FILES = $(shell git ls-files 'bpf/*.[ch]' 'bpf/*.cpp' 'cupti/*.[ch]' 'test/fakelibs/*.[ch]' 'test/fakelibs/*.cpp')
+
+c-format-check: ## fail when a C/C++ file of bpf/, cupti/ or test/fakelibs/ is not clang-formatted
+	@command -v $(CLANG_FORMAT) >/dev/null || { echo "$(CLANG_FORMAT) not found: apt-get install clang-format-14"; exit 1; }
+	@$(CLANG_FORMAT) --dry-run --Werror $(C_FORMAT_FILES) || { echo "C files need formatting: make c-format"; exit 1; }
+
+c-format: ## clang-format the C/C++ files of bpf/, cupti/ and test/fakelibs/ in place
+	$(CLANG_FORMAT) -i $(C_FORMAT_FILES)
 
 lint: golangci-lint ## golangci-lint (import layering, staticcheck, errorlint, unused, misspell, gofmt), go vet, go mod tidy -diff
 	$(GOLANGCI_LINT) run ./...
