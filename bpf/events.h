@@ -26,12 +26,12 @@
 #define SR_NCCL_UNIQUE_ID_BYTES 128
 
 enum sr_event_type {
-	SR_EV_COLL = 1,      /* struct sr_coll_event */
-	SR_EV_COMM_INIT = 2, /* struct sr_comm_init_event */
-	SR_EV_SYNC = 3,      /* struct sr_sync_event */
-	SR_EV_GROUP = 4,     /* struct sr_group_event */
-	SR_EV_TORCH = 5,     /* struct sr_torch_event */
-	SR_EV_BATCH = 6,     /* struct sr_batch_event (variable length) */
+	SR_EV_COLL = 1,       /* struct sr_coll_event */
+	SR_EV_COMM_INIT = 2,  /* struct sr_comm_init_event */
+	SR_EV_SYNC = 3,       /* struct sr_sync_event */
+	SR_EV_GROUP = 4,      /* struct sr_group_event */
+	SR_EV_TORCH = 5,      /* struct sr_torch_event */
+	SR_EV_BATCH = 6,      /* struct sr_batch_event (variable length) */
 	SR_EV_CUPTI_CALL = 7, /* struct sr_cupti_call_event */
 };
 
@@ -97,7 +97,7 @@ enum sr_probe_id {
 	SR_PROBE_TORCH_GLOO_BARRIER = 144,
 	SR_PROBE_TORCH_GLOO_SEND = 145,
 	SR_PROBE_TORCH_GLOO_RECV = 146,
-	SR_PROBE_TORCH_WORK_WAIT = 149, /* c10d::Work::wait (gloo and others) */
+	SR_PROBE_TORCH_WORK_WAIT = 149,   /* c10d::Work::wait (gloo and others) */
 	SR_PROBE_TORCH_FUTURE_WAIT = 150, /* c10::ivalue::Future::wait (DDP's bucket futures) */
 	/* injection library: SR_EV_BATCH */
 	SR_PROBE_CUPTI_EMIT = 200,
@@ -199,9 +199,9 @@ struct sr_torch_event {
  * buffer record is sized by class: it may be longer than
  * offsetof(data) + len; bytes past len are undefined. */
 struct sr_batch_event {
-	struct sr_event_hdr hdr; /* 0: start_ns == end_ns == time of the call */
-	__u32 len;               /* 32 */
-	__u32 _pad;              /* 36 */
+	struct sr_event_hdr hdr;       /* 0: start_ns == end_ns == time of the call */
+	__u32 len;                     /* 32 */
+	__u32 _pad;                    /* 36 */
 	__u8 data[SLOWRANK_BATCH_MAX]; /* 40 */
 };
 

@@ -666,25 +666,25 @@ int cupti_emit_entry(struct pt_regs *ctx)
 // library's control thread from another CUPTI client such as Kineto) and its
 // first two arguments. Rare calls, woken at once: the injection library yields
 // within the agent's reaction time.
-#define CUPTI_CALL_PROBE(name, probe)                                                      \
-	SEC("uprobe")                                                                      \
-	int name##_entry(struct pt_regs *ctx)                                              \
-	{                                                                                  \
-		__u64 id = bpf_get_current_pid_tgid();                                     \
-		if (!tracked(id >> 32)) {                                                  \
-			count(SR_CNT_FILTERED);                                            \
-			return 0;                                                          \
-		}                                                                          \
-		__u64 now = bpf_ktime_get_ns();                                            \
-		struct sr_cupti_call_event *e = reserve(sizeof(*e));                       \
-		if (!e)                                                                    \
-			return 0;                                                          \
-		fill_hdr(&e->hdr, SR_EV_CUPTI_CALL, probe, id, now, now);                  \
-		e->arg = ARG1(ctx);                                                        \
-		e->arg2 = ARG2(ctx);                                                       \
-		bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);                                \
-		count(SR_CNT_EVENTS);                                                      \
-		return 0;                                                                  \
+#define CUPTI_CALL_PROBE(name, probe)                                                              \
+	SEC("uprobe")                                                                              \
+	int name##_entry(struct pt_regs *ctx)                                                      \
+	{                                                                                          \
+		__u64 id = bpf_get_current_pid_tgid();                                             \
+		if (!tracked(id >> 32)) {                                                          \
+			count(SR_CNT_FILTERED);                                                    \
+			return 0;                                                                  \
+		}                                                                                  \
+		__u64 now = bpf_ktime_get_ns();                                                    \
+		struct sr_cupti_call_event *e = reserve(sizeof(*e));                               \
+		if (!e)                                                                            \
+			return 0;                                                                  \
+		fill_hdr(&e->hdr, SR_EV_CUPTI_CALL, probe, id, now, now);                          \
+		e->arg = ARG1(ctx);                                                                \
+		e->arg2 = ARG2(ctx);                                                               \
+		bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);                                        \
+		count(SR_CNT_EVENTS);                                                              \
+		return 0;                                                                          \
 	}
 
 CUPTI_CALL_PROBE(cupti_subscribe, SR_PROBE_CUPTI_SUBSCRIBE)

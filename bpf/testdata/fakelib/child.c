@@ -39,17 +39,20 @@ static void run(void)
 
 	ncclGroupStart();
 	for (int i = 0; i < 50; i++)
-		ncclAllReduce(sbuf, rbuf, 1000 + i, ncclFloat32, (ncclRedOp_t)(i % 4), c0, (cudaStream_t)(0x5000UL + i));
+		ncclAllReduce(sbuf, rbuf, 1000 + i, ncclFloat32, (ncclRedOp_t)(i % 4), c0,
+			      (cudaStream_t)(0x5000UL + i));
 	ncclGroupEnd();
 	for (int i = 0; i < 7; i++)
-		ncclReduce(sbuf, rbuf, 2000 + i, ncclBfloat16, ncclMax, i % 3, (ncclComm_t)0xc0ffee01UL,
-			   (cudaStream_t)(0x6000UL + i));
+		ncclReduce(sbuf, rbuf, 2000 + i, ncclBfloat16, ncclMax, i % 3,
+			   (ncclComm_t)0xc0ffee01UL, (cudaStream_t)(0x6000UL + i));
 	for (int i = 0; i < 3; i++)
-		ncclBroadcast(sbuf, rbuf, 3000 + i, ncclFloat32, 1, c0, (cudaStream_t)(0x7000UL + i));
+		ncclBroadcast(sbuf, rbuf, 3000 + i, ncclFloat32, 1, c0,
+			      (cudaStream_t)(0x7000UL + i));
 	for (int i = 0; i < 4; i++)
 		ncclAllGather(sbuf, rbuf, 4000 + i, ncclFloat32, c0, (cudaStream_t)(0x8000UL + i));
 	for (int i = 0; i < 2; i++)
-		ncclReduceScatter(sbuf, rbuf, 5000 + i, ncclFloat32, ncclSum, c0, (cudaStream_t)(0x9000UL + i));
+		ncclReduceScatter(sbuf, rbuf, 5000 + i, ncclFloat32, ncclSum, c0,
+				  (cudaStream_t)(0x9000UL + i));
 	for (int i = 0; i < 5; i++) {
 		ncclSend(sbuf, 6000 + i, ncclFloat32, i, c0, (cudaStream_t)0xa000UL);
 		ncclRecv(rbuf, 7000 + i, ncclFloat32, i + 1, c0, (cudaStream_t)0xa001UL);
@@ -66,15 +69,15 @@ static void run(void)
 	ncclCommSplit(comm, 2, 5, &split, NULL);
 	ncclCommInitAll(all, 2, NULL);
 	ncclCommInitRankScalable(&scal, 16, 9, 1, &id2, &cfg);
-	printf("comm %lx %lx %lx %lx %lx\n", (unsigned long)comm, (unsigned long)comm2, (unsigned long)split,
-	       (unsigned long)all[0], (unsigned long)scal);
+	printf("comm %lx %lx %lx %lx %lx\n", (unsigned long)comm, (unsigned long)comm2,
+	       (unsigned long)split, (unsigned long)all[0], (unsigned long)scal);
 
 	/* Every wait is bracketed by the child's own CLOCK_MONOTONIC. */
-#define TIMED(name, call)                                                        \
-	do {                                                                     \
-		long t0 = now_ns();                                              \
-		call;                                                            \
-		printf("sync %s %ld\n", name, now_ns() - t0);                    \
+#define TIMED(name, call)                                                                          \
+	do {                                                                                       \
+		long t0 = now_ns();                                                                \
+		call;                                                                              \
+		printf("sync %s %ld\n", name, now_ns() - t0);                                      \
 	} while (0)
 	fake_cudart_set_sleep_ns(20000000L);
 	for (int i = 0; i < 3; i++)

@@ -3,7 +3,10 @@
 #include "fake.h"
 
 static long sleep_ns;
-void fake_cudart_set_sleep_ns(long ns) { sleep_ns = ns; }
+void fake_cudart_set_sleep_ns(long ns)
+{
+	sleep_ns = ns;
+}
 
 static void nap(void)
 {

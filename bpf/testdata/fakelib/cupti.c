@@ -14,12 +14,16 @@ volatile uint16_t slowrank_cupti_semaphore;
 volatile uint16_t slowrank_cupti_semaphore __attribute__((section(".probes")));
 #endif
 
-__attribute__((noinline, visibility("default"))) void slowrank_cupti_emit(const void *batch, uint32_t len)
+__attribute__((noinline, visibility("default"))) void slowrank_cupti_emit(const void *batch,
+									  uint32_t len)
 {
 	__asm__ volatile("" : : "r"(batch), "r"(len) : "memory");
 }
 
-uint16_t fake_cupti_semaphore_value(void) { return slowrank_cupti_semaphore; }
+uint16_t fake_cupti_semaphore_value(void)
+{
+	return slowrank_cupti_semaphore;
+}
 
 /* Byte i of batch `seed` (mirrored by batchByte in the Go test). */
 static unsigned char batch_byte(uint32_t seed, uint32_t i)

@@ -16,8 +16,8 @@ ncclResult_t ncclBroadcast(const void *s, void *r, size_t count, ncclDataType_t 
 	HIT(2);
 	return ncclSuccess;
 }
-ncclResult_t ncclReduce(const void *s, void *r, size_t count, ncclDataType_t dt, ncclRedOp_t op, int root,
-			ncclComm_t comm, cudaStream_t stream)
+ncclResult_t ncclReduce(const void *s, void *r, size_t count, ncclDataType_t dt, ncclRedOp_t op,
+			int root, ncclComm_t comm, cudaStream_t stream)
 {
 	HIT(3);
 	return ncclSuccess;
@@ -28,8 +28,8 @@ ncclResult_t ncclAllGather(const void *s, void *r, size_t count, ncclDataType_t 
 	HIT(4);
 	return ncclSuccess;
 }
-ncclResult_t ncclReduceScatter(const void *s, void *r, size_t count, ncclDataType_t dt, ncclRedOp_t op,
-			       ncclComm_t comm, cudaStream_t stream)
+ncclResult_t ncclReduceScatter(const void *s, void *r, size_t count, ncclDataType_t dt,
+			       ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)
 {
 	HIT(5);
 	return ncclSuccess;
@@ -40,7 +40,8 @@ ncclResult_t ncclSend(const void *s, size_t count, ncclDataType_t dt, int peer, 
 	HIT(6);
 	return ncclSuccess;
 }
-ncclResult_t ncclRecv(void *r, size_t count, ncclDataType_t dt, int peer, ncclComm_t comm, cudaStream_t stream)
+ncclResult_t ncclRecv(void *r, size_t count, ncclDataType_t dt, int peer, ncclComm_t comm,
+		      cudaStream_t stream)
 {
 	HIT(7);
 	return ncclSuccess;
@@ -64,13 +65,16 @@ ncclResult_t ncclGroupEnd(void)
 ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank)
 {
 	HIT(30);
-	*comm = (ncclComm_t)(0xabc000UL + (unsigned long)rank * 0x100 + (unsigned char)id.internal[5]);
+	*comm = (ncclComm_t)(0xabc000UL + (unsigned long)rank * 0x100 +
+			     (unsigned char)id.internal[5]);
 	return ncclSuccess;
 }
-ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank, ncclConfig_t *cfg)
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
+				    ncclConfig_t *cfg)
 {
 	HIT(31);
-	*comm = (ncclComm_t)(0xbcd000UL + (unsigned long)rank * 0x100 + (unsigned char)id.internal[127]);
+	*comm = (ncclComm_t)(0xbcd000UL + (unsigned long)rank * 0x100 +
+			     (unsigned char)id.internal[127]);
 	return ncclSuccess;
 }
 ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist)
@@ -80,7 +84,8 @@ ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist)
 		comms[i] = (ncclComm_t)(0xcde000UL + (unsigned long)i);
 	return ncclSuccess;
 }
-ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *cfg)
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+			   ncclConfig_t *cfg)
 {
 	HIT(33);
 	*newcomm = (ncclComm_t)((unsigned long)comm + 0x10000UL + (unsigned long)color);

@@ -19,8 +19,12 @@ struct Future {
 
 namespace c10d {
 
-struct AllreduceOptions { int reduceOp; };
-struct BarrierOptions { int timeoutMs; };
+struct AllreduceOptions {
+	int reduceOp;
+};
+struct BarrierOptions {
+	int timeoutMs;
+};
 
 class Work {
 public:
@@ -53,9 +57,13 @@ __attribute__((noinline)) bool Work::wait(std::chrono::milliseconds timeout)
 	return timeout.count() >= 0;
 }
 
-__attribute__((noinline)) WorkPtr::~WorkPtr() { __asm__ volatile("" : : "r"(p) : "memory"); }
+__attribute__((noinline)) WorkPtr::~WorkPtr()
+{
+	__asm__ volatile("" : : "r"(p) : "memory");
+}
 
-__attribute__((noinline)) WorkPtr ProcessGroupGloo::allreduce(std::vector<int> &tensors, const AllreduceOptions &opts)
+__attribute__((noinline)) WorkPtr ProcessGroupGloo::allreduce(std::vector<int> &tensors,
+							      const AllreduceOptions &opts)
 {
 	calls += (long)tensors.size() + opts.reduceOp;
 	return WorkPtr{&work};
@@ -69,9 +77,15 @@ __attribute__((noinline)) WorkPtr ProcessGroupGloo::barrier(const BarrierOptions
 
 } // namespace c10d
 
-__attribute__((noinline)) void c10::ivalue::Future::wait() { waits++; }
+__attribute__((noinline)) void c10::ivalue::Future::wait()
+{
+	waits++;
+}
 
-extern "C" void *fake_torch_new_pg() { return new c10d::ProcessGroupGloo(); }
+extern "C" void *fake_torch_new_pg()
+{
+	return new c10d::ProcessGroupGloo();
+}
 
 extern "C" void fake_torch_allreduce(void *pg)
 {
@@ -82,6 +96,12 @@ extern "C" void fake_torch_allreduce(void *pg)
 	static_cast<c10d::ProcessGroupGloo *>(pg)->future.wait();
 }
 
-extern "C" void *fake_torch_work(void *pg) { return &static_cast<c10d::ProcessGroupGloo *>(pg)->work; }
+extern "C" void *fake_torch_work(void *pg)
+{
+	return &static_cast<c10d::ProcessGroupGloo *>(pg)->work;
+}
 
-extern "C" void *fake_torch_future(void *pg) { return &static_cast<c10d::ProcessGroupGloo *>(pg)->future; }
+extern "C" void *fake_torch_future(void *pg)
+{
+	return &static_cast<c10d::ProcessGroupGloo *>(pg)->future;
+}
