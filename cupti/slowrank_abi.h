@@ -29,6 +29,10 @@
 extern "C" {
 #endif
 
+/* The definitions below are tables aligned by hand (each field with its
+ * offset and meaning in columns): clang-format keeps out of them. */
+/* clang-format off */
+
 /* ---------------------------------------------------------------------- */
 /* Batches                                                                 */
 /* ---------------------------------------------------------------------- */
@@ -433,6 +437,8 @@ SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_transition_record) == 16, "transition
 SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_cupti_control) == 192, "control block size");
 SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_cupti_handback) == 144, "handback block size");
 SLOWRANK_ABI_ASSERT(SLOWRANK_BATCH_MAX <= 65535, "record sizes are u16");
+
+/* clang-format on */
 
 #ifdef __cplusplus
 }

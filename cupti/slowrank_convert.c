@@ -132,14 +132,14 @@ static int ci_any(const char *hay, size_t hlen, const char *const *needles)
 
 int slowrank_classify(const char *name, size_t len)
 {
-	static const char *const comm[] = {"nccldevkernel", "nvshmem", "cross_device_reduce",
-					   "all_reduce", "allreduce", "all_gather", "allgather",
-					   "reduce_scatter", "reducescatter", NULL};
+	static const char *const comm[] = {"nccldevkernel", "nvshmem",    "cross_device_reduce", "all_reduce",
+					   "allreduce",     "all_gather", "allgather",           "reduce_scatter",
+					   "reducescatter", NULL};
 	static const char *const attn[] = {"flash", "fmha", "sdpa", "attention", "attn", NULL};
-	static const char *const moe[] = {"grouped_gemm", "groupedgemm", "grouped_mm", "groupgemm",
-					  "moe", "alltoall", "all_to_all", "all2all", "expert", NULL};
-	static const char *const gemm[] = {"gemm", "gemv", "cutlass", "cublas", "xmma", "nvjet",
-					   "matmul", "wgmma", "splitkreduce", NULL};
+	static const char *const moe[] = {"grouped_gemm", "groupedgemm", "grouped_mm", "groupgemm", "moe",
+					  "alltoall",     "all_to_all",  "all2all",    "expert",    NULL};
+	static const char *const gemm[] = {"gemm",  "gemv",   "cutlass", "cublas",       "xmma",
+					   "nvjet", "matmul", "wgmma",   "splitkreduce", NULL};
 	static const char *const copy[] = {"copy", "memcpy", "memset", NULL};
 
 	if (!name || len == 0)
@@ -148,8 +148,7 @@ int slowrank_classify(const char *name, size_t len)
 		return SLOWRANK_CLASS_COMMUNICATION;
 	if (ci_any(name, len, attn))
 		return SLOWRANK_CLASS_ATTENTION;
-	if (ci_any(name, len, moe) ||
-	    (ci_has(name, len, "permute") && ci_has(name, len, "token")))
+	if (ci_any(name, len, moe) || (ci_has(name, len, "permute") && ci_has(name, len, "token")))
 		return SLOWRANK_CLASS_MOE;
 	if (ci_any(name, len, gemm))
 		return SLOWRANK_CLASS_GEMM;
@@ -194,8 +193,7 @@ void slowrank_conv_free(struct slowrank_conv *c)
 	free(c);
 }
 
-void slowrank_conv_set_clock(struct slowrank_conv *c, uint16_t source, int64_t offset_ns,
-			     uint32_t bracket_ns)
+void slowrank_conv_set_clock(struct slowrank_conv *c, uint16_t source, int64_t offset_ns, uint32_t bracket_ns)
 {
 	c->clock_source = source;
 	c->clock_offset = offset_ns;
@@ -231,11 +229,26 @@ uint64_t slowrank_conv_counter(const struct slowrank_conv *c, int stat)
 	return (stat >= 0 && stat < SLOWRANK_STAT_COUNT) ? c->counters[stat] : 0;
 }
 
-void slowrank_conv_add_cupti_dropped(struct slowrank_conv *c, uint64_t n) { c->cupti_dropped += n; }
-void slowrank_conv_add_lib_dropped(struct slowrank_conv *c, uint64_t n) { c->lib_dropped += n; }
-uint64_t slowrank_conv_cupti_dropped(const struct slowrank_conv *c) { return c->cupti_dropped; }
-uint64_t slowrank_conv_lib_dropped(const struct slowrank_conv *c) { return c->lib_dropped; }
-uint64_t slowrank_conv_records_emitted(const struct slowrank_conv *c) { return c->records_emitted; }
+void slowrank_conv_add_cupti_dropped(struct slowrank_conv *c, uint64_t n)
+{
+	c->cupti_dropped += n;
+}
+void slowrank_conv_add_lib_dropped(struct slowrank_conv *c, uint64_t n)
+{
+	c->lib_dropped += n;
+}
+uint64_t slowrank_conv_cupti_dropped(const struct slowrank_conv *c)
+{
+	return c->cupti_dropped;
+}
+uint64_t slowrank_conv_lib_dropped(const struct slowrank_conv *c)
+{
+	return c->lib_dropped;
+}
+uint64_t slowrank_conv_records_emitted(const struct slowrank_conv *c)
+{
+	return c->records_emitted;
+}
 
 /* ---------------------------------------------------------------------- */
 /* Batch building                                                          */
@@ -590,8 +603,8 @@ static int put_memset(struct slowrank_conv *c, const sr_memset_t *m)
 	return 1;
 }
 
-size_t slowrank_convert_buffer(struct slowrank_conv *c, uint8_t *buf, size_t valid,
-			       slowrank_next_fn next, void *next_user)
+size_t slowrank_convert_buffer(struct slowrank_conv *c, uint8_t *buf, size_t valid, slowrank_next_fn next,
+			       void *next_user)
 {
 	size_t converted = 0;
 	CUpti_Activity *rec = NULL;
@@ -619,8 +632,7 @@ size_t slowrank_convert_buffer(struct slowrank_conv *c, uint8_t *buf, size_t val
 				bad_record(c);
 				goto out;
 			}
-			converted += put_kernel(c, (const sr_kernel_t *)rec,
-						rec->kind == CUPTI_ACTIVITY_KIND_KERNEL);
+			converted += put_kernel(c, (const sr_kernel_t *)rec, rec->kind == CUPTI_ACTIVITY_KIND_KERNEL);
 			break;
 		case CUPTI_ACTIVITY_KIND_MEMCPY:
 			if (avail < SR_MEMCPY_PREFIX) {

@@ -41,8 +41,8 @@
 #define SLOWRANK_MAX_NAMES 16384
 
 /* Walker results. */
-#define SLOWRANK_NEXT_OK    0
-#define SLOWRANK_NEXT_END   1
+#define SLOWRANK_NEXT_OK 0
+#define SLOWRANK_NEXT_END 1
 #define SLOWRANK_NEXT_ERROR 2
 
 /* Same contract as cuptiActivityGetNextRecord: *rec == NULL asks for the first
@@ -65,8 +65,7 @@ void slowrank_conv_free(struct slowrank_conv *c);
 
 /* Clock of subsequent records (SLOWRANK_CLOCK_*); offset is added to every
  * CUPTI timestamp. */
-void slowrank_conv_set_clock(struct slowrank_conv *c, uint16_t source, int64_t offset_ns,
-			     uint32_t bracket_ns);
+void slowrank_conv_set_clock(struct slowrank_conv *c, uint16_t source, int64_t offset_ns, uint32_t bracket_ns);
 /* Records whose CLOCK_MONOTONIC times fall outside [lo_ns, hi_ns] are on
  * another clock (another CUPTI client replaced the timestamp callback):
  * dropped and counted in SLOWRANK_STAT_FOREIGN_CLOCK. hi_ns 0: no check. */
@@ -78,10 +77,10 @@ void slowrank_conv_set_window(struct slowrank_conv *c, uint64_t lo_ns, uint64_t 
  * window but near one of them is mapped to CLOCK_MONOTONIC and counted in
  * SLOWRANK_STAT_CLOCK_CONVERTED. Zero fields: that clock is not tried. */
 struct slowrank_clocks {
-	uint64_t mono_ns;       /* CLOCK_MONOTONIC now */
-	uint64_t real_ns;       /* CLOCK_REALTIME now */
-	uint64_t tsc;           /* time-stamp counter now */
-	double tsc_per_ns;      /* its rate, measured against CLOCK_MONOTONIC */
+	uint64_t mono_ns;  /* CLOCK_MONOTONIC now */
+	uint64_t real_ns;  /* CLOCK_REALTIME now */
+	uint64_t tsc;      /* time-stamp counter now */
+	double tsc_per_ns; /* its rate, measured against CLOCK_MONOTONIC */
 };
 void slowrank_conv_set_clocks(struct slowrank_conv *c, const struct slowrank_clocks *k);
 /* Control generation reported in batch headers. */
@@ -92,8 +91,8 @@ void slowrank_conv_new_epoch(struct slowrank_conv *c);
 
 /* Walks buf[0:valid) with next() and emits batches. Returns the number of
  * records converted into batch records. Flushes the open batch at the end. */
-size_t slowrank_convert_buffer(struct slowrank_conv *c, uint8_t *buf, size_t valid,
-			       slowrank_next_fn next, void *next_user);
+size_t slowrank_convert_buffer(struct slowrank_conv *c, uint8_t *buf, size_t valid, slowrank_next_fn next,
+			       void *next_user);
 
 /* Appends a transition record and emits it (with anything pending). */
 void slowrank_conv_transition(struct slowrank_conv *c, int on, int reason, int mode, uint64_t ts_ns);

@@ -115,8 +115,7 @@ struct cupti_api {
 	CUptiResult (*GetResultString)(CUptiResult, const char **);
 	CUptiResult (*Subscribe)(CUpti_SubscriberHandle *, sr_cb_fn, void *);
 	CUptiResult (*Unsubscribe)(CUpti_SubscriberHandle);
-	CUptiResult (*ActivityRegisterCallbacks)(CUpti_BuffersCallbackRequestFunc,
-						 CUpti_BuffersCallbackCompleteFunc);
+	CUptiResult (*ActivityRegisterCallbacks)(CUpti_BuffersCallbackRequestFunc, CUpti_BuffersCallbackCompleteFunc);
 	CUptiResult (*ActivityEnable)(CUpti_ActivityKind);
 	CUptiResult (*ActivityDisable)(CUpti_ActivityKind);
 	CUptiResult (*ActivityFlushAll)(uint32_t);
@@ -137,31 +136,31 @@ static const CUpti_ActivityKind sr_kinds[] = {
 /* State                                                                   */
 /* ---------------------------------------------------------------------- */
 
-#define SR_POLL_NS       (50ull * 1000000ull)
-#define SR_FLUSH_NS      (100ull * 1000000ull)
-#define SR_STATS_NS      (1000ull * 1000000ull)
-#define SR_CALIB_NS      (1000ull * 1000000ull)
-#define SR_EXIT_WAIT_NS  (300ull * 1000000ull)
-#define SR_HAND_BACK_NS  (50ull * 1000000ull)
-#define SR_SUSPECT_NS    (500ull * 1000000ull)
-#define SR_ON_POLL_NS    (2ull * 1000000ull)
+#define SR_POLL_NS (50ull * 1000000ull)
+#define SR_FLUSH_NS (100ull * 1000000ull)
+#define SR_STATS_NS (1000ull * 1000000ull)
+#define SR_CALIB_NS (1000ull * 1000000ull)
+#define SR_EXIT_WAIT_NS (300ull * 1000000ull)
+#define SR_HAND_BACK_NS (50ull * 1000000ull)
+#define SR_SUSPECT_NS (500ull * 1000000ull)
+#define SR_ON_POLL_NS (2ull * 1000000ull)
 /* Collection time after a (re)registration in which CUPTI must ask for a
  * buffer at least once; if it never does, its records go to another
  * client's callbacks (seen on CUDA 13.0 after a torch.profiler session that
  * ran before this library's first use of CUPTI): collection stops. */
-#define SR_NO_BUFFER_NS  (30ull * 1000000000ull)
-#define SR_POOL_MAX      64
+#define SR_NO_BUFFER_NS (30ull * 1000000000ull)
+#define SR_POOL_MAX 64
 /* Another client's buffers completed to this library's callbacks, held
  * until the agent says whose they are (Handback). */
-#define SR_PARK_MAX      32
+#define SR_PARK_MAX 32
 /* After a yield starts (and whenever the agent writes again meanwhile), poll
  * every millisecond for this long: the other client's callbacks may follow
  * the yield decision. */
 #define SR_HANDBACK_POLL_NS (50ull * 1000000ull)
 
 struct pool_slot {
-	_Atomic int given;  /* 1 while CUPTI holds it */
-	_Atomic int orphan; /* given before another client took CUPTI: may never come back */
+	_Atomic int given;    /* 1 while CUPTI holds it */
+	_Atomic int orphan;   /* given before another client took CUPTI: may never come back */
 	uint8_t *_Atomic mem; /* mapped once, never unmapped */
 };
 
@@ -190,33 +189,33 @@ static struct {
 
 	struct cupti_api api;
 	int loaded;
-	int ready;       /* callbacks registered */
-	int refused;     /* CUPTI refused during this attach epoch */
-	int waiting;     /* attached, the agent has not decided about other CUPTI clients yet */
+	int ready;   /* callbacks registered */
+	int refused; /* CUPTI refused during this attach epoch */
+	int waiting; /* attached, the agent has not decided about other CUPTI clients yet */
 	uint32_t seen_cupti_gen;
-	int yielded;     /* another CUPTI client is active: no CUPTI calls */
+	int yielded; /* another CUPTI client is active: no CUPTI calls */
 	uint64_t yield_since;
-	int need_setup;  /* callbacks and clock must be registered (again) */
+	int need_setup; /* callbacks and clock must be registered (again) */
 	uint64_t last_disable_ns;
-	uint64_t fast_until; /* poll every 1 ms until then: a toggle may have raced another client */
-	uint64_t hand_back_at; /* forced flush due: CUPTI keeps no buffer of ours while off */
+	uint64_t fast_until;    /* poll every 1 ms until then: a toggle may have raced another client */
+	uint64_t hand_back_at;  /* forced flush due: CUPTI keeps no buffer of ours while off */
 	uint64_t suspect_until; /* signs of another client: no CUPTI call until then (the agent decides) */
-	uint64_t own_reg_end; /* CLOCK_MONOTONIC when this library's last cuptiActivityRegisterCallbacks returned */
-	uint64_t own_ts_end;  /* ... and its last cuptiActivityRegisterTimestampCallback */
+	uint64_t own_reg_end;   /* CLOCK_MONOTONIC when this library's last cuptiActivityRegisterCallbacks returned */
+	uint64_t own_ts_end;    /* ... and its last cuptiActivityRegisterTimestampCallback */
 	/* Handback, per yield: what was given back to the other client */
 	uint64_t hb_pair_seen, hb_ts_seen; /* pair_ns / timestamp_ns already acted on */
-	int hb_pair_known;   /* a pair of the other client's current session was seen */
-	uint64_t hb_since;   /* foreign_since_ns of the yield (the agent clears it when the yield ends) */
-	uint64_t hb_kinds_on; /* bit per kind of sr_kinds: on for the other client now */
+	int hb_pair_known;                 /* a pair of the other client's current session was seen */
+	uint64_t hb_since;                 /* foreign_since_ns of the yield (the agent clears it when the yield ends) */
+	uint64_t hb_kinds_on;              /* bit per kind of sr_kinds: on for the other client now */
 	pthread_mutex_t park_mu;
 	CUpti_BuffersCallbackCompleteFunc fwd_complete; /* guarded by park_mu: where parked buffers go */
 	struct parked_buffer park[SR_PARK_MAX];
 	int npark;
 	uint64_t requested_at_setup; /* c_requested when the callbacks were last registered */
 	uint64_t on_ns_at_setup;     /* c_on_ns then */
-	_Atomic int foreign_clock; /* records on another clock seen: re-register ours */
+	_Atomic int foreign_clock;   /* records on another clock seen: re-register ours */
 	int refusal_printed;
-	int on;          /* kinds enabled */
+	int on; /* kinds enabled */
 	int attached;
 	uint64_t on_since;
 	int ts_callback;
@@ -235,10 +234,9 @@ static struct {
 	_Atomic int convert_on; /* completed buffers are converted (attached) */
 
 	/* runtime counters, merged into stats records */
-	_Atomic uint64_t c_requested, c_refused, c_completed, c_flushes, c_enables, c_attaches,
-		c_cupti_errors, c_on_ns, c_discarded, c_yields, c_yielded_ns, c_orphaned, c_lease,
-		c_rejected, c_reenabled, c_setups, c_foreign_buffers, c_handbacks, c_clock_handbacks,
-		c_forwarded, c_taken, c_hb_rejected;
+	_Atomic uint64_t c_requested, c_refused, c_completed, c_flushes, c_enables, c_attaches, c_cupti_errors, c_on_ns,
+		c_discarded, c_yields, c_yielded_ns, c_orphaned, c_lease, c_rejected, c_reenabled, c_setups,
+		c_foreign_buffers, c_handbacks, c_clock_handbacks, c_forwarded, c_taken, c_hb_rejected;
 
 	/* control thread */
 	pthread_t thread;
@@ -328,9 +326,9 @@ static void logline(const char *fmt, ...)
 	(void)w;
 }
 
-#define DEBUGF(...)                          \
-	do {                                 \
-		if (g.debug)                 \
+#define DEBUGF(...)                           \
+	do {                                  \
+		if (g.debug)                  \
 			logline(__VA_ARGS__); \
 	} while (0)
 
@@ -367,10 +365,10 @@ static void cupti_error(const char *what, CUptiResult r)
 /* Loading libcupti                                                        */
 /* ---------------------------------------------------------------------- */
 
-#define SR_SYM(field, name)                                                   \
-	do {                                                                  \
-		void *p_ = dlsym(h, name);                                    \
-		memcpy(&api->field, &p_, sizeof(p_));                         \
+#define SR_SYM(field, name)                           \
+	do {                                          \
+		void *p_ = dlsym(h, name);            \
+		memcpy(&api->field, &p_, sizeof(p_)); \
 	} while (0)
 
 static int bind_api(void *h, struct cupti_api *api)
@@ -387,9 +385,9 @@ static int bind_api(void *h, struct cupti_api *api)
 	SR_SYM(ActivityGetNumDroppedRecords, "cuptiActivityGetNumDroppedRecords");
 	SR_SYM(GetTimestamp, "cuptiGetTimestamp");
 	SR_SYM(ActivityRegisterTimestampCallback, "cuptiActivityRegisterTimestampCallback");
-	return api->GetVersion && api->Subscribe && api->Unsubscribe &&
-	       api->ActivityRegisterCallbacks && api->ActivityEnable && api->ActivityDisable &&
-	       api->ActivityFlushAll && api->ActivityGetNextRecord && api->GetTimestamp;
+	return api->GetVersion && api->Subscribe && api->Unsubscribe && api->ActivityRegisterCallbacks &&
+	       api->ActivityEnable && api->ActivityDisable && api->ActivityFlushAll && api->ActivityGetNextRecord &&
+	       api->GetTimestamp;
 }
 
 static int try_open(const char *path)
@@ -489,27 +487,27 @@ static int load_cupti(void)
 	if (lp.cupti[0] && try_open(lp.cupti))
 		return 1;
 	/* 2. The CUDA toolkit. */
-	static const char *const toolkit[] = {
-		"extras/CUPTI/lib64/libcupti.so*", "targets/x86_64-linux/lib/libcupti.so*",
-		"targets/sbsa-linux/lib/libcupti.so*", "lib64/libcupti.so*", NULL};
+	static const char *const toolkit[] = {"extras/CUPTI/lib64/libcupti.so*",
+					      "targets/x86_64-linux/lib/libcupti.so*",
+					      "targets/sbsa-linux/lib/libcupti.so*", "lib64/libcupti.so*", NULL};
 	const char *homes[] = {getenv("CUDA_HOME"), getenv("CUDA_PATH"), "/usr/local/cuda"};
 	for (size_t i = 0; i < sizeof(homes) / sizeof(homes[0]); i++)
 		if (homes[i] && *homes[i] && try_dir_patterns(homes[i], toolkit))
 			return 1;
 	/* 3. The nvidia-cuda-cupti pip package next to the loaded libcudart/torch. */
-	static const char *const pip_from_cudart[] = {
-		"libcupti.so*", "../../cuda_cupti/lib/libcupti.so*", "../../cu13/lib/libcupti.so*",
-		"../../cu12/lib/libcupti.so*", NULL};
-	static const char *const pip_from_torch[] = {
-		"libcupti.so*", "../../nvidia/cuda_cupti/lib/libcupti.so*",
-		"../../nvidia/cu13/lib/libcupti.so*", "../../nvidia/cu12/lib/libcupti.so*", NULL};
+	static const char *const pip_from_cudart[] = {"libcupti.so*", "../../cuda_cupti/lib/libcupti.so*",
+						      "../../cu13/lib/libcupti.so*", "../../cu12/lib/libcupti.so*",
+						      NULL};
+	static const char *const pip_from_torch[] = {"libcupti.so*", "../../nvidia/cuda_cupti/lib/libcupti.so*",
+						     "../../nvidia/cu13/lib/libcupti.so*",
+						     "../../nvidia/cu12/lib/libcupti.so*", NULL};
 	if (lp.cudart_dir[0] && try_dir_patterns(lp.cudart_dir, pip_from_cudart))
 		return 1;
 	if (lp.torch_dir[0] && try_dir_patterns(lp.torch_dir, pip_from_torch))
 		return 1;
 	/* 4. The dynamic linker's search path. */
-	static const char *const sonames[] = {"libcupti.so", "libcupti.so.13", "libcupti.so.12",
-					      "libcupti.so.11.8", NULL};
+	static const char *const sonames[] = {"libcupti.so", "libcupti.so.13", "libcupti.so.12", "libcupti.so.11.8",
+					      NULL};
 	for (const char *const *s = sonames; *s; s++)
 		if (try_open(*s))
 			return 1;
@@ -630,11 +628,10 @@ static int cupti_next(void *user, uint8_t *buf, size_t valid, CUpti_Activity **r
 
 /* Records further than this from now are on another client's clock
  * (Kineto's TSC ticks, CUPTI's default CLOCK_REALTIME). */
-#define SR_CLOCK_PAST_NS   (600ull * 1000000000ull)
+#define SR_CLOCK_PAST_NS (600ull * 1000000000ull)
 #define SR_CLOCK_FUTURE_NS (60ull * 1000000000ull)
 
-static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size,
-				      size_t valid)
+static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size, size_t valid)
 {
 	(void)size;
 	atomic_fetch_add(&g.c_completed, 1);
@@ -682,8 +679,7 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
 		}
 		size_t dropped = 0;
 		if (g.api.ActivityGetNumDroppedRecords &&
-		    g.api.ActivityGetNumDroppedRecords(ctx, stream, &dropped) == CUPTI_SUCCESS && dropped &&
-		    g.conv)
+		    g.api.ActivityGetNumDroppedRecords(ctx, stream, &dropped) == CUPTI_SUCCESS && dropped && g.conv)
 			slowrank_conv_add_cupti_dropped(g.conv, dropped);
 		pthread_mutex_unlock(&g.mu);
 	}
@@ -800,8 +796,7 @@ static void calibrate(void)
 		slowrank_conv_set_clock(g.conv, SLOWRANK_CLOCK_UNKNOWN, 0, 0);
 	pthread_mutex_unlock(&g.mu);
 	set_status_flag(SLOWRANK_STATUS_CALIBRATED, best_w != UINT64_MAX);
-	DEBUGF("clock calibrated: offset %lld ns, bracket %llu ns", (long long)best_off,
-	       (unsigned long long)best_w);
+	DEBUGF("clock calibrated: offset %lld ns, bracket %llu ns", (long long)best_off, (unsigned long long)best_w);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -1008,8 +1003,8 @@ static void read_control(uint64_t now)
 		if (g.conv)
 			slowrank_conv_set_generation(g.conv, g1);
 		pthread_mutex_unlock(&g.mu);
-		DEBUGF("control generation %u: mode %u on %u ms / %u ms, k %u / n %u", g1, d.mode, d.on_ms,
-		       d.period_ms, d.k_steps, d.n_steps);
+		DEBUGF("control generation %u: mode %u on %u ms / %u ms, k %u / n %u", g1, d.mode, d.on_ms, d.period_ms,
+		       d.k_steps, d.n_steps);
 	}
 	if (d.name_resend != g.last_resend) {
 		g.last_resend = d.name_resend;
@@ -1077,8 +1072,7 @@ static void update_status(uint64_t now)
 	__atomic_store_n(&c->enables, atomic_load(&g.c_enables), __ATOMIC_RELAXED);
 	pthread_mutex_lock(&g.mu);
 	if (g.conv) {
-		__atomic_store_n(&c->batches, slowrank_conv_counter(g.conv, SLOWRANK_STAT_BATCHES),
-				 __ATOMIC_RELAXED);
+		__atomic_store_n(&c->batches, slowrank_conv_counter(g.conv, SLOWRANK_STAT_BATCHES), __ATOMIC_RELAXED);
 		__atomic_store_n(&c->records, slowrank_conv_records_emitted(g.conv), __ATOMIC_RELAXED);
 		__atomic_store_n(&c->cupti_dropped, slowrank_conv_cupti_dropped(g.conv), __ATOMIC_RELAXED);
 		__atomic_store_n(&c->lib_dropped, slowrank_conv_lib_dropped(g.conv), __ATOMIC_RELAXED);
@@ -1341,8 +1335,7 @@ static void end_yield(uint64_t now)
 		return;
 	g.yielded = 0;
 	atomic_fetch_add(&g.c_yielded_ns, now - g.yield_since);
-	__atomic_store_n(&slowrank_cupti_control.yielded_ns_total, atomic_load(&g.c_yielded_ns),
-			 __ATOMIC_RELAXED);
+	__atomic_store_n(&slowrank_cupti_control.yielded_ns_total, atomic_load(&g.c_yielded_ns), __ATOMIC_RELAXED);
 }
 
 static void on_detach(uint64_t now)
@@ -1562,8 +1555,8 @@ static void *control_main(void *arg)
 		__atomic_store_n(&slowrank_cupti_control.cupti_version, g.api.version, __ATOMIC_RELAXED);
 		set_state(SLOWRANK_STATE_IDLE);
 		if (!g.quiet)
-			logline("ready, libcupti %s (api %u); collection off until an agent attaches%s",
-				g.api.path, g.api.version, g.force_attach ? " (forced attach)" : "");
+			logline("ready, libcupti %s (api %u); collection off until an agent attaches%s", g.api.path,
+				g.api.version, g.force_attach ? " (forced attach)" : "");
 	} else {
 		set_state(SLOWRANK_STATE_UNAVAILABLE);
 		atomic_fetch_add(&g.c_cupti_errors, 1);
@@ -1644,8 +1637,7 @@ static void at_exit(void)
 		struct slowrank_cupti_control *c = &slowrank_cupti_control;
 		logline("exit: state %u attaches %llu enables %llu on_ms %llu batches %llu records %llu "
 			"cupti_dropped %llu lib_dropped %llu buffers %llu/%llu refused %llu errors %llu",
-			__atomic_load_n(&c->state, __ATOMIC_RELAXED),
-			(unsigned long long)atomic_load(&g.c_attaches),
+			__atomic_load_n(&c->state, __ATOMIC_RELAXED), (unsigned long long)atomic_load(&g.c_attaches),
 			(unsigned long long)atomic_load(&g.c_enables),
 			(unsigned long long)(__atomic_load_n(&c->on_ns_total, __ATOMIC_RELAXED) / 1000000ull),
 			(unsigned long long)__atomic_load_n(&c->batches, __ATOMIC_RELAXED),
@@ -1653,8 +1645,7 @@ static void at_exit(void)
 			(unsigned long long)__atomic_load_n(&c->cupti_dropped, __ATOMIC_RELAXED),
 			(unsigned long long)__atomic_load_n(&c->lib_dropped, __ATOMIC_RELAXED),
 			(unsigned long long)atomic_load(&g.c_completed),
-			(unsigned long long)atomic_load(&g.c_requested),
-			(unsigned long long)atomic_load(&g.c_refused),
+			(unsigned long long)atomic_load(&g.c_requested), (unsigned long long)atomic_load(&g.c_refused),
 			(unsigned long long)atomic_load(&g.c_cupti_errors));
 	}
 }
@@ -1739,8 +1730,8 @@ SR_EXPORT int InitializeInjection(void)
 	slowrank_cupti_handback.own_complete = fn_addr(&(CUpti_BuffersCallbackCompleteFunc){buffer_completed},
 						       sizeof(CUpti_BuffersCallbackCompleteFunc));
 	slowrank_cupti_handback.own_timestamp = fn_addr(&(sr_ts_fn){sr_timestamp}, sizeof(sr_ts_fn));
-	__atomic_store_n(&slowrank_cupti_control.handback_addr,
-			 (uint64_t)(uintptr_t)&slowrank_cupti_handback, __ATOMIC_RELEASE);
+	__atomic_store_n(&slowrank_cupti_control.handback_addr, (uint64_t)(uintptr_t)&slowrank_cupti_handback,
+			 __ATOMIC_RELEASE);
 
 	struct slowrank_conv_config cfg = {.pid = (uint32_t)g.pid, .emit = rt_emit, .emit_user = NULL};
 	g.conv = slowrank_conv_new(&cfg);

@@ -19,23 +19,23 @@
 
 static int failures, checks;
 
-#define CHECK(cond)                                                                 \
-	do {                                                                        \
-		checks++;                                                           \
-		if (!(cond)) {                                                      \
-			failures++;                                                 \
+#define CHECK(cond)                                                                              \
+	do {                                                                                     \
+		checks++;                                                                        \
+		if (!(cond)) {                                                                   \
+			failures++;                                                              \
 			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-		}                                                                   \
+		}                                                                                \
 	} while (0)
 
-#define CHECK_EQ(a, b)                                                               \
-	do {                                                                         \
-		checks++;                                                            \
-		unsigned long long a_ = (unsigned long long)(a), b_ = (unsigned long long)(b); \
-		if (a_ != b_) {                                                      \
-			failures++;                                                  \
+#define CHECK_EQ(a, b)                                                                                               \
+	do {                                                                                                         \
+		checks++;                                                                                            \
+		unsigned long long a_ = (unsigned long long)(a), b_ = (unsigned long long)(b);                       \
+		if (a_ != b_) {                                                                                      \
+			failures++;                                                                                  \
 			fprintf(stderr, "%s:%d: %s == %llu, want %s == %llu\n", __FILE__, __LINE__, #a, a_, #b, b_); \
-		}                                                                    \
+		}                                                                                                    \
 	} while (0)
 
 /* ---------------------------------------------------------------------- */
@@ -116,8 +116,7 @@ static void *synth_add(struct synth *s, CUpti_ActivityKind kind)
 	return p;
 }
 
-static CUpti_ActivityKernel4 *add_kernel(struct synth *s, const char *name, uint64_t start, uint64_t end,
-					 uint32_t corr)
+static CUpti_ActivityKernel4 *add_kernel(struct synth *s, const char *name, uint64_t start, uint64_t end, uint32_t corr)
 {
 	fat_kernel *fk = synth_add(s, CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
 	CUpti_ActivityKernel4 *k = &fk->k;
@@ -305,11 +304,15 @@ static void save_batches(const struct capture *c, const char *tag)
 /* ---------------------------------------------------------------------- */
 
 static const char NCCL[] = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)";
-static const char FLASH[] = "void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 64, 64, 4, false>, true>(Flash_fwd_params)";
-static const char GEMM[] = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas";
+static const char FLASH[] =
+	"void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 64, 64, 4, false>, true>(Flash_fwd_params)";
+static const char GEMM[] =
+	"sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas";
 static const char MOE[] = "void cutlass::Kernel<cutlass_grouped_gemm_moe_sm90>(Params)";
-static const char COPY[] = "void at::native::(anonymous namespace)::CatArrayBatchedCopy<float, unsigned int, 4, 128, 1>(...)";
-static const char OTHER[] = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, at::detail::Array<char*, 1> >(int, at::native::FillFunctor<float>, at::detail::Array<char*, 1>)";
+static const char COPY[] =
+	"void at::native::(anonymous namespace)::CatArrayBatchedCopy<float, unsigned int, 4, 128, 1>(...)";
+static const char OTHER[] =
+	"void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, at::detail::Array<char*, 1> >(int, at::native::FillFunctor<float>, at::detail::Array<char*, 1>)";
 
 static void test_basic(void)
 {
@@ -370,9 +373,8 @@ static void test_basic(void)
 	CHECK_EQ(hdr(&CAP, 0)->clock_source, SLOWRANK_CLOCK_MONOTONIC_CALLBACK);
 	CHECK_EQ(hdr(&CAP, 0)->count, 6 + 9);
 
-	static const int want_class[] = {SLOWRANK_CLASS_COMMUNICATION, SLOWRANK_CLASS_ATTENTION,
-					 SLOWRANK_CLASS_GEMM,          SLOWRANK_CLASS_MOE,
-					 SLOWRANK_CLASS_COPY,          SLOWRANK_CLASS_OTHER,
+	static const int want_class[] = {SLOWRANK_CLASS_COMMUNICATION, SLOWRANK_CLASS_ATTENTION, SLOWRANK_CLASS_GEMM,
+					 SLOWRANK_CLASS_MOE,           SLOWRANK_CLASS_COPY,      SLOWRANK_CLASS_OTHER,
 					 SLOWRANK_CLASS_GEMM};
 	static const char *const want_name[] = {NCCL, FLASH, GEMM, MOE, COPY, OTHER, GEMM};
 	int names = 0, kernels = 0, memcpys = 0, memsets = 0;
@@ -407,7 +409,8 @@ static void test_basic(void)
 				const struct slowrank_name_record *nr = (const void *)D.r[j].p;
 				if (D.r[j].kind == SLOWRANK_REC_NAME && nr->name_id == r->name_id) {
 					CHECK_EQ(nr->len, strlen(want_name[kernels]));
-					CHECK(memcmp((const uint8_t *)nr + sizeof(*nr), want_name[kernels], nr->len) == 0);
+					CHECK(memcmp((const uint8_t *)nr + sizeof(*nr), want_name[kernels], nr->len) ==
+					      0);
 					CHECK_EQ(nr->kclass, want_class[kernels]);
 				}
 			}
@@ -513,10 +516,10 @@ static void test_other_clocks(void)
 	slowrank_conv_set_window(c, mono - 600000000000ull, mono + 60000000000ull);
 	struct slowrank_clocks k = {.mono_ns = mono, .real_ns = real, .tsc = tsc, .tsc_per_ns = 2.5};
 	slowrank_conv_set_clocks(c, &k);
-	add_kernel(&S, GEMM, mono - 2000000, mono - 1000000, 1);          /* ours */
-	add_kernel(&S, GEMM, real - 3000000, real - 2000000, 2);          /* CUPTI's default clock */
-	add_kernel(&S, GEMM, tsc - 10000000, tsc - 5000000, 3);           /* TSC ticks: 4 ms..2 ms ago */
-	add_kernel(&S, GEMM, 3 * mono + 12345, 3 * mono + 22345, 4);      /* an unknown clock: dropped */
+	add_kernel(&S, GEMM, mono - 2000000, mono - 1000000, 1);     /* ours */
+	add_kernel(&S, GEMM, real - 3000000, real - 2000000, 2);     /* CUPTI's default clock */
+	add_kernel(&S, GEMM, tsc - 10000000, tsc - 5000000, 3);      /* TSC ticks: 4 ms..2 ms ago */
+	add_kernel(&S, GEMM, 3 * mono + 12345, 3 * mono + 22345, 4); /* an unknown clock: dropped */
 	slowrank_convert_buffer(c, S.buf, S.len, synth_next, NULL);
 	decode_all(&CAP, &D, 1);
 	CHECK_EQ(D.n, 4); /* name + three kernels */
@@ -635,8 +638,7 @@ static void test_many_records(void)
 	for (int i = 0; i < NNAMES; i++)
 		snprintf(names[i], sizeof(names[i]), "%s_kernel_variant_%03d", (i % 3) ? "gemm" : "misc", i);
 	for (int i = 0; i < NKERNELS; i++)
-		add_kernel(&S, names[(i * 7) % NNAMES], 1000 + 10 * (uint64_t)i, 1005 + 10 * (uint64_t)i,
-			   (uint32_t)i);
+		add_kernel(&S, names[(i * 7) % NNAMES], 1000 + 10 * (uint64_t)i, 1005 + 10 * (uint64_t)i, (uint32_t)i);
 	size_t n = slowrank_convert_buffer(c, S.buf, S.len, synth_next, NULL);
 	CHECK_EQ(n, NKERNELS);
 	CHECK(CAP.n > 10);
@@ -667,8 +669,7 @@ static void test_many_records(void)
 	for (int i = 0; i < D.n; i++) {
 		if (D.r[i].kind != SLOWRANK_REC_NAME)
 			continue;
-		CHECK(i + 1 < D.n && D.r[i + 1].kind == SLOWRANK_REC_KERNEL &&
-		      D.r[i + 1].batch == D.r[i].batch);
+		CHECK(i + 1 < D.n && D.r[i + 1].kind == SLOWRANK_REC_KERNEL && D.r[i + 1].batch == D.r[i].batch);
 	}
 	/* Batches are filled: all but the last are close to the bound. */
 	for (int b = 0; b + 1 < CAP.n; b++)
@@ -755,7 +756,8 @@ static void test_classify(void)
 		int cls;
 	} cases[] = {
 		{"ncclKernel_AllReduce_RING_LL_Sum_float", SLOWRANK_CLASS_COMMUNICATION},
-		{"_Z29ncclDevKernel_AllGather_RING_LLP24ncclDevKernelArgsStorageILm4096EE", SLOWRANK_CLASS_COMMUNICATION},
+		{"_Z29ncclDevKernel_AllGather_RING_LLP24ncclDevKernelArgsStorageILm4096EE",
+		 SLOWRANK_CLASS_COMMUNICATION},
 		{"ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", SLOWRANK_CLASS_COMMUNICATION},
 		{"void vllm::cross_device_reduce_1stage<__nv_bfloat16, 8>(...)", SLOWRANK_CLASS_COMMUNICATION},
 		{"flash_fwd_splitkv_kernel", SLOWRANK_CLASS_ATTENTION},
@@ -765,17 +767,20 @@ static void test_classify(void)
 		{"mem_efficient_attention_forward", SLOWRANK_CLASS_ATTENTION},
 		{"sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", SLOWRANK_CLASS_GEMM},
 		{"nvjet_tst_128x256_64x4_2x1_v_bz_coopA_TNT", SLOWRANK_CLASS_GEMM},
-		{"void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>(...)", SLOWRANK_CLASS_GEMM},
+		{"void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>(...)",
+		 SLOWRANK_CLASS_GEMM},
 		{"ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_32x5_tn", SLOWRANK_CLASS_GEMM},
 		{"void cublasLt::splitKreduce_kernel<32, 16, int, float>(...)", SLOWRANK_CLASS_GEMM},
-		{"void gemv2T_kernel_val<int, int, float, float, float, float, 128, 16, 4, 4, false>(...)", SLOWRANK_CLASS_GEMM},
+		{"void gemv2T_kernel_val<int, int, float, float, float, float, 128, 16, 4, 4, false>(...)",
+		 SLOWRANK_CLASS_GEMM},
 		{"void grouped_gemm_kernel<...>", SLOWRANK_CLASS_MOE},
 		{"fused_moe_kernel", SLOWRANK_CLASS_MOE},
 		{"moe_align_block_size_kernel", SLOWRANK_CLASS_MOE},
 		{"void deep_ep::internode::dispatch<...> all_to_all", SLOWRANK_CLASS_MOE},
 		{"permute_tokens_kernel", SLOWRANK_CLASS_MOE},
 		{"void at::native::_grouped_mm_kernel<...>", SLOWRANK_CLASS_MOE},
-		{"void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda>", SLOWRANK_CLASS_COPY},
+		{"void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda>",
+		 SLOWRANK_CLASS_COPY},
 		{"void at::native::elementwise_kernel<128, 2, ...>", SLOWRANK_CLASS_OTHER},
 		{"void at::native::reduce_kernel<512, 1, ...>", SLOWRANK_CLASS_OTHER},
 		{"", SLOWRANK_CLASS_OTHER},

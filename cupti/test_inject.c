@@ -79,8 +79,7 @@ static struct syms open_lib(void)
 		FAIL("internal symbols are exported");
 	if (s.ctl->magic != SLOWRANK_CONTROL_MAGIC || s.ctl->version != SLOWRANK_CONTROL_VERSION ||
 	    s.ctl->size != sizeof(struct slowrank_cupti_control))
-		FAIL("control block header: magic %#x version %u size %u", s.ctl->magic, s.ctl->version,
-		     s.ctl->size);
+		FAIL("control block header: magic %#x version %u size %u", s.ctl->magic, s.ctl->version, s.ctl->size);
 	if (s.ctl->mode != SLOWRANK_DEFAULT_MODE || s.ctl->period_ms != SLOWRANK_DEFAULT_PERIOD_MS)
 		FAIL("control block defaults");
 	if (*s.sem != 0)
@@ -89,17 +88,17 @@ static struct syms open_lib(void)
 }
 
 /* Waits until pred holds or ms pass. */
-#define WAIT_FOR(pred, ms)                                   \
-	({                                                   \
-		int ok_ = 0;                                 \
-		for (int i_ = 0; i_ < (ms) / 10; i_++) {     \
-			if (pred) {                          \
-				ok_ = 1;                     \
-				break;                       \
-			}                                    \
-			sleep_ms(10);                        \
-		}                                            \
-		ok_;                                         \
+#define WAIT_FOR(pred, ms)                               \
+	({                                               \
+		int ok_ = 0;                             \
+		for (int i_ = 0; i_ < (ms) / 10; i_++) { \
+			if (pred) {                      \
+				ok_ = 1;                 \
+				break;                   \
+			}                                \
+			sleep_ms(10);                    \
+		}                                        \
+		ok_;                                     \
 	})
 
 static void scenario_plain(void)
@@ -125,8 +124,8 @@ static void scenario_plain(void)
 	if (load32(&s.ctl->status_flags) & SLOWRANK_STATUS_CUPTI_READY)
 		FAIL("CUPTI initialised without an agent");
 	s.emit(NULL, 0); /* the hand-off is callable and inert */
-	printf("  state %u flags %#x cupti_version %u\n", load32(&s.ctl->state),
-	       load32(&s.ctl->status_flags), load32(&s.ctl->cupti_version));
+	printf("  state %u flags %#x cupti_version %u\n", load32(&s.ctl->state), load32(&s.ctl->status_flags),
+	       load32(&s.ctl->cupti_version));
 }
 
 static void scenario_nolib(void)
@@ -269,9 +268,8 @@ int main(int argc, char **argv)
 		const char *name;
 		void (*fn)(void);
 	} sc[] = {
-		{"plain", scenario_plain},       {"nolib", scenario_nolib},
-		{"attach", scenario_attach},     {"control", scenario_control},
-		{"disabled", scenario_disabled},
+		{"plain", scenario_plain},     {"nolib", scenario_nolib},       {"attach", scenario_attach},
+		{"control", scenario_control}, {"disabled", scenario_disabled},
 	};
 	int passed = 0, failed = 0;
 	for (size_t i = 0; i < sizeof(sc) / sizeof(sc[0]); i++) {

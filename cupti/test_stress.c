@@ -58,17 +58,17 @@
 #define APP_THREADS 3
 #define MAX_LAUNCHES (1u << 21)
 
-#define FAIL(...)                                        \
-	do {                                             \
-		fprintf(stderr, "FAIL: " __VA_ARGS__);   \
-		fprintf(stderr, "\n");                   \
-		exit(1);                                 \
+#define FAIL(...)                                      \
+	do {                                           \
+		fprintf(stderr, "FAIL: " __VA_ARGS__); \
+		fprintf(stderr, "\n");                 \
+		exit(1);                               \
 	} while (0)
 
 struct fakecupti_counters {
-	uint64_t launches, records, dropped_no_buffer, dropped_disabled, buffers_requested,
-		buffers_completed, buffers_lost_finalize, buffers_completed_no_callback, subscribe_refused,
-		register_calls, finalize_calls, enable_calls, disable_calls;
+	uint64_t launches, records, dropped_no_buffer, dropped_disabled, buffers_requested, buffers_completed,
+		buffers_lost_finalize, buffers_completed_no_callback, subscribe_refused, register_calls, finalize_calls,
+		enable_calls, disable_calls;
 };
 
 static struct {
@@ -113,7 +113,10 @@ static uint64_t rnd(uint64_t *s)
 	return *s * 2685821657736338717ull;
 }
 
-static uint64_t between(uint64_t *s, uint64_t lo, uint64_t hi) { return lo + rnd(s) % (hi - lo + 1); }
+static uint64_t between(uint64_t *s, uint64_t lo, uint64_t hi)
+{
+	return lo + rnd(s) % (hi - lo + 1);
+}
 
 /* ---- the application ----------------------------------------------------- */
 
@@ -137,8 +140,9 @@ static void *app_main(void *arg)
 		if (id >= MAX_LAUNCHES)
 			break;
 		uint64_t r = between(&s, 0, 99);
-		int kind = r < 90 ? CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL
-				  : r < 95 ? CUPTI_ACTIVITY_KIND_MEMCPY : CUPTI_ACTIVITY_KIND_MEMSET;
+		int kind = r < 90   ? CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL
+			   : r < 95 ? CUPTI_ACTIVITY_KIND_MEMCPY
+				    : CUPTI_ACTIVITY_KIND_MEMSET;
 		uint64_t dur = between(&s, 20000, 400000);
 		struct launch *l = &launches[id];
 		__atomic_store_n(&l->dur, dur, __ATOMIC_RELAXED);
@@ -154,15 +158,15 @@ static void *app_main(void *arg)
 
 static pthread_mutex_t agent_mu = PTHREAD_MUTEX_INITIALIZER;
 static int attached;
-static int kineto_active;          /* a session is running (the agent's uprobes saw it) */
+static int kineto_active; /* a session is running (the agent's uprobes saw it) */
 static uint64_t kineto_since;
-static uint32_t gen;               /* duty seqlock generation */
-static int window_open;            /* a session started, the agent's decision not landed yet */
-static uint64_t last_clear_ns;     /* when the agent last decided "no other client" */
-static uint64_t last_yield_ns;     /* when the agent last decided "yield" */
-static int window_detached;        /* ... and the agent went away inside that window */
+static uint32_t gen;           /* duty seqlock generation */
+static int window_open;        /* a session started, the agent's decision not landed yet */
+static uint64_t last_clear_ns; /* when the agent last decided "no other client" */
+static uint64_t last_yield_ns; /* when the agent last decided "yield" */
+static int window_detached;    /* ... and the agent went away inside that window */
 static uint64_t n_attach, n_kill, n_restart, n_torn, n_bad, n_decisions;
-static int old_agent;              /* STRESS_OLD_AGENT=1: no Handback */
+static int old_agent;                                      /* STRESS_OLD_AGENT=1: no Handback */
 static pthread_cond_t clear_cv = PTHREAD_COND_INITIALIZER; /* a "no other client" decision */
 static uint64_t n_clears;
 
@@ -241,12 +245,35 @@ static void write_duty(uint64_t *s)
 	uint32_t mode, on = 0, period = 0;
 	uint64_t esc = 0;
 	switch (between(s, 0, 9)) {
-	case 0: mode = SLOWRANK_DUTY_ALWAYS; break;
-	case 1: mode = SLOWRANK_DUTY_OFF; break;
-	case 2: mode = SLOWRANK_DUTY_TIME; on = 0; period = 0; n_bad++; break;  /* must mean off */
-	case 3: mode = SLOWRANK_DUTY_TIME; on = 5; period = 20; n_bad++; break; /* under the minimum */
-	case 4: mode = SLOWRANK_DUTY_TIME; on = 10; period = 100; esc = now_ns() + between(s, 1, 80) * 1000000ull; break;
-	default: mode = SLOWRANK_DUTY_TIME; on = (uint32_t)between(s, 1, 60); period = (uint32_t)between(s, 100, 300); break;
+	case 0:
+		mode = SLOWRANK_DUTY_ALWAYS;
+		break;
+	case 1:
+		mode = SLOWRANK_DUTY_OFF;
+		break;
+	case 2:
+		mode = SLOWRANK_DUTY_TIME;
+		on = 0;
+		period = 0;
+		n_bad++;
+		break; /* must mean off */
+	case 3:
+		mode = SLOWRANK_DUTY_TIME;
+		on = 5;
+		period = 20;
+		n_bad++;
+		break; /* under the minimum */
+	case 4:
+		mode = SLOWRANK_DUTY_TIME;
+		on = 10;
+		period = 100;
+		esc = now_ns() + between(s, 1, 80) * 1000000ull;
+		break;
+	default:
+		mode = SLOWRANK_DUTY_TIME;
+		on = (uint32_t)between(s, 1, 60);
+		period = (uint32_t)between(s, 100, 300);
+		break;
 	}
 	gen = (gen & ~1u) + 1;
 	ST(generation, gen);
@@ -319,7 +346,6 @@ static void *agent_main(void *arg)
 	return NULL;
 }
 
-
 /* ---- Kineto ---------------------------------------------------------------- */
 
 static pthread_mutex_t k_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -372,9 +398,9 @@ static void CUPTIAPI k_comp(CUcontext c, uint32_t st, uint8_t *buf, size_t size,
 	CUpti_Activity *r = NULL;
 	while (fc.next(buf, valid, &r) == CUPTI_SUCCESS) {
 		const CUpti_ActivityKernel4 *k = (const CUpti_ActivityKernel4 *)r;
-		uint32_t id = r->kind == CUPTI_ACTIVITY_KIND_MEMCPY ? ((const CUpti_ActivityMemcpy *)r)->correlationId
+		uint32_t id = r->kind == CUPTI_ACTIVITY_KIND_MEMCPY   ? ((const CUpti_ActivityMemcpy *)r)->correlationId
 			      : r->kind == CUPTI_ACTIVITY_KIND_MEMSET ? ((const CUpti_ActivityMemset *)r)->correlationId
-								       : k->correlationId;
+								      : k->correlationId;
 		if (k->start != 0 && id < MAX_LAUNCHES)
 			k_seen[id] = 1;
 	}
@@ -391,7 +417,7 @@ static void noop(void *u, CUpti_CallbackDomain d, CUpti_CallbackId id, const voi
 }
 
 static const CUpti_ActivityKind k_kinds[] = {CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET,
-					      CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL};
+					     CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL};
 
 /* The agent's decision lands after its reaction time (ring buffer, main
  * loop, /proc/PID/mem write); an agent that attaches meanwhile decides from
@@ -431,7 +457,8 @@ static void uprobe(enum k_call c, int kind)
 		break;
 	case K_REG:
 		seen.req = fn_u64(&(CUpti_BuffersCallbackRequestFunc){k_req}, sizeof(CUpti_BuffersCallbackRequestFunc));
-		seen.comp = fn_u64(&(CUpti_BuffersCallbackCompleteFunc){k_comp}, sizeof(CUpti_BuffersCallbackCompleteFunc));
+		seen.comp =
+			fn_u64(&(CUpti_BuffersCallbackCompleteFunc){k_comp}, sizeof(CUpti_BuffersCallbackCompleteFunc));
 		seen.pair_ns = t;
 		seen.flags |= SLOWRANK_HANDBACK_F_PAIR;
 		break;
@@ -540,7 +567,8 @@ static void kineto_session(uint64_t *s)
 		missing += !k_seen[id];
 		late += !k_seen[id] && (t_yielded == 0 || t0 >= t_yielded);
 		if (!k_seen[id] && getenv("STRESS_TRACE"))
-			fprintf(stderr, "  missing id %u: t0 %+.1f ms from session on, %+.1f ms from the yield decision\n", id,
+			fprintf(stderr,
+				"  missing id %u: t0 %+.1f ms from session on, %+.1f ms from the yield decision\n", id,
 				((double)t0 - (double)t_on) / 1e6, ((double)t0 - (double)last_yield_ns) / 1e6);
 	}
 	pthread_mutex_unlock(&k_mu);
@@ -548,7 +576,8 @@ static void kineto_session(uint64_t *s)
 		n_racy++;
 		if (!detached && expected > 0 && missing * 2 > expected)
 			n_taken_sessions++; /* the library must have counted it (callbacks taken) */
-		fprintf(stderr, "  session %llu: unprotected (agent gone inside its reaction time, or without hand-back): %llu of %llu missing (not checked)\n",
+		fprintf(stderr,
+			"  session %llu: unprotected (agent gone inside its reaction time, or without hand-back): %llu of %llu missing (not checked)\n",
 			(unsigned long long)k_sessions, (unsigned long long)missing, (unsigned long long)expected);
 		return;
 	}
@@ -558,10 +587,11 @@ static void kineto_session(uint64_t *s)
 	if (missing) {
 		k_races++;
 		k_missing += missing;
-		fprintf(stderr, "  session %llu: %llu of %llu activities missing, %llu after the library yielded "
-			"(%.1f ms after the session began)\n", (unsigned long long)k_sessions,
-			(unsigned long long)missing, (unsigned long long)expected, (unsigned long long)late,
-			t_yielded ? ((double)t_yielded - (double)t_on) / 1e6 : -1.0);
+		fprintf(stderr,
+			"  session %llu: %llu of %llu activities missing, %llu after the library yielded "
+			"(%.1f ms after the session began)\n",
+			(unsigned long long)k_sessions, (unsigned long long)missing, (unsigned long long)expected,
+			(unsigned long long)late, t_yielded ? ((double)t_yielded - (double)t_on) / 1e6 : -1.0);
 		if (late)
 			FAIL("Kineto lost %llu of %llu activities that ran after the library had yielded to it",
 			     (unsigned long long)late, (unsigned long long)expected);
@@ -729,9 +759,9 @@ int main(int argc, char **argv)
 	       (unsigned long long)HB(taken), (unsigned long long)HB(rejected));
 	printf("test_stress: fake CUPTI %llu launches, %llu records, %llu buffers requested, %llu completed, "
 	       "%llu lost to finalize; library: %u yields, %llu orphaned buffers, batches %llu, records %llu\n",
-	       (unsigned long long)c.launches, (unsigned long long)c.records,
-	       (unsigned long long)c.buffers_requested, (unsigned long long)c.buffers_completed,
-	       (unsigned long long)c.buffers_lost_finalize, __atomic_load_n(&ctl->yields, __ATOMIC_RELAXED),
+	       (unsigned long long)c.launches, (unsigned long long)c.records, (unsigned long long)c.buffers_requested,
+	       (unsigned long long)c.buffers_completed, (unsigned long long)c.buffers_lost_finalize,
+	       __atomic_load_n(&ctl->yields, __ATOMIC_RELAXED),
 	       (unsigned long long)__atomic_load_n(&ctl->buffers_orphaned, __ATOMIC_RELAXED),
 	       (unsigned long long)__atomic_load_n(&ctl->batches, __ATOMIC_RELAXED),
 	       (unsigned long long)__atomic_load_n(&ctl->records, __ATOMIC_RELAXED));
