@@ -155,9 +155,7 @@ RT_API const char *cudaGetErrorString(cudaError_t error) {
   }
 }
 
-RT_API cudaError_t cudaStreamCreate(cudaStream_t *pStream) {
-  return ret_fg(slowrank_fake_stream_create(pStream));
-}
+RT_API cudaError_t cudaStreamCreate(cudaStream_t *pStream) { return ret_fg(slowrank_fake_stream_create(pStream)); }
 
 RT_API cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags) {
   (void)flags;

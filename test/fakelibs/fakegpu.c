@@ -50,8 +50,8 @@
 #define FG_MAX_COMMS 64
 #define FG_COLL_RING 64
 #define FG_P2P_RING 256
-#define FG_WAIT_SLICE_NS 20000000ull  /* futex wait slice */
-#define FG_PEER_CHECK_NS 20000000ull  /* liveness check period */
+#define FG_WAIT_SLICE_NS 20000000ull /* futex wait slice */
+#define FG_PEER_CHECK_NS 20000000ull /* liveness check period */
 #define FG_STREAM_MAGIC 0x5354524du
 #define FG_EVENT_MAGIC 0x4556454eu
 
@@ -73,9 +73,9 @@ struct fg_op {
   uint8_t ninst;
   uint8_t published; /* bit i: arrival published for inst[i] */
   uint8_t pad0;
-  uint32_t aux;      /* event index (MARKER, WAITEV) */
+  uint32_t aux; /* event index (MARKER, WAITEV) */
   uint64_t enq_ns;
-  uint64_t arg;      /* KERNEL: device ns; MARKER/WAITEV: event generation */
+  uint64_t arg; /* KERNEL: device ns; MARKER/WAITEV: event generation */
   uint64_t comp_ns;
   struct fg_iref inst[FG_GROUP_MAX];
 };
@@ -91,7 +91,7 @@ struct fg_stream_sh {
 
 struct fg_event_sh {
   uint32_t used;
-  int32_t stream; /* stream of the latest record, -1 if never recorded */
+  int32_t stream;   /* stream of the latest record, -1 if never recorded */
   uint64_t rec_gen; /* generations stay monotonic across slot reuse */
   uint64_t done_gen;
   uint64_t comp_ns;
@@ -667,10 +667,10 @@ static int event_idx(const struct CUevent_st *e) {
   return e->idx;
 }
 
-#define FG_ENTER()                                 \
-  do {                                             \
-    int e_ = slowrank_fake_init();                 \
-    if (e_ != FG_OK) return e_;                    \
+#define FG_ENTER()                 \
+  do {                             \
+    int e_ = slowrank_fake_init(); \
+    if (e_ != FG_OK) return e_;    \
   } while (0)
 
 /* Under the lock: wait until the stream ring has room for one more op. */

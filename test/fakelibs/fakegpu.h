@@ -23,13 +23,13 @@
 /* Result codes of the simulator; each library maps them to its own enum. */
 enum {
   FG_OK = 0,
-  FG_EINVAL = 1,       /* bad argument or handle */
-  FG_ENOMEM = 2,       /* a fixed table is full */
-  FG_EINIT = 3,        /* shared memory unavailable, or used after fork */
-  FG_ENOTREADY = 4,    /* query: work still pending */
-  FG_ETIMEDOUT = 5,    /* waited longer than SLOWRANK_FAKE_TIMEOUT_MS */
-  FG_EPEER = 6,        /* a peer process died or a communicator broke */
-  FG_EUSAGE = 7        /* API misuse (duplicate rank, mismatched sizes) */
+  FG_EINVAL = 1,    /* bad argument or handle */
+  FG_ENOMEM = 2,    /* a fixed table is full */
+  FG_EINIT = 3,     /* shared memory unavailable, or used after fork */
+  FG_ENOTREADY = 4, /* query: work still pending */
+  FG_ETIMEDOUT = 5, /* waited longer than SLOWRANK_FAKE_TIMEOUT_MS */
+  FG_EPEER = 6,     /* a peer process died or a communicator broke */
+  FG_EUSAGE = 7     /* API misuse (duplicate rank, mismatched sizes) */
 };
 
 #define FG_KEY_BYTES 128
@@ -39,13 +39,13 @@ enum { FG_INST_COLL = 1, FG_INST_P2P = 2 };
 
 /* One communication instance a rank takes part in. */
 struct fg_inst_desc {
-  int comm;          /* communicator slot (from slowrank_fake_comm_join) */
-  int kind;          /* FG_INST_COLL or FG_INST_P2P */
-  int rank;          /* caller's rank in the communicator */
-  int peer;          /* P2P: the other rank */
-  int is_send;       /* P2P: 1 for the sender side */
-  uint64_t seq;      /* COLL: per-communicator call number; P2P: n-th message src->dst */
-  uint64_t xfer_ns;  /* modelled transfer time once every participant arrived */
+  int comm;         /* communicator slot (from slowrank_fake_comm_join) */
+  int kind;         /* FG_INST_COLL or FG_INST_P2P */
+  int rank;         /* caller's rank in the communicator */
+  int peer;         /* P2P: the other rank */
+  int is_send;      /* P2P: 1 for the sender side */
+  uint64_t seq;     /* COLL: per-communicator call number; P2P: n-th message src->dst */
+  uint64_t xfer_ns; /* modelled transfer time once every participant arrived */
 };
 
 struct CUstream_st;
@@ -53,12 +53,12 @@ struct CUevent_st;
 
 /* Environment-derived model parameters (read once). */
 struct fg_params {
-  double gpu_scale;       /* SLOWRANK_FAKE_GPU_SCALE, default 1 */
-  uint64_t launch_ns;     /* SLOWRANK_FAKE_LAUNCH_NS host cost per launch, default 0 */
-  double bw_gbps;         /* SLOWRANK_FAKE_BW_GBPS, default 50 (bytes/ns) */
-  uint64_t lat_ns;        /* SLOWRANK_FAKE_LAT_US, default 5 us */
-  double copy_gbps;       /* SLOWRANK_FAKE_COPY_GBPS, default 25 */
-  uint64_t timeout_ns;    /* SLOWRANK_FAKE_TIMEOUT_MS, default 60000 */
+  double gpu_scale;    /* SLOWRANK_FAKE_GPU_SCALE, default 1 */
+  uint64_t launch_ns;  /* SLOWRANK_FAKE_LAUNCH_NS host cost per launch, default 0 */
+  double bw_gbps;      /* SLOWRANK_FAKE_BW_GBPS, default 50 (bytes/ns) */
+  uint64_t lat_ns;     /* SLOWRANK_FAKE_LAT_US, default 5 us */
+  double copy_gbps;    /* SLOWRANK_FAKE_COPY_GBPS, default 25 */
+  uint64_t timeout_ns; /* SLOWRANK_FAKE_TIMEOUT_MS, default 60000 */
 };
 
 FG_API const struct fg_params *slowrank_fake_params(void);
@@ -86,15 +86,13 @@ FG_API int slowrank_fake_event_elapsed(float *ms, struct CUevent_st *a, struct C
 
 /* Communicators. join registers rank in the communicator keyed by key
  * (creating it), without waiting; wait_ready blocks until all nranks joined. */
-FG_API int slowrank_fake_comm_join(const unsigned char key[FG_KEY_BYTES], int nranks, int rank,
-                                   int *slot);
+FG_API int slowrank_fake_comm_join(const unsigned char key[FG_KEY_BYTES], int nranks, int rank, int *slot);
 FG_API int slowrank_fake_comm_wait_ready(int slot);
 FG_API int slowrank_fake_comm_status(int slot);
 FG_API int slowrank_fake_comm_leave(int slot, int rank);
 /* Blocking exchange of (color, key) among all ranks of the communicator for
  * its n-th split; returns the caller's rank and size in its color group. */
-FG_API int slowrank_fake_comm_split(int slot, int rank, uint64_t n, int color, int key,
-                                    int *new_rank, int *new_nranks);
+FG_API int slowrank_fake_comm_split(int slot, int rank, uint64_t n, int color, int key, int *new_rank, int *new_nranks);
 /* Enqueue communication on a stream: the n instances form one fused
  * operation (a group); returns as soon as they are queued. */
 FG_API int slowrank_fake_comm_enqueue(struct CUstream_st *s, const struct fg_inst_desc *d, int n);

@@ -25,7 +25,7 @@
 #include "fakegpu.h"
 #include "nccl.h"
 
-#define NCCL_API(ret, func, ...)                                                                     \
+#define NCCL_API(ret, func, ...)                                                                 \
   __attribute__((visibility("default"))) __attribute__((alias(#func))) ret p##func(__VA_ARGS__); \
   __attribute__((visibility("default"))) __attribute__((weak)) __attribute__((noinline)) ret func(__VA_ARGS__)
 
@@ -37,11 +37,11 @@ struct ncclComm {
   int rank;
   int nranks;
   int device;
-  int ready;            /* 0 while a grouped init still waits for peers */
-  uint64_t coll_seq;    /* collectives issued on this communicator */
-  uint64_t split_n;     /* splits issued */
-  uint64_t *send_n;     /* [nranks] messages sent to each peer */
-  uint64_t *recv_n;     /* [nranks] messages received from each peer */
+  int ready;         /* 0 while a grouped init still waits for peers */
+  uint64_t coll_seq; /* collectives issued on this communicator */
+  uint64_t split_n;  /* splits issued */
+  uint64_t *send_n;  /* [nranks] messages sent to each peer */
+  uint64_t *recv_n;  /* [nranks] messages received from each peer */
   unsigned char key[NCCL_UNIQUE_ID_BYTES];
 };
 
@@ -354,8 +354,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId,
 
 NCCL_API(ncclResult_t, ncclCommInitRankConfig, ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
          ncclConfig_t *config);
-ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
-                                    ncclConfig_t *config) {
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank, ncclConfig_t *config) {
   (void)config; /* blocking semantics whatever the config says */
   return init_rank(comm, nranks, (const unsigned char *)commId.internal, rank);
 }
@@ -377,8 +376,7 @@ ncclResult_t ncclCommInitAll(ncclComm_t *comm, int ndev, const int *devlist) {
   return r != ncclSuccess ? r : r2;
 }
 
-NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
-         ncclConfig_t *config);
+NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config);
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config) {
   (void)config;
   if (!comm_valid(comm) || !newcomm) return fail(ncclInvalidArgument, "bad communicator");
@@ -478,8 +476,8 @@ ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, n
 
 NCCL_API(ncclResult_t, ncclAllReduce, const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
          ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
-ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
-                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
+                           ncclComm_t comm, cudaStream_t stream) {
   (void)sendbuff;
   (void)recvbuff;
   if (check_type(datatype) != ncclSuccess || check_op(op) != ncclSuccess) return ncclInvalidArgument;
@@ -499,8 +497,8 @@ ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recv
   return enqueue(comm, stream, FG_INST_COLL, 0, 0, (double)recvcount * (double)type_size(datatype) * (n - 1));
 }
 
-NCCL_API(ncclResult_t, ncclAllGather, const void *sendbuff, void *recvbuff, size_t sendcount,
-         ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);
+NCCL_API(ncclResult_t, ncclAllGather, const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,
+         ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream) {
   (void)sendbuff;
@@ -512,8 +510,8 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
 
 NCCL_API(ncclResult_t, ncclAlltoAll, const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
          ncclComm_t comm, cudaStream_t stream);
-ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
-                          ncclComm_t comm, cudaStream_t stream) {
+ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, ncclComm_t comm,
+                          cudaStream_t stream) {
   (void)sendbuff;
   (void)recvbuff;
   if (check_type(datatype) != ncclSuccess) return ncclInvalidArgument;
@@ -525,12 +523,11 @@ ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count, nc
 __attribute__((visibility("default"))) __attribute__((weak)) __attribute__((alias("ncclAlltoAll"))) ncclResult_t
 ncclAllToAll(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, ncclComm_t comm,
              cudaStream_t stream);
-__attribute__((visibility("default"))) __attribute__((alias("ncclAlltoAll"))) ncclResult_t
-pncclAllToAll(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, ncclComm_t comm,
-              cudaStream_t stream);
+__attribute__((visibility("default"))) __attribute__((alias("ncclAlltoAll"))) ncclResult_t pncclAllToAll(
+    const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);
 
-NCCL_API(ncclResult_t, ncclSend, const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
-         ncclComm_t comm, cudaStream_t stream);
+NCCL_API(ncclResult_t, ncclSend, const void *sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+         cudaStream_t stream);
 ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
   (void)sendbuff;

@@ -137,8 +137,7 @@ class TORCH_API ProcessGroupGloo {
 
   c10::intrusive_ptr<Work> broadcast(std::vector<at::Tensor>& tensors, const BroadcastOptions& opts);
   c10::intrusive_ptr<Work> allreduce(std::vector<at::Tensor>& tensors, const AllreduceOptions& opts);
-  c10::intrusive_ptr<Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
-                                               const AllreduceCoalescedOptions& opts);
+  c10::intrusive_ptr<Work> allreduce_coalesced(std::vector<at::Tensor>& tensors, const AllreduceCoalescedOptions& opts);
   c10::intrusive_ptr<Work> reduce(std::vector<at::Tensor>& tensors, const ReduceOptions& opts);
   c10::intrusive_ptr<Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                 const ReduceScatterOptions& opts);
@@ -176,8 +175,7 @@ class TORCH_API ProcessGroupGloo {
   int err = FG_OK;
 
  private:
-  HIDDEN c10::intrusive_ptr<Work> enqueue(double bytesPerRank, int kind = FG_INST_COLL, int peer = 0,
-                                          int isSend = 0);
+  HIDDEN c10::intrusive_ptr<Work> enqueue(double bytesPerRank, int kind = FG_INST_COLL, int peer = 0, int isSend = 0);
 
   int slot_, rank_, size_;
   uint64_t seq_ = 0;
@@ -266,7 +264,7 @@ c10::intrusive_ptr<c10::ivalue::Future> Work::getFuture() {
 }
 
 // Bytes each rank moves, as the fake NCCL models the ring algorithms.
-#define RING_ALLREDUCE(b) ((b) * 2.0 * (size_ - 1) / size_)
+#define RING_ALLREDUCE(b) ((b)*2.0 * (size_ - 1) / size_)
 
 PROBED c10::intrusive_ptr<Work> ProcessGroupGloo::broadcast(std::vector<at::Tensor>& t, const BroadcastOptions&) {
   return enqueue(bytesOf(t));
@@ -403,15 +401,15 @@ extern "C" TORCH_API int slowrank_fake_gloo_call(void* p, const char* op, double
   }
   if (!w.get()) return pg->err;
   switch (mode) {
-    case FAKE_GLOO_WAIT_NOW:
-      w->wait(std::chrono::milliseconds(0));
-      break;
-    case FAKE_GLOO_KEEP_FUTURE:
-      pg->keptFutures.push_back(w->getFuture());
-      break;
-    case FAKE_GLOO_KEEP_WORK:
-      pg->keptWorks.push_back(std::move(w));
-      break;
+  case FAKE_GLOO_WAIT_NOW:
+    w->wait(std::chrono::milliseconds(0));
+    break;
+  case FAKE_GLOO_KEEP_FUTURE:
+    pg->keptFutures.push_back(w->getFuture());
+    break;
+  case FAKE_GLOO_KEEP_WORK:
+    pg->keptWorks.push_back(std::move(w));
+    break;
   }
   return pg->err;
 }

@@ -81,13 +81,12 @@ cudaError_t cudaEventDestroy(cudaEvent_t event);
 /* Fake device time: every block of the grid costs 1 us of device time on the
  * stream (times SLOWRANK_FAKE_GPU_SCALE); blockDim, args and sharedMem are
  * ignored. Host cost: SLOWRANK_FAKE_LAUNCH_NS of spinning (default 0). */
-cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void **args,
-                             size_t sharedMem, cudaStream_t stream);
+cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void **args, size_t sharedMem,
+                             cudaStream_t stream);
 
 cudaError_t cudaMalloc(void **devPtr, size_t size);
 cudaError_t cudaFree(void *devPtr);
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
-                            cudaStream_t stream);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind, cudaStream_t stream);
 
 #ifdef __cplusplus
 }
