@@ -54,7 +54,7 @@ c-format-check: ## fail when a C/C++ file of bpf/, cupti/ or test/fakelibs/ is n
 c-format: ## clang-format the C/C++ files of bpf/, cupti/ and test/fakelibs/ in place
 	$(CLANG_FORMAT) -i $(C_FORMAT_FILES)
 
-lint: golangci-lint ## golangci-lint (import layering, staticcheck, errorlint, unused, misspell, gofmt), go vet, go mod tidy -diff
+lint: golangci-lint c-format-check ## golangci-lint (import layering, staticcheck, errorlint, unused, misspell, gofmt), go vet, go mod tidy -diff, clang-format
 	$(GOLANGCI_LINT) run ./...
 	$(GO) vet ./...
 	$(GO) mod tidy -diff
