@@ -46,8 +46,8 @@ endif
 CUPTI_CFLAGS := -std=c11 $(CUPTI_OPT) $(CUPTI_WARN) -fPIC -fvisibility=hidden \
 	-I$(CUPTI_DIR) $(CUPTI_INCLUDES) $(CUPTI_EXTRA_CFLAGS)
 CUPTI_LIB := $(OUT_DIR)/libslowrank_cupti.so
-CUPTI_LIB_SRCS := $(CUPTI_DIR)/slowrank_cupti.c $(CUPTI_DIR)/slowrank_convert.c
-CUPTI_HDRS := $(CUPTI_DIR)/slowrank_abi.h $(CUPTI_DIR)/slowrank_convert.h
+CUPTI_LIB_SRCS := $(CUPTI_DIR)/slowrank_cupti.c $(CUPTI_DIR)/slowrank_convert.c $(CUPTI_DIR)/slowrank_nccl.c
+CUPTI_HDRS := $(CUPTI_DIR)/slowrank_abi.h $(CUPTI_DIR)/slowrank_convert.h $(CUPTI_DIR)/slowrank_nccl.h $(CUPTI_DIR)/nccl_profiler.h
 CUPTI_TEST_OUT := $(OUT_DIR)/cupti-test
 
 .PHONY: cupti cupti-headers cupti-test cupti-test-tsan cupti-generate cupti-clean
