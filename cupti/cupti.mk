@@ -74,9 +74,10 @@ $(CUPTI_TEST_OUT)/test_inject: $(CUPTI_DIR)/test_inject.c $(CUPTI_DIR)/slowrank_
 
 # test_convert rewrites cupti/testdata/converter.batches and the converter
 # seeds of the Go fuzz corpus (deterministic: CI may diff them).
-cupti-test: $(CUPTI_LIB) $(CUPTI_TEST_OUT)/test_convert $(CUPTI_TEST_OUT)/test_inject
+cupti-test: $(CUPTI_LIB) $(CUPTI_TEST_OUT)/test_convert $(CUPTI_TEST_OUT)/test_inject $(CUPTI_TEST_OUT)/test_nccl
 	$(CUPTI_TEST_OUT)/test_convert $(CUPTI_DIR)/testdata
 	timeout 60 $(CUPTI_TEST_OUT)/test_inject $(CUPTI_LIB)
+	timeout 300 $(CUPTI_TEST_OUT)/test_nccl $(CUPTI_LIB)
 
 # The runtime (control thread, seqlock, semaphore) under ThreadSanitizer.
 cupti-test-tsan: $(CUPTI_LIB_SRCS) $(CUPTI_HDRS) $(CUPTI_DIR)/test_inject.c $(CUPTI_HEADER_DEPS)
@@ -135,3 +136,37 @@ cupti-generate:
 
 cupti-clean:
 	rm -rf $(CUPTI_LIB) $(CUPTI_TEST_OUT)
+
+# The NCCL profiler plugin (slowrank_nccl.c) driven by a fake NCCL
+# (test/fakelibs/ncclprof.c) as NCCL's profiler.cc drives it, from several
+# user threads and a proxy thread: plain (part of cupti-test), then under
+# ASan+UBSan and TSan (cupti-nccl-san). Linked -z nodelete like the real
+# library: NCCL dlcloses the plugin after its last comm while the control
+# thread runs in it.
+CUPTI_NCCL_FAKE := $(CUPTI_ROOT)/test/fakelibs/ncclprof.c
+CUPTI_NCCL_TEST_DEPS := $(CUPTI_DIR)/test_nccl.c $(CUPTI_NCCL_FAKE) $(CUPTI_ROOT)/test/fakelibs/ncclprof.h $(CUPTI_HDRS)
+
+$(CUPTI_TEST_OUT)/test_nccl: $(CUPTI_NCCL_TEST_DEPS)
+	@mkdir -p $(CUPTI_TEST_OUT)
+	$(CUPTI_CC) -std=c11 $(CUPTI_OPT) $(CUPTI_WARN) -I$(CUPTI_DIR) -o $@ $(CUPTI_DIR)/test_nccl.c $(CUPTI_NCCL_FAKE) -ldl -lpthread
+
+define cupti_nccl_san_build
+$(CUPTI_TEST_OUT)/nccl-$(1)/test_nccl: $(CUPTI_LIB_SRCS) $(CUPTI_NCCL_TEST_DEPS) $(CUPTI_HEADER_DEPS) $(CUPTI_DIR)/cupti.mk
+	@mkdir -p $(CUPTI_TEST_OUT)/nccl-$(1)
+	$(CUPTI_CC) $(CUPTI_CFLAGS) -Wno-tsan $(2) -shared -o $(CUPTI_TEST_OUT)/nccl-$(1)/libslowrank_cupti.so \
+		$(CUPTI_LIB_SRCS) -Wl,-z,nodelete -ldl -lpthread
+	$(CUPTI_CC) -std=c11 $(CUPTI_OPT) $(CUPTI_WARN) $(2) -I$(CUPTI_DIR) -o $$@ $(CUPTI_DIR)/test_nccl.c \
+		$(CUPTI_NCCL_FAKE) -ldl -lpthread
+endef
+$(eval $(call cupti_nccl_san_build,asan,$$(CUPTI_SAN_asan)))
+$(eval $(call cupti_nccl_san_build,tsan,$$(CUPTI_SAN_tsan)))
+
+.PHONY: cupti-nccl-test cupti-nccl-san
+cupti-nccl-test: $(CUPTI_LIB) $(CUPTI_TEST_OUT)/test_nccl
+	timeout 300 $(CUPTI_TEST_OUT)/test_nccl $(CUPTI_LIB)
+
+cupti-nccl-san: $(CUPTI_TEST_OUT)/nccl-asan/test_nccl $(CUPTI_TEST_OUT)/nccl-tsan/test_nccl
+	ASAN_OPTIONS=abort_on_error=1:detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+		timeout 300 $(CUPTI_TEST_OUT)/nccl-asan/test_nccl $(CUPTI_TEST_OUT)/nccl-asan/libslowrank_cupti.so
+	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+		timeout 600 $(CUPTI_TEST_OUT)/nccl-tsan/test_nccl $(CUPTI_TEST_OUT)/nccl-tsan/libslowrank_cupti.so

@@ -75,3 +75,53 @@ func TestNCCLEnumStrings(t *testing.T) {
 		t.Errorf("%d stat names for %d counters", len(statNames), NumStats)
 	}
 }
+
+// TestNCCLPluginBatches decodes batches that the real library emitted as
+// NCCL's profiler plugin, driven by the fake NCCL (cupti/test_nccl.c, v5
+// scenario, saved with TEST_NCCL_SAVE): 4 comms on 4 threads, GPU times
+// from a proxy thread. The C test checked them record by record; the Go
+// decoder must agree.
+func TestNCCLPluginBatches(t *testing.T) {
+	raws := readBatches(t, "testdata/nccl-plugin.batches")
+	var colls, kernels, comms int
+	joined := map[[4]uint64]bool{}
+	var last Stats
+	for i, raw := range raws {
+		b, err := DecodeBatch(raw)
+		if err != nil {
+			t.Fatalf("batch %d: %v", i, err)
+		}
+		if b.Skipped != 0 {
+			t.Fatalf("batch %d: %d unknown records", i, b.Skipped)
+		}
+		for _, c := range b.NCCLColls {
+			if c.Version != 5 || !c.HasAPI || c.APIEndNs < c.APIStartNs || c.LaunchStartNs < c.APIEndNs ||
+				c.LaunchEndNs < c.LaunchStartNs || c.NRanks != 8 {
+				t.Fatalf("coll %+v", c)
+			}
+			if !c.P2P {
+				joined[[4]uint64{c.CommHash, uint64(c.Rank), uint64(c.Func), c.Seq}] = true
+			}
+			colls++
+		}
+		for _, k := range b.NCCLKernels {
+			if k.Partial || k.ClockSuspect || k.GPUEndNs < k.GPUStartNs || k.GPUEndNs > k.HostSeenNs+1e6 {
+				t.Fatalf("kernel %+v", k)
+			}
+			if !k.P2P && !joined[[4]uint64{k.CommHash, uint64(k.Rank), uint64(k.Func), k.Seq}] {
+				t.Fatalf("kernel %+v before (or without) its collective", k)
+			}
+			kernels++
+		}
+		comms += len(b.NCCLComms)
+		if len(b.Stats) > 0 {
+			last = b.Stats[len(b.Stats)-1]
+		}
+	}
+	if colls == 0 || kernels != colls || comms != 12 {
+		t.Errorf("%d colls, %d kernels, %d comm records", colls, kernels, comms)
+	}
+	if last.Get(StatNCCLColls) != uint64(colls) || last.Get(StatNCCLRingFull) != 0 || last.Get(StatNCCLComms) != 4 {
+		t.Errorf("final stats %v", last.Counters[StatNCCLEvents:])
+	}
+}
