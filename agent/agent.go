@@ -227,7 +227,7 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	tick := time.NewTicker(a.cfg.Tick)
 	defer tick.Stop()
-	var lastDuty time.Time
+	var lastDuty, lastPlaced time.Time
 loop:
 	for {
 		select {
@@ -250,6 +250,10 @@ loop:
 			if a.duty != nil && now.Sub(lastDuty) >= time.Second {
 				lastDuty = now
 				a.planDuty(mono) // duty.go
+			}
+			if a.gpu != nil && now.Sub(lastPlaced) >= time.Second { // NVML's sampling period
+				lastPlaced = now
+				a.refreshPlacements() // gpuevidence.go
 			}
 			a.refreshCounters()
 		}

@@ -28,6 +28,9 @@ type attacher struct {
 	forgets  []pendingForget
 	nextRank int
 	closing  sync.WaitGroup
+	// worker attaches libraries off the main goroutine (started on the
+	// first library to attach).
+	worker *attachWorker
 
 	mu   sync.Mutex // guards view, read by Status from other goroutines
 	view []ProcessView
@@ -36,7 +39,9 @@ type attacher struct {
 type libEntry struct {
 	kind LibraryKind
 	path string
-	att  *bpf.Attachment // nil when attaching failed
+	att  *bpf.Attachment // nil while attaching or when attaching failed
+	// attaching: queued for or in the attach worker.
+	attaching bool
 	// failed: the last attach failed; the next process mapping the
 	// library retries it.
 	failed bool
@@ -58,6 +63,9 @@ type procEntry struct {
 	dutyValid bool
 	dutyAt    time.Time  // last duty write: rewritten before the library's lease ends
 	cupti     cuptiState // other CUPTI clients, the library's status
+	// info is the identity sent to the pipeline, sent again when the
+	// rank's GPU becomes known (placement.go).
+	info correlate.RankInfo
 }
 
 type pendingForget struct {
@@ -118,6 +126,12 @@ func (t *attacher) added(p Process) {
 	if job == "" {
 		job = "default"
 	}
+	if parent := t.rankParent(p, rank, job); parent != nil {
+		t.a.counters.add("processes_rank_workers", 1)
+		t.a.log.Info("process started by a rank with the rank's own identity (a compile or data-loader worker): not a rank",
+			"pid", p.PID, "parent", parent.proc.PID, "rank", rank, "job", job)
+		return
+	}
 	pe := &procEntry{proc: p, rank: rank, job: job, libs: map[FileID]bool{}}
 	t.procs[p.ProcessKey] = pe
 	localRank := p.Identity.LocalRank
@@ -127,11 +141,14 @@ func (t *attacher) added(p Process) {
 	world := max(p.Identity.WorldSize, 0)
 	// The rank's identity reaches the pipeline before any of its events:
 	// BPF only emits them after Track, and the main goroutine owns both.
-	t.a.pipe.handle(correlate.RankInfo{
+	pe.info = correlate.RankInfo{
 		PID: uint32(p.PID), Rank: rank, LocalRank: localRank, WorldSize: world,
 		Host: t.a.cfg.HostName, Job: job, Epoch: t.a.cfg.Epoch,
-		MidRun: t.a.midRun(p.StartTime),
-	})
+		MidRun:    t.a.midRun(p.StartTime),
+		Placement: p.Identity.placement(t.a.cfg.HostName),
+	}
+	t.a.placeGPU(pe)
+	t.a.pipe.handle(pe.info)
 	if t.a.control.paused {
 		// Collection is paused: tracked on resume (control.go).
 	} else if err := t.a.probes.Track(uint32(p.PID), uint32(rank)); err != nil {
@@ -139,6 +156,25 @@ func (t *attacher) added(p Process) {
 		t.a.log.Warn("track process", "pid", p.PID, "err", err)
 	}
 	t.a.log.Info("training process found", "pid", p.PID, "rank", rank, "job", job, "selected_by", p.SelectedBy)
+}
+
+// rankParent returns the tracked process that started p when it is the
+// same rank of the same job and already maps a probed library: p inherited
+// the rank's environment (torch.compile's compile workers, data-loader
+// workers, anything forked after import torch) and is not another copy of
+// the rank; tracked as one, it would be a silent rank-0 peer of the real
+// one. A launcher that got RANK and started the trainer (a shell wrapper)
+// maps no probed library, so its child is still the rank.
+func (t *attacher) rankParent(p Process, rank int, job string) *procEntry {
+	if p.Identity.Rank < 0 || p.PPID <= 0 {
+		return nil
+	}
+	for _, pe := range t.procs {
+		if pe.proc.PID == p.PPID && pe.rank == rank && pe.job == job && len(pe.libs) > 0 {
+			return pe
+		}
+	}
+	return nil
 }
 
 func (t *attacher) mapped(k ProcessKey, lib Library) {
@@ -158,7 +194,7 @@ func (t *attacher) mapped(k ProcessKey, lib Library) {
 			le.idleSince = 0
 			t.a.counters.add("attachments_reused", 1)
 		}
-		if !le.failed {
+		if !le.failed || le.attaching {
 			return
 		}
 		// The attach through another process failed (it may have exited
@@ -177,14 +213,42 @@ func (t *attacher) mapped(k ProcessKey, lib Library) {
 	if lib.Deleted {
 		path = lib.MapFilesPath
 	}
-	start := time.Now()
-	att, err := t.a.probes.AttachLibrary(path, kind)
-	if err != nil {
-		le.failed = true
-		t.a.counters.add("attach_errors", 1)
-		t.a.log.Warn("attach library", "path", lib.Path, "pid", k.PID, "err", err)
+	if t.worker == nil {
+		t.worker = newAttachWorker(t.a.probes.AttachLibrary, t.a.ctl, t.attachDone)
+	}
+	le.attaching = true
+	t.worker.enqueue(attachJob{file: lib.File, path: path, name: lib.Path, pid: k.PID, kind: kind})
+}
+
+// injectAttaching: pe's injection library is still with the attach worker.
+func (t *attacher) injectAttaching(pe *procEntry) bool {
+	le := t.libs[pe.inject.File]
+	return le != nil && le.attaching
+}
+
+// attachDone takes the worker's outcome for one library (main goroutine).
+func (t *attacher) attachDone(o attachOutcome) {
+	le := t.libs[o.job.file]
+	if le == nil { // cannot happen: an attaching entry is kept until now
+		if o.att != nil {
+			o.att.Close()
+		}
 		return
 	}
+	le.attaching = false
+	if len(le.users) == 0 {
+		le.idleSince = monotonicNow() // every user went while it attached: linger, then detach
+	}
+	if o.err != nil {
+		le.failed = true
+		t.a.counters.add("attach_errors", 1)
+		t.a.log.Warn("attach library", "path", o.job.name, "pid", o.job.pid, "err", o.err)
+		if len(le.users) == 0 {
+			delete(t.libs, o.job.file)
+		}
+		return
+	}
+	att := o.att
 	le.att, le.failed = att, false
 	if missing, required := att.Missing(); len(missing) > 0 {
 		t.a.counters.add("symbols_missing", int64(len(missing)))
@@ -195,12 +259,14 @@ func (t *attacher) mapped(k ProcessKey, lib Library) {
 		if required {
 			log = t.a.log.Warn
 		}
-		log("library lacks probed symbols", "path", lib.Path, "missing", len(missing),
+		log("library lacks probed symbols", "path", o.job.name, "missing", len(missing),
 			"symbols", missingNames(missing, 6), "stripped", att.Stripped)
 	}
 	t.a.counters.add("libraries_attached", 1)
 	t.a.counters.add("probes_attached", int64(att.Attached()))
-	t.a.log.Info("attached", "library", filepath.Base(lib.Path), "kind", lib.Kind, "probes", att.Attached(), "took", time.Since(start).Round(time.Millisecond))
+	t.a.log.Info("attached", "library", filepath.Base(o.job.name), "kind", le.kind, "probes", att.Attached(),
+		"took", o.took.Round(time.Millisecond), "queued", t.worker.pending())
+	t.refreshView()
 }
 
 // missingNames lists up to max probe names, then how many more there are.
@@ -242,6 +308,9 @@ func (t *attacher) release(k ProcessKey, f FileID) {
 	delete(le.users, k)
 	if len(le.users) > 0 {
 		return
+	}
+	if le.attaching {
+		return // attachDone decides
 	}
 	if le.att == nil {
 		delete(t.libs, f)
@@ -309,6 +378,9 @@ func (t *attacher) forgetDue(now int64) {
 
 // detachAll closes every attachment (on stop) and waits for the closes.
 func (t *attacher) detachAll() {
+	if t.worker != nil {
+		t.worker.close() // closes the attachment in flight; queued ones are not made
+	}
 	for f, le := range t.libs {
 		le.users = nil
 		t.detach(f, le)
@@ -338,6 +410,9 @@ func (t *attacher) applyDuty(p DutyPlan) {
 		fresh := now.Sub(pe.dutyAt) < dutyRefresh
 		if pe.inject == nil || (pe.dutyValid && pe.lastDuty == d && fresh) {
 			continue
+		}
+		if t.injectAttaching(pe) {
+			continue // written once its attachment exists (next plan)
 		}
 		if err := t.writeDuty(pe, d); err != nil {
 			t.a.counters.add("duty_write_errors", 1)

@@ -202,6 +202,9 @@ func (t *attacher) tendCUPTI(now int64) {
 		if pe.inject == nil {
 			continue
 		}
+		if t.injectAttaching(pe) {
+			continue
+		}
 		if err := t.tendOne(pe, now); err != nil {
 			t.a.counters.add("cupti_control_errors", 1)
 			t.a.log.Debug("injection library control block", "pid", pe.proc.PID, "err", err)

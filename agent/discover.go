@@ -246,6 +246,12 @@ var errProcFileTooLarge = errors.New("proc file larger than its bound")
 
 func readProcFile(name string) ([]byte, error) { return readInto(name, nil, maxProcFile) }
 
+// ReadMaps reads /proc/PID/maps within the agent's bound (16 MiB), for
+// tools that look at a process the way the agent does (doctor).
+func ReadMaps(pid int) ([]byte, error) {
+	return readInto("/proc/"+strconv.Itoa(pid)+"/maps", nil, maxMapsBytes)
+}
+
 // readInto reads a whole file of at most limit bytes into buf[:0], reusing
 // its capacity; a larger file is an errProcFileTooLarge after reading
 // limit+1 bytes.
@@ -311,9 +317,10 @@ func (r *procReader) evaluate(st procStat, sel Selector, explicit map[int]uint64
 		return p, evalRejected, nil
 	}
 	explicitPID := isExplicit(explicit, st)
+	var cg cgroupIdentity
 	if sel.Policy.restricted() && !explicitPID {
 		// Before the environment: a disallowed owner's processes cost no read of it.
-		if p.Owner = r.owner(pid); !sel.Policy.allows(p.Owner) {
+		if p.Owner, cg = r.owner(pid); !sel.Policy.allows(p.Owner) {
 			return p, evalRefused, nil
 		}
 	}
@@ -397,8 +404,9 @@ func (r *procReader) evaluate(st procStat, sel Selector, explicit map[int]uint64
 		p.Cmdline = cmd
 	}
 	if !sel.Policy.restricted() || explicitPID {
-		p.Owner = r.owner(pid)
+		p.Owner, cg = r.owner(pid)
 	}
+	p.Identity.withCgroup(cg)
 	// A process that ended while being read has an empty environ and cmdline: look again.
 	if st2, err := r.stat(pid); err != nil || st2.StartTime != st.StartTime || st2.exited() {
 		return p, evalGone, nil

@@ -136,7 +136,8 @@ func TestDiscoverFixtureProcess(t *testing.T) {
 		Root:       "testdata/proc/100/root",
 		Identity: Identity{Rank: 0, LocalRank: 0, WorldSize: 8, GroupRank: 0, LocalWorldSize: 4, RankSource: "RANK",
 			RunID: "run-42", MasterAddr: "10.0.0.1", MasterPort: "29500", JobID: "run-42", JobIDSource: "TORCHELASTIC_RUN_ID",
-			VisibleDevices: "0,1,2,3", InjectionPath: "/opt/slowrank dev/lib/libslowrank_cupti.so", Injected: true},
+			VisibleDevices: "0,1,2,3", InjectionPath: "/opt/slowrank dev/lib/libslowrank_cupti.so", Injected: true,
+			SlurmJobID: "777"},
 		SelectedBy: "env:RANK",
 		Owner:      Owner{UID: -1}, // the fixture has no status nor cgroup
 	}

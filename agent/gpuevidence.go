@@ -21,10 +21,13 @@ type gpuEvidence struct {
 	mu     sync.Mutex
 	hist   map[int][]GPUSample // by GPU index, oldest first
 	pidGPU map[int]int         // PID -> GPU index it trains on
+	// placed is the GPU of each PID that NVML tells apart (rankGPU):
+	// what the topology names, where pidGPU's evidence may still guess.
+	placed map[int]detector.RankGPU
 }
 
 func newGPUEvidence(nv *NVML) *gpuEvidence {
-	return &gpuEvidence{nv: nv, hist: map[int][]GPUSample{}, pidGPU: map[int]int{}}
+	return &gpuEvidence{nv: nv, hist: map[int][]GPUSample{}, pidGPU: map[int]int{}, placed: map[int]detector.RankGPU{}}
 }
 
 // run samples every period until ctx ends; errors are counted, not fatal.
@@ -56,8 +59,12 @@ func (g *gpuEvidence) run(ctx context.Context, every time.Duration, c *counters)
 		}
 		if procs != nil {
 			g.pidGPU = make(map[int]int, len(procs))
+			g.placed = make(map[int]detector.RankGPU, len(procs))
 			for pid, gs := range procs {
 				g.pidGPU[pid] = gs[0].GPUIndex
+				if rg, ok := rankGPU(gs); ok {
+					g.placed[pid] = rg
+				}
 			}
 		}
 		g.mu.Unlock()
@@ -74,6 +81,43 @@ func (g *gpuEvidence) forPID(pid int, start, end int64) *detector.GPUEvidence {
 		return nil
 	}
 	return summariseGPU(g.hist[idx], start, end)
+}
+
+// placement returns the GPU that NVML last showed pid training on.
+func (g *gpuEvidence) placement(pid int) (detector.RankGPU, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	rg, ok := g.placed[pid]
+	return rg, ok
+}
+
+// placeGPU puts the GPU that NVML last showed pe's process on into
+// pe.info and reports whether that changed it. A process that NVML no
+// longer lists (it is exiting, or a read failed) keeps its last GPU: no
+// topology version for a flap. Main goroutine only.
+func (a *Agent) placeGPU(pe *procEntry) bool {
+	if a.gpu == nil {
+		return false
+	}
+	rg, ok := a.gpu.placement(pe.proc.PID)
+	if !ok || rg == pe.info.Placement.GPU {
+		return false
+	}
+	pe.info.Placement.GPU = rg
+	return true
+}
+
+// refreshPlacements sends again the identity of each rank whose GPU NVML
+// found (or moved: the context that holds most memory changed) since: a
+// process creates its CUDA context after discovery found it, so its first
+// RankInfo rarely has one. Main goroutine only.
+func (a *Agent) refreshPlacements() {
+	for _, pe := range a.att.procs {
+		if a.placeGPU(pe) {
+			a.log.Debug("rank's GPU found", "pid", pe.proc.PID, "rank", pe.rank, "gpu", pe.info.Placement.GPU.Index, "uuid", pe.info.Placement.GPU.UUID)
+			a.pipe.handle(pe.info)
+		}
+	}
 }
 
 // summariseGPU is the pure part: extremes over the window, OR of the throttle

@@ -37,6 +37,21 @@ type Identity struct {
 	// libslowrank_cupti.so, that is when CUDA will load our injection library.
 	InjectionPath string
 	Injected      bool
+
+	// Where the process runs as the cluster names it (placement.go), ""
+	// when not known. The names come from the downward-API environment
+	// (podVars) and are the process's own claim; PodUID and ContainerID
+	// come from its cgroup where it names them (cgroup.go), which the
+	// process cannot choose, and else PodUID from the environment.
+	PodName, PodUID, Namespace, ContainerName string
+	ContainerID                               string
+	// Hostname is HOSTNAME: in a pod the pod's name unless the pod sets
+	// spec.hostname or runs in the host's network.
+	Hostname string
+	// SlurmJobID and SlurmStepID are SLURM_JOB_ID and SLURM_STEP_ID.
+	SlurmJobID, SlurmStepID string
+	// inPod: the cgroup named a pod (PodUID is then the cgroup's).
+	inPod bool
 }
 
 // jobIDSources is the job id precedence, first wins:
@@ -83,7 +98,8 @@ var identityVars = func() map[string]bool {
 		"MASTER_ADDR": true, "MASTER_PORT": true, "CUDA_VISIBLE_DEVICES": true,
 		"CUDA_INJECTION64_PATH": true, "KUBERNETES_SERVICE_HOST": true,
 	}
-	for _, l := range [][]string{jobIDSources, rankVars, localRankVars, worldSizeVars, localWorldSizeVars, groupRankVars} {
+	for _, l := range [][]string{jobIDSources, rankVars, localRankVars, worldSizeVars, localWorldSizeVars, groupRankVars,
+		podNameVars, podNamespaceVars, podUIDVars, containerNameVars, slurmStepVars, {otelResourceVar}} {
 		for _, k := range l {
 			m[k] = true
 		}
@@ -135,6 +151,7 @@ func identityFromEnv(env map[string]string) Identity {
 	id.GroupRank, _ = firstInt(env, groupRankVars)
 	id.Injected = id.InjectionPath != "" && path.Base(id.InjectionPath) == InjectionLibraryName
 	id.JobID, id.JobIDSource = jobID(env)
+	placementFromEnv(&id, env)
 	return id
 }
 

@@ -48,13 +48,14 @@ func TestIdentityFromEnv(t *testing.T) {
 				"SLURM_JOB_ID": "99", "SLURM_PROCID": "0", "CUDA_VISIBLE_DEVICES": "1"},
 			want: Identity{Rank: 3, LocalRank: 1, WorldSize: 4, GroupRank: 1, LocalWorldSize: 2, RankSource: "RANK",
 				RunID: "j1", MasterAddr: "h0", MasterPort: "29500", JobID: "j1", JobIDSource: "TORCHELASTIC_RUN_ID",
-				VisibleDevices: "1"},
+				VisibleDevices: "1", SlurmJobID: "99"},
 		},
 		{
 			name: "run id none falls through to slurm",
 			env:  map[string]string{"RANK": "0", "TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "12345"},
 			want: with(func(id *Identity) {
 				id.Rank, id.RankSource, id.RunID, id.JobID, id.JobIDSource = 0, "RANK", "none", "12345", "SLURM_JOB_ID"
+				id.SlurmJobID = "12345"
 			}),
 		},
 		{
@@ -67,6 +68,7 @@ func TestIdentityFromEnv(t *testing.T) {
 			env:  map[string]string{"SLURM_PROCID": "7", "SLURM_LOCALID": "3", "SLURM_NTASKS": "16", "SLURM_JOB_ID": "5"},
 			want: with(func(id *Identity) {
 				id.Rank, id.RankSource, id.LocalRank, id.WorldSize, id.JobID, id.JobIDSource = 7, "SLURM_PROCID", 3, 16, "5", "SLURM_JOB_ID"
+				id.SlurmJobID = "5"
 			}),
 		},
 		{
@@ -93,6 +95,7 @@ func TestIdentityFromEnv(t *testing.T) {
 				"MASTER_ADDR": "bert-large-master-0", "MASTER_PORT": "23456"},
 			want: with(func(id *Identity) {
 				id.Rank, id.RankSource, id.MasterAddr, id.MasterPort, id.JobID, id.JobIDSource = 1, "RANK", "bert-large-master-0", "23456", "bert-large", "HOSTNAME"
+				id.Hostname = "bert-large-worker-0"
 			}),
 		},
 		{
@@ -100,12 +103,13 @@ func TestIdentityFromEnv(t *testing.T) {
 			env:  map[string]string{"HOSTNAME": "node-worker-3", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"},
 			want: with(func(id *Identity) {
 				id.MasterAddr, id.MasterPort, id.JobID, id.JobIDSource = "10.0.0.1", "29500", "10.0.0.1:29500", "MASTER_ADDR:MASTER_PORT"
+				id.Hostname = "node-worker-3"
 			}),
 		},
 		{
 			name: "jobset before hostname",
 			env:  map[string]string{"JOBSET_NAME": "trainjob-a", "HOSTNAME": "x-worker-0", "KUBERNETES_SERVICE_HOST": "h"},
-			want: with(func(id *Identity) { id.JobID, id.JobIDSource = "trainjob-a", "JOBSET_NAME" }),
+			want: with(func(id *Identity) { id.JobID, id.JobIDSource, id.Hostname = "trainjob-a", "JOBSET_NAME", "x-worker-0" }),
 		},
 		{
 			name: "torchx",

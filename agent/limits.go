@@ -13,8 +13,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/slowrank/slowrank/correlate"
 )
 
 // Bounds on what training processes can make the agent hold. Everything a
@@ -200,6 +198,7 @@ func (a *Agent) refreshPipeline() {
 	c.set("correlate_init_calls", int64(t.InitCalls))
 	c.set("correlate_reordered", int64(t.Reordered))
 	c.set("correlate_arrival_timeouts", int64(t.ArrivalTimeout))
+	c.set("correlate_implausible_sizes", int64(t.ImplausibleSizes))
 	var late, dup, evicted, rejected int64
 	for _, s := range a.pipe.det.Summaries() {
 		late += s.Late
@@ -216,28 +215,6 @@ func (a *Agent) refreshPipeline() {
 	c.set("names_interned", int64(st.Names))
 	c.set("names_refused", int64(st.Refused)+a.conv.refusedNames())
 	c.set("names_missing", int64(st.Missing))
-}
-
-// addRankStats adds b to a.
-func addRankStats(a *correlate.RankStats, b correlate.RankStats) {
-	a.HostCalls += b.HostCalls
-	a.DeviceRecords += b.DeviceRecords
-	a.Steps += b.Steps
-	a.Late += b.Late
-	a.Duplicate += b.Duplicate
-	a.Reordered += b.Reordered
-	a.DroppedHost += b.DroppedHost
-	a.DroppedDevice += b.DroppedDevice
-	a.IrregularCalls += b.IrregularCalls
-	a.Retracted += b.Retracted
-	a.Relocks += b.Relocks
-	a.InitCalls += b.InitCalls
-	a.Unassigned += b.Unassigned
-	a.Evicted += b.Evicted
-	a.InvalidSteps += b.InvalidSteps
-	a.DegradedSteps += b.DegradedSteps
-	a.NoRankSteps += b.NoRankSteps
-	a.ArrivalTimeout += b.ArrivalTimeout
 }
 
 // epochFile is the file under the state directory that remembers the last

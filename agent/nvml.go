@@ -18,6 +18,9 @@ type GPUProcess struct {
 	GPUIndex   int    // NVML index, which follows PCI bus order, not CUDA_VISIBLE_DEVICES
 	UUID       string // "GPU-..."
 	UsedMemory uint64 // bytes, or MemoryUnknown
+	// PCIBusID is NVML's bus id of the GPU ("00000000:3B:00.0"), "" when
+	// NVML did not give it.
+	PCIBusID string
 }
 
 // GPUSample is one NVML reading of one GPU. Counters are cumulative; fields

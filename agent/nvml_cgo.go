@@ -82,15 +82,35 @@ func (n *NVML) GPUProcesses() (map[int][]GPUProcess, error) {
 			fail(i, "get compute processes", ret)
 			continue
 		}
+		bus := ""
+		if len(procs) > 0 {
+			// Optional: the GPU is named by its UUID without it.
+			if pci, ret := dev.GetPciInfo(); ret == nvml.SUCCESS {
+				bus = pciBusID(pci)
+			}
+		}
 		for _, p := range procs {
 			pid := int(p.Pid)
-			out[pid] = append(out[pid], GPUProcess{PID: pid, GPUIndex: i, UUID: uuid, UsedMemory: p.UsedGpuMemory})
+			out[pid] = append(out[pid], GPUProcess{PID: pid, GPUIndex: i, UUID: uuid, UsedMemory: p.UsedGpuMemory, PCIBusID: bus})
 		}
 	}
 	for _, gs := range out {
 		slices.SortStableFunc(gs, func(a, b GPUProcess) int { return cmp.Compare(knownMemory(b), knownMemory(a)) })
 	}
 	return out, firstErr
+}
+
+// pciBusID is NVML's bus id string ("00000000:3B:00.0", the form that
+// dcgm-exporter's pci_bus_id label has): the NUL-terminated BusId field.
+func pciBusID(pci nvml.PciInfo) string {
+	b := make([]byte, 0, len(pci.BusId))
+	for _, c := range pci.BusId {
+		if c == 0 {
+			break
+		}
+		b = append(b, byte(c))
+	}
+	return string(b)
 }
 
 func knownMemory(g GPUProcess) uint64 {

@@ -17,6 +17,17 @@ func mockDevice(uuid string, procs []nvml.ProcessInfo, ret nvml.Return) *mock.De
 		GetComputeRunningProcessesFunc: func() ([]nvml.ProcessInfo, nvml.Return) {
 			return procs, ret
 		},
+		// GPU-0 has no PCI information to give: the bus id is optional.
+		GetPciInfoFunc: func() (nvml.PciInfo, nvml.Return) {
+			if uuid == "GPU-0" {
+				return nvml.PciInfo{}, nvml.ERROR_NOT_SUPPORTED
+			}
+			var pci nvml.PciInfo
+			for i, c := range "00000000:1" + uuid[len(uuid)-1:] + ":00.0" {
+				pci.BusId[i] = int8(c)
+			}
+			return pci, nvml.SUCCESS
+		},
 	}
 }
 
@@ -44,9 +55,9 @@ func TestGPUProcessesMock(t *testing.T) {
 	}
 	want := map[int][]GPUProcess{
 		// A stray context on GPU 0 sorts after the GPU the rank trains on.
-		10: {{10, 1, "GPU-1", 70 << 30}, {10, 0, "GPU-0", 500 << 20}},
-		11: {{11, 0, "GPU-0", 500 << 20}, {11, 2, "GPU-2", MemoryUnknown}},
-		12: {{12, 0, "GPU-0", 70 << 30}},
+		10: {{10, 1, "GPU-1", 70 << 30, "00000000:11:00.0"}, {10, 0, "GPU-0", 500 << 20, ""}},
+		11: {{11, 0, "GPU-0", 500 << 20, ""}, {11, 2, "GPU-2", MemoryUnknown, "00000000:12:00.0"}},
+		12: {{12, 0, "GPU-0", 70 << 30, ""}},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got  %+v\nwant %+v", got, want)

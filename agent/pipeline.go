@@ -116,7 +116,7 @@ func (p *pipeline) handle(in any) {
 	case forget:
 		for _, st := range p.corr.Stats() {
 			if st.PID == v.pid {
-				addRankStats(&p.retired, st)
+				p.retired.Add(st)
 			}
 		}
 		p.corr.Forget(v.pid)
@@ -139,7 +139,7 @@ func (p *pipeline) count(name string) {
 func (p *pipeline) corrTotals() correlate.RankStats {
 	t := p.retired
 	for _, st := range p.corr.Stats() {
-		addRankStats(&t, st)
+		t.Add(st)
 	}
 	return t
 }

@@ -139,9 +139,12 @@ func parseCgroup(data []byte) string {
 	return v1
 }
 
-// owner reads who pid belongs to; an unreadable file leaves its part unknown.
-func (r *procReader) owner(pid int) Owner {
+// owner reads who pid belongs to, and what its cgroup names of its
+// container (one bounded read of the file serves both); an unreadable file
+// leaves its part unknown.
+func (r *procReader) owner(pid int) (Owner, cgroupIdentity) {
 	o := Owner{UID: -1}
+	var cg cgroupIdentity
 	if data, err := r.readFile(r.path(pid, "status")); err == nil {
 		if uid, err := parseStatusUID(data); err == nil {
 			o.UID = uid
@@ -149,6 +152,7 @@ func (r *procReader) owner(pid int) Owner {
 	}
 	if data, err := r.readFile(r.path(pid, "cgroup")); err == nil {
 		o.Cgroup = parseCgroup(data)
+		cg = parseCgroupIdentity(data)
 	}
-	return o
+	return o, cg
 }

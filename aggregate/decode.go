@@ -51,9 +51,8 @@ const maxStepSpanNS = int64(24 * 3600 * 1e9)
 // maxPhaseMS bounds a phase value (about 11.6 days).
 const maxPhaseMS = 1e9
 
-// maxTokens bounds a step's token count (2^40, far beyond any batch), so that
-// the detector's median of two counts cannot overflow.
-const maxTokens = 1 << 40
+// maxTokens is the detector's bound on a step's token count.
+const maxTokens = detector.MaxTokens
 
 func (l Limits) withDefaults() Limits {
 	if l.MaxRecords <= 0 {
@@ -222,6 +221,32 @@ func checkString(name, s string, lim Limits) error {
 		if r < 0x20 || r == 0x7f {
 			return fmt.Errorf("%w: %s contains a control character", ErrInvalid, name)
 		}
+	}
+	return nil
+}
+
+// maxGPUIndex bounds a placement's NVML index (far beyond any host's GPUs).
+const maxGPUIndex = 1 << 16
+
+// checkPlacement validates a rank's placement, every field of which is
+// optional (agents before it sent none): a string that is given must pass
+// checkString, as it becomes a span attribute and a metric label.
+func checkPlacement(p *detector.Placement, lim Limits) error {
+	for _, f := range [...]struct{ name, v string }{
+		{"k8s.pod_name", p.K8s.PodName}, {"k8s.pod_uid", p.K8s.PodUID}, {"k8s.namespace", p.K8s.Namespace},
+		{"k8s.container_name", p.K8s.ContainerName}, {"container_id", p.ContainerID},
+		{"slurm.job_id", p.Slurm.JobID}, {"slurm.step_id", p.Slurm.StepID},
+		{"gpu.uuid", p.GPU.UUID}, {"gpu.pci_bus_id", p.GPU.PCIBusID},
+	} {
+		if f.v == "" {
+			continue
+		}
+		if err := checkString(f.name, f.v, lim); err != nil {
+			return err
+		}
+	}
+	if p.GPU.Index < 0 || p.GPU.Index >= maxGPUIndex {
+		return fmt.Errorf("%w: gpu.index %d out of range [0, %d)", ErrInvalid, p.GPU.Index, maxGPUIndex)
 	}
 	return nil
 }
@@ -533,6 +558,9 @@ func decodeTopology(lr plog.LogRecord, job string, lim Limits) (Fact, error) {
 			r.Host = host
 		} else if err := checkString("topology rank host", r.Host, lim); err != nil {
 			return Fact{}, err
+		}
+		if err := checkPlacement(&r.Placement, lim); err != nil {
+			return Fact{}, fmt.Errorf("topology rank %d: %w", r.Rank, err)
 		}
 	}
 	for _, g := range t.Groups {

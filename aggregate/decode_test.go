@@ -217,6 +217,10 @@ func TestDecodeTopologyRejects(t *testing.T) {
 		{"negative member", `{"kind":"topology","job":"j1","version":2,"groups":[{"id":"g","type":"dp","ranks":[-1]}]}`, "negative rank"},
 		{"huge rank", `{"kind":"topology","job":"j1","version":2,"ranks":[{"rank":99999999,"local_rank":0}]}`, "out of range"},
 		{"version mismatch", `{"kind":"topology","job":"j1","version":5}`, "differs from the body's version"},
+		{"control character in a pod name", `{"kind":"topology","job":"j1","version":2,"ranks":[{"rank":1,"local_rank":0,"k8s":{"pod_name":"a\u001bb"}}]}`, "k8s.pod_name contains a control character"},
+		{"overlong container id", `{"kind":"topology","job":"j1","version":2,"ranks":[{"rank":1,"local_rank":0,"container_id":"` + strings.Repeat("a", 300) + `"}]}`, "container_id is 300 bytes"},
+		{"negative gpu index", `{"kind":"topology","job":"j1","version":2,"ranks":[{"rank":1,"local_rank":0,"gpu":{"index":-1,"uuid":"GPU-1"}}]}`, "gpu.index -1 out of range"},
+		{"gpu uuid not a string", `{"kind":"topology","job":"j1","version":2,"ranks":[{"rank":1,"local_rank":0,"gpu":{"index":0,"uuid":7}}]}`, "topology body"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -376,4 +380,49 @@ func FuzzDecodeTraces(f *testing.F) {
 			}
 		}
 	})
+}
+
+// The placement of a rank (pod, container, Slurm step, GPU) crosses the
+// wire to the aggregator unchanged, and an older agent's topology without
+// one still decodes, with none.
+func TestDecodeTopologyPlacement(t *testing.T) {
+	placed := sampleTopo()
+	placed.Ranks[1].Placement = detector.Placement{
+		K8s:         detector.K8sPod{PodName: "llama-worker-0", PodUID: "6f1c0e4a-2b8d-4c7e-9a51-3d2f8b7e1c90", Namespace: "train", ContainerName: "pytorch"},
+		ContainerID: "4f3a1d2e9b8c7a6f5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f",
+		Slurm:       detector.SlurmStep{JobID: "4711", StepID: "2"},
+		GPU:         detector.RankGPU{Index: 3, UUID: "GPU-5b1e3a8c-0d2f-4e6a-8b9c-1a2b3c4d5e6f", PCIBusID: "00000000:3B:00.0"},
+	}
+	tests := []struct {
+		name string
+		body string // "" : FactLogs' encoding of want
+		want detector.Topology
+	}{
+		{"placed rank next to an unplaced one", "", placed},
+		{"older agent", `{"kind":"topology","job":"j1","version":2,"ranks":[{"rank":4,"host":"h1","local_rank":0,"pid":42},` +
+			`{"rank":5,"host":"h1","local_rank":1,"pid":43}],"groups":[{"id":"w","type":"world","ranks":[0,1,2,3,4,5]}]}`, sampleTopo()},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ld := otel.FactLogs("h1", []detector.Topology{tc.want}, nil, nil)
+			if tc.body != "" {
+				ld.ResourceLogs().At(0).ScopeLogs().At(0).LogRecords().At(0).Body().SetStr(tc.body)
+			}
+			b, err := plogotlp.NewExportRequestFromLogs(ld).MarshalProto()
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := plogotlp.NewExportRequest()
+			if err := req.UnmarshalProto(b); err != nil {
+				t.Fatal(err)
+			}
+			d := DecodeLogs(req.Logs(), Limits{})
+			if d.Rejected != 0 || len(d.Facts) != 1 || d.Facts[0].Topology == nil {
+				t.Fatalf("decoded %+v (%v)", d, d.FirstErr)
+			}
+			if got := *d.Facts[0].Topology; !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("got  %+v\nwant %+v", got, tc.want)
+			}
+		})
+	}
 }

@@ -171,3 +171,26 @@ func BenchmarkTopologyResend(b *testing.B) {
 		m.build(nil)
 	}
 }
+
+// The merged topology keeps each rank's placement as its host sent it, and a
+// host that sends its ranks again with a GPU found since changes the union.
+func TestTopologyMergeKeepsPlacement(t *testing.T) {
+	m := newTopoMerge("j", nil)
+	a := hostTopology(1, "a", []int{0, 1})
+	a.Ranks[1].K8s = detector.K8sPod{PodName: "w-1", Namespace: "train"}
+	changed(m, "a", a)
+	b := hostTopology(1, "b", []int{2})
+	changed(m, "b", b)
+	got := m.build(nil)
+	if len(got.Ranks) != 3 || got.Ranks[1].Placement != a.Ranks[1].Placement || got.Ranks[0].Placement != (detector.Placement{}) {
+		t.Fatalf("merged ranks %+v", got.Ranks)
+	}
+	b2 := hostTopology(2, "b", []int{2})
+	b2.Ranks[0].GPU = detector.RankGPU{Index: 0, UUID: "GPU-2"}
+	if !changed(m, "b", b2) {
+		t.Fatal("a rank's new GPU is no change of the union")
+	}
+	if got := m.build(nil); got.Ranks[2].GPU != b2.Ranks[0].GPU {
+		t.Fatalf("rank 2's GPU %+v, want %+v", got.Ranks[2].GPU, b2.Ranks[0].GPU)
+	}
+}

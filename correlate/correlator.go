@@ -221,6 +221,10 @@ func (c *Correlator) SetRank(info RankInfo) {
 	if p.hasInfo && p.info.Job != info.Job {
 		c.markChanged(p.info.Job)
 	}
+	if info.WorldSize < 0 || info.WorldSize > MaxRanks {
+		info.WorldSize = 0
+		p.stats.ImplausibleSizes++
+	}
 	if info.Host == "" {
 		info.Host = c.cfg.Host
 	}
@@ -418,6 +422,10 @@ func (c *Correlator) procComm(p *proc, handle uint64) *procComm {
 // AddCommInit records a communicator creation.
 func (c *Correlator) AddCommInit(ci CommInit) {
 	p := c.proc(ci.PID)
+	if ci.NRanks < 0 || ci.NRanks > MaxRanks {
+		ci.NRanks = 0
+		p.stats.ImplausibleSizes++
+	}
 	uid := ci.UniqueIDHash
 	if uid == 0 && ci.Parent != 0 {
 		if parent := p.comms[ci.Parent]; parent != nil {
@@ -566,7 +574,8 @@ func (c *Correlator) Forget(pid uint32) {
 	st := c.statsOf(p)
 	k := keyOf(&st)
 	if r := c.retired[k]; r != nil {
-		r.add(&st)
+		r.Add(st)
+		r.PID = st.PID
 	} else if len(c.retired) < 4096 {
 		c.retired[k] = &st
 	}
@@ -673,7 +682,8 @@ func (c *Correlator) Stats() []RankStats {
 	for _, p := range c.procs {
 		st := c.statsOf(p)
 		if r := m[keyOf(&st)]; r != nil {
-			r.add(&st)
+			r.Add(st)
+			r.PID = st.PID
 		} else {
 			m[keyOf(&st)] = &st
 		}
@@ -713,8 +723,8 @@ func (c *Correlator) statsOf(p *proc) RankStats {
 	return st
 }
 
-func (r *RankStats) add(o *RankStats) {
-	r.PID = o.PID
+// Add adds o's counters to r (PID and identity stay r's).
+func (r *RankStats) Add(o RankStats) {
 	r.HostCalls += o.HostCalls
 	r.DeviceRecords += o.DeviceRecords
 	r.Steps += o.Steps
@@ -733,6 +743,7 @@ func (r *RankStats) add(o *RankStats) {
 	r.DegradedSteps += o.DegradedSteps
 	r.NoRankSteps += o.NoRankSteps
 	r.ArrivalTimeout += o.ArrivalTimeout
+	r.ImplausibleSizes += o.ImplausibleSizes
 }
 
 func (c *Correlator) refreshOrder() {

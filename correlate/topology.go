@@ -408,7 +408,8 @@ func (c *Correlator) buildTopology(job string) detector.Topology {
 		return int(a.pid) - int(b.pid)
 	})
 	for _, p := range procs {
-		t.Ranks = append(t.Ranks, detector.RankInfo{Rank: p.info.Rank, Host: p.info.Host, LocalRank: p.info.LocalRank, PID: int(p.pid)})
+		t.Ranks = append(t.Ranks, detector.RankInfo{Rank: p.info.Rank, Host: p.info.Host, LocalRank: p.info.LocalRank, PID: int(p.pid),
+			Placement: p.info.Placement})
 	}
 	var groups []*commGroup
 	for _, g := range c.groups {

@@ -161,3 +161,64 @@ func TestRanksReplaced(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+// A process that any local user starts can claim any WORLD_SIZE and call a
+// fake ncclCommInitRank with any nranks: a "world" group of 2^31 ranks
+// would be 16 GiB of rank numbers in the agent. Sizes beyond MaxRanks are
+// not believed (the group is sized by its members) and counted.
+func TestImplausibleCommunicatorSizeIsNotBelieved(t *testing.T) {
+	const huge = 1<<31 - 1
+	c := New(Config{ConfirmSpan: testSpan})
+	c.SetRank(RankInfo{PID: pid(0), Rank: 0, WorldSize: huge, Host: "h0", Job: "j1"})
+	c.AddCommInit(CommInit{PID: pid(0), Comm: 0x100, NRanks: huge, Rank: 0, UniqueIDHash: 0xaaaa})
+	var b batch
+	for i := range 12 {
+		base := ms + int64(i)*10*ms
+		b.coll(pid(0), 0x100, "allreduce", 4096, base+1*ms, base+1*ms+10*us)
+		b.sync(pid(0), base+8*ms, base+10*ms)
+	}
+	b.feed(c)
+	_, topos := c.Flush()
+	for _, top := range topos {
+		for _, g := range top.Groups {
+			if len(g.Ranks) > MaxRanks {
+				t.Fatalf("group %s lists %d ranks (more than MaxRanks %d)", g.ID, len(g.Ranks), MaxRanks)
+			}
+		}
+	}
+	var implausible uint64
+	for _, st := range c.Stats() {
+		implausible += st.ImplausibleSizes
+	}
+	if implausible != 2 {
+		t.Fatalf("ImplausibleSizes = %d, want 2 (the world size and the communicator's)", implausible)
+	}
+}
+
+// A rank's placement reaches the topology as given; sending it again with the
+// GPU that NVML found later makes a new version, sending it unchanged does not.
+func TestPlacementInTopology(t *testing.T) {
+	pod := detector.Placement{
+		K8s:         detector.K8sPod{PodName: "llama-worker-1", PodUID: "6f1c0e4a-2b8d-4c7e-9a51-3d2f8b7e1c90", Namespace: "train", ContainerName: "pytorch"},
+		ContainerID: "4f3a1d2e9b8c7a6f5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f",
+	}
+	info := RankInfo{PID: 100, Rank: 0, WorldSize: 1, Host: "h0", Job: "j1", Placement: pod}
+	c := New(Config{})
+	c.SetRank(info)
+	_, topos := c.Flush() // the first version waits for steps or the end
+	if len(topos) != 1 || topos[0].Ranks[0].Placement != pod {
+		t.Fatalf("first topology %+v, want the placement %+v", topos, pod)
+	}
+
+	c.SetRank(info)
+	if _, topos := c.Drain(); len(topos) != 0 {
+		t.Fatalf("unchanged placement made topology %+v", topos)
+	}
+
+	info.Placement.GPU = detector.RankGPU{Index: 3, UUID: "GPU-5b1e3a8c-0d2f-4e6a-8b9c-1a2b3c4d5e6f", PCIBusID: "00000000:3B:00.0"}
+	c.SetRank(info)
+	_, topos = c.Drain()
+	if len(topos) != 1 || topos[0].Version != 2 || topos[0].Ranks[0].Placement != info.Placement {
+		t.Fatalf("after the GPU was found: %+v, want version 2 with %+v", topos, info.Placement)
+	}
+}

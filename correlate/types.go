@@ -1,6 +1,10 @@
 package correlate
 
-import "time"
+import (
+	"time"
+
+	"github.com/slowrank/slowrank/detector"
+)
 
 // HostKind says what a host interval is.
 type HostKind uint8
@@ -55,8 +59,8 @@ type HostCall struct {
 type CommInit struct {
 	PID    uint32
 	Comm   uint64 // the new handle; 0 when a split returned no communicator
-	NRanks int
-	Rank   int // rank in the communicator
+	NRanks int    // 0 when unknown (or above MaxRanks)
+	Rank   int    // rank in the communicator
 	// UniqueIDHash is a hash of the ncclUniqueId shared by all members.
 	// Zero for ncclCommSplit: the identity is then derived from the
 	// parent's identity, the split's ordinal on the parent and Color.
@@ -140,12 +144,19 @@ const (
 	ProbeCollWait
 )
 
+// MaxRanks is the largest world or communicator size believed (the
+// detector's default bound on a job's ranks). Sizes come from a process's
+// environment and its NCCL calls, which any local user controls: a bigger
+// one is treated as unknown (counted as ImplausibleSizes), so that a
+// "world" group never lists billions of ranks.
+const MaxRanks = 1 << 17
+
 // RankInfo is the identity of the training process PID.
 type RankInfo struct {
 	PID       uint32
 	Rank      int
 	LocalRank int
-	WorldSize int // 0 when unknown
+	WorldSize int // 0 when unknown (or above MaxRanks)
 	Host      string
 	Job       string
 	Epoch     int
@@ -157,6 +168,10 @@ type RankInfo struct {
 	// numbered like a peer's step that ends at the same time
 	// (alignToPeers) in any case.
 	MidRun bool
+	// Placement is where the process runs as the cluster names it (pod,
+	// container, Slurm step, GPU); it goes into the topology unchanged. A
+	// RankInfo sent again with a new Placement makes a new topology version.
+	Placement detector.Placement
 }
 
 // Config tunes a Correlator. The zero value is usable; zero fields take the
@@ -279,4 +294,6 @@ type RankStats struct {
 	DegradedSteps  uint64 // covered steps emitted gpu:false because device records were lost
 	NoRankSteps    uint64 // steps dropped because the process had no RankInfo
 	ArrivalTimeout uint64 // steps emitted before every local peer reported
+
+	ImplausibleSizes uint64 // world or communicator sizes above MaxRanks, treated as unknown
 }

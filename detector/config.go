@@ -46,6 +46,11 @@ type Config struct {
 	EvictAfter int
 	// MaxRanks bounds the ranks tracked per job.
 	MaxRanks int
+	// MaxTotalRanks bounds the ranks tracked over all jobs (about 1 KiB
+	// of state each): a topology names ranks that may never send a fact,
+	// and the jobs and their topologies come from processes any local user
+	// can start.
+	MaxTotalRanks int
 	// MaxJobs bounds the jobs tracked.
 	MaxJobs int
 	// EmitOK also emits verdicts for plain ok evaluations.
@@ -71,6 +76,7 @@ func DefaultConfig() Config {
 		Lateness:       2 * time.Second,
 		EvictAfter:     60,
 		MaxRanks:       1 << 17,
+		MaxTotalRanks:  1 << 19,
 		MaxJobs:        256,
 	}
 }
@@ -122,8 +128,9 @@ func (c Config) Validate() error {
 	if c.EvictAfter < 1 {
 		errs = append(errs, fmt.Errorf("evict-after must be at least 1 window, got %d", c.EvictAfter))
 	}
-	if c.MaxRanks < 1 || c.MaxJobs < 1 {
-		errs = append(errs, fmt.Errorf("max ranks and max jobs must be positive, got %d and %d", c.MaxRanks, c.MaxJobs))
+	if c.MaxRanks < 1 || c.MaxJobs < 1 || c.MaxTotalRanks < 1 {
+		errs = append(errs, fmt.Errorf("max ranks, max total ranks and max jobs must be positive, got %d, %d and %d",
+			c.MaxRanks, c.MaxTotalRanks, c.MaxJobs))
 	}
 	return errors.Join(errs...)
 }

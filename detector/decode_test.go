@@ -1,6 +1,7 @@
 package detector_test
 
 import (
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -70,4 +71,47 @@ func FuzzDecodeFact(f *testing.F) {
 			}
 		}
 	})
+}
+
+// The placement of a rank sits flat in its topology entry and is absent when
+// unknown, so that a topology without one encodes exactly as before.
+func TestRankPlacementJSON(t *testing.T) {
+	bare := detector.RankInfo{Rank: 1, Host: "h0", LocalRank: 1, PID: 42}
+	placed := bare
+	placed.Placement = detector.Placement{
+		K8s:         detector.K8sPod{PodName: "p-1", PodUID: "6f1c0e4a-2b8d-4c7e-9a51-3d2f8b7e1c90", Namespace: "ns", ContainerName: "c"},
+		ContainerID: "ab12",
+		Slurm:       detector.SlurmStep{JobID: "77", StepID: "0"},
+		GPU:         detector.RankGPU{Index: 0, UUID: "GPU-1", PCIBusID: "00000000:18:00.0"},
+	}
+	tests := []struct {
+		name string
+		info detector.RankInfo
+		want string
+	}{
+		{"without placement", bare, `{"rank":1,"host":"h0","local_rank":1,"pid":42}`},
+		{"with placement", placed, `{"rank":1,"host":"h0","local_rank":1,"pid":42,` +
+			`"k8s":{"pod_name":"p-1","pod_uid":"6f1c0e4a-2b8d-4c7e-9a51-3d2f8b7e1c90","namespace":"ns","container_name":"c"},` +
+			`"container_id":"ab12","slurm":{"job_id":"77","step_id":"0"},"gpu":{"index":0,"uuid":"GPU-1","pci_bus_id":"00000000:18:00.0"}}`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			topo := detector.Topology{Kind: detector.KindTopology, Job: "j", Version: 1, Ranks: []detector.RankInfo{tc.info}}
+			line, err := json.Marshal(topo)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := `{"kind":"topology","job":"j","version":1,"ranks":[` + tc.want + `]}`
+			if string(line) != want {
+				t.Fatalf("encoded\n%s\nwant\n%s", line, want)
+			}
+			got, err := detector.DecodeFact(line)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r := got.(*detector.Topology).Ranks[0]; r != tc.info {
+				t.Fatalf("decoded %+v, want %+v", r, tc.info)
+			}
+		})
+	}
 }

@@ -17,6 +17,11 @@ var ErrInvalidFact = errors.New("invalid fact")
 // fact with a time near 2^63 cannot wrap a job's window index.
 const MaxTimeNS = int64(1) << 62
 
+// MaxTokens bounds a step's token count (a trillion tokens in one step is
+// far beyond any batch): medians and tolerance ratios of valid counts
+// never overflow.
+const MaxTokens = int64(1) << 40
+
 // Detector judges step facts of any number of jobs. Not safe for concurrent use.
 type Detector struct {
 	cfg      Config
@@ -25,6 +30,7 @@ type Detector struct {
 	// order keeps jobs in first-seen order so output never depends on map order.
 	order         []string
 	rejectedJobs  int64
+	totalRanks    int // ranks with state over all jobs (MaxTotalRanks)
 	scratchValues []float64
 	scratch       scratch
 	settled       []SettledWindow
@@ -192,9 +198,11 @@ func (d *Detector) AddTopology(t Topology) error {
 // ForgetJob drops all state of a job (its summary included) and frees its
 // slot. Long-lived callers (the aggregator) call it when a job has ended.
 func (d *Detector) ForgetJob(name string) {
-	if _, ok := d.jobs[name]; !ok {
+	j, ok := d.jobs[name]
+	if !ok {
 		return
 	}
+	d.totalRanks -= len(j.ranks)
 	delete(d.jobs, name)
 	for i, n := range d.order {
 		if n == name {
@@ -257,8 +265,8 @@ func validateStep(s Step) error {
 			return fmt.Errorf("%w: phase %q has value %g (want a finite, non-negative number of ms)", ErrInvalidFact, p, v)
 		}
 	}
-	if s.Workload != nil && s.Workload.Tokens < 0 {
-		return fmt.Errorf("%w: negative token count %d", ErrInvalidFact, s.Workload.Tokens)
+	if s.Workload != nil && (s.Workload.Tokens < 0 || s.Workload.Tokens > MaxTokens) {
+		return fmt.Errorf("%w: token count %d outside [0, 2^40]", ErrInvalidFact, s.Workload.Tokens)
 	}
 	return nil
 }

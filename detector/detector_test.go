@@ -515,6 +515,8 @@ func TestInvalidFactsAreErrors(t *testing.T) {
 		{Job: "j", Rank: -1, EndNS: 1},
 		{Job: "j", StartNS: 5, EndNS: 1},
 		{Job: "j", EndNS: 1, Phases: map[string]float64{"compute": -1}},
+		{Job: "j", EndNS: 1, Workload: &detector.Workload{Tokens: -1}},
+		{Job: "j", EndNS: 1, Workload: &detector.Workload{Tokens: detector.MaxTokens + 1}}, // medians of two would overflow near 2^63
 	}
 	for _, s := range bad {
 		if _, err := d.AddStep(s); err == nil {
@@ -556,6 +558,43 @@ func TestForgetJobAndTopologyPruning(t *testing.T) {
 	d.AddStep(detector.Step{Job: "b", Rank: 0, Step: 1, EndNS: 1, Phases: map[string]float64{}})
 	if s := d.Summaries(); len(s) != 1 || s[0].Job != "b" {
 		t.Fatalf("the freed slot was not reused: %+v", s)
+	}
+}
+
+// Topologies name ranks that may never send a fact, and any local user can
+// start processes that claim jobs: the ranks with state over all jobs are
+// bounded, the refusals counted, and a forgotten job's ranks free the budget.
+func TestRankStateIsBoundedOverAllJobs(t *testing.T) {
+	cfg := detector.DefaultConfig()
+	cfg.MaxTotalRanks = 100
+	d, _ := detector.New(cfg)
+	world := func(job string, n int) detector.Topology {
+		g := detector.Group{ID: "world", Type: "world"}
+		for r := range n {
+			g.Ranks = append(g.Ranks, r)
+		}
+		return detector.Topology{Job: job, Version: 1, Groups: []detector.Group{g}}
+	}
+	for _, job := range []string{"a", "b", "c"} {
+		if err := d.AddTopology(world(job, 40)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rejected := map[string]int64{}
+	for _, s := range d.Summaries() {
+		rejected[s.Job] = s.RejectedRanks
+	}
+	if rejected["a"] != 0 || rejected["b"] != 0 || rejected["c"] != 20 {
+		t.Fatalf("rejected ranks %v, want a:0 b:0 c:20 (100 over all jobs)", rejected)
+	}
+	d.ForgetJob("a")
+	if err := d.AddTopology(world("d", 40)); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range d.Summaries() {
+		if s.Job == "d" && s.RejectedRanks != 0 {
+			t.Fatalf("job d: %d ranks rejected after job a's 40 were freed", s.RejectedRanks)
+		}
 	}
 }
 

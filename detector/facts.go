@@ -56,6 +56,54 @@ type RankInfo struct {
 	Host      string `json:"host,omitempty"`
 	LocalRank int    `json:"local_rank"`
 	PID       int    `json:"pid,omitempty"`
+	// Placement is an extension (optional): its fields sit flat in the
+	// rank's JSON object next to the ones above, and are absent when unknown.
+	Placement
+}
+
+// Placement names where a rank runs as the cluster names it, so that the
+// rank's spans and metrics can be joined with what Kubernetes, Slurm and
+// dcgm-exporter report. Every field is optional ("" or zero when not known);
+// the struct stays comparable, so that topologies compare with ==.
+type Placement struct {
+	// K8s is the rank's pod: the UID from the process's cgroup, the names
+	// from its downward-API environment.
+	K8s K8sPod `json:"k8s,omitzero"`
+	// ContainerID is the runtime's container id (64 hex digits) from the
+	// process's cgroup.
+	ContainerID string `json:"container_id,omitempty"`
+	// Slurm is the rank's Slurm job and step (SLURM_JOB_ID, SLURM_STEP_ID).
+	Slurm SlurmStep `json:"slurm,omitzero"`
+	// GPU is the GPU the rank trains on, as NVML reports it.
+	GPU RankGPU `json:"gpu,omitzero"`
+}
+
+// K8sPod names a rank's pod and container.
+type K8sPod struct {
+	PodName       string `json:"pod_name,omitempty"`
+	PodUID        string `json:"pod_uid,omitempty"`
+	Namespace     string `json:"namespace,omitempty"`
+	ContainerName string `json:"container_name,omitempty"`
+}
+
+// SlurmStep names a rank's Slurm job step.
+type SlurmStep struct {
+	JobID  string `json:"job_id,omitempty"`
+	StepID string `json:"step_id,omitempty"`
+}
+
+// RankGPU is the GPU that NVML shows the rank's process holding its
+// context on. UUID "" means not known (no NVML, no context yet, or the
+// process is on several GPUs that NVML cannot tell apart); Index is then 0.
+type RankGPU struct {
+	// Index is the NVML index (PCI bus order, not CUDA_VISIBLE_DEVICES):
+	// dcgm-exporter's "gpu" label.
+	Index int `json:"index"`
+	// UUID is "GPU-..." (dcgm-exporter's "UUID" label).
+	UUID string `json:"uuid,omitempty"`
+	// PCIBusID is NVML's bus id, e.g. "00000000:3B:00.0" (dcgm-exporter's
+	// "pci_bus_id" label).
+	PCIBusID string `json:"pci_bus_id,omitempty"`
 }
 
 // Group is one communicator group. Type is "dp", "tp", "pp", "ep", "world" or

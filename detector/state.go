@@ -136,12 +136,13 @@ func (d *Detector) rank(j *job, r int, win int64) *rankState {
 	if rs, ok := j.ranks[r]; ok {
 		return rs
 	}
-	if len(j.ranks) >= d.cfg.MaxRanks {
+	if len(j.ranks) >= d.cfg.MaxRanks || d.totalRanks >= d.cfg.MaxTotalRanks {
 		j.stats.rejectedRanks++
 		return nil
 	}
 	rs := &rankState{lastSeen: win, phases: make([]phaseState, len(d.cfg.Phases))}
 	j.ranks[r] = rs
+	d.totalRanks++
 	return rs
 }
 
@@ -150,6 +151,7 @@ func (d *Detector) evict(j *job, win int64) {
 	for r, rs := range j.ranks {
 		if win-rs.lastSeen > int64(d.cfg.EvictAfter) {
 			delete(j.ranks, r)
+			d.totalRanks--
 			j.stats.evicted++
 		}
 	}

@@ -16,7 +16,27 @@
 // otlp|console|none, OTEL_METRIC_EXPORT_INTERVAL, OTEL_RESOURCE_ATTRIBUTES,
 // OTEL_SERVICE_NAME); explicit Config fields override them. The resource
 // carries service.name=slowrank, service.version, host.name, process.pid and
-// slowrank.job.id. Spans leave through a bounded, counting queue (the SDK's
+// slowrank.job.id: it describes the exporter (the agent or the aggregator),
+// whose process.pid it is, not a rank.
+//
+// # Rank placement
+//
+// Where each rank runs comes from the job's topology (RecordTopology,
+// detector.Placement) and goes on the rank's data, not on the resource: one
+// agent exports every rank of its node. train.step spans get the
+// semantic-convention attributes k8s.pod.name, k8s.pod.uid,
+// k8s.namespace.name, k8s.container.name, container.id, host.name (the
+// rank's host) and process.pid (the rank's PID as the agent sees it), and
+// slowrank.slurm.job_id, slowrank.slurm.step_id, slowrank.device.uuid,
+// slowrank.device.index and slowrank.device.pci_bus_id where semantic
+// conventions have no name; each only when known. The per-rank metrics
+// (slowrank.step.duration, slowrank.phase.duration, slowrank.deviation,
+// slowrank.state, slowrank.straggler) get dcgm-exporter's label names and
+// value forms instead, UUID, gpu, pci_bus_id, Hostname, pod, namespace,
+// container and hpc_job (placement.go), so that PromQL joins them with its
+// series on (UUID). They are fixed per rank process: no new series beyond
+// the per-rank ones, except that a rank whose GPU becomes known after its
+// first steps starts new histogram series. Spans leave through a bounded, counting queue (the SDK's
 // BatchSpanProcessor would drop silently); metrics through an OTLP periodic
 // reader. Export errors go to the process-wide OpenTelemetry error handler,
 // which New replaces with one that counts them (slowrank.export.errors) and
@@ -63,7 +83,7 @@
 // # Metrics
 //
 // Histograms slowrank.step.duration and slowrank.phase.duration (ms;
-// slowrank.job.id, rank, phase), gauges slowrank.deviation,
+// slowrank.job.id, rank, phase, and the rank placement labels), gauges slowrank.deviation,
 // slowrank.straggler (1 while an alert is active; hint) and slowrank.state
 // (StateCode), the counter slowrank.verdicts{state}, and the histogram
 // slowrank.verdict.latency (s): from the end of the window's last step

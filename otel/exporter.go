@@ -278,8 +278,9 @@ func newStdoutExporter(w io.Writer) (sdktrace.SpanExporter, error) {
 	return x, nil
 }
 
-// RecordTopology remembers where the ranks of a job run (local rank, host)
-// for span attributes. A newer version replaces an older one.
+// RecordTopology remembers where the ranks of a job run (local rank, host,
+// placement) for span and metric attributes. A newer version replaces an
+// older one.
 func (e *Exporter) RecordTopology(t detector.Topology) {
 	m := make(map[int]detector.RankInfo, len(t.Ranks))
 	for _, r := range t.Ranks {
@@ -296,7 +297,7 @@ func (e *Exporter) RecordTopology(t detector.Topology) {
 // (SettleWindow) to decide whether it becomes spans. It never blocks.
 func (e *Exporter) RecordStep(s detector.Step, window int64) {
 	if e.inst != nil {
-		e.inst.recordStep(&s)
+		e.inst.recordStep(&s, e.rankLabelsOf(s.Job, s.Rank))
 	}
 	if e.tp == nil {
 		return

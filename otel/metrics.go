@@ -19,6 +19,7 @@ import (
 // duplicate, attach errors, export.*, CPU and RSS, ...) are declared in
 // selfmetrics.Table.
 const (
+	// Per-rank metrics also carry the rank's placement labels (placement.go).
 	MetricStepDuration   = "slowrank.step.duration"   // histogram, ms; job, rank
 	MetricPhaseDuration  = "slowrank.phase.duration"  // histogram, ms; job, rank, phase
 	MetricDeviation      = "slowrank.deviation"       // gauge; job, rank, phase
@@ -68,9 +69,10 @@ var (
 const maxCachedAttrSets = 1 << 16
 
 type attrKey struct {
-	job   string
-	rank  int
-	phase string
+	job    string
+	rank   int
+	phase  string
+	labels rankLabels
 }
 
 type instruments struct {
@@ -117,15 +119,17 @@ func newInstruments(m metric.Meter, e *Exporter, self []selfmetrics.Source) (*in
 		return nil, err
 	}
 	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		labels := e.allRankLabels()
 		e.series.observe(func(k seriesKey, v seriesVal) {
-			base := metric.WithAttributes(AttrJob.String(k.job), KeyRank.Int(k.rank), KeyPhase.String(k.phase))
+			kv := labels[k.job][k.rank].appendTo([]attribute.KeyValue{AttrJob.String(k.job), KeyRank.Int(k.rank), KeyPhase.String(k.phase)})
+			base := metric.WithAttributes(kv...)
 			o.ObserveFloat64(dev, v.deviation, base)
 			o.ObserveInt64(state, v.state, base)
 			a := int64(0)
 			if v.alert {
 				a = 1
 			}
-			o.ObserveInt64(strag, a, metric.WithAttributes(AttrJob.String(k.job), KeyRank.Int(k.rank), KeyPhase.String(k.phase), KeyHint.String(v.hint)))
+			o.ObserveInt64(strag, a, metric.WithAttributes(append(kv, KeyHint.String(v.hint))...))
 		})
 		return nil
 	}, dev, strag, state)
@@ -186,23 +190,21 @@ func ProcessSource() selfmetrics.Source {
 	}}
 }
 
-// opt returns the cached attribute option of (job, rank, phase); phase ""
-// means no phase attribute.
-func (in *instruments) opt(job string, rank int, phase string) metric.MeasurementOption {
-	k := attrKey{job, rank, phase}
+// opt returns the cached attribute option of (job, rank, phase) with the
+// rank's placement labels; phase "" means no phase attribute.
+func (in *instruments) opt(job string, rank int, phase string, labels rankLabels) metric.MeasurementOption {
+	k := attrKey{job, rank, phase, labels}
 	in.mu.Lock()
 	o, ok := in.attrs[k]
 	in.mu.Unlock()
 	if ok {
 		return o
 	}
-	var set attribute.Set
-	if phase == "" {
-		set = attribute.NewSet(AttrJob.String(job), KeyRank.Int(rank))
-	} else {
-		set = attribute.NewSet(AttrJob.String(job), KeyRank.Int(rank), KeyPhase.String(phase))
+	kv := []attribute.KeyValue{AttrJob.String(job), KeyRank.Int(rank)}
+	if phase != "" {
+		kv = append(kv, KeyPhase.String(phase))
 	}
-	o = metric.WithAttributeSet(set)
+	o = metric.WithAttributeSet(attribute.NewSet(labels.appendTo(kv)...))
 	in.mu.Lock()
 	if len(in.attrs) < maxCachedAttrSets {
 		in.attrs[k] = o
@@ -211,18 +213,18 @@ func (in *instruments) opt(job string, rank int, phase string) metric.Measuremen
 	return o
 }
 
-func (in *instruments) recordStep(s *detector.Step) {
+func (in *instruments) recordStep(s *detector.Step, labels rankLabels) {
 	ctx := context.Background()
 	stepMS, ok := s.Phases[detector.PhaseStep]
 	if !ok && s.EndNS > s.StartNS {
 		stepMS, ok = float64(s.EndNS-s.StartNS)/1e6, true
 	}
 	if ok {
-		in.stepDur.Record(ctx, stepMS, in.opt(s.Job, s.Rank, ""))
+		in.stepDur.Record(ctx, stepMS, in.opt(s.Job, s.Rank, "", labels))
 	}
 	for name, v := range s.Phases {
 		if name != detector.PhaseStep {
-			in.phaseDur.Record(ctx, v, in.opt(s.Job, s.Rank, name))
+			in.phaseDur.Record(ctx, v, in.opt(s.Job, s.Rank, name, labels))
 		}
 	}
 }

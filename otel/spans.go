@@ -106,7 +106,7 @@ func (e *Exporter) emitStep(f *selectedFact, window int64, d *decision, topo map
 	if end.Before(start) {
 		end = start
 	}
-	attrs := make([]attribute.KeyValue, 0, 24+len(s.Phases))
+	attrs := make([]attribute.KeyValue, 0, 36+len(s.Phases))
 	attrs = append(attrs,
 		AttrJob.String(s.Job), AttrRank.Int(s.Rank), AttrStep.Int64(s.Step), AttrWindow.Int64(window),
 		AttrGPU.Bool(s.GPU), AttrExport.String(categoryNames[f.cat]))
@@ -116,6 +116,7 @@ func (e *Exporter) emitStep(f *selectedFact, window int64, d *decision, topo map
 		if host == "" {
 			host = ri.Host
 		}
+		attrs = placementAttrs(attrs, ri) // placement.go
 	}
 	if host != "" {
 		attrs = append(attrs, AttrHost.String(host))

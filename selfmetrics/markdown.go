@@ -24,6 +24,14 @@ detector's results (` + "`slowrank.step.duration`" + `, ` + "`slowrank.phase.dur
 ` + "`slowrank.verdicts`" + `, ` + "`slowrank.verdict.latency`" + `) are described in
 ` + "`otel/doc.go`" + `.
 
+The per-rank results (step and phase durations, deviation, state,
+straggler) also carry the rank's placement under dcgm-exporter's label
+names, each only when known: ` + "`UUID`" + `, ` + "`gpu`" + ` (NVML index), ` + "`pci_bus_id`" + `,
+` + "`Hostname`" + `, ` + "`pod`" + `, ` + "`namespace`" + `, ` + "`container`" + ` and ` + "`hpc_job`" + ` (Slurm job
+id). They are fixed per rank process, so they add no series;
+[deploy.md](deploy.md#25-joining-with-dcgm-exporter) joins them with
+dcgm-exporter's series. The self-metrics above carry none of them.
+
 | OpenTelemetry name | Prometheus name | kind | unit | description | key → attributes |
 |---|---|---|---|---|---|
 `)

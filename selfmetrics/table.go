@@ -84,6 +84,8 @@ var Table = []Metric{
 		Desc: "Followed processes that exited.", Series: []Series{s("processes_exited")}},
 	{Name: "slowrank.agent.processes.without_rank", Kind: Counter, Unit: "{process}", Component: Agent,
 		Desc: "Matched processes without a rank in their environment.", Series: []Series{s("processes_without_rank")}},
+	{Name: "slowrank.agent.processes.rank_workers", Kind: Counter, Unit: "{process}", Component: Agent,
+		Desc: "Processes started by a rank with its identity (compile, data-loader workers): not ranks.", Series: []Series{s("processes_rank_workers")}},
 	{Name: "slowrank.agent.discovery.refused", Kind: Counter, Unit: "{process}", Component: Agent,
 		Desc: "Processes the discovery could not or would not read, by reason.", Series: []Series{
 			s("discovery_denied", "reason", "denied"),
@@ -246,6 +248,8 @@ var Table = []Metric{
 		Desc: "Step cycles locked again after being lost.", Series: []Series{s("correlate_relocks")}},
 	{Name: "slowrank.correlate.arrival.timeouts", Kind: Counter, Unit: "{step}", Component: Agent,
 		Desc: "Steps emitted before every local peer reported its arrival.", Series: []Series{s("correlate_arrival_timeouts")}},
+	{Name: "slowrank.correlate.implausible_sizes", Kind: Counter, Unit: "{report}", Component: Agent,
+		Desc: "World or communicator sizes above 131,072 ranks (from a process's environment or its NCCL calls), treated as unknown.", Series: []Series{s("correlate_implausible_sizes")}},
 
 	// Detector and pipeline.
 	{Name: "slowrank.agent.windows", Kind: Counter, Unit: "{window}", Component: Agent,

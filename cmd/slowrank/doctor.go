@@ -606,7 +606,7 @@ func injectionState(pid int, lib agent.Library) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	maps, err := agent.ReadMaps(pid)
 	if err != nil {
 		return "", err
 	}

@@ -52,6 +52,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -95,6 +96,7 @@ struct opts {
   int comm_stream;
   int split;
   int init_plain;
+  int workers;
   enum sync_mode sync;
   int device_sync;
   int slow_rank;
@@ -197,6 +199,9 @@ static void usage(FILE *f) {
           "  --comm-stream          allreduces on a separate stream ordered by events (like DDP)\n"
           "  --split                run collectives on ncclCommSplit(world, 0, rank) instead of world\n"
           "  --init-plain           ncclCommInitRank instead of ncclCommInitRankConfig\n"
+          "  --workers N            after init each rank forks N idle workers (torch.compile's compile\n"
+          "                         workers, data-loader workers): same environment (RANK), same mappings,\n"
+          "                         no CUDA or NCCL call; killed when the rank ends\n"
           "  --sync MODE            end-of-step sync: stream|device|event|cu-stream|cu-ctx (default stream)\n"
           "  --device-sync          also cudaDeviceSynchronize after it\n"
           "  --slow-rank R          rank to slow down (default none)\n"
@@ -236,7 +241,7 @@ static int parse_opts(int argc, char **argv) {
     o_comm_stream, o_split, o_init_plain, o_sync, o_device_sync, o_slow_rank, o_slow_from, o_slow_to,
     o_slow_factor, o_slow_host, o_slow_gpu, o_jitter, o_seed, o_host_mode, o_dlopen, o_dlopen_delay,
     o_sleep_before, o_truth, o_bench_calls, o_bench_symbol, o_threads, o_crash_rank, o_crash_step, o_verbose,
-    o_no_device_truth, o_backend, o_gloo_cuda_sync, o_gloo_wait, o_warmup_buckets, o_init_bursts, o_eval_every,
+    o_no_device_truth, o_backend, o_gloo_cuda_sync, o_gloo_wait, o_warmup_buckets, o_init_bursts, o_eval_every, o_workers,
     o_eval_batches, o_loop_shape, o_log_every, o_help
   };
   static const struct option lo[] = {
@@ -280,6 +285,7 @@ static int parse_opts(int argc, char **argv) {
       {"warmup-buckets", required_argument, 0, o_warmup_buckets},
       {"init-bursts", no_argument, 0, o_init_bursts},
       {"eval-every", required_argument, 0, o_eval_every},
+      {"workers", required_argument, 0, o_workers},
       {"eval-batches", required_argument, 0, o_eval_batches},
       {"loop-shape", required_argument, 0, o_loop_shape},
       {"log-every", required_argument, 0, o_log_every},
@@ -378,6 +384,7 @@ static int parse_opts(int argc, char **argv) {
     }
     case o_log_every: O.log_every = atol(optarg); break;
     case o_eval_every: O.eval_every = atol(optarg); break;
+    case o_workers: O.workers = atoi(optarg); break;
     case o_eval_batches: O.eval_batches = atoi(optarg); break;
     case o_help: usage(stdout); exit(0);
     default: usage(stderr); return -1;
@@ -390,7 +397,7 @@ static int parse_opts(int argc, char **argv) {
   if (O.ranks < 1 || O.ranks > 64 || O.steps < 0 || O.buckets < 0 || O.buckets > 4096 || O.kernels < 0 ||
       O.step_ms < 0 || O.gpu_ms < 0 || O.jitter < 0 || O.jitter >= 1 || O.slow_factor <= 0 || O.threads < 0 ||
       O.slow_host_ms < 0 || O.slow_gpu_ms < 0 || O.bucket_mb < 0 || O.warmup_buckets < 0 || O.warmup_buckets > 4096 ||
-      O.eval_every < 0 || O.eval_batches < 1 || O.eval_batches > 1000) {
+      O.eval_every < 0 || O.eval_batches < 1 || O.eval_batches > 1000 || O.workers < 0 || O.workers > 64) {
     fprintf(stderr, "faketrainer: flag out of range\n");
     return -1;
   }
@@ -1398,6 +1405,35 @@ static int run_bench(struct rank_ctx *c) {
   return EXIT_OK;
 }
 
+/* --workers: children of the rank that inherit its environment and
+ * mappings and call nothing (they die with the rank). */
+static pid_t g_workers[64];
+static void fork_workers(void) {
+  pid_t parent = getpid();
+  for (int i = 0; i < O.workers; i++) {
+    pid_t pid = fork();
+    if (pid < 0) {
+      logf_("fork worker: %s", strerror(errno));
+      return;
+    }
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(0);
+      for (;;) pause();
+    }
+    g_workers[i] = pid;
+  }
+}
+
+static void reap_workers(void) {
+  for (int i = 0; i < O.workers; i++) {
+    if (g_workers[i] > 0) {
+      kill(g_workers[i], SIGKILL);
+      waitpid(g_workers[i], NULL, 0);
+    }
+  }
+}
+
 /* The world communicator (rank 0 publishes the unique id in the store). */
 static int init_nccl(struct rank_ctx *c, struct store *st, int *crank, int *ccount) {
   ncclUniqueId id;
@@ -1535,6 +1571,7 @@ static int rank_main(char **argv) {
                O.gloo ? c->pg : (void *)c->comm, O.gloo ? c->pg : (void *)c->world_comm, crank, ccount, (void *)c->compute, g_nccl_mode, sync_names[O.sync], t_init0,
                now_ns());
   truth_flush();
+  fork_workers();
 
   int rc = EXIT_OK;
   long steps_done = 0;
@@ -1595,6 +1632,7 @@ static int rank_main(char **argv) {
     if (g_failed) rc = EXIT_DEVICE;
   }
   stop_idle_threads(idle, O.threads);
+  reap_workers();
   if (g_truth_fd >= 0) close(g_truth_fd);
   return rc;
 }

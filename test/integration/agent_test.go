@@ -25,10 +25,15 @@ type captureSink struct {
 	mu       sync.Mutex
 	steps    []detector.Step
 	verdicts []detector.Verdict
+	topos    []detector.Topology
 	windows  int
 }
 
-func (c *captureSink) Topology(detector.Topology) {}
+func (c *captureSink) Topology(t detector.Topology) {
+	c.mu.Lock()
+	c.topos = append(c.topos, t)
+	c.mu.Unlock()
+}
 func (c *captureSink) Step(s detector.Step, _ int64) {
 	c.mu.Lock()
 	c.steps = append(c.steps, s)

@@ -176,3 +176,41 @@ func TestLoopShapesAreIterations(t *testing.T) {
 		})
 	}
 }
+
+// Issue 16: torch.compile's compile workers and data-loader workers are
+// children of a rank that inherit its environment (RANK) and mappings.
+// They are not more copies of the rank: the agent counts them apart and
+// the job keeps its 4 ranks, one process each, with every step.
+func TestRankWorkersAreNotRanks(t *testing.T) {
+	testutil.RequireAgent(t, "to attach uprobes")
+	const steps, workers = 120, 2
+	sink, a, truth := ncclJob.runAll(t, 2*time.Second, "--steps", fmt.Sprint(steps), "--step-ms", "8", "--gpu-ms", "12",
+		"--workers", fmt.Sprint(workers))
+	got := a.Counters()
+	if n := got["processes_rank_workers"]; n != 4*workers {
+		t.Errorf("processes_rank_workers = %d, want %d (%d per rank)", n, 4*workers, workers)
+	}
+	perRank := map[int]int{}
+	for _, f := range sink.steps {
+		perRank[f.Rank]++
+	}
+	trainerPID := map[int]int{}
+	for _, r := range truth["rank"] {
+		trainerPID[r.Rank] = r.PID
+	}
+	if len(sink.topos) == 0 {
+		t.Fatal("no topology reported")
+	}
+	pids := map[int][]int{} // rank -> processes the last topology names
+	for _, ri := range sink.topos[len(sink.topos)-1].Ranks {
+		pids[ri.Rank] = append(pids[ri.Rank], ri.PID)
+	}
+	for r := range 4 {
+		if n := perRank[r]; n < steps-1 || n > steps+1 {
+			t.Errorf("rank %d: %d steps, trainer ran %d", r, n, steps)
+		}
+		if len(pids[r]) != 1 || pids[r][0] != trainerPID[r] {
+			t.Errorf("rank %d: the topology names processes %v, want only the trainer's %d", r, pids[r], trainerPID[r])
+		}
+	}
+}

@@ -26,6 +26,7 @@ type TruthRecord struct {
 	Steps      int            `json:"steps"` // done: steps completed
 	Exit       *int           `json:"exit"`  // done: exit status
 	What       string         `json:"what"`  // burst: init or eval
+	PID        int            `json:"pid"`   // rank, done: the rank's process
 }
 
 // ReadTruth reads a ground-truth file and returns its records by kind

@@ -1,0 +1,186 @@
+package agent
+
+import (
+	"log/slog"
+	"testing"
+
+	"github.com/slowrank/slowrank/correlate"
+	"github.com/slowrank/slowrank/detector"
+)
+
+// Discovery of fake processes (testdata/proc-cluster): what their cgroup
+// and downward-API environment say becomes the placement the topology
+// carries.
+func TestDiscoverPlacement(t *testing.T) {
+	const node = "gpu-node-7"
+	got, _, err := Discover("testdata/proc-cluster", Selector{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[int]detector.Placement{
+		// The environment's POD_UID is stale: the cgroup's wins.
+		700: {K8s: detector.K8sPod{PodName: "llama-worker-0", PodUID: "6f1c0e4a-2b8d-4c7e-9a51-3d2f8b7e1c90", Namespace: "train", ContainerName: "pytorch"},
+			ContainerID: "4f3a1d2e9b8c7a6f5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f"},
+		// No POD_NAME: in a pod, HOSTNAME is the pod's name.
+		701: {K8s: detector.K8sPod{PodName: "bert-worker-1", PodUID: "0b7d2c1e-5f4a-4e3b-8c2d-1a0f9e8d7c6b", Namespace: "ml-team", ContainerName: "trainer"},
+			ContainerID: "9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f4f3a1d2e9b8c7a6f5e4d3c2b1a0f"},
+		702: {Slurm: detector.SlurmStep{JobID: "4711", StepID: "2"}},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("discovered %d processes, want %d", len(got), len(want))
+	}
+	for _, p := range got {
+		if pl := p.Identity.placement(node); pl != want[p.PID] {
+			t.Errorf("pid %d: placement\n%+v\nwant\n%+v", p.PID, pl, want[p.PID])
+		}
+	}
+}
+
+func TestPlacement(t *testing.T) {
+	const node = "gpu-node-7"
+	pod := cgroupIdentity{ContainerID: testCID, PodUID: testUID}
+	tests := []struct {
+		name string
+		env  map[string]string
+		cg   cgroupIdentity
+		want detector.Placement
+	}{
+		{"nothing", map[string]string{}, cgroupIdentity{}, detector.Placement{}},
+		{"K8S_ names", map[string]string{"K8S_POD_NAME": "a", "K8S_POD_NAMESPACE": "b", "K8S_CONTAINER_NAME": "c", "K8S_POD_UID": testUID},
+			cgroupIdentity{}, detector.Placement{K8s: detector.K8sPod{PodName: "a", PodUID: testUID, Namespace: "b", ContainerName: "c"}}},
+		{"POD_ names before K8S_ names before OTEL_RESOURCE_ATTRIBUTES",
+			map[string]string{"POD_NAME": "a", "K8S_POD_NAME": "x", "K8S_POD_NAMESPACE": "b", "OTEL_RESOURCE_ATTRIBUTES": "k8s.namespace.name=y,k8s.container.name=c"},
+			cgroupIdentity{}, detector.Placement{K8s: detector.K8sPod{PodName: "a", Namespace: "b", ContainerName: "c"}}},
+		{"HOSTNAME names a pod the cgroup found", map[string]string{"HOSTNAME": "w-0"}, pod,
+			detector.Placement{K8s: detector.K8sPod{PodName: "w-0", PodUID: testUID}, ContainerID: testCID}},
+		{"HOSTNAME outside a pod names none", map[string]string{"HOSTNAME": "w-0", "POD_UID": testUID}, cgroupIdentity{ContainerID: testCID},
+			detector.Placement{K8s: detector.K8sPod{PodUID: testUID}, ContainerID: testCID}},
+		{"HOSTNAME of a pod in the host's network is the node's", map[string]string{"HOSTNAME": node}, pod,
+			detector.Placement{K8s: detector.K8sPod{PodUID: testUID}, ContainerID: testCID}},
+		{"a POD_UID that is no UUID is dropped", map[string]string{"POD_UID": "../../etc"}, cgroupIdentity{}, detector.Placement{}},
+		{"names with control characters or too long are dropped",
+			map[string]string{"POD_NAME": "a\nb", "K8S_POD_NAME": "ok", "POD_NAMESPACE": string(make([]byte, 300)), "CONTAINER_NAME": "\xff"},
+			cgroupIdentity{}, detector.Placement{K8s: detector.K8sPod{PodName: "ok"}}},
+		{"blanks around a name are not part of it", map[string]string{"POD_NAME": " p \t"}, cgroupIdentity{},
+			detector.Placement{K8s: detector.K8sPod{PodName: "p"}}},
+		{"slurm", map[string]string{"SLURM_JOB_ID": "12", "SLURM_STEPID": "3"}, cgroupIdentity{},
+			detector.Placement{Slurm: detector.SlurmStep{JobID: "12", StepID: "3"}}},
+		{"SLURM_STEP_ID before SLURM_STEPID", map[string]string{"SLURM_STEP_ID": "1", "SLURM_STEPID": "3"}, cgroupIdentity{},
+			detector.Placement{Slurm: detector.SlurmStep{StepID: "1"}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			env := parseEnviron(environOf(tc.env), func(k string) bool { return identityVars[k] })
+			id := identityFromEnv(env)
+			id.withCgroup(tc.cg)
+			if got := id.placement(node); got != tc.want {
+				t.Errorf("got  %+v\nwant %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+// environOf writes env as /proc/PID/environ does, so that the tests also
+// hold that parseEnviron keeps the variables placement reads.
+func environOf(env map[string]string) []byte {
+	var b []byte
+	for k, v := range env {
+		b = append(b, k+"="+v+"\x00"...)
+	}
+	return b
+}
+
+func TestParseResourceAttrs(t *testing.T) {
+	tests := []struct {
+		in   string
+		want map[string]string
+	}{
+		{"", nil},
+		{"service.name=x", map[string]string{}},
+		{"k8s.pod.name=p%2D1, k8s.namespace.name = ns ,k8s.pod.name=second", map[string]string{"k8s.pod.name": "p-1", "k8s.namespace.name": "ns"}},
+		{"k8s.pod.name,k8s.container.name=c,k8s.pod.uid=%zz", map[string]string{"k8s.container.name": "c"}},
+	}
+	for _, tc := range tests {
+		got := parseResourceAttrs(tc.in)
+		if len(got) != len(tc.want) || (got == nil) != (tc.want == nil) {
+			t.Errorf("%q: got %q, want %q", tc.in, got, tc.want)
+			continue
+		}
+		for k, v := range tc.want {
+			if got[k] != v {
+				t.Errorf("%q: %s = %q, want %q", tc.in, k, got[k], v)
+			}
+		}
+	}
+}
+
+func TestRankGPU(t *testing.T) {
+	g := func(idx int, mem uint64) GPUProcess {
+		return GPUProcess{PID: 1, GPUIndex: idx, UUID: "GPU-" + string(rune('a'+idx)), UsedMemory: mem, PCIBusID: "00000000:1" + string(rune('0'+idx)) + ":00.0"}
+	}
+	tests := []struct {
+		name string
+		gs   []GPUProcess
+		want detector.RankGPU
+		ok   bool
+	}{
+		{"no context", nil, detector.RankGPU{}, false},
+		{"one GPU", []GPUProcess{g(3, 70<<30)}, detector.RankGPU{Index: 3, UUID: "GPU-d", PCIBusID: "00000000:13:00.0"}, true},
+		{"one GPU, memory unknown", []GPUProcess{g(2, MemoryUnknown)}, detector.RankGPU{Index: 2, UUID: "GPU-c", PCIBusID: "00000000:12:00.0"}, true},
+		{"stray context on GPU 0", []GPUProcess{g(5, 70<<30), g(0, 500<<20)}, detector.RankGPU{Index: 5, UUID: "GPU-f", PCIBusID: "00000000:15:00.0"}, true},
+		{"two alike", []GPUProcess{g(1, 1<<30), g(2, 1<<30)}, detector.RankGPU{}, false},
+		{"memory unknown on one of two", []GPUProcess{g(1, 1<<30), g(2, MemoryUnknown)}, detector.RankGPU{}, false},
+		{"no UUID", []GPUProcess{{GPUIndex: 1}}, detector.RankGPU{}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := rankGPU(tc.gs)
+			if got != tc.want || ok != tc.ok {
+				t.Errorf("got %+v %v, want %+v %v", got, ok, tc.want, tc.ok)
+			}
+		})
+	}
+}
+
+// The GPU that NVML finds after the rank was announced reaches the
+// topology as a new version; a poll that no longer lists the process (it is
+// exiting) changes nothing.
+func TestRefreshPlacementsSendsTheGPU(t *testing.T) {
+	det, err := detector.New(detector.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := detector.Placement{K8s: detector.K8sPod{PodName: "w-0", PodUID: testUID}, ContainerID: testCID}
+	pe := &procEntry{proc: Process{ProcessKey: ProcessKey{PID: 100}}, rank: 0, job: "j1",
+		info: correlate.RankInfo{PID: 100, Rank: 0, WorldSize: 1, Host: "h0", Job: "j1", Placement: pod}}
+	a := &Agent{
+		log:  slog.New(slog.DiscardHandler),
+		att:  &attacher{procs: map[ProcessKey]*procEntry{pe.proc.ProcessKey: pe}},
+		pipe: newPipeline(slog.New(slog.DiscardHandler), correlate.New(correlate.Config{}), det, nil, nil),
+		gpu:  newGPUEvidence(nil),
+	}
+	a.pipe.handle(pe.info)
+	if _, topos := a.pipe.corr.Flush(); len(topos) != 1 || topos[0].Ranks[0].GPU != (detector.RankGPU{}) {
+		t.Fatalf("first topology %+v, want one without a GPU", topos)
+	}
+
+	gpu := detector.RankGPU{Index: 3, UUID: "GPU-3", PCIBusID: "00000000:3B:00.0"}
+	a.gpu.placed = map[int]detector.RankGPU{100: gpu}
+	a.refreshPlacements()
+	_, topos := a.pipe.corr.Drain()
+	want := pod
+	want.GPU = gpu
+	if len(topos) != 1 || topos[0].Version != 2 || topos[0].Ranks[0].Placement != want {
+		t.Fatalf("after NVML found the GPU: %+v, want version 2 with %+v", topos, want)
+	}
+
+	a.refreshPlacements()
+	a.gpu.placed = map[int]detector.RankGPU{}
+	a.refreshPlacements()
+	if _, topos := a.pipe.corr.Drain(); len(topos) != 0 {
+		t.Fatalf("unchanged or vanished GPU made topology %+v", topos)
+	}
+	if pe.info.Placement.GPU != gpu {
+		t.Errorf("rank's GPU %+v, want it kept: %+v", pe.info.Placement.GPU, gpu)
+	}
+}
