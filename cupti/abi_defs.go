@@ -37,6 +37,7 @@ const (
 	ncclFlagGraph        = 0x4
 	ncclFlagPartial      = 0x8
 	ncclFlagClockSuspect = 0x10
+	NCCLClockSlackNs     = 0xf4240
 	ncclCommFinalized    = 0x1
 	ncclCommResent       = 0x2
 	numNCCLFuncs         = 0xc
@@ -49,7 +50,7 @@ const (
 	kernelFlagSerial    = 0x1
 	nameFlagTruncated   = 0x1
 	numClasses          = 0x6
-	numStats            = 0x2b
+	numStats            = 0x2d
 	defaultDutyOnMs     = 0xc8
 	defaultDutyPeriodMs = 0x4e20
 )

@@ -137,7 +137,7 @@ type NCCLKernel struct {
 	Func          NCCLFunc
 	P2P           bool
 	Partial       bool // fewer channels reported than announced
-	ClockSuspect  bool // the converted end lies after the host saw it
+	ClockSuspect  bool // the converted end lies more than NCCLClockSlackNs after the host saw it
 	Channels      uint8
 	NChannels     uint8
 	CommHash      uint64
@@ -146,7 +146,7 @@ type NCCLKernel struct {
 	CommID        uint32
 	GPUStartNs    uint64
 	GPUEndNs      uint64 // 0 when no channel reported a stop timer
-	HostSeenNs    uint64 // when the plugin saw the last stop: an upper bound on GPUEndNs
+	HostSeenNs    uint64 // when the plugin saw the last stop: an upper bound on GPUEndNs unless ClockSuspect
 	ClockOffsetNs int64  // monotonic = globaltimer + offset, already applied
 }
 

@@ -200,7 +200,9 @@ struct slowrank_name_record {
 #define SLOWRANK_STAT_NCCL_COMM_OVERFLOW  40 /* communicators not tracked: the table was full */
 #define SLOWRANK_STAT_NCCL_CLOCK_SUSPECT  41 /* kernel records whose converted GPU end lies after the host saw it */
 #define SLOWRANK_STAT_NCCL_UNKNOWN_EVENTS 42 /* events of types the library does not record (asked for none) */
-#define SLOWRANK_STAT_COUNT               43
+#define SLOWRANK_STAT_NCCL_API_LOST       43 /* v5 operations recorded without API times: their CollApi/P2pApi slot was reused first */
+#define SLOWRANK_STAT_NCCL_CLOCK_CLAMPED  44 /* kernel records whose GPU end lay after host_seen_ns by less than the slack: clamped */
+#define SLOWRANK_STAT_COUNT               45
 
 struct slowrank_stats_record {
 	uint16_t kind;     /* 0 SLOWRANK_REC_STATS */
@@ -301,7 +303,18 @@ struct slowrank_transition_record {
 #define SLOWRANK_NCCL_F_API        (1u << 1) /* api_start_ns/api_end_ns come from the CollApi/P2pApi event (v5) */
 #define SLOWRANK_NCCL_F_GRAPH      (1u << 2) /* the API call was captured into a CUDA graph */
 #define SLOWRANK_NCCL_F_PARTIAL    (1u << 3) /* NCCL_KERNEL: fewer channels reported than nchannels */
-#define SLOWRANK_NCCL_F_CLOCK_SUSPECT (1u << 4) /* NCCL_KERNEL: gpu_end_ns after host_seen_ns (conversion doubtful) */
+#define SLOWRANK_NCCL_F_CLOCK_SUSPECT (1u << 4) /* NCCL_KERNEL: gpu_end_ns after host_seen_ns + SLOWRANK_NCCL_CLOCK_SLACK_NS (conversion doubtful) */
+
+/* How far a converted GPU end may lie after host_seen_ns and still count as
+ * calibration noise: the CLOCK_MONOTONIC - CLOCK_REALTIME offset is measured
+ * by a bracketed pair of reads (error up to half the bracket, microseconds on
+ * a loaded host), and the driver keeps %globaltimer within microseconds of
+ * the host's clock. Within the slack the plugin clamps gpu_end_ns to
+ * host_seen_ns (the GPU cannot end after the host saw it end; counted,
+ * SLOWRANK_STAT_NCCL_CLOCK_CLAMPED); beyond it the record keeps its times
+ * and is flagged SLOWRANK_NCCL_F_CLOCK_SUSPECT (a wrong clock is off by
+ * seconds or more, not microseconds). */
+#define SLOWRANK_NCCL_CLOCK_SLACK_NS 1000000ull
 
 /* NCCL_COMM flags. */
 #define SLOWRANK_NCCL_COMM_F_FINALIZED (1u << 0) /* finalize ran: finalize_ns is set */
@@ -373,7 +386,7 @@ struct slowrank_nccl_kernel_record {
 	uint32_t comm_id;         /* 28 */
 	uint64_t gpu_start_ns;    /* 32 */
 	uint64_t gpu_end_ns;      /* 40 0 when no channel reported a stop timer */
-	uint64_t host_seen_ns;    /* 48 when the plugin saw the last channel stop (an upper bound on gpu_end_ns) */
+	uint64_t host_seen_ns;    /* 48 when the plugin saw the last channel stop: gpu_end_ns <= host_seen_ns unless CLOCK_SUSPECT */
 	int64_t  clock_offset_ns; /* 56 monotonic = globaltimer + offset */
 };
 

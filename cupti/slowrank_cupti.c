@@ -761,7 +761,7 @@ static void sync_counters(void)
 	slowrank_conv_set_counter(c, SLOWRANK_STAT_HANDBACK_REJECTED, atomic_load(&g.c_hb_rejected));
 	uint64_t k[SLOWRANK_STAT_COUNT] = {0};
 	sr_nccl_counters(k);
-	for (int i = SLOWRANK_STAT_NCCL_EVENTS; i <= SLOWRANK_STAT_NCCL_UNKNOWN_EVENTS; i++)
+	for (int i = SR_NCCL_STAT_FIRST; i <= SR_NCCL_STAT_LAST; i++)
 		slowrank_conv_set_counter(c, i, k[i]);
 }
 

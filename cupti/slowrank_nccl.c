@@ -68,14 +68,16 @@ SR_EXPORT __attribute__((used, aligned(64))) struct slowrank_nccl_status slowran
 /* Handles                                                                 */
 /* ---------------------------------------------------------------------- */
 
-/* [63:56] tag, [55:52] kind, [51:44] channel, [43:12] generation, [11:0] slot. */
+/* [63:56] tag, [55:52] kind, [51:44] channel (H_KCH) or API block (H_API),
+ * [43:12] generation, [11:0] slot. */
 #define H_TAG 0xA5ull
 #define H_IGNORED 1 /* Group, GroupApi, KernelLaunch...: accepted, nothing recorded */
 #define H_API 2     /* CollApi / P2pApi */
 #define H_OP 3      /* Coll / P2p */
 #define H_KCH 4     /* KernelCh of an H_OP slot */
 
-#define N_API 1024u  /* API events in flight before reuse (a group of > 1024 calls loses the join) */
+#define N_API 1024u  /* API events per block in flight before reuse (a group of > 1024 calls loses the join) */
+#define N_API_OWN 16u /* threads with a block of their own; others share block 0 */
 #define N_OP 4096u   /* operations whose kernel channels may still report */
 #define N_COMM 256u  /* live communicators */
 #define N_CELLS 8192u /* ring: at 50 ms drains, 160 k records/s */
@@ -121,7 +123,9 @@ struct op_slot {
 	int32_t root;
 	uint32_t tid;
 	uint64_t count, seq;
-	void *api; /* parent CollApi handle (v5) */
+	void *api; /* parent CollApi/P2pApi handle (v5) while its end is still to be read */
+	uint64_t api_start_ns, api_end_ns;
+	uint16_t api_flags; /* 0: no API times */
 	uint64_t launch_start_ns;
 	/* kernel channels, updated by the proxy thread: gen << 32 | stopped << 16 | started */
 	_Atomic uint64_t kstate;
@@ -153,11 +157,26 @@ struct cell {
 	} r;
 };
 
+/* API slots come in blocks: a thread that makes NCCL calls owns one while
+ * it lives, so its CollApi slots are reused only by its own later calls. A
+ * Coll event reads its parent's slot at group end, on the thread that made
+ * the calls: with one shared ring, other threads' calls recycled the slot
+ * while that thread was preempted in between (a loaded 2-core host lost the
+ * join of 1 collective in ~1,600). Block 0 is shared by threads beyond
+ * N_API_OWN. */
+struct api_block {
+	_Atomic uint64_t next; /* continues across owners: generations never repeat */
+	struct api_slot slot[N_API];
+};
+
 static struct {
-	struct api_slot api[N_API];
+	struct api_block api[1 + N_API_OWN];
+	_Atomic uint32_t api_owned; /* bit b-1: block b has an owner */
+	pthread_key_t api_key;      /* releases a thread's block when it exits */
+	int api_key_ok;
 	struct op_slot op[N_OP];
 	struct comm_slot comm[N_COMM];
-	_Atomic uint64_t api_next, op_next;
+	_Atomic uint64_t op_next;
 
 	/* ring */
 	struct cell cells[N_CELLS];
@@ -178,12 +197,14 @@ static struct {
 
 	/* counters */
 	_Atomic uint64_t c_events, c_colls, c_kernels, c_full, c_discarded, c_bad, c_incomplete, c_comms,
-		c_comm_overflow, c_clock_suspect, c_unknown;
+		c_comm_overflow, c_clock_suspect, c_unknown, c_api_lost, c_clock_clamped;
 } P = {
 	.mask_mu = PTHREAD_MUTEX_INITIALIZER,
 };
 
 static __thread uint32_t t_tid;
+static __thread uint32_t t_api_block; /* 0: none claimed yet (or block 0 by fallback, see t_api_claimed) */
+static __thread int t_api_claimed;
 
 static uint64_t now_ns(void)
 {
@@ -209,10 +230,14 @@ static inline uint32_t gen_of(uint64_t counter, uint32_t n)
 /* The ring: bounded multi-producer, one consumer (the control thread)     */
 /* ---------------------------------------------------------------------- */
 
+static void api_block_release(void *v);
+
 __attribute__((constructor)) static void ring_init(void)
 {
 	for (uint32_t i = 0; i < N_CELLS; i++)
 		atomic_store_explicit(&P.cells[i].seq, i, memory_order_relaxed);
+	/* The destructor lives in this library, which is never unmapped (-z nodelete). */
+	P.api_key_ok = pthread_key_create(&P.api_key, api_block_release) == 0;
 }
 
 /* Claims a cell; NULL when the ring is full (the caller counts the drop). */
@@ -336,18 +361,107 @@ static void bad(void)
 	atomic_fetch_add_explicit(&P.c_bad, 1, memory_order_relaxed);
 }
 
+/* A thread's exit gives its block back; the next owner continues its
+ * counter, so handles of the old owner still fail the generation check. */
+static void api_block_release(void *v)
+{
+	uint32_t b = (uint32_t)(uintptr_t)v;
+	if (b >= 1 && b <= N_API_OWN)
+		atomic_fetch_and_explicit(&P.api_owned, ~(1u << (b - 1)), memory_order_release);
+}
+
+/* The calling thread's block: claimed at its first API event (one CAS),
+ * block 0 when all are owned or the key is missing. */
+static uint32_t api_block_of_thread(void)
+{
+	if (t_api_claimed)
+		return t_api_block;
+	t_api_claimed = 1;
+	t_api_block = 0;
+	if (!P.api_key_ok)
+		return 0;
+	uint32_t cur = atomic_load_explicit(&P.api_owned, memory_order_relaxed);
+	for (;;) {
+		uint32_t free_bits = ~cur & ((1u << N_API_OWN) - 1u);
+		if (!free_bits)
+			return 0;
+		uint32_t bit = free_bits & -free_bits;
+		if (atomic_compare_exchange_weak_explicit(&P.api_owned, &cur, cur | bit, memory_order_acquire,
+							  memory_order_relaxed)) {
+			t_api_block = (uint32_t)__builtin_ctz(bit) + 1u;
+			break;
+		}
+	}
+	if (pthread_setspecific(P.api_key, (void *)(uintptr_t)t_api_block) != 0) {
+		api_block_release((void *)(uintptr_t)t_api_block);
+		t_api_block = 0;
+	}
+	return t_api_block;
+}
+
 static void *start_api(int p2p, const union sr_nccl_descr_u *u)
 {
-	uint64_t n = atomic_fetch_add_explicit(&P.api_next, 1, memory_order_relaxed);
+	uint32_t b = api_block_of_thread();
+	uint64_t n = atomic_fetch_add_explicit(&P.api[b].next, 1, memory_order_relaxed);
 	uint32_t idx = (uint32_t)(n % N_API), gen = gen_of(n, N_API);
-	struct api_slot *a = &P.api[idx];
+	struct api_slot *a = &P.api[b].slot[idx];
 	ST(a->gen, 0);
 	int graph = p2p ? u->p2pApi.graphCaptured : u->collApi.graphCaptured;
 	ST(a->flags, (uint16_t)(SLOWRANK_NCCL_F_API | (graph ? SLOWRANK_NCCL_F_GRAPH : 0)));
 	ST(a->end_ns, 0);
 	ST(a->start_ns, now_ns());
 	__atomic_store_n(&a->gen, gen, __ATOMIC_RELEASE);
-	return h_make(H_API, 0, gen, idx);
+	return h_make(H_API, b, gen, idx);
+}
+
+/* The API slot named by handle h and its generation; NULL if h is not an
+ * API handle. */
+static struct api_slot *api_slot_of(const void *h, uint32_t *gen)
+{
+	unsigned kind, b;
+	uint32_t idx;
+	if (!h || !h_parse(h, &kind, &b, gen, &idx) || kind != H_API || b > N_API_OWN || idx >= N_API)
+		return NULL;
+	return &P.api[b].slot[idx];
+}
+
+static int is_api_handle(const void *h)
+{
+	unsigned kind, ch;
+	uint32_t gen, idx;
+	return h && h_parse(h, &kind, &ch, &gen, &idx) && kind == H_API;
+}
+
+/* Reads the API slot named by handle h (start, end, flags); 0 if it is gone. */
+static int read_api(void *h, uint64_t *start, uint64_t *end, uint16_t *flags)
+{
+	uint32_t gen;
+	struct api_slot *a = api_slot_of(h, &gen);
+	if (!a || __atomic_load_n(&a->gen, __ATOMIC_ACQUIRE) != gen)
+		return 0;
+	*start = LD(a->start_ns);
+	*end = LD(a->end_ns);
+	*flags = LD(a->flags);
+	__atomic_thread_fence(__ATOMIC_ACQUIRE);
+	return __atomic_load_n(&a->gen, __ATOMIC_RELAXED) == gen;
+}
+
+/* Copies the parent API event's times into the operation now, at Coll
+ * start: on NCCL's user thread, right after the calls of the group, so the
+ * slot is still that call's (its thread's own block). An API event that has
+ * not stopped yet leaves its handle for stop_op to read the end. A parent
+ * that is an API handle but no longer readable is a lost join, counted. */
+static void join_api(struct op_slot *o, void *parent)
+{
+	uint64_t as = 0, ae = 0;
+	uint16_t af = 0;
+	int ok = read_api(parent, &as, &ae, &af) && as != 0;
+	if (!ok && is_api_handle(parent))
+		atomic_fetch_add_explicit(&P.c_api_lost, 1, memory_order_relaxed);
+	ST(o->api_start_ns, ok ? as : 0);
+	ST(o->api_end_ns, ok ? ae : 0);
+	ST(o->api_flags, ok ? af : (uint16_t)0);
+	ST(o->api, ok && ae == 0 ? parent : NULL);
 }
 
 static void *start_op(struct comm_slot *cs, int p2p, void *parent, const union sr_nccl_descr_u *u)
@@ -370,7 +484,7 @@ static void *start_op(struct comm_slot *cs, int p2p, void *parent, const union s
 	ST(o->rank, cs->rank);
 	ST(o->nranks, cs->nranks);
 	ST(o->version, cs->version);
-	ST(o->api, parent);
+	join_api(o, parent);
 	ST(o->tid, tid());
 	if (p2p) {
 		ST(o->func, str_id(&m_func, u->p2p.func));
@@ -398,21 +512,29 @@ static void *start_op(struct comm_slot *cs, int p2p, void *parent, const union s
 	return h_make(H_OP, 0, gen, idx);
 }
 
-/* Reads the API slot named by handle h (start, end, flags); 0 if it is gone. */
-static int read_api(void *h, uint64_t *start, uint64_t *end, uint16_t *flags)
+/* The API times joined at start; an end still unknown then is read now.
+ * Without an end the record carries no API times (a half interval would
+ * read as a zero-length call): counted as lost. */
+static void api_times(struct op_slot *o, struct slowrank_nccl_coll_record *r)
 {
-	unsigned kind, ch;
-	uint32_t gen, idx;
-	if (!h || !h_parse(h, &kind, &ch, &gen, &idx) || kind != H_API || idx >= N_API)
-		return 0;
-	struct api_slot *a = &P.api[idx];
-	if (__atomic_load_n(&a->gen, __ATOMIC_ACQUIRE) != gen)
-		return 0;
-	*start = LD(a->start_ns);
-	*end = LD(a->end_ns);
-	*flags = LD(a->flags);
-	__atomic_thread_fence(__ATOMIC_ACQUIRE);
-	return __atomic_load_n(&a->gen, __ATOMIC_RELAXED) == gen;
+	uint64_t as = LD(o->api_start_ns), ae = LD(o->api_end_ns);
+	uint16_t af = LD(o->api_flags);
+	void *pending = LD(o->api);
+	if (af && pending) {
+		uint64_t s2, e2;
+		uint16_t f2;
+		if (read_api(pending, &s2, &e2, &f2) && s2 == as)
+			ae = e2;
+		if (ae == 0) {
+			atomic_fetch_add_explicit(&P.c_api_lost, 1, memory_order_relaxed);
+			af = 0;
+		}
+	}
+	if (!af)
+		return;
+	r->api_start_ns = as;
+	r->api_end_ns = ae;
+	r->flags |= af;
 }
 
 static void stop_op(struct op_slot *o, uint32_t gen)
@@ -444,13 +566,7 @@ static void stop_op(struct op_slot *o, uint32_t gen)
 	r->launch_end_ns = now_ns();
 	r->tid = LD(o->tid);
 	r->comm_id = LD(o->comm_id);
-	uint64_t as, ae;
-	uint16_t af;
-	if (read_api(LD(o->api), &as, &ae, &af) && as != 0) {
-		r->api_start_ns = as;
-		r->api_end_ns = ae;
-		r->flags |= af;
-	}
+	api_times(o, r);
 	c->kind = SLOWRANK_REC_NCCL_COLL;
 	if (__atomic_load_n(&o->gen, __ATOMIC_ACQUIRE) != gen) {
 		/* reused under us (4096 operations later): the copy may mix two */
@@ -606,8 +722,8 @@ static sr_nccl_result_t stop_event(void *h)
 	case H_IGNORED:
 		return SR_NCCL_SUCCESS;
 	case H_API: {
-		struct api_slot *a = &P.api[idx % N_API];
-		if (__atomic_load_n(&a->gen, __ATOMIC_ACQUIRE) != gen) {
+		struct api_slot *a = api_slot_of(h, &gen);
+		if (!a || __atomic_load_n(&a->gen, __ATOMIC_ACQUIRE) != gen) {
 			bad();
 			return SR_NCCL_SUCCESS;
 		}
@@ -882,11 +998,30 @@ void sr_nccl_calibrate(void)
 	atomic_store(&P.rt_known, 1);
 }
 
+/* The GPU cannot end after the host saw it end: within
+ * SLOWRANK_NCCL_CLOCK_SLACK_NS that is the offset's calibration error
+ * (clamped, so consumers may rely on gpu_end_ns <= host_seen_ns), beyond it
+ * a clock we do not understand (flagged, times kept as converted). */
+static void bound_by_host(struct slowrank_nccl_kernel_record *r)
+{
+	if (!r->gpu_end_ns || !r->host_seen_ns || r->gpu_end_ns <= r->host_seen_ns)
+		return;
+	if (r->gpu_end_ns - r->host_seen_ns > SLOWRANK_NCCL_CLOCK_SLACK_NS) {
+		r->flags |= SLOWRANK_NCCL_F_CLOCK_SUSPECT;
+		atomic_fetch_add(&P.c_clock_suspect, 1);
+		return;
+	}
+	r->gpu_end_ns = r->host_seen_ns;
+	if (r->gpu_start_ns > r->gpu_end_ns)
+		r->gpu_start_ns = r->gpu_end_ns;
+	atomic_fetch_add(&P.c_clock_clamped, 1);
+}
+
 /* Kernel-channel timers are GPU %globaltimer ns, which the driver keeps on
  * the CLOCK_REALTIME epoch; mapped with the measured offset. A timer that
  * lands implausibly far from now is taken as already monotonic-like (raw),
- * and a GPU end after the host saw it is flagged (both to be checked on the
- * H200: bench/gpu/nccl_plugin.sh). */
+ * and a GPU end after the host saw it is clamped or flagged, bound_by_host
+ * (both to be checked on the H200: bench/gpu/nccl_plugin.sh). */
 static void convert_kernel(struct slowrank_nccl_kernel_record *r, uint64_t now)
 {
 	int64_t off = atomic_load(&P.rt_known) ? atomic_load(&P.rt_offset) : 0;
@@ -902,10 +1037,7 @@ static void convert_kernel(struct slowrank_nccl_kernel_record *r, uint64_t now)
 	if (r->gpu_end_ns)
 		r->gpu_end_ns += (uint64_t)off;
 	r->clock_offset_ns = off;
-	if (r->gpu_end_ns && r->host_seen_ns && r->gpu_end_ns > r->host_seen_ns + 1000000ull) {
-		r->flags |= SLOWRANK_NCCL_F_CLOCK_SUSPECT;
-		atomic_fetch_add(&P.c_clock_suspect, 1);
-	}
+	bound_by_host(r);
 }
 
 static void append(struct slowrank_conv *c, const void *rec, uint16_t size)
@@ -981,4 +1113,6 @@ void sr_nccl_counters(uint64_t k[SLOWRANK_STAT_COUNT])
 	k[SLOWRANK_STAT_NCCL_COMM_OVERFLOW] = atomic_load(&P.c_comm_overflow);
 	k[SLOWRANK_STAT_NCCL_CLOCK_SUSPECT] = atomic_load(&P.c_clock_suspect);
 	k[SLOWRANK_STAT_NCCL_UNKNOWN_EVENTS] = atomic_load(&P.c_unknown);
+	k[SLOWRANK_STAT_NCCL_API_LOST] = atomic_load(&P.c_api_lost);
+	k[SLOWRANK_STAT_NCCL_CLOCK_CLAMPED] = atomic_load(&P.c_clock_clamped);
 }

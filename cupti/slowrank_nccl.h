@@ -39,6 +39,10 @@ void sr_nccl_set_mask(int attached, int kernel_on);
  * the realtime epoch) for converting kernel-channel timers. */
 void sr_nccl_calibrate(void);
 
+/* The plugin's counters are the stats slots SR_NCCL_STAT_FIRST..LAST. */
+#define SR_NCCL_STAT_FIRST SLOWRANK_STAT_NCCL_EVENTS
+#define SR_NCCL_STAT_LAST SLOWRANK_STAT_NCCL_CLOCK_CLAMPED
+
 /* Copies the plugin's counters into the SLOWRANK_STAT_NCCL_* slots. */
 void sr_nccl_counters(uint64_t counters[SLOWRANK_STAT_COUNT]);
 

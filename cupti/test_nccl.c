@@ -17,6 +17,9 @@
  *             events in flight, a flood that overfills the ring: no crash,
  *             no wait, everything counted
  *   toggle    duty cycle: kernel-channel events on and off at run time
+ *   skew      a GPU clock 300 us ahead: ends clamped to host_seen_ns, counted
+ *   wrongclock a GPU clock 5 s ahead: every kernel record CLOCK_SUSPECT
+ *   apilost   a group larger than a thread's API slots: lost joins counted
  *
  * Usage: test_nccl PATH/libslowrank_cupti.so [scenario...]
  */
@@ -236,6 +239,7 @@ static void check_run(int version, int kernel)
 	}
 	if (inits != NTHREADS || fins != NTHREADS)
 		FAIL("comm records: %d inits, %d finalizes", inits, fins);
+	int no_api = 0;
 	for (int t = 0; t < NTHREADS; t++) {
 		/* AllReduce seq per comm: each of 0..n-1 exactly once. */
 		int n = expect_allreduce();
@@ -250,9 +254,11 @@ static void check_run(int version, int kernel)
 			if (r->launch_start_ns == 0 || r->launch_end_ns < r->launch_start_ns)
 				FAIL("launch times %llu..%llu", (unsigned long long)r->launch_start_ns,
 				     (unsigned long long)r->launch_end_ns);
-			if (version == 5) {
-				if (!(r->flags & SLOWRANK_NCCL_F_API) || r->api_start_ns == 0 ||
-				    r->api_end_ns < r->api_start_ns || r->api_end_ns > r->launch_start_ns)
+			if (version == 5 && !(r->flags & SLOWRANK_NCCL_F_API)) {
+				no_api++; /* must be what the plugin counted, checked below */
+			} else if (version == 5) {
+				if (r->api_start_ns == 0 || r->api_end_ns < r->api_start_ns ||
+				    r->api_end_ns > r->launch_start_ns)
 					FAIL("v5 api times: flags %#x %llu..%llu launch %llu", r->flags,
 					     (unsigned long long)r->api_start_ns, (unsigned long long)r->api_end_ns,
 					     (unsigned long long)r->launch_start_ns);
@@ -282,6 +288,12 @@ static void check_run(int version, int kernel)
 		if (p2p != 2 * ((NITER + 24) / 25))
 			FAIL("comm %d: %d p2p records", t, p2p);
 	}
+	/* Every record without API times is counted by the plugin; with a
+	 * block of API slots per thread none is lost here, however long a
+	 * thread is preempted between its calls and their group end. */
+	if ((uint64_t)no_api != stats[SLOWRANK_STAT_NCCL_API_LOST] || no_api != 0)
+		FAIL("%d v5 records without API times, %llu counted lost (want 0)", no_api,
+		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_API_LOST]);
 	if (!kernel) {
 		if (nkern != 0)
 			FAIL("%d kernel records without kernel-channel events", nkern);
@@ -298,8 +310,11 @@ static void check_run(int version, int kernel)
 			     (unsigned long long)k->gpu_end_ns);
 		/* The fake GPU ends just before the proxy saw it: on CLOCK_MONOTONIC
 		 * the converted end lies shortly before host_seen_ns (a loaded or
-		 * sanitized run may preempt the proxy in between). */
-		if (k->gpu_end_ns > k->host_seen_ns + 1000000 || k->host_seen_ns - k->gpu_end_ns > 200000000)
+		 * sanitized run may preempt the proxy in between). An end converted
+		 * to a little after it (the offset's calibration error) is clamped
+		 * by the plugin: never after host_seen_ns. Signed: either side. */
+		int64_t lag = (int64_t)(k->host_seen_ns - k->gpu_end_ns);
+		if (lag < 0 || lag > 200000000)
 			FAIL("gpu end %llu vs host seen %llu (offset %lld)", (unsigned long long)k->gpu_end_ns,
 			     (unsigned long long)k->host_seen_ns, (long long)k->clock_offset_ns);
 		if (k->flags & SLOWRANK_NCCL_F_P2P)
@@ -565,6 +580,111 @@ static void sc_flood(void)
 	exit(0);
 }
 
+/* A GPU clock a little ahead of the host's (the size of the offset's
+ * calibration error, much larger than any seen): ends that would land after
+ * host_seen_ns are clamped to it and counted, none is flagged. */
+static void sc_skew(void)
+{
+	child_env(1, "always");
+	setenv("SLOWRANK_FAKE_NCCL_GPU_SKEW_NS", "300000", 1);
+	child_run(5, 1);
+}
+
+static void sc_skew_check(void)
+{
+	check_run(5, 1); /* gpu_end_ns <= host_seen_ns, no CLOCK_SUSPECT */
+	if (stats[SLOWRANK_STAT_NCCL_CLOCK_CLAMPED] == 0 || stats[SLOWRANK_STAT_NCCL_CLOCK_SUSPECT] != 0)
+		FAIL("skew 300 us: %llu clamped, %llu suspect", (unsigned long long)stats[SLOWRANK_STAT_NCCL_CLOCK_CLAMPED],
+		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_CLOCK_SUSPECT]);
+	printf("  (%llu of %d GPU ends clamped to the host's)\n",
+	       (unsigned long long)stats[SLOWRANK_STAT_NCCL_CLOCK_CLAMPED], nkern);
+}
+
+/* A GPU clock seconds off: not calibration noise; every kernel record is
+ * flagged CLOCK_SUSPECT and keeps its times. */
+static void sc_wrongclock(void)
+{
+	child_env(1, "always");
+	setenv("SLOWRANK_FAKE_NCCL_GPU_SKEW_NS", "5000000000", 1);
+	child_run(5, 1);
+}
+
+static void sc_wrongclock_check(void)
+{
+	read_dump();
+	int flagged = 0;
+	for (int i = 0; i < nkern; i++)
+		if ((kerns[i].flags & SLOWRANK_NCCL_F_CLOCK_SUSPECT) && kerns[i].gpu_end_ns > kerns[i].host_seen_ns)
+			flagged++;
+	if (nkern == 0 || flagged != nkern || stats[SLOWRANK_STAT_NCCL_CLOCK_SUSPECT] != (uint64_t)nkern ||
+	    stats[SLOWRANK_STAT_NCCL_CLOCK_CLAMPED] != 0)
+		FAIL("skew 5 s: %d of %d flagged, %llu suspect, %llu clamped", flagged, nkern,
+		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_CLOCK_SUSPECT],
+		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_CLOCK_CLAMPED]);
+}
+
+/* One thread's group of more calls than its API block holds (NCCL allows
+ * any group size): the first calls' slots are reused before their Coll
+ * events start, so those operations carry no API times, and each is
+ * counted (SLOWRANK_STAT_NCCL_API_LOST), never silently missing. */
+#define APILOST_N 1100
+static void sc_apilost(void)
+{
+	child_env(1, "always");
+	if (fp_load() != 5)
+		FAIL("not bound");
+	P5 = fp_plugin();
+	struct fp_comm *c = fp_comm_init(46, 2, 0);
+	if (!wait_mask(SR_NCCL_PROFILE_COLL_API, 2000))
+		FAIL("mask never set");
+	int mask = 0;
+	void *cx = NULL;
+	if (P5->init(&cx, 47, &mask, "apilost", 1, 2, 0, NULL) != 0 || !cx)
+		FAIL("init");
+	static void *api[APILOST_N];
+	sr_nccl_descr_v5_t d;
+	for (int i = 0; i < APILOST_N; i++) {
+		memset(&d, 0, sizeof(d));
+		d.type = SR_NCCL_PROFILE_COLL_API;
+		d.u.collApi.func = "AllReduce";
+		d.u.collApi.count = 8;
+		d.u.collApi.datatype = "ncclFloat32";
+		P5->startEvent(cx, &api[i], &d);
+		P5->stopEvent(api[i]);
+	}
+	for (int i = 0; i < APILOST_N; i++) {
+		void *h = NULL;
+		memset(&d, 0, sizeof(d));
+		d.type = SR_NCCL_PROFILE_COLL;
+		d.parentObj = api[i];
+		d.u.coll.seqNumber = (uint64_t)i;
+		d.u.coll.func = "AllReduce";
+		d.u.coll.count = 8;
+		d.u.coll.datatype = "ncclFloat32";
+		d.u.coll.nChannels = 1;
+		P5->startEvent(cx, &h, &d);
+		P5->stopEvent(h);
+	}
+	P5->finalize(cx);
+	fp_comm_destroy(c);
+	exit(0);
+}
+
+static void sc_apilost_check(void)
+{
+	read_dump();
+	int with = 0, without = 0;
+	for (int i = 0; i < ncoll; i++)
+		if (colls[i].comm_hash == 47)
+			(colls[i].flags & SLOWRANK_NCCL_F_API) ? with++ : without++;
+	/* 1024 API slots per thread block */
+	if (with + without != APILOST_N || without != APILOST_N - 1024 ||
+	    stats[SLOWRANK_STAT_NCCL_API_LOST] != (uint64_t)without)
+		FAIL("group of %d: %d with API times, %d without, %llu counted lost", APILOST_N, with, without,
+		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_API_LOST]);
+	printf("  (group of %d calls: %d joins lost, all counted)\n", APILOST_N, without);
+}
+
 static void sc_toggle(void)
 {
 	child_env(1, "time:100:200");
@@ -612,6 +732,9 @@ static const struct scenario scenarios[] = {
 	{"abuse", sc_abuse, sc_abuse_check},
 	{"flood", sc_flood, NULL},
 	{"toggle", sc_toggle, sc_toggle_check},
+	{"skew", sc_skew, sc_skew_check},
+	{"wrongclock", sc_wrongclock, sc_wrongclock_check},
+	{"apilost", sc_apilost, sc_apilost_check},
 };
 
 static int run(const struct scenario *s)

@@ -203,6 +203,8 @@ const (
 	StatNCCLCommOverflow  Stat = 40 // communicators not tracked (table full)
 	StatNCCLClockSuspect  Stat = 41 // kernel records whose GPU end lies after the host saw it
 	StatNCCLUnknownEvents Stat = 42 // events of types the plugin does not record
+	StatNCCLAPILost       Stat = 43 // v5 operations without API times: the CollApi/P2pApi slot was reused first
+	StatNCCLClockClamped  Stat = 44 // kernel records whose GPU end, within the slack after the host saw it, was clamped
 	NumStats                   = numStats
 )
 
@@ -214,6 +216,7 @@ var statNames = [...]string{
 	"reenabled", "setups", "clock_converted", "handbacks", "forwarded", "callbacks_taken", "handback_rejected",
 	"nccl_events", "nccl_colls", "nccl_kernels", "nccl_ring_full", "nccl_discarded", "nccl_bad_handles",
 	"nccl_incomplete", "nccl_comms", "nccl_comm_overflow", "nccl_clock_suspect", "nccl_unknown_events",
+	"nccl_api_lost", "nccl_clock_clamped",
 }
 
 func (s Stat) String() string {

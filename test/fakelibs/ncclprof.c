@@ -159,11 +159,15 @@ static void logger(int level, unsigned long flags, const char *file, int line, c
 	(void)level, (void)flags, (void)file, (void)line, (void)fmt;
 }
 
+/* SLOWRANK_FAKE_NCCL_GPU_SKEW_NS: the GPU clock runs that far ahead of the
+ * host's CLOCK_REALTIME (read once in fp_load, before any thread). */
+static uint64_t gpu_skew_ns;
+
 uint64_t fp_globaltimer(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + gpu_skew_ns;
 }
 
 static int load_mask(void)
@@ -199,6 +203,8 @@ int fp_load(void)
 		pthread_mutex_unlock(&mu);
 		return version;
 	}
+	const char *skew = getenv("SLOWRANK_FAKE_NCCL_GPU_SKEW_NS");
+	gpu_skew_ns = skew ? strtoull(skew, NULL, 10) : 0;
 	lib = open_plugin();
 	if (lib) {
 		const char *maxs = getenv("SLOWRANK_FAKE_NCCL_PROFILER_MAX");

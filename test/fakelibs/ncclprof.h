@@ -49,7 +49,8 @@ uint64_t fp_ops_without_kernel_ch(void);
 /* The bound plugin's raw entry points (abuse tests). */
 void *fp_plugin(void);
 
-/* The fake GPU's %globaltimer: CLOCK_REALTIME ns, as NVIDIA's driver keeps it. */
+/* The fake GPU's %globaltimer: CLOCK_REALTIME ns, as NVIDIA's driver keeps it
+ * (plus SLOWRANK_FAKE_NCCL_GPU_SKEW_NS, a GPU clock off the host's). */
 uint64_t fp_globaltimer(void);
 
 #endif
