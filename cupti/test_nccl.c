@@ -20,6 +20,8 @@
  *   skew      a GPU clock 300 us ahead: ends clamped to host_seen_ns, counted
  *   wrongclock a GPU clock 5 s ahead: every kernel record CLOCK_SUSPECT
  *   apilost   a group larger than a thread's API slots: lost joins counted
+ *   preempt   a thread stalled between its call and its group end while
+ *             another makes 2,000 calls: its API times survive
  *
  * Usage: test_nccl PATH/libslowrank_cupti.so [scenario...]
  */
@@ -685,6 +687,73 @@ static void sc_apilost_check(void)
 	printf("  (group of %d calls: %d joins lost, all counted)\n", APILOST_N, without);
 }
 
+/* (b) made deterministic: a thread "preempted" between its call (CollApi
+ * start/stop) and its group end (Coll start) while another thread makes
+ * 2,000 calls. Its collective keeps its API times: its slot is in its own
+ * thread's block (one ring shared by all threads lost the join). */
+static void *preempt_other(void *arg)
+{
+	struct fp_comm *c = arg;
+	for (int i = 0; i < 2000; i++)
+		fp_coll(c, "AllReduce", 16, "ncclFloat32", -1, 1);
+	return NULL;
+}
+
+static void sc_preempt(void)
+{
+	child_env(1, "off");
+	if (fp_load() != 5)
+		FAIL("not bound");
+	P5 = fp_plugin();
+	struct fp_comm *other = fp_comm_init(48, 2, 0);
+	if (!wait_mask(SR_NCCL_PROFILE_COLL_API, 2000))
+		FAIL("mask never set");
+	int mask = 0;
+	void *cx = NULL;
+	if (P5->init(&cx, 49, &mask, "preempt", 1, 2, 0, NULL) != 0 || !cx)
+		FAIL("init");
+	sr_nccl_descr_v5_t d;
+	memset(&d, 0, sizeof(d));
+	d.type = SR_NCCL_PROFILE_COLL_API;
+	d.u.collApi.func = "AllReduce";
+	d.u.collApi.count = 8;
+	d.u.collApi.datatype = "ncclFloat32";
+	void *api = NULL, *h = NULL;
+	P5->startEvent(cx, &api, &d);
+	P5->stopEvent(api);
+	pthread_t t;
+	pthread_create(&t, NULL, preempt_other, other);
+	pthread_join(t, NULL);
+	memset(&d, 0, sizeof(d));
+	d.type = SR_NCCL_PROFILE_COLL;
+	d.parentObj = api;
+	d.u.coll.func = "AllReduce";
+	d.u.coll.count = 8;
+	d.u.coll.datatype = "ncclFloat32";
+	d.u.coll.nChannels = 1;
+	P5->startEvent(cx, &h, &d);
+	P5->stopEvent(h);
+	P5->finalize(cx);
+	fp_comm_destroy(other);
+	exit(0);
+}
+
+static void sc_preempt_check(void)
+{
+	read_dump();
+	int found = 0;
+	for (int i = 0; i < ncoll; i++) {
+		if (colls[i].comm_hash != 49)
+			continue;
+		found++;
+		if (!(colls[i].flags & SLOWRANK_NCCL_F_API) || colls[i].api_end_ns < colls[i].api_start_ns)
+			FAIL("the preempted thread's collective lost its API times (flags %#x)", colls[i].flags);
+	}
+	if (found != 1 || stats[SLOWRANK_STAT_NCCL_API_LOST] != 0)
+		FAIL("%d records of the preempted thread, %llu API joins lost", found,
+		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_API_LOST]);
+}
+
 static void sc_toggle(void)
 {
 	child_env(1, "time:100:200");
@@ -735,6 +804,7 @@ static const struct scenario scenarios[] = {
 	{"skew", sc_skew, sc_skew_check},
 	{"wrongclock", sc_wrongclock, sc_wrongclock_check},
 	{"apilost", sc_apilost, sc_apilost_check},
+	{"preempt", sc_preempt, sc_preempt_check},
 };
 
 static int run(const struct scenario *s)
