@@ -84,6 +84,10 @@ type ProcessView struct {
 	// CUPTI is the injection library's state ("on", "off_phase", "yielded"
 	// ...), with the other CUPTI client's thread when it yields to one.
 	CUPTI string `json:"cupti,omitempty"`
+	// NCCL is the capture path of its NCCL collectives: "plugin v5" once
+	// the injection library's profiler-plugin records arrived, else
+	// "uprobes" (convert_nccl.go).
+	NCCL string `json:"nccl,omitempty"`
 }
 
 func newAttacher(a *Agent) *attacher {

@@ -41,6 +41,8 @@ type convProc struct {
 	// ProcessGroup method we probe); only then is its Future::wait a
 	// collective wait.
 	sawTorchColl bool
+	// nccl is the process's NCCL capture path (convert_nccl.go).
+	nccl ncclCapture
 }
 
 func newConverter(c *counters) *converter {
@@ -79,6 +81,9 @@ func (c *converter) forgetPID(pid uint32) {
 func (c *converter) convert(ev bpf.Event, out []input) []input {
 	switch e := ev.(type) {
 	case *bpf.CollEvent:
+		if !c.ncclUprobe(e.PID, e.TID, e.EndNs) {
+			return out // the plugin reports this call (convert_nccl.go)
+		}
 		c.mu.Lock() // procs is shared with forgetPID (main goroutine)
 		c.proc(e.PID).sawNCCL = true
 		c.mu.Unlock()
@@ -102,12 +107,16 @@ func (c *converter) convert(ev bpf.Event, out []input) []input {
 		kind := correlate.HostGroupStart
 		if e.HasReturn {
 			kind = correlate.HostGroupEnd
+			c.ncclGroupEnd(e)
 		}
 		return append(out, hostInput(correlate.HostCall{PID: e.PID, TID: e.TID, Kind: kind, StartNS: int64(e.StartNs), EndNS: int64(e.EndNs)}))
 	case *bpf.CommInitEvent:
 		if !e.CommValid || e.Ret != 0 && e.Ret != 7 { // 7: ncclInProgress (non-blocking)
 			c.counters.add("comm_init_failed", 1)
 			return out
+		}
+		if !c.ncclUprobe(e.PID, e.TID, e.EndNs) {
+			return out // the plugin's comm record names it
 		}
 		ci := correlate.CommInit{
 			PID: e.PID, Comm: e.Comm, NRanks: int(e.NRanks), Rank: int(e.Rank),
@@ -274,6 +283,7 @@ func (c *converter) batch(e *bpf.BatchEvent, out []input) []input {
 			Device: cp.Device, Stream: cp.Stream, Corr: cp.Correlation,
 		}))
 	}
+	out = c.ncclRecords(pid, p, &b, emitted, out)
 	c.counters.add("device_records", int64(len(b.Kernels)+len(b.Copies)))
 	if implausible > 0 {
 		c.counters.add("device_records_implausible", int64(implausible))

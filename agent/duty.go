@@ -613,6 +613,14 @@ var trapsPerEvent = func() (t [256]uint64) {
 
 // planDuty feeds the uprobe traps since the last call to the ledger, plans
 // the duty cycle and applies it. Main goroutine.
+//
+// A process on the NCCL plugin path still traps on the libnccl uprobes:
+// they stay attached (a uprobe traps in every process mapping the inode,
+// and the attacher has no per-probe detach), and the converter only drops
+// the events it reads (nccl_uprobe_events_superseded). Those events are
+// counted here like any other, because their traps were paid; the plugin's
+// own calls cost no trap and are charged by the library's share. Only a
+// detach of the libnccl collective probes may stop charging them.
 func (a *Agent) planDuty(now int64) {
 	var traps uint64
 	for id := range a.probeCounts {

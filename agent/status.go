@@ -51,6 +51,7 @@ func (a *Agent) Status() Status {
 		st.Uprobes = "uprobe_multi"
 	}
 	st.Processes = len(st.Procs)
+	withNCCLPaths(st.Procs, a.conv.ncclPaths())
 	for _, r := range rows {
 		if r.Verdict != nil && r.Verdict.AlertActive {
 			st.Alerts = append(st.Alerts, *r.Verdict)
@@ -77,4 +78,15 @@ func (a *Agent) Status() Status {
 		}
 	}
 	return st
+}
+
+// withNCCLPaths fills each process's NCCL capture path; a process the
+// converter has not seen an event of yet is on uprobes (the default path).
+func withNCCLPaths(procs []ProcessView, paths map[uint32]string) {
+	for i := range procs {
+		procs[i].NCCL = "uprobes"
+		if p, ok := paths[uint32(procs[i].PID)]; ok {
+			procs[i].NCCL = p
+		}
+	}
 }

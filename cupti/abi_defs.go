@@ -28,11 +28,29 @@ const (
 	recName       = 0x4
 	recStats      = 0x5
 	recTransition = 0x6
+	recNCCLComm   = 0x7
+	recNCCLColl   = 0x8
+	recNCCLKernel = 0x9
+
+	ncclFlagP2P          = 0x1
+	ncclFlagAPI          = 0x2
+	ncclFlagGraph        = 0x4
+	ncclFlagPartial      = 0x8
+	ncclFlagClockSuspect = 0x10
+	NCCLClockSlackNs     = 0xf4240
+	ncclCommFinalized    = 0x1
+	ncclCommResent       = 0x2
+	numNCCLFuncs         = 0xc
+	numNCCLDatatypes     = 0xd
+	numNCCLAlgos         = 0x8
+	numNCCLProtos        = 0x4
+	NCCLStatusMagic      = 0x4e435253
+	NCCLStatusVer        = 0x1
 
 	kernelFlagSerial    = 0x1
 	nameFlagTruncated   = 0x1
 	numClasses          = 0x6
-	numStats            = 0x20
+	numStats            = 0x2d
 	defaultDutyOnMs     = 0xc8
 	defaultDutyPeriodMs = 0x4e20
 )
@@ -121,6 +139,77 @@ type rawTransition struct {
 	Reason    uint8
 	Mode      uint16
 	Timestamp uint64
+}
+
+type rawNCCLComm struct {
+	Kind        uint16
+	Size        uint16
+	Version     uint8
+	Flags       uint8
+	Comm_id     uint16
+	Comm_hash   uint64
+	Rank        int32
+	Nranks      int32
+	Nnodes      int32
+	Reserved    uint32
+	Init_ns     uint64
+	Finalize_ns uint64
+}
+
+type rawNCCLColl struct {
+	Kind            uint16
+	Size            uint16
+	Func            uint8
+	Datatype        uint8
+	Algo            uint8
+	Proto           uint8
+	Comm_hash       uint64
+	Rank            int32
+	Nranks          int32
+	Seq             uint64
+	Count           uint64
+	Root            int32
+	Flags           uint16
+	Nchannels       uint8
+	Version         uint8
+	Api_start_ns    uint64
+	Api_end_ns      uint64
+	Launch_start_ns uint64
+	Launch_end_ns   uint64
+	Tid             uint32
+	Comm_id         uint32
+}
+
+type rawNCCLKernel struct {
+	Kind            uint16
+	Size            uint16
+	Func            uint8
+	Flags           uint8
+	Channels        uint8
+	Nchannels       uint8
+	Comm_hash       uint64
+	Seq             uint64
+	Rank            int32
+	Comm_id         uint32
+	Gpu_start_ns    uint64
+	Gpu_end_ns      uint64
+	Host_seen_ns    uint64
+	Clock_offset_ns int64
+}
+
+type rawNCCLStatus struct {
+	Magic         uint32
+	Version       uint16
+	Size          uint16
+	Api_version   uint32
+	Mask          uint32
+	Live_comms    uint32
+	Disabled      uint32
+	Inits         uint64
+	Colls         uint64
+	Dropped       uint64
+	First_init_ns uint64
+	Reserved      uint64
 }
 
 type rawControl struct {

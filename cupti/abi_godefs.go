@@ -35,6 +35,24 @@ const (
 	recName       = C.SLOWRANK_REC_NAME
 	recStats      = C.SLOWRANK_REC_STATS
 	recTransition = C.SLOWRANK_REC_TRANSITION
+	recNCCLComm   = C.SLOWRANK_REC_NCCL_COMM
+	recNCCLColl   = C.SLOWRANK_REC_NCCL_COLL
+	recNCCLKernel = C.SLOWRANK_REC_NCCL_KERNEL
+
+	ncclFlagP2P          = C.SLOWRANK_NCCL_F_P2P
+	ncclFlagAPI          = C.SLOWRANK_NCCL_F_API
+	ncclFlagGraph        = C.SLOWRANK_NCCL_F_GRAPH
+	ncclFlagPartial      = C.SLOWRANK_NCCL_F_PARTIAL
+	ncclFlagClockSuspect = C.SLOWRANK_NCCL_F_CLOCK_SUSPECT
+	NCCLClockSlackNs     = C.SLOWRANK_NCCL_CLOCK_SLACK_NS
+	ncclCommFinalized    = C.SLOWRANK_NCCL_COMM_F_FINALIZED
+	ncclCommResent       = C.SLOWRANK_NCCL_COMM_F_RESENT
+	numNCCLFuncs         = C.SLOWRANK_NCCL_FUNC_COUNT
+	numNCCLDatatypes     = C.SLOWRANK_NCCL_DT_COUNT
+	numNCCLAlgos         = C.SLOWRANK_NCCL_ALGO_COUNT
+	numNCCLProtos        = C.SLOWRANK_NCCL_PROTO_COUNT
+	NCCLStatusMagic      = C.SLOWRANK_NCCL_STATUS_MAGIC
+	NCCLStatusVer        = C.SLOWRANK_NCCL_STATUS_VERSION
 
 	kernelFlagSerial    = C.SLOWRANK_KERNEL_F_SERIAL
 	nameFlagTruncated   = C.SLOWRANK_NAME_F_TRUNCATED
@@ -57,6 +75,14 @@ type rawName C.struct_slowrank_name_record
 type rawStats C.struct_slowrank_stats_record
 
 type rawTransition C.struct_slowrank_transition_record
+
+type rawNCCLComm C.struct_slowrank_nccl_comm_record
+
+type rawNCCLColl C.struct_slowrank_nccl_coll_record
+
+type rawNCCLKernel C.struct_slowrank_nccl_kernel_record
+
+type rawNCCLStatus C.struct_slowrank_nccl_status
 
 type rawControl C.struct_slowrank_cupti_control
 

@@ -46,9 +46,15 @@ endif
 CUPTI_CFLAGS := -std=c11 $(CUPTI_OPT) $(CUPTI_WARN) -fPIC -fvisibility=hidden \
 	-I$(CUPTI_DIR) $(CUPTI_INCLUDES) $(CUPTI_EXTRA_CFLAGS)
 CUPTI_LIB := $(OUT_DIR)/libslowrank_cupti.so
-CUPTI_LIB_SRCS := $(CUPTI_DIR)/slowrank_cupti.c $(CUPTI_DIR)/slowrank_convert.c
-CUPTI_HDRS := $(CUPTI_DIR)/slowrank_abi.h $(CUPTI_DIR)/slowrank_convert.h
+CUPTI_LIB_SRCS := $(CUPTI_DIR)/slowrank_cupti.c $(CUPTI_DIR)/slowrank_convert.c $(CUPTI_DIR)/slowrank_nccl.c
+CUPTI_HDRS := $(CUPTI_DIR)/slowrank_abi.h $(CUPTI_DIR)/slowrank_convert.h $(CUPTI_DIR)/slowrank_nccl.h $(CUPTI_DIR)/nccl_profiler.h
 CUPTI_TEST_OUT := $(OUT_DIR)/cupti-test
+# Every build of the library, shipped or sanitized, is never unmapped: NCCL
+# dlcloses its profiler plugin after the last comm while the control thread
+# still runs in it, and a test of another link than the shipped one tests
+# another program. (relro/now/--no-undefined stay shipped-only: sanitizer
+# runtimes resolve symbols late.)
+CUPTI_LIB_KEEP := -Wl,-z,nodelete
 
 .PHONY: cupti cupti-headers cupti-test cupti-test-tsan cupti-generate cupti-clean
 
@@ -57,7 +63,7 @@ cupti: $(CUPTI_LIB)
 $(CUPTI_LIB): $(CUPTI_LIB_SRCS) $(CUPTI_HDRS) $(CUPTI_HEADER_DEPS)
 	@mkdir -p $(OUT_DIR)
 	$(CUPTI_CC) $(CUPTI_CFLAGS) -shared -o $@ $(CUPTI_LIB_SRCS) \
-		-Wl,-z,nodelete -Wl,-z,relro -Wl,-z,now -Wl,--no-undefined -ldl -lpthread
+		$(CUPTI_LIB_KEEP) -Wl,-z,relro -Wl,-z,now -Wl,--no-undefined -ldl -lpthread
 
 cupti-headers: $(CUPTI_CACHE)/usr/include/cuda.h
 
@@ -74,15 +80,16 @@ $(CUPTI_TEST_OUT)/test_inject: $(CUPTI_DIR)/test_inject.c $(CUPTI_DIR)/slowrank_
 
 # test_convert rewrites cupti/testdata/converter.batches and the converter
 # seeds of the Go fuzz corpus (deterministic: CI may diff them).
-cupti-test: $(CUPTI_LIB) $(CUPTI_TEST_OUT)/test_convert $(CUPTI_TEST_OUT)/test_inject
+cupti-test: $(CUPTI_LIB) $(CUPTI_TEST_OUT)/test_convert $(CUPTI_TEST_OUT)/test_inject $(CUPTI_TEST_OUT)/test_nccl
 	$(CUPTI_TEST_OUT)/test_convert $(CUPTI_DIR)/testdata
 	timeout 60 $(CUPTI_TEST_OUT)/test_inject $(CUPTI_LIB)
+	timeout 300 $(CUPTI_TEST_OUT)/test_nccl $(CUPTI_LIB)
 
 # The runtime (control thread, seqlock, semaphore) under ThreadSanitizer.
 cupti-test-tsan: $(CUPTI_LIB_SRCS) $(CUPTI_HDRS) $(CUPTI_DIR)/test_inject.c $(CUPTI_HEADER_DEPS)
 	@mkdir -p $(CUPTI_TEST_OUT)/tsan
 	$(CUPTI_CC) $(CUPTI_CFLAGS) -Wno-tsan -fsanitize=thread -shared -o $(CUPTI_TEST_OUT)/tsan/libslowrank_cupti.so \
-		$(CUPTI_LIB_SRCS) -ldl -lpthread
+		$(CUPTI_LIB_SRCS) $(CUPTI_LIB_KEEP) -ldl -lpthread
 	$(CUPTI_CC) -std=c11 $(CUPTI_OPT) -fsanitize=thread -I$(CUPTI_DIR) -o $(CUPTI_TEST_OUT)/tsan/test_inject \
 		$(CUPTI_DIR)/test_inject.c -ldl -lpthread
 	TSAN_OPTIONS=halt_on_error=1 timeout 120 $(CUPTI_TEST_OUT)/tsan/test_inject $(CUPTI_TEST_OUT)/tsan/libslowrank_cupti.so
@@ -98,10 +105,10 @@ CUPTI_FAKE_SRC := $(CUPTI_ROOT)/test/fakelibs/cupti.c
 CUPTI_STRESS_DEPS := $(CUPTI_LIB_SRCS) $(CUPTI_HDRS) $(CUPTI_DIR)/test_stress.c $(CUPTI_FAKE_SRC) $(CUPTI_HEADER_DEPS)
 
 define cupti_stress_build
-$(CUPTI_TEST_OUT)/$(1)/test_stress: $(CUPTI_STRESS_DEPS)
+$(CUPTI_TEST_OUT)/$(1)/test_stress: $(CUPTI_STRESS_DEPS) $(CUPTI_DIR)/cupti.mk
 	@mkdir -p $(CUPTI_TEST_OUT)/$(1)
 	$(CUPTI_CC) $(CUPTI_CFLAGS) -Wno-tsan $(2) -shared -o $(CUPTI_TEST_OUT)/$(1)/libslowrank_cupti.so \
-		$(CUPTI_LIB_SRCS) -ldl -lpthread
+		$(CUPTI_LIB_SRCS) $(CUPTI_LIB_KEEP) -ldl -lpthread
 	$(CUPTI_CC) $(CUPTI_CFLAGS) -Wno-tsan $(2) -fvisibility=default -shared -o $(CUPTI_TEST_OUT)/$(1)/libcupti.so \
 		$(CUPTI_FAKE_SRC) -lpthread
 	$(CUPTI_CC) $(CUPTI_CFLAGS) -Wno-tsan $(2) -o $$@ $(CUPTI_DIR)/test_stress.c -ldl -lpthread
@@ -135,3 +142,36 @@ cupti-generate:
 
 cupti-clean:
 	rm -rf $(CUPTI_LIB) $(CUPTI_TEST_OUT)
+
+# The NCCL profiler plugin (slowrank_nccl.c) driven by a fake NCCL
+# (test/fakelibs/ncclprof.c) as NCCL's profiler.cc drives it, from several
+# user threads and a proxy thread: plain (part of cupti-test), then under
+# ASan+UBSan and TSan (cupti-nccl-san). Linked -z nodelete like the real
+# library (CUPTI_LIB_KEEP).
+CUPTI_NCCL_FAKE := $(CUPTI_ROOT)/test/fakelibs/ncclprof.c
+CUPTI_NCCL_TEST_DEPS := $(CUPTI_DIR)/test_nccl.c $(CUPTI_NCCL_FAKE) $(CUPTI_ROOT)/test/fakelibs/ncclprof.h $(CUPTI_HDRS)
+
+$(CUPTI_TEST_OUT)/test_nccl: $(CUPTI_NCCL_TEST_DEPS)
+	@mkdir -p $(CUPTI_TEST_OUT)
+	$(CUPTI_CC) -std=c11 $(CUPTI_OPT) $(CUPTI_WARN) -I$(CUPTI_DIR) -o $@ $(CUPTI_DIR)/test_nccl.c $(CUPTI_NCCL_FAKE) -ldl -lpthread
+
+define cupti_nccl_san_build
+$(CUPTI_TEST_OUT)/nccl-$(1)/test_nccl: $(CUPTI_LIB_SRCS) $(CUPTI_NCCL_TEST_DEPS) $(CUPTI_HEADER_DEPS) $(CUPTI_DIR)/cupti.mk
+	@mkdir -p $(CUPTI_TEST_OUT)/nccl-$(1)
+	$(CUPTI_CC) $(CUPTI_CFLAGS) -Wno-tsan $(2) -shared -o $(CUPTI_TEST_OUT)/nccl-$(1)/libslowrank_cupti.so \
+		$(CUPTI_LIB_SRCS) $(CUPTI_LIB_KEEP) -ldl -lpthread
+	$(CUPTI_CC) -std=c11 $(CUPTI_OPT) $(CUPTI_WARN) $(2) -I$(CUPTI_DIR) -o $$@ $(CUPTI_DIR)/test_nccl.c \
+		$(CUPTI_NCCL_FAKE) -ldl -lpthread
+endef
+$(eval $(call cupti_nccl_san_build,asan,$$(CUPTI_SAN_asan)))
+$(eval $(call cupti_nccl_san_build,tsan,$$(CUPTI_SAN_tsan)))
+
+.PHONY: cupti-nccl-test cupti-nccl-san
+cupti-nccl-test: $(CUPTI_LIB) $(CUPTI_TEST_OUT)/test_nccl
+	timeout 300 $(CUPTI_TEST_OUT)/test_nccl $(CUPTI_LIB)
+
+cupti-nccl-san: $(CUPTI_TEST_OUT)/nccl-asan/test_nccl $(CUPTI_TEST_OUT)/nccl-tsan/test_nccl
+	ASAN_OPTIONS=abort_on_error=1:detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+		timeout 300 $(CUPTI_TEST_OUT)/nccl-asan/test_nccl $(CUPTI_TEST_OUT)/nccl-asan/libslowrank_cupti.so
+	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+		timeout 600 $(CUPTI_TEST_OUT)/nccl-tsan/test_nccl $(CUPTI_TEST_OUT)/nccl-tsan/libslowrank_cupti.so

@@ -118,6 +118,10 @@ type Batch struct {
 	Names       []NameDef
 	Stats       []Stats
 	Transitions []Transition
+	// Records of the NCCL profiler plugin (nccl.go).
+	NCCLComms   []NCCLComm
+	NCCLColls   []NCCLColl
+	NCCLKernels []NCCLKernel
 	// Skipped counts records of kinds this decoder does not know.
 	Skipped int
 }
@@ -151,6 +155,12 @@ func minSize(kind uint16) int {
 		return statsSize
 	case recTransition:
 		return transitionSize
+	case recNCCLComm:
+		return ncclCommSize
+	case recNCCLColl:
+		return ncclCollSize
+	case recNCCLKernel:
+		return ncclKernelSize
 	}
 	return RecordMin
 }
@@ -168,7 +178,10 @@ func DecodeBatch(b []byte) (Batch, error) {
 	return out, err
 }
 
-type kindCounts struct{ kernels, copies, names, stats, transitions, skipped int }
+type kindCounts struct {
+	kernels, copies, names, stats, transitions, skipped int
+	ncclComms, ncclColls, ncclKernels                   int
+}
 
 func decodeHeader(b []byte) (Header, []byte, error) {
 	var h Header
@@ -252,6 +265,12 @@ func scan(recs []byte, count uint32) (kindCounts, error) {
 			kc.stats++
 		case recTransition:
 			kc.transitions++
+		case recNCCLComm:
+			kc.ncclComms++
+		case recNCCLColl:
+			kc.ncclColls++
+		case recNCCLKernel:
+			kc.ncclKernels++
 		default:
 			kc.skipped++
 		}
@@ -287,6 +306,9 @@ func DecodeBatchInto(b []byte, out *Batch) error {
 	out.Names = grow(out.Names, kc.names)
 	out.Stats = grow(out.Stats, kc.stats)
 	out.Transitions = grow(out.Transitions, kc.transitions)
+	out.NCCLComms = grow(out.NCCLComms, kc.ncclComms)
+	out.NCCLColls = grow(out.NCCLColls, kc.ncclColls)
+	out.NCCLKernels = grow(out.NCCLKernels, kc.ncclKernels)
 	out.Skipped = kc.skipped
 
 	off := 0
@@ -312,6 +334,12 @@ func DecodeBatchInto(b []byte, out *Batch) error {
 				Mode:        DutyMode(u16(r, unsafe.Offsetof(t.Mode))),
 				TimestampNs: u64(r, unsafe.Offsetof(t.Timestamp)),
 			})
+		case recNCCLComm:
+			out.NCCLComms = append(out.NCCLComms, decodeNCCLComm(r))
+		case recNCCLColl:
+			out.NCCLColls = append(out.NCCLColls, decodeNCCLColl(r))
+		case recNCCLKernel:
+			out.NCCLKernels = append(out.NCCLKernels, decodeNCCLKernel(r))
 		}
 	}
 	return nil

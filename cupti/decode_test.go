@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"reflect"
 	"strings"
@@ -212,23 +213,31 @@ func TestDecodeIntoReusesMemory(t *testing.T) {
 // test (make cupti-test) and by SLOWRANK_CUPTI_DUMP.
 func readBatches(t *testing.T, path string) [][]byte {
 	t.Helper()
-	data, err := os.ReadFile(path)
+	out, err := readBatchFile(path)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return out
+}
+
+func readBatchFile(path string) ([][]byte, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
 	}
 	var out [][]byte
 	for len(data) > 0 {
 		if len(data) < 4 {
-			t.Fatalf("%s: truncated length", path)
+			return nil, fmt.Errorf("%s: truncated length", path)
 		}
 		n := binary.LittleEndian.Uint32(data)
 		if int(n) > len(data)-4 {
-			t.Fatalf("%s: truncated batch", path)
+			return nil, fmt.Errorf("%s: truncated batch", path)
 		}
 		out = append(out, data[4:4+n])
 		data = data[4+n:]
 	}
-	return out
+	return out, nil
 }
 
 // TestConverterBatches decodes batches produced by the real C converter

@@ -3,6 +3,17 @@
 // the batch ABI it emits (slowrank_abi.h, which bpf/ may include), and the Go
 // decoder of those batches. It imports no other slowrank package.
 //
+// # The NCCL profiler plugin
+//
+// The same library is NCCL's profiler plugin (NCCL_PROFILER_PLUGIN pointing at
+// the same file; ncclProfiler_v5 for NCCL 2.28, ncclProfiler_v4 for 2.27;
+// slowrank_nccl.c, docs/nccl-profiler-plugin.md). Its records (NCCLComm,
+// NCCLColl, NCCLKernel in nccl.go) travel in the same batches. NCCL calls it
+// from its user, host-callback and proxy threads; the plugin never allocates,
+// locks or blocks there, and drops (counted) when its ring is full. Its
+// activation mask is 0 until an agent attaches; kernel-channel (GPU) events
+// follow the duty cycle.
+//
 // # The injection library
 //
 // The CUDA driver loads the library into each unmodified training process

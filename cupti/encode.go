@@ -7,7 +7,7 @@ import (
 
 // EncodeBatch lays out b in the library's batch format, for tests and fake
 // libraries: names, kernels, copies, transitions, then stats (name
-// definitions thus precede their uses). Header.Count, Header.Len and
+// definitions thus precede their uses), NCCL records. Header.Count, Header.Len and
 // Header.Version are computed; Skipped is ignored.
 func EncodeBatch(b *Batch) ([]byte, error) {
 	for _, n := range b.Names {
@@ -23,7 +23,8 @@ func EncodeBatch(b *Batch) ([]byte, error) {
 		return nil, fmt.Errorf("encode batch: %d bytes > %d", size, BatchMax)
 	}
 	out := make([]byte, size)
-	count := len(b.Kernels) + len(b.Copies) + len(b.Names) + len(b.Transitions) + len(b.Stats)
+	count := len(b.Kernels) + len(b.Copies) + len(b.Names) + len(b.Transitions) + len(b.Stats) +
+		len(b.NCCLComms) + len(b.NCCLColls) + len(b.NCCLKernels)
 
 	var h rawBatchHeader
 	le.PutUint32(out[unsafe.Offsetof(h.Magic):], BatchMagic)
@@ -111,6 +112,15 @@ func EncodeBatch(b *Batch) ([]byte, error) {
 		le.PutUint16(r[unsafe.Offsetof(rt.Mode):], uint16(t.Mode))
 		le.PutUint64(r[unsafe.Offsetof(rt.Timestamp):], t.TimestampNs)
 	}
+	for _, c := range b.NCCLComms {
+		encodeNCCLComm(put(recNCCLComm, ncclCommSize), c)
+	}
+	for _, c := range b.NCCLColls {
+		encodeNCCLColl(put(recNCCLColl, ncclCollSize), c)
+	}
+	for _, k := range b.NCCLKernels {
+		encodeNCCLKernel(put(recNCCLKernel, ncclKernelSize), k)
+	}
 	for _, s := range b.Stats {
 		var rs rawStats
 		r := put(recStats, statsSize+8*int(NumStats))
@@ -129,7 +139,8 @@ func roundUp(n int) int { return (n + RecordAlign - 1) &^ (RecordAlign - 1) }
 // library that wrote shorter records can exceed BatchMax in it.
 func encodedSize(b *Batch) int {
 	size := hdrSize + len(b.Kernels)*kernelSize + len(b.Copies)*copySize +
-		len(b.Transitions)*transitionSize + len(b.Stats)*(statsSize+8*int(NumStats))
+		len(b.Transitions)*transitionSize + len(b.Stats)*(statsSize+8*int(NumStats)) +
+		len(b.NCCLComms)*ncclCommSize + len(b.NCCLColls)*ncclCollSize + len(b.NCCLKernels)*ncclKernelSize
 	for _, n := range b.Names {
 		size += roundUp(nameSize + len(n.Name))
 	}

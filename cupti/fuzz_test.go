@@ -19,7 +19,13 @@ func FuzzDecodeBatch(f *testing.F) {
 	f.Add(seed)
 	f.Add(seed[:hdrSize])
 	f.Add(rawBatch(record(0x7777, 24), record(recKernel, kernelSize+16)))
+	f.Add(rawBatch(record(recNCCLColl, ncclCollSize), record(recNCCLKernel, ncclKernelSize+8),
+		record(recNCCLComm, ncclCommSize)))
+	f.Add(rawBatch(record(recNCCLColl, ncclCollSize-8)))
 	f.Add([]byte{})
+	if raws, err := readBatchFile("testdata/nccl-plugin.batches"); err == nil && len(raws) > 0 {
+		f.Add(raws[0]) // the real plugin's records (cupti/test_nccl.c)
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		got, err := DecodeBatch(b)
 		if err != nil {
@@ -32,7 +38,8 @@ func FuzzDecodeBatch(f *testing.F) {
 		if int(h.Len) > len(b) || h.Len > BatchMax || h.Version != ABIVersion {
 			t.Fatalf("header %+v for %d bytes", h, len(b))
 		}
-		n := len(got.Kernels) + len(got.Copies) + len(got.Names) + len(got.Stats) + len(got.Transitions) + got.Skipped
+		n := len(got.Kernels) + len(got.Copies) + len(got.Names) + len(got.Stats) + len(got.Transitions) +
+			len(got.NCCLComms) + len(got.NCCLColls) + len(got.NCCLKernels) + got.Skipped
 		if n != int(h.Count) {
 			t.Fatalf("%d records decoded, header says %d", n, h.Count)
 		}
@@ -82,6 +89,15 @@ func normalize(b Batch) Batch {
 	}
 	if len(b.Transitions) == 0 {
 		b.Transitions = nil
+	}
+	if len(b.NCCLComms) == 0 {
+		b.NCCLComms = nil
+	}
+	if len(b.NCCLColls) == 0 {
+		b.NCCLColls = nil
+	}
+	if len(b.NCCLKernels) == 0 {
+		b.NCCLKernels = nil
 	}
 	return b
 }

@@ -89,6 +89,9 @@ struct slowrank_record_header {
 #define SLOWRANK_REC_NAME       4
 #define SLOWRANK_REC_STATS      5
 #define SLOWRANK_REC_TRANSITION 6
+#define SLOWRANK_REC_NCCL_COMM   7 /* NCCL profiler plugin: a communicator (see NCCL records below) */
+#define SLOWRANK_REC_NCCL_COLL   8 /* NCCL profiler plugin: one collective or p2p operation, host side */
+#define SLOWRANK_REC_NCCL_KERNEL 9 /* NCCL profiler plugin: GPU start/end of one operation's kernel channels */
 
 /* Kernel classes, decided once per distinct name when it is interned. */
 #define SLOWRANK_CLASS_OTHER         0
@@ -189,7 +192,21 @@ struct slowrank_name_record {
 #define SLOWRANK_STAT_FORWARDED           29 /* another client's buffers completed to the library, passed to its own callback */
 #define SLOWRANK_STAT_CALLBACKS_TAKEN     30 /* yields where the library's registration may have replaced another client's callbacks and no pair to give back was known */
 #define SLOWRANK_STAT_HANDBACK_REJECTED   31 /* pairs from the agent refused (not code of a loaded object, or the library's own) */
-#define SLOWRANK_STAT_COUNT               32
+/* NCCL profiler plugin (slowrank_nccl.c); 0 in a process whose NCCL never loaded it. */
+#define SLOWRANK_STAT_NCCL_EVENTS         32 /* startEvent calls seen */
+#define SLOWRANK_STAT_NCCL_COLLS          33 /* NCCL_COLL records queued */
+#define SLOWRANK_STAT_NCCL_KERNELS        34 /* NCCL_KERNEL records queued */
+#define SLOWRANK_STAT_NCCL_RING_FULL      35 /* records dropped: the in-process ring was full (never blocks) */
+#define SLOWRANK_STAT_NCCL_DISCARDED      36 /* records drained while no agent was attached */
+#define SLOWRANK_STAT_NCCL_BAD_HANDLES    37 /* calls with a handle or context that is not (or no longer) ours */
+#define SLOWRANK_STAT_NCCL_INCOMPLETE     38 /* operations whose kernel channels did not all report before their slot was reused */
+#define SLOWRANK_STAT_NCCL_COMMS          39 /* communicators initialised (init calls that succeeded) */
+#define SLOWRANK_STAT_NCCL_COMM_OVERFLOW  40 /* communicators not tracked: the table was full */
+#define SLOWRANK_STAT_NCCL_CLOCK_SUSPECT  41 /* kernel records whose converted GPU end lies after the host saw it */
+#define SLOWRANK_STAT_NCCL_UNKNOWN_EVENTS 42 /* events of types the library does not record (asked for none) */
+#define SLOWRANK_STAT_NCCL_API_LOST       43 /* v5 operations recorded without API times: their CollApi/P2pApi slot was reused first */
+#define SLOWRANK_STAT_NCCL_CLOCK_CLAMPED  44 /* kernel records whose GPU end lay after host_seen_ns by less than the slack: clamped */
+#define SLOWRANK_STAT_COUNT               45
 
 struct slowrank_stats_record {
 	uint16_t kind;     /* 0 SLOWRANK_REC_STATS */
@@ -217,6 +234,193 @@ struct slowrank_transition_record {
 	uint8_t  reason; /*  5 SLOWRANK_REASON_* */
 	uint16_t mode;   /*  6 SLOWRANK_DUTY_* in force */
 	uint64_t timestamp; /*  8 CLOCK_MONOTONIC ns */
+};
+
+/* ---------------------------------------------------------------------- */
+/* NCCL profiler plugin records                                            */
+/* ---------------------------------------------------------------------- */
+
+/*
+ * The same library is also an NCCL profiler plugin (NCCL_PROFILER_PLUGIN,
+ * NCCL >= 2.27: exports ncclProfiler_v5 and ncclProfiler_v4; see
+ * slowrank_nccl.c and docs/nccl-profiler-plugin.md). Its records travel in
+ * the same batches as the CUPTI records (one uprobe trap per batch). All
+ * times are CLOCK_MONOTONIC ns; 0 means absent, never a measurement.
+ *
+ * Identity: (comm_hash, func, seq) names one collective on every rank of a
+ * communicator (NCCL's commHash is equal on all members; seq is NCCL's
+ * per-(comm, function) counter). A NCCL_KERNEL record joins its NCCL_COLL
+ * record by (comm_hash, rank, func, seq); p2p operations have no seq in
+ * NCCL and join by nothing (seq 0, SLOWRANK_NCCL_F_P2P).
+ */
+
+/* Operation (the string NCCL passes, mapped once per distinct pointer). */
+#define SLOWRANK_NCCL_FUNC_UNKNOWN       0
+#define SLOWRANK_NCCL_FUNC_BROADCAST     1
+#define SLOWRANK_NCCL_FUNC_REDUCE        2
+#define SLOWRANK_NCCL_FUNC_ALLGATHER     3
+#define SLOWRANK_NCCL_FUNC_REDUCESCATTER 4
+#define SLOWRANK_NCCL_FUNC_ALLREDUCE     5
+#define SLOWRANK_NCCL_FUNC_SENDRECV      6
+#define SLOWRANK_NCCL_FUNC_SEND          7
+#define SLOWRANK_NCCL_FUNC_RECV          8
+#define SLOWRANK_NCCL_FUNC_ALLTOALL      9
+#define SLOWRANK_NCCL_FUNC_GATHER        10
+#define SLOWRANK_NCCL_FUNC_SCATTER       11
+#define SLOWRANK_NCCL_FUNC_COUNT         12
+
+/* Datatype (ncclDataType_t's names without the "nccl" prefix). */
+#define SLOWRANK_NCCL_DT_UNKNOWN    0
+#define SLOWRANK_NCCL_DT_INT8       1
+#define SLOWRANK_NCCL_DT_UINT8      2
+#define SLOWRANK_NCCL_DT_INT32      3
+#define SLOWRANK_NCCL_DT_UINT32     4
+#define SLOWRANK_NCCL_DT_INT64      5
+#define SLOWRANK_NCCL_DT_UINT64     6
+#define SLOWRANK_NCCL_DT_FLOAT16    7
+#define SLOWRANK_NCCL_DT_FLOAT32    8
+#define SLOWRANK_NCCL_DT_FLOAT64    9
+#define SLOWRANK_NCCL_DT_BFLOAT16   10
+#define SLOWRANK_NCCL_DT_FLOAT8E4M3 11
+#define SLOWRANK_NCCL_DT_FLOAT8E5M2 12
+#define SLOWRANK_NCCL_DT_COUNT      13
+
+/* Algorithm and protocol NCCL chose (evidence of the workload, not identity). */
+#define SLOWRANK_NCCL_ALGO_UNKNOWN       0
+#define SLOWRANK_NCCL_ALGO_TREE          1
+#define SLOWRANK_NCCL_ALGO_RING          2
+#define SLOWRANK_NCCL_ALGO_COLLNET_DIRECT 3
+#define SLOWRANK_NCCL_ALGO_COLLNET_CHAIN 4
+#define SLOWRANK_NCCL_ALGO_NVLS          5
+#define SLOWRANK_NCCL_ALGO_NVLS_TREE     6
+#define SLOWRANK_NCCL_ALGO_PAT           7
+#define SLOWRANK_NCCL_ALGO_COUNT         8
+
+#define SLOWRANK_NCCL_PROTO_UNKNOWN 0
+#define SLOWRANK_NCCL_PROTO_LL      1
+#define SLOWRANK_NCCL_PROTO_LL128   2
+#define SLOWRANK_NCCL_PROTO_SIMPLE  3
+#define SLOWRANK_NCCL_PROTO_COUNT   4
+
+/* NCCL_COLL and NCCL_KERNEL flags. */
+#define SLOWRANK_NCCL_F_P2P        (1u << 0) /* a send/recv (P2p event): root is the peer, seq is 0 */
+#define SLOWRANK_NCCL_F_API        (1u << 1) /* api_start_ns/api_end_ns come from the CollApi/P2pApi event (v5) */
+#define SLOWRANK_NCCL_F_GRAPH      (1u << 2) /* the API call was captured into a CUDA graph */
+#define SLOWRANK_NCCL_F_PARTIAL    (1u << 3) /* NCCL_KERNEL: fewer channels reported than nchannels */
+#define SLOWRANK_NCCL_F_CLOCK_SUSPECT (1u << 4) /* NCCL_KERNEL: gpu_end_ns after host_seen_ns + SLOWRANK_NCCL_CLOCK_SLACK_NS (conversion doubtful) */
+
+/* How far a converted GPU end may lie after host_seen_ns and still count as
+ * calibration noise: the CLOCK_MONOTONIC - CLOCK_REALTIME offset is measured
+ * by a bracketed pair of reads (error up to half the bracket, microseconds on
+ * a loaded host), and the driver keeps %globaltimer within microseconds of
+ * the host's clock. Within the slack the plugin clamps gpu_end_ns to
+ * host_seen_ns (the GPU cannot end after the host saw it end; counted,
+ * SLOWRANK_STAT_NCCL_CLOCK_CLAMPED); beyond it the record keeps its times
+ * and is flagged SLOWRANK_NCCL_F_CLOCK_SUSPECT (a wrong clock is off by
+ * seconds or more, not microseconds). */
+#define SLOWRANK_NCCL_CLOCK_SLACK_NS 1000000ull
+
+/* NCCL_COMM flags. */
+#define SLOWRANK_NCCL_COMM_F_FINALIZED (1u << 0) /* finalize ran: finalize_ns is set */
+#define SLOWRANK_NCCL_COMM_F_RESENT    (1u << 1) /* re-sent at an attach epoch, not at init */
+
+/* A communicator: sent at NCCL's init of the plugin for it, again at the
+ * start of every attach epoch (an agent that attached later learns it), and
+ * at finalize. */
+struct slowrank_nccl_comm_record {
+	uint16_t kind;        /*  0 SLOWRANK_REC_NCCL_COMM */
+	uint16_t size;        /*  2 = 48 */
+	uint8_t  version;     /*  4 profiler API NCCL bound: 4 or 5 */
+	uint8_t  flags;       /*  5 SLOWRANK_NCCL_COMM_F_* */
+	uint16_t comm_id;     /*  6 the library's slot, unique among live comms of the process */
+	uint64_t comm_hash;   /*  8 NCCL's commHash (v4) / commId (v5): equal on all members */
+	int32_t  rank;        /* 16 rank in the communicator */
+	int32_t  nranks;      /* 20 */
+	int32_t  nnodes;      /* 24 */
+	uint32_t reserved;    /* 28 */
+	uint64_t init_ns;     /* 32 */
+	uint64_t finalize_ns; /* 40 0 while alive */
+};
+
+/* One collective (Coll event) or send/recv (P2p event), at its stop. The
+ * Coll event brackets NCCL's launch of the operation (hostStreamPlanTask):
+ * launch_end_ns is "enqueued", not "done"; GPU execution is NCCL_KERNEL.
+ * api_*: the CollApi/P2pApi event of the same operation, i.e. the user's
+ * ncclAllReduce(...) call up to its enqueue (v5 only; the group's launch
+ * happens later, in ncclGroupEnd, for grouped calls). */
+struct slowrank_nccl_coll_record {
+	uint16_t kind;            /*  0 SLOWRANK_REC_NCCL_COLL */
+	uint16_t size;            /*  2 = 88 */
+	uint8_t  func;            /*  4 SLOWRANK_NCCL_FUNC_* */
+	uint8_t  datatype;        /*  5 SLOWRANK_NCCL_DT_* */
+	uint8_t  algo;            /*  6 SLOWRANK_NCCL_ALGO_* */
+	uint8_t  proto;           /*  7 SLOWRANK_NCCL_PROTO_* */
+	uint64_t comm_hash;       /*  8 */
+	int32_t  rank;            /* 16 */
+	int32_t  nranks;          /* 20 */
+	uint64_t seq;             /* 24 NCCL's seqNumber for (comm, func); 0 for p2p */
+	uint64_t count;           /* 32 elements */
+	int32_t  root;            /* 40 root (collectives), peer (p2p) */
+	uint16_t flags;           /* 44 SLOWRANK_NCCL_F_* */
+	uint8_t  nchannels;       /* 46 */
+	uint8_t  version;         /* 47 profiler API NCCL bound: 4 or 5 */
+	uint64_t api_start_ns;    /* 48 0 without SLOWRANK_NCCL_F_API */
+	uint64_t api_end_ns;      /* 56 */
+	uint64_t launch_start_ns; /* 64 Coll/P2p event start */
+	uint64_t launch_end_ns;   /* 72 Coll/P2p event stop */
+	uint32_t tid;             /* 80 thread that started the Coll/P2p event */
+	uint32_t comm_id;         /* 84 */
+};
+
+/* GPU execution of one operation, from its kernel-channel (KernelCh) events:
+ * earliest channel start and latest channel stop, GPU %globaltimer mapped to
+ * CLOCK_MONOTONIC with clock_offset_ns (already applied). Sent once every
+ * expected channel stopped. Only while kernel-channel events are on (they
+ * follow the duty cycle). */
+struct slowrank_nccl_kernel_record {
+	uint16_t kind;            /*  0 SLOWRANK_REC_NCCL_KERNEL */
+	uint16_t size;            /*  2 = 64 */
+	uint8_t  func;            /*  4 SLOWRANK_NCCL_FUNC_* */
+	uint8_t  flags;           /*  5 SLOWRANK_NCCL_F_* */
+	uint8_t  channels;        /*  6 channels that reported a stop */
+	uint8_t  nchannels;       /*  7 channels the operation announced */
+	uint64_t comm_hash;       /*  8 */
+	uint64_t seq;             /* 16 */
+	int32_t  rank;            /* 24 */
+	uint32_t comm_id;         /* 28 */
+	uint64_t gpu_start_ns;    /* 32 */
+	uint64_t gpu_end_ns;      /* 40 0 when no channel reported a stop timer */
+	uint64_t host_seen_ns;    /* 48 when the plugin saw the last channel stop: gpu_end_ns <= host_seen_ns unless CLOCK_SUSPECT */
+	int64_t  clock_offset_ns; /* 56 monotonic = globaltimer + offset */
+};
+
+/*
+ * NCCL plugin status (library -> agent), exported as slowrank_nccl_status:
+ * what `slowrank status` and `doctor` show as the process's capture path.
+ * Written by the library only, one aligned store per field.
+ */
+#define SLOWRANK_NCCL_STATUS_MAGIC   0x4e435253u /* "SRCN" */
+#define SLOWRANK_NCCL_STATUS_VERSION 1
+
+#define SLOWRANK_NCCL_MASK_COLL     (1u << 1)  /* ncclProfileColl */
+#define SLOWRANK_NCCL_MASK_P2P      (1u << 2)  /* ncclProfileP2p */
+#define SLOWRANK_NCCL_MASK_KERNELCH (1u << 6)  /* ncclProfileKernelCh */
+#define SLOWRANK_NCCL_MASK_COLLAPI  (1u << 9)  /* ncclProfileCollApi (v5) */
+#define SLOWRANK_NCCL_MASK_P2PAPI   (1u << 10) /* ncclProfileP2pApi (v5) */
+
+struct slowrank_nccl_status {
+	uint32_t magic;       /*  0 SLOWRANK_NCCL_STATUS_MAGIC */
+	uint16_t version;     /*  4 SLOWRANK_NCCL_STATUS_VERSION */
+	uint16_t size;        /*  6 sizeof(struct slowrank_nccl_status) */
+	uint32_t api_version; /*  8 profiler API NCCL bound (0: NCCL never loaded the plugin) */
+	uint32_t mask;        /* 12 activation mask last stored into NCCL */
+	uint32_t live_comms;  /* 16 */
+	uint32_t disabled;    /* 20 1: SLOWRANK_NCCL_DISABLE (init refused) */
+	uint64_t inits;       /* 24 */
+	uint64_t colls;       /* 32 NCCL_COLL records queued */
+	uint64_t dropped;     /* 40 ring full + bad handles + incomplete */
+	uint64_t first_init_ns; /* 48 */
+	uint64_t reserved;    /* 56 */
 };
 
 /* ---------------------------------------------------------------------- */
@@ -419,6 +623,9 @@ struct slowrank_cupti_handback {
 #define SLOWRANK_SYM_SEMAPHORE "slowrank_cupti_semaphore"
 #define SLOWRANK_SYM_CONTROL   "slowrank_cupti_control"
 #define SLOWRANK_SYM_HANDBACK  "slowrank_cupti_handback"
+#define SLOWRANK_SYM_NCCL_STATUS "slowrank_nccl_status"
+#define SLOWRANK_SYM_NCCL_V5   "ncclProfiler_v5"
+#define SLOWRANK_SYM_NCCL_V4   "ncclProfiler_v4"
 #define SLOWRANK_SEMAPHORE_SECTION ".probes"
 
 #ifndef __cplusplus
@@ -434,6 +641,10 @@ SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_copy_record) == 48, "copy record size
 SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_name_record) == 16, "name record size");
 SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_stats_record) == 8, "stats record size");
 SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_transition_record) == 16, "transition record size");
+SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_nccl_comm_record) == 48, "nccl comm record size");
+SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_nccl_coll_record) == 88, "nccl coll record size");
+SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_nccl_kernel_record) == 64, "nccl kernel record size");
+SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_nccl_status) == 64, "nccl status size");
 SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_cupti_control) == 192, "control block size");
 SLOWRANK_ABI_ASSERT(sizeof(struct slowrank_cupti_handback) == 144, "handback block size");
 SLOWRANK_ABI_ASSERT(SLOWRANK_BATCH_MAX <= 65535, "record sizes are u16");

@@ -307,6 +307,16 @@ static void *reserve(struct slowrank_conv *c, uint32_t size)
 	return p;
 }
 
+void *slowrank_conv_reserve(struct slowrank_conv *c, uint32_t size)
+{
+	return reserve(c, round8(size));
+}
+
+uint32_t slowrank_conv_pending(const struct slowrank_conv *c)
+{
+	return c->count;
+}
+
 static void ensure_space(struct slowrank_conv *c, uint32_t size)
 {
 	if (c->off + size > SLOWRANK_BATCH_MAX)

@@ -98,6 +98,12 @@ size_t slowrank_convert_buffer(struct slowrank_conv *c, uint8_t *buf, size_t val
 void slowrank_conv_transition(struct slowrank_conv *c, int on, int reason, int mode, uint64_t ts_ns);
 /* Appends a stats record and emits it; final marks the batch FINAL. */
 void slowrank_conv_stats(struct slowrank_conv *c, int final);
+/* Appends a zeroed record of size bytes (rounded up to 8) to the open batch,
+ * emitting it first when the record does not fit; the caller fills in the
+ * record, header included (the NCCL plugin's records). */
+void *slowrank_conv_reserve(struct slowrank_conv *c, uint32_t size);
+/* Records in the open batch. */
+uint32_t slowrank_conv_pending(const struct slowrank_conv *c);
 /* Emits the open batch, if any. */
 void slowrank_conv_flush(struct slowrank_conv *c);
 

@@ -34,9 +34,14 @@
  *   SLOWRANK_CUPTI_FORCE_ATTACH=1 behave as if an agent were attached (validation only)
  *   SLOWRANK_CUPTI_MODE=always|off|time:ON_MS:PERIOD_MS   initial duty mode (validation only)
  *   SLOWRANK_CUPTI_DUMP=PATH      append every batch as [u32 len][bytes] to PATH (validation only)
+ *
+ * The same file is NCCL's profiler plugin (slowrank_nccl.c): NCCL's first
+ * init of it starts the control thread when the CUDA driver has not (yet)
+ * called InitializeInjection; CUPTI is loaded only once it has.
  */
 #define _GNU_SOURCE
 #include "slowrank_convert.h"
+#include "slowrank_nccl.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -180,6 +185,10 @@ struct duty_cfg {
 
 static struct {
 	_Atomic int initialized;
+	_Atomic int cupti_wanted; /* InitializeInjection ran: the CUDA driver loaded us */
+	int cupti_tried;          /* control thread: load_cupti() was attempted */
+	int nccl_resend;          /* control thread: re-send NCCL communicators (new epoch) */
+	uint64_t last_nccl_flush, last_rt_calib;
 	int disabled;
 	int debug;
 	int quiet;
@@ -746,6 +755,10 @@ static void sync_counters(void)
 	slowrank_conv_set_counter(c, SLOWRANK_STAT_FORWARDED, atomic_load(&g.c_forwarded));
 	slowrank_conv_set_counter(c, SLOWRANK_STAT_CALLBACKS_TAKEN, atomic_load(&g.c_taken));
 	slowrank_conv_set_counter(c, SLOWRANK_STAT_HANDBACK_REJECTED, atomic_load(&g.c_hb_rejected));
+	uint64_t k[SLOWRANK_STAT_COUNT] = {0};
+	sr_nccl_counters(k);
+	for (int i = SR_NCCL_STAT_FIRST; i <= SR_NCCL_STAT_LAST; i++)
+		slowrank_conv_set_counter(c, i, k[i]);
 }
 
 static void emit_stats(int final)
@@ -1012,6 +1025,7 @@ static void read_control(uint64_t now)
 		if (g.conv)
 			slowrank_conv_new_epoch(g.conv);
 		pthread_mutex_unlock(&g.mu);
+		g.nccl_resend = 1;
 	}
 }
 
@@ -1310,7 +1324,14 @@ static void on_attach(uint64_t now)
 	if (g.conv)
 		slowrank_conv_new_epoch(g.conv);
 	pthread_mutex_unlock(&g.mu);
+	g.nccl_resend = 1;
 	DEBUGF("agent attached (semaphore %u)", (unsigned)slowrank_cupti_semaphore);
+	if (!atomic_load(&g.cupti_wanted)) {
+		/* Loaded by NCCL only: no CUPTI in this process (yet). */
+		g.last_flush = g.last_stats = now;
+		emit_stats(0);
+		return;
+	}
 	if (!g.loaded) {
 		set_state(SLOWRANK_STATE_UNAVAILABLE);
 		/* Tell the agent through the ring buffer too: no device records. */
@@ -1536,19 +1557,60 @@ static void attached_tick(uint64_t now, uint64_t *wake)
  * only the final counters (records of the last <= 100 ms are not flushed). */
 static void on_exit_request(void)
 {
-	if (g.attached)
+	if (g.attached) {
+		pthread_mutex_lock(&g.mu);
+		if (g.conv)
+			sr_nccl_drain(g.conv, 1, 0, mono_ns());
+		pthread_mutex_unlock(&g.mu);
 		emit_stats(1);
+	}
 }
 
-static void *control_main(void *arg)
+/* The NCCL plugin's share of a poll: its mask follows the attach and the
+ * duty cycle (kernel-channel events only in on-phases, like CUPTI's kinds,
+ * and not past the agent's lease), and its ring is drained into the open
+ * batch, which is emitted at most every SR_FLUSH_NS (one trap per batch:
+ * CUPTI's buffers and transitions emit it sooner). */
+static void nccl_tick(uint64_t now, uint64_t *wake)
 {
-	(void)arg;
-	pthread_setname_np(pthread_self(), "slowrank-cupti");
-	pid_t tid = (pid_t)syscall(SYS_gettid);
-	setpriority(PRIO_PROCESS, (id_t)tid, 10);
-	__atomic_store_n(&slowrank_cupti_control.ctl_tid, (uint32_t)tid, __ATOMIC_RELEASE);
-	set_status_flag(SLOWRANK_STATUS_THREAD_ALIVE, 1);
+	if (!sr_nccl_active())
+		return;
+	int kernel_on = 0;
+	if (g.attached) {
+		int reason;
+		uint64_t w = SR_POLL_NS;
+		kernel_on = duty_wants_on(now, &reason, &w) && !lease_expired(now);
+		if (w < *wake)
+			*wake = w;
+	}
+	sr_nccl_set_mask(g.attached, kernel_on);
+	if (now - g.last_rt_calib >= SR_CALIB_NS) {
+		sr_nccl_calibrate();
+		g.last_rt_calib = now;
+	}
+	pthread_mutex_lock(&g.mu);
+	if (g.conv) {
+		sr_nccl_drain(g.conv, g.attached, g.nccl_resend, now);
+		g.nccl_resend = 0;
+		if (slowrank_conv_pending(g.conv) > 0 && now - g.last_nccl_flush >= SR_FLUSH_NS) {
+			slowrank_conv_flush(g.conv);
+			g.last_nccl_flush = now;
+		}
+	}
+	pthread_mutex_unlock(&g.mu);
+	if (g.attached && now - g.last_stats >= SR_STATS_NS && !g.loaded) {
+		/* attached_tick sends them when CUPTI runs */
+		emit_stats(0);
+		g.last_stats = now;
+	}
+	if (SR_FLUSH_NS < *wake)
+		*wake = SR_FLUSH_NS;
+}
 
+/* Loads libcupti, once the CUDA driver loaded the library (InitializeInjection). */
+static void start_cupti(void)
+{
+	g.cupti_tried = 1;
 	g.loaded = load_cupti();
 	if (g.loaded) {
 		set_status_flag(SLOWRANK_STATUS_CUPTI_LOADED, 1);
@@ -1563,6 +1625,22 @@ static void *control_main(void *arg)
 		if (!g.quiet)
 			logline("inactive, libcupti not found (set SLOWRANK_CUPTI_LIB or CUDA_HOME)");
 	}
+	if (g.attached) {
+		/* NCCL started us and an agent was already attached: go through
+		 * CUPTI's attach protocol now (wait for the yield decision). */
+		g.attached = 0;
+		on_attach(mono_ns());
+	}
+}
+
+static void *control_main(void *arg)
+{
+	(void)arg;
+	pthread_setname_np(pthread_self(), "slowrank-cupti");
+	pid_t tid = (pid_t)syscall(SYS_gettid);
+	setpriority(PRIO_PROCESS, (id_t)tid, 10);
+	__atomic_store_n(&slowrank_cupti_control.ctl_tid, (uint32_t)tid, __ATOMIC_RELEASE);
+	set_status_flag(SLOWRANK_STATUS_THREAD_ALIVE, 1);
 
 	pthread_mutex_lock(&g.ctl_mu);
 	for (;;) {
@@ -1570,6 +1648,8 @@ static void *control_main(void *arg)
 			break;
 		pthread_mutex_unlock(&g.ctl_mu);
 
+		if (!g.cupti_tried && atomic_load(&g.cupti_wanted))
+			start_cupti();
 		uint64_t now = mono_ns();
 		uint64_t wake = SR_POLL_NS;
 		read_control(now);
@@ -1578,8 +1658,9 @@ static void *control_main(void *arg)
 			on_attach(now);
 		else if (!sem && g.attached)
 			on_detach(now);
-		if (g.attached)
+		if (g.attached && g.cupti_tried)
 			attached_tick(now, &wake);
+		nccl_tick(now, &wake);
 		update_status(now);
 		if (now < g.fast_until && wake > 1000000ull)
 			wake = 1000000ull;
@@ -1698,11 +1779,45 @@ static void initial_mode(void)
 	}
 }
 
-SR_EXPORT int InitializeInjection(void)
+/* Once per process, from whichever comes first: the CUDA driver's
+ * InitializeInjection or NCCL's first init of the plugin. Returns 1 when the
+ * control thread runs (or is being started by the other caller). */
+static int runtime_init(void);
+static _Atomic int runtime_ok = -1; /* -1 starting, 0 failed or disabled, 1 running */
+
+static int runtime_start(void)
 {
 	int expected = 0;
-	if (!atomic_compare_exchange_strong(&g.initialized, &expected, 1))
-		return 1;
+	if (!atomic_compare_exchange_strong(&g.initialized, &expected, 1)) {
+		/* The other caller is starting it: wait (bounded) for its verdict. */
+		for (int i = 0; i < 2000 && atomic_load(&runtime_ok) < 0; i++)
+			usleep(1000);
+		return atomic_load(&runtime_ok) == 1;
+	}
+	int ok = runtime_init();
+	atomic_store(&runtime_ok, ok);
+	return ok;
+}
+
+SR_EXPORT int InitializeInjection(void)
+{
+	atomic_store(&g.cupti_wanted, 1);
+	runtime_start();
+	if (g.thread_started) {
+		pthread_mutex_lock(&g.ctl_mu);
+		pthread_cond_broadcast(&g.ctl_cond); /* load CUPTI now */
+		pthread_mutex_unlock(&g.ctl_mu);
+	}
+	return 1;
+}
+
+int sr_runtime_start_for_plugin(void)
+{
+	return runtime_start();
+}
+
+static int runtime_init(void)
+{
 	g.pid = getpid();
 	g.mono0 = mono_ns();
 	g.tsc0 = tsc_now();
@@ -1713,7 +1828,7 @@ SR_EXPORT int InitializeInjection(void)
 		set_state(SLOWRANK_STATE_DISABLED);
 		if (!g.quiet)
 			logline("disabled by SLOWRANK_CUPTI_DISABLE");
-		return 1;
+		return 0;
 	}
 	g.force_attach = env_flag("SLOWRANK_CUPTI_FORCE_ATTACH");
 	set_status_flag(SLOWRANK_STATUS_FORCED_ATTACH, g.force_attach);
@@ -1739,7 +1854,7 @@ SR_EXPORT int InitializeInjection(void)
 		if (!g.quiet)
 			logline("inactive, out of memory");
 		set_state(SLOWRANK_STATE_UNAVAILABLE);
-		return 1;
+		return 0;
 	}
 
 	pthread_condattr_t ca;
@@ -1766,7 +1881,7 @@ SR_EXPORT int InitializeInjection(void)
 		if (!g.quiet)
 			logline("inactive, cannot start the control thread: %s", strerror(rc));
 		set_state(SLOWRANK_STATE_UNAVAILABLE);
-		return 1;
+		return 0;
 	}
 	g.thread_started = 1;
 	return 1;

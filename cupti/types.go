@@ -191,6 +191,20 @@ const (
 	StatForwarded         Stat = 29 // another client's buffers completed to the library, passed to its callback
 	StatCallbacksTaken    Stat = 30 // yields where the library may have replaced another client's callbacks, none given back
 	StatHandbackRejected  Stat = 31 // callback pairs from the agent refused (not code, or the library's own)
+	// The NCCL profiler plugin's (0 where NCCL never loaded it).
+	StatNCCLEvents        Stat = 32 // startEvent calls
+	StatNCCLColls         Stat = 33 // NCCL_COLL records queued
+	StatNCCLKernels       Stat = 34 // NCCL_KERNEL records queued
+	StatNCCLRingFull      Stat = 35 // records dropped: the in-process ring was full
+	StatNCCLDiscarded     Stat = 36 // records drained while no agent was attached
+	StatNCCLBadHandles    Stat = 37 // calls with a handle or context not (or no longer) the plugin's
+	StatNCCLIncomplete    Stat = 38 // operations whose kernel channels did not all report
+	StatNCCLComms         Stat = 39 // communicators initialised
+	StatNCCLCommOverflow  Stat = 40 // communicators not tracked (table full)
+	StatNCCLClockSuspect  Stat = 41 // kernel records whose GPU end lies after the host saw it
+	StatNCCLUnknownEvents Stat = 42 // events of types the plugin does not record
+	StatNCCLAPILost       Stat = 43 // v5 operations without API times: the CollApi/P2pApi slot was reused first
+	StatNCCLClockClamped  Stat = 44 // kernel records whose GPU end, within the slack after the host saw it, was clamped
 	NumStats                   = numStats
 )
 
@@ -200,6 +214,9 @@ var statNames = [...]string{
 	"batch_bytes", "flushes", "enables", "attaches", "cupti_errors", "on_ns", "discarded_detached",
 	"yields", "yielded_ns", "buffers_orphaned", "foreign_clock", "lease_expired", "control_rejected",
 	"reenabled", "setups", "clock_converted", "handbacks", "forwarded", "callbacks_taken", "handback_rejected",
+	"nccl_events", "nccl_colls", "nccl_kernels", "nccl_ring_full", "nccl_discarded", "nccl_bad_handles",
+	"nccl_incomplete", "nccl_comms", "nccl_comm_overflow", "nccl_clock_suspect", "nccl_unknown_events",
+	"nccl_api_lost", "nccl_clock_clamped",
 }
 
 func (s Stat) String() string {

@@ -38,6 +38,12 @@ var Table = []Metric{
 			s("correlate_evicted", "reason", "correlate_evicted"),   // per-rank state evicted
 			s("correlate_dropped_host", "reason", "correlate_host"), // host intervals beyond the correlator's bounds
 			s("correlate_dropped_device", "reason", "correlate_device"),
+			// The NCCL profiler plugin's path (agent/convert_nccl.go, cupti/slowrank_nccl.c).
+			s("nccl_plugin_records_before_comm", "reason", "nccl_before_comm"), // collectives of a process with no comm record yet (its uprobes report them)
+			s("nccl_plugin_records_implausible", "reason", "nccl_implausible_time"),
+			s("nccl_kernel_records_unused", "reason", "nccl_kernel_unused"), // GPU intervals the correlator cannot take yet
+			{Key: "cupti_lib_nccl_ring_full", Attrs: []string{"reason", "nccl_ring_full"}, Component: Library},
+			{Key: "cupti_lib_nccl_incomplete", Attrs: []string{"reason", "nccl_kernel_incomplete"}, Component: Library},
 		}},
 	{Name: RecordsLate, Kind: Counter, Unit: "{record}", Component: Agent,
 		Desc: "Records or step facts that arrived after their step or window was settled, by stage.", Series: []Series{
@@ -50,6 +56,9 @@ var Table = []Metric{
 		Desc: "Duplicate records or step facts ignored, by stage.", Series: []Series{
 			s("correlate_duplicate", "stage", "correlate"),
 			s("detector_duplicates", "stage", "detector"),
+			// A call both NCCL capture paths saw around a process's switch to the plugin.
+			s("nccl_uprobe_events_superseded", "stage", "nccl_uprobes"),
+			s("nccl_plugin_records_superseded", "stage", "nccl_plugin"),
 		}},
 	{Name: AttachErrors, Kind: Counter, Unit: "{attachment}", Component: Agent,
 		Desc: "Libraries whose uprobes could not be attached.", Series: []Series{s("attach_errors")}},
@@ -120,6 +129,15 @@ var Table = []Metric{
 		Desc: "torch c10d events not used as intervals, by kind.", Series: []Series{
 			s("torch_future_waits_ignored", "kind", "future_wait"),
 			s("torch_collectives_redundant", "kind", "redundant_collective"),
+		}},
+	{Name: "slowrank.agent.nccl.plugin.processes", Kind: Counter, Unit: "{process}", Component: Agent,
+		Desc: "Processes whose NCCL collectives switched from the uprobes to the profiler plugin.", Series: []Series{s("nccl_plugin_processes")}},
+	{Name: "slowrank.agent.nccl.plugin.collectives", Kind: Counter, Unit: "{call}", Component: Agent,
+		Desc: "NCCL collectives taken from the profiler plugin's records.", Series: []Series{s("nccl_plugin_colls")}},
+	{Name: "slowrank.agent.nccl.plugin.comms", Kind: Counter, Unit: "{communicator}", Component: Agent,
+		Desc: "Communicators taken from the profiler plugin's records, by outcome.", Series: []Series{
+			s("nccl_plugin_comms", "outcome", "tracked"),
+			s("nccl_plugin_comms_refused", "outcome", "refused_bound"),
 		}},
 	{Name: "slowrank.agent.nvml.samples", Kind: Counter, Unit: "{sample}", Component: Agent,
 		Desc: "NVML samples taken for GPU evidence.", Series: []Series{s("nvml_samples")}},
@@ -226,6 +244,33 @@ var Table = []Metric{
 		}},
 	{Name: "slowrank.cupti.callbacks.taken", Kind: Counter, Unit: "{yield}", Component: Library,
 		Desc: "Yields where the library may have replaced another client's callbacks and none were given back.", Series: []Series{s("cupti_lib_callbacks_taken")}},
+
+	// The library as NCCL's profiler plugin (cupti/slowrank_nccl.c).
+	{Name: "slowrank.cupti.nccl.events", Kind: Counter, Unit: "{call}", Component: Library,
+		Desc: "startEvent calls NCCL made into the plugin, by outcome.", Series: []Series{
+			s("cupti_lib_nccl_events", "outcome", "seen"),
+			s("cupti_lib_nccl_unknown_events", "outcome", "unknown_type"),
+			s("cupti_lib_nccl_bad_handles", "outcome", "bad_handle"),
+		}},
+	{Name: "slowrank.cupti.nccl.records", Kind: Counter, Unit: "{record}", Component: Library,
+		Desc: "Records the plugin queued, by kind.", Series: []Series{
+			s("cupti_lib_nccl_colls", "kind", "collective"),
+			s("cupti_lib_nccl_kernels", "kind", "kernel"),
+		}},
+	{Name: "slowrank.cupti.nccl.discarded", Kind: Counter, Unit: "{record}", Component: Library,
+		Desc: "Plugin records drained while no agent was attached (not collected by design).", Series: []Series{s("cupti_lib_nccl_discarded")}},
+	{Name: "slowrank.cupti.nccl.api_lost", Kind: Counter, Unit: "{record}", Component: Library,
+		Desc: "Collectives recorded without their API call's times (its slot was reused first).", Series: []Series{s("cupti_lib_nccl_api_lost")}},
+	{Name: "slowrank.cupti.nccl.comms", Kind: Counter, Unit: "{communicator}", Component: Library,
+		Desc: "Communicators the plugin saw initialised, by outcome.", Series: []Series{
+			s("cupti_lib_nccl_comms", "outcome", "tracked"),
+			s("cupti_lib_nccl_comm_overflow", "outcome", "untracked"),
+		}},
+	{Name: "slowrank.cupti.nccl.clock", Kind: Counter, Unit: "{record}", Component: Library,
+		Desc: "Kernel records whose GPU end lay after the host saw it: clamped within the slack, flagged beyond.", Series: []Series{
+			s("cupti_lib_nccl_clock_clamped", "outcome", "clamped"),
+			s("cupti_lib_nccl_clock_suspect", "outcome", "suspect"),
+		}},
 
 	// Correlator (agent/ → correlate/).
 	{Name: "slowrank.correlate.records.unassigned", Kind: Counter, Unit: "{record}", Component: Agent,

@@ -410,13 +410,14 @@ func writeStatus(w io.Writer, rep agent.StatusReport, where string, nVerdicts in
 
 	fmt.Fprintf(w, "\nattached   %d processes, %d libraries (%s uprobes)\n", rep.Processes, rep.Attached, cmp.Or(rep.Uprobes, "?"))
 	if len(rep.Procs) > 0 {
-		fmt.Fprintf(w, "  %-8s %5s  %-20s %-4s %s\n", "PID", "RANK", "JOB", "LIB", "LIBRARIES")
+		fmt.Fprintf(w, "  %-8s %5s  %-20s %-4s %-9s %s\n", "PID", "RANK", "JOB", "LIB", "NCCL", "LIBRARIES")
 		for _, p := range rep.Procs {
 			inj := "no"
 			if p.Injected {
 				inj = "yes"
 			}
-			fmt.Fprintf(w, "  %-8d %5d  %-20s %-4s %s\n", p.PID, p.Rank, clip(p.Job, 20), inj, clip(strings.Join(p.Libraries, " "), 36))
+			fmt.Fprintf(w, "  %-8d %5d  %-20s %-4s %-9s %s\n", p.PID, p.Rank, clip(p.Job, 20), inj, cmp.Or(p.NCCL, "-"),
+				clip(strings.Join(p.Libraries, " "), 25))
 		}
 	}
 

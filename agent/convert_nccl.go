@@ -1,0 +1,257 @@
+package agent
+
+import (
+	"strconv"
+
+	"github.com/slowrank/slowrank/bpf"
+	"github.com/slowrank/slowrank/correlate"
+	"github.com/slowrank/slowrank/cupti"
+)
+
+// A process's NCCL collectives reach the agent by one of two capture paths:
+// the libnccl uprobes (a trap per call) or the injection library acting as
+// NCCL's profiler plugin (records in its batches, docs/nccl-profiler-plugin.md).
+// A process is on the plugin path from the first NCCL_COMM record of its
+// batches on, else on uprobes. Both may see the same calls around the
+// switch: the uprobes report in real time, the plugin a batch (~100 ms)
+// later, and the libnccl uprobes stay attached (they trap in every process
+// mapping the inode). Each call is counted once by a cut per thread:
+//
+//   - at the switch, cut[tid] is the end of the last libnccl call (or
+//     ncclGroupEnd) the uprobes reported for that thread;
+//   - a plugin record whose call started at or before cut[tid] was already
+//     reported by the uprobes: dropped (nccl_plugin_records_superseded);
+//   - a uprobe collective or comm init ending after cut[tid] is the plugin's
+//     to report: dropped (nccl_uprobe_events_superseded); one ending at or
+//     before it (delivered late) is kept, the plugin's record of it is not.
+//
+// A thread's calls are sequential, and the plugin's start of a call (its
+// CollApi start, or its launch on NCCL 2.27, which happens inside the call
+// or at the ncclGroupEnd that follows it) lies within the uprobes' interval
+// of that call or of its ncclGroupEnd, so the cut splits the calls exactly.
+type ncclCapture struct {
+	plugin  bool
+	version uint8            // profiler API NCCL bound (4, 5)
+	cut     map[uint32]int64 // per thread; frozen at the switch
+	comms   map[pluginComm]bool
+}
+
+// pluginComm names a communicator of the plugin path in one process:
+// (commHash, rank) is unique among a process's live communicators (a
+// single-process multi-GPU job holds one per local rank of the same hash).
+type pluginComm struct {
+	hash uint64
+	rank int32
+}
+
+// handle is the Comm the plugin path's HostCalls carry: the correlator
+// keys communicators by handle, and the plugin never sees ncclComm_t.
+func (k pluginComm) handle() uint64 {
+	h := k.hash ^ uint64(uint32(k.rank)+1)*0x9e3779b97f4a7c15
+	if h == 0 {
+		h = 1
+	}
+	return h
+}
+
+// maxCutThreads bounds the per-thread cut of a process (threads that made
+// libnccl calls before the switch); beyond it, later threads get no cut,
+// which can only double count their calls at the switch, never lose them.
+const maxCutThreads = 4096
+
+// keepUprobe records a libnccl call the uprobes reported while the process
+// is on uprobes (always kept), and says whether to keep one on the plugin
+// path.
+// Caller holds c.mu.
+func (n *ncclCapture) keepUprobe(tid uint32, endNs int64) bool {
+	if !n.plugin {
+		if n.cut == nil {
+			n.cut = map[uint32]int64{}
+		}
+		if v, ok := n.cut[tid]; ok || len(n.cut) < maxCutThreads {
+			n.cut[tid] = max(v, endNs)
+		}
+		return true
+	}
+	return endNs <= n.cut[tid] && n.cut[tid] != 0
+}
+
+// reportedByUprobes says whether the uprobes already reported the plugin's
+// call that started at startNs on thread tid.
+func (n *ncclCapture) reportedByUprobes(tid uint32, startNs int64) bool {
+	v, ok := n.cut[tid]
+	return ok && startNs <= v
+}
+
+// ncclUprobe filters a libnccl collective or comm-init uprobe event by the
+// process's capture path; false: superseded by the plugin (counted).
+func (c *converter) ncclUprobe(pid, tid uint32, endNs uint64) bool {
+	c.mu.Lock()
+	keep := c.proc(pid).nccl.keepUprobe(tid, int64(endNs))
+	c.mu.Unlock()
+	if !keep {
+		c.counters.add("nccl_uprobe_events_superseded", 1)
+	}
+	return keep
+}
+
+// ncclGroupEnd feeds an ncclGroupEnd's end to the cut (the launch of a
+// group's collectives, the plugin's start of them on NCCL 2.27, happens in
+// it). Group events are never superseded: the plugin reports no groups.
+func (c *converter) ncclGroupEnd(e *bpf.GroupEvent) {
+	c.mu.Lock()
+	if n := &c.proc(e.PID).nccl; !n.plugin {
+		n.keepUprobe(e.TID, int64(e.EndNs))
+	}
+	c.mu.Unlock()
+}
+
+// ncclRecords converts the plugin's records of one batch. Caller holds c.mu.
+func (c *converter) ncclRecords(pid uint32, p *convProc, b *cupti.Batch, emitted int64, out []input) []input {
+	for _, cm := range b.NCCLComms {
+		out = c.ncclComm(pid, p, cm, out)
+	}
+	for _, r := range b.NCCLColls {
+		out = c.ncclColl(pid, p, r, emitted, out)
+	}
+	if n := len(b.NCCLKernels); n > 0 {
+		// A kernel record is the GPU interval of one collective, joined by
+		// (CommHash, Rank, Func, Seq); correlate.DeviceInterval cannot name
+		// its collective, and as a plain comm kernel it would count twice
+		// with CUPTI's record of the same kernel (both on in the duty
+		// cycle's on-phases). Counted until the correlator takes them.
+		c.counters.add("nccl_kernel_records_unused", int64(n))
+	}
+	return out
+}
+
+// ncclComm switches the process to the plugin path at its first comm
+// record and turns each communicator into a CommInit once (inits and the
+// re-sends of every attach epoch), and its finalize into a CommDestroy.
+func (c *converter) ncclComm(pid uint32, p *convProc, cm cupti.NCCLComm, out []input) []input {
+	n := &p.nccl
+	if !n.plugin {
+		n.plugin = true
+		c.counters.add("nccl_plugin_processes", 1)
+	}
+	n.version = cm.Version
+	k := pluginComm{hash: cm.Hash, rank: cm.Rank}
+	if n.comms == nil {
+		n.comms = map[pluginComm]bool{}
+	}
+	if cm.Finalized {
+		if n.comms[k] {
+			delete(n.comms, k)
+			out = append(out, otherInput(correlate.CommDestroy{PID: pid, Comm: k.handle(), AtNS: int64(cm.FinalizeNs)}))
+		}
+		return out
+	}
+	if n.comms[k] || len(n.comms) >= MaxPluginComms {
+		if !n.comms[k] {
+			c.counters.add("nccl_plugin_comms_refused", 1)
+		}
+		return out
+	}
+	n.comms[k] = true
+	c.counters.add("nccl_plugin_comms", 1)
+	return append(out, otherInput(correlate.CommInit{
+		PID: pid, Comm: k.handle(), NRanks: int(cm.NRanks), Rank: int(cm.Rank),
+		UniqueIDHash: cm.Hash, AtNS: int64(cm.InitNs),
+	}))
+}
+
+// MaxPluginComms bounds the communicators one process's plugin records may
+// make the agent track (the library tracks 256).
+const MaxPluginComms = 1024
+
+// ncclColl turns one plugin collective into the HostCall the uprobes make of
+// the same call: same op names, count, ncclDataType_t; Comm is the
+// communicator's plugin handle. The interval is the user's call up to its
+// enqueue (CollApi, v5), or NCCL's launch (v4, no API events).
+func (c *converter) ncclColl(pid uint32, p *convProc, r cupti.NCCLColl, emitted int64, out []input) []input {
+	n := &p.nccl
+	if !n.plugin {
+		// No comm record yet: the uprobes still report this process.
+		c.counters.add("nccl_plugin_records_before_comm", 1)
+		return out
+	}
+	start, end := r.LaunchStartNs, r.LaunchEndNs
+	if r.HasAPI {
+		start, end = r.APIStartNs, r.APIEndNs
+	}
+	if !plausibleSpan(start, end, emitted) {
+		c.counters.add("nccl_plugin_records_implausible", 1)
+		return out
+	}
+	if n.reportedByUprobes(r.TID, int64(start)) {
+		c.counters.add("nccl_plugin_records_superseded", 1)
+		return out
+	}
+	c.counters.add("nccl_plugin_colls", 1)
+	p.sawNCCL = true // torch's c10d collectives are then redundant, as with uprobes
+	return append(out, hostInput(correlate.HostCall{
+		PID: pid, TID: r.TID, Kind: correlate.HostCollective, Op: ncclOp(r.Func),
+		Count: r.Count, Datatype: ncclDatatype(r.Datatype),
+		Comm:    pluginComm{hash: r.CommHash, rank: r.Rank}.handle(),
+		StartNS: int64(start), EndNS: int64(end),
+	}))
+}
+
+// ncclOp names a plugin operation as collOp names the uprobe's.
+func ncclOp(f cupti.NCCLFunc) string {
+	switch f {
+	case cupti.NCCLFuncAllReduce:
+		return "allreduce"
+	case cupti.NCCLFuncBroadcast:
+		return "broadcast"
+	case cupti.NCCLFuncReduce:
+		return "reduce"
+	case cupti.NCCLFuncAllGather:
+		return "allgather"
+	case cupti.NCCLFuncReduceScatter:
+		return "reducescatter"
+	case cupti.NCCLFuncSend:
+		return "send"
+	case cupti.NCCLFuncRecv:
+		return "recv"
+	case cupti.NCCLFuncAllToAll:
+		return "alltoall"
+	case cupti.NCCLFuncGather:
+		return "gather"
+	case cupti.NCCLFuncScatter:
+		return "scatter"
+	}
+	return "nccl_" + f.String()
+}
+
+// ncclDatatype is the ncclDataType_t the uprobes read (ncclInt8 = 0 ...):
+// the plugin's enum is NCCL's plus one, 0 meaning unknown, which maps to
+// an out-of-range value so it never equals a real type in a signature.
+func ncclDatatype(d cupti.NCCLDatatype) uint32 {
+	if d == 0 {
+		return ^uint32(0)
+	}
+	return uint32(d) - 1
+}
+
+// ncclPath is the process's capture path as status shows it.
+func (n *ncclCapture) path() string {
+	if !n.plugin {
+		return "uprobes"
+	}
+	if n.version != 0 {
+		return "plugin v" + strconv.Itoa(int(n.version))
+	}
+	return "plugin"
+}
+
+// ncclPaths returns the capture path of every process the converter knows.
+func (c *converter) ncclPaths() map[uint32]string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := make(map[uint32]string, len(c.procs))
+	for pid, p := range c.procs {
+		m[pid] = p.nccl.path()
+	}
+	return m
+}

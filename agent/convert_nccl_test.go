@@ -1,0 +1,212 @@
+package agent
+
+import (
+	"testing"
+
+	"github.com/slowrank/slowrank/bpf"
+	"github.com/slowrank/slowrank/correlate"
+	"github.com/slowrank/slowrank/cupti"
+)
+
+const (
+	t0      = uint64(1_000_000_000_000) // a plausible CLOCK_MONOTONIC
+	emitAt  = int64(t0 + 10_000_000)
+	pidNCCL = 42
+	hashA   = uint64(0xabcdef)
+)
+
+func pluginComm5(rank int32) cupti.NCCLComm {
+	return cupti.NCCLComm{Version: 5, Hash: hashA, Rank: rank, NRanks: 8, NNodes: 1, InitNs: t0}
+}
+
+func pluginColl(tid uint32, start uint64) cupti.NCCLColl {
+	return cupti.NCCLColl{
+		Func: cupti.NCCLFuncAllReduce, Datatype: 10 /* bfloat16 */, CommHash: hashA, Rank: 3, NRanks: 8,
+		Seq: 7, Count: 1024, Version: 5, HasAPI: true, APIStartNs: start, APIEndNs: start + 5,
+		LaunchStartNs: start + 20, LaunchEndNs: start + 30, TID: tid,
+	}
+}
+
+func hostCalls(in []input) []correlate.HostCall {
+	var hs []correlate.HostCall
+	for _, i := range in {
+		if i.kind == inputHost {
+			hs = append(hs, i.host)
+		}
+	}
+	return hs
+}
+
+func uprobeColl(c *converter, tid uint32, start, end uint64) []input {
+	return c.convert(&bpf.CollEvent{Header: bpf.Header{
+		Type: bpf.EventColl, Probe: bpf.ProbeNCCLAllReduce, PID: pidNCCL, TID: tid, StartNs: start, EndNs: end,
+	}, Count: 1024, Datatype: 9}, nil)
+}
+
+func pluginBatch(c *converter, b cupti.Batch) []input {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ncclRecords(pidNCCL, c.proc(pidNCCL), &b, emitAt, nil)
+}
+
+func TestPluginCollectiveIsTheUprobesHostCall(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		coll       func() cupti.NCCLColl
+		op         string
+		start, end int64
+		dtype      uint32
+	}{
+		{"v5 takes the API call's interval", func() cupti.NCCLColl { return pluginColl(1, t0+100) },
+			"allreduce", int64(t0 + 100), int64(t0 + 105), 9},
+		{"v4 without API events takes the launch", func() cupti.NCCLColl {
+			r := pluginColl(1, t0+100)
+			r.HasAPI, r.APIStartNs, r.APIEndNs, r.Version = false, 0, 0, 4
+			return r
+		}, "allreduce", int64(t0 + 120), int64(t0 + 130), 9},
+		{"op names are collOp's", func() cupti.NCCLColl {
+			r := pluginColl(1, t0+100)
+			r.Func = cupti.NCCLFuncReduceScatter
+			return r
+		}, "reducescatter", int64(t0 + 100), int64(t0 + 105), 9},
+		{"an unknown datatype matches no real one", func() cupti.NCCLColl {
+			r := pluginColl(1, t0+100)
+			r.Datatype = 0
+			return r
+		}, "allreduce", int64(t0 + 100), int64(t0 + 105), ^uint32(0)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newConverter(newCounters())
+			out := pluginBatch(c, cupti.Batch{NCCLComms: []cupti.NCCLComm{pluginComm5(3)}, NCCLColls: []cupti.NCCLColl{tc.coll()}})
+			hs := hostCalls(out)
+			if len(hs) != 1 {
+				t.Fatalf("%d host calls, want 1", len(hs))
+			}
+			h := hs[0]
+			want := correlate.HostCall{PID: pidNCCL, TID: 1, Kind: correlate.HostCollective, Op: tc.op, Count: 1024,
+				Datatype: tc.dtype, Comm: pluginComm{hash: hashA, rank: 3}.handle(), StartNS: tc.start, EndNS: tc.end}
+			if h != want {
+				t.Errorf("host call\n got %+v\nwant %+v", h, want)
+			}
+		})
+	}
+}
+
+func TestPluginCommIsOneCommInitAndADestroy(t *testing.T) {
+	c := newConverter(newCounters())
+	resent := pluginComm5(3)
+	resent.Resent = true
+	fin := pluginComm5(3)
+	fin.Finalized, fin.FinalizeNs = true, t0+500
+	out := pluginBatch(c, cupti.Batch{NCCLComms: []cupti.NCCLComm{pluginComm5(3), resent, pluginComm5(4), fin, fin}})
+	var inits []correlate.CommInit
+	var destroys []correlate.CommDestroy
+	for _, in := range out {
+		switch v := in.other.(type) {
+		case correlate.CommInit:
+			inits = append(inits, v)
+		case correlate.CommDestroy:
+			destroys = append(destroys, v)
+		}
+	}
+	if len(inits) != 2 || len(destroys) != 1 {
+		t.Fatalf("%d inits, %d destroys; want 2 (ranks 3 and 4 of one hash, re-send ignored) and 1", len(inits), len(destroys))
+	}
+	want := correlate.CommInit{PID: pidNCCL, Comm: pluginComm{hashA, 3}.handle(), NRanks: 8, Rank: 3, UniqueIDHash: hashA, AtNS: int64(t0)}
+	if inits[0] != want {
+		t.Errorf("comm init\n got %+v\nwant %+v", inits[0], want)
+	}
+	if inits[0].Comm == inits[1].Comm {
+		t.Errorf("two local ranks of one communicator share a handle")
+	}
+	if destroys[0].Comm != want.Comm || destroys[0].AtNS != int64(t0+500) {
+		t.Errorf("destroy %+v", destroys[0])
+	}
+}
+
+// The switch from uprobes to the plugin: every call is counted once, by
+// the uprobes up to the cut of its thread, by the plugin after it.
+func TestCaptureSwitchCountsEachCallOnce(t *testing.T) {
+	c := newConverter(newCounters())
+	var calls int
+	count := func(in []input) { calls += len(hostCalls(in)) }
+	// Calls 1 and 2 on thread 1, call 3 on thread 2: only the uprobes see them.
+	count(uprobeColl(c, 1, t0+100, t0+110))
+	count(uprobeColl(c, 1, t0+200, t0+210))
+	count(uprobeColl(c, 2, t0+150, t0+160))
+	if p := c.ncclPaths()[pidNCCL]; p != "uprobes" {
+		t.Fatalf("path before any plugin record %q, want uprobes", p)
+	}
+	// The first plugin batch repeats calls 2 and 3 (the mask flipped before
+	// them) and has call 4 (thread 1) and 5 (thread 3, no uprobe call yet).
+	count(pluginBatch(c, cupti.Batch{
+		NCCLComms: []cupti.NCCLComm{pluginComm5(3)},
+		NCCLColls: []cupti.NCCLColl{pluginColl(1, t0+202), pluginColl(2, t0+152), pluginColl(1, t0+302), pluginColl(3, t0+305)},
+	}))
+	if p := c.ncclPaths()[pidNCCL]; p != "plugin v5" {
+		t.Fatalf("path after the comm record %q, want plugin v5", p)
+	}
+	// The uprobes' calls 4 and 5 arrive after the switch: superseded. A
+	// call of thread 2 before its cut, delivered late, is still theirs.
+	count(uprobeColl(c, 1, t0+300, t0+310))
+	count(uprobeColl(c, 3, t0+303, t0+309))
+	count(uprobeColl(c, 2, t0+120, t0+130))
+	if calls != 6 {
+		t.Errorf("%d host calls for 6 calls", calls)
+	}
+	for key, want := range map[string]int64{
+		"nccl_uprobe_events_superseded": 2, "nccl_plugin_records_superseded": 2, "nccl_plugin_colls": 2,
+		"nccl_plugin_processes": 1,
+	} {
+		if got := c.counters.get(key); got != want {
+			t.Errorf("%s = %d, want %d", key, got, want)
+		}
+	}
+}
+
+// NCCL 2.27 (no API events) starts a grouped collective at its launch in
+// ncclGroupEnd, after the call returned: the group's end is in the cut.
+func TestCaptureSwitchCutCoversTheGroupEnd(t *testing.T) {
+	c := newConverter(newCounters())
+	uprobeColl(c, 1, t0+100, t0+110)
+	c.convert(&bpf.GroupEvent{Header: bpf.Header{Type: bpf.EventGroup, PID: pidNCCL, TID: 1, StartNs: t0 + 120, EndNs: t0 + 150}, HasReturn: true}, nil)
+	r := pluginColl(1, 0)
+	r.HasAPI, r.Version, r.LaunchStartNs, r.LaunchEndNs = false, 4, t0+130, t0+140
+	comm := pluginComm5(3)
+	comm.Version = 4
+	if hs := hostCalls(pluginBatch(c, cupti.Batch{NCCLComms: []cupti.NCCLComm{comm}, NCCLColls: []cupti.NCCLColl{r}})); len(hs) != 0 {
+		t.Errorf("the grouped call the uprobes reported came again from the plugin: %+v", hs)
+	}
+}
+
+func TestPluginRecordsNotUsedAreCounted(t *testing.T) {
+	for _, tc := range []struct {
+		name, key string
+		batch     cupti.Batch
+	}{
+		{"a collective before any comm record (the uprobes report the process)", "nccl_plugin_records_before_comm",
+			cupti.Batch{NCCLColls: []cupti.NCCLColl{pluginColl(1, t0+100)}}},
+		{"a collective from the far future", "nccl_plugin_records_implausible",
+			cupti.Batch{NCCLComms: []cupti.NCCLComm{pluginComm5(3)}, NCCLColls: []cupti.NCCLColl{pluginColl(1, uint64(emitAt)+1e12)}}},
+		{"a kernel record (the correlator cannot name its collective)", "nccl_kernel_records_unused",
+			cupti.Batch{NCCLComms: []cupti.NCCLComm{pluginComm5(3)}, NCCLKernels: []cupti.NCCLKernel{{CommHash: hashA, Seq: 7}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newConverter(newCounters())
+			if hs := hostCalls(pluginBatch(c, tc.batch)); len(hs) != 0 {
+				t.Errorf("%d host calls, want none", len(hs))
+			}
+			if got := c.counters.get(tc.key); got != 1 {
+				t.Errorf("%s = %d, want 1", tc.key, got)
+			}
+		})
+	}
+}
+
+func TestProcessesWithoutEventsAreOnUprobes(t *testing.T) {
+	procs := []ProcessView{{PID: 1}, {PID: 2}}
+	withNCCLPaths(procs, map[uint32]string{2: "plugin v5"})
+	if procs[0].NCCL != "uprobes" || procs[1].NCCL != "plugin v5" {
+		t.Errorf("paths %q %q", procs[0].NCCL, procs[1].NCCL)
+	}
+}

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# shellcheck source-path=SCRIPTDIR
+# Issue 20 on the H200 (written without device time: not run yet, no numbers).
+#  1. cost per collective, one run: ROUNDS rounds, each running every mode once
+#     in a rotated order, a tight loop of small all-reduces (world size 1):
+#       neither     injection library loaded, no agent, no plugin
+#       uprobe      the agent attached (libnccl collective uprobes; device
+#                   collection at its default duty), no plugin
+#       plugin      NCCL_PROFILER_PLUGIN = the library, forced attach, mask
+#                   Coll/P2p/CollApi/P2pApi (no agent: no trap per batch either)
+#       plugin_kch  the same plus KernelCh in every operation (duty always)
+#     -> nccl-plugin-cost.json: ns per call and ratios against "neither".
+#  2. clock agreement: the agent attached at full duty with the plugin loaded;
+#     the library dumps its batches; plugin GPU start/end per collective minus
+#     the overlapping CUPTI NCCL kernel's -> nccl-plugin-clock.json.
+# Knobs: ROUNDS (5), CALLS (20000 per block), BLOCKS (5).
+RESULTS=${OUT:-$(pwd)/out}
+export OUT=${VAL_WORK:-/var/tmp/slowrank-nccl}
+rm -rf "$OUT"
+# shellcheck source=common.sh
+source "$(dirname "$0")/common.sh"
+mkdir -p "$RESULTS"
+ROUNDS=${ROUNDS:-5}; CALLS=${CALLS:-20000}; BLOCKS=${BLOCKS:-5}
+build_lib
+PY=bench/gpu/nccl_plugin.py
+: >"$OUT/loop.jsonl"
+
+run_mode() { # MODE PORT
+  local mode=$1 port=$2
+  case $mode in
+    neither) MODE=$mode PORT=$port CUDA_INJECTION64_PATH=$LIB python3 $PY loop "$CALLS" "$BLOCKS" ;;
+    uprobe) start_agent "u$port" --status-socket "$OUT/agent-$port.sock" --env-key SLOWRANK_NCCL_BENCH
+      MODE=$mode PORT=$port SLOWRANK_NCCL_BENCH=1 RANK=0 CUDA_INJECTION64_PATH=$LIB python3 $PY loop "$CALLS" "$BLOCKS"
+      stop_agent ;;
+    plugin) MODE=$mode PORT=$port CUDA_INJECTION64_PATH=$LIB NCCL_PROFILER_PLUGIN=$LIB SLOWRANK_CUPTI_FORCE_ATTACH=1 \
+      SLOWRANK_CUPTI_MODE=off python3 $PY loop "$CALLS" "$BLOCKS" ;;
+    plugin_kch) MODE=$mode PORT=$port CUDA_INJECTION64_PATH=$LIB NCCL_PROFILER_PLUGIN=$LIB SLOWRANK_CUPTI_FORCE_ATTACH=1 \
+      SLOWRANK_CUPTI_MODE=always python3 $PY loop "$CALLS" "$BLOCKS" ;;
+  esac
+}
+
+modes=(neither uprobe plugin plugin_kch)
+for ((r = 0; r < ROUNDS; r++)); do
+  for ((i = 0; i < ${#modes[@]}; i++)); do
+    m=${modes[$(((i + r) % ${#modes[@]}))]}
+    run_mode "$m" $((29610 + r * 10 + i)) >>"$OUT/loop.jsonl" 2>>"$OUT/loop.err"
+  done
+done
+python3 $PY ratios "$OUT/loop.jsonl" | tee "$RESULTS/nccl-plugin-cost.json"
+
+# 2. clock agreement (CUPTI kernels and plugin kernel channels in one dump)
+start_agent clock --status-socket "$OUT/agent.sock" --env-key SLOWRANK_NCCL_BENCH
+( sleep 3; "$AGENT" control set --socket "$OUT/agent.sock" --duty-share 1 >"$OUT/clock-control.log" 2>&1 ) &
+MODE=clock PORT=29690 SLOWRANK_NCCL_BENCH=1 RANK=0 CUDA_INJECTION64_PATH=$LIB NCCL_PROFILER_PLUGIN=$LIB \
+  SLOWRANK_CUPTI_DUMP="$OUT/clock.dump" python3 $PY loop 2000 20 >"$OUT/clock-loop.json" 2>"$OUT/clock.err"
+stop_agent
+python3 $PY clock "$OUT/clock.dump" | tee "$RESULTS/nccl-plugin-clock.json"
+(cd "$OUT" && tar czf "$RESULTS/nccl-plugin-raw.tgz" --exclude='*.sock' --exclude='*.dump' .)

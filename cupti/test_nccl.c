@@ -1,0 +1,890 @@
+//go:build ignore
+
+/*
+ * test_nccl.c - libslowrank_cupti.so as NCCL's profiler plugin, without a
+ * GPU: a fake NCCL (test/fakelibs/ncclprof.c) loads it by
+ * NCCL_PROFILER_PLUGIN and drives it as NCCL's profiler.cc does, from
+ * several user threads and a proxy thread. Each scenario runs in its own
+ * child with a deadline; the library's batches are read back from
+ * SLOWRANK_CUPTI_DUMP and checked record by record.
+ *   v5        NCCL 2.28: every collective once, right identity, API times,
+ *             GPU times from kernel channels on CLOCK_MONOTONIC
+ *   v4        NCCL 2.27 (SLOWRANK_FAKE_NCCL_PROFILER_MAX=4): no API events
+ *   noagent   no agent: mask stays 0, NCCL never calls the plugin
+ *   disabled  SLOWRANK_NCCL_DISABLE=1: init fails, NCCL runs on
+ *   none      NCCL_PROFILER_PLUGIN=none: not loaded
+ *   abuse     NULL/forged/stale handles, unknown types, finalize with
+ *             events in flight, a flood that overfills the ring: no crash,
+ *             no wait, everything counted
+ *   toggle    duty cycle: kernel-channel events on and off at run time
+ *   skew      a GPU clock 300 us ahead: ends clamped to host_seen_ns, counted
+ *   wrongclock a GPU clock 5 s ahead: every kernel record CLOCK_SUSPECT
+ *   apilost   a group larger than a thread's API slots: lost joins counted
+ *   preempt   a thread stalled between its call and its group end while
+ *             another makes 2,000 calls: its API times survive
+ *
+ * Usage: test_nccl PATH/libslowrank_cupti.so [scenario...]
+ */
+#define _GNU_SOURCE
+#include "nccl_profiler.h"
+#include "slowrank_abi.h"
+#include "../test/fakelibs/ncclprof.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *lib;
+static char dump[256];
+
+#define FAIL(...)                                        \
+	do {                                             \
+		fprintf(stderr, "  FAIL: " __VA_ARGS__); \
+		fprintf(stderr, "\n");                   \
+		_exit(1);                                \
+	} while (0)
+
+static uint64_t mono(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void sleep_ms(int ms)
+{
+	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+	while (nanosleep(&ts, &ts) != 0)
+		;
+}
+
+static int wait_mask(int bits, int ms)
+{
+	for (int i = 0; i < ms; i++) {
+		if ((fp_mask() & bits) == bits)
+			return 1;
+		sleep_ms(1);
+	}
+	return 0;
+}
+
+/* ---- reading the dump ---- */
+
+#define MAXREC 200000
+static struct slowrank_nccl_coll_record colls[MAXREC];
+static struct slowrank_nccl_kernel_record kerns[MAXREC];
+static struct slowrank_nccl_comm_record comms[4096];
+static int ncoll, nkern, ncomm;
+static uint64_t stats[SLOWRANK_STAT_COUNT];
+static int nstats, saw_final;
+
+static void read_dump(void)
+{
+	FILE *f = fopen(dump, "rb");
+	if (!f)
+		FAIL("no dump %s", dump);
+	uint32_t len;
+	static uint8_t b[SLOWRANK_BATCH_MAX];
+	uint64_t last_seq = 0;
+	while (fread(&len, 4, 1, f) == 1) {
+		if (len > sizeof(b) || len < sizeof(struct slowrank_batch_header) || fread(b, 1, len, f) != len)
+			FAIL("bad batch length %u", len);
+		struct slowrank_batch_header h;
+		memcpy(&h, b, sizeof(h));
+		if (h.magic != SLOWRANK_BATCH_MAGIC || h.total_len != len || h.seq != last_seq + 1)
+			FAIL("bad batch header (seq %llu after %llu)", (unsigned long long)h.seq,
+			     (unsigned long long)last_seq);
+		last_seq = h.seq;
+		if (h.flags & SLOWRANK_BATCH_F_FINAL)
+			saw_final = 1;
+		uint32_t off = h.header_size;
+		for (uint32_t i = 0; i < h.count; i++) {
+			struct slowrank_record_header rh;
+			memcpy(&rh, b + off, sizeof(rh));
+			if (rh.size < 8 || rh.size % 8 || off + rh.size > len)
+				FAIL("bad record framing");
+			if (rh.kind == SLOWRANK_REC_NCCL_COLL && ncoll < MAXREC)
+				memcpy(&colls[ncoll++], b + off, sizeof(colls[0]));
+			else if (rh.kind == SLOWRANK_REC_NCCL_KERNEL && nkern < MAXREC)
+				memcpy(&kerns[nkern++], b + off, sizeof(kerns[0]));
+			else if (rh.kind == SLOWRANK_REC_NCCL_COMM && ncomm < 4096)
+				memcpy(&comms[ncomm++], b + off, sizeof(comms[0]));
+			else if (rh.kind == SLOWRANK_REC_STATS) {
+				struct slowrank_stats_record sr;
+				memcpy(&sr, b + off, sizeof(sr));
+				int n = sr.n < SLOWRANK_STAT_COUNT ? sr.n : SLOWRANK_STAT_COUNT;
+				memcpy(stats, b + off + sizeof(sr), 8u * (unsigned)n);
+				nstats++;
+			}
+			off += rh.size;
+		}
+		if (off != len)
+			FAIL("records do not tile the batch");
+	}
+	fclose(f);
+}
+
+/* ---- the workload ---- */
+
+#define NTHREADS 4
+#define NITER 300
+
+struct worker {
+	int idx;
+	struct fp_comm *comm;
+};
+
+static void *work(void *arg)
+{
+	struct worker *w = arg;
+	static const char *const gf[3] = {"AllGather", "ReduceScatter", "AllReduce"};
+	for (int i = 0; i < NITER; i++) {
+		size_t counts[3] = {(size_t)1000 + (size_t)i, (size_t)2000 + (size_t)i, (size_t)3000 + (size_t)i};
+		fp_coll(w->comm, "AllReduce", (size_t)(i + 1) * 256, "ncclBfloat16", -1, 2 + (i % 3));
+		if (i % 10 == 0)
+			fp_group(w->comm, 3, gf, counts, "ncclFloat32", 2);
+		if (i % 25 == 0) {
+			fp_p2p(w->comm, "Send", 77, "ncclInt8", (w->idx + 1) % NTHREADS, 1);
+			fp_p2p(w->comm, "Recv", 77, "ncclInt8", (w->idx + NTHREADS - 1) % NTHREADS, 1);
+		}
+	}
+	return NULL;
+}
+
+/* Expected collectives per comm. */
+static int expect_allreduce(void)
+{
+	return NITER + NITER / 10;
+}
+static int expect_colls(void)
+{
+	return NITER + 3 * (NITER / 10) + 2 * ((NITER + 24) / 25);
+}
+
+static void run_workload(struct fp_comm **cs)
+{
+	pthread_t t[NTHREADS];
+	struct worker w[NTHREADS];
+	for (int i = 0; i < NTHREADS; i++) {
+		w[i].idx = i;
+		w[i].comm = cs[i];
+		pthread_create(&t[i], NULL, work, &w[i]);
+	}
+	for (int i = 0; i < NTHREADS; i++)
+		pthread_join(t[i], NULL);
+}
+
+static void child_env(int attach, const char *mode)
+{
+	setenv("NCCL_PROFILER_PLUGIN", lib, 1);
+	setenv("SLOWRANK_CUPTI_QUIET", "1", 1);
+	setenv("SLOWRANK_CUPTI_DUMP", dump, 1);
+	if (attach)
+		setenv("SLOWRANK_CUPTI_FORCE_ATTACH", "1", 1);
+	if (mode)
+		setenv("SLOWRANK_CUPTI_MODE", mode, 1);
+}
+
+static uint64_t hash_of(int i)
+{
+	return 0x1234567800000000ull + (uint64_t)i * 0x1111;
+}
+
+/* Child: NTHREADS comms (one per thread, like torch's process groups). */
+static void child_run(int want_version, int kernel)
+{
+	int v = fp_load();
+	if (v != want_version)
+		FAIL("bound v%d, want v%d", v, want_version);
+	struct fp_comm *cs[NTHREADS];
+	for (int i = 0; i < NTHREADS; i++) {
+		cs[i] = fp_comm_init(hash_of(i), NTHREADS * 2, i);
+		if (!fp_comm_profiled(cs[i]))
+			FAIL("plugin init failed");
+	}
+	int bits = SR_NCCL_PROFILE_COLL | (kernel ? SR_NCCL_PROFILE_KERNEL_CH : 0);
+	if (!wait_mask(bits, 2000))
+		FAIL("mask %#x after 2 s, want %#x", fp_mask(), bits);
+	if (v == 5 && !(fp_mask() & SR_NCCL_PROFILE_COLL_API))
+		FAIL("v5 without CollApi in the mask: %#x", fp_mask());
+	if (v == 4 && (fp_mask() & ~0xff))
+		FAIL("v4 with v5 bits in the mask: %#x", fp_mask());
+	run_workload(cs);
+	fp_proxy_drain();
+	for (int i = 0; i < NTHREADS; i++)
+		fp_comm_destroy(cs[i]);
+	exit(0); /* the library's exit handler drains the ring and sends final stats */
+}
+
+static void check_run(int version, int kernel)
+{
+	read_dump();
+	if (!saw_final || nstats == 0)
+		FAIL("no final stats batch");
+	int want = NTHREADS * expect_colls();
+	if (ncoll != want)
+		FAIL("%d coll records, want %d", ncoll, want);
+	if (stats[SLOWRANK_STAT_NCCL_COLLS] != (uint64_t)want || stats[SLOWRANK_STAT_NCCL_RING_FULL] ||
+	    stats[SLOWRANK_STAT_NCCL_BAD_HANDLES] || stats[SLOWRANK_STAT_NCCL_DISCARDED])
+		FAIL("stats colls %llu full %llu bad %llu discarded %llu",
+		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_COLLS],
+		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_RING_FULL],
+		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_BAD_HANDLES],
+		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_DISCARDED]);
+	if (stats[SLOWRANK_STAT_NCCL_COMMS] != NTHREADS)
+		FAIL("comms %llu", (unsigned long long)stats[SLOWRANK_STAT_NCCL_COMMS]);
+	int inits = 0, fins = 0;
+	for (int i = 0; i < ncomm; i++) {
+		if (comms[i].version != version || comms[i].nranks != NTHREADS * 2)
+			FAIL("comm record v%d nranks %d", comms[i].version, comms[i].nranks);
+		if (comms[i].flags & SLOWRANK_NCCL_COMM_F_FINALIZED)
+			fins++;
+		else if (!(comms[i].flags & SLOWRANK_NCCL_COMM_F_RESENT))
+			inits++;
+	}
+	if (inits != NTHREADS || fins != NTHREADS)
+		FAIL("comm records: %d inits, %d finalizes", inits, fins);
+	int no_api = 0;
+	for (int t = 0; t < NTHREADS; t++) {
+		/* AllReduce seq per comm: each of 0..n-1 exactly once. */
+		int n = expect_allreduce();
+		char *seen = calloc((size_t)n, 1);
+		int p2p = 0;
+		for (int i = 0; i < ncoll; i++) {
+			struct slowrank_nccl_coll_record *r = &colls[i];
+			if (r->comm_hash != hash_of(t))
+				continue;
+			if (r->rank != t || r->nranks != NTHREADS * 2 || r->version != version)
+				FAIL("identity: rank %d nranks %d v%d", r->rank, r->nranks, r->version);
+			if (r->launch_start_ns == 0 || r->launch_end_ns < r->launch_start_ns)
+				FAIL("launch times %llu..%llu", (unsigned long long)r->launch_start_ns,
+				     (unsigned long long)r->launch_end_ns);
+			if (version == 5 && !(r->flags & SLOWRANK_NCCL_F_API)) {
+				no_api++; /* must be what the plugin counted, checked below */
+			} else if (version == 5) {
+				if (r->api_start_ns == 0 || r->api_end_ns < r->api_start_ns ||
+				    r->api_end_ns > r->launch_start_ns)
+					FAIL("v5 api times: flags %#x %llu..%llu launch %llu", r->flags,
+					     (unsigned long long)r->api_start_ns, (unsigned long long)r->api_end_ns,
+					     (unsigned long long)r->launch_start_ns);
+			} else if (r->flags & SLOWRANK_NCCL_F_API) {
+				FAIL("v4 record with API times");
+			}
+			if (r->flags & SLOWRANK_NCCL_F_P2P) {
+				if ((r->func != SLOWRANK_NCCL_FUNC_SEND && r->func != SLOWRANK_NCCL_FUNC_RECV) ||
+				    r->count != 77 || r->datatype != SLOWRANK_NCCL_DT_INT8 || r->seq != 0)
+					FAIL("p2p record func %d count %llu", r->func, (unsigned long long)r->count);
+				p2p++;
+				continue;
+			}
+			if (r->algo != SLOWRANK_NCCL_ALGO_RING || r->proto != SLOWRANK_NCCL_PROTO_SIMPLE)
+				FAIL("algo %d proto %d", r->algo, r->proto);
+			if (r->func == SLOWRANK_NCCL_FUNC_ALLREDUCE) {
+				if (r->seq >= (uint64_t)n || seen[r->seq])
+					FAIL("allreduce seq %llu duplicated or out of range",
+					     (unsigned long long)r->seq);
+				seen[r->seq] = 1;
+				if (r->datatype != SLOWRANK_NCCL_DT_BFLOAT16 && r->datatype != SLOWRANK_NCCL_DT_FLOAT32)
+					FAIL("datatype %d", r->datatype);
+			} else if (r->func != SLOWRANK_NCCL_FUNC_ALLGATHER &&
+				   r->func != SLOWRANK_NCCL_FUNC_REDUCESCATTER) {
+				FAIL("func %d", r->func);
+			}
+		}
+		free(seen);
+		if (p2p != 2 * ((NITER + 24) / 25))
+			FAIL("comm %d: %d p2p records", t, p2p);
+	}
+	/* Every record without API times is counted by the plugin; with a
+	 * block of API slots per thread none is lost here, however long a
+	 * thread is preempted between its calls and their group end. */
+	if ((uint64_t)no_api != stats[SLOWRANK_STAT_NCCL_API_LOST] || no_api != 0)
+		FAIL("%d v5 records without API times, %llu counted lost (want 0)", no_api,
+		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_API_LOST]);
+	if (!kernel) {
+		if (nkern != 0)
+			FAIL("%d kernel records without kernel-channel events", nkern);
+		return;
+	}
+	if (nkern != ncoll)
+		FAIL("%d kernel records for %d operations", nkern, ncoll);
+	for (int i = 0; i < nkern; i++) {
+		struct slowrank_nccl_kernel_record *k = &kerns[i];
+		if (k->flags & (SLOWRANK_NCCL_F_PARTIAL | SLOWRANK_NCCL_F_CLOCK_SUSPECT) || k->channels != k->nchannels)
+			FAIL("kernel record flags %#x channels %d/%d", k->flags, k->channels, k->nchannels);
+		if (!k->gpu_start_ns || k->gpu_end_ns < k->gpu_start_ns ||
+		    k->gpu_end_ns - k->gpu_start_ns > 1000000000ull)
+			FAIL("gpu interval %llu..%llu", (unsigned long long)k->gpu_start_ns,
+			     (unsigned long long)k->gpu_end_ns);
+		/* The fake GPU ends just before the proxy saw it: on CLOCK_MONOTONIC
+		 * the converted end lies shortly before host_seen_ns (a loaded or
+		 * sanitized run may preempt the proxy in between). An end converted
+		 * to a little after it (the offset's calibration error) is clamped
+		 * by the plugin: never after host_seen_ns. Signed: either side. */
+		int64_t lag = (int64_t)(k->host_seen_ns - k->gpu_end_ns);
+		if (lag < 0 || lag > 200000000)
+			FAIL("gpu end %llu vs host seen %llu (offset %lld)", (unsigned long long)k->gpu_end_ns,
+			     (unsigned long long)k->host_seen_ns, (long long)k->clock_offset_ns);
+		if (k->flags & SLOWRANK_NCCL_F_P2P)
+			continue;
+		int found = 0;
+		for (int j = 0; j < ncoll && !found; j++)
+			found = colls[j].comm_hash == k->comm_hash && colls[j].seq == k->seq &&
+				colls[j].func == k->func && colls[j].rank == k->rank &&
+				!(colls[j].flags & SLOWRANK_NCCL_F_P2P) && k->gpu_start_ns >= colls[j].launch_start_ns;
+		if (!found)
+			FAIL("kernel record (func %d seq %llu) joins no collective launched before it", k->func,
+			     (unsigned long long)k->seq);
+	}
+}
+
+/* ---- scenarios ---- */
+
+static void sc_v5(void)
+{
+	child_env(1, "always");
+	child_run(5, 1);
+}
+/* TEST_NCCL_SAVE=PATH keeps the v5 dump (cupti/testdata/nccl-plugin.batches:
+ * the Go decoder's test reads real batches of the library). */
+static void save_dump(void)
+{
+	const char *to = getenv("TEST_NCCL_SAVE");
+	if (!to || !*to)
+		return;
+	FILE *in = fopen(dump, "rb"), *out = fopen(to, "wb");
+	if (!in || !out)
+		FAIL("save %s", to);
+	char buf[65536];
+	size_t n;
+	while ((n = fread(buf, 1, sizeof(buf), in)) > 0)
+		fwrite(buf, 1, n, out);
+	fclose(in);
+	fclose(out);
+}
+
+static void sc_v5_check(void)
+{
+	check_run(5, 1);
+	save_dump();
+	printf("  (%d collectives, %d with GPU times, %d comm records)\n", ncoll, nkern, ncomm);
+}
+static void sc_v4(void)
+{
+	child_env(1, "always");
+	setenv("SLOWRANK_FAKE_NCCL_PROFILER_MAX", "4", 1);
+	child_run(4, 1);
+}
+static void sc_v4_check(void)
+{
+	check_run(4, 1);
+}
+static void sc_nokernel(void)
+{
+	child_env(1, "off");
+	child_run(5, 0);
+}
+static void sc_nokernel_check(void)
+{
+	check_run(5, 0);
+}
+
+static void sc_noagent(void)
+{
+	child_env(0, "always");
+	if (fp_load() != 5)
+		FAIL("not bound");
+	struct fp_comm *c = fp_comm_init(1, 2, 0);
+	if (!fp_comm_profiled(c))
+		FAIL("init failed");
+	sleep_ms(200);
+	if (fp_mask() != 0)
+		FAIL("mask %#x without an agent", fp_mask());
+	uint64_t t0 = mono();
+	for (int i = 0; i < 100000; i++)
+		fp_coll(c, "AllReduce", 16, "ncclFloat32", -1, 2);
+	if (mono() - t0 > 5000000000ull)
+		FAIL("100k collectives took %.1f s with the plugin idle", (double)(mono() - t0) / 1e9);
+	fp_comm_destroy(c);
+	exit(0);
+}
+
+static void sc_noagent_check(void)
+{
+	FILE *f = fopen(dump, "rb");
+	if (f) {
+		fseek(f, 0, SEEK_END);
+		long n = ftell(f);
+		fclose(f);
+		if (n != 0)
+			FAIL("%ld bytes emitted without an agent", n);
+	}
+}
+
+static void sc_disabled(void)
+{
+	child_env(1, "always");
+	setenv("SLOWRANK_NCCL_DISABLE", "1", 1);
+	if (fp_load() != 5)
+		FAIL("not bound");
+	struct fp_comm *c = fp_comm_init(1, 2, 0);
+	if (fp_comm_profiled(c))
+		FAIL("init succeeded with SLOWRANK_NCCL_DISABLE=1");
+	fp_coll(c, "AllReduce", 16, "ncclFloat32", -1, 2);
+	fp_comm_destroy(c);
+	exit(0);
+}
+
+static void sc_none(void)
+{
+	child_env(1, "always");
+	setenv("NCCL_PROFILER_PLUGIN", "none", 1);
+	if (fp_load() != 0)
+		FAIL("loaded with NCCL_PROFILER_PLUGIN=none");
+	exit(0);
+}
+
+#define FLOOD_N 250000ull
+static const sr_nccl_profiler_v5_t *P5;
+static void *flood_ctx;
+
+static void *flood(void *arg)
+{
+	uint64_t n = 0;
+	(void)arg;
+	sr_nccl_descr_v5_t d;
+	memset(&d, 0, sizeof(d));
+	d.type = SR_NCCL_PROFILE_COLL;
+	d.u.coll.func = "AllReduce";
+	d.u.coll.datatype = "ncclFloat32";
+	d.u.coll.nChannels = 1;
+	while (n < FLOOD_N) {
+		void *h = NULL;
+		d.u.coll.seqNumber = n;
+		P5->startEvent(flood_ctx, &h, &d);
+		P5->stopEvent(h);
+		n++;
+	}
+	return (void *)(uintptr_t)n;
+}
+
+static void sc_abuse(void)
+{
+	child_env(1, "always");
+	if (fp_load() != 5)
+		FAIL("not bound");
+	P5 = fp_plugin();
+	struct fp_comm *c = fp_comm_init(42, 2, 1);
+	if (!wait_mask(SR_NCCL_PROFILE_COLL, 2000))
+		FAIL("mask never set");
+	int mask = 0;
+	void *ctx = NULL;
+	/* NULLs everywhere */
+	if (P5->init(&ctx, 7, NULL, NULL, 1, 2, 0, NULL) == 0)
+		FAIL("init with a NULL mask succeeded");
+	P5->startEvent(NULL, NULL, NULL);
+	void *h = (void *)1;
+	P5->startEvent(NULL, &h, NULL);
+	if (h)
+		FAIL("handle for a NULL descriptor");
+	P5->stopEvent(NULL);
+	P5->recordEventState(NULL, SR_NCCL_STATE_KERNEL_CH_STOP, NULL);
+	P5->finalize(NULL);
+	/* forged and foreign handles and contexts */
+	uint64_t seed = 88172645463325252ull;
+	for (int i = 0; i < 100000; i++) {
+		seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+		void *bogus = (void *)(uintptr_t)(i & 1 ? seed : (seed | (0xA5ull << 56)));
+		P5->stopEvent(bogus);
+		sr_nccl_state_args_t a = {.kernelCh = {seed}};
+		P5->recordEventState(bogus, SR_NCCL_STATE_KERNEL_CH_STOP, &a);
+		P5->recordEventState(bogus, (int)(seed % 40), NULL);
+		sr_nccl_descr_v5_t d;
+		memset(&d, 0, sizeof(d));
+		d.type = SR_NCCL_PROFILE_KERNEL_CH;
+		d.parentObj = bogus;
+		void *k = NULL;
+		P5->startEvent(bogus, &k, &d); /* bogus context, bogus parent */
+		P5->stopEvent(k);
+		d.type = SR_NCCL_PROFILE_COLL;
+		P5->startEvent(bogus, &k, &d);
+		P5->stopEvent(k);
+		d.type = 1ull << (seed % 64); /* every type, known or not */
+		k = NULL;
+		P5->startEvent(bogus, &k, &d);
+		P5->stopEvent(k);
+		P5->finalize(bogus);
+	}
+	/* stop without start, double stop, a KernelCh stopping twice */
+	{
+		struct fp_comm *c2 = fp_comm_init(43, 2, 0);
+		flood_ctx = NULL;
+		(void)c2;
+		sr_nccl_descr_v5_t d;
+		memset(&d, 0, sizeof(d));
+		d.type = SR_NCCL_PROFILE_COLL;
+		d.u.coll.func = "Bogus";
+		d.u.coll.datatype = NULL;
+		d.u.coll.algo = "";
+		d.u.coll.nChannels = 1;
+		void *ch = NULL, *kh = NULL;
+		/* the context NCCL holds is private to the fake; use a fresh init */
+		void *cx = NULL;
+		if (P5->init(&cx, 44, &mask, "abuse", 1, 2, 0, NULL) != 0 || !cx)
+			FAIL("init");
+		P5->startEvent(cx, &ch, &d);
+		if (!ch)
+			FAIL("no handle for a Coll event");
+		d.type = SR_NCCL_PROFILE_KERNEL_CH;
+		d.parentObj = ch;
+		P5->startEvent(cx, &kh, &d);
+		P5->stopEvent(ch);
+		P5->stopEvent(ch);
+		P5->stopEvent(kh);
+		P5->stopEvent(kh);
+		/* finalize with an event in flight, then its stop */
+		void *late = NULL;
+		d.type = SR_NCCL_PROFILE_COLL;
+		d.parentObj = NULL;
+		P5->startEvent(cx, &late, &d);
+		P5->finalize(cx);
+		P5->stopEvent(late);
+		P5->startEvent(cx, &late, &d); /* after finalize: not ours any more */
+		if (late)
+			FAIL("handle for a finalized context");
+	}
+	(void)c;
+	exit(0);
+}
+
+static void sc_abuse_check(void)
+{
+	read_dump();
+	if (!saw_final)
+		FAIL("no final batch");
+	if (stats[SLOWRANK_STAT_NCCL_BAD_HANDLES] < 100000)
+		FAIL("bad handles %llu", (unsigned long long)stats[SLOWRANK_STAT_NCCL_BAD_HANDLES]);
+	printf("  (%llu bad handles counted)\n", (unsigned long long)stats[SLOWRANK_STAT_NCCL_BAD_HANDLES]);
+}
+
+/* No agent (records are discarded when drained), NCCL ignoring the mask
+ * (it is 0): 4 threads start and stop collectives as fast as they can. The
+ * ring overfills; every stop is a record queued or a drop counted. */
+static void sc_flood(void)
+{
+	child_env(0, NULL);
+	if (fp_load() != 5)
+		FAIL("not bound");
+	P5 = fp_plugin();
+	int mask = 0;
+	void *fx = NULL;
+	if (P5->init(&fx, 45, &mask, "flood", 1, 2, 0, NULL) != 0 || !fx)
+		FAIL("init");
+	flood_ctx = fx;
+	pthread_t t[4];
+	uint64_t t0 = mono();
+	for (int i = 0; i < 4; i++)
+		pthread_create(&t[i], NULL, flood, NULL);
+	for (int i = 0; i < 4; i++)
+		pthread_join(t[i], NULL);
+	double secs = (double)(mono() - t0) / 1e9;
+	if (secs > 30)
+		FAIL("flood took %.1f s", secs);
+	void *h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
+	struct slowrank_nccl_status *st = h ? dlsym(h, SLOWRANK_SYM_NCCL_STATUS) : NULL;
+	if (!st)
+		FAIL("no %s", SLOWRANK_SYM_NCCL_STATUS);
+	sleep_ms(300); /* a drain publishes the counters */
+	uint64_t want = 4 * FLOOD_N, q = __atomic_load_n(&st->colls, __ATOMIC_RELAXED),
+		 d = __atomic_load_n(&st->dropped, __ATOMIC_RELAXED);
+	if (q + d != want)
+		FAIL("flood: %llu queued + %llu dropped != %llu", (unsigned long long)q, (unsigned long long)d,
+		     (unsigned long long)want);
+	if (mask != 0)
+		FAIL("mask %#x without an agent", mask);
+	printf("  (%llu collectives from 4 threads in %.2f s: %llu queued, %llu dropped on a full ring)\n",
+	       (unsigned long long)want, secs, (unsigned long long)q, (unsigned long long)d);
+	exit(0);
+}
+
+/* A GPU clock a little ahead of the host's (the size of the offset's
+ * calibration error, much larger than any seen): ends that would land after
+ * host_seen_ns are clamped to it and counted, none is flagged. */
+static void sc_skew(void)
+{
+	child_env(1, "always");
+	setenv("SLOWRANK_FAKE_NCCL_GPU_SKEW_NS", "300000", 1);
+	child_run(5, 1);
+}
+
+static void sc_skew_check(void)
+{
+	check_run(5, 1); /* gpu_end_ns <= host_seen_ns, no CLOCK_SUSPECT */
+	if (stats[SLOWRANK_STAT_NCCL_CLOCK_CLAMPED] == 0 || stats[SLOWRANK_STAT_NCCL_CLOCK_SUSPECT] != 0)
+		FAIL("skew 300 us: %llu clamped, %llu suspect",
+		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_CLOCK_CLAMPED],
+		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_CLOCK_SUSPECT]);
+	printf("  (%llu of %d GPU ends clamped to the host's)\n",
+	       (unsigned long long)stats[SLOWRANK_STAT_NCCL_CLOCK_CLAMPED], nkern);
+}
+
+/* A GPU clock seconds off: not calibration noise; every kernel record is
+ * flagged CLOCK_SUSPECT and keeps its times. */
+static void sc_wrongclock(void)
+{
+	child_env(1, "always");
+	setenv("SLOWRANK_FAKE_NCCL_GPU_SKEW_NS", "5000000000", 1);
+	child_run(5, 1);
+}
+
+static void sc_wrongclock_check(void)
+{
+	read_dump();
+	int flagged = 0;
+	for (int i = 0; i < nkern; i++)
+		if ((kerns[i].flags & SLOWRANK_NCCL_F_CLOCK_SUSPECT) && kerns[i].gpu_end_ns > kerns[i].host_seen_ns)
+			flagged++;
+	if (nkern == 0 || flagged != nkern || stats[SLOWRANK_STAT_NCCL_CLOCK_SUSPECT] != (uint64_t)nkern ||
+	    stats[SLOWRANK_STAT_NCCL_CLOCK_CLAMPED] != 0)
+		FAIL("skew 5 s: %d of %d flagged, %llu suspect, %llu clamped", flagged, nkern,
+		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_CLOCK_SUSPECT],
+		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_CLOCK_CLAMPED]);
+}
+
+/* One thread's group of more calls than its API block holds (NCCL allows
+ * any group size): the first calls' slots are reused before their Coll
+ * events start, so those operations carry no API times, and each is
+ * counted (SLOWRANK_STAT_NCCL_API_LOST), never silently missing. */
+#define APILOST_N 1100
+static void sc_apilost(void)
+{
+	child_env(1, "always");
+	if (fp_load() != 5)
+		FAIL("not bound");
+	P5 = fp_plugin();
+	struct fp_comm *c = fp_comm_init(46, 2, 0);
+	if (!wait_mask(SR_NCCL_PROFILE_COLL_API, 2000))
+		FAIL("mask never set");
+	int mask = 0;
+	void *cx = NULL;
+	if (P5->init(&cx, 47, &mask, "apilost", 1, 2, 0, NULL) != 0 || !cx)
+		FAIL("init");
+	static void *api[APILOST_N];
+	sr_nccl_descr_v5_t d;
+	for (int i = 0; i < APILOST_N; i++) {
+		memset(&d, 0, sizeof(d));
+		d.type = SR_NCCL_PROFILE_COLL_API;
+		d.u.collApi.func = "AllReduce";
+		d.u.collApi.count = 8;
+		d.u.collApi.datatype = "ncclFloat32";
+		P5->startEvent(cx, &api[i], &d);
+		P5->stopEvent(api[i]);
+	}
+	for (int i = 0; i < APILOST_N; i++) {
+		void *h = NULL;
+		memset(&d, 0, sizeof(d));
+		d.type = SR_NCCL_PROFILE_COLL;
+		d.parentObj = api[i];
+		d.u.coll.seqNumber = (uint64_t)i;
+		d.u.coll.func = "AllReduce";
+		d.u.coll.count = 8;
+		d.u.coll.datatype = "ncclFloat32";
+		d.u.coll.nChannels = 1;
+		P5->startEvent(cx, &h, &d);
+		P5->stopEvent(h);
+	}
+	P5->finalize(cx);
+	fp_comm_destroy(c);
+	exit(0);
+}
+
+static void sc_apilost_check(void)
+{
+	read_dump();
+	int with = 0, without = 0;
+	for (int i = 0; i < ncoll; i++)
+		if (colls[i].comm_hash == 47)
+			(colls[i].flags & SLOWRANK_NCCL_F_API) ? with++ : without++;
+	/* 1024 API slots per thread block */
+	if (with + without != APILOST_N || without != APILOST_N - 1024 ||
+	    stats[SLOWRANK_STAT_NCCL_API_LOST] != (uint64_t)without)
+		FAIL("group of %d: %d with API times, %d without, %llu counted lost", APILOST_N, with, without,
+		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_API_LOST]);
+	printf("  (group of %d calls: %d joins lost, all counted)\n", APILOST_N, without);
+}
+
+/* (b) made deterministic: a thread "preempted" between its call (CollApi
+ * start/stop) and its group end (Coll start) while another thread makes
+ * 2,000 calls. Its collective keeps its API times: its slot is in its own
+ * thread's block (one ring shared by all threads lost the join). */
+static void *preempt_other(void *arg)
+{
+	struct fp_comm *c = arg;
+	for (int i = 0; i < 2000; i++)
+		fp_coll(c, "AllReduce", 16, "ncclFloat32", -1, 1);
+	return NULL;
+}
+
+static void sc_preempt(void)
+{
+	child_env(1, "off");
+	if (fp_load() != 5)
+		FAIL("not bound");
+	P5 = fp_plugin();
+	struct fp_comm *other = fp_comm_init(48, 2, 0);
+	if (!wait_mask(SR_NCCL_PROFILE_COLL_API, 2000))
+		FAIL("mask never set");
+	int mask = 0;
+	void *cx = NULL;
+	if (P5->init(&cx, 49, &mask, "preempt", 1, 2, 0, NULL) != 0 || !cx)
+		FAIL("init");
+	sr_nccl_descr_v5_t d;
+	memset(&d, 0, sizeof(d));
+	d.type = SR_NCCL_PROFILE_COLL_API;
+	d.u.collApi.func = "AllReduce";
+	d.u.collApi.count = 8;
+	d.u.collApi.datatype = "ncclFloat32";
+	void *api = NULL, *h = NULL;
+	P5->startEvent(cx, &api, &d);
+	P5->stopEvent(api);
+	pthread_t t;
+	pthread_create(&t, NULL, preempt_other, other);
+	pthread_join(t, NULL);
+	memset(&d, 0, sizeof(d));
+	d.type = SR_NCCL_PROFILE_COLL;
+	d.parentObj = api;
+	d.u.coll.func = "AllReduce";
+	d.u.coll.count = 8;
+	d.u.coll.datatype = "ncclFloat32";
+	d.u.coll.nChannels = 1;
+	P5->startEvent(cx, &h, &d);
+	P5->stopEvent(h);
+	P5->finalize(cx);
+	fp_comm_destroy(other);
+	exit(0);
+}
+
+static void sc_preempt_check(void)
+{
+	read_dump();
+	int found = 0;
+	for (int i = 0; i < ncoll; i++) {
+		if (colls[i].comm_hash != 49)
+			continue;
+		found++;
+		if (!(colls[i].flags & SLOWRANK_NCCL_F_API) || colls[i].api_end_ns < colls[i].api_start_ns)
+			FAIL("the preempted thread's collective lost its API times (flags %#x)", colls[i].flags);
+	}
+	if (found != 1 || stats[SLOWRANK_STAT_NCCL_API_LOST] != 0)
+		FAIL("%d records of the preempted thread, %llu API joins lost", found,
+		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_API_LOST]);
+}
+
+static void sc_toggle(void)
+{
+	child_env(1, "time:100:200");
+	if (fp_load() != 5)
+		FAIL("not bound");
+	struct fp_comm *c = fp_comm_init(7, 2, 0);
+	if (!wait_mask(SR_NCCL_PROFILE_COLL, 2000))
+		FAIL("mask never set");
+	uint64_t t0 = mono();
+	while (mono() - t0 < 900000000ull) {
+		fp_coll(c, "AllReduce", 16, "ncclFloat32", -1, 2);
+		usleep(200);
+	}
+	fp_comm_destroy(c);
+	if (fp_ops_with_kernel_ch() == 0 || fp_ops_without_kernel_ch() == 0)
+		FAIL("kernel-channel events never toggled: %llu on, %llu off",
+		     (unsigned long long)fp_ops_with_kernel_ch(), (unsigned long long)fp_ops_without_kernel_ch());
+	exit(0);
+}
+
+static void sc_toggle_check(void)
+{
+	read_dump();
+	if (nkern == 0 || nkern >= ncoll)
+		FAIL("%d kernel records for %d collectives under a 50 %% duty cycle", nkern, ncoll);
+	if (stats[SLOWRANK_STAT_NCCL_INCOMPLETE] || stats[SLOWRANK_STAT_NCCL_BAD_HANDLES])
+		FAIL("incomplete %llu bad %llu", (unsigned long long)stats[SLOWRANK_STAT_NCCL_INCOMPLETE],
+		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_BAD_HANDLES]);
+	printf("  (%d collectives, %d with GPU times)\n", ncoll, nkern);
+}
+
+struct scenario {
+	const char *name;
+	void (*child)(void);
+	void (*check)(void);
+};
+
+static const struct scenario scenarios[] = {
+	{"v5", sc_v5, sc_v5_check},
+	{"v4", sc_v4, sc_v4_check},
+	{"nokernel", sc_nokernel, sc_nokernel_check},
+	{"noagent", sc_noagent, sc_noagent_check},
+	{"disabled", sc_disabled, NULL},
+	{"none", sc_none, NULL},
+	{"abuse", sc_abuse, sc_abuse_check},
+	{"flood", sc_flood, NULL},
+	{"toggle", sc_toggle, sc_toggle_check},
+	{"skew", sc_skew, sc_skew_check},
+	{"wrongclock", sc_wrongclock, sc_wrongclock_check},
+	{"apilost", sc_apilost, sc_apilost_check},
+	{"preempt", sc_preempt, sc_preempt_check},
+};
+
+static int run(const struct scenario *s)
+{
+	snprintf(dump, sizeof(dump), "/tmp/slowrank-test-nccl-%d-%s.dump", (int)getpid(), s->name);
+	unlink(dump);
+	printf("test_nccl %s\n", s->name);
+	fflush(stdout);
+	pid_t pid = fork();
+	if (pid == 0) {
+		alarm(90);
+		s->child();
+		_exit(0);
+	}
+	int st = 0;
+	waitpid(pid, &st, 0);
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+		fprintf(stderr, "  FAIL: %s: child %s %d\n", s->name, WIFSIGNALED(st) ? "signal" : "exit",
+			WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+		return 1;
+	}
+	pid = fork();
+	if (pid == 0) {
+		if (s->check)
+			s->check();
+		fflush(stdout);
+		_exit(0);
+	}
+	waitpid(pid, &st, 0);
+	unlink(dump);
+	return !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2) {
+		fprintf(stderr, "usage: %s libslowrank_cupti.so [scenario...]\n", argv[0]);
+		return 2;
+	}
+	lib = argv[1];
+	int fails = 0;
+	for (size_t i = 0; i < sizeof(scenarios) / sizeof(scenarios[0]); i++) {
+		int want = argc == 2;
+		for (int a = 2; a < argc; a++)
+			want |= strcmp(argv[a], scenarios[i].name) == 0;
+		if (want)
+			fails += run(&scenarios[i]);
+	}
+	printf(fails ? "test_nccl: %d FAILED\n" : "test_nccl: ok\n", fails);
+	return fails != 0;
+}

@@ -1,0 +1,56 @@
+/*
+ * ncclprof.h - a fake NCCL's profiler-plugin host (ncclprof.c): loads a
+ * profiler plugin the way NCCL >= 2.27 does (NCCL_PROFILER_PLUGIN, dlopen,
+ * newest ncclProfiler_vN first) and drives it as NCCL's src/plugin/profiler.cc
+ * does for API v5 and v4, without a GPU. Used by cupti/test_nccl.c.
+ */
+#ifndef FAKE_NCCLPROF_H
+#define FAKE_NCCLPROF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct fp_comm;
+
+/* Loads the plugin (once per process). Returns the API version bound (5 or 4),
+ * 0 when none (NCCL_PROFILER_PLUGIN=none, not found, no known symbol).
+ * SLOWRANK_FAKE_NCCL_PROFILER_MAX=4 stops the lookup at v4 (an NCCL 2.27). */
+int fp_load(void);
+
+/* ncclCommInitRank: the plugin's init for this comm (its failure leaves the
+ * comm without profiler, as NCCL does). Never NULL. */
+struct fp_comm *fp_comm_init(uint64_t comm_hash, int nranks, int rank);
+/* 1 when the plugin's init succeeded for c. */
+int fp_comm_profiled(const struct fp_comm *c);
+
+/* One collective outside a group (ncclAllReduce and friends): GroupApi,
+ * CollApi at the call, Group + Coll at the implicit group end, KernelCh per
+ * channel later from the proxy thread. func is NCCL's string ("AllReduce"),
+ * dtype its datatype string ("ncclFloat32"). */
+void fp_coll(struct fp_comm *c, const char *func, size_t count, const char *dtype, int root, int nchannels);
+/* n collectives inside ncclGroupStart/End: API events per call, one Group,
+ * then the Coll events at group end. */
+void fp_group(struct fp_comm *c, int n, const char *const *funcs, const size_t *counts, const char *dtype,
+              int nchannels);
+/* A send or recv (P2pApi + P2p; no seq). */
+void fp_p2p(struct fp_comm *c, const char *func, size_t count, const char *dtype, int peer, int nchannels);
+
+/* ncclCommDestroy: waits for the comm's proxy work, then the plugin's finalize. */
+void fp_comm_destroy(struct fp_comm *c);
+/* Waits until the proxy thread ran every queued kernel-channel job. */
+void fp_proxy_drain(void);
+
+/* The process-wide activation mask (ncclProfilerEventMask) and how often
+ * each KernelCh state was seen at op start (toggle tests). */
+int fp_mask(void);
+uint64_t fp_ops_with_kernel_ch(void);
+uint64_t fp_ops_without_kernel_ch(void);
+
+/* The bound plugin's raw entry points (abuse tests). */
+void *fp_plugin(void);
+
+/* The fake GPU's %globaltimer: CLOCK_REALTIME ns, as NVIDIA's driver keeps it
+ * (plus SLOWRANK_FAKE_NCCL_GPU_SKEW_NS, a GPU clock off the host's). */
+uint64_t fp_globaltimer(void);
+
+#endif
