@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/slowrank/slowrank/detector"
+	"github.com/slowrank/slowrank/wire"
 )
 
 // Sink receives the aggregator's results, exactly as an agent's sinks do
@@ -165,7 +166,7 @@ type Aggregator struct {
 
 type batch struct {
 	recv  int64
-	facts []Fact
+	facts []wire.Fact
 }
 
 type jobState struct {
@@ -285,7 +286,7 @@ func checkTimes(cfg Config) error {
 // Offer hands the facts of one request, received at recvMono (the
 // aggregator's CLOCK_MONOTONIC), to the detector goroutine. It never blocks:
 // ErrQueueFull when the detector is behind (the sender should retry).
-func (a *Aggregator) Offer(recvMono int64, facts []Fact) error {
+func (a *Aggregator) Offer(recvMono int64, facts []wire.Fact) error {
 	if len(facts) == 0 {
 		return nil
 	}

@@ -29,6 +29,7 @@ import (
 
 	"github.com/slowrank/slowrank/detector"
 	"github.com/slowrank/slowrank/otel"
+	"github.com/slowrank/slowrank/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -277,7 +278,7 @@ func TestServerHTTPLimitsAndPartialSuccess(t *testing.T) {
 	// One good and one bad record, gzip: partial success names the reason.
 	good, bad := sampleStep(), sampleStep()
 	bad.Rank = -1
-	ld := otel.FactLogs("h1", nil, []detector.Step{good, bad}, nil)
+	ld := wire.EncodeLogs("h1", nil, []detector.Step{good, bad}, nil)
 	body, _ := plogotlp.NewExportRequestFromLogs(ld).MarshalProto()
 	zb.Reset()
 	zw = gzip.NewWriter(&zb)
@@ -295,7 +296,7 @@ func TestServerHTTPLimitsAndPartialSuccess(t *testing.T) {
 		t.Fatalf("partial success %d %q", r.PartialSuccess().RejectedLogRecords(), r.PartialSuccess().ErrorMessage())
 	}
 	// OTLP/JSON works too.
-	js, _ := plogotlp.NewExportRequestFromLogs(otel.FactLogs("h1", nil, []detector.Step{good}, nil)).MarshalJSON()
+	js, _ := plogotlp.NewExportRequestFromLogs(wire.EncodeLogs("h1", nil, []detector.Step{good}, nil)).MarshalJSON()
 	resp, out = postLogs(t, ts.addr, js, map[string]string{"Content-Type": "application/json"})
 	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(string(out), "{") {
 		t.Fatalf("json: %d %s", resp.StatusCode, out)
@@ -331,7 +332,7 @@ func TestServerGRPCMessageLimit(t *testing.T) {
 		steps[i].Step = int64(i)
 	}
 	_, err = plogotlp.NewGRPCClient(conn).Export(context.Background(),
-		plogotlp.NewExportRequestFromLogs(otel.FactLogs("h1", nil, steps, nil)))
+		plogotlp.NewExportRequestFromLogs(wire.EncodeLogs("h1", nil, steps, nil)))
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("oversized gRPC message: %v", err)
 	}

@@ -4,10 +4,8 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
-	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -22,10 +20,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"go.opentelemetry.io/collector/pdata/pcommon"
-	"go.opentelemetry.io/collector/pdata/plog"
 	"go.opentelemetry.io/collector/pdata/plog/plogotlp"
-	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
@@ -35,151 +30,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/slowrank/slowrank/detector"
+	"github.com/slowrank/slowrank/wire"
 )
-
-// The fact forwarding schema: how an agent hands its step and topology facts
-// to `slowrank aggregate` as OTLP log records. It is a public contract (the
-// aggregator decodes exactly this; aggregate/doc.go documents it in full):
-//
-//   - Resource: service.name=slowrank, slowrank.job.id=<job>, nothing else,
-//     so that one resource is one job and a collector's loadbalancing
-//     exporter routing by resource or by the slowrank.job.id attribute keeps
-//     a job on one aggregator.
-//   - Scope: name ForwardScope; attribute slowrank.sent_mono_ns, the
-//     sender's CLOCK_MONOTONIC when this attempt left (refreshed on retry).
-//   - Record: trace_id = RouteTraceID(job) (per-job constant, for the
-//     loadbalancing exporter's traceID routing), event_name slowrank.step or
-//     slowrank.topology, attribute slowrank.kind = "step" | "topology",
-//     slowrank.host = the sending host; a step carries its fields as
-//     attributes (ForwardStepAttributes), a topology its JSON fact (DESIGN.md
-//     5.1) as the string body and slowrank.topology.version.
-const (
-	ForwardScope   = "github.com/slowrank/slowrank/otel/forward"
-	EventFactStep  = "slowrank.step"
-	EventFactTopo  = "slowrank.topology"
-	FactKindStep   = "step"
-	FactKindTopo   = "topology"
-	ServiceName    = "slowrank"
-	AttrKind       = attribute.Key("slowrank.kind")
-	AttrSentMonoNS = attribute.Key("slowrank.sent_mono_ns")
-	AttrStartNS    = attribute.Key("slowrank.start_ns")
-	AttrEndNS      = attribute.Key("slowrank.end_ns")
-	// PhaseAttrPrefix and PhaseAttrSuffix frame a phase value attribute:
-	// slowrank.phase.<name>_ms (the same keys as on train.step spans).
-	PhaseAttrPrefix = "slowrank.phase."
-	PhaseAttrSuffix = "_ms"
-)
-
-// RouteTraceID is the trace id every forwarded record of job carries: the
-// first 16 bytes of SHA-256("slowrank/" + job + "/route"). It names no
-// trace; it makes a collector's loadbalancing exporter, whose log routing in
-// some versions only looks at the trace id, keep a job on one aggregator.
-func RouteTraceID(job string) pcommon.TraceID {
-	sum := sha256.Sum256([]byte("slowrank/" + job + "/route"))
-	var id pcommon.TraceID
-	copy(id[:], sum[:16])
-	return id
-}
-
-// FactLogs encodes facts as OTLP logs per the schema above: one resource per
-// job (in order of first appearance), topologies before steps. host names
-// the sender; wall maps a fact's *_ns onto wall-clock time for the records'
-// timestamps (informational: the aggregator never reads them). The scope
-// attribute slowrank.sent_mono_ns is set to 0; StampSent sets it.
-func FactLogs(host string, topos []detector.Topology, steps []detector.Step, wall func(int64) time.Time) plog.Logs {
-	ld := plog.NewLogs()
-	scopes := map[string]plog.LogRecordSlice{}
-	records := func(job string) plog.LogRecordSlice {
-		if s, ok := scopes[job]; ok {
-			return s
-		}
-		rl := ld.ResourceLogs().AppendEmpty()
-		rl.Resource().Attributes().PutStr("service.name", ServiceName)
-		rl.Resource().Attributes().PutStr(string(AttrJob), job)
-		sl := rl.ScopeLogs().AppendEmpty()
-		sl.Scope().SetName(ForwardScope)
-		sl.Scope().Attributes().PutInt(string(AttrSentMonoNS), 0)
-		s := sl.LogRecords()
-		scopes[job] = s
-		return s
-	}
-	for i := range topos {
-		t := &topos[i]
-		body, err := json.Marshal(t)
-		if err != nil {
-			continue // cannot happen for these types
-		}
-		lr := records(t.Job).AppendEmpty()
-		lr.SetTraceID(RouteTraceID(t.Job))
-		lr.SetEventName(EventFactTopo)
-		lr.Body().SetStr(string(body))
-		a := lr.Attributes()
-		a.PutStr(string(AttrKind), FactKindTopo)
-		a.PutStr(string(AttrHost), host)
-		a.PutInt(string(AttrTopo), int64(t.Version))
-	}
-	for i := range steps {
-		s := &steps[i]
-		lr := records(s.Job).AppendEmpty()
-		appendStepRecord(lr, host, s, wall)
-	}
-	return ld
-}
-
-func appendStepRecord(lr plog.LogRecord, host string, s *detector.Step, wall func(int64) time.Time) {
-	lr.SetTraceID(RouteTraceID(s.Job))
-	lr.SetEventName(EventFactStep)
-	if wall != nil {
-		lr.SetTimestamp(pcommon.NewTimestampFromTime(wall(s.EndNS)))
-	}
-	a := lr.Attributes()
-	a.EnsureCapacity(12 + len(s.Phases))
-	a.PutStr(string(AttrKind), FactKindStep)
-	if s.Host != "" {
-		host = s.Host
-	}
-	a.PutStr(string(AttrHost), host)
-	a.PutInt(string(AttrRank), int64(s.Rank))
-	a.PutInt(string(AttrStep), s.Step)
-	a.PutInt(string(AttrStartNS), s.StartNS)
-	a.PutInt(string(AttrEndNS), s.EndNS)
-	a.PutBool(string(AttrGPU), s.GPU)
-	if s.Topo != 0 {
-		a.PutInt(string(AttrTopo), int64(s.Topo))
-	}
-	if s.Epoch != 0 {
-		a.PutInt(string(AttrEpoch), int64(s.Epoch))
-	}
-	if s.Workload != nil {
-		if s.Workload.FP != "" {
-			a.PutStr(string(AttrWorkloadFP), s.Workload.FP)
-		}
-		if s.Workload.Tokens != 0 {
-			a.PutInt(string(AttrWorkloadTokens), s.Workload.Tokens)
-		}
-	}
-	if s.LastArrival != nil {
-		a.PutBool(string(AttrLastArrival), *s.LastArrival)
-	}
-	if s.ArrivalLagMS != nil {
-		a.PutDouble(string(AttrArrivalLagMS), *s.ArrivalLagMS)
-	}
-	for name, v := range s.Phases {
-		a.PutDouble(string(PhaseAttr(name)), v)
-	}
-}
-
-// StampSent sets slowrank.sent_mono_ns on every scope of ld to mono, the
-// sender's CLOCK_MONOTONIC now. Call it right before each send attempt.
-func StampSent(ld plog.Logs, mono int64) {
-	rls := ld.ResourceLogs()
-	for i := 0; i < rls.Len(); i++ {
-		sls := rls.At(i).ScopeLogs()
-		for j := 0; j < sls.Len(); j++ {
-			sls.At(j).Scope().Attributes().PutInt(string(AttrSentMonoNS), mono)
-		}
-	}
-}
 
 // ForwardConfig configures a Forwarder.
 type ForwardConfig struct {
@@ -554,9 +406,9 @@ func (f *Forwarder) sendBatch(parent context.Context, quit <-chan struct{}, retr
 		if len(topos) == 0 && len(steps) == 0 {
 			return true
 		}
-		ld := FactLogs(f.cfg.HostName, topos, steps, f.cfg.MonoToWall)
+		ld := wire.EncodeLogs(f.cfg.HostName, topos, steps, f.cfg.MonoToWall)
 		n := int64(len(topos) + len(steps))
-		StampSent(ld, f.cfg.NowMono())
+		wire.StampSent(ld, f.cfg.NowMono())
 		ctx, cancel := context.WithTimeout(parent, f.cfg.Timeout)
 		rejected, err := f.send.send(ctx, plogotlp.NewExportRequestFromLogs(ld))
 		cancel()

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/slowrank/slowrank/detector"
+	"github.com/slowrank/slowrank/wire"
 )
 
 // fakeLogs is an OTLP/gRPC logs receiver that records requests and fails
@@ -132,14 +133,14 @@ func TestForwarderSchema(t *testing.T) {
 		t.Fatalf("resource %v: want only service.name and the job (routing by resource = by job)", got)
 	}
 	sl := rl.ScopeLogs().At(0)
-	if sl.Scope().Name() != ForwardScope {
+	if sl.Scope().Name() != wire.ScopeName {
 		t.Errorf("scope %q", sl.Scope().Name())
 	}
 	if v, _ := sl.Scope().Attributes().Get("slowrank.sent_mono_ns"); v.Int() != now {
 		t.Errorf("sent stamp %v, want %d", v.AsRaw(), now)
 	}
 	tr, st := sl.LogRecords().At(0), sl.LogRecords().At(1)
-	if tr.EventName() != EventFactTopo || tr.TraceID() != RouteTraceID("j1") || st.TraceID() != RouteTraceID("j1") {
+	if tr.EventName() != wire.EventTopology || tr.TraceID() != wire.RouteTraceID("j1") || st.TraceID() != wire.RouteTraceID("j1") {
 		t.Errorf("event %q, trace ids %v %v", tr.EventName(), tr.TraceID(), st.TraceID())
 	}
 	var back detector.Topology
