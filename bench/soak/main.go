@@ -41,7 +41,7 @@ import (
 
 	"github.com/slowrank/slowrank/agent"
 	"github.com/slowrank/slowrank/detector"
-	"github.com/slowrank/slowrank/otel"
+	"github.com/slowrank/slowrank/export"
 )
 
 type sample struct {
@@ -95,11 +95,11 @@ func main() {
 		fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	facts, err := otel.NewJSONLWriter(filepath.Join(dir, "facts.jsonl"))
+	facts, err := export.NewJSONLWriter(filepath.Join(dir, "facts.jsonl"))
 	if err != nil {
 		fatal(err)
 	}
-	verdicts, err := otel.NewJSONLWriter(filepath.Join(dir, "verdicts.jsonl"))
+	verdicts, err := export.NewJSONLWriter(filepath.Join(dir, "verdicts.jsonl"))
 	if err != nil {
 		fatal(err)
 	}
@@ -329,7 +329,7 @@ func fatal(err error) {
 }
 
 // jsonlSink writes facts and verdicts as `slowrank agent --facts --verdicts` does.
-type jsonlSink struct{ facts, verdicts *otel.JSONLWriter }
+type jsonlSink struct{ facts, verdicts *export.JSONLWriter }
 
 func (j *jsonlSink) Topology(t detector.Topology)  { j.facts.Write(t) }
 func (j *jsonlSink) Step(s detector.Step, _ int64) { j.facts.Write(s) }

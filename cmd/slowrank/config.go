@@ -19,7 +19,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/slowrank/slowrank/agent"
-	"github.com/slowrank/slowrank/otel"
+	"github.com/slowrank/slowrank/export"
 )
 
 // Configuration files (--config FILE). A file is YAML or JSON (JSON is read
@@ -520,7 +520,7 @@ func logCounters(log *slog.Logger, counters map[string]int64, sinks []agent.Sink
 // Counters implements agent.CounterSource: lines written and lost.
 func (j *jsonlSink) Counters() map[string]int64 {
 	m := map[string]int64{}
-	for name, w := range map[string]*otel.JSONLWriter{"facts": j.facts, "verdicts": j.verdicts} {
+	for name, w := range map[string]*export.JSONLWriter{"facts": j.facts, "verdicts": j.verdicts} {
 		if w == nil {
 			continue
 		}
@@ -536,5 +536,5 @@ func (j *jsonlSink) Counters() map[string]int64 {
 }
 
 // Counters implements agent.CounterSource: spans exported and dropped
-// (the keys of otel.Exporter.Counters).
+// (the keys of export.Exporter.Counters).
 func (o otelSink) Counters() map[string]int64 { return o.e.Counters() }

@@ -7,7 +7,7 @@ import (
 
 	"github.com/slowrank/slowrank/aggregate"
 	"github.com/slowrank/slowrank/detector"
-	"github.com/slowrank/slowrank/otel"
+	"github.com/slowrank/slowrank/export"
 	"github.com/slowrank/slowrank/selfmetrics"
 )
 
@@ -23,7 +23,7 @@ func TestSelfMetricKeysDeclared(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Shutdown(t.Context())
-	w, err := otel.NewJSONLWriter(filepath.Join(t.TempDir(), "f.jsonl"))
+	w, err := export.NewJSONLWriter(filepath.Join(t.TempDir(), "f.jsonl"))
 	if err != nil {
 		t.Fatal(err)
 	}

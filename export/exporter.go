@@ -1,4 +1,4 @@
-package otel
+package export
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	otelapi "go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetricgrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetrichttp"
@@ -30,6 +30,8 @@ import (
 )
 
 // ScopeName is the instrumentation scope of slowrank's spans and metrics.
+// It names the package's former path and stays as it is: the back ends
+// (queries, dashboards) see it.
 const ScopeName = "github.com/slowrank/slowrank/otel"
 
 // Exporter turns step facts, verdicts and self-metrics into OpenTelemetry
@@ -623,7 +625,7 @@ func (countingHandler) Handle(err error) {
 // installErrorHandler makes the process-wide OpenTelemetry error handler
 // count instead of printing; export failures never crash or block.
 func installErrorHandler() {
-	handlerOnce.Do(func() { otelapi.SetErrorHandler(countingHandler{}) })
+	handlerOnce.Do(func() { otel.SetErrorHandler(countingHandler{}) })
 }
 
 // SetErrorLogger sets where the rate-limited export error log goes (New

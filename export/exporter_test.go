@@ -1,4 +1,4 @@
-package otel
+package export
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	otelapi "go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -558,8 +558,8 @@ func TestForgetJobExportsAndDropsState(t *testing.T) {
 func TestErrorHandlerCounts(t *testing.T) {
 	installErrorHandler()
 	before := exportErrors.Load()
-	otelapi.Handle(errors.New("boom"))
-	otelapi.Handle(errors.New("boom again"))
+	otel.Handle(errors.New("boom"))
+	otel.Handle(errors.New("boom again"))
 	if got := exportErrors.Load() - before; got != 2 {
 		t.Fatalf("counted %d errors, want 2", got)
 	}
