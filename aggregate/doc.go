@@ -1,6 +1,6 @@
 // Package aggregate is slowrank's multi-host detector: an OTLP receiver
 // (`slowrank aggregate`) that takes the step and topology facts every
-// agent forwards (export.Forwarder, `slowrank agent --aggregator ADDR`), runs
+// agent forwards (forward.Forwarder, `slowrank agent --aggregator ADDR`), runs
 // one detector across all ranks of each job, and hands verdicts to the same
 // sinks as an agent (JSONL, OpenTelemetry). It owns the merging of the
 // hosts' topologies (one merged, versioned topology per job), the timeline

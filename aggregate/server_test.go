@@ -28,7 +28,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/slowrank/slowrank/detector"
-	"github.com/slowrank/slowrank/export"
+	"github.com/slowrank/slowrank/export/forward"
 	"github.com/slowrank/slowrank/wire"
 )
 
@@ -92,11 +92,11 @@ func (ts *testServer) waitFacts(t *testing.T, n int64) {
 	}
 }
 
-func forwardSteps(t *testing.T, cfg export.ForwardConfig, n int) *export.Forwarder {
+func forwardSteps(t *testing.T, cfg forward.Config, n int) *forward.Forwarder {
 	t.Helper()
 	cfg.HostName = "hostA"
 	cfg.FlushInterval = 20 * time.Millisecond
-	f, err := export.NewForwarder(cfg)
+	f, err := forward.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func TestForwarderToServer(t *testing.T) {
 	for _, scheme := range []string{"", "grpc://", "http://"} {
 		t.Run("scheme="+scheme, func(t *testing.T) {
 			ts := startServer(t, ServerConfig{})
-			f := forwardSteps(t, export.ForwardConfig{Endpoint: scheme + ts.addr}, 20)
+			f := forwardSteps(t, forward.Config{Endpoint: scheme + ts.addr}, 20)
 			ts.waitFacts(t, 20)
 			deadline := time.Now().Add(5 * time.Second)
 			for f.Stats().Sent < 21 && time.Now().Before(deadline) {
@@ -160,15 +160,15 @@ func TestServerRequiresToken(t *testing.T) {
 	if status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("gRPC without token: %v", err)
 	}
-	bad := forwardSteps(t, export.ForwardConfig{Endpoint: ts.addr, Token: "wrong"}, 2)
+	bad := forwardSteps(t, forward.Config{Endpoint: ts.addr, Token: "wrong"}, 2)
 	deadline := time.Now().Add(5 * time.Second)
-	for bad.Stats().Dropped[export.ForwardDropRejected] < 3 && time.Now().Before(deadline) {
+	for bad.Stats().Dropped[forward.DropRejected] < 3 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if st := bad.Stats(); st.Dropped[export.ForwardDropRejected] != 3 || st.Sent != 0 {
+	if st := bad.Stats(); st.Dropped[forward.DropRejected] != 3 || st.Sent != 0 {
 		t.Fatalf("forwarder with a wrong token: %+v", st)
 	}
-	good := forwardSteps(t, export.ForwardConfig{Endpoint: ts.addr, Token: "s3cret"}, 4)
+	good := forwardSteps(t, forward.Config{Endpoint: ts.addr, Token: "s3cret"}, 4)
 	ts.waitFacts(t, 4)
 	if got := ts.srv.Stats().Unauthorized; got < 3 {
 		t.Errorf("unauthorized requests counted: %d", got)
@@ -210,7 +210,7 @@ func TestServerTLS(t *testing.T) {
 	for _, scheme := range []string{"grpcs://", "https://"} {
 		t.Run(scheme, func(t *testing.T) {
 			ts := startServer(t, ServerConfig{TLSCertFile: cert, TLSKeyFile: key, Token: "tok"})
-			forwardSteps(t, export.ForwardConfig{Endpoint: scheme + ts.addr, RootCAs: pool, Token: "tok"}, 6)
+			forwardSteps(t, forward.Config{Endpoint: scheme + ts.addr, RootCAs: pool, Token: "tok"}, 6)
 			ts.waitFacts(t, 6)
 			// Plaintext to a TLS port fails.
 			if resp, err := http.Post("http://"+ts.addr+"/v1/logs", "application/x-protobuf", nil); err == nil {
@@ -223,7 +223,7 @@ func TestServerTLS(t *testing.T) {
 	}
 	// An untrusted certificate is refused by the forwarder.
 	ts := startServer(t, ServerConfig{TLSCertFile: cert, TLSKeyFile: key})
-	f := forwardSteps(t, export.ForwardConfig{Endpoint: "grpcs://" + ts.addr, MaxBackoff: 50 * time.Millisecond}, 2)
+	f := forwardSteps(t, forward.Config{Endpoint: "grpcs://" + ts.addr, MaxBackoff: 50 * time.Millisecond}, 2)
 	time.Sleep(300 * time.Millisecond)
 	if st := f.Stats(); st.Sent != 0 || st.Failures == 0 {
 		t.Fatalf("forwarder trusted an unknown certificate: %+v", st)

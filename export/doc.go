@@ -2,8 +2,8 @@
 // facts become train.step spans (one trace per training step, every rank
 // side by side), verdicts become span events, attributes and gauges, and the
 // agent's own health becomes metrics; it also owns the JSONL sinks for facts
-// and verdicts (JSONLWriter) and, for now, the agent's fact forwarder to an
-// aggregator (Forwarder). It imports detector for the fact and verdict
+// and verdicts (JSONLWriter); the agent's fact forwarder to an aggregator
+// is its subpackage forward. It imports detector for the fact and verdict
 // types, wire for the step attribute names that train.step spans share with
 // the fact wire schema, and selfmetrics, and knows nothing of bpf, cupti or
 // agent: other components' counters and gauges come in as

@@ -13,7 +13,7 @@ import (
 
 	"github.com/slowrank/slowrank/aggregate"
 	"github.com/slowrank/slowrank/detector"
-	"github.com/slowrank/slowrank/export"
+	"github.com/slowrank/slowrank/export/forward"
 	"github.com/slowrank/slowrank/test/testutil"
 	"github.com/slowrank/slowrank/wire"
 )
@@ -106,10 +106,10 @@ service:
 	}()
 
 	// Two hosts, clocks a day apart, two ranks each; rank 2 is slow.
-	var fwds []*export.Forwarder
+	var fwds []*forward.Forwarder
 	for h := range 2 {
 		offset := int64(h) * int64(24*time.Hour)
-		f, err := export.NewForwarder(export.ForwardConfig{Endpoint: colAddr, HostName: fmt.Sprint("host", h),
+		f, err := forward.New(forward.Config{Endpoint: colAddr, HostName: fmt.Sprint("host", h),
 			NowMono: func() int64 { return testutil.MonoNow() + offset }})
 		if err != nil {
 			t.Fatal(err)

@@ -1,4 +1,4 @@
-package export
+package forward
 
 import (
 	"compress/gzip"
@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/slowrank/slowrank/detector"
+	"github.com/slowrank/slowrank/selfmetrics"
 	"github.com/slowrank/slowrank/wire"
 )
 
@@ -77,7 +78,7 @@ func startFakeLogs(t *testing.T, f *fakeLogs) string {
 	return ln.Addr().String()
 }
 
-func newTestForwarder(t *testing.T, cfg ForwardConfig) *Forwarder {
+func newTestForwarder(t *testing.T, cfg Config) *Forwarder {
 	t.Helper()
 	if cfg.HostName == "" {
 		cfg.HostName = "h1"
@@ -85,7 +86,7 @@ func newTestForwarder(t *testing.T, cfg ForwardConfig) *Forwarder {
 	if cfg.FlushInterval == 0 {
 		cfg.FlushInterval = 10 * time.Millisecond
 	}
-	f, err := NewForwarder(cfg)
+	f, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +116,7 @@ func TestForwarderSchema(t *testing.T) {
 	fake := &fakeLogs{}
 	addr := startFakeLogs(t, fake)
 	now := int64(50e9)
-	f := newTestForwarder(t, ForwardConfig{Endpoint: addr, NowMono: func() int64 { return now },
+	f := newTestForwarder(t, Config{Endpoint: addr, NowMono: func() int64 { return now },
 		MonoToWall: func(ns int64) time.Time { return time.Unix(1_700_000_000, ns) }})
 	topo := detector.Topology{Kind: detector.KindTopology, Job: "j1", Version: 2, Ranks: []detector.RankInfo{{Rank: 0, Host: "h1"}}}
 	f.Topology(topo)
@@ -172,7 +173,7 @@ func TestForwarderNeverBlocksAndDropsOldest(t *testing.T) {
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	addr := ln.Addr().String()
 	ln.Close()
-	f := newTestForwarder(t, ForwardConfig{Endpoint: addr, QueueSize: 100, Timeout: 50 * time.Millisecond, MaxBatch: 10})
+	f := newTestForwarder(t, Config{Endpoint: addr, QueueSize: 100, Timeout: 50 * time.Millisecond, MaxBatch: 10})
 	start := time.Now()
 	now := MonoNowForTest()
 	for i := range 100_000 {
@@ -185,7 +186,7 @@ func TestForwarderNeverBlocksAndDropsOldest(t *testing.T) {
 	if st.Queued > 100 {
 		t.Fatalf("queue holds %d > 100", st.Queued)
 	}
-	if got := st.Dropped[ForwardDropQueueFull]; got < 100_000-110 {
+	if got := st.Dropped[DropQueueFull]; got < 100_000-110 {
 		t.Fatalf("dropped %d as queue_full", got)
 	}
 	waitFor(t, "failures", func() bool { return f.Stats().Failures > 0 })
@@ -199,7 +200,7 @@ func TestForwarderRetriesWithFreshSendStamp(t *testing.T) {
 	addr := startFakeLogs(t, fake)
 	var clock atomic.Int64
 	clock.Store(100e9)
-	f := newTestForwarder(t, ForwardConfig{Endpoint: addr, NowMono: func() int64 { return clock.Add(1e6) }})
+	f := newTestForwarder(t, Config{Endpoint: addr, NowMono: func() int64 { return clock.Add(1e6) }})
 	f.Step(fwdStep(1, 1, 99e9), 0)
 	waitFor(t, "delivery after retries", func() bool { return fake.records() == 1 && f.Stats().Sent == 1 })
 	st := f.Stats()
@@ -217,9 +218,9 @@ func TestForwarderRetriesWithFreshSendStamp(t *testing.T) {
 func TestForwarderPermanentErrorIsNotRetried(t *testing.T) {
 	fake := &fakeLogs{failN: 1 << 30, failCode: codes.InvalidArgument}
 	addr := startFakeLogs(t, fake)
-	f := newTestForwarder(t, ForwardConfig{Endpoint: addr})
+	f := newTestForwarder(t, Config{Endpoint: addr})
 	f.Step(fwdStep(1, 1, MonoNowForTest()), 0)
-	waitFor(t, "rejection", func() bool { return f.Stats().Dropped[ForwardDropRejected] == 1 })
+	waitFor(t, "rejection", func() bool { return f.Stats().Dropped[DropRejected] == 1 })
 	time.Sleep(50 * time.Millisecond)
 	if n := fake.calls.Load(); n != 1 {
 		t.Fatalf("%d calls for a permanent error", n)
@@ -230,11 +231,11 @@ func TestForwarderDropsStaleFacts(t *testing.T) {
 	fake := &fakeLogs{}
 	addr := startFakeLogs(t, fake)
 	now := int64(1000e9)
-	f := newTestForwarder(t, ForwardConfig{Endpoint: addr, MaxAge: 5 * time.Second, NowMono: func() int64 { return now }})
+	f := newTestForwarder(t, Config{Endpoint: addr, MaxAge: 5 * time.Second, NowMono: func() int64 { return now }})
 	f.Step(fwdStep(0, 1, now-6e9), 0) // ended 6 s ago
 	f.Step(fwdStep(0, 2, now-1e9), 0)
 	waitFor(t, "one record", func() bool { return fake.records() == 1 })
-	if got := f.Stats().Dropped[ForwardDropStale]; got != 1 {
+	if got := f.Stats().Dropped[DropStale]; got != 1 {
 		t.Fatalf("stale drops %d", got)
 	}
 }
@@ -242,12 +243,12 @@ func TestForwarderDropsStaleFacts(t *testing.T) {
 func TestForwarderResendsTopologyAndPartialSuccess(t *testing.T) {
 	fake := &fakeLogs{reject: 1}
 	addr := startFakeLogs(t, fake)
-	f := newTestForwarder(t, ForwardConfig{Endpoint: addr, TopologyEvery: 30 * time.Millisecond})
+	f := newTestForwarder(t, Config{Endpoint: addr, TopologyEvery: 30 * time.Millisecond})
 	f.Topology(detector.Topology{Kind: detector.KindTopology, Job: "j1", Version: 1})
 	// The fake counts a call when it receives it; the forwarder counts the
 	// rejection only after the response, so wait on the forwarder's count.
 	waitFor(t, "topology re-sent and each partial success counted", func() bool {
-		return fake.calls.Load() >= 3 && f.Stats().Dropped[ForwardDropRejected] >= 3
+		return fake.calls.Load() >= 3 && f.Stats().Dropped[DropRejected] >= 3
 	})
 	if st := f.Stats(); st.Sent != 0 {
 		t.Fatalf("rejected records counted as sent: %+v", st)
@@ -257,7 +258,7 @@ func TestForwarderResendsTopologyAndPartialSuccess(t *testing.T) {
 func TestForwarderCloseFlushes(t *testing.T) {
 	fake := &fakeLogs{}
 	addr := startFakeLogs(t, fake)
-	f, err := NewForwarder(ForwardConfig{Endpoint: addr, HostName: "h1", FlushInterval: time.Hour, MaxBatch: 7})
+	f, err := New(Config{Endpoint: addr, HostName: "h1", FlushInterval: time.Hour, MaxBatch: 7})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,14 +275,14 @@ func TestForwarderCloseFlushes(t *testing.T) {
 		t.Fatalf("%d records delivered on close", fake.records())
 	}
 	f.Step(fwdStep(0, 9, now), 0)
-	if got := f.Stats().Dropped[ForwardDropShutdown]; got != 1 {
+	if got := f.Stats().Dropped[DropShutdown]; got != 1 {
 		t.Fatalf("step after close: shutdown drops %d", got)
 	}
 	// Close against a dead aggregator returns by the deadline.
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	dead := ln.Addr().String()
 	ln.Close()
-	g, err := NewForwarder(ForwardConfig{Endpoint: dead, HostName: "h1", Timeout: 100 * time.Millisecond})
+	g, err := New(Config{Endpoint: dead, HostName: "h1", Timeout: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,7 +294,7 @@ func TestForwarderCloseFlushes(t *testing.T) {
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("Close took %v against a dead aggregator", d)
 	}
-	if got := g.Stats().Dropped[ForwardDropShutdown]; got != 1 {
+	if got := g.Stats().Dropped[DropShutdown]; got != 1 {
 		t.Fatalf("shutdown drops %d", got)
 	}
 }
@@ -331,13 +332,13 @@ func TestForwarderHTTP(t *testing.T) {
 		w.Write(b)
 	}))
 	defer srv.Close()
-	f := newTestForwarder(t, ForwardConfig{Endpoint: srv.URL, Token: "tok"})
+	f := newTestForwarder(t, Config{Endpoint: srv.URL, Token: "tok"})
 	now := MonoNowForTest()
 	f.Step(fwdStep(0, 1, now), 0)
 	f.Step(fwdStep(1, 1, now), 0)
 	waitFor(t, "delivery", func() bool { return f.Stats().Requests == 1 })
 	st := f.Stats()
-	if st.Failures != 1 || st.Sent != 1 || st.Dropped[ForwardDropRejected] != 1 {
+	if st.Failures != 1 || st.Sent != 1 || st.Dropped[DropRejected] != 1 {
 		t.Fatalf("%+v", st)
 	}
 	if gotAuth.Load() != "Bearer tok" {
@@ -347,12 +348,33 @@ func TestForwarderHTTP(t *testing.T) {
 
 func TestForwarderConfigErrors(t *testing.T) {
 	for _, ep := range []string{"", "ftp://x:1", "grpc://nohostport", "grpc://h:1/path", "http://"} {
-		_, err := NewForwarder(ForwardConfig{Endpoint: ep, HostName: "h"})
+		_, err := New(Config{Endpoint: ep, HostName: "h"})
 		if !errors.Is(err, ErrConfig) {
 			t.Errorf("endpoint %q: %v", ep, err)
 		}
 	}
-	if _, err := NewForwarder(ForwardConfig{Endpoint: "h:1"}); err == nil || !strings.Contains(err.Error(), "host name") {
+	if _, err := New(Config{Endpoint: "h:1"}); err == nil || !strings.Contains(err.Error(), "host name") {
 		t.Errorf("no host name: %v", err)
+	}
+}
+
+// TestCounterKeysDeclared: the keys the forwarder reports are declared in
+// selfmetrics.Table, so that every drop reaches the metrics.
+func TestCounterKeysDeclared(t *testing.T) {
+	f, err := New(Config{Endpoint: "127.0.0.1:1", HostName: "h"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close(context.Background())
+	keys := f.Counters()
+	for _, reason := range []string{DropQueueFull, DropStale, DropRejected, DropShutdown, DropTopology} {
+		if _, ok := keys["forward_dropped_"+reason]; !ok {
+			t.Errorf("drop reason %q has no counter", reason)
+		}
+	}
+	for k := range keys {
+		if _, s, ok := selfmetrics.Lookup(k); !ok || strings.HasSuffix(s.Key, "*") {
+			t.Errorf("counter %q is not declared in selfmetrics.Table", k)
+		}
 	}
 }
