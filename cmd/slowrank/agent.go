@@ -281,10 +281,10 @@ type sinkSet struct {
 func (s *sinkSet) list() []agent.Sink {
 	var out []agent.Sink
 	if s.facts != nil || s.verdicts != nil {
-		out = append(out, &jsonlSink{facts: s.facts, verdicts: s.verdicts})
+		out = append(out, &export.JSONLSink{Facts: s.facts, Verdicts: s.verdicts})
 	}
 	if s.otel != nil {
-		out = append(out, otelSink{s.otel})
+		out = append(out, export.OTelSink{Exporter: s.otel})
 	}
 	return out
 }
@@ -377,41 +377,6 @@ func openSinks(c *cli.Context, cfg agent.Config, comps []string) (*sinkSet, func
 		return errors.Join(errs...)
 	}
 	return s, closeAll, nil
-}
-
-// jsonlSink writes facts and verdicts as JSONL (DESIGN.md 5.1 and 5.2).
-type jsonlSink struct {
-	facts, verdicts *export.JSONLWriter
-}
-
-func (j *jsonlSink) Topology(t detector.Topology) {
-	if j.facts != nil {
-		j.facts.Write(t)
-	}
-}
-
-func (j *jsonlSink) Step(s detector.Step, _ int64) {
-	if j.facts != nil {
-		j.facts.Write(s)
-	}
-}
-
-func (j *jsonlSink) Settled(_ detector.SettledWindow, vs []detector.Verdict) {
-	if j.verdicts == nil {
-		return
-	}
-	for _, v := range vs {
-		j.verdicts.Write(v)
-	}
-}
-
-// otelSink adapts the OpenTelemetry exporter.
-type otelSink struct{ e *export.Exporter }
-
-func (o otelSink) Topology(t detector.Topology)    { o.e.RecordTopology(t) }
-func (o otelSink) Step(s detector.Step, win int64) { o.e.RecordStep(s, win) }
-func (o otelSink) Settled(w detector.SettledWindow, vs []detector.Verdict) {
-	o.e.SettleWindow(w.Job, w.Index, vs)
 }
 
 // selfSource feeds the agent's (or the aggregator's) self-metrics to the
