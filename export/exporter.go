@@ -24,9 +24,9 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
-	"golang.org/x/sys/unix"
 
 	"github.com/slowrank/slowrank/detector"
+	"github.com/slowrank/slowrank/internal/monoclock"
 )
 
 // ScopeName is the instrumentation scope of slowrank's spans and metrics.
@@ -99,10 +99,10 @@ func New(ctx context.Context, cfg Config) (*Exporter, error) {
 	}
 	e.buf = newStepBuffer(e.policy)
 	if e.nowMono == nil {
-		e.nowMono = monotonicNow
+		e.nowMono = monoclock.Now
 	}
 	if e.monoToWall == nil {
-		e.monoToWall = monoToWallNow()
+		e.monoToWall = monoclock.WallMapper()
 	}
 
 	// Traces.
@@ -578,24 +578,6 @@ func (e *Exporter) Stats() Stats {
 		ForcedSettles:      e.stats.forcedSettles.Load(),
 		BufferedSteps:      n,
 	}
-}
-
-// monotonicNow reads CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns.
-func monotonicNow() int64 {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		return time.Now().UnixNano()
-	}
-	return ts.Nano()
-}
-
-// monoToWallNow maps CLOCK_MONOTONIC onto wall-clock time with the offset
-// between the two clocks now.
-func monoToWallNow() func(int64) time.Time {
-	mono := monotonicNow()
-	wall := time.Now().UnixNano()
-	off := wall - mono
-	return func(ns int64) time.Time { return time.Unix(0, ns+off) }
 }
 
 // exportErrors counts everything reported to the global OpenTelemetry error

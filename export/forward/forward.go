@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"go.opentelemetry.io/collector/pdata/plog/plogotlp"
-	"golang.org/x/sys/unix"
 
 	"github.com/slowrank/slowrank/detector"
+	"github.com/slowrank/slowrank/internal/monoclock"
 	"github.com/slowrank/slowrank/wire"
 )
 
@@ -91,10 +91,10 @@ func (c Config) withDefaults() Config {
 		c.MaxJobs = 64
 	}
 	if c.NowMono == nil {
-		c.NowMono = monotonicNow
+		c.NowMono = monoclock.Now
 	}
 	if c.MonoToWall == nil {
-		c.MonoToWall = monoToWallNow()
+		c.MonoToWall = monoclock.WallMapper()
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -461,21 +461,3 @@ func (f *Forwarder) logErr(err error) {
 // ErrConfig is wrapped by every refusal of a Config. Its text is the one
 // `slowrank agent --aggregator` has always printed.
 var ErrConfig = errors.New("invalid otel configuration")
-
-// monotonicNow reads CLOCK_MONOTONIC, the clock of the facts' *_ns.
-func monotonicNow() int64 {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		return time.Now().UnixNano()
-	}
-	return ts.Nano()
-}
-
-// monoToWallNow maps CLOCK_MONOTONIC onto wall-clock time with the offset
-// between the two clocks now.
-func monoToWallNow() func(int64) time.Time {
-	mono := monotonicNow()
-	wall := time.Now().UnixNano()
-	off := wall - mono
-	return func(ns int64) time.Time { return time.Unix(0, ns+off) }
-}

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/slowrank/slowrank/detector"
+	"github.com/slowrank/slowrank/internal/monoclock"
 	"github.com/slowrank/slowrank/selfmetrics"
 	"github.com/slowrank/slowrank/wire"
 )
@@ -193,7 +194,7 @@ func TestForwarderNeverBlocksAndDropsOldest(t *testing.T) {
 }
 
 // MonoNowForTest reads CLOCK_MONOTONIC.
-func MonoNowForTest() int64 { return monotonicNow() }
+func MonoNowForTest() int64 { return monoclock.Now() }
 
 func TestForwarderRetriesWithFreshSendStamp(t *testing.T) {
 	fake := &fakeLogs{failN: 3, failCode: codes.Unavailable}
