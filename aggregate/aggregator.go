@@ -11,13 +11,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/slowrank/slowrank/detector"
+	"github.com/slowrank/slowrank/internal/monoclock"
+	"github.com/slowrank/slowrank/wire"
 )
 
 // Sink receives the aggregator's results, exactly as an agent's sinks do
-// (cmd/slowrank's JSONL and OpenTelemetry sinks satisfy both): calls come
+// (export.JSONLSink and export.OTelSink satisfy both): calls come
 // from the aggregator's goroutine, in order; a step's Step call precedes
 // the Settled call of its window. A Sink must not block for long.
 type Sink interface {
@@ -118,13 +118,7 @@ func (c Config) withDefaults() Config {
 }
 
 // MonoNow reads CLOCK_MONOTONIC in ns.
-func MonoNow() int64 {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		return time.Now().UnixNano()
-	}
-	return ts.Nano()
-}
+func MonoNow() int64 { return monoclock.Now() }
 
 // ErrQueueFull is returned by Offer when the detector is behind; receivers
 // answer it with a retryable error.
@@ -165,7 +159,7 @@ type Aggregator struct {
 
 type batch struct {
 	recv  int64
-	facts []Fact
+	facts []wire.Fact
 }
 
 type jobState struct {
@@ -285,7 +279,7 @@ func checkTimes(cfg Config) error {
 // Offer hands the facts of one request, received at recvMono (the
 // aggregator's CLOCK_MONOTONIC), to the detector goroutine. It never blocks:
 // ErrQueueFull when the detector is behind (the sender should retry).
-func (a *Aggregator) Offer(recvMono int64, facts []Fact) error {
+func (a *Aggregator) Offer(recvMono int64, facts []wire.Fact) error {
 	if len(facts) == 0 {
 		return nil
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/slowrank/slowrank/detector"
+	"github.com/slowrank/slowrank/wire"
 )
 
 // capture is a Sink that keeps everything.
@@ -104,7 +105,7 @@ func newSimulation(t *testing.T, hosts []*simHost) *simulation {
 		for i, r := range h.ranks {
 			t.Ranks = append(t.Ranks, detector.RankInfo{Rank: r, Host: h.name, LocalRank: i})
 		}
-		s.agg.handle(batch{recv: s.aggNow(), facts: []Fact{{Host: h.name, Topology: &t}}})
+		s.agg.handle(batch{recv: s.aggNow(), facts: []wire.Fact{{Host: h.name, Topology: &t}}})
 	}
 	return s
 }
@@ -139,10 +140,10 @@ func (s *simulation) run(d time.Duration) {
 				if len(h.queue) == 0 || s.silent[h.name] {
 					continue // the forwarder keeps its queue while the link is down
 				}
-				facts := make([]Fact, len(h.queue))
+				facts := make([]wire.Fact, len(h.queue))
 				for i := range h.queue {
 					st := h.queue[i]
-					facts[i] = Fact{Host: h.name, SentMono: s.now + h.offset, Step: &st}
+					facts[i] = wire.Fact{Host: h.name, SentMono: s.now + h.offset, Step: &st}
 				}
 				h.queue = h.queue[:0]
 				// Arrives transit later; the aggregator stamps then.
@@ -298,7 +299,7 @@ func TestHostLimitAndForgetting(t *testing.T) {
 	}
 	for i := range 3 {
 		st := detector.Step{Kind: detector.KindStep, Job: "j", Rank: i, Step: 1, StartNS: 0, EndNS: 10, Phases: map[string]float64{}}
-		a.handle(batch{recv: now, facts: []Fact{{Host: fmt.Sprint("h", i), Step: &st}}})
+		a.handle(batch{recv: now, facts: []wire.Fact{{Host: fmt.Sprint("h", i), Step: &st}}})
 	}
 	if st := a.Stats(); st.RefusedHosts != 1 {
 		t.Fatalf("refused %d, want 1", st.RefusedHosts)
@@ -323,7 +324,7 @@ func TestJobLimit(t *testing.T) {
 	}
 	for i := range 3 {
 		st := detector.Step{Kind: detector.KindStep, Job: fmt.Sprint("job", i), Rank: 0, EndNS: 10, Phases: map[string]float64{}}
-		a.handle(batch{recv: 1, facts: []Fact{{Host: "h", Step: &st}}})
+		a.handle(batch{recv: 1, facts: []wire.Fact{{Host: "h", Step: &st}}})
 	}
 	if st := a.Stats(); st.RefusedJobs != 1 || st.Facts != 2 {
 		t.Fatalf("%+v", st)
@@ -336,7 +337,7 @@ func TestOfferRefusesWhenQueueFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := detector.Step{Kind: detector.KindStep, Job: "j", Rank: 1, EndNS: 10, Phases: map[string]float64{}}
-	f := []Fact{{Host: "h", Step: &st}, {Host: "h", Step: &st}}
+	f := []wire.Fact{{Host: "h", Step: &st}, {Host: "h", Step: &st}}
 	if err := a.Offer(1, f); err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +359,7 @@ func exposedHost(hostMS, slowest float64) map[string]float64 {
 // jobFeed sends one step per rank of one job from one host, stamped on the
 // aggregator's clock (age 0).
 func jobFeed(a *Aggregator, job, host string, ranks []int, step int64, now int64, hostMS func(rank int) float64) {
-	facts := make([]Fact, 0, len(ranks))
+	facts := make([]wire.Fact, 0, len(ranks))
 	slowest := 0.0
 	for _, r := range ranks {
 		slowest = max(slowest, hostMS(r))
@@ -367,7 +368,7 @@ func jobFeed(a *Aggregator, job, host string, ranks []int, step int64, now int64
 		st := detector.Step{Kind: detector.KindStep, Job: job, Rank: r, Step: step, Host: host,
 			StartNS: now - int64(100*time.Millisecond), EndNS: now,
 			Phases: exposedHost(hostMS(r), slowest)}
-		facts = append(facts, Fact{Host: host, Step: &st})
+		facts = append(facts, wire.Fact{Host: host, Step: &st})
 	}
 	a.handle(batch{recv: now, facts: facts})
 }

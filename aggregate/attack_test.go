@@ -15,7 +15,7 @@ import (
 	"go.opentelemetry.io/collector/pdata/plog/plogotlp"
 
 	"github.com/slowrank/slowrank/detector"
-	"github.com/slowrank/slowrank/otel"
+	"github.com/slowrank/slowrank/wire"
 )
 
 // dialFrom opens a TCP connection to addr from the loopback address src
@@ -34,7 +34,7 @@ func dialFrom(t *testing.T, src, addr string) net.Conn {
 // goodLogsBody is an OTLP/HTTP protobuf body with one valid step fact.
 func goodLogsBody(t *testing.T) []byte {
 	t.Helper()
-	body, err := plogotlp.NewExportRequestFromLogs(otel.FactLogs("h1", nil, []detector.Step{sampleStep()}, nil)).MarshalProto()
+	body, err := plogotlp.NewExportRequestFromLogs(wire.EncodeLogs("h1", nil, []detector.Step{sampleStep()}, nil)).MarshalProto()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,12 +8,12 @@ import (
 	"time"
 
 	"github.com/slowrank/slowrank/detector"
-	"github.com/slowrank/slowrank/otel"
+	"github.com/slowrank/slowrank/wire"
 )
 
 // hugeTopology is the hostile record: a topology whose one group
 // lists 2^17 - 1 ranks, about 0.8 MB of JSON, decoded as the receiver does.
-func hugeTopology(t testing.TB, job string) Fact {
+func hugeTopology(t testing.TB, job string) wire.Fact {
 	t.Helper()
 	members := make([]int, 1<<17-1)
 	for i := range members {
@@ -21,7 +21,7 @@ func hugeTopology(t testing.TB, job string) Fact {
 	}
 	topo := detector.Topology{Kind: detector.KindTopology, Job: job, Version: 1,
 		Ranks: []detector.RankInfo{{Rank: 0}}, Groups: []detector.Group{{ID: "w", Type: "world", Ranks: members}}}
-	d := DecodeLogs(otel.FactLogs("evil", []detector.Topology{topo}, nil, nil), Limits{})
+	d := wire.DecodeLogs(wire.EncodeLogs("evil", []detector.Topology{topo}, nil, nil), wire.Limits{})
 	if len(d.Facts) != 1 {
 		t.Fatalf("hostile topology not decoded: %v", d.FirstErr)
 	}
@@ -44,7 +44,7 @@ func TestTopologyAloneCreatesNoRankState(t *testing.T) {
 	}
 	f := hugeTopology(t, "j")
 	before := heapAfterGC()
-	a.handle(batch{recv: now, facts: []Fact{f}})
+	a.handle(batch{recv: now, facts: []wire.Fact{f}})
 	a.tick(now)
 	grown := int64(heapAfterGC()) - int64(before)
 	runtime.KeepAlive(a)
@@ -59,7 +59,7 @@ func TestTopologyAloneCreatesNoRankState(t *testing.T) {
 	for r := range 2 {
 		st := detector.Step{Kind: detector.KindStep, Job: "j", Rank: r, Step: 1, StartNS: now - 2e6, EndNS: now - 1e6,
 			Phases: map[string]float64{detector.PhaseHost: 1}}
-		a.handle(batch{recv: now, facts: []Fact{{Host: "h", Step: &st}}})
+		a.handle(batch{recv: now, facts: []wire.Fact{{Host: "h", Step: &st}}})
 	}
 	now += int64(a.cfg.TopologyDebounce)
 	a.tick(now)
@@ -81,22 +81,22 @@ func TestRankAndJobQuotas(t *testing.T) {
 	tests := []struct {
 		name                  string
 		cfg                   Config
-		facts                 []Fact
+		facts                 []wire.Fact
 		facts_, ranks_, jobs_ int64
 	}{
 		{"global rank budget", Config{MaxRanks: 3},
-			[]Fact{{Host: "a", Step: step("j1", 0)}, {Host: "b", Step: step("j1", 1)}, {Host: "c", Step: step("j2", 0)},
+			[]wire.Fact{{Host: "a", Step: step("j1", 0)}, {Host: "b", Step: step("j1", 1)}, {Host: "c", Step: step("j2", 0)},
 				{Host: "c", Step: step("j2", 1)}, {Host: "a", Step: step("j1", 0)}},
 			4, 1, 0},
 		{"a rank two hosts send counts once", Config{MaxRanks: 1},
-			[]Fact{{Host: "a", Step: step("j1", 0)}, {Host: "b", Step: step("j1", 0)}, {Host: "b", Step: step("j1", 1)}},
+			[]wire.Fact{{Host: "a", Step: step("j1", 0)}, {Host: "b", Step: step("j1", 0)}, {Host: "b", Step: step("j1", 1)}},
 			2, 1, 0},
 		{"ranks per host over its jobs", Config{MaxRanksPerHost: 2},
-			[]Fact{{Host: "a", Step: step("j1", 0)}, {Host: "a", Step: step("j2", 0)}, {Host: "a", Step: step("j2", 1)},
+			[]wire.Fact{{Host: "a", Step: step("j1", 0)}, {Host: "a", Step: step("j2", 0)}, {Host: "a", Step: step("j2", 1)},
 				{Host: "b", Step: step("j2", 1)}},
 			3, 1, 0},
 		{"jobs per host", Config{MaxJobsPerHost: 2},
-			[]Fact{{Host: "a", Step: step("j1", 0)}, {Host: "a", Step: step("j2", 0)}, {Host: "a", Step: step("j3", 0)},
+			[]wire.Fact{{Host: "a", Step: step("j1", 0)}, {Host: "a", Step: step("j2", 0)}, {Host: "a", Step: step("j3", 0)},
 				{Host: "b", Step: step("j3", 0)}},
 			3, 0, 1},
 	}
@@ -125,12 +125,12 @@ func TestForgottenHostGivesItsQuotaBack(t *testing.T) {
 	}
 	for r := range 2 {
 		st := detector.Step{Kind: detector.KindStep, Job: "j1", Rank: r, Step: 1, StartNS: now - 2, EndNS: now - 1, Phases: map[string]float64{}}
-		a.handle(batch{recv: now, facts: []Fact{{Host: "a", Step: &st}}})
+		a.handle(batch{recv: now, facts: []wire.Fact{{Host: "a", Step: &st}}})
 	}
 	now += 4e9
 	a.tick(now)
 	st := detector.Step{Kind: detector.KindStep, Job: "j2", Rank: 7, Step: 1, StartNS: now - 2, EndNS: now - 1, Phases: map[string]float64{}}
-	a.handle(batch{recv: now, facts: []Fact{{Host: "a", Step: &st}}})
+	a.handle(batch{recv: now, facts: []wire.Fact{{Host: "a", Step: &st}}})
 	if s := a.Stats(); s.Facts != 3 || s.RefusedRanks != 0 || s.RefusedJobs != 0 || len(a.quotas) != 1 || a.nRanks != 1 {
 		t.Fatalf("after host a was forgotten: %+v, quotas %d, ranks %d", s, len(a.quotas), a.nRanks)
 	}
@@ -145,14 +145,14 @@ func TestTopologyBudgetCountsSharedListsOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var facts []Fact
+	var facts []wire.Fact
 	for h := range 10 {
 		host := fmt.Sprint("h", h)
-		facts = append(facts, Fact{Host: host, Topology: hostTopology(1, host, []int{h}, detector.Group{ID: "w", Type: "world", Ranks: world})})
+		facts = append(facts, wire.Fact{Host: host, Topology: hostTopology(1, host, []int{h}, detector.Group{ID: "w", Type: "world", Ranks: world})})
 	}
 	// A host whose own list does not fit is refused; the others are kept.
 	other := slices.Clone(world[:60])
-	facts = append(facts, Fact{Host: "big", Topology: hostTopology(1, "big", nil, detector.Group{ID: "dp", Type: "dp", Ranks: other})})
+	facts = append(facts, wire.Fact{Host: "big", Topology: hostTopology(1, "big", nil, detector.Group{ID: "dp", Type: "dp", Ranks: other})})
 	a.handle(batch{recv: 1, facts: facts})
 	if st := a.Stats(); st.RefusedTopos != 1 || a.topoUsed.used != 110 {
 		t.Fatalf("refused %d topologies, %d entries in use; want 1 and 110 (100 shared members + 10 ranks)", st.RefusedTopos, a.topoUsed.used)

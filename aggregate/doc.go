@@ -1,55 +1,20 @@
 // Package aggregate is slowrank's multi-host detector: an OTLP receiver
 // (`slowrank aggregate`) that takes the step and topology facts every
-// agent forwards (otel.Forwarder, `slowrank agent --aggregator ADDR`), runs
+// agent forwards (forward.Forwarder, `slowrank agent --aggregator ADDR`), runs
 // one detector across all ranks of each job, and hands verdicts to the same
-// sinks as an agent (JSONL, OpenTelemetry). It owns the wire schema's
-// decoding and validation (DecodeLogs, DecodeTraces), the merging of the
+// sinks as an agent (JSONL, OpenTelemetry). It owns the merging of the
 // hosts' topologies (one merged, versioned topology per job), the timeline
-// on which windows are cut, and the receiver's security limits. It imports
-// detector and otel; nothing in slowrank imports it but cmd.
+// on which windows are cut, and the receiver's security limits; the wire
+// schema, its decoding and its validation are package wire's. It imports
+// detector and wire; nothing in slowrank imports it but cmd.
 //
-// # Wire schema: one OTLP log record per fact
+// # Wire schema
 //
-// Resource attributes: service.name = "slowrank", slowrank.job.id = job
-// (string, required; nothing host-specific, so that one resource is one job
-// and a collector can route by it). Scope: name
-// "github.com/slowrank/slowrank/otel/forward"; attribute
-// slowrank.sent_mono_ns (int) = the sender's CLOCK_MONOTONIC when the
-// request left, refreshed on every retry (optional; absent means age 0).
-// Record: trace_id = otel.RouteTraceID(job) (a per-job constant that names
-// no trace; older loadbalancing exporters route logs by trace id only),
-// event_name slowrank.step or slowrank.topology, and the attributes:
-//
-//	slowrank.kind            string  "step" | "topology"           required
-//	slowrank.host            string  the sending host               required
-//	slowrank.job.id          string  if present, must equal the resource's
-//	step records:
-//	slowrank.rank            int     0 ≤ rank < 2^24               required
-//	slowrank.step            int     ≥ 0                            required
-//	slowrank.start_ns        int     sender's CLOCK_MONOTONIC       required
-//	slowrank.end_ns          int     ≥ start_ns, ≤ start + 24 h, ≤ sent_mono_ns
-//	slowrank.phase.<p>_ms    double  one per measured phase (p: [a-z0-9_]{1,32},
-//	                                 at most 16; finite, ≥ 0); absent = not measured
-//	slowrank.gpu             bool    device records present
-//	slowrank.topology.version int    the sender's topology version of the step
-//	slowrank.epoch           int     the agent's attach epoch
-//	slowrank.workload.fp     string  workload fingerprint
-//	slowrank.workload.tokens int     ≥ 0
-//	slowrank.last_arrival    bool    last at the step's collectives
-//	slowrank.arrival_lag_ms  double  ≥ 0
-//	topology records: body = the topology fact of DESIGN.md 5.1 as a JSON
-//	string (job equal to the resource's); slowrank.topology.version, if
-//	present, equal to its version.
-//
-// Validation is strict and per record: a wrong type, a missing required
-// attribute, a value out of range, a key given twice or a record beyond the
-// limits rejects that record (counted, and reported to the sender as OTLP
-// partial success with the first reason); other records of the request are
-// kept. Unknown attributes are ignored and records without slowrank.kind
-// (or with a kind this version does not know) are ignored and counted, so
-// the schema can grow. The same step fields are also accepted from
-// train.step spans (OTLP traces, attribute names of otel/spans.go), whose
-// timestamps give the duration; spans carry no send time.
+// The facts arrive as OTLP log records (or as train.step spans) in the
+// schema of package wire, which specifies, encodes, decodes and validates
+// it: the receiver decodes every request with wire.DecodeLogs or
+// wire.DecodeTraces under ServerConfig.Limits and answers the records it
+// rejected as OTLP partial success, with the first reason.
 //
 // # Timeline: windows by receive time minus sender-side age
 //
@@ -129,7 +94,7 @@
 // budget of 256 MiB over all requests being read or waiting (beyond it:
 // retryable 503), and only then does a request take one of 16 decoding
 // slots (waiting up to 5 s, then a retryable refusal): slow senders cannot
-// hold the decoders. Decoding is bounded per request (Limits: records,
+// hold the decoders. Decoding is bounded per request (wire.Limits: records,
 // attributes, string lengths, phases, topology size).
 //
 // State is bounded: hosts (65536 overall, 8192 per job, forgotten after

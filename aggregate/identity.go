@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+
+	"github.com/slowrank/slowrank/wire"
 )
 
 // clientHosts returns the host names a client's verified certificate lets
@@ -40,7 +42,7 @@ func clientHostsOf(ctx context.Context) []string {
 // the client's certificate does not: the sender (slowrank.host) and, in a
 // topology, the host of every rank. Without client certificates every
 // claim stands (a token holder may speak for any host).
-func (s *Server) checkHosts(d Decoded, hosts []string) Decoded {
+func (s *Server) checkHosts(d wire.Decoded, hosts []string) wire.Decoded {
 	if !s.mtls {
 		return d
 	}
@@ -63,7 +65,7 @@ func (s *Server) checkHosts(d Decoded, hosts []string) Decoded {
 		}
 		if bad != "" {
 			s.stats.impersonation.Add(1)
-			d.reject(fmt.Errorf("%w: host %q is not named by the client certificate (%s)", ErrInvalid, bad, strings.Join(hosts, ", ")))
+			d.Reject(fmt.Errorf("%w: host %q is not named by the client certificate (%s)", wire.ErrInvalid, bad, strings.Join(hosts, ", ")))
 			continue
 		}
 		kept = append(kept, f)

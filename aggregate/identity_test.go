@@ -27,7 +27,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/slowrank/slowrank/detector"
-	"github.com/slowrank/slowrank/otel"
+	"github.com/slowrank/slowrank/wire"
 )
 
 // testCA signs server and client certificates for the tests.
@@ -103,7 +103,7 @@ func (ca *testCA) writeServerPair(t *testing.T) (certFile, keyFile string) {
 func stepFrom(host string) plog.Logs {
 	s := sampleStep()
 	s.Host = host
-	return otel.FactLogs(host, nil, []detector.Step{s}, nil)
+	return wire.EncodeLogs(host, nil, []detector.Step{s}, nil)
 }
 
 func TestClientCertificateBindsTheHostItMayClaim(t *testing.T) {
@@ -162,9 +162,9 @@ func TestClientCertificateBindsTheHostItMayClaim(t *testing.T) {
 		t.Errorf("impersonations counted: %d, want 4", got)
 	}
 	// A topology may not place ranks on another host either.
-	topo := sampleTopo()
-	topo.Ranks = []detector.RankInfo{{Rank: 0, Host: "hostA"}, {Rank: 1, Host: "hostB"}}
-	d := ts.srv.checkHosts(DecodeLogs(otel.FactLogs("hostA", []detector.Topology{topo}, nil, nil), Limits{}), []string{"hostA"})
+	topo := detector.Topology{Kind: detector.KindTopology, Job: "j1", Version: 2,
+		Ranks: []detector.RankInfo{{Rank: 0, Host: "hostA"}, {Rank: 1, Host: "hostB"}}}
+	d := ts.srv.checkHosts(wire.DecodeLogs(wire.EncodeLogs("hostA", []detector.Topology{topo}, nil, nil), wire.Limits{}), []string{"hostA"})
 	if len(d.Facts) != 0 || d.Rejected != 1 || !strings.Contains(d.FirstErr.Error(), `"hostB"`) {
 		t.Errorf("topology placing a rank on another host: %d facts, %d rejected (%v)", len(d.Facts), d.Rejected, d.FirstErr)
 	}
@@ -208,4 +208,4 @@ func TestExposedListenerWarns(t *testing.T) {
 
 type nopIngester struct{}
 
-func (nopIngester) Offer(int64, []Fact) error { return nil }
+func (nopIngester) Offer(int64, []wire.Fact) error { return nil }

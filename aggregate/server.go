@@ -25,6 +25,8 @@ import (
 	"google.golang.org/grpc/codes"
 	_ "google.golang.org/grpc/encoding/gzip" // collectors send gzip by default
 	"google.golang.org/grpc/status"
+
+	"github.com/slowrank/slowrank/wire"
 )
 
 // DefaultListen is the receiver's default address: loopback only. Agents on
@@ -34,7 +36,7 @@ const DefaultListen = "127.0.0.1:4317"
 
 // Ingester takes decoded facts (the Aggregator).
 type Ingester interface {
-	Offer(recvMono int64, facts []Fact) error
+	Offer(recvMono int64, facts []wire.Fact) error
 }
 
 // ServerConfig configures the OTLP receiver.
@@ -75,7 +77,7 @@ type ServerConfig struct {
 	// (408) and its connection closed.
 	MinBodyRate int
 	BodyGrace   time.Duration
-	Limits      Limits
+	Limits      wire.Limits
 	NowMono     func() int64
 	Logger      *slog.Logger
 }
@@ -120,7 +122,7 @@ func (c ServerConfig) withDefaults() ServerConfig {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	c.Limits = c.Limits.withDefaults()
+	c.Limits = c.Limits.WithDefaults()
 	return c
 }
 
@@ -509,7 +511,7 @@ func (s *Server) serveOTLPHTTP(w http.ResponseWriter, req otlpRequest, body []by
 
 // decodeOTLPHTTP unmarshals and decodes a logs or traces request and builds
 // its response (partial success when records were rejected).
-func (s *Server) decodeOTLPHTTP(req otlpRequest, body []byte, hosts []string) (Decoded, marshaler, error) {
+func (s *Server) decodeOTLPHTTP(req otlpRequest, body []byte, hosts []string) (wire.Decoded, marshaler, error) {
 	unmarshal := func(u interface {
 		UnmarshalProto([]byte) error
 		UnmarshalJSON([]byte) error
@@ -522,20 +524,20 @@ func (s *Server) decodeOTLPHTTP(req otlpRequest, body []byte, hosts []string) (D
 	if req.traces {
 		r := ptraceotlp.NewExportRequest()
 		if err := unmarshal(r); err != nil {
-			return Decoded{}, nil, err
+			return wire.Decoded{}, nil, err
 		}
-		d := s.checkHosts(DecodeTraces(r.Traces(), s.cfg.Limits), hosts)
+		d := s.checkHosts(wire.DecodeTraces(r.Traces(), s.cfg.Limits), hosts)
 		return d, tracesResponse(d), nil
 	}
 	r := plogotlp.NewExportRequest()
 	if err := unmarshal(r); err != nil {
-		return Decoded{}, nil, err
+		return wire.Decoded{}, nil, err
 	}
-	d := s.checkHosts(DecodeLogs(r.Logs(), s.cfg.Limits), hosts)
+	d := s.checkHosts(wire.DecodeLogs(r.Logs(), s.cfg.Limits), hosts)
 	return d, logsResponse(d), nil
 }
 
-func logsResponse(d Decoded) plogotlp.ExportResponse {
+func logsResponse(d wire.Decoded) plogotlp.ExportResponse {
 	r := plogotlp.NewExportResponse()
 	if d.Rejected > 0 {
 		r.PartialSuccess().SetRejectedLogRecords(int64(d.Rejected))
@@ -544,7 +546,7 @@ func logsResponse(d Decoded) plogotlp.ExportResponse {
 	return r
 }
 
-func tracesResponse(d Decoded) ptraceotlp.ExportResponse {
+func tracesResponse(d wire.Decoded) ptraceotlp.ExportResponse {
 	r := ptraceotlp.NewExportResponse()
 	if d.Rejected > 0 {
 		r.PartialSuccess().SetRejectedSpans(int64(d.Rejected))
@@ -554,7 +556,7 @@ func tracesResponse(d Decoded) ptraceotlp.ExportResponse {
 }
 
 // ingest counts a decoded request and hands its facts to the aggregator.
-func (s *Server) ingest(d Decoded) error {
+func (s *Server) ingest(d wire.Decoded) error {
 	s.stats.requests.Add(1)
 	s.stats.rejected.Add(int64(d.Rejected))
 	s.stats.ignored.Add(int64(d.Ignored))
@@ -575,7 +577,7 @@ type logsService struct {
 }
 
 func (l *logsService) Export(ctx context.Context, req plogotlp.ExportRequest) (plogotlp.ExportResponse, error) {
-	d := l.s.checkHosts(DecodeLogs(req.Logs(), l.s.cfg.Limits), clientHostsOf(ctx))
+	d := l.s.checkHosts(wire.DecodeLogs(req.Logs(), l.s.cfg.Limits), clientHostsOf(ctx))
 	if err := l.s.ingest(d); err != nil {
 		return plogotlp.NewExportResponse(), status.Error(codes.Unavailable, err.Error())
 	}
@@ -588,7 +590,7 @@ type tracesService struct {
 }
 
 func (t *tracesService) Export(ctx context.Context, req ptraceotlp.ExportRequest) (ptraceotlp.ExportResponse, error) {
-	d := t.s.checkHosts(DecodeTraces(req.Traces(), t.s.cfg.Limits), clientHostsOf(ctx))
+	d := t.s.checkHosts(wire.DecodeTraces(req.Traces(), t.s.cfg.Limits), clientHostsOf(ctx))
 	if err := t.s.ingest(d); err != nil {
 		return ptraceotlp.NewExportResponse(), status.Error(codes.Unavailable, err.Error())
 	}

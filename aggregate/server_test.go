@@ -28,7 +28,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/slowrank/slowrank/detector"
-	"github.com/slowrank/slowrank/otel"
+	"github.com/slowrank/slowrank/export/forward"
+	"github.com/slowrank/slowrank/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -91,11 +92,11 @@ func (ts *testServer) waitFacts(t *testing.T, n int64) {
 	}
 }
 
-func forwardSteps(t *testing.T, cfg otel.ForwardConfig, n int) *otel.Forwarder {
+func forwardSteps(t *testing.T, cfg forward.Config, n int) *forward.Forwarder {
 	t.Helper()
 	cfg.HostName = "hostA"
 	cfg.FlushInterval = 20 * time.Millisecond
-	f, err := otel.NewForwarder(cfg)
+	f, err := forward.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +115,7 @@ func TestForwarderToServer(t *testing.T) {
 	for _, scheme := range []string{"", "grpc://", "http://"} {
 		t.Run("scheme="+scheme, func(t *testing.T) {
 			ts := startServer(t, ServerConfig{})
-			f := forwardSteps(t, otel.ForwardConfig{Endpoint: scheme + ts.addr}, 20)
+			f := forwardSteps(t, forward.Config{Endpoint: scheme + ts.addr}, 20)
 			ts.waitFacts(t, 20)
 			deadline := time.Now().Add(5 * time.Second)
 			for f.Stats().Sent < 21 && time.Now().Before(deadline) {
@@ -159,15 +160,15 @@ func TestServerRequiresToken(t *testing.T) {
 	if status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("gRPC without token: %v", err)
 	}
-	bad := forwardSteps(t, otel.ForwardConfig{Endpoint: ts.addr, Token: "wrong"}, 2)
+	bad := forwardSteps(t, forward.Config{Endpoint: ts.addr, Token: "wrong"}, 2)
 	deadline := time.Now().Add(5 * time.Second)
-	for bad.Stats().Dropped[otel.ForwardDropRejected] < 3 && time.Now().Before(deadline) {
+	for bad.Stats().Dropped[forward.DropRejected] < 3 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if st := bad.Stats(); st.Dropped[otel.ForwardDropRejected] != 3 || st.Sent != 0 {
+	if st := bad.Stats(); st.Dropped[forward.DropRejected] != 3 || st.Sent != 0 {
 		t.Fatalf("forwarder with a wrong token: %+v", st)
 	}
-	good := forwardSteps(t, otel.ForwardConfig{Endpoint: ts.addr, Token: "s3cret"}, 4)
+	good := forwardSteps(t, forward.Config{Endpoint: ts.addr, Token: "s3cret"}, 4)
 	ts.waitFacts(t, 4)
 	if got := ts.srv.Stats().Unauthorized; got < 3 {
 		t.Errorf("unauthorized requests counted: %d", got)
@@ -209,7 +210,7 @@ func TestServerTLS(t *testing.T) {
 	for _, scheme := range []string{"grpcs://", "https://"} {
 		t.Run(scheme, func(t *testing.T) {
 			ts := startServer(t, ServerConfig{TLSCertFile: cert, TLSKeyFile: key, Token: "tok"})
-			forwardSteps(t, otel.ForwardConfig{Endpoint: scheme + ts.addr, RootCAs: pool, Token: "tok"}, 6)
+			forwardSteps(t, forward.Config{Endpoint: scheme + ts.addr, RootCAs: pool, Token: "tok"}, 6)
 			ts.waitFacts(t, 6)
 			// Plaintext to a TLS port fails.
 			if resp, err := http.Post("http://"+ts.addr+"/v1/logs", "application/x-protobuf", nil); err == nil {
@@ -222,7 +223,7 @@ func TestServerTLS(t *testing.T) {
 	}
 	// An untrusted certificate is refused by the forwarder.
 	ts := startServer(t, ServerConfig{TLSCertFile: cert, TLSKeyFile: key})
-	f := forwardSteps(t, otel.ForwardConfig{Endpoint: "grpcs://" + ts.addr, MaxBackoff: 50 * time.Millisecond}, 2)
+	f := forwardSteps(t, forward.Config{Endpoint: "grpcs://" + ts.addr, MaxBackoff: 50 * time.Millisecond}, 2)
 	time.Sleep(300 * time.Millisecond)
 	if st := f.Stats(); st.Sent != 0 || st.Failures == 0 {
 		t.Fatalf("forwarder trusted an unknown certificate: %+v", st)
@@ -277,7 +278,7 @@ func TestServerHTTPLimitsAndPartialSuccess(t *testing.T) {
 	// One good and one bad record, gzip: partial success names the reason.
 	good, bad := sampleStep(), sampleStep()
 	bad.Rank = -1
-	ld := otel.FactLogs("h1", nil, []detector.Step{good, bad}, nil)
+	ld := wire.EncodeLogs("h1", nil, []detector.Step{good, bad}, nil)
 	body, _ := plogotlp.NewExportRequestFromLogs(ld).MarshalProto()
 	zb.Reset()
 	zw = gzip.NewWriter(&zb)
@@ -295,7 +296,7 @@ func TestServerHTTPLimitsAndPartialSuccess(t *testing.T) {
 		t.Fatalf("partial success %d %q", r.PartialSuccess().RejectedLogRecords(), r.PartialSuccess().ErrorMessage())
 	}
 	// OTLP/JSON works too.
-	js, _ := plogotlp.NewExportRequestFromLogs(otel.FactLogs("h1", nil, []detector.Step{good}, nil)).MarshalJSON()
+	js, _ := plogotlp.NewExportRequestFromLogs(wire.EncodeLogs("h1", nil, []detector.Step{good}, nil)).MarshalJSON()
 	resp, out = postLogs(t, ts.addr, js, map[string]string{"Content-Type": "application/json"})
 	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(string(out), "{") {
 		t.Fatalf("json: %d %s", resp.StatusCode, out)
@@ -331,7 +332,7 @@ func TestServerGRPCMessageLimit(t *testing.T) {
 		steps[i].Step = int64(i)
 	}
 	_, err = plogotlp.NewGRPCClient(conn).Export(context.Background(),
-		plogotlp.NewExportRequestFromLogs(otel.FactLogs("h1", nil, steps, nil)))
+		plogotlp.NewExportRequestFromLogs(wire.EncodeLogs("h1", nil, steps, nil)))
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("oversized gRPC message: %v", err)
 	}

@@ -17,7 +17,7 @@
 // attributes that key stands for (reason="ringbuf_full") and a scale (ns →
 // s). A key ending in "*" is a prefix: the rest of the key becomes the value
 // of the series' Suffix attribute (probe_ncclAllReduce → probe="ncclAllReduce").
-// Nothing else in slowrank names a metric: OTLP (otel.New) and the agent's
+// Nothing else in slowrank names a metric: OTLP (export.New) and the agent's
 // /metrics (the OpenTelemetry Prometheus exporter reading the same
 // MeterProvider) export exactly these instruments; docs/metrics.md is
 // generated from the table (go test ./selfmetrics/ -update).

@@ -5,8 +5,8 @@ const (
 	Agent     = "agent"     // agent/: discovery, attach, ring buffer, correlator, detector, duty cycle
 	Library   = "cupti"     // the injection library's own statistics, summed by the agent (cupti_lib_*)
 	Outputs   = "jsonl"     // the agent's JSONL files (cmd/slowrank)
-	Export    = "export"    // the OTLP exporter (otel.Exporter)
-	Forward   = "forward"   // the fact forwarder to an aggregator (otel.Forwarder)
+	Export    = "export"    // the OTLP exporter (export.Exporter)
+	Forward   = "forward"   // the fact forwarder to an aggregator (forward.Forwarder)
 	Aggregate = "aggregate" // slowrank aggregate
 	Process   = "process"   // CPU and memory of the slowrank process (/proc/self)
 )

@@ -23,7 +23,7 @@ import (
 
 	"github.com/slowrank/slowrank/aggregate"
 	"github.com/slowrank/slowrank/detector"
-	"github.com/slowrank/slowrank/otel"
+	"github.com/slowrank/slowrank/wire"
 )
 
 func main() {
@@ -71,7 +71,7 @@ func agent(addr, token string, n int) ([]time.Duration, int) {
 	for i := range n {
 		st := detector.Step{Kind: detector.KindStep, Job: "honest", Rank: 0, Step: int64(i), StartNS: now - 2e6, EndNS: now - 1e6,
 			Phases: map[string]float64{detector.PhaseHost: 1}}
-		body, _ := plogotlp.NewExportRequestFromLogs(otel.FactLogs("honest-host", nil, []detector.Step{st}, nil)).MarshalProto()
+		body, _ := plogotlp.NewExportRequestFromLogs(wire.EncodeLogs("honest-host", nil, []detector.Step{st}, nil)).MarshalProto()
 		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/logs", strings.NewReader(string(body)))
 		req.Header.Set("Content-Type", "application/x-protobuf")
 		req.Header.Set("Authorization", "Bearer "+token)
@@ -161,7 +161,7 @@ func bigTopologies(addr, token string, n int) {
 	for j := range n {
 		topo := detector.Topology{Kind: detector.KindTopology, Job: fmt.Sprint("evil-", j), Version: 1,
 			Ranks: []detector.RankInfo{{Rank: 0}}, Groups: []detector.Group{{ID: "w", Type: "world", Ranks: members}}}
-		body, _ := plogotlp.NewExportRequestFromLogs(otel.FactLogs("evil", []detector.Topology{topo}, nil, nil)).MarshalProto()
+		body, _ := plogotlp.NewExportRequestFromLogs(wire.EncodeLogs("evil", []detector.Topology{topo}, nil, nil)).MarshalProto()
 		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/logs", strings.NewReader(string(body)))
 		req.Header.Set("Content-Type", "application/x-protobuf")
 		req.Header.Set("Authorization", "Bearer "+token)

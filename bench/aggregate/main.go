@@ -34,7 +34,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/slowrank/slowrank/detector"
-	"github.com/slowrank/slowrank/otel"
+	"github.com/slowrank/slowrank/wire"
 )
 
 type options struct {
@@ -352,8 +352,8 @@ func worker(ctx context.Context, o options, w, workers, hosts int, world []int, 
 					Workload: &detector.Workload{FP: "fp-bench"}}
 			}
 			h.step++
-			ld := otel.FactLogs(h.name, topos, steps, nil)
-			otel.StampSent(ld, monoNow()+h.offset)
+			ld := wire.EncodeLogs(h.name, topos, steps, nil)
+			wire.StampSent(ld, monoNow()+h.offset)
 			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			_, err := c.Export(cctx, plogotlp.NewExportRequestFromLogs(ld))
 			cancel()

@@ -40,8 +40,7 @@ import (
 	"time"
 
 	"github.com/slowrank/slowrank/agent"
-	"github.com/slowrank/slowrank/detector"
-	"github.com/slowrank/slowrank/otel"
+	"github.com/slowrank/slowrank/export"
 )
 
 type sample struct {
@@ -95,11 +94,11 @@ func main() {
 		fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	facts, err := otel.NewJSONLWriter(filepath.Join(dir, "facts.jsonl"))
+	facts, err := export.NewJSONLWriter(filepath.Join(dir, "facts.jsonl"))
 	if err != nil {
 		fatal(err)
 	}
-	verdicts, err := otel.NewJSONLWriter(filepath.Join(dir, "verdicts.jsonl"))
+	verdicts, err := export.NewJSONLWriter(filepath.Join(dir, "verdicts.jsonl"))
 	if err != nil {
 		fatal(err)
 	}
@@ -111,7 +110,7 @@ func main() {
 	cfg.Detector.Window = 2 * time.Second
 	cfg.MaxMemory = 256 << 20
 	cfg.Logger = log
-	cfg.Sinks = []agent.Sink{&jsonlSink{facts: facts, verdicts: verdicts}}
+	cfg.Sinks = []agent.Sink{&export.JSONLSink{Facts: facts, Verdicts: verdicts}} // as `slowrank agent --facts --verdicts`
 	a, err := agent.New(cfg)
 	if err != nil {
 		fatal(err)
@@ -326,20 +325,4 @@ func tail(s string, n int) string {
 func fatal(err error) {
 	fmt.Fprintln(os.Stderr, "soak:", err)
 	os.Exit(1)
-}
-
-// jsonlSink writes facts and verdicts as `slowrank agent --facts --verdicts` does.
-type jsonlSink struct{ facts, verdicts *otel.JSONLWriter }
-
-func (j *jsonlSink) Topology(t detector.Topology)  { j.facts.Write(t) }
-func (j *jsonlSink) Step(s detector.Step, _ int64) { j.facts.Write(s) }
-func (j *jsonlSink) Settled(_ detector.SettledWindow, vs []detector.Verdict) {
-	for _, v := range vs {
-		j.verdicts.Write(v)
-	}
-}
-
-// Counters implements agent.CounterSource.
-func (j *jsonlSink) Counters() map[string]int64 {
-	return map[string]int64{"jsonl_facts_lost": j.facts.Lost(), "jsonl_verdicts_lost": j.verdicts.Lost()}
 }

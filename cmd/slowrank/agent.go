@@ -24,7 +24,7 @@ import (
 	"github.com/slowrank/slowrank/agent"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/detector"
-	"github.com/slowrank/slowrank/otel"
+	"github.com/slowrank/slowrank/export"
 	"github.com/slowrank/slowrank/selfmetrics"
 )
 
@@ -169,7 +169,7 @@ func runAgent(c *cli.Context) error {
 	}
 	cfg.Sinks = sinks.list()
 	if path := c.String("dump-events"); path != "" {
-		dump, err := otel.NewJSONLWriter(path)
+		dump, err := export.NewJSONLWriter(path)
 		if err != nil {
 			closeSinks(context.Background(), nil)
 			return cli.Exit(fmt.Sprintf("--dump-events: %v", err), exitUsage)
@@ -268,10 +268,10 @@ func isTerminal(f *os.File) bool {
 
 // sinkSet holds the agent's outputs.
 type sinkSet struct {
-	facts, verdicts *otel.JSONLWriter
+	facts, verdicts *export.JSONLWriter
 	// otel exports the metrics (and with otelOn, spans and OTLP): it also
 	// exists with --otel off when a status endpoint serves /metrics.
-	otel   *otel.Exporter
+	otel   *export.Exporter
 	otelOn bool
 	self   *selfSource
 	// metrics serves /metrics (nil without a status endpoint).
@@ -281,10 +281,10 @@ type sinkSet struct {
 func (s *sinkSet) list() []agent.Sink {
 	var out []agent.Sink
 	if s.facts != nil || s.verdicts != nil {
-		out = append(out, &jsonlSink{facts: s.facts, verdicts: s.verdicts})
+		out = append(out, &export.JSONLSink{Facts: s.facts, Verdicts: s.verdicts})
 	}
 	if s.otel != nil {
-		out = append(out, otelSink{s.otel})
+		out = append(out, export.OTelSink{Exporter: s.otel})
 	}
 	return out
 }
@@ -304,12 +304,12 @@ func openSinks(c *cli.Context, cfg agent.Config, comps []string) (*sinkSet, func
 	}
 	var err error
 	if p := c.String("facts"); p != "" {
-		if s.facts, err = otel.NewJSONLWriter(p); err != nil {
+		if s.facts, err = export.NewJSONLWriter(p); err != nil {
 			return fail(fmt.Errorf("--facts: %w", err))
 		}
 	}
 	if p := c.String("verdicts"); p != "" {
-		if s.verdicts, err = otel.NewJSONLWriter(p); err != nil {
+		if s.verdicts, err = export.NewJSONLWriter(p); err != nil {
 			return fail(fmt.Errorf("--verdicts: %w", err))
 		}
 	}
@@ -332,12 +332,12 @@ func openSinks(c *cli.Context, cfg agent.Config, comps []string) (*sinkSet, func
 		readers = append(readers, pe)
 		s.metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
 	}
-	oc := otel.Config{HostName: cfg.HostName, ServiceVersion: version, Logger: slog.Default(), MetricReaders: readers,
+	oc := export.Config{HostName: cfg.HostName, ServiceVersion: version, Logger: slog.Default(), MetricReaders: readers,
 		Self: []selfmetrics.Source{{Components: comps, Observe: s.self.observe}}}
 	oc.Policy.SampleEvery = c.Int("sample-every")
 	switch mode {
 	case "off":
-		oc.Traces, oc.Metrics = otel.KindNone, otel.KindNone
+		oc.Traces, oc.Metrics = export.KindNone, export.KindNone
 	case "on":
 		s.otelOn = true
 	case "stdout":
@@ -347,7 +347,7 @@ func openSinks(c *cli.Context, cfg agent.Config, comps []string) (*sinkSet, func
 		return fail(fmt.Errorf("--otel must be auto, on, off or stdout, got %q", mode))
 	}
 	if s.otelOn || len(readers) > 0 {
-		if s.otel, err = otel.New(c.Context, oc); err != nil {
+		if s.otel, err = export.New(c.Context, oc); err != nil {
 			return fail(fmt.Errorf("--otel: %w", err))
 		}
 	}
@@ -366,7 +366,7 @@ func openSinks(c *cli.Context, cfg agent.Config, comps []string) (*sinkSet, func
 		if s.otel != nil {
 			errs = append(errs, s.otel.Shutdown(ctx))
 		}
-		for _, w := range []*otel.JSONLWriter{s.facts, s.verdicts} {
+		for _, w := range []*export.JSONLWriter{s.facts, s.verdicts} {
 			if w != nil {
 				errs = append(errs, w.Close())
 				if n := w.Lost(); n > 0 {
@@ -377,41 +377,6 @@ func openSinks(c *cli.Context, cfg agent.Config, comps []string) (*sinkSet, func
 		return errors.Join(errs...)
 	}
 	return s, closeAll, nil
-}
-
-// jsonlSink writes facts and verdicts as JSONL (DESIGN.md 5.1 and 5.2).
-type jsonlSink struct {
-	facts, verdicts *otel.JSONLWriter
-}
-
-func (j *jsonlSink) Topology(t detector.Topology) {
-	if j.facts != nil {
-		j.facts.Write(t)
-	}
-}
-
-func (j *jsonlSink) Step(s detector.Step, _ int64) {
-	if j.facts != nil {
-		j.facts.Write(s)
-	}
-}
-
-func (j *jsonlSink) Settled(_ detector.SettledWindow, vs []detector.Verdict) {
-	if j.verdicts == nil {
-		return
-	}
-	for _, v := range vs {
-		j.verdicts.Write(v)
-	}
-}
-
-// otelSink adapts the OpenTelemetry exporter.
-type otelSink struct{ e *otel.Exporter }
-
-func (o otelSink) Topology(t detector.Topology)    { o.e.RecordTopology(t) }
-func (o otelSink) Step(s detector.Step, win int64) { o.e.RecordStep(s, win) }
-func (o otelSink) Settled(w detector.SettledWindow, vs []detector.Verdict) {
-	o.e.SettleWindow(w.Job, w.Index, vs)
 }
 
 // selfSource feeds the agent's (or the aggregator's) self-metrics to the

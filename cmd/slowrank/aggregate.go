@@ -18,7 +18,7 @@ import (
 
 	"github.com/slowrank/slowrank/agent"
 	"github.com/slowrank/slowrank/aggregate"
-	"github.com/slowrank/slowrank/otel"
+	"github.com/slowrank/slowrank/export/forward"
 	"github.com/slowrank/slowrank/selfmetrics"
 )
 
@@ -285,12 +285,12 @@ func aggregatorFlags() []cli.Flag {
 }
 
 // openForwarder builds the forwarding sink when --aggregator is given.
-func openForwarder(c *cli.Context, host string) (*otel.Forwarder, error) {
+func openForwarder(c *cli.Context, host string) (*forward.Forwarder, error) {
 	ep := c.String("aggregator")
 	if ep == "" {
 		return nil, nil
 	}
-	cfg := otel.ForwardConfig{Endpoint: ep, HostName: host, Logger: slog.Default()}
+	cfg := forward.Config{Endpoint: ep, HostName: host, Logger: slog.Default()}
 	switch comp := c.String("aggregator-compression"); comp {
 	case "gzip":
 	case "none":
@@ -315,7 +315,7 @@ func openForwarder(c *cli.Context, host string) (*otel.Forwarder, error) {
 			return nil, cli.Exit(fmt.Sprintf("--aggregator-ca: no PEM certificate in %s", p), exitUsage)
 		}
 	}
-	f, err := otel.NewForwarder(cfg)
+	f, err := forward.New(cfg)
 	if err != nil {
 		return nil, cli.Exit(fmt.Sprintf("--aggregator: %v", err), exitUsage)
 	}
@@ -324,7 +324,7 @@ func openForwarder(c *cli.Context, host string) (*otel.Forwarder, error) {
 }
 
 // closeForwarder sends what is queued within ctx and logs what was lost.
-func closeForwarder(ctx context.Context, f *otel.Forwarder) {
+func closeForwarder(ctx context.Context, f *forward.Forwarder) {
 	if f == nil {
 		return
 	}

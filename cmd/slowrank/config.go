@@ -19,7 +19,6 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/slowrank/slowrank/agent"
-	"github.com/slowrank/slowrank/otel"
 )
 
 // Configuration files (--config FILE). A file is YAML or JSON (JSON is read
@@ -516,25 +515,3 @@ func logCounters(log *slog.Logger, counters map[string]int64, sinks []agent.Sink
 	}
 	log.Info("counters", args...)
 }
-
-// Counters implements agent.CounterSource: lines written and lost.
-func (j *jsonlSink) Counters() map[string]int64 {
-	m := map[string]int64{}
-	for name, w := range map[string]*otel.JSONLWriter{"facts": j.facts, "verdicts": j.verdicts} {
-		if w == nil {
-			continue
-		}
-		m["jsonl_"+name+"_written"] = w.Written()
-		m["jsonl_"+name+"_lost"] = w.Lost()
-		failing := int64(0)
-		if w.Err() != nil {
-			failing = 1
-		}
-		m["jsonl_"+name+"_write_failing"] = failing
-	}
-	return m
-}
-
-// Counters implements agent.CounterSource: spans exported and dropped
-// (the keys of otel.Exporter.Counters).
-func (o otelSink) Counters() map[string]int64 { return o.e.Counters() }

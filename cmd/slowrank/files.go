@@ -6,21 +6,21 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/slowrank/slowrank/otel"
+	"github.com/slowrank/slowrank/export"
 )
 
 // createFile creates or truncates path with mode 0640, refusing a symlink
 // planted at path and anything but a regular file (a FIFO would block the
 // open or feed another user's reader), as the JSONL outputs do.
 func createFile(path string) (*os.File, error) {
-	return otel.CreateOutput(path)
+	return export.CreateOutput(path)
 }
 
 // reopenOnHangup reopens the JSONL file outputs on SIGHUP (log rotation)
 // until the returned stop is called. Without a file output SIGHUP keeps its
 // default action.
-func reopenOnHangup(ws ...*otel.JSONLWriter) (stop func()) {
-	var files []*otel.JSONLWriter
+func reopenOnHangup(ws ...*export.JSONLWriter) (stop func()) {
+	var files []*export.JSONLWriter
 	for _, w := range ws {
 		if w != nil {
 			files = append(files, w)

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slowrank/slowrank/otel"
+	"github.com/slowrank/slowrank/export"
 )
 
 // A FIFO planted at --output, --facts or --verdicts is refused at once
@@ -20,7 +20,7 @@ func TestOutputsRefuseAFIFO(t *testing.T) {
 	if err := syscall.Mkfifo(fifo, 0o666); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := createOutput(fifo); !errors.Is(err, otel.ErrNotRegular) {
+	if _, _, err := createOutput(fifo); !errors.Is(err, export.ErrNotRegular) {
 		t.Errorf("createOutput: %v, want ErrNotRegular", err)
 	}
 	for _, args := range [][]string{
@@ -43,7 +43,7 @@ func TestOutputsRefuseAFIFO(t *testing.T) {
 
 func TestSIGHUPReopensTheOutputs(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "verdicts.jsonl")
-	w, err := otel.NewJSONLWriter(path)
+	w, err := export.NewJSONLWriter(path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/slowrank/slowrank/detector"
-	slowotel "github.com/slowrank/slowrank/otel"
+	"github.com/slowrank/slowrank/export"
 	"github.com/slowrank/slowrank/test/testutil"
 )
 
@@ -49,10 +49,10 @@ func TestExporterSurvivesBadEndpoints(t *testing.T) {
 		setup func(t *testing.T) endpoint
 	}{
 		{"down/http", func(t *testing.T) endpoint {
-			return endpoint{url: "http://" + testutil.FreeAddr(t), protocol: slowotel.ProtocolHTTPProtobuf}
+			return endpoint{url: "http://" + testutil.FreeAddr(t), protocol: export.ProtocolHTTPProtobuf}
 		}},
 		{"down/grpc", func(t *testing.T) endpoint {
-			return endpoint{url: "http://" + testutil.FreeAddr(t), protocol: slowotel.ProtocolGRPC}
+			return endpoint{url: "http://" + testutil.FreeAddr(t), protocol: export.ProtocolGRPC}
 		}},
 		{"503/http", func(t *testing.T) endpoint {
 			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
@@ -65,7 +65,7 @@ func TestExporterSurvivesBadEndpoints(t *testing.T) {
 			srv.Listener = l
 			srv.Start()
 			t.Cleanup(srv.Close)
-			return endpoint{url: srv.URL, protocol: slowotel.ProtocolHTTPProtobuf}
+			return endpoint{url: srv.URL, protocol: export.ProtocolHTTPProtobuf}
 		}},
 		{"no-metrics-service/grpc", func(t *testing.T) endpoint {
 			l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -77,7 +77,7 @@ func TestExporterSurvivesBadEndpoints(t *testing.T) {
 			coltracepb.RegisterTraceServiceServer(gs, ts)
 			go func() { _ = gs.Serve(l) }()
 			t.Cleanup(gs.Stop)
-			return endpoint{url: "http://" + l.Addr().String(), protocol: slowotel.ProtocolGRPC, traceSrv: ts}
+			return endpoint{url: "http://" + l.Addr().String(), protocol: export.ProtocolGRPC, traceSrv: ts}
 		}},
 	}
 	for _, tc := range cases {
@@ -91,11 +91,11 @@ func TestExporterSurvivesBadEndpoints(t *testing.T) {
 }
 
 func runBadEndpoint(t *testing.T, url, protocol string, ts *traceOnly) {
-	exp, err := slowotel.New(context.Background(), slowotel.Config{
+	exp, err := export.New(context.Background(), export.Config{
 		Job: "bad", HostName: "e2e-host", Endpoint: url, Protocol: protocol, Env: emptyEnv,
 		Timeout: 500 * time.Millisecond, MetricInterval: 100 * time.Millisecond,
-		Queue:  slowotel.QueueConfig{MaxQueueSize: 2048, MaxExportBatchSize: 256, BatchTimeout: 50 * time.Millisecond},
-		Policy: slowotel.Policy{MaxBufferedSteps: 4000},
+		Queue:  export.QueueConfig{MaxQueueSize: 2048, MaxExportBatchSize: 256, BatchTimeout: 50 * time.Millisecond},
+		Policy: export.Policy{MaxBufferedSteps: 4000},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -151,7 +151,7 @@ func runBadEndpoint(t *testing.T, url, protocol string, ts *traceOnly) {
 	if growth > 96<<20 {
 		t.Errorf("heap grew by %d MiB: memory is not bounded", growth>>20)
 	}
-	if st.FactsDropped[slowotel.DropBufferOverflow] == 0 {
+	if st.FactsDropped[export.DropBufferOverflow] == 0 {
 		t.Errorf("buffer overflow not counted: %+v", st.FactsDropped)
 	}
 	if st.ExportErrors <= before {
@@ -161,7 +161,7 @@ func runBadEndpoint(t *testing.T, url, protocol string, ts *traceOnly) {
 		if st.SpansExported != 0 {
 			t.Errorf("%d spans exported to a dead endpoint", st.SpansExported)
 		}
-		if st.SpansDropped[slowotel.DropQueueFull]+st.SpansDropped[slowotel.DropExportFailed] == 0 {
+		if st.SpansDropped[export.DropQueueFull]+st.SpansDropped[export.DropExportFailed] == 0 {
 			t.Errorf("no span drops counted: %+v", st.SpansDropped)
 		}
 	} else {

@@ -16,7 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/slowrank/slowrank/detector"
-	slowotel "github.com/slowrank/slowrank/otel"
+	"github.com/slowrank/slowrank/export"
 	"github.com/slowrank/slowrank/test/testutil"
 )
 
@@ -69,7 +69,7 @@ func e2eVerdict(job string, w int64, state string, consecutive int) detector.Ver
 
 // sampledStep mirrors the exporter's baseline rule.
 func sampledStep(job string, step int64) bool {
-	id := slowotel.TraceID(job, step)
+	id := export.TraceID(job, step)
 	return binary.BigEndian.Uint64(id[8:])%sampleEvery == 0
 }
 
@@ -84,9 +84,9 @@ func TestStragglerInJaegerAndPrometheus(t *testing.T) {
 
 	job := fmt.Sprintf("e2e-%d", time.Now().UnixNano())
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	exp, err := slowotel.New(context.Background(), slowotel.Config{
+	exp, err := export.New(context.Background(), export.Config{
 		Job: job, HostName: "e2e-host", ServiceVersion: "e2e",
-		Endpoint: "http://" + st.otlpGRPC, Protocol: slowotel.ProtocolGRPC,
+		Endpoint: "http://" + st.otlpGRPC, Protocol: export.ProtocolGRPC,
 		MetricInterval: 250 * time.Millisecond, Env: emptyEnv, Logger: log,
 	})
 	if err != nil {
@@ -118,7 +118,7 @@ func TestStragglerInJaegerAndPrometheus(t *testing.T) {
 			mu.Unlock()
 			for _, step := range todo {
 				var r jaegerResponse
-				if err := getJSON(ctx, st.client, st.jaegerQuery+"/api/traces/"+slowotel.TraceID(job, step).String(), &r); err != nil {
+				if err := getJSON(ctx, st.client, st.jaegerQuery+"/api/traces/"+export.TraceID(job, step).String(), &r); err != nil {
 					continue
 				}
 				if len(r.Data) == 1 && countStepSpans(r.Data[0]) == e2eRanks && hasVerdictEvent(r.Data[0]) {
@@ -230,7 +230,7 @@ func TestStragglerInJaegerAndPrometheus(t *testing.T) {
 	// One slow step's trace in full: all 4 ranks, the verdict on rank 2.
 	slowStep := int64(4*stepsPerWindow + 5)
 	var tr jaegerResponse
-	if err := getJSON(context.Background(), st.client, st.jaegerQuery+"/api/traces/"+slowotel.TraceID(job, slowStep).String(), &tr); err != nil {
+	if err := getJSON(context.Background(), st.client, st.jaegerQuery+"/api/traces/"+export.TraceID(job, slowStep).String(), &tr); err != nil {
 		t.Fatalf("get trace: %v", err)
 	}
 	checkSlowTrace(t, tr.Data[0], job, slowStep)
@@ -250,7 +250,7 @@ func TestStragglerInJaegerAndPrometheus(t *testing.T) {
 		}
 		var r jaegerResponse
 		get := func() error {
-			return getJSON(context.Background(), st.client, st.jaegerQuery+"/api/traces/"+slowotel.TraceID(job, step).String(), &r)
+			return getJSON(context.Background(), st.client, st.jaegerQuery+"/api/traces/"+export.TraceID(job, step).String(), &r)
 		}
 		switch {
 		case sampledStep(job, step):
@@ -308,8 +308,8 @@ func TestStragglerInJaegerAndPrometheus(t *testing.T) {
 func countStepSpans(tr jaegerTrace) int {
 	ranks := map[string]bool{}
 	for _, s := range tr.Spans {
-		if s.OperationName == slowotel.SpanStep {
-			ranks[tagString(s.Tags, string(slowotel.AttrRank))] = true
+		if s.OperationName == export.SpanStep {
+			ranks[tagString(s.Tags, string(export.AttrRank))] = true
 		}
 	}
 	return len(ranks)
@@ -318,7 +318,7 @@ func countStepSpans(tr jaegerTrace) int {
 func hasVerdictEvent(tr jaegerTrace) bool {
 	for _, s := range tr.Spans {
 		for _, l := range s.Logs {
-			if tagString(l.Fields, "event") == slowotel.EventVerdict {
+			if tagString(l.Fields, "event") == export.EventVerdict {
 				return true
 			}
 		}
@@ -328,7 +328,7 @@ func hasVerdictEvent(tr jaegerTrace) bool {
 
 func checkSlowTrace(t *testing.T, tr jaegerTrace, job string, step int64) {
 	t.Helper()
-	if tr.TraceID != slowotel.TraceID(job, step).String() {
+	if tr.TraceID != export.TraceID(job, step).String() {
 		t.Fatalf("trace id %s", tr.TraceID)
 	}
 	ranks := map[string]jaegerSpan{}
@@ -338,15 +338,15 @@ func checkSlowTrace(t *testing.T, tr jaegerTrace, job string, step int64) {
 			t.Errorf("span %s of service %q", s.OperationName, tr.Processes[s.ProcessID].ServiceName)
 		}
 		switch {
-		case s.OperationName == slowotel.SpanStep:
+		case s.OperationName == export.SpanStep:
 			if len(s.References) != 0 {
 				t.Errorf("train.step span has references %v; want a root span", s.References)
 			}
-			if got := tagString(s.Tags, string(slowotel.AttrStep)); got != fmt.Sprint(step) {
+			if got := tagString(s.Tags, string(export.AttrStep)); got != fmt.Sprint(step) {
 				t.Errorf("slowrank.step %s", got)
 			}
-			ranks[tagString(s.Tags, string(slowotel.AttrRank))] = s
-		case strings.HasPrefix(s.OperationName, slowotel.SpanPhasePrefix):
+			ranks[tagString(s.Tags, string(export.AttrRank))] = s
+		case strings.HasPrefix(s.OperationName, export.SpanPhasePrefix):
 			children++
 		}
 	}
@@ -368,12 +368,12 @@ func checkSlowTrace(t *testing.T, tr jaegerTrace, job string, step int64) {
 	}
 	var ev []jaegerKV
 	for _, l := range s2.Logs {
-		if tagString(l.Fields, "event") == slowotel.EventVerdict {
+		if tagString(l.Fields, "event") == export.EventVerdict {
 			ev = l.Fields
 		}
 	}
 	if ev == nil {
-		t.Fatalf("rank 2 span has no %s event: %+v", slowotel.EventVerdict, s2.Logs)
+		t.Fatalf("rank 2 span has no %s event: %+v", export.EventVerdict, s2.Logs)
 	}
 	for key, want := range map[string]string{"state": "straggler", "phase": "compute", "rank": "2", "reference_rank": "0", "consecutive": "2"} {
 		if got := tagString(ev, key); got != want {

@@ -13,8 +13,9 @@ import (
 
 	"github.com/slowrank/slowrank/aggregate"
 	"github.com/slowrank/slowrank/detector"
-	"github.com/slowrank/slowrank/otel"
+	"github.com/slowrank/slowrank/export/forward"
 	"github.com/slowrank/slowrank/test/testutil"
+	"github.com/slowrank/slowrank/wire"
 )
 
 type factsSink struct{ vs chan detector.Verdict }
@@ -105,10 +106,10 @@ service:
 	}()
 
 	// Two hosts, clocks a day apart, two ranks each; rank 2 is slow.
-	var fwds []*otel.Forwarder
+	var fwds []*forward.Forwarder
 	for h := range 2 {
 		offset := int64(h) * int64(24*time.Hour)
-		f, err := otel.NewForwarder(otel.ForwardConfig{Endpoint: colAddr, HostName: fmt.Sprint("host", h),
+		f, err := forward.New(forward.Config{Endpoint: colAddr, HostName: fmt.Sprint("host", h),
 			NowMono: func() int64 { return testutil.MonoNow() + offset }})
 		if err != nil {
 			t.Fatal(err)
@@ -177,16 +178,16 @@ func TestLoadBalancingConfigRoutesByJob(t *testing.T) {
 	cfg := string(b)
 	for _, want := range []string{
 		"routing_key: attributes",
-		fmt.Sprintf("routing_attributes: [%q]", string(otel.AttrJob)),
+		fmt.Sprintf("routing_attributes: [%q]", wire.AttrJob),
 		"exporters: [loadbalancing]",
 	} {
 		if !strings.Contains(cfg, want) {
 			t.Errorf("deploy/otelcol-loadbalancing.yaml lacks %q", want)
 		}
 	}
-	ld := otel.FactLogs("h", nil, []detector.Step{{Job: "j1", Phases: map[string]float64{}}}, nil)
+	ld := wire.EncodeLogs("h", nil, []detector.Step{{Job: "j1", Phases: map[string]float64{}}}, nil)
 	res := ld.ResourceLogs().At(0).Resource().Attributes().AsRaw()
-	if len(res) != 2 || res[string(otel.AttrJob)] != "j1" {
+	if len(res) != 2 || res[wire.AttrJob] != "j1" {
 		t.Fatalf("forwarded resource %v: must be the job alone (plus service.name)", res)
 	}
 }

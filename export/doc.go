@@ -1,12 +1,17 @@
-// Package otel exports slowrank's results through OpenTelemetry: step facts
-// become train.step spans (one trace per training step, every rank side by
-// side), verdicts become span events, attributes and gauges, and the agent's
-// own health becomes metrics; it also owns the JSONL sinks for facts and
-// verdicts (JSONLWriter). It imports detector for the fact and verdict types
-// only and knows nothing of bpf, cupti or agent: other components' counters
-// and gauges come in as selfmetrics.Source (Config.Self), under the keys that
-// selfmetrics.Table declares. Import the upstream API as
-// otelapi "go.opentelemetry.io/otel" next to it.
+// Package export exports slowrank's results through OpenTelemetry: step
+// facts become train.step spans (one trace per training step, every rank
+// side by side), verdicts become span events, attributes and gauges, and the
+// agent's own health becomes metrics; it also owns the JSONL sinks for facts
+// and verdicts (JSONLWriter); the agent's fact forwarder to an aggregator
+// is its subpackage forward. It imports detector for the fact and verdict
+// types, wire for the step attribute names that train.step spans share with
+// the fact wire schema, and selfmetrics, and knows nothing of bpf, cupti or
+// agent: other components' counters and gauges come in as
+// selfmetrics.Source (Config.Self), under the keys that selfmetrics.Table
+// declares. Its name leaves "otel" to the upstream API
+// (go.opentelemetry.io/otel), which needs no alias next to it; the
+// instrumentation scope of what it exports is still
+// "github.com/slowrank/slowrank/otel" (ScopeName), a name the back ends see.
 //
 // # Setup
 //
@@ -110,4 +115,4 @@
 //
 // None of the kernel or the GPU. CPU and RSS come from /proc/self; without
 // it those two metrics are absent.
-package otel
+package export

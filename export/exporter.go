@@ -1,4 +1,4 @@
-package otel
+package export
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	otelapi "go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetricgrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetrichttp"
@@ -24,12 +24,14 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
-	"golang.org/x/sys/unix"
 
 	"github.com/slowrank/slowrank/detector"
+	"github.com/slowrank/slowrank/internal/monoclock"
 )
 
 // ScopeName is the instrumentation scope of slowrank's spans and metrics.
+// It names the package's former path and stays as it is: the back ends
+// (queries, dashboards) see it.
 const ScopeName = "github.com/slowrank/slowrank/otel"
 
 // Exporter turns step facts, verdicts and self-metrics into OpenTelemetry
@@ -97,10 +99,10 @@ func New(ctx context.Context, cfg Config) (*Exporter, error) {
 	}
 	e.buf = newStepBuffer(e.policy)
 	if e.nowMono == nil {
-		e.nowMono = monotonicNow
+		e.nowMono = monoclock.Now
 	}
 	if e.monoToWall == nil {
-		e.monoToWall = monoToWallNow()
+		e.monoToWall = monoclock.WallMapper()
 	}
 
 	// Traces.
@@ -578,24 +580,6 @@ func (e *Exporter) Stats() Stats {
 	}
 }
 
-// monotonicNow reads CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns.
-func monotonicNow() int64 {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		return time.Now().UnixNano()
-	}
-	return ts.Nano()
-}
-
-// monoToWallNow maps CLOCK_MONOTONIC onto wall-clock time with the offset
-// between the two clocks now.
-func monoToWallNow() func(int64) time.Time {
-	mono := monotonicNow()
-	wall := time.Now().UnixNano()
-	off := wall - mono
-	return func(ns int64) time.Time { return time.Unix(0, ns+off) }
-}
-
 // exportErrors counts everything reported to the global OpenTelemetry error
 // handler (export failures of both signals, SDK complaints).
 var (
@@ -623,7 +607,7 @@ func (countingHandler) Handle(err error) {
 // installErrorHandler makes the process-wide OpenTelemetry error handler
 // count instead of printing; export failures never crash or block.
 func installErrorHandler() {
-	handlerOnce.Do(func() { otelapi.SetErrorHandler(countingHandler{}) })
+	handlerOnce.Do(func() { otel.SetErrorHandler(countingHandler{}) })
 }
 
 // SetErrorLogger sets where the rate-limited export error log goes (New

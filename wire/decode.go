@@ -1,4 +1,4 @@
-package aggregate
+package wire
 
 import (
 	"errors"
@@ -13,7 +13,6 @@ import (
 	"go.opentelemetry.io/collector/pdata/ptrace"
 
 	"github.com/slowrank/slowrank/detector"
-	"github.com/slowrank/slowrank/otel"
 )
 
 // ErrInvalid is wrapped by every rejection of a record.
@@ -31,7 +30,8 @@ type Fact struct {
 	Topology *detector.Topology
 }
 
-// Limits bound what one request may make the decoder accept and allocate.
+// Limits bound what one request may make the decoder accept and allocate:
+// the aggregator's receiver passes its own (aggregate.ServerConfig.Limits).
 type Limits struct {
 	MaxRecords       int // records (log records or spans) per request (default 65536)
 	MaxAttributes    int // attributes per record (default 64)
@@ -54,7 +54,8 @@ const maxPhaseMS = 1e9
 // maxTokens is the detector's bound on a step's token count.
 const maxTokens = detector.MaxTokens
 
-func (l Limits) withDefaults() Limits {
+// WithDefaults fills the zero limits with their defaults (the numbers above).
+func (l Limits) WithDefaults() Limits {
 	if l.MaxRecords <= 0 {
 		l.MaxRecords = 1 << 16
 	}
@@ -91,7 +92,11 @@ type Decoded struct {
 	Ignored int
 }
 
-func (d *Decoded) reject(err error) {
+// Reject counts one more rejected record with reason err: the decoder's
+// own rejections, and the receiver's later ones (a host its client
+// certificate does not name), so that one partial-success answer tells them
+// all.
+func (d *Decoded) Reject(err error) {
 	d.Rejected++
 	if d.FirstErr == nil {
 		d.FirstErr = err
@@ -103,7 +108,7 @@ func (d *Decoded) reject(err error) {
 // rejected and counted, its neighbours are kept. Beyond lim.MaxRecords the
 // rest is rejected. It never panics on any input.
 func DecodeLogs(ld plog.Logs, lim Limits) Decoded {
-	lim = lim.withDefaults()
+	lim = lim.WithDefaults()
 	var d Decoded
 	seen := 0
 	rls := ld.ResourceLogs()
@@ -118,53 +123,53 @@ func DecodeLogs(ld plog.Logs, lim Limits) Decoded {
 			for k := 0; k < lrs.Len(); k++ {
 				seen++
 				lr := lrs.At(k)
-				kind, ok := lr.Attributes().Get(string(otel.AttrKind))
+				kind, ok := lr.Attributes().Get(AttrKind)
 				if !ok {
 					d.Ignored++
 					continue
 				}
 				if seen > lim.MaxRecords {
-					d.reject(fmt.Errorf("%w: more than %d records in one request", ErrInvalid, lim.MaxRecords))
+					d.Reject(fmt.Errorf("%w: more than %d records in one request", ErrInvalid, lim.MaxRecords))
 					continue
 				}
 				if kind.Type() != pcommon.ValueTypeStr {
-					d.reject(fmt.Errorf("%w: %s must be a string", ErrInvalid, otel.AttrKind))
+					d.Reject(fmt.Errorf("%w: %s must be a string", ErrInvalid, AttrKind))
 					continue
 				}
 				switch kind.Str() {
-				case otel.FactKindStep, otel.FactKindTopo:
+				case KindStep, KindTopology:
 				default:
 					d.Ignored++
 					continue
 				}
 				if jobErr != nil {
-					d.reject(jobErr)
+					d.Reject(jobErr)
 					continue
 				}
 				if sentErr != nil {
-					d.reject(sentErr)
+					d.Reject(sentErr)
 					continue
 				}
 				var f Fact
 				var err error
-				if kind.Str() == otel.FactKindStep {
+				if kind.Str() == KindStep {
 					f, err = decodeStepAttrs(lr.Attributes(), job, lim)
 				} else {
 					f, err = decodeTopology(lr, job, lim)
 				}
 				if err == nil && f.Step != nil && sent > 0 && sent < f.Step.EndNS {
 					err = fmt.Errorf("%w: %s %d is after %s %d (one clock: impossible)", ErrInvalid,
-						otel.AttrEndNS, f.Step.EndNS, otel.AttrSentMonoNS, sent)
+						AttrEndNS, f.Step.EndNS, AttrSentMonoNS, sent)
 				}
 				if err == nil && f.Step != nil && sent > 0 && sent-f.Step.EndNS > int64(MaxFactAge) {
 					// A fact that old is past every window's lateness; an age
 					// this large is a broken or hostile clock that would put
 					// the step far outside the job's timeline.
-					err = fmt.Errorf("%w: %s %d is %s after %s %d (at most %s)", ErrInvalid, otel.AttrSentMonoNS, sent,
-						time.Duration(sent-f.Step.EndNS), otel.AttrEndNS, f.Step.EndNS, MaxFactAge)
+					err = fmt.Errorf("%w: %s %d is %s after %s %d (at most %s)", ErrInvalid, AttrSentMonoNS, sent,
+						time.Duration(sent-f.Step.EndNS), AttrEndNS, f.Step.EndNS, MaxFactAge)
 				}
 				if err != nil {
-					d.reject(err)
+					d.Reject(err)
 					continue
 				}
 				f.SentMono = sent
@@ -176,14 +181,14 @@ func DecodeLogs(ld plog.Logs, lim Limits) Decoded {
 }
 
 func resourceJob(attrs pcommon.Map, lim Limits) (string, error) {
-	v, ok := attrs.Get(string(otel.AttrJob))
+	v, ok := attrs.Get(AttrJob)
 	if !ok {
-		return "", fmt.Errorf("%w: resource without %s", ErrInvalid, otel.AttrJob)
+		return "", fmt.Errorf("%w: resource without %s", ErrInvalid, AttrJob)
 	}
 	if v.Type() != pcommon.ValueTypeStr {
-		return "", fmt.Errorf("%w: resource %s must be a string", ErrInvalid, otel.AttrJob)
+		return "", fmt.Errorf("%w: resource %s must be a string", ErrInvalid, AttrJob)
 	}
-	if err := checkString(string(otel.AttrJob), v.Str(), lim); err != nil {
+	if err := checkString(AttrJob, v.Str(), lim); err != nil {
 		return "", err
 	}
 	return v.Str(), nil
@@ -195,12 +200,12 @@ func resourceJob(attrs pcommon.Map, lim Limits) (string, error) {
 const MaxFactAge = time.Hour
 
 func scopeSent(attrs pcommon.Map) (int64, error) {
-	v, ok := attrs.Get(string(otel.AttrSentMonoNS))
+	v, ok := attrs.Get(AttrSentMonoNS)
 	if !ok {
 		return 0, nil
 	}
 	if v.Type() != pcommon.ValueTypeInt || v.Int() < 0 || v.Int() >= detector.MaxTimeNS {
-		return 0, fmt.Errorf("%w: scope %s must be an int in [0, 2^62)", ErrInvalid, otel.AttrSentMonoNS)
+		return 0, fmt.Errorf("%w: scope %s must be an int in [0, 2^62)", ErrInvalid, AttrSentMonoNS)
 	}
 	return v.Int(), nil
 }
@@ -362,54 +367,54 @@ func (sd *stepDecoder) attr(k string, v pcommon.Value) bool {
 	const i31 = math.MaxInt32
 	var ok bool
 	switch k {
-	case string(otel.AttrKind):
+	case AttrKind:
 		return sd.once(fKind, k)
-	case string(otel.AttrJob):
+	case AttrJob:
 		sd.job, ok = sd.strAttr(fJob, k, v)
-	case string(otel.AttrHost):
+	case AttrHost:
 		sd.host, ok = sd.strAttr(fHost, k, v)
-	case string(otel.AttrRank):
+	case AttrRank:
 		var n int64
 		n, ok = sd.intAttr(fRank, k, v, 0, MaxRank-1)
 		sd.s.Rank = int(n)
-	case string(otel.AttrStep):
+	case AttrStep:
 		sd.s.Step, ok = sd.intAttr(fStep, k, v, 0, math.MaxInt64)
-	case string(otel.AttrStartNS):
+	case AttrStartNS:
 		if sd.spanned {
 			return true
 		}
 		sd.s.StartNS, ok = sd.intAttr(fStart, k, v, 0, math.MaxInt64)
-	case string(otel.AttrEndNS):
+	case AttrEndNS:
 		if sd.spanned {
 			return true
 		}
 		sd.s.EndNS, ok = sd.intAttr(fEnd, k, v, 0, math.MaxInt64)
-	case string(otel.AttrGPU):
+	case AttrGPU:
 		sd.s.GPU, ok = sd.boolAttr(fGPU, k, v)
-	case string(otel.AttrTopo):
+	case AttrTopo:
 		var n int64
 		n, ok = sd.intAttr(fTopo, k, v, 0, i31)
 		sd.s.Topo = int(n)
-	case string(otel.AttrEpoch):
+	case AttrEpoch:
 		var n int64
 		n, ok = sd.intAttr(fEpoch, k, v, 0, i31)
 		sd.s.Epoch = int(n)
-	case string(otel.AttrWorkloadFP):
+	case AttrWorkloadFP:
 		var fp string
 		if fp, ok = sd.strAttr(fFP, k, v); ok {
 			sd.workload().FP = fp
 		}
-	case string(otel.AttrWorkloadTokens):
+	case AttrWorkloadTokens:
 		var n int64
 		if n, ok = sd.intAttr(fTokens, k, v, 0, maxTokens); ok {
 			sd.workload().Tokens = n
 		}
-	case string(otel.AttrLastArrival):
+	case AttrLastArrival:
 		var b bool
 		if b, ok = sd.boolAttr(fLast, k, v); ok {
 			sd.s.LastArrival = &b
 		}
-	case string(otel.AttrArrivalLagMS):
+	case AttrArrivalLagMS:
 		if !sd.once(fLag, k) {
 			return false
 		}
@@ -420,11 +425,11 @@ func (sd *stepDecoder) attr(k string, v pcommon.Value) bool {
 		sd.s.ArrivalLagMS = &x
 		ok = true
 	default:
-		name, isPhase := strings.CutPrefix(k, otel.PhaseAttrPrefix)
+		name, isPhase := strings.CutPrefix(k, PhaseAttrPrefix)
 		if !isPhase {
 			return true // another attribute: ignored
 		}
-		name, isPhase = strings.CutSuffix(name, otel.PhaseAttrSuffix)
+		name, isPhase = strings.CutSuffix(name, PhaseAttrSuffix)
 		if !isPhase {
 			return true // slowrank.phase.name etc. on other spans
 		}
@@ -466,8 +471,8 @@ func (sd *stepDecoder) finish(required int) (*detector.Step, error) {
 		for _, f := range []struct {
 			bit  int
 			name string
-		}{{fHost, string(otel.AttrHost)}, {fRank, string(otel.AttrRank)}, {fStep, string(otel.AttrStep)},
-			{fStart, string(otel.AttrStartNS)}, {fEnd, string(otel.AttrEndNS)}, {fJob, string(otel.AttrJob)}} {
+		}{{fHost, AttrHost}, {fRank, AttrRank}, {fStep, AttrStep},
+			{fStart, AttrStartNS}, {fEnd, AttrEndNS}, {fJob, AttrJob}} {
 			if missing&f.bit != 0 {
 				return nil, fmt.Errorf("%w: missing attribute %s", ErrInvalid, f.name)
 			}
@@ -502,7 +507,7 @@ func decodeStepAttrs(attrs pcommon.Map, job string, lim Limits) (Fact, error) {
 		return Fact{}, err
 	}
 	if sd.seen&fJob != 0 && sd.job != job {
-		return Fact{}, fmt.Errorf("%w: record %s %q differs from its resource's %q", ErrInvalid, otel.AttrJob, sd.job, job)
+		return Fact{}, fmt.Errorf("%w: record %s %q differs from its resource's %q", ErrInvalid, AttrJob, sd.job, job)
 	}
 	s.Job = job
 	return Fact{Host: sd.host, Step: s}, nil
@@ -513,12 +518,12 @@ func decodeTopology(lr plog.LogRecord, job string, lim Limits) (Fact, error) {
 	if attrs.Len() > lim.MaxAttributes {
 		return Fact{}, fmt.Errorf("%w: %d attributes (limit %d)", ErrInvalid, attrs.Len(), lim.MaxAttributes)
 	}
-	hv, ok := attrs.Get(string(otel.AttrHost))
+	hv, ok := attrs.Get(AttrHost)
 	if !ok || hv.Type() != pcommon.ValueTypeStr {
-		return Fact{}, fmt.Errorf("%w: topology record without string %s", ErrInvalid, otel.AttrHost)
+		return Fact{}, fmt.Errorf("%w: topology record without string %s", ErrInvalid, AttrHost)
 	}
 	host := hv.Str()
-	if err := checkString(string(otel.AttrHost), host, lim); err != nil {
+	if err := checkString(AttrHost, host, lim); err != nil {
 		return Fact{}, err
 	}
 	body := lr.Body()
@@ -542,8 +547,8 @@ func decodeTopology(lr plog.LogRecord, job string, lim Limits) (Fact, error) {
 	if t.Version < 0 {
 		return Fact{}, fmt.Errorf("%w: negative topology version %d", ErrInvalid, t.Version)
 	}
-	if vv, ok := attrs.Get(string(otel.AttrTopo)); ok && (vv.Type() != pcommon.ValueTypeInt || vv.Int() != int64(t.Version)) {
-		return Fact{}, fmt.Errorf("%w: %s differs from the body's version %d", ErrInvalid, otel.AttrTopo, t.Version)
+	if vv, ok := attrs.Get(AttrTopo); ok && (vv.Type() != pcommon.ValueTypeInt || vv.Int() != int64(t.Version)) {
+		return Fact{}, fmt.Errorf("%w: %s differs from the body's version %d", ErrInvalid, AttrTopo, t.Version)
 	}
 	if len(t.Groups) > lim.MaxGroups {
 		return Fact{}, fmt.Errorf("%w: %d groups (limit %d)", ErrInvalid, len(t.Groups), lim.MaxGroups)
@@ -584,13 +589,13 @@ func decodeTopology(lr plog.LogRecord, job string, lim Limits) (Fact, error) {
 }
 
 // DecodeTraces decodes train.step spans (as the agent's OTel exporter
-// writes them, otel/spans.go) into step facts: job, rank, step, host and
+// writes them, export/spans.go) into step facts: job, rank, step, host and
 // phases from the span's attributes (job and host fall back to the
 // resource's slowrank.job.id and host.name), duration from the span's
 // timestamps. Spans carry no send time, so the aggregator takes their
 // receive time as their end. Other spans are ignored.
 func DecodeTraces(td ptrace.Traces, lim Limits) Decoded {
-	lim = lim.withDefaults()
+	lim = lim.WithDefaults()
 	var d Decoded
 	seen := 0
 	rss := td.ResourceSpans()
@@ -603,17 +608,17 @@ func DecodeTraces(td ptrace.Traces, lim Limits) Decoded {
 			for k := 0; k < spans.Len(); k++ {
 				seen++
 				sp := spans.At(k)
-				if sp.Name() != otel.SpanStep {
+				if sp.Name() != SpanStep {
 					d.Ignored++
 					continue
 				}
 				if seen > lim.MaxRecords {
-					d.reject(fmt.Errorf("%w: more than %d records in one request", ErrInvalid, lim.MaxRecords))
+					d.Reject(fmt.Errorf("%w: more than %d records in one request", ErrInvalid, lim.MaxRecords))
 					continue
 				}
 				f, err := decodeStepSpan(sp, res, lim)
 				if err != nil {
-					d.reject(err)
+					d.Reject(err)
 					continue
 				}
 				d.Facts = append(d.Facts, f)

@@ -1,4 +1,4 @@
-package otel
+package export
 
 import (
 	"context"
@@ -12,29 +12,32 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/slowrank/slowrank/detector"
+	"github.com/slowrank/slowrank/wire"
 )
 
 // Span and span attribute names. Metric data points use AttrJob and the
 // plain keys of metrics.go.
 const (
-	SpanStep        = "train.step"
+	SpanStep        = wire.SpanStep
 	SpanPhasePrefix = "phase." // + phase name
 	SpanSummary     = "slowrank.job.summary"
 	EventVerdict    = "slowrank.verdict"
 
-	AttrJob            = attribute.Key("slowrank.job.id")
-	AttrRank           = attribute.Key("slowrank.rank")
+	// The step fields' keys are the fact wire schema's (package wire): the
+	// aggregator decodes train.step spans with them too.
+	AttrJob            = attribute.Key(wire.AttrJob)
+	AttrRank           = attribute.Key(wire.AttrRank)
 	AttrLocalRank      = attribute.Key("slowrank.local_rank")
-	AttrStep           = attribute.Key("slowrank.step")
-	AttrHost           = attribute.Key("slowrank.host")
+	AttrStep           = attribute.Key(wire.AttrStep)
+	AttrHost           = attribute.Key(wire.AttrHost)
 	AttrWindow         = attribute.Key("slowrank.window")
-	AttrGPU            = attribute.Key("slowrank.gpu")
-	AttrWorkloadFP     = attribute.Key("slowrank.workload.fp")
-	AttrWorkloadTokens = attribute.Key("slowrank.workload.tokens")
-	AttrTopo           = attribute.Key("slowrank.topology.version")
-	AttrEpoch          = attribute.Key("slowrank.epoch")
-	AttrLastArrival    = attribute.Key("slowrank.last_arrival")
-	AttrArrivalLagMS   = attribute.Key("slowrank.arrival_lag_ms")
+	AttrGPU            = attribute.Key(wire.AttrGPU)
+	AttrWorkloadFP     = attribute.Key(wire.AttrWorkloadFP)
+	AttrWorkloadTokens = attribute.Key(wire.AttrWorkloadTokens)
+	AttrTopo           = attribute.Key(wire.AttrTopo)
+	AttrEpoch          = attribute.Key(wire.AttrEpoch)
+	AttrLastArrival    = attribute.Key(wire.AttrLastArrival)
+	AttrArrivalLagMS   = attribute.Key(wire.AttrArrivalLagMS)
 	// AttrExport says why the span was exported: anomalous, compare, baseline.
 	AttrExport = attribute.Key("slowrank.export")
 	// AttrState is the rank's worst verdict state in the window ("ok" when
@@ -53,23 +56,8 @@ const (
 )
 
 // PhaseAttr is the train.step attribute of a phase value:
-// slowrank.phase.<name>_ms.
-func PhaseAttr(phase string) attribute.Key {
-	if k, ok := phaseKeys[phase]; ok {
-		return k
-	}
-	return attribute.Key("slowrank.phase." + phase + "_ms")
-}
-
-var phaseKeys = func() map[string]attribute.Key {
-	m := map[string]attribute.Key{}
-	for _, p := range []string{detector.PhaseStep, detector.PhaseCompute, detector.PhaseHost, detector.PhaseSyncWait,
-		detector.PhaseComm, detector.PhaseExposedComm, detector.PhaseCollWait, detector.PhaseIdle,
-		detector.PhaseAttention, detector.PhaseMoE} {
-		m[p] = attribute.Key("slowrank.phase." + p + "_ms")
-	}
-	return m
-}()
+// slowrank.phase.<name>_ms (wire.PhaseAttr).
+func PhaseAttr(phase string) attribute.Key { return attribute.Key(wire.PhaseAttr(phase)) }
 
 // emitWindow builds the spans of one settled window per the policy.
 func (e *Exporter) emitWindow(sw settledWindow) {

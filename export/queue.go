@@ -1,4 +1,4 @@
-package otel
+package export
 
 import (
 	"context"
@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	otelapi "go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
@@ -155,7 +155,7 @@ func (p *queueProcessor) export(parent context.Context, batch []sdktrace.ReadOnl
 	cancel()
 	if err != nil {
 		p.stats.dropExportFailed.Add(int64(len(batch)))
-		otelapi.Handle(err)
+		otel.Handle(err)
 	} else {
 		p.stats.spansExported.Add(int64(len(batch)))
 	}

@@ -1,4 +1,4 @@
-package otel
+package forward
 
 import (
 	"compress/gzip"
@@ -23,6 +23,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/slowrank/slowrank/detector"
+	"github.com/slowrank/slowrank/internal/monoclock"
+	"github.com/slowrank/slowrank/selfmetrics"
+	"github.com/slowrank/slowrank/wire"
 )
 
 // fakeLogs is an OTLP/gRPC logs receiver that records requests and fails
@@ -76,7 +79,7 @@ func startFakeLogs(t *testing.T, f *fakeLogs) string {
 	return ln.Addr().String()
 }
 
-func newTestForwarder(t *testing.T, cfg ForwardConfig) *Forwarder {
+func newTestForwarder(t *testing.T, cfg Config) *Forwarder {
 	t.Helper()
 	if cfg.HostName == "" {
 		cfg.HostName = "h1"
@@ -84,7 +87,7 @@ func newTestForwarder(t *testing.T, cfg ForwardConfig) *Forwarder {
 	if cfg.FlushInterval == 0 {
 		cfg.FlushInterval = 10 * time.Millisecond
 	}
-	f, err := NewForwarder(cfg)
+	f, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +117,7 @@ func TestForwarderSchema(t *testing.T) {
 	fake := &fakeLogs{}
 	addr := startFakeLogs(t, fake)
 	now := int64(50e9)
-	f := newTestForwarder(t, ForwardConfig{Endpoint: addr, NowMono: func() int64 { return now },
+	f := newTestForwarder(t, Config{Endpoint: addr, NowMono: func() int64 { return now },
 		MonoToWall: func(ns int64) time.Time { return time.Unix(1_700_000_000, ns) }})
 	topo := detector.Topology{Kind: detector.KindTopology, Job: "j1", Version: 2, Ranks: []detector.RankInfo{{Rank: 0, Host: "h1"}}}
 	f.Topology(topo)
@@ -132,14 +135,14 @@ func TestForwarderSchema(t *testing.T) {
 		t.Fatalf("resource %v: want only service.name and the job (routing by resource = by job)", got)
 	}
 	sl := rl.ScopeLogs().At(0)
-	if sl.Scope().Name() != ForwardScope {
+	if sl.Scope().Name() != wire.ScopeName {
 		t.Errorf("scope %q", sl.Scope().Name())
 	}
 	if v, _ := sl.Scope().Attributes().Get("slowrank.sent_mono_ns"); v.Int() != now {
 		t.Errorf("sent stamp %v, want %d", v.AsRaw(), now)
 	}
 	tr, st := sl.LogRecords().At(0), sl.LogRecords().At(1)
-	if tr.EventName() != EventFactTopo || tr.TraceID() != RouteTraceID("j1") || st.TraceID() != RouteTraceID("j1") {
+	if tr.EventName() != wire.EventTopology || tr.TraceID() != wire.RouteTraceID("j1") || st.TraceID() != wire.RouteTraceID("j1") {
 		t.Errorf("event %q, trace ids %v %v", tr.EventName(), tr.TraceID(), st.TraceID())
 	}
 	var back detector.Topology
@@ -171,7 +174,7 @@ func TestForwarderNeverBlocksAndDropsOldest(t *testing.T) {
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	addr := ln.Addr().String()
 	ln.Close()
-	f := newTestForwarder(t, ForwardConfig{Endpoint: addr, QueueSize: 100, Timeout: 50 * time.Millisecond, MaxBatch: 10})
+	f := newTestForwarder(t, Config{Endpoint: addr, QueueSize: 100, Timeout: 50 * time.Millisecond, MaxBatch: 10})
 	start := time.Now()
 	now := MonoNowForTest()
 	for i := range 100_000 {
@@ -184,21 +187,21 @@ func TestForwarderNeverBlocksAndDropsOldest(t *testing.T) {
 	if st.Queued > 100 {
 		t.Fatalf("queue holds %d > 100", st.Queued)
 	}
-	if got := st.Dropped[ForwardDropQueueFull]; got < 100_000-110 {
+	if got := st.Dropped[DropQueueFull]; got < 100_000-110 {
 		t.Fatalf("dropped %d as queue_full", got)
 	}
 	waitFor(t, "failures", func() bool { return f.Stats().Failures > 0 })
 }
 
 // MonoNowForTest reads CLOCK_MONOTONIC.
-func MonoNowForTest() int64 { return monotonicNow() }
+func MonoNowForTest() int64 { return monoclock.Now() }
 
 func TestForwarderRetriesWithFreshSendStamp(t *testing.T) {
 	fake := &fakeLogs{failN: 3, failCode: codes.Unavailable}
 	addr := startFakeLogs(t, fake)
 	var clock atomic.Int64
 	clock.Store(100e9)
-	f := newTestForwarder(t, ForwardConfig{Endpoint: addr, NowMono: func() int64 { return clock.Add(1e6) }})
+	f := newTestForwarder(t, Config{Endpoint: addr, NowMono: func() int64 { return clock.Add(1e6) }})
 	f.Step(fwdStep(1, 1, 99e9), 0)
 	waitFor(t, "delivery after retries", func() bool { return fake.records() == 1 && f.Stats().Sent == 1 })
 	st := f.Stats()
@@ -216,9 +219,9 @@ func TestForwarderRetriesWithFreshSendStamp(t *testing.T) {
 func TestForwarderPermanentErrorIsNotRetried(t *testing.T) {
 	fake := &fakeLogs{failN: 1 << 30, failCode: codes.InvalidArgument}
 	addr := startFakeLogs(t, fake)
-	f := newTestForwarder(t, ForwardConfig{Endpoint: addr})
+	f := newTestForwarder(t, Config{Endpoint: addr})
 	f.Step(fwdStep(1, 1, MonoNowForTest()), 0)
-	waitFor(t, "rejection", func() bool { return f.Stats().Dropped[ForwardDropRejected] == 1 })
+	waitFor(t, "rejection", func() bool { return f.Stats().Dropped[DropRejected] == 1 })
 	time.Sleep(50 * time.Millisecond)
 	if n := fake.calls.Load(); n != 1 {
 		t.Fatalf("%d calls for a permanent error", n)
@@ -229,11 +232,11 @@ func TestForwarderDropsStaleFacts(t *testing.T) {
 	fake := &fakeLogs{}
 	addr := startFakeLogs(t, fake)
 	now := int64(1000e9)
-	f := newTestForwarder(t, ForwardConfig{Endpoint: addr, MaxAge: 5 * time.Second, NowMono: func() int64 { return now }})
+	f := newTestForwarder(t, Config{Endpoint: addr, MaxAge: 5 * time.Second, NowMono: func() int64 { return now }})
 	f.Step(fwdStep(0, 1, now-6e9), 0) // ended 6 s ago
 	f.Step(fwdStep(0, 2, now-1e9), 0)
 	waitFor(t, "one record", func() bool { return fake.records() == 1 })
-	if got := f.Stats().Dropped[ForwardDropStale]; got != 1 {
+	if got := f.Stats().Dropped[DropStale]; got != 1 {
 		t.Fatalf("stale drops %d", got)
 	}
 }
@@ -241,12 +244,12 @@ func TestForwarderDropsStaleFacts(t *testing.T) {
 func TestForwarderResendsTopologyAndPartialSuccess(t *testing.T) {
 	fake := &fakeLogs{reject: 1}
 	addr := startFakeLogs(t, fake)
-	f := newTestForwarder(t, ForwardConfig{Endpoint: addr, TopologyEvery: 30 * time.Millisecond})
+	f := newTestForwarder(t, Config{Endpoint: addr, TopologyEvery: 30 * time.Millisecond})
 	f.Topology(detector.Topology{Kind: detector.KindTopology, Job: "j1", Version: 1})
 	// The fake counts a call when it receives it; the forwarder counts the
 	// rejection only after the response, so wait on the forwarder's count.
 	waitFor(t, "topology re-sent and each partial success counted", func() bool {
-		return fake.calls.Load() >= 3 && f.Stats().Dropped[ForwardDropRejected] >= 3
+		return fake.calls.Load() >= 3 && f.Stats().Dropped[DropRejected] >= 3
 	})
 	if st := f.Stats(); st.Sent != 0 {
 		t.Fatalf("rejected records counted as sent: %+v", st)
@@ -256,7 +259,7 @@ func TestForwarderResendsTopologyAndPartialSuccess(t *testing.T) {
 func TestForwarderCloseFlushes(t *testing.T) {
 	fake := &fakeLogs{}
 	addr := startFakeLogs(t, fake)
-	f, err := NewForwarder(ForwardConfig{Endpoint: addr, HostName: "h1", FlushInterval: time.Hour, MaxBatch: 7})
+	f, err := New(Config{Endpoint: addr, HostName: "h1", FlushInterval: time.Hour, MaxBatch: 7})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,14 +276,14 @@ func TestForwarderCloseFlushes(t *testing.T) {
 		t.Fatalf("%d records delivered on close", fake.records())
 	}
 	f.Step(fwdStep(0, 9, now), 0)
-	if got := f.Stats().Dropped[ForwardDropShutdown]; got != 1 {
+	if got := f.Stats().Dropped[DropShutdown]; got != 1 {
 		t.Fatalf("step after close: shutdown drops %d", got)
 	}
 	// Close against a dead aggregator returns by the deadline.
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	dead := ln.Addr().String()
 	ln.Close()
-	g, err := NewForwarder(ForwardConfig{Endpoint: dead, HostName: "h1", Timeout: 100 * time.Millisecond})
+	g, err := New(Config{Endpoint: dead, HostName: "h1", Timeout: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,7 +295,7 @@ func TestForwarderCloseFlushes(t *testing.T) {
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("Close took %v against a dead aggregator", d)
 	}
-	if got := g.Stats().Dropped[ForwardDropShutdown]; got != 1 {
+	if got := g.Stats().Dropped[DropShutdown]; got != 1 {
 		t.Fatalf("shutdown drops %d", got)
 	}
 }
@@ -330,13 +333,13 @@ func TestForwarderHTTP(t *testing.T) {
 		w.Write(b)
 	}))
 	defer srv.Close()
-	f := newTestForwarder(t, ForwardConfig{Endpoint: srv.URL, Token: "tok"})
+	f := newTestForwarder(t, Config{Endpoint: srv.URL, Token: "tok"})
 	now := MonoNowForTest()
 	f.Step(fwdStep(0, 1, now), 0)
 	f.Step(fwdStep(1, 1, now), 0)
 	waitFor(t, "delivery", func() bool { return f.Stats().Requests == 1 })
 	st := f.Stats()
-	if st.Failures != 1 || st.Sent != 1 || st.Dropped[ForwardDropRejected] != 1 {
+	if st.Failures != 1 || st.Sent != 1 || st.Dropped[DropRejected] != 1 {
 		t.Fatalf("%+v", st)
 	}
 	if gotAuth.Load() != "Bearer tok" {
@@ -346,12 +349,33 @@ func TestForwarderHTTP(t *testing.T) {
 
 func TestForwarderConfigErrors(t *testing.T) {
 	for _, ep := range []string{"", "ftp://x:1", "grpc://nohostport", "grpc://h:1/path", "http://"} {
-		_, err := NewForwarder(ForwardConfig{Endpoint: ep, HostName: "h"})
+		_, err := New(Config{Endpoint: ep, HostName: "h"})
 		if !errors.Is(err, ErrConfig) {
 			t.Errorf("endpoint %q: %v", ep, err)
 		}
 	}
-	if _, err := NewForwarder(ForwardConfig{Endpoint: "h:1"}); err == nil || !strings.Contains(err.Error(), "host name") {
+	if _, err := New(Config{Endpoint: "h:1"}); err == nil || !strings.Contains(err.Error(), "host name") {
 		t.Errorf("no host name: %v", err)
+	}
+}
+
+// TestCounterKeysDeclared: the keys the forwarder reports are declared in
+// selfmetrics.Table, so that every drop reaches the metrics.
+func TestCounterKeysDeclared(t *testing.T) {
+	f, err := New(Config{Endpoint: "127.0.0.1:1", HostName: "h"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close(context.Background())
+	keys := f.Counters()
+	for _, reason := range []string{DropQueueFull, DropStale, DropRejected, DropShutdown, DropTopology} {
+		if _, ok := keys["forward_dropped_"+reason]; !ok {
+			t.Errorf("drop reason %q has no counter", reason)
+		}
+	}
+	for k := range keys {
+		if _, s, ok := selfmetrics.Lookup(k); !ok || strings.HasSuffix(s.Key, "*") {
+			t.Errorf("counter %q is not declared in selfmetrics.Table", k)
+		}
 	}
 }

@@ -1,4 +1,4 @@
-package aggregate
+package wire
 
 import (
 	"math"
@@ -14,7 +14,6 @@ import (
 	"go.opentelemetry.io/collector/pdata/ptrace/ptraceotlp"
 
 	"github.com/slowrank/slowrank/detector"
-	"github.com/slowrank/slowrank/otel"
 )
 
 func ptr[T any](v T) *T { return &v }
@@ -38,8 +37,8 @@ func sampleTopo() detector.Topology {
 
 func TestDecodeLogsRoundTrip(t *testing.T) {
 	s, topo := sampleStep(), sampleTopo()
-	ld := otel.FactLogs("h1", []detector.Topology{topo}, []detector.Step{s}, func(ns int64) time.Time { return time.Unix(0, ns) })
-	otel.StampSent(ld, 30_000_000)
+	ld := EncodeLogs("h1", []detector.Topology{topo}, []detector.Step{s}, func(ns int64) time.Time { return time.Unix(0, ns) })
+	StampSent(ld, 30_000_000)
 	// Through the wire format, as a receiver sees it.
 	b, err := plogotlp.NewExportRequestFromLogs(ld).MarshalProto()
 	if err != nil {
@@ -69,8 +68,8 @@ func TestDecodeLogsRoundTrip(t *testing.T) {
 // those of sampleStep, changed by edit.
 func record(edit func(res, scope, attrs pcommon.Map, lr plog.LogRecord)) plog.Logs {
 	s := sampleStep()
-	ld := otel.FactLogs("h1", nil, []detector.Step{s}, nil)
-	otel.StampSent(ld, 30_000_000)
+	ld := EncodeLogs("h1", nil, []detector.Step{s}, nil)
+	StampSent(ld, 30_000_000)
 	rl := ld.ResourceLogs().At(0)
 	sl := rl.ScopeLogs().At(0)
 	lr := sl.LogRecords().At(0)
@@ -178,8 +177,8 @@ func TestDecodeLogsKeepsGoodNeighbours(t *testing.T) {
 	s := sampleStep()
 	bad := s
 	bad.Rank = 6
-	ld := otel.FactLogs("h1", nil, []detector.Step{s, bad, s}, nil)
-	otel.StampSent(ld, 30_000_000)
+	ld := EncodeLogs("h1", nil, []detector.Step{s, bad, s}, nil)
+	StampSent(ld, 30_000_000)
 	lrs := ld.ResourceLogs().At(0).ScopeLogs().At(0).LogRecords()
 	lrs.At(1).Attributes().PutDouble("slowrank.phase.host_ms", -1)
 	other := lrs.AppendEmpty() // somebody else's log record
@@ -198,7 +197,7 @@ func TestDecodeLogsRecordLimit(t *testing.T) {
 		steps[i] = sampleStep()
 		steps[i].Step = int64(i)
 	}
-	ld := otel.FactLogs("h1", nil, steps, nil)
+	ld := EncodeLogs("h1", nil, steps, nil)
 	d := DecodeLogs(ld, Limits{MaxRecords: 4})
 	if len(d.Facts) != 4 || d.Rejected != 6 {
 		t.Fatalf("facts %d rejected %d", len(d.Facts), d.Rejected)
@@ -224,7 +223,7 @@ func TestDecodeTopologyRejects(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			ld := otel.FactLogs("h1", []detector.Topology{sampleTopo()}, nil, nil)
+			ld := EncodeLogs("h1", []detector.Topology{sampleTopo()}, nil, nil)
 			ld.ResourceLogs().At(0).ScopeLogs().At(0).LogRecords().At(0).Body().SetStr(c.body)
 			d := DecodeLogs(ld, Limits{})
 			if d.Rejected != 1 || !strings.Contains(d.FirstErr.Error(), c.want) {
@@ -240,7 +239,7 @@ func TestDecodeTraces(t *testing.T) {
 	rs.Resource().Attributes().PutStr("host.name", "h7")
 	spans := rs.ScopeSpans().AppendEmpty().Spans()
 	sp := spans.AppendEmpty()
-	sp.SetName(otel.SpanStep)
+	sp.SetName(SpanStep)
 	sp.SetStartTimestamp(pcommon.Timestamp(1_000_000_000))
 	sp.SetEndTimestamp(pcommon.Timestamp(1_026_000_000))
 	a := sp.Attributes()
@@ -267,8 +266,8 @@ func TestDecodeTraces(t *testing.T) {
 // invariants the detector relies on.
 func FuzzDecodeLogs(f *testing.F) {
 	s := sampleStep()
-	ld := otel.FactLogs("h1", []detector.Topology{sampleTopo()}, []detector.Step{s}, nil)
-	otel.StampSent(ld, 30_000_000)
+	ld := EncodeLogs("h1", []detector.Topology{sampleTopo()}, []detector.Step{s}, nil)
+	StampSent(ld, 30_000_000)
 	seed, _ := plogotlp.NewExportRequestFromLogs(ld).MarshalProto()
 	f.Add(seed)
 	f.Add([]byte{})
@@ -328,7 +327,7 @@ func stepSpans(start, end uint64) ptrace.Traces {
 	rs.Resource().Attributes().PutStr("slowrank.job.id", "j1")
 	spans := rs.ScopeSpans().AppendEmpty().Spans()
 	sp := spans.AppendEmpty()
-	sp.SetName(otel.SpanStep)
+	sp.SetName(SpanStep)
 	sp.SetStartTimestamp(pcommon.Timestamp(start))
 	sp.SetEndTimestamp(pcommon.Timestamp(end))
 	a := sp.Attributes()
@@ -395,7 +394,7 @@ func TestDecodeTopologyPlacement(t *testing.T) {
 	}
 	tests := []struct {
 		name string
-		body string // "" : FactLogs' encoding of want
+		body string // "" : EncodeLogs' encoding of want
 		want detector.Topology
 	}{
 		{"placed rank next to an unplaced one", "", placed},
@@ -404,7 +403,7 @@ func TestDecodeTopologyPlacement(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			ld := otel.FactLogs("h1", []detector.Topology{tc.want}, nil, nil)
+			ld := EncodeLogs("h1", []detector.Topology{tc.want}, nil, nil)
 			if tc.body != "" {
 				ld.ResourceLogs().At(0).ScopeLogs().At(0).LogRecords().At(0).Body().SetStr(tc.body)
 			}
