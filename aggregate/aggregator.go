@@ -13,7 +13,7 @@ import (
 
 	"github.com/slowrank/slowrank/detector"
 	"github.com/slowrank/slowrank/internal/monoclock"
-	"github.com/slowrank/slowrank/wire"
+	"github.com/slowrank/slowrank/otel/wire"
 )
 
 // Sink receives the aggregator's results, exactly as an agent's sinks do

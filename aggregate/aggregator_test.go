@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/slowrank/slowrank/detector"
-	"github.com/slowrank/slowrank/wire"
+	"github.com/slowrank/slowrank/otel/wire"
 )
 
 // capture is a Sink that keeps everything.

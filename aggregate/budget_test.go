@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/slowrank/slowrank/detector"
-	"github.com/slowrank/slowrank/wire"
+	"github.com/slowrank/slowrank/otel/wire"
 )
 
 // hugeTopology is the hostile record: a topology whose one group

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/slowrank/slowrank/wire"
+	"github.com/slowrank/slowrank/otel/wire"
 )
 
 // clientHosts returns the host names a client's verified certificate lets

@@ -27,7 +27,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/slowrank/slowrank/detector"
-	"github.com/slowrank/slowrank/wire"
+	"github.com/slowrank/slowrank/otel/wire"
 )
 
 // testCA signs server and client certificates for the tests.

@@ -26,7 +26,7 @@ import (
 	_ "google.golang.org/grpc/encoding/gzip" // collectors send gzip by default
 	"google.golang.org/grpc/status"
 
-	"github.com/slowrank/slowrank/wire"
+	"github.com/slowrank/slowrank/otel/wire"
 )
 
 // DefaultListen is the receiver's default address: loopback only. Agents on

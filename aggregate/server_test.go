@@ -28,8 +28,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/slowrank/slowrank/detector"
-	"github.com/slowrank/slowrank/export/forward"
-	"github.com/slowrank/slowrank/wire"
+	"github.com/slowrank/slowrank/otel/forward"
+	"github.com/slowrank/slowrank/otel/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

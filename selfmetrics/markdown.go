@@ -22,7 +22,7 @@ brackets. Counters of a running component are exported from 0. The
 detector's results (` + "`slowrank.step.duration`" + `, ` + "`slowrank.phase.duration`" + `,
 ` + "`slowrank.deviation`" + `, ` + "`slowrank.straggler`" + `, ` + "`slowrank.state`" + `,
 ` + "`slowrank.verdicts`" + `, ` + "`slowrank.verdict.latency`" + `) are described in
-` + "`export/doc.go`" + `.
+` + "`otel/export/doc.go`" + `.
 
 The per-rank results (step and phase durations, deviation, state,
 straggler) also carry the rank's placement under dcgm-exporter's label

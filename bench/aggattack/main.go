@@ -23,7 +23,7 @@ import (
 
 	"github.com/slowrank/slowrank/aggregate"
 	"github.com/slowrank/slowrank/detector"
-	"github.com/slowrank/slowrank/wire"
+	"github.com/slowrank/slowrank/otel/wire"
 )
 
 func main() {

@@ -34,7 +34,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/slowrank/slowrank/detector"
-	"github.com/slowrank/slowrank/wire"
+	"github.com/slowrank/slowrank/otel/wire"
 )
 
 type options struct {

@@ -40,7 +40,7 @@ import (
 	"time"
 
 	"github.com/slowrank/slowrank/agent"
-	"github.com/slowrank/slowrank/export"
+	"github.com/slowrank/slowrank/otel/export"
 )
 
 type sample struct {

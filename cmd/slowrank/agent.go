@@ -24,7 +24,7 @@ import (
 	"github.com/slowrank/slowrank/agent"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/detector"
-	"github.com/slowrank/slowrank/export"
+	"github.com/slowrank/slowrank/otel/export"
 	"github.com/slowrank/slowrank/selfmetrics"
 )
 

@@ -18,7 +18,7 @@ import (
 
 	"github.com/slowrank/slowrank/agent"
 	"github.com/slowrank/slowrank/aggregate"
-	"github.com/slowrank/slowrank/export/forward"
+	"github.com/slowrank/slowrank/otel/forward"
 	"github.com/slowrank/slowrank/selfmetrics"
 )
 

@@ -6,7 +6,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/slowrank/slowrank/export"
+	"github.com/slowrank/slowrank/otel/export"
 )
 
 // createFile creates or truncates path with mode 0640, refusing a symlink

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slowrank/slowrank/export"
+	"github.com/slowrank/slowrank/otel/export"
 )
 
 // A FIFO planted at --output, --facts or --verdicts is refused at once

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/slowrank/slowrank/detector"
-	"github.com/slowrank/slowrank/export"
+	"github.com/slowrank/slowrank/otel/export"
 	"github.com/slowrank/slowrank/test/testutil"
 )
 

@@ -16,7 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/slowrank/slowrank/detector"
-	"github.com/slowrank/slowrank/export"
+	"github.com/slowrank/slowrank/otel/export"
 	"github.com/slowrank/slowrank/test/testutil"
 )
 

@@ -13,9 +13,9 @@ import (
 
 	"github.com/slowrank/slowrank/aggregate"
 	"github.com/slowrank/slowrank/detector"
-	"github.com/slowrank/slowrank/export/forward"
+	"github.com/slowrank/slowrank/otel/forward"
+	"github.com/slowrank/slowrank/otel/wire"
 	"github.com/slowrank/slowrank/test/testutil"
-	"github.com/slowrank/slowrank/wire"
 )
 
 type factsSink struct{ vs chan detector.Verdict }

@@ -3,7 +3,7 @@
 // side by side), verdicts become span events, attributes and gauges, and the
 // agent's own health becomes metrics; it also owns the JSONL sinks for facts
 // and verdicts (JSONLWriter); the agent's fact forwarder to an aggregator
-// is its subpackage forward. It imports detector for the fact and verdict
+// is the sibling package otel/forward. It imports detector for the fact and verdict
 // types, wire for the step attribute names that train.step spans share with
 // the fact wire schema, and selfmetrics, and knows nothing of bpf, cupti or
 // agent: other components' counters and gauges come in as

@@ -15,7 +15,7 @@ import (
 
 	"github.com/slowrank/slowrank/detector"
 	"github.com/slowrank/slowrank/internal/monoclock"
-	"github.com/slowrank/slowrank/wire"
+	"github.com/slowrank/slowrank/otel/wire"
 )
 
 // Config configures a Forwarder.

@@ -591,7 +591,7 @@ type writerFunc func([]byte) (int, error)
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
 // TestCounterKeysDeclared: the keys the exporter reports are declared in
-// selfmetrics.Table (the forwarder's: export/forward).
+// selfmetrics.Table (the forwarder's: otel/forward).
 func TestCounterKeysDeclared(t *testing.T) {
 	h := newHarnessWithCounters(t, selfmetrics.Source{Observe: func(func(string, float64, ...string)) {}})
 	for k := range h.e.Counters() {

@@ -24,8 +24,8 @@ import (
 
 	"github.com/slowrank/slowrank/detector"
 	"github.com/slowrank/slowrank/internal/monoclock"
+	"github.com/slowrank/slowrank/otel/wire"
 	"github.com/slowrank/slowrank/selfmetrics"
-	"github.com/slowrank/slowrank/wire"
 )
 
 // fakeLogs is an OTLP/gRPC logs receiver that records requests and fails

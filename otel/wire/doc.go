@@ -5,7 +5,7 @@
 // validation the aggregator receives with (DecodeLogs, and DecodeTraces for
 // the same step fields on train.step spans), bounded by Limits. It imports
 // detector for the fact types and pdata for the OTLP types, nothing else:
-// the forwarder's transport (export/forward) and the aggregator (aggregate)
+// the forwarder's transport (otel/forward) and the aggregator (aggregate)
 // import it, the OTel export (export) takes its span attribute names from
 // it.
 //
