@@ -76,6 +76,11 @@ func (id Identity) placement(host string) detector.Placement {
 	if p.K8s.PodName == "" && id.inPod && id.Hostname != "" && id.Hostname != host {
 		p.K8s.PodName = id.Hostname
 	}
+	if !id.inPod && p.K8s.PodName == "" && p.K8s.PodUID == "" {
+		// A namespace or container name and no pod at all: not
+		// Kubernetes's (CONTAINER_NAME is a common variable elsewhere).
+		p.K8s = detector.K8sPod{}
+	}
 	return p
 }
 
