@@ -29,6 +29,7 @@ type pathRun struct {
 	// handle of its own.
 	uprobe, plugin map[int]int
 	paths          map[int]string // the capture path status showed last
+	libStates      map[int]string // the library's state status showed last
 	counters       map[string]int64
 	steps          map[int]int // steps found per rank
 }
@@ -38,7 +39,7 @@ func runCapture(t *testing.T, env []string, args ...string) pathRun {
 	t.Helper()
 	var mu sync.Mutex
 	var calls []correlate.HostCall
-	paths := map[int]string{}
+	paths, libStates := map[int]string{}, map[int]string{}
 	j := job{envKey: runKey("SLOWRANK_IT_PLUGIN_MARK"), env: env,
 		dump: func(v any) {
 			if h, ok := v.(correlate.HostCall); ok && h.Kind == correlate.HostCollective {
@@ -49,15 +50,18 @@ func runCapture(t *testing.T, env []string, args ...string) pathRun {
 		},
 		poll: func(a *agent.Agent) {
 			for _, p := range a.Status().Procs {
+				mu.Lock()
 				if p.NCCL != "" {
-					mu.Lock()
 					paths[p.PID] = p.NCCL
-					mu.Unlock()
 				}
+				if p.CUPTI != "" {
+					libStates[p.PID] = p.CUPTI
+				}
+				mu.Unlock()
 			}
 		}}
 	sink, a, truth := j.runAll(t, 2*time.Second, args...)
-	r := pathRun{truth: truth, uprobe: map[int]int{}, plugin: map[int]int{}, paths: paths,
+	r := pathRun{truth: truth, uprobe: map[int]int{}, plugin: map[int]int{}, paths: paths, libStates: libStates,
 		counters: a.Counters(), steps: map[int]int{}}
 	comm := map[int]uint64{}
 	for _, rk := range truth["rank"] {
@@ -127,6 +131,11 @@ func TestNCCLCapturePathMatrix(t *testing.T) {
 				}
 				if got := r.paths[pid]; got != tt.want {
 					t.Errorf("pid %d: capture path %q, want %q", pid, got, tt.want)
+				}
+				// The fake CUDA never loads CUDA_INJECTION64_PATH: where NCCL
+				// loaded the library, status says it is the plugin only.
+				if got := r.libStates[pid]; tt.want != "uprobes" && got != agent.PluginOnly {
+					t.Errorf("pid %d: library state %q, want %q", pid, got, agent.PluginOnly)
 				}
 				if tt.want != "uprobes" && r.plugin[pid] == 0 {
 					t.Errorf("pid %d: no collective from the plugin", pid)
