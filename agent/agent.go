@@ -43,6 +43,12 @@ type Config struct {
 	// ProbeTorch attaches the torch c10d probes (gloo jobs need them; with
 	// NCCL they double the probes per collective).
 	ProbeTorch bool
+	// NCCLPlugin takes a process's NCCL collectives from the injection
+	// library's profiler-plugin records once it has them (experimental:
+	// the correlator does not yet find the steps after a process's switch
+	// from the uprobes to the plugin). Off, the records are counted and
+	// ignored and the libnccl uprobes, which stay attached, report.
+	NCCLPlugin bool
 
 	RingBufferSize int
 	// SingleUprobes uses perf-event uprobes even where the kernel has
@@ -183,7 +189,7 @@ func New(cfg Config) (*Agent, error) {
 	a := &Agent{
 		cfg: cfg, log: log, probes: probes, reader: reader, watcher: w, duty: duty,
 		pipe:       newPipeline(log, correlate.New(cfg.Correlate), det, duty, cfg.Sinks),
-		conv:       newConverter(c),
+		conv:       newConverter(c, cfg.NCCLPlugin),
 		counters:   c,
 		in:         make(chan []input, cfg.InputQueue), // bounded in records by queued
 		batches:    newBatchPool(),

@@ -27,6 +27,9 @@ type converter struct {
 	latIdx    int
 	// marker is the probe whose calls cut steps (Config.StepMarker), 0: none.
 	marker bpf.ProbeID
+	// ncclPlugin: profiler-plugin records replace the libnccl uprobes
+	// (Config.NCCLPlugin); off, they are counted and ignored.
+	ncclPlugin bool
 }
 
 type convProc struct {
@@ -45,10 +48,10 @@ type convProc struct {
 	nccl ncclCapture
 }
 
-func newConverter(c *counters) *converter {
+func newConverter(c *counters, ncclPlugin bool) *converter {
 	return &converter{
 		names: cupti.NewInternerWithLimits(MaxInternedProcesses, MaxNamesPerProcess),
-		procs: map[uint32]*convProc{}, counters: c,
+		procs: map[uint32]*convProc{}, counters: c, ncclPlugin: ncclPlugin,
 	}
 }
 

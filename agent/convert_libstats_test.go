@@ -7,7 +7,7 @@ import (
 )
 
 func TestLibraryCountersExportedAsGrowth(t *testing.T) {
-	c := newConverter(newCounters())
+	c := newConverter(newCounters(), false)
 	p := &convProc{}
 	stats := func(yields, orphaned uint64) cupti.Stats {
 		var s cupti.Stats

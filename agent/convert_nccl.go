@@ -108,6 +108,12 @@ func (c *converter) ncclGroupEnd(e *bpf.GroupEvent) {
 
 // ncclRecords converts the plugin's records of one batch. Caller holds c.mu.
 func (c *converter) ncclRecords(pid uint32, p *convProc, b *cupti.Batch, emitted int64, out []input) []input {
+	if !c.ncclPlugin {
+		if n := len(b.NCCLComms) + len(b.NCCLColls) + len(b.NCCLKernels); n > 0 {
+			c.counters.add("nccl_plugin_records_ignored", int64(n)) // Config.NCCLPlugin off: the uprobes report
+		}
+		return out
+	}
 	for _, cm := range b.NCCLComms {
 		out = c.ncclComm(pid, p, cm, out)
 	}

@@ -76,7 +76,7 @@ func TestPluginCollectiveIsTheUprobesHostCall(t *testing.T) {
 		}, "allreduce", int64(t0 + 100), int64(t0 + 105), ^uint32(0)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newConverter(newCounters())
+			c := newConverter(newCounters(), true)
 			out := pluginBatch(c, cupti.Batch{NCCLComms: []cupti.NCCLComm{pluginComm5(3)}, NCCLColls: []cupti.NCCLColl{tc.coll()}})
 			hs := hostCalls(out)
 			if len(hs) != 1 {
@@ -93,7 +93,7 @@ func TestPluginCollectiveIsTheUprobesHostCall(t *testing.T) {
 }
 
 func TestPluginCommIsOneCommInitAndADestroy(t *testing.T) {
-	c := newConverter(newCounters())
+	c := newConverter(newCounters(), true)
 	resent := pluginComm5(3)
 	resent.Resent = true
 	fin := pluginComm5(3)
@@ -127,7 +127,7 @@ func TestPluginCommIsOneCommInitAndADestroy(t *testing.T) {
 // The switch from uprobes to the plugin: every call is counted once, by
 // the uprobes up to the cut of its thread, by the plugin after it.
 func TestCaptureSwitchCountsEachCallOnce(t *testing.T) {
-	c := newConverter(newCounters())
+	c := newConverter(newCounters(), true)
 	var calls int
 	count := func(in []input) { calls += len(hostCalls(in)) }
 	// Calls 1 and 2 on thread 1, call 3 on thread 2: only the uprobes see them.
@@ -167,7 +167,7 @@ func TestCaptureSwitchCountsEachCallOnce(t *testing.T) {
 // NCCL 2.27 (no API events) starts a grouped collective at its launch in
 // ncclGroupEnd, after the call returned: the group's end is in the cut.
 func TestCaptureSwitchCutCoversTheGroupEnd(t *testing.T) {
-	c := newConverter(newCounters())
+	c := newConverter(newCounters(), true)
 	uprobeColl(c, 1, t0+100, t0+110)
 	c.convert(&bpf.GroupEvent{Header: bpf.Header{Type: bpf.EventGroup, PID: pidNCCL, TID: 1, StartNs: t0 + 120, EndNs: t0 + 150}, HasReturn: true}, nil)
 	r := pluginColl(1, 0)
@@ -192,7 +192,7 @@ func TestPluginRecordsNotUsedAreCounted(t *testing.T) {
 			cupti.Batch{NCCLComms: []cupti.NCCLComm{pluginComm5(3)}, NCCLKernels: []cupti.NCCLKernel{{CommHash: hashA, Seq: 7}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newConverter(newCounters())
+			c := newConverter(newCounters(), true)
 			if hs := hostCalls(pluginBatch(c, tc.batch)); len(hs) != 0 {
 				t.Errorf("%d host calls, want none", len(hs))
 			}
@@ -203,10 +203,56 @@ func TestPluginRecordsNotUsedAreCounted(t *testing.T) {
 	}
 }
 
+func TestPluginOnlyProcessesSayCUDANeverLoadedTheLibrary(t *testing.T) {
+	tests := []struct {
+		name        string
+		cupti, path string
+		want        string
+	}{
+		{"init on the plugin path: NCCL loaded it alone", "init", "plugin v5", PluginOnly},
+		{"init on uprobes: the library is starting", "init", "", "init"},
+		{"CUDA initialised it: its CUPTI state stays", "on", "plugin v5", "on"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			procs := []ProcessView{{PID: 7, Injected: true, CUPTI: tt.cupti}}
+			paths := map[uint32]string{}
+			if tt.path != "" {
+				paths[7] = tt.path
+			}
+			withNCCLPaths(procs, paths)
+			if procs[0].CUPTI != tt.want {
+				t.Errorf("CUPTI %q, want %q", procs[0].CUPTI, tt.want)
+			}
+		})
+	}
+}
+
 func TestProcessesWithoutEventsAreOnUprobes(t *testing.T) {
 	procs := []ProcessView{{PID: 1}, {PID: 2}}
 	withNCCLPaths(procs, map[uint32]string{2: "plugin v5"})
 	if procs[0].NCCL != "uprobes" || procs[1].NCCL != "plugin v5" {
 		t.Errorf("paths %q %q", procs[0].NCCL, procs[1].NCCL)
+	}
+}
+
+// Off by default (Config.NCCLPlugin): the plugin's records are counted and
+// ignored, the process stays on its uprobes, whose calls are all kept.
+func TestPluginRecordsIgnoredUnlessEnabled(t *testing.T) {
+	cnt := newCounters()
+	c := newConverter(cnt, false)
+	coll := pluginComm5(3)
+	out := pluginBatch(c, cupti.Batch{NCCLComms: []cupti.NCCLComm{coll}})
+	if len(out) != 0 {
+		t.Fatalf("%d inputs from plugin records with the plugin path off", len(out))
+	}
+	if n := cnt.snapshot()["nccl_plugin_records_ignored"]; n != 1 {
+		t.Errorf("nccl_plugin_records_ignored = %d, want 1", n)
+	}
+	if p := c.ncclPaths()[pidNCCL]; p != "uprobes" {
+		t.Errorf("capture path %q, want uprobes", p)
+	}
+	if !c.ncclUprobe(pidNCCL, 1, uint64(t0+1000)) {
+		t.Error("a uprobe collective after the plugin's comm record was dropped with the plugin path off")
 	}
 }

@@ -18,7 +18,7 @@ func torchEvent(probe bpf.ProbeID, pid, tid uint32, start, end uint64, self uint
 // (DDP waits on the thread that finishes the backward pass).
 func TestConvertFutureWait(t *testing.T) {
 	cnt := newCounters()
-	conv := newConverter(cnt)
+	conv := newConverter(cnt, false)
 	const pid, other = 10, 20
 	hosts := func(out []input) []correlate.HostCall {
 		var hs []correlate.HostCall

@@ -37,6 +37,10 @@ type Identity struct {
 	// libslowrank_cupti.so, that is when CUDA will load our injection library.
 	InjectionPath string
 	Injected      bool
+	// ProfilerPlugin is NCCL_PROFILER_PLUGIN as given ("" when unset, which
+	// NCCL takes as libnccl-profiler.so): which NCCL profiler plugin, if
+	// any, the process's NCCL loads (doctor's capture path).
+	ProfilerPlugin string
 
 	// Where the process runs as the cluster names it (placement.go), ""
 	// when not known. The names come from the downward-API environment
@@ -96,7 +100,7 @@ var (
 var identityVars = func() map[string]bool {
 	m := map[string]bool{
 		"MASTER_ADDR": true, "MASTER_PORT": true, "CUDA_VISIBLE_DEVICES": true,
-		"CUDA_INJECTION64_PATH": true, "KUBERNETES_SERVICE_HOST": true,
+		"CUDA_INJECTION64_PATH": true, "KUBERNETES_SERVICE_HOST": true, "NCCL_PROFILER_PLUGIN": true,
 	}
 	for _, l := range [][]string{jobIDSources, rankVars, localRankVars, worldSizeVars, localWorldSizeVars, groupRankVars,
 		podNameVars, podNamespaceVars, podUIDVars, containerNameVars, slurmStepVars, {otelResourceVar}} {
@@ -143,6 +147,7 @@ func identityFromEnv(env map[string]string) Identity {
 		RunID:          env["TORCHELASTIC_RUN_ID"],
 		VisibleDevices: env["CUDA_VISIBLE_DEVICES"],
 		InjectionPath:  env["CUDA_INJECTION64_PATH"],
+		ProfilerPlugin: env["NCCL_PROFILER_PLUGIN"],
 	}
 	id.Rank, id.RankSource = firstInt(env, rankVars)
 	id.LocalRank, _ = firstInt(env, localRankVars)

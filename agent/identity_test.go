@@ -131,6 +131,11 @@ func TestIdentityFromEnv(t *testing.T) {
 			env:  map[string]string{"CUDA_INJECTION64_PATH": "/usr/lib/libnsys_inject.so"},
 			want: with(func(id *Identity) { id.InjectionPath = "/usr/lib/libnsys_inject.so" }),
 		},
+		{
+			name: "the NCCL profiler plugin is kept as given",
+			env:  map[string]string{"NCCL_PROFILER_PLUGIN": "inspector"},
+			want: with(func(id *Identity) { id.ProfilerPlugin = "inspector" }),
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -11,7 +11,7 @@ import (
 // (convert into a recycled batch) allocates nothing for host calls, the
 // records that come by the hundred thousand per second.
 func TestHostEventsDoNotAllocate(t *testing.T) {
-	conv := newConverter(newCounters())
+	conv := newConverter(newCounters(), false)
 	pool := newBatchPool()
 	coll := &bpf.CollEvent{Header: bpf.Header{Type: bpf.EventColl, Probe: bpf.ProbeNCCLAllReduce, PID: 7, StartNs: 1, EndNs: 2}, Count: 1024}
 	sync := &bpf.SyncEvent{Header: bpf.Header{Type: bpf.EventSync, Probe: bpf.ProbeCUDAStreamSynchronize, PID: 7, StartNs: 3, EndNs: 4}}

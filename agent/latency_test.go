@@ -8,7 +8,7 @@ import (
 )
 
 func TestDeviceLatencyFromBatches(t *testing.T) {
-	c := newConverter(newCounters())
+	c := newConverter(newCounters(), false)
 	for i := 0; i < 100; i++ {
 		b := &cupti.Batch{Header: cupti.Header{Version: 1, Seq: uint64(i + 1)},
 			Kernels: []cupti.Kernel{{StartNs: 1_000, EndNs: 2_000}, {StartNs: 1_500, EndNs: 5_000}}}
@@ -49,7 +49,7 @@ func TestImplausibleDeviceTimesAreDropped(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cs := newCounters()
-			c := newConverter(cs)
+			c := newConverter(cs, false)
 			b := &cupti.Batch{Header: cupti.Header{Version: 1, Seq: 1},
 				Kernels: []cupti.Kernel{{StartNs: tc.start, EndNs: tc.end}},
 				Copies:  []cupti.Copy{{StartNs: tc.start, EndNs: tc.end}}}

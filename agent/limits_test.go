@@ -93,7 +93,7 @@ func batchEvent(pid uint32, data []byte) *bpf.BatchEvent {
 // its counters sane.
 func TestConverterHostileBatches(t *testing.T) {
 	c := newCounters()
-	conv := newConverter(c)
+	conv := newConverter(c, false)
 	rng := rand.New(rand.NewPCG(1, 2))
 	var out []input
 
@@ -179,7 +179,7 @@ func TestPipelineHostileDeviceRecords(t *testing.T) {
 	c := newCounters()
 	p := newPipeline(slog.New(slog.DiscardHandler), correlate.New(correlate.Config{}), det, nil, nil)
 	p.counters = c
-	conv := newConverter(c)
+	conv := newConverter(c, false)
 	p.handle(correlate.RankInfo{PID: 9, Rank: 0, WorldSize: 1, Job: "j", Host: "h"})
 	b := cupti.Batch{Header: cupti.Header{Version: cupti.ABIVersion, Seq: 1}}
 	for i := 0; i < 150; i++ {
@@ -217,7 +217,7 @@ func TestPipelineHostileDeviceRecords(t *testing.T) {
 // TestConverterConcurrentForget: the reader goroutine converts while the
 // main goroutine forgets exited processes (run with -race).
 func TestConverterConcurrentForget(t *testing.T) {
-	conv := newConverter(newCounters())
+	conv := newConverter(newCounters(), false)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

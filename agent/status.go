@@ -1,8 +1,10 @@
 package agent
 
 import (
+	"strings"
 	"time"
 
+	"github.com/slowrank/slowrank/cupti"
 	"github.com/slowrank/slowrank/detector"
 )
 
@@ -58,9 +60,12 @@ func (a *Agent) Status() Status {
 		}
 	}
 	st.Verdicts = verdicts
-	injected := 0
+	injected, pluginOnly := 0, 0
 	for _, p := range st.Procs {
-		if p.Injected {
+		switch {
+		case p.CUPTI == PluginOnly:
+			pluginOnly++ // mapped, but no device collection to steer
+		case p.Injected:
 			injected++
 		}
 	}
@@ -68,7 +73,9 @@ func (a *Agent) Status() Status {
 		o := d.Overhead // uprobes cost even without the injection library
 		st.Overhead = &o
 	}
-	if injected == 0 {
+	if injected == 0 && pluginOnly > 0 {
+		st.DeviceState = "off: libslowrank_cupti.so runs as NCCL's profiler plugin only (CUDA did not load it)"
+	} else if injected == 0 {
 		st.DeviceState = "no-lib"
 	} else if d := a.dutyPlan(); d != nil {
 		st.DutyShare, st.DutyCost = d.OnShare, d.Cost
@@ -80,6 +87,12 @@ func (a *Agent) Status() Status {
 	return st
 }
 
+// PluginOnly is ProcessView.CUPTI of a process whose NCCL loaded the
+// injection library as its profiler plugin while the CUDA driver never
+// initialised it: its control block stays in state "init" (no CUPTI, no
+// device records), which would read as starting up.
+const PluginOnly = "off: loaded by NCCL as its profiler plugin only"
+
 // withNCCLPaths fills each process's NCCL capture path; a process the
 // converter has not seen an event of yet is on uprobes (the default path).
 func withNCCLPaths(procs []ProcessView, paths map[uint32]string) {
@@ -87,6 +100,9 @@ func withNCCLPaths(procs []ProcessView, paths map[uint32]string) {
 		procs[i].NCCL = "uprobes"
 		if p, ok := paths[uint32(procs[i].PID)]; ok {
 			procs[i].NCCL = p
+		}
+		if procs[i].CUPTI == cupti.StateInit.String() && strings.HasPrefix(procs[i].NCCL, "plugin") {
+			procs[i].CUPTI = PluginOnly
 		}
 	}
 }

@@ -43,6 +43,9 @@ type Library struct {
 	ControlOffset uint64
 	// EmitVaddr is the link-time address of EmitSymbol.
 	EmitVaddr uint64
+	// NCCLStatusOffset is the file offset of NCCLStatusSymbol, 0 for a
+	// library without the NCCL plugin (before issue 20).
+	NCCLStatusOffset uint64
 }
 
 // InspectLibrary reads the library's symbol table.
@@ -126,6 +129,15 @@ func inspectELF(f *elf.File) (Library, error) {
 	if lib.ControlOffset, err = fileOffset(f, lib.ControlVaddr); err != nil {
 		return Library{}, fmt.Errorf("%s: %w", ControlSymbol, err)
 	}
+	// Optional: older libraries have no NCCL plugin; one of the wrong size
+	// is not read.
+	for i := range syms {
+		if s := syms[i]; s.Name == NCCLStatusSymbol && s.Section != elf.SHN_UNDEF && s.Size == uint64(NCCLStatusSize) {
+			if off, err := fileOffset(f, s.Value); err == nil {
+				lib.NCCLStatusOffset = off
+			}
+		}
+	}
 	return lib, nil
 }
 
@@ -147,6 +159,24 @@ func fileOffset(f *elf.File, vaddr uint64) (uint64, error) {
 // /proc/PID/maps: the writable mapping of the library's file (by inode) that
 // covers lib.ControlOffset.
 func ControlAddress(maps []byte, inode uint64, lib Library) (uint64, error) {
+	return mappedAddress(maps, inode, lib.ControlOffset, uint64(ControlSize), "control block")
+}
+
+// ErrNoNCCLStatus: the library has no NCCL status block (before issue 20).
+var ErrNoNCCLStatus = errors.New("injection library has no NCCL status block")
+
+// NCCLStatusAddress finds the NCCL status block in a process, as
+// ControlAddress finds the control block.
+func NCCLStatusAddress(maps []byte, inode uint64, lib Library) (uint64, error) {
+	if lib.NCCLStatusOffset == 0 {
+		return 0, ErrNoNCCLStatus
+	}
+	return mappedAddress(maps, inode, lib.NCCLStatusOffset, uint64(NCCLStatusSize), "nccl status block")
+}
+
+// mappedAddress returns the address of the size bytes at file offset off of
+// the file (by inode) in its writable mapping.
+func mappedAddress(maps []byte, inode, off0, size uint64, what string) (uint64, error) {
 	sc := bufio.NewScanner(bytes.NewReader(maps))
 	sc.Buffer(make([]byte, 0, 4096), 1<<20)
 	for sc.Scan() {
@@ -169,12 +199,12 @@ func ControlAddress(maps []byte, inode uint64, lib Library) (uint64, error) {
 		if err1 != nil || err2 != nil || err3 != nil || end <= start {
 			continue
 		}
-		if lib.ControlOffset >= off && lib.ControlOffset+uint64(ControlSize) <= off+(end-start) {
-			return start + (lib.ControlOffset - off), nil
+		if off0 >= off && off0+size <= off+(end-start) {
+			return start + (off0 - off), nil
 		}
 	}
 	if err := sc.Err(); err != nil {
 		return 0, fmt.Errorf("read maps: %w", err)
 	}
-	return 0, fmt.Errorf("no mapping of inode %d covers the control block (offset %#x)", inode, lib.ControlOffset)
+	return 0, fmt.Errorf("no mapping of inode %d covers the %s (offset %#x)", inode, what, off0)
 }

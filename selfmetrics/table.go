@@ -130,6 +130,8 @@ var Table = []Metric{
 			s("torch_future_waits_ignored", "kind", "future_wait"),
 			s("torch_collectives_redundant", "kind", "redundant_collective"),
 		}},
+	{Name: "slowrank.agent.nccl.plugin.ignored", Kind: Counter, Unit: "{record}", Component: Agent,
+		Desc: "NCCL profiler-plugin records ignored because --nccl-plugin is off (the libnccl uprobes report those calls).", Series: []Series{s("nccl_plugin_records_ignored")}},
 	{Name: "slowrank.agent.nccl.plugin.processes", Kind: Counter, Unit: "{process}", Component: Agent,
 		Desc: "Processes whose NCCL collectives switched from the uprobes to the profiler plugin.", Series: []Series{s("nccl_plugin_processes")}},
 	{Name: "slowrank.agent.nccl.plugin.collectives", Kind: Counter, Unit: "{call}", Component: Agent,

@@ -56,6 +56,7 @@ func agentCommand() *cli.Command {
 			&cli.DurationFlag{Name: "uprobe-cost", Value: agent.DefaultDutyConfig().UprobeCost, Usage: "cost of one uprobe trap in a training process, charged to the overhead budget (the H200 measured 5.4-6.9us)", EnvVars: []string{"SLOWRANK_UPROBE_COST"}},
 			&cli.BoolFlag{Name: "device-collection", Value: true, Usage: "steer the injection library's duty cycle (off: leave its default)", EnvVars: []string{"SLOWRANK_DEVICE_COLLECTION"}},
 			&cli.StringFlag{Name: "step-marker", Usage: "end a step at every return of this synchronisation call (e.g. cudaDeviceSynchronize) instead of detecting steps from the collective period", EnvVars: []string{"SLOWRANK_STEP_MARKER"}},
+			&cli.BoolFlag{Name: "nccl-plugin", Usage: "take NCCL collectives from the injection library's profiler-plugin records where a job sets NCCL_PROFILER_PLUGIN to it (experimental: steps after the switch from the uprobes are not found yet); off: the uprobes report", EnvVars: []string{"SLOWRANK_NCCL_PLUGIN"}},
 			&cli.BoolFlag{Name: "probe-torch", Usage: "attach torch c10d probes: needed for gloo jobs (blocking coll_wait); NCCL jobs are seen through libnccl", EnvVars: []string{"SLOWRANK_PROBE_TORCH"}},
 			&cli.StringFlag{Name: "otel", Value: "auto", Usage: "OpenTelemetry export: auto (on when OTEL_EXPORTER_OTLP_ENDPOINT is set), on, off, stdout", EnvVars: []string{"SLOWRANK_OTEL"}},
 			&cli.IntFlag{Name: "sample-every", Value: 20, Usage: "export every rank's span of one step in N as a baseline (anomalous windows: all)", EnvVars: []string{"SLOWRANK_SAMPLE_EVERY"}},
@@ -103,6 +104,7 @@ func agentConfig(c *cli.Context) (agent.Config, error) {
 	}
 	cfg.DeviceCollection = c.Bool("device-collection")
 	cfg.ProbeTorch = c.Bool("probe-torch")
+	cfg.NCCLPlugin = c.Bool("nccl-plugin")
 	cfg.StepMarker = c.String("step-marker")
 	cfg.RingBufferSize = c.Int("ringbuf-size")
 	cfg.SingleUprobes = c.Bool("single-uprobes")

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -599,29 +600,48 @@ func checkCUDA() checkResult {
 	return r
 }
 
-// injectionState reads the injection library's control block in a process:
-// its state and the CUPTI version it loaded.
-func injectionState(pid int, lib agent.Library) (string, error) {
+// injectionBlocks reads the injection library's control block in a process
+// and, where the library has one, its NCCL plugin status (nil when absent
+// or unreadable: an older library, a torn mapping).
+func injectionBlocks(pid int, lib agent.Library) (cupti.ControlBlock, *cupti.NCCLStatus, error) {
 	info, err := cupti.InspectLibrary(lib.HostPath)
 	if err != nil {
-		return "", err
+		return cupti.ControlBlock{}, nil, err
 	}
 	maps, err := agent.ReadMaps(pid)
 	if err != nil {
-		return "", err
+		return cupti.ControlBlock{}, nil, err
 	}
 	addr, err := cupti.ControlAddress(maps, lib.File.Inode, info)
 	if err != nil {
-		return "", err
+		return cupti.ControlBlock{}, nil, err
 	}
 	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
 	if err != nil {
-		return "", err
+		return cupti.ControlBlock{}, nil, err
 	}
 	defer mem.Close()
 	cb, err := cupti.ReadControl(mem, int64(addr))
 	if err != nil {
-		return "", err
+		return cupti.ControlBlock{}, nil, err
+	}
+	var st *cupti.NCCLStatus
+	if a, err := cupti.NCCLStatusAddress(maps, lib.File.Inode, info); err == nil {
+		if s, err := cupti.ReadNCCLStatus(mem, int64(a)); err == nil {
+			st = &s
+		}
+	}
+	return cb, st, nil
+}
+
+// libraryState describes the library's control block: its state and the
+// CUPTI version it loaded. A library NCCL loaded as its profiler plugin
+// that the CUDA driver never initialised (no CUDA_INJECTION64_PATH, or a
+// driver that did not honour it) stays in state init: say so, rather than
+// "init", which reads as starting up.
+func libraryState(cb cupti.ControlBlock, st *cupti.NCCLStatus) string {
+	if cb.Status.State == cupti.StateInit && st != nil && st.APIVersion != 0 {
+		return "library loaded by NCCL as its profiler plugin only (CUDA never called InitializeInjection: no device collection)"
 	}
 	s := "library " + cb.Status.State.String()
 	if cb.Status.State == cupti.StateYielded {
@@ -636,7 +656,38 @@ func injectionState(pid int, lib agent.Library) (string, error) {
 	if v := cb.Status.CUPTIVersion; v != 0 {
 		s += fmt.Sprintf(", CUPTI API %d", v)
 	}
-	return s, nil
+	return s
+}
+
+// ourPlugin says whether NCCL_PROFILER_PLUGIN names slowrank's library: a
+// path or file name of libslowrank_cupti.so or libnccl-profiler-slowrank.so,
+// or the name "slowrank" (NCCL then opens libnccl-profiler-slowrank.so).
+func ourPlugin(v string) bool {
+	base := filepath.Base(v)
+	return v == "slowrank" || base == agent.InjectionLibraryName || base == "libnccl-profiler-slowrank.so"
+}
+
+// ncclCapture says which path a process's NCCL collectives take: from the
+// library's NCCL status when it is mapped (st, nil otherwise), else from
+// what NCCL_PROFILER_PLUGIN (plugin) makes NCCL load.
+func ncclCapture(plugin string, st *cupti.NCCLStatus) string {
+	switch {
+	case st != nil && st.Disabled:
+		return "NCCL: uprobes (plugin refused by SLOWRANK_NCCL_DISABLE)"
+	case st != nil && st.APIVersion != 0:
+		s := fmt.Sprintf("NCCL: profiler plugin v%d bound (%d live communicators, %d collectives", st.APIVersion, st.LiveComms, st.Colls)
+		if st.Dropped > 0 {
+			s += fmt.Sprintf(", %d dropped", st.Dropped)
+		}
+		return s + ")"
+	case plugin == "":
+		return "NCCL: uprobes (plugin not loaded: NCCL_PROFILER_PLUGIN unset)"
+	case strings.EqualFold(plugin, "none"):
+		return "NCCL: uprobes (plugin not loaded: NCCL_PROFILER_PLUGIN=none)"
+	case !ourPlugin(plugin):
+		return fmt.Sprintf("NCCL: uprobes (another plugin owns the slot: %s)", plugin)
+	}
+	return "NCCL: uprobes (plugin not loaded yet: NCCL loads it at its first communicator)"
 }
 
 // maxListed bounds the per-process lines of the report.
@@ -662,7 +713,7 @@ func checkProcesses(envKey, libPath string) checkResult {
 		}
 		return r
 	}
-	injectedEnv, loaded := 0, 0
+	injectedEnv, loaded, pluginOnly := 0, 0, 0
 	for i, p := range procs {
 		libs, lerr := agent.ReadLibraries("", p.PID)
 		var kinds []string
@@ -679,15 +730,22 @@ func checkProcesses(envKey, libPath string) checkResult {
 			injectedEnv++
 		}
 		state := "library not loaded"
+		var st *cupti.NCCLStatus
 		switch {
 		case inj != nil:
 			loaded++
 			state = "library loaded"
-			if s, err := injectionState(p.PID, *inj); err == nil {
-				state = s
+			if cb, s, err := injectionBlocks(p.PID, *inj); err == nil {
+				state, st = libraryState(cb, s), s
+				if cb.Status.State == cupti.StateInit && s != nil && s.APIVersion != 0 {
+					pluginOnly++ // loaded, but for NCCL's collectives only
+				}
 			}
 		case p.Identity.Injected:
 			state = "CUDA_INJECTION64_PATH set, library not loaded yet"
+		}
+		if slices.Contains(kinds, agent.KindNCCL.String()) || inj != nil {
+			state += "; " + ncclCapture(p.Identity.ProfilerPlugin, st)
 		}
 		if lerr != nil {
 			state = fmt.Sprintf("maps unreadable: %v", lerr)
@@ -705,8 +763,11 @@ func checkProcesses(envKey, libPath string) checkResult {
 		r.Items = append(r.Items, fmt.Sprintf("... and %d more", n))
 	}
 	r.Detail = fmt.Sprintf("%d found (%s), %d with CUDA_INJECTION64_PATH, %d loaded libslowrank_cupti.so", len(procs), sel, injectedEnv, loaded)
+	if pluginOnly > 0 {
+		r.Detail += fmt.Sprintf(" (%d as NCCL's profiler plugin only)", pluginOnly)
+	}
 	switch {
-	case loaded == len(procs):
+	case loaded == len(procs) && pluginOnly == 0:
 		r.Status = checkOK
 	default:
 		r.Status = checkWarn
@@ -715,6 +776,12 @@ func checkProcesses(envKey, libPath string) checkResult {
 			lib = filepath.Join(injectionLibDir, agent.InjectionLibraryName)
 		}
 		r.Fix = fmt.Sprintf("start the job with CUDA_INJECTION64_PATH=%s for device phases (compute, comm); host phases work without it", lib)
+		if pluginOnly > 0 && injectedEnv > 0 {
+			// The variable is there, yet only NCCL loaded the library: the
+			// CUDA driver did not (set after CUDA initialised, or a path the
+			// process cannot open).
+			r.Fix = fmt.Sprintf("CUDA did not load CUDA_INJECTION64_PATH where NCCL loaded the library as its plugin: set it before CUDA initialises, to a path the process can open (%s)", lib)
+		}
 	}
 	if stats.Denied > 0 {
 		r.Detail += "; " + deniedNote(denied)

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/slowrank/slowrank/agent"
+	"github.com/slowrank/slowrank/cupti"
 )
 
 func TestParseKernelVersion(t *testing.T) {
@@ -209,5 +210,62 @@ func TestDoctorText(t *testing.T) {
 		if !strings.Contains(out, "] "+name) {
 			t.Errorf("no %s line:\n%s", name, out)
 		}
+	}
+}
+
+func TestNCCLCaptureSaysWhichPathAProcessIsOn(t *testing.T) {
+	bound := &cupti.NCCLStatus{APIVersion: 5, LiveComms: 2, Colls: 1200}
+	tests := []struct {
+		name   string
+		plugin string // NCCL_PROFILER_PLUGIN
+		st     *cupti.NCCLStatus
+		want   string
+	}{
+		{"the bound plugin names its version", "/opt/slowrank/lib/libslowrank_cupti.so", bound,
+			"NCCL: profiler plugin v5 bound (2 live communicators, 1200 collectives)"},
+		{"drops of the plugin are shown", "slowrank", &cupti.NCCLStatus{APIVersion: 4, LiveComms: 1, Colls: 9, Dropped: 3},
+			"NCCL: profiler plugin v4 bound (1 live communicators, 9 collectives, 3 dropped)"},
+		{"a refused plugin leaves the uprobes", "libslowrank_cupti.so", &cupti.NCCLStatus{APIVersion: 5, Disabled: true},
+			"NCCL: uprobes (plugin refused by SLOWRANK_NCCL_DISABLE)"},
+		{"no variable: no plugin", "", nil, "NCCL: uprobes (plugin not loaded: NCCL_PROFILER_PLUGIN unset)"},
+		{"none disables it", "none", nil, "NCCL: uprobes (plugin not loaded: NCCL_PROFILER_PLUGIN=none)"},
+		{"another tool's plugin owns the slot", "/usr/lib/libnccl-profiler-inspector.so", nil,
+			"NCCL: uprobes (another plugin owns the slot: /usr/lib/libnccl-profiler-inspector.so)"},
+		{"another plugin by name owns the slot", "inspector", nil, "NCCL: uprobes (another plugin owns the slot: inspector)"},
+		{"ours named, no communicator yet", "/opt/slowrank/lib/libnccl-profiler-slowrank.so", nil,
+			"NCCL: uprobes (plugin not loaded yet: NCCL loads it at its first communicator)"},
+		{"ours mapped by CUDA only, NCCL never bound it", "slowrank", &cupti.NCCLStatus{},
+			"NCCL: uprobes (plugin not loaded yet: NCCL loads it at its first communicator)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := ncclCapture(tt.plugin, tt.st); got != tt.want {
+				t.Errorf("ncclCapture(%q) = %q, want %q", tt.plugin, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestLibraryStateOfAPluginOnlyProcessSaysSo(t *testing.T) {
+	initBlock := cupti.ControlBlock{}
+	tests := []struct {
+		name string
+		cb   cupti.ControlBlock
+		st   *cupti.NCCLStatus
+		want string
+	}{
+		{"loaded by NCCL only: no device collection", initBlock, &cupti.NCCLStatus{APIVersion: 5},
+			"library loaded by NCCL as its profiler plugin only (CUDA never called InitializeInjection: no device collection)"},
+		{"init without the plugin is the library's own state", initBlock, &cupti.NCCLStatus{}, "library init"},
+		{"an older library without the status block", initBlock, nil, "library init"},
+		{"CUDA initialised it too: its CUPTI state", cupti.ControlBlock{Status: cupti.Status{State: cupti.StateOn, CUPTIVersion: 24}},
+			&cupti.NCCLStatus{APIVersion: 5}, "library on, CUPTI API 24"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := libraryState(tt.cb, tt.st); got != tt.want {
+				t.Errorf("libraryState = %q, want %q", got, tt.want)
+			}
+		})
 	}
 }

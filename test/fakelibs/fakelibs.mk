@@ -10,7 +10,10 @@
 # (real sonames; unversioned .so symlinks), libtorch_cpu.so (C++, the gloo
 # process group under torch's mangled names), faketrainer (linked against
 # the first three, RUNPATH $ORIGIN; dlopens libtorch_cpu.so for --backend
-# gloo) and faketrainer-dlopen (loads libnccl.so.2 late).
+# gloo), faketrainer-dlopen (loads libnccl.so.2 late) and
+# libnccl-profiler-foreign.so (another NCCL profiler plugin, for the
+# fallback tests). libnccl.so.2 links ncclprof.c: it loads and drives an NCCL
+# profiler plugin (NCCL_PROFILER_PLUGIN) as NCCL >= 2.23 does.
 
 FAKELIBS_SAVED_GOAL := $(.DEFAULT_GOAL)
 FAKELIBS_DIR := $(patsubst %/,%,$(dir $(lastword $(MAKEFILE_LIST))))
@@ -35,11 +38,12 @@ FAKELIBS_NCCL := $(FAKELIBS_OUT)/libnccl.so.2
 FAKELIBS_TORCH := $(FAKELIBS_OUT)/libtorch_cpu.so
 FAKELIBS_TRAINER := $(FAKELIBS_OUT)/faketrainer
 FAKELIBS_TRAINER_DL := $(FAKELIBS_OUT)/faketrainer-dlopen
-FAKELIBS_HDRS := $(wildcard $(FAKELIBS_DIR)/include/*.h) $(FAKELIBS_DIR)/fakegpu.h $(lastword $(MAKEFILE_LIST))
+FAKELIBS_FOREIGN_PROF := $(FAKELIBS_OUT)/libnccl-profiler-foreign.so
+FAKELIBS_HDRS := $(wildcard $(FAKELIBS_DIR)/include/*.h) $(FAKELIBS_DIR)/fakegpu.h $(FAKELIBS_DIR)/ncclprof.h $(lastword $(MAKEFILE_LIST))
 
 .PHONY: fakelibs fakelibs-clean
 
-fakelibs: $(FAKELIBS_CUDA) $(FAKELIBS_CUDART) $(FAKELIBS_NCCL) $(FAKELIBS_TORCH) $(FAKELIBS_TRAINER) $(FAKELIBS_TRAINER_DL) \
+fakelibs: $(FAKELIBS_CUDA) $(FAKELIBS_CUDART) $(FAKELIBS_NCCL) $(FAKELIBS_TORCH) $(FAKELIBS_TRAINER) $(FAKELIBS_TRAINER_DL) $(FAKELIBS_FOREIGN_PROF) \
 	$(FAKELIBS_OUT)/libcuda.so $(FAKELIBS_OUT)/libcudart.so $(FAKELIBS_OUT)/libnccl.so
 
 $(FAKELIBS_OUT):
@@ -58,9 +62,13 @@ $(FAKELIBS_CUDART): $(FAKELIBS_DIR)/cudart.c $(FAKELIBS_HDRS) $(FAKELIBS_OUT)/li
 		-Wl,-soname,libcudart.so.$(FAKELIBS_CUDART_MAJOR) -Wl,--version-script=$(FAKELIBS_OUT)/libcudart.map \
 		-o $@ $(FAKELIBS_DIR)/cudart.c -L$(FAKELIBS_OUT) -l:libcuda.so.1
 
-$(FAKELIBS_NCCL): $(FAKELIBS_DIR)/nccl.c $(FAKELIBS_HDRS) $(FAKELIBS_CUDA)
+$(FAKELIBS_NCCL): $(FAKELIBS_DIR)/nccl.c $(FAKELIBS_DIR)/ncclprof.c $(FAKELIBS_HDRS) $(FAKELIBS_CUDA)
 	$(FAKELIBS_CC) $(FAKELIBS_CFLAGS) $(FAKELIBS_INC) $(FAKELIBS_LIBFLAGS) -Wl,-soname,libnccl.so.2 \
-		-o $@ $(FAKELIBS_DIR)/nccl.c -L$(FAKELIBS_OUT) -l:libcuda.so.1
+		-o $@ $(FAKELIBS_DIR)/nccl.c $(FAKELIBS_DIR)/ncclprof.c -L$(FAKELIBS_OUT) -l:libcuda.so.1 -ldl -lpthread
+
+# Somebody else's profiler plugin: binds the slot, records nothing.
+$(FAKELIBS_FOREIGN_PROF): $(FAKELIBS_DIR)/foreignprof.c $(lastword $(MAKEFILE_LIST)) | $(FAKELIBS_OUT)
+	$(FAKELIBS_CC) $(FAKELIBS_CFLAGS) $(FAKELIBS_LIBFLAGS) -o $@ $(FAKELIBS_DIR)/foreignprof.c
 
 # torch ships libtorch_cpu.so unversioned; it reaches the simulated GPU
 # through libcuda.so.1's slowrank_fake_* and looks cudaStreamSynchronize up

@@ -11,6 +11,12 @@
  * and pncclX a global alias at the same address. Internal paths (InitAll,
  * Bcast, group end) never call the exported symbols, so a probe fires once
  * per user call.
+ *
+ * As NCCL >= 2.23 does, it loads a profiler plugin (NCCL_PROFILER_PLUGIN) at
+ * a communicator's init and drives it from its calls and a proxy thread:
+ * that logic is ncclprof.c's, shared with cupti/test_nccl.c. The plugin's
+ * work runs inside the user's calls, as NCCL's does; without a plugin each
+ * call pays one branch.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -24,6 +30,7 @@
 
 #include "fakegpu.h"
 #include "nccl.h"
+#include "ncclprof.h"
 
 #define NCCL_API(ret, func, ...)                                                                 \
   __attribute__((visibility("default"))) __attribute__((alias(#func))) ret p##func(__VA_ARGS__); \
@@ -37,11 +44,12 @@ struct ncclComm {
   int rank;
   int nranks;
   int device;
-  int ready;         /* 0 while a grouped init still waits for peers */
-  uint64_t coll_seq; /* collectives issued on this communicator */
-  uint64_t split_n;  /* splits issued */
-  uint64_t *send_n;  /* [nranks] messages sent to each peer */
-  uint64_t *recv_n;  /* [nranks] messages received from each peer */
+  int ready;            /* 0 while a grouped init still waits for peers */
+  uint64_t coll_seq;    /* collectives issued on this communicator */
+  uint64_t split_n;     /* splits issued */
+  uint64_t *send_n;     /* [nranks] messages sent to each peer */
+  uint64_t *recv_n;     /* [nranks] messages received from each peer */
+  struct fp_comm *prof; /* the profiler plugin's view of this comm (never NULL) */
   unsigned char key[NCCL_UNIQUE_ID_BYTES];
 };
 
@@ -114,6 +122,49 @@ static uint64_t xfer_ns(double bytes) {
   return p->lat_ns + (uint64_t)(bytes / p->bw_gbps);
 }
 
+/* NCCL's profiler strings: ncclDatatypeToString, ncclFuncToString. */
+static const char *type_name(ncclDataType_t t) {
+  switch (t) {
+  case ncclInt8:
+    return "ncclInt8";
+  case ncclUint8:
+    return "ncclUint8";
+  case ncclInt32:
+    return "ncclInt32";
+  case ncclUint32:
+    return "ncclUint32";
+  case ncclInt64:
+    return "ncclInt64";
+  case ncclUint64:
+    return "ncclUint64";
+  case ncclFloat16:
+    return "ncclFloat16";
+  case ncclFloat32:
+    return "ncclFloat32";
+  case ncclFloat64:
+    return "ncclFloat64";
+  case ncclBfloat16:
+    return "ncclBfloat16";
+  case ncclFloat8e4m3:
+    return "ncclFloat8e4m3";
+  case ncclFloat8e5m2:
+    return "ncclFloat8e5m2";
+  default:
+    return "ncclUnknown";
+  }
+}
+
+/* The channels a fake collective claims to run on (kernel-channel events). */
+#define FAKE_NCHANNELS 2
+
+/* NCCL's commHash is a hash of the ncclUniqueId (getHash), the same on
+ * every rank; a split's key is derived per color, so its hash differs. */
+static uint64_t key_hash(const unsigned char *key) {
+  uint64_t h = 1469598103934665603ull;
+  for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; i++) h = (h ^ key[i]) * 1099511628211ull;
+  return h;
+}
+
 static int comm_valid(ncclComm_t c) { return c != NULL && c->magic == COMM_MAGIC; }
 
 static void derive_key(unsigned char *out, const unsigned char *parent, uint64_t n, int color) {
@@ -164,12 +215,16 @@ static ncclResult_t new_handle(ncclComm_t *out, int slot, int nranks, int rank, 
   c->send_n = sn;
   c->recv_n = rn;
   memcpy(c->key, key, NCCL_UNIQUE_ID_BYTES);
+  /* NCCL loads the plugin (once) and inits it for each new comm. */
+  fp_load();
+  c->prof = fp_comm_init(key_hash(key), nranks, rank);
   *out = c;
   return ncclSuccess;
 }
 
 static void free_handle(ncclComm_t c) {
   if (!c) return;
+  fp_comm_destroy(c->prof); /* the plugin's finalize; the last one unloads it */
   c->magic = 0;
   free(c->send_n);
   free(c->recv_n);
@@ -218,15 +273,14 @@ static ncclResult_t init_rank(ncclComm_t *comm, int nranks, const unsigned char 
   return ncclSuccess;
 }
 
-static ncclResult_t enqueue(ncclComm_t comm, cudaStream_t stream, int kind, int peer, int is_send, double bytes) {
-  if (!comm_valid(comm)) return fail(ncclInvalidArgument, "invalid communicator");
-  if (!comm->ready) return fail(ncclInvalidUsage, "communicator not initialised");
+/* The simulated device's side of a call: its instance, queued on the
+ * stream now or at the group end. Arguments are checked. */
+static ncclResult_t enqueue_inst(ncclComm_t comm, cudaStream_t stream, int kind, int peer, int is_send, double bytes) {
   slowrank_fake_spin_ns(slowrank_fake_params()->launch_ns);
   struct fg_inst_desc d = {.comm = comm->slot, .kind = kind, .rank = comm->rank, .xfer_ns = xfer_ns(bytes)};
   if (kind == FG_INST_COLL) {
     d.seq = comm->coll_seq++;
   } else {
-    if (peer < 0 || peer >= comm->nranks) return fail(ncclInvalidArgument, "bad peer");
     d.peer = peer;
     d.is_send = is_send;
     d.seq = is_send ? comm->send_n[peer]++ : comm->recv_n[peer]++;
@@ -247,6 +301,36 @@ static ncclResult_t enqueue(ncclComm_t comm, cudaStream_t stream, int kind, int 
   return fail(map_err(slowrank_fake_comm_enqueue(stream, &d, 1)), "enqueue");
 }
 
+/* What the profiler plugin is told about one call. */
+struct call {
+  const char *func; /* ncclFuncToString */
+  size_t count;
+  ncclDataType_t type;
+  int root; /* -1 when none */
+};
+
+static void group_start_impl(void) {
+  g_depth++;
+  fp_group_start();
+}
+
+static ncclResult_t enqueue(ncclComm_t comm, cudaStream_t stream, int kind, int peer, int is_send, double bytes,
+                            struct call call) {
+  if (!comm_valid(comm)) return fail(ncclInvalidArgument, "invalid communicator");
+  if (!comm->ready) return fail(ncclInvalidUsage, "communicator not initialised");
+  if (kind != FG_INST_COLL && (peer < 0 || peer >= comm->nranks)) return fail(ncclInvalidArgument, "bad peer");
+  /* The call's API event, then (outside a group) its own group end after
+   * the enqueue: NCCL's ncclEnqueueCheck around taskAppend and the launch. */
+  int implicit = g_depth == 0;
+  if (implicit) fp_group_start();
+  if (kind == FG_INST_COLL)
+    fp_api_coll(comm->prof, call.func, call.count, type_name(call.type), call.root, FAKE_NCHANNELS);
+  else
+    fp_api_p2p(comm->prof, call.func, call.count, type_name(call.type), peer, FAKE_NCHANNELS);
+  ncclResult_t r = enqueue_inst(comm, stream, kind, peer, is_send, bytes);
+  if (implicit) fp_group_end();
+  return r;
+}
 static int nranks_of(ncclComm_t c) { return comm_valid(c) ? c->nranks : 1; }
 
 static ncclResult_t check_type(ncclDataType_t t) {
@@ -262,12 +346,16 @@ static ncclResult_t broadcast_impl(size_t count, ncclDataType_t datatype, int ro
   if (check_type(datatype) != ncclSuccess) return ncclInvalidArgument;
   if (comm_valid(comm) && (root < 0 || root >= comm->nranks)) return fail(ncclInvalidArgument, "bad root");
   int n = nranks_of(comm);
-  return enqueue(comm, stream, FG_INST_COLL, 0, 0, n > 1 ? (double)count * (double)type_size(datatype) : 0);
+  return enqueue(comm, stream, FG_INST_COLL, 0, 0, n > 1 ? (double)count * (double)type_size(datatype) : 0,
+                 (struct call){"Broadcast", count, datatype, root});
 }
 
 static ncclResult_t group_end_impl(void) {
   if (g_depth <= 0) return fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
-  if (--g_depth > 0) return ncclSuccess;
+  if (--g_depth > 0) {
+    fp_group_end(); /* nested: only the depth */
+    return ncclSuccess;
+  }
   ncclResult_t r = g_group_err;
   for (int i = 0; i < g_ninits; i++) {
     ncclComm_t c = g_inits[i];
@@ -297,6 +385,7 @@ static ncclResult_t group_end_impl(void) {
   free(tmp);
   g_npend = 0;
   g_group_err = ncclSuccess;
+  fp_group_end(); /* the group's plugin events, after its launch */
   return r;
 }
 
@@ -366,7 +455,7 @@ ncclResult_t ncclCommInitAll(ncclComm_t *comm, int ndev, const int *devlist) {
   if (e != FG_OK) return fail(map_err(e), "init");
   unsigned char key[NCCL_UNIQUE_ID_BYTES];
   fill_unique_id(key);
-  g_depth++;
+  group_start_impl();
   ncclResult_t r = ncclSuccess;
   for (int i = 0; i < ndev && r == ncclSuccess; i++) {
     r = init_rank(&comm[i], ndev, key, i);
@@ -454,7 +543,8 @@ ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, nccl
   if (check_type(datatype) != ncclSuccess || check_op(op) != ncclSuccess) return ncclInvalidArgument;
   if (comm_valid(comm) && (root < 0 || root >= comm->nranks)) return fail(ncclInvalidArgument, "bad root");
   int n = nranks_of(comm);
-  return enqueue(comm, stream, FG_INST_COLL, 0, 0, n > 1 ? (double)count * (double)type_size(datatype) : 0);
+  return enqueue(comm, stream, FG_INST_COLL, 0, 0, n > 1 ? (double)count * (double)type_size(datatype) : 0,
+                 (struct call){"Reduce", count, datatype, root});
 }
 
 NCCL_API(ncclResult_t, ncclBcast, void *buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
@@ -483,7 +573,7 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, n
   if (check_type(datatype) != ncclSuccess || check_op(op) != ncclSuccess) return ncclInvalidArgument;
   int n = nranks_of(comm);
   double bytes = (double)count * (double)type_size(datatype) * 2.0 * (double)(n - 1) / (double)n;
-  return enqueue(comm, stream, FG_INST_COLL, 0, 0, bytes);
+  return enqueue(comm, stream, FG_INST_COLL, 0, 0, bytes, (struct call){"AllReduce", count, datatype, -1});
 }
 
 NCCL_API(ncclResult_t, ncclReduceScatter, const void *sendbuff, void *recvbuff, size_t recvcount,
@@ -494,7 +584,8 @@ ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recv
   (void)recvbuff;
   if (check_type(datatype) != ncclSuccess || check_op(op) != ncclSuccess) return ncclInvalidArgument;
   int n = nranks_of(comm);
-  return enqueue(comm, stream, FG_INST_COLL, 0, 0, (double)recvcount * (double)type_size(datatype) * (n - 1));
+  return enqueue(comm, stream, FG_INST_COLL, 0, 0, (double)recvcount * (double)type_size(datatype) * (n - 1),
+                 (struct call){"ReduceScatter", recvcount, datatype, -1});
 }
 
 NCCL_API(ncclResult_t, ncclAllGather, const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,
@@ -505,7 +596,8 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
   (void)recvbuff;
   if (check_type(datatype) != ncclSuccess) return ncclInvalidArgument;
   int n = nranks_of(comm);
-  return enqueue(comm, stream, FG_INST_COLL, 0, 0, (double)sendcount * (double)type_size(datatype) * (n - 1));
+  return enqueue(comm, stream, FG_INST_COLL, 0, 0, (double)sendcount * (double)type_size(datatype) * (n - 1),
+                 (struct call){"AllGather", sendcount, datatype, -1});
 }
 
 NCCL_API(ncclResult_t, ncclAlltoAll, const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
@@ -516,7 +608,8 @@ ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count, nc
   (void)recvbuff;
   if (check_type(datatype) != ncclSuccess) return ncclInvalidArgument;
   int n = nranks_of(comm);
-  return enqueue(comm, stream, FG_INST_COLL, 0, 0, (double)count * (double)type_size(datatype) * (n - 1));
+  return enqueue(comm, stream, FG_INST_COLL, 0, 0, (double)count * (double)type_size(datatype) * (n - 1),
+                 (struct call){"AlltoAll", count, datatype, -1});
 }
 
 /* RCCL's spelling, same address as ncclAlltoAll. */
@@ -532,7 +625,8 @@ ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatyp
                       cudaStream_t stream) {
   (void)sendbuff;
   if (check_type(datatype) != ncclSuccess) return ncclInvalidArgument;
-  return enqueue(comm, stream, FG_INST_P2P, peer, 1, (double)count * (double)type_size(datatype));
+  return enqueue(comm, stream, FG_INST_P2P, peer, 1, (double)count * (double)type_size(datatype),
+                 (struct call){"Send", count, datatype, -1});
 }
 
 NCCL_API(ncclResult_t, ncclRecv, void *recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
@@ -541,12 +635,13 @@ ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int
                       cudaStream_t stream) {
   (void)recvbuff;
   if (check_type(datatype) != ncclSuccess) return ncclInvalidArgument;
-  return enqueue(comm, stream, FG_INST_P2P, peer, 0, (double)count * (double)type_size(datatype));
+  return enqueue(comm, stream, FG_INST_P2P, peer, 0, (double)count * (double)type_size(datatype),
+                 (struct call){"Recv", count, datatype, -1});
 }
 
 NCCL_API(ncclResult_t, ncclGroupStart, void);
 ncclResult_t ncclGroupStart(void) {
-  g_depth++;
+  group_start_impl();
   return ncclSuccess;
 }
 

@@ -8,23 +8,30 @@
  * against its own reading of it.
  *
  * What NCCL does and this fake copies (src/plugin/profiler.cc, enqueue.cc):
- *   - loading: NCCL_PROFILER_PLUGIN = none | a path | a name X
- *     (libnccl-profiler-X.so); unset: libnccl-profiler.so; dlopen with
- *     RTLD_NOW | RTLD_LOCAL; dlsym newest first;
+ *   - loading, at a comm's init: NCCL_PROFILER_PLUGIN = none | a path or
+ *     file name | a name X (libnccl-profiler-X.so); unset:
+ *     libnccl-profiler.so; dlopen with RTLD_NOW | RTLD_LOCAL; dlsym newest
+ *     first;
  *   - init per comm with a pointer to one process-wide int mask; an init
  *     error leaves that comm without profiler;
  *   - the mask is read once per operation (at the API call) and decides
  *     which events that operation emits; a level brings the levels above;
- *   - GroupApi start + GroupStartApiStop state, CollApi start/stop around
- *     the enqueue, GroupEndApiStart state; at group end Group start, Coll
- *     start (seqNumber = comm->seqNumber[func], incremented always), Coll
- *     stop ("enqueued"), Group stop; GroupApi stop;
+ *   - per calling thread (NCCL's thread-local ncclProfilerApiState): the
+ *     outermost group's GroupApi start + GroupStartApiStop state at its
+ *     first operation (whose comm's context it takes), CollApi start/stop
+ *     around each enqueue, inside the user's call; at the outermost group
+ *     end GroupEndApiStart state, then per comm (one plan each) Group
+ *     start, Coll start (seqNumber = comm->seqNumber[func], incremented
+ *     always), Coll stop ("enqueued"), Group stop; GroupApi stop; a call
+ *     outside any group is its own implicit group;
  *   - KernelCh from the proxy thread afterwards: start (parent = the Coll
  *     handle, pTimer = GPU start), KernelChStop state (pTimer = GPU stop),
  *     stop; one per channel;
  *   - finalize per comm at destroy; the plugin is dlclosed after the last.
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include "ncclprof.h"
 
 #include <dlfcn.h>
@@ -266,12 +273,17 @@ uint64_t fp_ops_with_kernel_ch(void) { return __atomic_load_n(&n_kch_on, __ATOMI
 uint64_t fp_ops_without_kernel_ch(void) { return __atomic_load_n(&n_kch_off, __ATOMIC_RELAXED); }
 void *fp_plugin(void) { return version == 5 ? (void *)p5 : (void *)p4; }
 
+/* NCCL's plugin lookup (src/plugin/plugin_open.cc): the value as given (a
+ * path or a file name), then libnccl-profiler-<value>.so; unset,
+ * libnccl-profiler.so; "none" disables. dlopen from this library, so its
+ * RUNPATH ($ORIGIN) is searched as real NCCL's would be. */
 static void *open_plugin(void) {
   const char *name = getenv("NCCL_PROFILER_PLUGIN");
   char buf[4096];
   if (name && strcasecmp(name, "none") == 0) return NULL;
   if (!name || !*name) return dlopen("libnccl-profiler.so", RTLD_NOW | RTLD_LOCAL);
-  if (strchr(name, '/') || strstr(name, ".so")) return dlopen(name, RTLD_NOW | RTLD_LOCAL);
+  void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+  if (h || strchr(name, '/')) return h;
   snprintf(buf, sizeof(buf), "libnccl-profiler-%s.so", name);
   return dlopen(buf, RTLD_NOW | RTLD_LOCAL);
 }
@@ -331,6 +343,7 @@ int fp_comm_profiled(const struct fp_comm *c) { return c->profiled; }
 
 static void *start(struct fp_comm *c, uint64_t type, void *parent, const descr_v5_t *d5) {
   void *h = NULL;
+  if (!c->profiled || !version) return NULL; /* unloaded after its last comm */
   if (version == 5) {
     descr_v5_t d = *d5;
     d.type = type;
@@ -369,7 +382,7 @@ static void *start(struct fp_comm *c, uint64_t type, void *parent, const descr_v
 }
 
 static void stop(void *h) {
-  if (!h) return;
+  if (!h || !version) return;
   if (version == 5)
     p5->stopEvent(h);
   else
@@ -377,7 +390,7 @@ static void stop(void *h) {
 }
 
 static void record(void *h, int state, state_args_t *a) {
-  if (!h) return;
+  if (!h || !version) return;
   if (version == 5)
     p5->recordEventState(h, state, a);
   else
@@ -452,15 +465,36 @@ void fp_proxy_drain(void) {
 
 /* ---- operations ---- */
 
+/* One operation between the API call that made it and its group end. */
 struct pending {
+  struct fp_comm *comm;
   const char *func;
   size_t count;
-  int root;
+  const char *dtype;
+  int root; /* or the peer of a p2p */
+  int nch;
   int p2p;
-  void *api;
+  int mask;  /* read at the API call: NCCL's task->eActivationMask */
+  void *api; /* the CollApi/P2pApi handle (v5): the Coll's parent */
 };
 
-static void group_end(struct fp_comm *c, int mask, struct pending *ops, int n, const char *dtype, int nch) {
+/* The calling thread's API state, NCCL's thread-local ncclGroupDepth and
+ * ncclProfilerApiState: the outermost group's GroupApi event (started at
+ * its first operation, which names the comm whose context it takes) and
+ * the operations waiting for the group end. */
+static _Thread_local struct {
+  int depth;
+  void *gapi;
+  int gapi_recorded; /* GroupStartApiStop recorded */
+  struct pending *ops;
+  int nops, cap;
+} T;
+
+static void group_end(struct fp_comm *c, struct pending *ops, int n) {
+  /* The plan's mask: its first operation's that has one (NCCL's
+   * ncclProfilerStartGroupEvent). */
+  int mask = 0;
+  for (int i = 0; i < n && !mask; i++) mask = ops[i].mask;
   void *group = NULL;
   if (mask & (ncclProfileGroup | ncclProfileColl | ncclProfileP2p | ncclProfileProxyOp | ncclProfileProxyStep |
               ncclProfileKernelCh | ncclProfileNetPlugin)) {
@@ -468,116 +502,167 @@ static void group_end(struct fp_comm *c, int mask, struct pending *ops, int n, c
     memset(&d, 0, sizeof(d));
     group = start(c, ncclProfileGroup, NULL, &d);
   }
-  void *handles[16] = {0};
+  void *stack_handles[16] = {0};
+  void **handles = n <= 16 ? stack_handles : calloc((size_t)n, sizeof(void *));
   for (int i = 0; i < n; i++) {
+    void *h = NULL;
     descr_v5_t d;
     memset(&d, 0, sizeof(d));
     /* v5: the parent is the CollApi event; v4: the Group. */
     void *parent = version == 5 ? ops[i].api : group;
+    int m = ops[i].mask;
     if (ops[i].p2p) {
-      if (mask & (ncclProfileP2p | ncclProfileProxyOp | ncclProfileProxyStep | ncclProfileKernelCh)) {
+      if (m & (ncclProfileP2p | ncclProfileProxyOp | ncclProfileProxyStep | ncclProfileKernelCh)) {
         d.p2p.func = ops[i].func;
         d.p2p.count = ops[i].count;
-        d.p2p.datatype = dtype;
+        d.p2p.datatype = ops[i].dtype;
         d.p2p.peer = ops[i].root;
-        d.p2p.nChannels = (uint8_t)nch;
+        d.p2p.nChannels = (uint8_t)ops[i].nch;
         d.p2p.parentGroup = group;
-        handles[i] = start(c, ncclProfileP2p, parent, &d);
+        h = start(c, ncclProfileP2p, parent, &d);
       }
-      continue;
+    } else {
+      int f = func_id(ops[i].func);
+      pthread_mutex_lock(&c->mu);
+      uint64_t seq = c->seq[f]++; /* advanced whether or not the plugin is active */
+      pthread_mutex_unlock(&c->mu);
+      if (m &
+          (ncclProfileColl | ncclProfileProxyOp | ncclProfileProxyStep | ncclProfileKernelCh | ncclProfileNetPlugin)) {
+        d.coll.seqNumber = seq;
+        d.coll.func = ops[i].func;
+        d.coll.count = ops[i].count;
+        d.coll.root = ops[i].root;
+        d.coll.datatype = ops[i].dtype;
+        d.coll.nChannels = (uint8_t)ops[i].nch;
+        d.coll.nWarps = 16;
+        d.coll.algo = "RING";
+        d.coll.proto = "Simple";
+        d.coll.parentGroup = group;
+        h = start(c, ncclProfileColl, parent, &d);
+      }
     }
-    int f = func_id(ops[i].func);
-    pthread_mutex_lock(&c->mu);
-    uint64_t seq = c->seq[f]++; /* advanced whether or not the plugin is active */
-    pthread_mutex_unlock(&c->mu);
-    if (mask &
-        (ncclProfileColl | ncclProfileProxyOp | ncclProfileProxyStep | ncclProfileKernelCh | ncclProfileNetPlugin)) {
-      d.coll.seqNumber = seq;
-      d.coll.func = ops[i].func;
-      d.coll.count = ops[i].count;
-      d.coll.root = ops[i].root;
-      d.coll.datatype = dtype;
-      d.coll.nChannels = (uint8_t)nch;
-      d.coll.nWarps = 16;
-      d.coll.algo = "RING";
-      d.coll.proto = "Simple";
-      d.coll.parentGroup = group;
-      handles[i] = start(c, ncclProfileColl, parent, &d);
-    }
+    if (handles)
+      handles[i] = h;
+    else
+      stop(h); /* no memory for the batch: stopped at once, no kernel channels */
   }
   /* Launched: the Coll/P2p events stop ("enqueued"), the kernels run later. */
-  for (int i = 0; i < n; i++) {
+  for (int i = 0; handles && i < n; i++) {
     stop(handles[i]);
-    if (handles[i] && (mask & ncclProfileKernelCh)) queue_kernel(c, handles[i], nch);
+    if (handles[i] && (ops[i].mask & ncclProfileKernelCh)) queue_kernel(c, handles[i], ops[i].nch);
   }
+  if (handles != stack_handles) free(handles);
   stop(group);
 }
 
-static void run(struct fp_comm *c, struct pending *ops, int n, const char *dtype, int nch) {
+void fp_group_start(void) { T.depth++; }
+
+/* The API call of one operation (ncclEnqueueCheck): an implicit group
+ * around it when the caller opened none. */
+static void api_call(struct fp_comm *c, const char *func, size_t count, const char *dtype, int root, int nch, int p2p) {
   if (!c->profiled) {
-    for (int i = 0; i < n; i++)
-      if (!ops[i].p2p) {
-        pthread_mutex_lock(&c->mu);
-        c->seq[func_id(ops[i].func)]++;
-        pthread_mutex_unlock(&c->mu);
-      }
+    /* No plugin for this comm: only the sequence number NCCL keeps anyway. */
+    if (!p2p) {
+      pthread_mutex_lock(&c->mu);
+      c->seq[func_id(func)]++;
+      pthread_mutex_unlock(&c->mu);
+    }
     return;
   }
+  if (T.nops == T.cap) {
+    int cap = T.cap ? 2 * T.cap : 16;
+    struct pending *n = realloc(T.ops, sizeof(*n) * (size_t)cap);
+    if (!n) return; /* the fake's own failure: this op is not profiled */
+    T.ops = n;
+    T.cap = cap;
+  }
+  int implicit = T.depth == 0;
+  if (implicit) T.depth++;
   int mask = load_mask(); /* once per operation */
   if (mask & ncclProfileKernelCh)
     __atomic_fetch_add(&n_kch_on, 1, __ATOMIC_RELAXED);
   else
     __atomic_fetch_add(&n_kch_off, 1, __ATOMIC_RELAXED);
-  void *gapi = NULL;
-  if (version == 5 && (mask & (ncclProfileGroupApi | ncclProfileCollApi | ncclProfileP2pApi | ncclProfileColl |
-                               ncclProfileP2p | ncclProfileKernelCh))) {
+  if (version == 5 && !T.gapi &&
+      (mask & (ncclProfileGroupApi | ncclProfileCollApi | ncclProfileP2pApi | ncclProfileColl | ncclProfileP2p |
+               ncclProfileKernelCh))) {
     descr_v5_t d;
     memset(&d, 0, sizeof(d));
-    d.groupApi.groupDepth = 1;
-    gapi = start(c, ncclProfileGroupApi, NULL, &d);
-    record(gapi, ncclProfilerGroupStartApiStop, NULL);
+    d.groupApi.groupDepth = T.depth;
+    T.gapi = start(c, ncclProfileGroupApi, NULL, &d);
+    T.gapi_recorded = 0;
   }
-  for (int i = 0; i < n; i++) {
-    ops[i].api = NULL;
-    if (version != 5) continue;
+  if (T.gapi && !T.gapi_recorded) {
+    record(T.gapi, ncclProfilerGroupStartApiStop, NULL);
+    T.gapi_recorded = 1;
+  }
+  struct pending *op = &T.ops[T.nops++];
+  *op = (struct pending){c, func, count, dtype, root, nch, p2p, mask, NULL};
+  if (version == 5) {
     descr_v5_t d;
     memset(&d, 0, sizeof(d));
-    if (ops[i].p2p) {
+    if (p2p) {
       if (mask & (ncclProfileP2pApi | ncclProfileP2p | ncclProfileKernelCh)) {
-        d.p2pApi.func = ops[i].func;
-        d.p2pApi.count = ops[i].count;
+        d.p2pApi.func = func;
+        d.p2pApi.count = count;
         d.p2pApi.datatype = dtype;
-        ops[i].api = start(c, ncclProfileP2pApi, gapi, &d);
+        op->api = start(c, ncclProfileP2pApi, T.gapi, &d);
       }
     } else if (mask & (ncclProfileCollApi | ncclProfileColl | ncclProfileKernelCh)) {
-      d.collApi.func = ops[i].func;
-      d.collApi.count = ops[i].count;
+      d.collApi.func = func;
+      d.collApi.count = count;
       d.collApi.datatype = dtype;
-      d.collApi.root = ops[i].root;
-      ops[i].api = start(c, ncclProfileCollApi, gapi, &d);
+      d.collApi.root = root;
+      op->api = start(c, ncclProfileCollApi, T.gapi, &d);
     }
-    stop(ops[i].api); /* the API event ends at the enqueue; the handle stays the Coll's parent */
+    stop(op->api); /* the API event ends at the enqueue; the handle stays the Coll's parent */
   }
-  record(gapi, ncclProfilerGroupEndApiStart, NULL);
-  group_end(c, mask, ops, n, dtype, nch);
-  stop(gapi);
+  if (implicit) fp_group_end();
+}
+
+void fp_api_coll(struct fp_comm *c, const char *func, size_t count, const char *dtype, int root, int nch) {
+  api_call(c, func, count, dtype, root, nch, 0);
+}
+
+void fp_api_p2p(struct fp_comm *c, const char *func, size_t count, const char *dtype, int peer, int nch) {
+  api_call(c, func, count, dtype, peer, nch, 1);
+}
+
+void fp_group_end(void) {
+  if (T.depth <= 0 || --T.depth > 0) return;
+  record(T.gapi, ncclProfilerGroupEndApiStart, NULL);
+  /* One plan per communicator, in the order of their first operation. */
+  for (int i = 0; i < T.nops; i++) {
+    struct fp_comm *c = T.ops[i].comm;
+    if (!c) continue; /* taken with an earlier comm's plan */
+    int n = 0;
+    struct pending stack[16];
+    struct pending *plan = T.nops - i <= 16 ? stack : malloc(sizeof(*plan) * (size_t)(T.nops - i));
+    for (int j = i; plan && j < T.nops; j++)
+      if (T.ops[j].comm == c) {
+        plan[n++] = T.ops[j];
+        T.ops[j].comm = NULL;
+      }
+    if (plan) group_end(c, plan, n);
+    if (plan != stack) free(plan);
+  }
+  T.nops = 0;
+  stop(T.gapi);
+  T.gapi = NULL;
 }
 
 void fp_coll(struct fp_comm *c, const char *func, size_t count, const char *dtype, int root, int nch) {
-  struct pending op = {func, count, root, 0, NULL};
-  run(c, &op, 1, dtype, nch);
+  fp_api_coll(c, func, count, dtype, root, nch);
 }
 
 void fp_group(struct fp_comm *c, int n, const char *const *funcs, const size_t *counts, const char *dtype, int nch) {
-  struct pending ops[16];
-  if (n > 16) n = 16;
-  for (int i = 0; i < n; i++) ops[i] = (struct pending){funcs[i], counts[i], -1, 0, NULL};
-  run(c, ops, n, dtype, nch);
+  fp_group_start();
+  for (int i = 0; i < n; i++) fp_api_coll(c, funcs[i], counts[i], dtype, -1, nch);
+  fp_group_end();
 }
 
 void fp_p2p(struct fp_comm *c, const char *func, size_t count, const char *dtype, int peer, int nch) {
-  struct pending op = {func, count, peer, 1, NULL};
-  run(c, &op, 1, dtype, nch);
+  fp_api_p2p(c, func, count, dtype, peer, nch);
 }
 
 void fp_comm_destroy(struct fp_comm *c) {

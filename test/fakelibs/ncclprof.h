@@ -2,7 +2,9 @@
  * ncclprof.h - a fake NCCL's profiler-plugin host (ncclprof.c): loads a
  * profiler plugin the way NCCL >= 2.27 does (NCCL_PROFILER_PLUGIN, dlopen,
  * newest ncclProfiler_vN first) and drives it as NCCL's src/plugin/profiler.cc
- * does for API v5 and v4, without a GPU. Used by cupti/test_nccl.c.
+ * does for API v5 and v4, without a GPU. Used by cupti/test_nccl.c and
+ * linked into the fake libnccl.so.2 (nccl.c), so one copy of the driving
+ * logic serves both.
  */
 #ifndef FAKE_NCCLPROF_H
 #define FAKE_NCCLPROF_H
@@ -23,7 +25,19 @@ struct fp_comm *fp_comm_init(uint64_t comm_hash, int nranks, int rank);
 /* 1 when the plugin's init succeeded for c. */
 int fp_comm_profiled(const struct fp_comm *c);
 
-/* One collective outside a group (ncclAllReduce and friends): GroupApi,
+/* The stepwise contract, as a fake NCCL's entry points reach it
+ * (test/fakelibs/nccl.c): fp_group_start at ncclGroupStart, fp_api_coll /
+ * fp_api_p2p inside each collective or send/recv call (CollApi/P2pApi
+ * events; outside a group the call is its own group and ends here too),
+ * fp_group_end at ncclGroupEnd (Group, Coll/P2p, kernel-channel jobs for the
+ * proxy thread). State is per calling thread, as NCCL's. func is NCCL's
+ * string ("AllReduce"), dtype its datatype string ("ncclFloat32"). */
+void fp_group_start(void);
+void fp_api_coll(struct fp_comm *c, const char *func, size_t count, const char *dtype, int root, int nchannels);
+void fp_api_p2p(struct fp_comm *c, const char *func, size_t count, const char *dtype, int peer, int nchannels);
+void fp_group_end(void);
+
+/* Shorthands of the above. One collective outside a group (ncclAllReduce and friends): GroupApi,
  * CollApi at the call, Group + Coll at the implicit group end, KernelCh per
  * channel later from the proxy thread. func is NCCL's string ("AllReduce"),
  * dtype its datatype string ("ncclFloat32"). */

@@ -50,8 +50,15 @@ func (c *captureSink) Settled(_ detector.SettledWindow, vs []detector.Verdict) {
 // trainer.
 type job struct {
 	probeTorch bool     // attach the torch c10d probes (--probe-torch)
+	ncclPlugin bool     // take NCCL collectives from the profiler plugin (--nccl-plugin)
 	envKey     string   // the variable that marks the trainer's processes
 	args       []string // trainer arguments before the test's own
+	env        []string // the trainer's environment besides envKey
+	// dump, when set, receives every capture record as Config.Dump does;
+	// poll is called about every 100 ms while the trainer runs (views of
+	// processes that exit by the end).
+	dump func(any)
+	poll func(*agent.Agent)
 }
 
 // ncclJob is an NCCL job whose ranks carry the step marker.
@@ -79,12 +86,22 @@ func (j job) runAll(t *testing.T, window time.Duration, args ...string) (*captur
 	cfg := agent.DefaultConfig()
 	cfg.HostName = "it"
 	cfg.ProbeTorch = j.probeTorch
+	cfg.NCCLPlugin = j.ncclPlugin
 	cfg.Detector.Window = window
 	cfg.Detector.Lateness = 500 * time.Millisecond
 	cfg.Sinks = []agent.Sink{sink}
 	cfg.Selector = agent.Selector{EnvKey: j.envKey}
 	if path := os.Getenv("SLOWRANK_IT_DUMP"); path != "" {
 		cfg.Dump = dumpTo(t, path)
+	}
+	if j.dump != nil {
+		file := cfg.Dump
+		cfg.Dump = func(v any) {
+			if file != nil {
+				file(v)
+			}
+			j.dump(v)
+		}
 	}
 	a, err := agent.New(cfg)
 	if err != nil {
@@ -98,8 +115,25 @@ func (j job) runAll(t *testing.T, window time.Duration, args ...string) (*captur
 	truth := filepath.Join(t.TempDir(), "truth.jsonl")
 	argv := append([]string{"--ranks", "4", "--truth", truth, "--sleep-before-start", "1500"}, j.args...)
 	cmd := exec.Command(trainer, append(argv, args...)...)
-	cmd.Env = append(os.Environ(), j.envKey+"=1")
+	cmd.Env = append(append(os.Environ(), j.envKey+"=1"), j.env...)
+	stopPoll := func() {}
+	if j.poll != nil {
+		polled, stop := make(chan struct{}), make(chan struct{})
+		stopPoll = func() { close(stop); <-polled }
+		go func() {
+			defer close(polled)
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(100 * time.Millisecond):
+					j.poll(a)
+				}
+			}
+		}()
+	}
 	out, err := cmd.CombinedOutput()
+	stopPoll()
 	if err != nil {
 		cancel()
 		t.Fatalf("fake trainer: %v\n%s", err, out)

@@ -68,3 +68,42 @@ func SharedFakeTrainer(t testing.TB) string {
 	}
 	return sharedTrainer
 }
+
+// The injection library built once per test binary (SharedInjectionLibrary).
+var (
+	injOnce sync.Once
+	injLib  string
+	injErr  error
+)
+
+// SharedInjectionLibrary returns libslowrank_cupti.so for the test binary:
+// a copy of bin/'s (make cupti) when there is one, else built by
+// cupti/cupti.mk into a temporary directory that outlives the tests. The
+// basename stays libslowrank_cupti.so: it is how the agent recognises the
+// library in a process's maps.
+func SharedInjectionLibrary(t testing.TB) string {
+	t.Helper()
+	root := RepoRoot(t)
+	injOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "slowrank-cupti-")
+		if err != nil {
+			injErr = err
+			return
+		}
+		os.Chmod(dir, 0o755)
+		injLib = filepath.Join(dir, "libslowrank_cupti.so")
+		if b, err := os.ReadFile(filepath.Join(root, "bin", "libslowrank_cupti.so")); err == nil {
+			injErr = os.WriteFile(injLib, b, 0o755)
+			return
+		}
+		cmd := exec.Command("make", "-s", "-f", "cupti/cupti.mk", "cupti", "OUT_DIR="+dir)
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			injErr = fmt.Errorf("build the injection library: %w\n%s", err, out)
+		}
+	})
+	if injErr != nil {
+		t.Fatal(injErr)
+	}
+	return injLib
+}

@@ -27,6 +27,7 @@ type TruthRecord struct {
 	Exit       *int           `json:"exit"`  // done: exit status
 	What       string         `json:"what"`  // burst: init or eval
 	PID        int            `json:"pid"`   // rank, done: the rank's process
+	Comm       string         `json:"comm"`  // rank: the ncclComm_t of its collectives ("0x..." as %p)
 }
 
 // ReadTruth reads a ground-truth file and returns its records by kind
