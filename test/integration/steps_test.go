@@ -3,9 +3,11 @@ package integration
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/slowrank/slowrank/agent"
 	"github.com/slowrank/slowrank/test/testutil"
 )
 
@@ -126,8 +128,9 @@ func TestLoopShapesAreIterations(t *testing.T) {
 				// 100 iterations of 22 ms. The fake's are ~6 ms.
 				steps, extra = 500, []string{"--log-every", "400"}
 			}
-			sink, _, truth := ncclJob.runAll(t, 2*time.Second, append([]string{"--ranks", "2", "--steps", fmt.Sprint(steps),
+			sink, a, truth := ncclJob.runAll(t, 2*time.Second, append([]string{"--ranks", "2", "--steps", fmt.Sprint(steps),
 				"--step-ms", "8", "--gpu-ms", "12", "--buckets", "3", "--loop-shape", loop}, extra...)...)
+			defer logStepCounters(t, a)
 			byRank := truthByRank(truth["step"])
 			iterOf := map[int64]map[int]int64{} // step index -> rank -> iteration
 			job := truth["step"][0].Job         // not another session's fake trainer
@@ -225,4 +228,21 @@ func TestRankWorkersAreNotRanks(t *testing.T) {
 			t.Errorf("rank %d: the topology names processes %v, want only the trainer's %d", r, pids[r], trainerPID[r])
 		}
 	}
+}
+
+// logStepCounters logs, when t failed, what the agent counted of its step
+// detection and of its input (a failure under load is otherwise hard to
+// tell from a rule's).
+func logStepCounters(t *testing.T, a *agent.Agent) {
+	if !t.Failed() {
+		return
+	}
+	c := a.Counters()
+	var b strings.Builder
+	for _, k := range []string{"events", "ringbuf_lost", "events_lost_queue", "correlate_late", "correlate_retracted_steps",
+		"correlate_relocks", "correlate_irregular_calls", "correlate_init_calls", "correlate_burst_steps",
+		"correlate_unassigned", "correlate_reordered", "correlate_arrival_timeouts", "correlate_invalid_steps"} {
+		fmt.Fprintf(&b, " %s=%d", k, c[k])
+	}
+	t.Logf("agent counters:%s", b.String())
 }
