@@ -27,7 +27,12 @@ import "slices"
 // loading or compilation). Later groups are cut by count; a group whose
 // last instance does not dominate its predecessor loses the phase, which
 // is found again at the next instance that reaches m−1 (an iteration with
-// extra calls, a logging step). A confirmed cycle remembers m; re-locked,
+// extra calls, a logging step) and lasts at least half as long as the
+// dominant instances did (a spike among the logging step's calls does
+// not), or at a new pace: a run of instances at the same position in
+// consecutive groups, each dominating its group, that lasts longer than
+// the lock's recent steps (see newPace; iterations that got shorter after
+// a warm-up, a smaller batch). A confirmed cycle remembers m; re-locked,
 // it waits for such an instance before its first step.
 //
 // The decisions depend on the timing of one rank's calls; ranks coupled by
@@ -83,12 +88,19 @@ func (d *seqDet) instance(t int64, counts bool) {
 	d.setInstT(k, t)
 	if d.grp <= 1 {
 		d.boundary(t, counts)
-	} else if d.groupEnd(k) {
-		if !d.grpOpen {
-			d.grpOpen = true
-			d.startStep(t)
-		} else {
-			d.boundary(t, counts)
+	} else if end, from := d.groupEnd(k); end {
+		// from >= 0: the instances from, from+grp, …, k of a new pace's
+		// run end steps (newPace), reported now
+		if from < 0 {
+			from = k
+		}
+		for e := from; e <= k; e += d.grp {
+			if !d.grpOpen {
+				d.grpOpen = true
+				d.startStep(d.instAt(e))
+			} else {
+				d.boundary(d.instAt(e), counts)
+			}
 		}
 	}
 	if d.locked && d.tentative {
@@ -96,20 +108,34 @@ func (d *seqDet) instance(t int64, counts bool) {
 	}
 }
 
-// groupEnd reports whether instance k ends a step of groups.
-func (d *seqDet) groupEnd(k int64) bool {
+// groupEnd reports whether instance k ends a step of groups; from >= 0
+// is the first of the instances from, from+grp, …, k that end steps (a
+// new pace's run, see newPace).
+func (d *seqDet) groupEnd(k int64) (end bool, from int64) {
+	from = -1
 	switch {
 	case d.resync:
 		// The instance that ends the next step dominates its group and
 		// lasts as long as the dominant instances did (half at least), not
-		// a spike among the many calls of a logging step.
-		if dk, _ := d.dur(k); d.reach(k) < d.grp-1 || 2*dk < d.domDur {
-			return false
+		// a spike among the many calls of a logging step; or it is shorter
+		// and one of a new pace's run of groups (newPace).
+		if d.runLast >= 0 && k == d.runLast+d.grp && d.reach(k) < d.grp-1 {
+			d.runFrom, d.runLast = -1, -1 // the run ends (a logging step's spikes did)
 		}
-		d.resync, d.anchor = false, k
-		return true
+		if d.reach(k) < d.grp-1 {
+			return false, from
+		}
+		dk, _ := d.dur(k)
+		if 2*dk < d.domDur {
+			if from = d.newPace(k); from < 0 {
+				return false, from
+			}
+		}
+		d.resync, d.anchor, d.domDur = false, k, dk
+		d.runFrom, d.runLast = -1, -1
+		return true, from
 	case (k-d.anchor)%d.grp != 0:
-		return false
+		return false, from
 	}
 	// The instance at the count dominates its predecessor and either its
 	// whole group (whatever its length: the iterations may get shorter) or
@@ -119,10 +145,57 @@ func (d *seqDet) groupEnd(k int64) bool {
 	dk, _ := d.dur(k)
 	if r := d.reach(k); r < 1 || r < d.grp-1 && 2*dk < d.domDur {
 		d.resync = true // an iteration with other calls: find the phase again
-		return false
+		d.runFrom, d.runLast = -1, -1
+		return false, from
 	}
 	d.domDur = dk
-	return true
+	return true, from
+}
+
+// newPace reports whether instance k, which dominates its group but
+// lasts less than half the dominant instances did, ends a run of groups
+// of a new pace (iterations that got shorter), and returns the run's
+// first instance; else -1. A run is the instances at the same position in
+// consecutive groups, each dominating its group (the first one at least
+// its predecessor: it follows the irregular calls that lost the phase)
+// and agreeing with the previous one within groupRatio. It is a new pace
+// once it holds Repeats groups over groupRatio times the lock's pace (the
+// median of its latest steps reported): a logging step's periodic spikes
+// and an end-of-training burst repeat as regularly, but within an
+// iteration's time. The run's instances all end steps, and the dominant
+// duration is learned again. A run keeps its latest instRing/2 instances;
+// older groups (a speed-up by more than instRing/(2·groupRatio·m)) are
+// merged into the step before the run, counted as bursts.
+func (d *seqDet) newPace(k int64) int64 {
+	dk, _ := d.dur(k)
+	agree := func(i int64) bool {
+		di, _ := d.dur(i)
+		return di*groupRatio >= dk && dk*groupRatio >= di
+	}
+	switch {
+	case d.runLast >= 0 && k == d.runLast+d.grp && agree(d.runLast):
+		d.runLast = k
+		if k-d.runFrom >= instRing/2 {
+			d.runFrom += d.grp
+			d.runSlid++
+		}
+	default:
+		d.runFrom, d.runLast, d.runSlid = k, k, 0
+		if p := k - d.grp; p >= d.instFrom && d.reach(p) >= 1 && agree(p) {
+			d.runFrom = p
+		}
+	}
+	ref, ok := d.pace.pace()
+	if !ok {
+		ref = d.domDur
+	}
+	if (d.runLast-d.runFrom)/d.grp+1 < int64(d.par.repeats) || d.instAt(d.runLast)-d.instAt(d.runFrom) < groupRatio*ref {
+		return -1
+	}
+	if d.runSlid > 0 {
+		d.emit(detEvent{kind: evBurst, idx: d.runSlid})
+	}
+	return d.runFrom
 }
 
 // findGroup looks for m instances per iteration ending with instance k,

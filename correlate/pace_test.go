@@ -302,3 +302,80 @@ func TestGroupPhaseKept(t *testing.T) {
 		})
 	}
 }
+
+// scaleIter shortens (f > 1) or lengthens (f < 1) an iteration's calls
+// and its length by f.
+func scaleIter(cs []loopCall, d int64, f float64) ([]loopCall, int64) {
+	out := make([]loopCall, len(cs))
+	for k, lc := range cs {
+		lc.at = int64(float64(lc.at) / f)
+		lc.dur = max(1, int64(float64(lc.dur)/f))
+		out[k] = lc
+	}
+	return out, int64(float64(d) / f)
+}
+
+// Logging steps of trainerPaced.
+const (
+	logFull = iota // of the old length
+	logNew         // of the new length, plus their logging calls
+	logNone        // none after the change of pace
+)
+
+// trainerPaced is trainerIter whose iterations from iteration at on are f
+// times shorter (f < 1: longer), with logging steps of mode log.
+func trainerPaced(at int, f float64, log int) func(int) ([]loopCall, int64) {
+	return func(i int) ([]loopCall, int64) {
+		if i < at || i%50 == 49 && log == logFull {
+			return trainerIter(i)
+		}
+		cs, d := trainerIter(1) // the five synchronisations
+		cs, d = scaleIter(cs, d, f)
+		if i%50 == 49 && log == logNew {
+			lg, _ := trainerIter(i)
+			end := cs[4].at + cs[4].dur
+			for _, lc := range lg[5:] {
+				lc.at += end + 500*us - 34*ms
+				cs = append(cs, lc)
+			}
+			d = max(d, end) + 30*ms
+		}
+		return cs, d
+	}
+}
+
+// TestGroupPaceChange: the Trainer's five synchronisations per iteration
+// (groups of five, group.go) whose iterations get 3x or 10x shorter, or 3x
+// longer, after iteration 100, with a logging step every 50 (an
+// all-gather and 100 synchronisations) of the old length, or of the new
+// one plus its logging calls, or none: one step per iteration, step k
+// iteration k. (The grouping waited for an instance at least half the
+// last dominant one after a logging step, which shorter iterations never
+// reach: 111 facts for 600 iterations.)
+func TestGroupPaceChange(t *testing.T) {
+	for _, f := range []float64{3, 10, 1.0 / 3} {
+		for _, log := range []int{logFull, logNew, logNone} {
+			name := fmt.Sprintf("%gx shorter", f)
+			if f < 1 {
+				name = fmt.Sprintf("%gx longer", 1/f)
+			}
+			name += []string{", logging steps of full length", ", logging steps of the new length", ", no logging steps"}[log]
+			t.Run(name, func(t *testing.T) {
+				if f == 10 && log != logNone {
+					t.Skip("held boundaries of a new pace interrupted by logging steps: pace.go")
+				}
+				c := New(Config{})
+				c.SetRank(RankInfo{PID: pid(0), Rank: 0, WorldSize: 1, Host: "h0", Job: "j1"})
+				pre, end := paramCopies(6, 0)
+				starts, ends := feedLoop(c, pid(0), loopScript{pre: pre, preNS: end + 1200*ms, n: 1200, iter: trainerPaced(100, f, log)})
+				steps := checkIterations(t, c, starts, ends, 0, 0)
+				for k, s := range steps {
+					if i := sort.Search(len(ends), func(j int) bool { return ends[j] >= s.EndNS }); int64(i) != s.Step || k != i {
+						t.Fatalf("step %d (fact %d) ends in iteration %d", s.Step, k, i)
+					}
+				}
+				t.Logf("BurstSteps %d", burstSteps(c))
+			})
+		}
+	}
+}

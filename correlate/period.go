@@ -187,6 +187,9 @@ type seqDet struct {
 	anchor   int64              // an instance that ends a step
 	resync   bool               // the groups' phase is unknown: wait for a dominant instance
 	domDur   int64              // duration of the latest instance that ended a step of groups
+	runFrom  int64              // resync: a run of shorter dominant instances (a new pace?), -1 when none
+	runLast  int64              // its latest instance
+	runSlid  int64              // groups of the run that slid out of the instance ring
 	grpOpen  bool               // a step of groups is open
 	stepT    [steadyN + 1]int64 // latest boundary times, for steadiness
 	nStep    int
@@ -703,7 +706,7 @@ func (d *seqDet) lockAt(cyc []int32, j, n int64, tentative bool) {
 		}
 	}
 	known := d.knownGroup(cyc)
-	d.grp, d.resync, d.grpOpen = known, known > 1, false
+	d.grp, d.resync, d.grpOpen, d.runFrom, d.runLast = known, known > 1, false, -1, -1
 	// The token before the first instance is a stable start when it is a
 	// synchronisation (for the sync-only clock every token is one), or a
 	// call outside the cycle before a communicator's first lock (the last
