@@ -29,11 +29,13 @@ import "slices"
 // is found again at the next instance that reaches m−1 (an iteration with
 // extra calls, a logging step) and lasts at least half as long as the
 // dominant instances did (a spike among the logging step's calls does
-// not), or at a new pace: a run of instances at the same position in
-// consecutive groups, each dominating its group, that lasts longer than
-// the lock's recent steps (see newPace; iterations that got shorter after
-// a warm-up, a smaller batch). A confirmed cycle remembers m; re-locked,
-// it waits for such an instance before its first step.
+// not), once the instance a group later ends a step by the count (the
+// idle time after the logging step's calls is no step's end); or at a
+// new pace: a run of instances at the same position in consecutive
+// groups, each dominating its group, that lasts longer than the lock's
+// recent steps (see newPace; iterations that got shorter after a warm-up,
+// a smaller batch). A confirmed cycle remembers m; re-locked, it waits
+// for such an instance before its first step.
 //
 // The decisions depend on the timing of one rank's calls; ranks coupled by
 // their collectives run the same iteration structure, so they group alike.
@@ -89,12 +91,13 @@ func (d *seqDet) instance(t int64, counts bool) {
 	if d.grp <= 1 {
 		d.boundary(t, counts)
 	} else if end, from := d.groupEnd(k); end {
-		// from >= 0: the instances from, from+grp, …, k of a new pace's
-		// run end steps (newPace), reported now
+		// the instances from, from+grp, …, k end steps (a step's end found
+		// again one group later, a new pace's run), reported now
 		if from < 0 {
 			from = k
 		}
 		for e := from; e <= k; e += d.grp {
+			d.stepInst = e
 			if !d.grpOpen {
 				d.grpOpen = true
 				d.startStep(d.instAt(e))
@@ -109,16 +112,27 @@ func (d *seqDet) instance(t int64, counts bool) {
 }
 
 // groupEnd reports whether instance k ends a step of groups; from >= 0
-// is the first of the instances from, from+grp, …, k that end steps (a
-// new pace's run, see newPace).
+// is the first of the instances from, from+grp, …, k that end steps.
 func (d *seqDet) groupEnd(k int64) (end bool, from int64) {
 	from = -1
 	switch {
 	case d.resync:
 		// The instance that ends the next step dominates its group and
 		// lasts as long as the dominant instances did (half at least), not
-		// a spike among the many calls of a logging step; or it is shorter
-		// and one of a new pace's run of groups (newPace).
+		// a spike among the many calls of a logging step, and the instance
+		// a group later ends a step by the count (countEnd): the idle time
+		// after a logging step's calls dominates them as well. The group
+		// before it may end a step too (firstOfRun). Or it is shorter, one
+		// of a new pace's run of groups (newPace).
+		if p := d.pend; p >= 0 && k == p+d.grp {
+			d.pend = -1
+			dp, _ := d.dur(p)
+			if dk, _ := d.dur(k); d.countEnd(k, dk, dp) {
+				from = d.pendFrom
+				d.phase(k, dk)
+				return true, from
+			}
+		}
 		if d.runLast >= 0 && k == d.runLast+d.grp && d.reach(k) < d.grp-1 {
 			d.runFrom, d.runLast = -1, -1 // the run ends (a logging step's spikes did)
 		}
@@ -126,54 +140,86 @@ func (d *seqDet) groupEnd(k int64) (end bool, from int64) {
 			return false, from
 		}
 		dk, _ := d.dur(k)
-		if 2*dk < d.domDur {
-			if from = d.newPace(k); from < 0 {
-				return false, from
+		if from = d.newPace(k); from >= 0 {
+			d.phase(k, dk)
+			return true, from
+		}
+		if 2*dk >= d.domDur {
+			d.pend, d.pendFrom = k, k // the step's end, once the next group holds
+			if p := k - d.grp; d.firstOfRun(p, dk) {
+				d.pendFrom = p
 			}
 		}
-		d.resync, d.anchor, d.domDur = false, k, dk
-		d.runFrom, d.runLast = -1, -1
-		return true, from
+		return false, from
 	case (k-d.anchor)%d.grp != 0:
 		return false, from
 	}
-	// The instance at the count dominates its predecessor and either its
-	// whole group (whatever its length: the iterations may get shorter) or
-	// lasts as long as the dominant instances did (half at least: the
-	// first instance of the group is long, a data-loading stall), not a
-	// spike among the calls of a logging step that fell on the count.
 	dk, _ := d.dur(k)
-	if r := d.reach(k); r < 1 || r < d.grp-1 && 2*dk < d.domDur {
+	if !d.countEnd(k, dk, d.domDur) {
 		d.resync = true // an iteration with other calls: find the phase again
-		d.runFrom, d.runLast = -1, -1
+		d.runFrom, d.runLast, d.pend = -1, -1, -1
 		return false, from
 	}
 	d.domDur = dk
 	return true, from
 }
 
-// newPace reports whether instance k, which dominates its group but
-// lasts less than half the dominant instances did, ends a run of groups
-// of a new pace (iterations that got shorter), and returns the run's
-// first instance; else -1. A run is the instances at the same position in
-// consecutive groups, each dominating its group (the first one at least
-// its predecessor: it follows the irregular calls that lost the phase)
-// and agreeing with the previous one within groupRatio. It is a new pace
-// once it holds Repeats groups over groupRatio times the lock's pace (the
-// median of its latest steps reported): a logging step's periodic spikes
-// and an end-of-training burst repeat as regularly, but within an
-// iteration's time. The run's instances all end steps, and the dominant
-// duration is learned again. A run keeps its latest instRing/2 instances;
+// countEnd reports whether instance k at the count (of duration dk) ends a
+// step, dom the dominant duration: it dominates its predecessor and
+// either its whole group (whatever its length: the iterations may get
+// shorter) or lasts as long as the dominant instances did (half at least:
+// the first instance of the group is long, a data-loading stall), not a
+// spike among the calls of a logging step that fell on the count.
+func (d *seqDet) countEnd(k, dk, dom int64) bool {
+	r := d.reach(k)
+	return r >= 1 && (r >= d.grp-1 || 2*dk >= dom)
+}
+
+// phase notes that instance k, of duration dk, ends a step: the groups'
+// phase and the dominant duration.
+func (d *seqDet) phase(k, dk int64) {
+	d.resync, d.anchor, d.domDur = false, k, dk
+	d.runFrom, d.runLast, d.pend = -1, -1, -1
+}
+
+// agrees reports whether durations a and b agree within groupRatio.
+func agrees(a, b int64) bool { return a*groupRatio >= b && b*groupRatio >= a }
+
+// firstOfRun reports whether instance p, a group before an instance of
+// duration dk that dominates its group, ends a step too: the first group
+// after the irregular calls that lost the phase (its first instance
+// follows them, so p dominates its predecessor at least) when p agrees
+// with dk and lies after the latest step's end.
+func (d *seqDet) firstOfRun(p, dk int64) bool {
+	dp, ok := d.dur(p)
+	return ok && p > d.stepInst && d.reach(p) >= 1 && agrees(dp, dk)
+}
+
+// newPace reports whether instance k, which dominates its group, ends a
+// run of groups of a new pace (iterations that got shorter: its dominant
+// instances last less than half the last dominant one, which the phase
+// waits for otherwise), and returns the run's first instance; else -1. A
+// run is the instances at the same position in consecutive groups, each
+// dominating its group (the first one its predecessor at least, see
+// firstOfRun), agreeing with the previous one within groupRatio and
+// shorter than half the dominant duration. It is a new pace once it holds
+// Repeats groups over groupRatio times the lock's pace (the median of its
+// latest steps reported): a logging step's periodic spikes and an
+// end-of-training burst repeat as regularly, but within an iteration's
+// time. The run's instances all end steps, and the dominant duration is
+// learned again (the position in the group, not the duration, carries the
+// phase over the change). A run keeps its latest instRing/2 instances;
 // older groups (a speed-up by more than instRing/(2·groupRatio·m)) are
 // merged into the step before the run, counted as bursts.
 func (d *seqDet) newPace(k int64) int64 {
 	dk, _ := d.dur(k)
-	agree := func(i int64) bool {
-		di, _ := d.dur(i)
-		return di*groupRatio >= dk && dk*groupRatio >= di
+	if 2*dk >= d.domDur {
+		d.runFrom, d.runLast = -1, -1
+		return -1
 	}
+	dl, _ := d.dur(d.runLast)
 	switch {
-	case d.runLast >= 0 && k == d.runLast+d.grp && agree(d.runLast):
+	case d.runLast >= 0 && k == d.runLast+d.grp && agrees(dl, dk):
 		d.runLast = k
 		if k-d.runFrom >= instRing/2 {
 			d.runFrom += d.grp
@@ -181,7 +227,7 @@ func (d *seqDet) newPace(k int64) int64 {
 		}
 	default:
 		d.runFrom, d.runLast, d.runSlid = k, k, 0
-		if p := k - d.grp; p >= d.instFrom && d.reach(p) >= 1 && agree(p) {
+		if p := k - d.grp; d.firstOfRun(p, dk) {
 			d.runFrom = p
 		}
 	}
@@ -233,7 +279,8 @@ func (d *seqDet) regroup(m, k int64) {
 	d.nextIdx = d.genBase
 	d.gen++
 	d.since, d.nStep = 0, 0
-	d.grp, d.anchor, d.resync, d.grpOpen = m, k, false, true
+	d.grp, d.anchor, d.resync, d.grpOpen, d.stepInst = m, k, false, true, k
+	d.runFrom, d.runLast, d.pend = -1, -1, -1
 	d.domDur, _ = d.dur(k)
 	e0 := k
 	for e0-m >= d.instFrom && d.reach(e0-m) >= m-1 {

@@ -266,8 +266,9 @@ func TestBurstIndicesAlikeOnRanks(t *testing.T) {
 // TestGroupPhaseKept: the Trainer's five synchronisations per iteration
 // (groups of five instances, group.go) keep their phase through a
 // logging step whose calls jitter (a spike of the burst on the group's
-// count is no boundary) and a data-loading stall (a long first instance
-// of the group).
+// count is no boundary), idle time after a logging step's calls (no
+// boundary either) and a data-loading stall (a long first instance of the
+// group).
 func TestGroupPhaseKept(t *testing.T) {
 	tests := []struct {
 		name string
@@ -290,6 +291,18 @@ func TestGroupPhaseKept(t *testing.T) {
 			return cs, d
 		},
 	}, {
+		// host work after the last logging synchronisation (writing the
+		// logs): the next iteration's first synchronisation dominates the
+		// logging ones and lasts as long as the dominant instances
+		name: "idle time after the logging calls",
+		iter: func(i int) ([]loopCall, int64) {
+			cs, d := trainerIter(i)
+			if i%50 == 49 {
+				d += 20 * ms
+			}
+			return cs, d
+		},
+	}, {
 		name: "a data-loading stall every 30",
 		iter: func(i int) ([]loopCall, int64) {
 			cs, d := trainerIter(i)
@@ -308,8 +321,28 @@ func TestGroupPhaseKept(t *testing.T) {
 			c.SetRank(RankInfo{PID: pid(0), Rank: 0, WorldSize: 1, Host: "h0", Job: "j1"})
 			pre, end := paramCopies(6, 0)
 			starts, ends := feedLoop(c, pid(0), loopScript{pre: pre, preNS: end + 1200*ms, n: 600, iter: tc.iter})
-			checkIterations(t, c, starts, ends, 0, 0)
+			checkDominantEnds(t, checkIterations(t, c, starts, ends, 0, 0), starts, ends, tc.iter)
 		})
+	}
+}
+
+// checkDominantEnds checks that every step ends with the return of its
+// iteration's longest call (the synchronisation that waits for the
+// forward and backward pass) and that step k is iteration k.
+func checkDominantEnds(t *testing.T, steps []detector.Step, starts, ends []int64, iter func(int) ([]loopCall, int64)) {
+	t.Helper()
+	for k, s := range steps {
+		i := sort.Search(len(ends), func(j int) bool { return ends[j] >= s.EndNS })
+		cs, _ := iter(i)
+		var dom loopCall
+		for _, lc := range cs {
+			if lc.dur > dom.dur {
+				dom = lc
+			}
+		}
+		if want := starts[i] + dom.at + dom.dur; int64(i) != s.Step || k != i || s.EndNS != want {
+			t.Fatalf("step %d (fact %d) ends in iteration %d at %d ns, %d ns after its longest call's return", s.Step, k, i, s.EndNS-starts[i], s.EndNS-want)
+		}
 	}
 }
 
@@ -371,19 +404,11 @@ func TestGroupPaceChange(t *testing.T) {
 			}
 			name += []string{", logging steps of full length", ", logging steps of the new length", ", no logging steps"}[log]
 			t.Run(name, func(t *testing.T) {
-				if f == 10 && log == logNew {
-					t.Skip("the idle time after a logging step's calls ends a step: group.go")
-				}
 				c := New(Config{})
 				c.SetRank(RankInfo{PID: pid(0), Rank: 0, WorldSize: 1, Host: "h0", Job: "j1"})
 				pre, end := paramCopies(6, 0)
 				starts, ends := feedLoop(c, pid(0), loopScript{pre: pre, preNS: end + 1200*ms, n: 1200, iter: trainerPaced(100, f, log)})
-				steps := checkIterations(t, c, starts, ends, 0, 0)
-				for k, s := range steps {
-					if i := sort.Search(len(ends), func(j int) bool { return ends[j] >= s.EndNS }); int64(i) != s.Step || k != i {
-						t.Fatalf("step %d (fact %d) ends in iteration %d", s.Step, k, i)
-					}
-				}
+				checkDominantEnds(t, checkIterations(t, c, starts, ends, 0, 0), starts, ends, trainerPaced(100, f, log))
 				t.Logf("BurstSteps %d", burstSteps(c))
 			})
 		}

@@ -190,6 +190,9 @@ type seqDet struct {
 	runFrom  int64              // resync: a run of shorter dominant instances (a new pace?), -1 when none
 	runLast  int64              // its latest instance
 	runSlid  int64              // groups of the run that slid out of the instance ring
+	stepInst int64              // the instance that ended (or started) the latest step of groups
+	pend     int64              // resync: an instance that ends a step if the next group holds, -1 when none
+	pendFrom int64              // the first instance that ends a step with it (firstOfRun)
 	grpOpen  bool               // a step of groups is open
 	stepT    [steadyN + 1]int64 // latest boundary times, for steadiness
 	nStep    int
@@ -706,7 +709,8 @@ func (d *seqDet) lockAt(cyc []int32, j, n int64, tentative bool) {
 		}
 	}
 	known := d.knownGroup(cyc)
-	d.grp, d.resync, d.grpOpen, d.runFrom, d.runLast = known, known > 1, false, -1, -1
+	d.grp, d.resync, d.grpOpen, d.runFrom, d.runLast, d.pend = known, known > 1, false, -1, -1, -1
+	d.stepInst = d.inst - 1
 	// The token before the first instance is a stable start when it is a
 	// synchronisation (for the sync-only clock every token is one), or a
 	// call outside the cycle before a communicator's first lock (the last
