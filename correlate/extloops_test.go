@@ -37,13 +37,14 @@ type loopScript struct {
 	iter  func(i int) ([]loopCall, int64)
 	n     int
 	comm  bool       // the communicator's creation is seen, at t=0
+	ranks int        // the communicator's ranks (0: one)
 	post  []loopCall // after the last iteration (an epilogue), from its end
 }
 
 // feedLoop feeds the script to c and returns the iterations' [start, end].
 func feedLoop(c *Correlator, p uint32, s loopScript) (starts, ends []int64) {
 	if s.comm {
-		c.AddCommInit(CommInit{PID: p, Comm: 1, NRanks: 1, UniqueIDHash: 0x5eed})
+		c.AddCommInit(CommInit{PID: p, Comm: 1, NRanks: max(1, s.ranks), UniqueIDHash: 0x5eed})
 	}
 	var calls []HostCall
 	add := func(base int64, lc loopCall) {
@@ -429,6 +430,22 @@ func TestReplayTrainerTwoRanks(t *testing.T) {
 // H200 run had; the step up to it is one fact after the last iteration.
 func TestReplayTrainerEpilogue(t *testing.T) {
 	replayTrainerFile(t, "testdata/trainer-epilogue-2ranks.records.gz", 1)
+}
+
+// The capture records of one run of TestLoopShapesAreIterations/
+// trainer+speedup (--loop-shape trainer --speedup-at 100 --speedup 3, 2
+// ranks, 400 iterations: ~14.7 ms, then ~5.2 ms from iteration 100 on but
+// the logging steps every 50, of full length), as above. The fallback
+// clock's first lock was still tentative at the third logging step (2 s of
+// ConfirmSpan hold 100 iterations of 14.7 ms and 100 of 5.2 ms): it was
+// not steady (the logging iteration's step 2.6x the others), so that the
+// all-gather's communicator took the clock over, one step every 50
+// iterations (8 facts); and the grouping found its phase again after the
+// logging step by withdrawing the lock's 150 steps (a regroup). Two
+// preemptions of the host (the instance before the dominant one 10 ms
+// late) each merged an iteration into the next.
+func TestReplayTrainerSpeedup(t *testing.T) {
+	replayTrainerFile(t, "testdata/trainer-speedup-2ranks.records.gz", 0)
 }
 
 // replayTrainerFile replays a records file at several agent ticks (see

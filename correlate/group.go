@@ -17,24 +17,36 @@ import "slices"
 // (from the end of the previous instance to its own end) is less than
 // 1/groupRatio of instance k's. While a lock is tentative, an instance k
 // with reach r >= 1 whose predecessors k−(r+1), k−2(r+1), … (Repeats
-// groups in all) reach as far makes groups of m = r+1 instances: the lock's
-// per-instance steps are withdrawn and a step becomes m instances, ending
-// with the dominant one (the return of the synchronisation that waited for
-// the iteration's GPU work). The first group is the earliest one whose
-// dominant instance reaches as far, and one before it when its last
-// instance dominates the one before it and lasts at least half as long as
-// the others' (the first iteration, whose first instance holds data
-// loading or compilation). Later groups are cut by count; a group whose
-// last instance does not dominate its predecessor loses the phase, which
-// is found again at the next instance that reaches m−1 (an iteration with
-// extra calls, a logging step) and lasts at least half as long as the
-// dominant instances did (a spike among the logging step's calls does
-// not), once the instance a group later ends a step by the count (the
-// idle time after the logging step's calls is no step's end); or at a
-// new pace: a run of instances at the same position in consecutive
-// groups, each dominating its group, that lasts longer than the lock's
-// recent steps (see newPace; iterations that got shorter after a warm-up,
-// a smaller batch). A confirmed cycle remembers m; re-locked, it waits
+// groups in all) reach as far makes groups of m = r+1 instances (another m
+// than the current grouping's, if any): the lock's per-instance steps are
+// withdrawn and a step becomes m instances, ending with the dominant one
+// (the return of the synchronisation that waited for the iteration's GPU
+// work). The first group is the earliest one whose dominant instance
+// reaches as far, and one before it when its last instance dominates the
+// one before it and lasts at least half as long as the others' (the first
+// iteration, whose first instance holds data loading or compilation).
+//
+// Later groups are cut by count (countEnd); a group whose instance at the
+// count does not dominate its predecessor loses the phase (an iteration
+// with extra calls, a logging step), which is found again (groupEnd):
+//
+//   - at the next instance that reaches m−1 and lasts at least half as
+//     long as the dominant instances did (a spike among the logging step's
+//     calls does not), once the instance a group later ends a step by the
+//     count (the idle time after the logging step's calls is no step's
+//     end); the instance a group before it ends a step too when it agrees
+//     with it within groupRatio (firstOfRun: the first iteration after the
+//     irregular calls, whose first instance follows them);
+//   - or at a new pace (newPace): iterations that got shorter (after a
+//     warm-up, a smaller batch) never reach half the last dominant
+//     instance, so the dominant duration is learned again from a run of
+//     instances at the same position in consecutive groups, each
+//     dominating its group and agreeing with the previous one, that holds
+//     Repeats groups over groupRatio times the lock's recent steps (a
+//     logging step's periodic spikes repeat as regularly, but briefly).
+//
+// All those instances end steps, reported when the phase is found, so that
+// no iteration is lost. A confirmed cycle remembers m; re-locked, it waits
 // for such an instance before its first step.
 //
 // The decisions depend on the timing of one rank's calls; ranks coupled by
@@ -187,12 +199,14 @@ func agrees(a, b int64) bool { return a*groupRatio >= b && b*groupRatio >= a }
 
 // firstOfRun reports whether instance p, a group before an instance of
 // duration dk that dominates its group, ends a step too: the first group
-// after the irregular calls that lost the phase (its first instance
-// follows them, so p dominates its predecessor at least) when p agrees
-// with dk and lies after the latest step's end.
+// after the calls that lost the phase (its first instance follows them:
+// the idle time after a logging step's calls; an iteration with a call
+// less; a preemption of the host that made the instance before p as
+// long) when p agrees with dk and lies after the latest step's end. (A
+// spike of a logging step is far shorter than a dominant instance.)
 func (d *seqDet) firstOfRun(p, dk int64) bool {
 	dp, ok := d.dur(p)
-	return ok && p > d.stepInst && d.reach(p) >= 1 && agrees(dp, dk)
+	return ok && p > d.stepInst && agrees(dp, dk)
 }
 
 // newPace reports whether instance k, which dominates its group, ends a
@@ -245,14 +259,17 @@ func (d *seqDet) newPace(k int64) int64 {
 }
 
 // findGroup looks for m instances per iteration ending with instance k,
-// while the lock is tentative: a grouping (or its phase) found in an
-// init-time burst gives way to the training loop's.
+// while the lock is tentative: a grouping found in an init-time burst
+// gives way to the training loop's. The current grouping's phase, lost,
+// is found again by groupEnd, without withdrawing the lock's steps (a
+// regroup at the same m withdrew 150 steps after iterations that got
+// shorter within the first ConfirmSpan: TestReplayTrainerSpeedup).
 func (d *seqDet) findGroup(k int64) {
 	r := d.reach(k)
 	m := r + 1
 	reps := int64(d.par.repeats)
-	if m == d.grp && !d.resync {
-		return // the current grouping; its phase is kept by groupEnd
+	if m == d.grp {
+		return // the current grouping; its phase is kept or found again by groupEnd
 	}
 	if m < d.grp {
 		// A shorter group must hold over Repeats−1 of the current ones: a
@@ -307,6 +324,23 @@ func (d *seqDet) knownGroup(cyc []int32) int64 {
 		}
 	}
 	return 0
+}
+
+// regular reports whether the latest steadyN+1 steps but the longest agree
+// within groupRatio: steady, through one longer step (a logging step, whose
+// iteration may not have got shorter with the others).
+func (d *seqDet) regular() bool {
+	if d.nStep < steadyN+2 {
+		return false
+	}
+	var ds [steadyN + 1]int64
+	for i := range steadyN + 1 {
+		a := d.stepT[(d.nStep-1-i)%len(d.stepT)]
+		b := d.stepT[(d.nStep-2-i)%len(d.stepT)]
+		ds[i] = a - b
+	}
+	slices.Sort(ds[:])
+	return ds[0]*groupRatio >= ds[steadyN-1]
 }
 
 // steady reports whether the latest steadyN steps agree within groupRatio;

@@ -194,7 +194,7 @@ type seqDet struct {
 	pend     int64              // resync: an instance that ends a step if the next group holds, -1 when none
 	pendFrom int64              // the first instance that ends a step with it (firstOfRun)
 	grpOpen  bool               // a step of groups is open
-	stepT    [steadyN + 1]int64 // latest boundary times, for steadiness
+	stepT    [steadyN + 2]int64 // latest boundary times, for steadiness
 	nStep    int
 
 	pace paceState // boundaries far shorter than the steps are held (pace.go)

@@ -122,9 +122,10 @@ func (c *Correlator) takeClock(p *proc, pc *procComm, evs []detEvent) bool {
 	case pc.sync:
 		return false
 	case cur.sync:
-		if _, steady := cur.det.steady(); (p.clockConfirmed || steady) && c.coarser(p, pc, evs) {
+		if _, steady := cur.det.steady(); (p.clockConfirmed || steady || cur.det.regular()) && c.coarser(p, pc, evs) {
 			// A regular synchronisation clock stays against an occasional
-			// collective (logging every N iterations).
+			// collective (logging every N iterations), also through the
+			// longer step of that logging iteration (regular).
 			return false
 		}
 	case pc.nranks() > cur.nranks() && (confirmed || !curSettled):
