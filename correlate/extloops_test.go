@@ -432,20 +432,32 @@ func TestReplayTrainerEpilogue(t *testing.T) {
 	replayTrainerFile(t, "testdata/trainer-epilogue-2ranks.records.gz", 1)
 }
 
-// The capture records of one run of TestLoopShapesAreIterations/
-// trainer+speedup (--loop-shape trainer --speedup-at 100 --speedup 3, 2
-// ranks, 400 iterations: ~14.7 ms, then ~5.2 ms from iteration 100 on but
-// the logging steps every 50, of full length), as above. The fallback
-// clock's first lock was still tentative at the third logging step (2 s of
-// ConfirmSpan hold 100 iterations of 14.7 ms and 100 of 5.2 ms): it was
+// The capture records of runs of TestLoopShapesAreIterations/
+// trainer+speedup (--loop-shape trainer --speedup-at 100, 2 ranks, 400
+// iterations: ~14.7 ms, then --speedup times shorter from iteration 100
+// on but the logging steps every 50, of full length), as above; the
+// change of pace lies within the fallback clock's first ConfirmSpan (100
+// iterations of 14.7 ms are 1.5 s of its 2 s).
+//
+// --speedup 3: at the third logging step the lock was still tentative and
 // not steady (the logging iteration's step 2.6x the others), so that the
 // all-gather's communicator took the clock over, one step every 50
 // iterations (8 facts); and the grouping found its phase again after the
 // logging step by withdrawing the lock's 150 steps (a regroup). Two
 // preemptions of the host (the instance before the dominant one 10 ms
 // late) each merged an iteration into the next.
+//
+// --speedup 10: the lock was confirmed only at the end (finish), without
+// withdrawing the model's copy to the GPU: a step before iteration 0.
+//
+// --speedup 0.33 (3x longer): the confirmation withdrew the steps shorter
+// than half the latest ones, the first 100 iterations.
 func TestReplayTrainerSpeedup(t *testing.T) {
-	replayTrainerFile(t, "testdata/trainer-speedup-2ranks.records.gz", 0)
+	for _, f := range []string{"3", "10", "0.33"} {
+		t.Run("speedup "+f, func(t *testing.T) {
+			replayTrainerFile(t, "testdata/trainer-speedup"+f+"-2ranks.records.gz", 0)
+		})
+	}
 }
 
 // replayTrainerFile replays a records file at several agent ticks (see

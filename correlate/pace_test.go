@@ -417,19 +417,29 @@ func TestGroupPaceChange(t *testing.T) {
 	}
 }
 
-// TestGroupPaceChangeTentative: as TestGroupPaceChange, the fake trainer's
-// pace (iterations of 14.8 ms, then 4.9 ms from iteration 100 on, logging
-// steps of full length; TestReplayTrainerSpeedup is a capture of it), one
-// rank of two seen: the fallback clock's first lock is still tentative at
-// the third logging step, when the all-gather's communicator (one step
-// per 50 iterations) locks. The synchronisation clock stays (one longer
-// step among its latest is no irregularity), and the grouping finds its
-// phase after each logging step without withdrawing the lock's steps.
+// TestGroupPaceChangeTentative: as TestGroupPaceChange, at the fake
+// trainer's pace (iterations of 14.8 ms, then 3x or 10x shorter, or 3x
+// longer, from iteration 100 on, logging steps of full length; the
+// TestReplayTrainerSpeedup captures), one rank of two seen: the fallback
+// clock's first lock is still tentative at the change and at the third
+// logging step, when the all-gather's communicator (one step per 50
+// iterations) locks. The synchronisation clock stays (one longer step
+// among its latest is no irregularity), the grouping finds its phase
+// after each logging step without withdrawing the lock's steps, and the
+// confirmation withdraws the model's copy to the GPU only.
 func TestGroupPaceChangeTentative(t *testing.T) {
-	c := New(Config{})
-	c.SetRank(RankInfo{PID: pid(0), Rank: 0, WorldSize: 2, Host: "h0", Job: "j1"})
-	pre, end := paramCopies(6, 0)
-	iter := trainerPaced(2.5, 100, 3, logFull)
-	starts, ends := feedLoop(c, pid(0), loopScript{pre: pre, preNS: end + 2*ms, n: 400, comm: true, ranks: 2, iter: iter})
-	checkDominantEnds(t, checkIterations(t, c, starts, ends, 0, 0), starts, ends, iter)
+	for _, f := range []float64{3, 10, 1.0 / 3} {
+		name := fmt.Sprintf("%gx shorter", f)
+		if f < 1 {
+			name = fmt.Sprintf("%gx longer", 1/f)
+		}
+		t.Run(name, func(t *testing.T) {
+			c := New(Config{})
+			c.SetRank(RankInfo{PID: pid(0), Rank: 0, WorldSize: 2, Host: "h0", Job: "j1"})
+			pre, end := paramCopies(6, 0)
+			iter := trainerPaced(2.5, 100, f, logFull)
+			starts, ends := feedLoop(c, pid(0), loopScript{pre: pre, preNS: end + 2*ms, n: 400, comm: true, ranks: 2, iter: iter})
+			checkDominantEnds(t, checkIterations(t, c, starts, ends, 0, 0), starts, ends, iter)
+		})
+	}
 }

@@ -61,7 +61,7 @@ const (
 	evBreak                            // the sequence left the cycle: the open step is irregular
 	evConfirm                          // the tentative lock gen is confirmed
 	evRetract                          // the tentative lock gen is withdrawn with its steps
-	evTrim                             // the tentative steps of gen before the latest one shorter than t are withdrawn
+	evTrim                             // the tentative steps of gen up to its latest init-time one are withdrawn (t: half the median of its latest steps; trimGen)
 	evBurst                            // idx boundaries held in the open step were merged into it or dropped with it (pace.go)
 )
 
@@ -431,6 +431,13 @@ func (d *seqDet) noteInit() {
 // cycle that lasted until the end is no init-time burst.
 func (d *seqDet) finish() {
 	if d.locked && d.tentative && d.since >= d.need {
+		if d.syncOnly && d.first {
+			// as at a confirmation within the sequence (report): the
+			// shorter steps before the steady ones are init-time
+			if thr, ok := d.steady(); ok {
+				d.emit(detEvent{kind: evTrim, gen: d.gen, t: thr})
+			}
+		}
 		d.confirm()
 	}
 	d.dropHeld() // the open step never closes
