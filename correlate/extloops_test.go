@@ -432,6 +432,14 @@ func TestReplayTrainerEpilogue(t *testing.T) {
 	replayTrainerFile(t, "testdata/trainer-epilogue-2ranks.records.gz", 1)
 }
 
+// Another run of it, on a loaded host: two of the burst's last groups came
+// 4 ms apart (a preemption), boundaries of normal length that closed
+// steps of the burst: 262 and 263 facts for 260 iterations. The end of the
+// lock drops them with the burst.
+func TestReplayTrainerEpilogueLate(t *testing.T) {
+	replayTrainerFile(t, "testdata/trainer-epilogue-late-2ranks.records.gz", 1)
+}
+
 // The capture records of runs of TestLoopShapesAreIterations/
 // trainer+speedup (--loop-shape trainer --speedup-at 100, 2 ranks, 400
 // iterations: ~14.7 ms, then --speedup times shorter from iteration 100

@@ -16,7 +16,7 @@ import "slices"
 // reported and consumes no index. The next boundary of normal length
 // closes the open step with the held ones merged into it: one step, one
 // index. The end of the lock (a break, the end of the sequence) drops them
-// with the open step (held boundaries of normal length are reported). Either way they are counted (evBurst, BurstSteps).
+// with the open step. Either way they are counted (evBurst, BurstSteps).
 //
 // A genuine change of pace (iterations that get shorter after a warm-up,
 // a smaller batch) is held at first too, but does not end: once paceRegime
@@ -33,8 +33,10 @@ import "slices"
 // goes on with the next short one. Only a further one of normal length
 // ends it as a burst: each held boundary of normal length is then reported
 // with the short ones before it merged into its step, as if they had not
-// been held (late by paceNormal steps). At most maxHeld boundaries are
-// held; beyond that they are settled as a burst.
+// been held (late by paceNormal steps); the end of the lock drops them all
+// (a burst at the end of training whose groups a preemption delays). At
+// most maxHeld boundaries are held; beyond that they are settled as a
+// burst.
 //
 // Held boundaries consume no index: the detector's count stays the step
 // index, and the alignment across ranks (steps.go) sees only reported
@@ -103,11 +105,21 @@ func (d *seqDet) startStep(t int64) {
 	d.emit(detEvent{kind: evStart, t: t})
 }
 
-// dropHeld settles the held boundaries as a burst: each held boundary of
-// normal length is reported, with the short ones before it merged into
-// its step; the short ones after the last are merged into the open step
-// (or dropped with it).
+// dropHeld drops the held boundaries with the open step (the lock or the
+// sequence ends, or a step opens): a burst at the end of training, its
+// groups delayed by a preemption here and there.
 func (d *seqDet) dropHeld() {
+	ps := &d.pace
+	if n := len(ps.held); n > 0 {
+		d.emit(detEvent{kind: evBurst, idx: int64(n)})
+	}
+	ps.held, ps.short, ps.normals = ps.held[:0], 0, 0
+}
+
+// settleHeld settles the held boundaries as a burst: each held boundary of
+// normal length is reported, with the short ones before it merged into
+// its step; the short ones after the last are merged into the open step.
+func (d *seqDet) settleHeld() {
 	ps := &d.pace
 	var n int64
 	for _, h := range ps.held {
@@ -136,12 +148,12 @@ func (d *seqDet) hold(t int64) bool {
 	switch {
 	case normal && (ps.short < paceRegime || ps.normals == paceNormal):
 		// A burst ends: merged into the step that t closes.
-		d.dropHeld()
+		d.settleHeld()
 		return false
 	case len(ps.held) == 0:
 		ps.chainT = ps.last
 	case len(ps.held) == maxHeld:
-		if d.dropHeld(); normal {
+		if d.settleHeld(); normal {
 			return false
 		}
 	}
