@@ -455,13 +455,18 @@ func TestReplayTrainerEpilogueLate(t *testing.T) {
 // preemptions of the host (the instance before the dominant one 10 ms
 // late) each merged an iteration into the next.
 //
+// --speedup 3 on a loaded host (another process spinning): a preemption
+// delayed an instance of a group of the new pace's run, which then
+// dominated only 3 of the 4 others; the run ended, and two iterations
+// were merged (398/400).
+//
 // --speedup 10: the lock was confirmed only at the end (finish), without
 // withdrawing the model's copy to the GPU: a step before iteration 0.
 //
 // --speedup 0.33 (3x longer): the confirmation withdrew the steps shorter
 // than half the latest ones, the first 100 iterations.
 func TestReplayTrainerSpeedup(t *testing.T) {
-	for _, f := range []string{"3", "10", "0.33"} {
+	for _, f := range []string{"3", "3-loaded", "10", "0.33"} {
 		t.Run("speedup "+f, func(t *testing.T) {
 			replayTrainerFile(t, "testdata/trainer-speedup"+f+"-2ranks.records.gz", 0)
 		})

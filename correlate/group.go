@@ -145,16 +145,16 @@ func (d *seqDet) groupEnd(k int64) (end bool, from int64) {
 				return true, from
 			}
 		}
-		if d.runLast >= 0 && k == d.runLast+d.grp && d.reach(k) < d.grp-1 {
-			d.runFrom, d.runLast = -1, -1 // the run ends (a logging step's spikes did)
-		}
-		if d.reach(k) < d.grp-1 {
+		if d.reach(k) < d.grp-1 && (d.runLast < 0 || k != d.runLast+d.grp) {
 			return false, from
 		}
 		dk, _ := d.dur(k)
 		if from = d.newPace(k); from >= 0 {
 			d.phase(k, dk)
 			return true, from
+		}
+		if d.reach(k) < d.grp-1 {
+			return false, from
 		}
 		if 2*dk >= d.domDur {
 			d.pend, d.pendFrom = k, k // the step's end, once the next group holds
@@ -213,10 +213,13 @@ func (d *seqDet) firstOfRun(p, dk int64) bool {
 // run of groups of a new pace (iterations that got shorter: its dominant
 // instances last less than half the last dominant one, which the phase
 // waits for otherwise), and returns the run's first instance; else -1. A
-// run is the instances at the same position in consecutive groups, each
-// dominating its group (the first one its predecessor at least, see
-// firstOfRun), agreeing with the previous one within groupRatio and
-// shorter than half the dominant duration. It is a new pace once it holds
+// run is the instances at the same position in consecutive groups, the
+// first dominating its group (and the one a group before it, see
+// firstOfRun), the others ending a step by the count (countEnd, the run's
+// previous instance the dominant duration: a preemption of the host that
+// delays another instance of the group does not end the run), each
+// agreeing with the previous one within groupRatio and shorter than half
+// the dominant duration. It is a new pace once it holds
 // Repeats groups over groupRatio times the lock's pace (the median of its
 // latest steps reported): a logging step's periodic spikes and an
 // end-of-training burst repeat as regularly, but within an iteration's
@@ -233,17 +236,20 @@ func (d *seqDet) newPace(k int64) int64 {
 	}
 	dl, _ := d.dur(d.runLast)
 	switch {
-	case d.runLast >= 0 && k == d.runLast+d.grp && agrees(dl, dk):
+	case d.runLast >= 0 && k == d.runLast+d.grp && agrees(dl, dk) && d.countEnd(k, dk, dl):
 		d.runLast = k
 		if k-d.runFrom >= instRing/2 {
 			d.runFrom += d.grp
 			d.runSlid++
 		}
-	default:
+	case d.reach(k) >= d.grp-1:
 		d.runFrom, d.runLast, d.runSlid = k, k, 0
 		if p := k - d.grp; d.firstOfRun(p, dk) {
 			d.runFrom = p
 		}
+	default:
+		d.runFrom, d.runLast = -1, -1 // the run ends (a logging step's spikes did)
+		return -1
 	}
 	ref, ok := d.pace.pace()
 	if !ok {
