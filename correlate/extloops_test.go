@@ -463,10 +463,16 @@ func TestReplayTrainerEpilogueLate(t *testing.T) {
 // --speedup 10: the lock was confirmed only at the end (finish), without
 // withdrawing the model's copy to the GPU: a step before iteration 0.
 //
+// --speedup 10 on a loaded host: a preemption made one dominant instance
+// of a new pace's run twice as long as the previous one, which ended the
+// run (395/400); and a stall of 53 ms in iteration 9 set the dominant
+// duration, so that the next iterations (11 ms) had to be found as a new
+// pace (397/400).
+//
 // --speedup 0.33 (3x longer): the confirmation withdrew the steps shorter
 // than half the latest ones, the first 100 iterations.
 func TestReplayTrainerSpeedup(t *testing.T) {
-	for _, f := range []string{"3", "3-loaded", "10", "0.33"} {
+	for _, f := range []string{"3", "3-loaded", "10", "10-loaded", "0.33"} {
 		t.Run("speedup "+f, func(t *testing.T) {
 			replayTrainerFile(t, "testdata/trainer-speedup"+f+"-2ranks.records.gz", 0)
 		})

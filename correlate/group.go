@@ -31,19 +31,21 @@ import "slices"
 // with extra calls, a logging step), which is found again (groupEnd):
 //
 //   - at the next instance that reaches m−1 and lasts at least half as
-//     long as the dominant instances did (a spike among the logging step's
-//     calls does not), once the instance a group later ends a step by the
-//     count (the idle time after the logging step's calls is no step's
-//     end); the instance a group before it ends a step too when it agrees
-//     with it within groupRatio (firstOfRun: the first iteration after the
-//     irregular calls, whose first instance follows them);
+//     long as the dominant instances did (the median of the latest domN,
+//     so that one stall of the host does not set it; a spike among the
+//     logging step's calls does not), once the instance a group later
+//     ends a step by the count (the idle time after the logging step's
+//     calls is no step's end); the instance a group before it ends a step
+//     too when it agrees with it within groupRatio (firstOfRun: the first
+//     iteration after the irregular calls, whose first instance follows
+//     them);
 //   - or at a new pace (newPace): iterations that got shorter (after a
 //     warm-up, a smaller batch) never reach half the last dominant
 //     instance, so the dominant duration is learned again from a run of
-//     instances at the same position in consecutive groups, each
-//     dominating its group and agreeing with the previous one, that holds
-//     Repeats groups over groupRatio times the lock's recent steps (a
-//     logging step's periodic spikes repeat as regularly, but briefly).
+//     instances at the same position in consecutive groups, the first
+//     dominating its group, the others ending a step by the count, that
+//     holds Repeats groups over groupRatio times the lock's recent steps
+//     (a logging step's periodic spikes repeat as regularly, but briefly).
 //
 // All those instances end steps, reported when the phase is found, so that
 // no iteration is lost. A confirmed cycle remembers m; re-locked, it waits
@@ -60,6 +62,9 @@ const (
 	maxGroup = 16
 	// instRing: instance end times kept (Repeats+1 groups of maxGroup fit).
 	instRing = 256
+	// domN: the dominant duration is the median of this many latest
+	// instances that ended steps of groups.
+	domN = 3
 	// steadyN: steps whose durations must agree within groupRatio before
 	// the fallback clock's first lock is confirmed.
 	steadyN = 4
@@ -141,7 +146,7 @@ func (d *seqDet) groupEnd(k int64) (end bool, from int64) {
 			dp, _ := d.dur(p)
 			if dk, _ := d.dur(k); d.countEnd(k, dk, dp) {
 				from = d.pendFrom
-				d.phase(k, dk)
+				d.phase(k, dk, false)
 				return true, from
 			}
 		}
@@ -150,7 +155,7 @@ func (d *seqDet) groupEnd(k int64) (end bool, from int64) {
 		}
 		dk, _ := d.dur(k)
 		if from = d.newPace(k); from >= 0 {
-			d.phase(k, dk)
+			d.phase(k, dk, true)
 			return true, from
 		}
 		if d.reach(k) < d.grp-1 {
@@ -172,7 +177,7 @@ func (d *seqDet) groupEnd(k int64) (end bool, from int64) {
 		d.runFrom, d.runLast, d.pend = -1, -1, -1
 		return false, from
 	}
-	d.domDur = dk
+	d.noteDom(dk, false)
 	return true, from
 }
 
@@ -189,9 +194,27 @@ func (d *seqDet) countEnd(k, dk, dom int64) bool {
 
 // phase notes that instance k, of duration dk, ends a step: the groups'
 // phase and the dominant duration.
-func (d *seqDet) phase(k, dk int64) {
-	d.resync, d.anchor, d.domDur = false, k, dk
+func (d *seqDet) phase(k, dk int64, newPace bool) {
+	d.resync, d.anchor = false, k
 	d.runFrom, d.runLast, d.pend = -1, -1, -1
+	d.noteDom(dk, newPace)
+}
+
+// noteDom notes dk, the duration of an instance that ended a step of
+// groups: the dominant duration is the median of the latest domN of them
+// (one stall of the host does not make the next iterations too short to
+// find the phase again after a logging step); a new pace replaces them.
+func (d *seqDet) noteDom(dk int64, newPace bool) {
+	if newPace || d.nDom == 0 {
+		for i := range d.doms {
+			d.doms[i] = dk
+		}
+	}
+	d.doms[d.nDom%domN] = dk
+	d.nDom++
+	ds := d.doms
+	slices.Sort(ds[:])
+	d.domDur = ds[domN/2]
 }
 
 // agrees reports whether durations a and b agree within groupRatio.
@@ -217,9 +240,8 @@ func (d *seqDet) firstOfRun(p, dk int64) bool {
 // first dominating its group (and the one a group before it, see
 // firstOfRun), the others ending a step by the count (countEnd, the run's
 // previous instance the dominant duration: a preemption of the host that
-// delays another instance of the group does not end the run), each
-// agreeing with the previous one within groupRatio and shorter than half
-// the dominant duration. It is a new pace once it holds
+// delays an instance of the group does not end the run), each shorter
+// than half the dominant duration. It is a new pace once it holds
 // Repeats groups over groupRatio times the lock's pace (the median of its
 // latest steps reported): a logging step's periodic spikes and an
 // end-of-training burst repeat as regularly, but within an iteration's
@@ -236,7 +258,7 @@ func (d *seqDet) newPace(k int64) int64 {
 	}
 	dl, _ := d.dur(d.runLast)
 	switch {
-	case d.runLast >= 0 && k == d.runLast+d.grp && agrees(dl, dk) && d.countEnd(k, dk, dl):
+	case d.runLast >= 0 && k == d.runLast+d.grp && d.countEnd(k, dk, dl):
 		d.runLast = k
 		if k-d.runFrom >= instRing/2 {
 			d.runFrom += d.grp
@@ -304,7 +326,8 @@ func (d *seqDet) regroup(m, k int64) {
 	d.since, d.nStep = 0, 0
 	d.grp, d.anchor, d.resync, d.grpOpen, d.stepInst = m, k, false, true, k
 	d.runFrom, d.runLast, d.pend = -1, -1, -1
-	d.domDur, _ = d.dur(k)
+	dk, _ := d.dur(k)
+	d.noteDom(dk, true)
 	e0 := k
 	for e0-m >= d.instFrom && d.reach(e0-m) >= m-1 {
 		e0 -= m

@@ -180,13 +180,15 @@ type seqDet struct {
 	resets uint64
 
 	// Instances of the locked cycle per iteration, from timing (group.go).
-	inst     int64              // cycle instances completed
-	instFrom int64              // first instance of the lock whose duration is known
-	instT    [instRing]int64    // end of instance k at k%instRing (instFrom-1: the lock's start)
-	grp      int64              // instances per step; <= 1: one
-	anchor   int64              // an instance that ends a step
-	resync   bool               // the groups' phase is unknown: wait for a dominant instance
-	domDur   int64              // duration of the latest instance that ended a step of groups
+	inst     int64           // cycle instances completed
+	instFrom int64           // first instance of the lock whose duration is known
+	instT    [instRing]int64 // end of instance k at k%instRing (instFrom-1: the lock's start)
+	grp      int64           // instances per step; <= 1: one
+	anchor   int64           // an instance that ends a step
+	resync   bool            // the groups' phase is unknown: wait for a dominant instance
+	domDur   int64           // the dominant duration: the median of doms
+	doms     [domN]int64     // the latest instances that ended steps of groups, a ring
+	nDom     int
 	runFrom  int64              // resync: a run of shorter dominant instances (a new pace?), -1 when none
 	runLast  int64              // its latest instance
 	runSlid  int64              // groups of the run that slid out of the instance ring
