@@ -88,11 +88,12 @@
 // iteration holds the forward and backward pass and dominates the others;
 // a step is the m instances that end with it. An iteration with other
 // calls (a logging step) loses the groups' phase; it is found again at an
-// instance as long as the dominant ones once the next group holds, or at
-// a new pace: a run of instances at the same position in consecutive
-// groups, each dominating its group, that lasts twice the lock's recent
-// steps (iterations that got shorter, which never reach the old dominant
-// duration); all of them end steps. On a confirmed lock, a boundary whose
+// instance half as long as the dominant ones at least (the median of the
+// latest 3) once the next group holds, or at a new pace: a run of
+// instances at the same position in consecutive groups, the first
+// dominating its group, the others ending a step by the count, that lasts
+// twice the lock's recent steps (iterations that got shorter, which never
+// reach the old dominant duration); all of them end steps. On a confirmed lock, a boundary whose
 // own step is shorter than 1/8 of the median of the latest steps reported
 // is held (see pace.go): a burst of calls inside or after an iteration
 // (the Trainer's end of training) is merged into the next step, or
