@@ -75,23 +75,36 @@
 // (after 64 synchronisations) the synchronisation calls themselves are the
 // sequence, keyed by function, not stream; occasional collectives do not
 // stop them, and a communicator whose steps are more than twice as long
-// does not take a confirmed or steady synchronisation clock over. Its first
-// lock is confirmed once steadyN steps agree within a factor of two, and
-// the shorter steps before them (one per parameter copied to the GPU) are
-// withdrawn. A cycle that occurs several times per iteration (Megatron's
-// "B S B S", the Trainer's five synchronisations) is resolved by timing
-// (see group.go): one instance per iteration holds the forward and backward
-// pass and dominates the others; a step is the m instances that end with
-// it. On a confirmed lock, a boundary whose own step is shorter than 1/8
-// of the median of the latest steps reported is held (see pace.go): a
-// burst of calls inside or after an iteration (the Trainer's end of
-// training) is merged into the next step, or dropped with the open step
-// when the lock or the sequence ends, and counted (BurstSteps); held
-// boundaries consume no index, so step k stays the same iteration on
-// every rank. Held boundaries that keep coming for 16 boundaries and
-// ConfirmSpan are a new pace (iterations that got shorter): they are
-// reported as steps after all. A process that reports HostMarker calls
-// is cut at markers only (HostCall.Count > 0 is the step index).
+// does not take a confirmed or steady synchronisation clock over (steady:
+// its latest steadyN steps agree within a factor of two, or its latest
+// steadyN+1 but the longest, a logging step's). Its first lock is
+// confirmed once steadyN steps agree within a factor of two, and the
+// init-time steps before them (one per parameter copied to the GPU) are
+// withdrawn: those in no run of steadyN+1 steps agreeing within a factor
+// of two that are shorter than half the latest steps or than half the
+// next run's (the iterations of an old pace stay). A cycle that occurs
+// several times per iteration (Megatron's "B S B S", the Trainer's five
+// synchronisations) is resolved by timing (see group.go): one instance per
+// iteration holds the forward and backward pass and dominates the others;
+// a step is the m instances that end with it. An iteration with other
+// calls (a logging step) loses the groups' phase; it is found again at an
+// instance half as long as the dominant ones at least (the median of the
+// latest 3) once the next group holds, or at a new pace: a run of
+// instances at the same position in consecutive groups, the first
+// dominating its group, the others ending a step by the count, that lasts
+// twice the lock's recent steps (iterations that got shorter, which never
+// reach the old dominant duration); all of them end steps. On a confirmed lock, a boundary whose
+// own step is shorter than 1/8 of the median of the latest steps reported
+// is held (see pace.go): a burst of calls inside or after an iteration
+// (the Trainer's end of training) is merged into the next step, or
+// dropped with the open step when the lock or the sequence ends, and
+// counted (BurstSteps); held boundaries consume no index, so step k stays
+// the same iteration on every rank. Held boundaries that keep coming for
+// 16 boundaries and ConfirmSpan, through up to 3 steps of normal length
+// between them (logging steps), are a new pace (iterations that got
+// shorter): they are reported as steps after all. A process that reports
+// HostMarker calls is cut at markers only (HostCall.Count > 0 is the step
+// index).
 //
 // Collectives without sizes (HostCall.Count == 0: the torch c10d probes of
 // a gloo job) make a degenerate token sequence, every bucket all-reduce

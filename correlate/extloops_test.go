@@ -37,13 +37,14 @@ type loopScript struct {
 	iter  func(i int) ([]loopCall, int64)
 	n     int
 	comm  bool       // the communicator's creation is seen, at t=0
+	ranks int        // the communicator's ranks (0: one)
 	post  []loopCall // after the last iteration (an epilogue), from its end
 }
 
 // feedLoop feeds the script to c and returns the iterations' [start, end].
 func feedLoop(c *Correlator, p uint32, s loopScript) (starts, ends []int64) {
 	if s.comm {
-		c.AddCommInit(CommInit{PID: p, Comm: 1, NRanks: 1, UniqueIDHash: 0x5eed})
+		c.AddCommInit(CommInit{PID: p, Comm: 1, NRanks: max(1, s.ranks), UniqueIDHash: 0x5eed})
 	}
 	var calls []HostCall
 	add := func(base int64, lc loopCall) {
@@ -429,6 +430,53 @@ func TestReplayTrainerTwoRanks(t *testing.T) {
 // H200 run had; the step up to it is one fact after the last iteration.
 func TestReplayTrainerEpilogue(t *testing.T) {
 	replayTrainerFile(t, "testdata/trainer-epilogue-2ranks.records.gz", 1)
+}
+
+// Another run of it, on a loaded host: two of the burst's last groups came
+// 4 ms apart (a preemption), boundaries of normal length that closed
+// steps of the burst: 262 and 263 facts for 260 iterations. The end of the
+// lock drops them with the burst.
+func TestReplayTrainerEpilogueLate(t *testing.T) {
+	replayTrainerFile(t, "testdata/trainer-epilogue-late-2ranks.records.gz", 1)
+}
+
+// The capture records of runs of TestLoopShapesAreIterations/
+// trainer+speedup (--loop-shape trainer --speedup-at 100, 2 ranks, 400
+// iterations: ~14.7 ms, then --speedup times shorter from iteration 100
+// on but the logging steps every 50, of full length), as above; the
+// change of pace lies within the fallback clock's first ConfirmSpan (100
+// iterations of 14.7 ms are 1.5 s of its 2 s).
+//
+// --speedup 3: at the third logging step the lock was still tentative and
+// not steady (the logging iteration's step 2.6x the others), so that the
+// all-gather's communicator took the clock over, one step every 50
+// iterations (8 facts); and the grouping found its phase again after the
+// logging step by withdrawing the lock's 150 steps (a regroup). Two
+// preemptions of the host (the instance before the dominant one 10 ms
+// late) each merged an iteration into the next.
+//
+// --speedup 3 on a loaded host (another process spinning): a preemption
+// delayed an instance of a group of the new pace's run, which then
+// dominated only 3 of the 4 others; the run ended, and two iterations
+// were merged (398/400).
+//
+// --speedup 10: the lock was confirmed only at the end (finish), without
+// withdrawing the model's copy to the GPU: a step before iteration 0.
+//
+// --speedup 10 on a loaded host: a preemption made one dominant instance
+// of a new pace's run twice as long as the previous one, which ended the
+// run (395/400); and a stall of 53 ms in iteration 9 set the dominant
+// duration, so that the next iterations (11 ms) had to be found as a new
+// pace (397/400).
+//
+// --speedup 0.33 (3x longer): the confirmation withdrew the steps shorter
+// than half the latest ones, the first 100 iterations.
+func TestReplayTrainerSpeedup(t *testing.T) {
+	for _, f := range []string{"3", "3-loaded", "10", "10-loaded", "0.33"} {
+		t.Run("speedup "+f, func(t *testing.T) {
+			replayTrainerFile(t, "testdata/trainer-speedup"+f+"-2ranks.records.gz", 0)
+		})
+	}
 }
 
 // replayTrainerFile replays a records file at several agent ticks (see

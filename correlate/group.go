@@ -17,18 +17,39 @@ import "slices"
 // (from the end of the previous instance to its own end) is less than
 // 1/groupRatio of instance k's. While a lock is tentative, an instance k
 // with reach r >= 1 whose predecessors k−(r+1), k−2(r+1), … (Repeats
-// groups in all) reach as far makes groups of m = r+1 instances: the lock's
-// per-instance steps are withdrawn and a step becomes m instances, ending
-// with the dominant one (the return of the synchronisation that waited for
-// the iteration's GPU work). The first group is the earliest one whose
-// dominant instance reaches as far, and one before it when its last
-// instance dominates the one before it and lasts at least half as long as
-// the others' (the first iteration, whose first instance holds data
-// loading or compilation). Later groups are cut by count; a group whose
-// last instance does not dominate its predecessor loses the phase, which
-// is found again at the next instance that reaches m−1 (an iteration with
-// extra calls, a logging step). A confirmed cycle remembers m; re-locked,
-// it waits for such an instance before its first step.
+// groups in all) reach as far makes groups of m = r+1 instances (another m
+// than the current grouping's, if any): the lock's per-instance steps are
+// withdrawn and a step becomes m instances, ending with the dominant one
+// (the return of the synchronisation that waited for the iteration's GPU
+// work). The first group is the earliest one whose dominant instance
+// reaches as far, and one before it when its last instance dominates the
+// one before it and lasts at least half as long as the others' (the first
+// iteration, whose first instance holds data loading or compilation).
+//
+// Later groups are cut by count (countEnd); a group whose instance at the
+// count does not dominate its predecessor loses the phase (an iteration
+// with extra calls, a logging step), which is found again (groupEnd):
+//
+//   - at the next instance that reaches m−1 and lasts at least half as
+//     long as the dominant instances did (the median of the latest domN,
+//     so that one stall of the host does not set it; a spike among the
+//     logging step's calls does not), once the instance a group later
+//     ends a step by the count (the idle time after the logging step's
+//     calls is no step's end); the instance a group before it ends a step
+//     too when it agrees with it within groupRatio (firstOfRun: the first
+//     iteration after the irregular calls, whose first instance follows
+//     them);
+//   - or at a new pace (newPace): iterations that got shorter (after a
+//     warm-up, a smaller batch) never reach half the last dominant
+//     instance, so the dominant duration is learned again from a run of
+//     instances at the same position in consecutive groups, the first
+//     dominating its group, the others ending a step by the count, that
+//     holds Repeats groups over groupRatio times the lock's recent steps
+//     (a logging step's periodic spikes repeat as regularly, but briefly).
+//
+// All those instances end steps, reported when the phase is found, so that
+// no iteration is lost. A confirmed cycle remembers m; re-locked, it waits
+// for such an instance before its first step.
 //
 // The decisions depend on the timing of one rank's calls; ranks coupled by
 // their collectives run the same iteration structure, so they group alike.
@@ -41,6 +62,9 @@ const (
 	maxGroup = 16
 	// instRing: instance end times kept (Repeats+1 groups of maxGroup fit).
 	instRing = 256
+	// domN: the dominant duration is the median of this many latest
+	// instances that ended steps of groups.
+	domN = 3
 	// steadyN: steps whose durations must agree within groupRatio before
 	// the fallback clock's first lock is confirmed.
 	steadyN = 4
@@ -83,12 +107,20 @@ func (d *seqDet) instance(t int64, counts bool) {
 	d.setInstT(k, t)
 	if d.grp <= 1 {
 		d.boundary(t, counts)
-	} else if d.groupEnd(k) {
-		if !d.grpOpen {
-			d.grpOpen = true
-			d.startStep(t)
-		} else {
-			d.boundary(t, counts)
+	} else if end, from := d.groupEnd(k); end {
+		// the instances from, from+grp, …, k end steps (a step's end found
+		// again one group later, a new pace's run), reported now
+		if from < 0 {
+			from = k
+		}
+		for e := from; e <= k; e += d.grp {
+			d.stepInst = e
+			if !d.grpOpen {
+				d.grpOpen = true
+				d.startStep(d.instAt(e))
+			} else {
+				d.boundary(d.instAt(e), counts)
+			}
 		}
 	}
 	if d.locked && d.tentative {
@@ -96,44 +128,176 @@ func (d *seqDet) instance(t int64, counts bool) {
 	}
 }
 
-// groupEnd reports whether instance k ends a step of groups.
-func (d *seqDet) groupEnd(k int64) bool {
+// groupEnd reports whether instance k ends a step of groups; from >= 0
+// is the first of the instances from, from+grp, …, k that end steps.
+func (d *seqDet) groupEnd(k int64) (end bool, from int64) {
+	from = -1
 	switch {
 	case d.resync:
 		// The instance that ends the next step dominates its group and
 		// lasts as long as the dominant instances did (half at least), not
-		// a spike among the many calls of a logging step.
-		if dk, _ := d.dur(k); d.reach(k) < d.grp-1 || 2*dk < d.domDur {
-			return false
+		// a spike among the many calls of a logging step, and the instance
+		// a group later ends a step by the count (countEnd): the idle time
+		// after a logging step's calls dominates them as well. The group
+		// before it may end a step too (firstOfRun). Or it is shorter, one
+		// of a new pace's run of groups (newPace).
+		if p := d.pend; p >= 0 && k == p+d.grp {
+			d.pend = -1
+			dp, _ := d.dur(p)
+			if dk, _ := d.dur(k); d.countEnd(k, dk, dp) {
+				from = d.pendFrom
+				d.phase(k, dk, false)
+				return true, from
+			}
 		}
-		d.resync, d.anchor = false, k
-		return true
+		if d.reach(k) < d.grp-1 && (d.runLast < 0 || k != d.runLast+d.grp) {
+			return false, from
+		}
+		dk, _ := d.dur(k)
+		if from = d.newPace(k); from >= 0 {
+			d.phase(k, dk, true)
+			return true, from
+		}
+		if d.reach(k) < d.grp-1 {
+			return false, from
+		}
+		if 2*dk >= d.domDur {
+			d.pend, d.pendFrom = k, k // the step's end, once the next group holds
+			if p := k - d.grp; d.firstOfRun(p, dk) {
+				d.pendFrom = p
+			}
+		}
+		return false, from
 	case (k-d.anchor)%d.grp != 0:
-		return false
+		return false, from
 	}
-	// The instance at the count dominates its predecessor and either its
-	// whole group (whatever its length: the iterations may get shorter) or
-	// lasts as long as the dominant instances did (half at least: the
-	// first instance of the group is long, a data-loading stall), not a
-	// spike among the calls of a logging step that fell on the count.
 	dk, _ := d.dur(k)
-	if r := d.reach(k); r < 1 || r < d.grp-1 && 2*dk < d.domDur {
+	if !d.countEnd(k, dk, d.domDur) {
 		d.resync = true // an iteration with other calls: find the phase again
-		return false
+		d.runFrom, d.runLast, d.pend = -1, -1, -1
+		return false, from
 	}
-	d.domDur = dk
-	return true
+	d.noteDom(dk, false)
+	return true, from
+}
+
+// countEnd reports whether instance k at the count (of duration dk) ends a
+// step, dom the dominant duration: it dominates its predecessor and
+// either its whole group (whatever its length: the iterations may get
+// shorter) or lasts as long as the dominant instances did (half at least:
+// the first instance of the group is long, a data-loading stall), not a
+// spike among the calls of a logging step that fell on the count.
+func (d *seqDet) countEnd(k, dk, dom int64) bool {
+	r := d.reach(k)
+	return r >= 1 && (r >= d.grp-1 || 2*dk >= dom)
+}
+
+// phase notes that instance k, of duration dk, ends a step: the groups'
+// phase and the dominant duration.
+func (d *seqDet) phase(k, dk int64, newPace bool) {
+	d.resync, d.anchor = false, k
+	d.runFrom, d.runLast, d.pend = -1, -1, -1
+	d.noteDom(dk, newPace)
+}
+
+// noteDom notes dk, the duration of an instance that ended a step of
+// groups: the dominant duration is the median of the latest domN of them
+// (one stall of the host does not make the next iterations too short to
+// find the phase again after a logging step); a new pace replaces them.
+func (d *seqDet) noteDom(dk int64, newPace bool) {
+	if newPace || d.nDom == 0 {
+		for i := range d.doms {
+			d.doms[i] = dk
+		}
+	}
+	d.doms[d.nDom%domN] = dk
+	d.nDom++
+	ds := d.doms
+	slices.Sort(ds[:])
+	d.domDur = ds[domN/2]
+}
+
+// agrees reports whether durations a and b agree within groupRatio.
+func agrees(a, b int64) bool { return a*groupRatio >= b && b*groupRatio >= a }
+
+// firstOfRun reports whether instance p, a group before an instance of
+// duration dk that dominates its group, ends a step too: the first group
+// after the calls that lost the phase (its first instance follows them:
+// the idle time after a logging step's calls; an iteration with a call
+// less; a preemption of the host that made the instance before p as
+// long) when p agrees with dk and lies after the latest step's end. (A
+// spike of a logging step is far shorter than a dominant instance.)
+func (d *seqDet) firstOfRun(p, dk int64) bool {
+	dp, ok := d.dur(p)
+	return ok && p > d.stepInst && agrees(dp, dk)
+}
+
+// newPace reports whether instance k, which dominates its group, ends a
+// run of groups of a new pace (iterations that got shorter: its dominant
+// instances last less than half the last dominant one, which the phase
+// waits for otherwise), and returns the run's first instance; else -1. A
+// run is the instances at the same position in consecutive groups, the
+// first dominating its group (and the one a group before it, see
+// firstOfRun), the others ending a step by the count (countEnd, the run's
+// previous instance the dominant duration: a preemption of the host that
+// delays an instance of the group does not end the run), each shorter
+// than half the dominant duration. It is a new pace once it holds
+// Repeats groups over groupRatio times the lock's pace (the median of its
+// latest steps reported): a logging step's periodic spikes and an
+// end-of-training burst repeat as regularly, but within an iteration's
+// time. The run's instances all end steps, and the dominant duration is
+// learned again (the position in the group, not the duration, carries the
+// phase over the change). A run keeps its latest instRing/2 instances;
+// older groups (a speed-up by more than instRing/(2·groupRatio·m)) are
+// merged into the step before the run, counted as bursts.
+func (d *seqDet) newPace(k int64) int64 {
+	dk, _ := d.dur(k)
+	if 2*dk >= d.domDur {
+		d.runFrom, d.runLast = -1, -1
+		return -1
+	}
+	dl, _ := d.dur(d.runLast)
+	switch {
+	case d.runLast >= 0 && k == d.runLast+d.grp && d.countEnd(k, dk, dl):
+		d.runLast = k
+		if k-d.runFrom >= instRing/2 {
+			d.runFrom += d.grp
+			d.runSlid++
+		}
+	case d.reach(k) >= d.grp-1:
+		d.runFrom, d.runLast, d.runSlid = k, k, 0
+		if p := k - d.grp; d.firstOfRun(p, dk) {
+			d.runFrom = p
+		}
+	default:
+		d.runFrom, d.runLast = -1, -1 // the run ends (a logging step's spikes did)
+		return -1
+	}
+	ref, ok := d.pace.pace()
+	if !ok {
+		ref = d.domDur
+	}
+	if (d.runLast-d.runFrom)/d.grp+1 < int64(d.par.repeats) || d.instAt(d.runLast)-d.instAt(d.runFrom) < groupRatio*ref {
+		return -1
+	}
+	if d.runSlid > 0 {
+		d.emit(detEvent{kind: evBurst, idx: d.runSlid})
+	}
+	return d.runFrom
 }
 
 // findGroup looks for m instances per iteration ending with instance k,
-// while the lock is tentative: a grouping (or its phase) found in an
-// init-time burst gives way to the training loop's.
+// while the lock is tentative: a grouping found in an init-time burst
+// gives way to the training loop's. The current grouping's phase, lost,
+// is found again by groupEnd, without withdrawing the lock's steps (a
+// regroup at the same m withdrew 150 steps after iterations that got
+// shorter within the first ConfirmSpan: TestReplayTrainerSpeedup).
 func (d *seqDet) findGroup(k int64) {
 	r := d.reach(k)
 	m := r + 1
 	reps := int64(d.par.repeats)
-	if m == d.grp && !d.resync {
-		return // the current grouping; its phase is kept by groupEnd
+	if m == d.grp {
+		return // the current grouping; its phase is kept or found again by groupEnd
 	}
 	if m < d.grp {
 		// A shorter group must hold over Repeats−1 of the current ones: a
@@ -160,8 +324,10 @@ func (d *seqDet) regroup(m, k int64) {
 	d.nextIdx = d.genBase
 	d.gen++
 	d.since, d.nStep = 0, 0
-	d.grp, d.anchor, d.resync, d.grpOpen = m, k, false, true
-	d.domDur, _ = d.dur(k)
+	d.grp, d.anchor, d.resync, d.grpOpen, d.stepInst = m, k, false, true, k
+	d.runFrom, d.runLast, d.pend = -1, -1, -1
+	dk, _ := d.dur(k)
+	d.noteDom(dk, true)
 	e0 := k
 	for e0-m >= d.instFrom && d.reach(e0-m) >= m-1 {
 		e0 -= m
@@ -187,6 +353,23 @@ func (d *seqDet) knownGroup(cyc []int32) int64 {
 		}
 	}
 	return 0
+}
+
+// regular reports whether the latest steadyN+1 steps but the longest agree
+// within groupRatio: steady, through one longer step (a logging step, whose
+// iteration may not have got shorter with the others).
+func (d *seqDet) regular() bool {
+	if d.nStep < steadyN+2 {
+		return false
+	}
+	var ds [steadyN + 1]int64
+	for i := range steadyN + 1 {
+		a := d.stepT[(d.nStep-1-i)%len(d.stepT)]
+		b := d.stepT[(d.nStep-2-i)%len(d.stepT)]
+		ds[i] = a - b
+	}
+	slices.Sort(ds[:])
+	return ds[0]*groupRatio >= ds[steadyN-1]
 }
 
 // steady reports whether the latest steadyN steps agree within groupRatio;

@@ -25,9 +25,18 @@ import "slices"
 // they are (late by ConfirmSpan at most, as a first lock's), and become
 // the pace. A burst is brief (the Trainer's: 17 ms), as init-time bursts
 // are for the confirmation of a first lock; one that lasts longer than
-// ConfirmSpan becomes steps. At most maxHeld boundaries are held; beyond
-// that the held ones are merged into the step that the chain's first
-// reported boundary closes.
+// ConfirmSpan becomes steps. A new pace has its longer steps too (a
+// logging step every 50 iterations: 10x shorter iterations make 49 short
+// steps and one or two of normal length, and ConfirmSpan is never held
+// without them): after paceRegime short boundaries, up to paceNormal
+// consecutive boundaries of normal length are held as well, and the chain
+// goes on with the next short one. Only a further one of normal length
+// ends it as a burst: each held boundary of normal length is then reported
+// with the short ones before it merged into its step, as if they had not
+// been held (late by paceNormal steps); the end of the lock drops them all
+// (a burst at the end of training whose groups a preemption delays). At
+// most maxHeld boundaries are held; beyond that they are settled as a
+// burst.
 //
 // Held boundaries consume no index: the detector's count stays the step
 // index, and the alignment across ranks (steps.go) sees only reported
@@ -49,17 +58,30 @@ const (
 	paceMinRef = 4
 	// paceRegime: held boundaries that may become the new pace.
 	paceRegime = 16
+	// paceNormal: consecutive boundaries of normal length held after
+	// paceRegime short ones (an iteration with other calls, a logging
+	// step, can make two: the cut point lies inside it).
+	paceNormal = 3
 	// maxHeld: boundaries held at most.
 	maxHeld = 1024
 )
 
 type paceState struct {
-	ref    [paceRef]int64 // durations of the latest steps reported, a ring
-	nRef   int
-	open   int64   // start of the open step: the latest start or boundary reported
-	last   int64   // the latest boundary, held or not, or the start
-	held   []int64 // boundaries held, in order
-	chainT int64   // start of the first held step
+	ref     [paceRef]int64 // durations of the latest steps reported, a ring
+	nRef    int
+	open    int64      // start of the open step: the latest start or boundary reported
+	last    int64      // the latest boundary, held or not, or the start
+	held    []heldStep // boundaries held, in order
+	short   int        // those of them far shorter than the pace
+	normals int        // the latest of them of normal length, consecutive
+	chainT  int64      // start of the first held step
+}
+
+// heldStep is a held boundary at t; normal: one of normal length after
+// paceRegime short ones (a logging step of a new pace, or a burst's end).
+type heldStep struct {
+	t      int64
+	normal bool
 }
 
 // pace is the median of the latest steps reported; ok once there are
@@ -83,13 +105,38 @@ func (d *seqDet) startStep(t int64) {
 	d.emit(detEvent{kind: evStart, t: t})
 }
 
-// dropHeld reports the held boundaries as merged into the open step (or
-// dropped with it).
+// dropHeld drops the held boundaries with the open step (the lock or the
+// sequence ends, or a step opens): a burst at the end of training, its
+// groups delayed by a preemption here and there.
 func (d *seqDet) dropHeld() {
-	if n := len(d.pace.held); n > 0 {
+	ps := &d.pace
+	if n := len(ps.held); n > 0 {
 		d.emit(detEvent{kind: evBurst, idx: int64(n)})
-		d.pace.held = d.pace.held[:0]
 	}
+	ps.held, ps.short, ps.normals = ps.held[:0], 0, 0
+}
+
+// settleHeld settles the held boundaries as a burst: each held boundary of
+// normal length is reported, with the short ones before it merged into
+// its step; the short ones after the last are merged into the open step.
+func (d *seqDet) settleHeld() {
+	ps := &d.pace
+	var n int64
+	for _, h := range ps.held {
+		if !h.normal {
+			n++
+			continue
+		}
+		if n > 0 {
+			d.emit(detEvent{kind: evBurst, idx: n})
+			n = 0
+		}
+		d.report(h.t, true)
+	}
+	if n > 0 {
+		d.emit(detEvent{kind: evBurst, idx: n})
+	}
+	ps.held, ps.short, ps.normals = ps.held[:0], 0, 0
 }
 
 // hold reports whether the boundary at t of a confirmed lock is held; it
@@ -97,25 +144,34 @@ func (d *seqDet) dropHeld() {
 func (d *seqDet) hold(t int64) bool {
 	ps := &d.pace
 	p, ok := ps.pace()
-	if !ok || (t-ps.last)*paceRatio >= p {
-		d.dropHeld() // merged into the step that t closes
+	normal := !ok || (t-ps.last)*paceRatio >= p
+	switch {
+	case normal && (ps.short < paceRegime || ps.normals == paceNormal):
+		// A burst ends: merged into the step that t closes.
+		d.settleHeld()
 		return false
-	}
-	if len(ps.held) == 0 {
+	case len(ps.held) == 0:
 		ps.chainT = ps.last
-	} else if len(ps.held) == maxHeld {
-		d.dropHeld()
+	case len(ps.held) == maxHeld:
+		if d.settleHeld(); normal {
+			return false
+		}
 	}
-	ps.held = append(ps.held, t)
+	ps.held = append(ps.held, heldStep{t: t, normal: normal})
 	ps.last = t
-	if len(ps.held) < paceRegime || !d.urgent && t-ps.chainT < d.par.confirmSpan {
+	if normal {
+		ps.normals++
+		return true
+	}
+	ps.normals = 0
+	if ps.short++; ps.short < paceRegime || !d.urgent && t-ps.chainT < d.par.confirmSpan {
 		return true
 	}
 	// A new pace: the held boundaries are steps.
 	held := ps.held
 	for _, h := range held {
-		d.report(h, true)
+		d.report(h.t, true)
 	}
-	ps.held = held[:0]
+	ps.held, ps.short, ps.normals = held[:0], 0, 0
 	return true
 }

@@ -61,7 +61,7 @@ const (
 	evBreak                            // the sequence left the cycle: the open step is irregular
 	evConfirm                          // the tentative lock gen is confirmed
 	evRetract                          // the tentative lock gen is withdrawn with its steps
-	evTrim                             // the tentative steps of gen before the latest one shorter than t are withdrawn
+	evTrim                             // the tentative steps of gen up to its latest init-time one are withdrawn (t: half the median of its latest steps; trimGen)
 	evBurst                            // idx boundaries held in the open step were merged into it or dropped with it (pace.go)
 )
 
@@ -180,15 +180,23 @@ type seqDet struct {
 	resets uint64
 
 	// Instances of the locked cycle per iteration, from timing (group.go).
-	inst     int64              // cycle instances completed
-	instFrom int64              // first instance of the lock whose duration is known
-	instT    [instRing]int64    // end of instance k at k%instRing (instFrom-1: the lock's start)
-	grp      int64              // instances per step; <= 1: one
-	anchor   int64              // an instance that ends a step
-	resync   bool               // the groups' phase is unknown: wait for a dominant instance
-	domDur   int64              // duration of the latest instance that ended a step of groups
+	inst     int64           // cycle instances completed
+	instFrom int64           // first instance of the lock whose duration is known
+	instT    [instRing]int64 // end of instance k at k%instRing (instFrom-1: the lock's start)
+	grp      int64           // instances per step; <= 1: one
+	anchor   int64           // an instance that ends a step
+	resync   bool            // the groups' phase is unknown: wait for a dominant instance
+	domDur   int64           // the dominant duration: the median of doms
+	doms     [domN]int64     // the latest instances that ended steps of groups, a ring
+	nDom     int
+	runFrom  int64              // resync: a run of shorter dominant instances (a new pace?), -1 when none
+	runLast  int64              // its latest instance
+	runSlid  int64              // groups of the run that slid out of the instance ring
+	stepInst int64              // the instance that ended (or started) the latest step of groups
+	pend     int64              // resync: an instance that ends a step if the next group holds, -1 when none
+	pendFrom int64              // the first instance that ends a step with it (firstOfRun)
 	grpOpen  bool               // a step of groups is open
-	stepT    [steadyN + 1]int64 // latest boundary times, for steadiness
+	stepT    [steadyN + 2]int64 // latest boundary times, for steadiness
 	nStep    int
 
 	pace paceState // boundaries far shorter than the steps are held (pace.go)
@@ -425,6 +433,13 @@ func (d *seqDet) noteInit() {
 // cycle that lasted until the end is no init-time burst.
 func (d *seqDet) finish() {
 	if d.locked && d.tentative && d.since >= d.need {
+		if d.syncOnly && d.first {
+			// as at a confirmation within the sequence (report): the
+			// shorter steps before the steady ones are init-time
+			if thr, ok := d.steady(); ok {
+				d.emit(detEvent{kind: evTrim, gen: d.gen, t: thr})
+			}
+		}
 		d.confirm()
 	}
 	d.dropHeld() // the open step never closes
@@ -703,7 +718,8 @@ func (d *seqDet) lockAt(cyc []int32, j, n int64, tentative bool) {
 		}
 	}
 	known := d.knownGroup(cyc)
-	d.grp, d.resync, d.grpOpen = known, known > 1, false
+	d.grp, d.resync, d.grpOpen, d.runFrom, d.runLast, d.pend = known, known > 1, false, -1, -1, -1
+	d.stepInst = d.inst - 1
 	// The token before the first instance is a stable start when it is a
 	// synchronisation (for the sync-only clock every token is one), or a
 	// call outside the cycle before a communicator's first lock (the last

@@ -122,9 +122,10 @@ func (c *Correlator) takeClock(p *proc, pc *procComm, evs []detEvent) bool {
 	case pc.sync:
 		return false
 	case cur.sync:
-		if _, steady := cur.det.steady(); (p.clockConfirmed || steady) && c.coarser(p, pc, evs) {
+		if _, steady := cur.det.steady(); (p.clockConfirmed || steady || cur.det.regular()) && c.coarser(p, pc, evs) {
 			// A regular synchronisation clock stays against an occasional
-			// collective (logging every N iterations).
+			// collective (logging every N iterations), also through the
+			// longer step of that logging iteration (regular).
 			return false
 		}
 	case pc.nranks() > cur.nranks() && (confirmed || !curSettled):
@@ -318,18 +319,50 @@ func (c *Correlator) retractGen(p *proc, clock, gen uint32) {
 	c.rewind(p)
 }
 
-// trimGen withdraws the tentative steps of one lock up to the latest one
-// shorter than minNS (init-time steps before the steady ones) and reports
-// whether it withdrew any.
+// trimGen withdraws the tentative steps of one lock up to its latest
+// init-time step (a synchronisation per parameter copied to the GPU) and
+// reports whether it withdrew any. A step is init-time when it is shorter
+// than minNS (half the median of the lock's latest steps) or than
+// 1/groupRatio of the next step of a run, and not in a run itself: a run
+// is steadyN+1 consecutive steps that agree within groupRatio. So a change
+// of pace within the first ConfirmSpan keeps the old pace's iterations
+// (withdrawing every step before the latest one shorter than minNS
+// withdrew 100 iterations before a 3x slow-down) and withdraws the copies'
+// steps before a 10x speed-up, as long as the new iterations.
 func (c *Correlator) trimGen(p *proc, clock, gen uint32, minNS int64) bool {
-	cut := -1
-	for i := len(p.pending) - 1; i >= 0; i-- {
-		s := p.pending[i]
-		if s.tentative && s.clock == clock && s.gen == gen && s.end-s.start < minNS {
-			cut = i
+	var idx []int // the lock's tentative steps in p.pending
+	for i, s := range p.pending {
+		if s.tentative && s.clock == clock && s.gen == gen {
+			idx = append(idx, i)
+		}
+	}
+	dur := func(k int) int64 { s := p.pending[idx[k]]; return s.end - s.start }
+	const w = steadyN + 1
+	inRun := make([]bool, len(idx))
+	for a := 0; a+w <= len(idx); a++ {
+		lo, hi := dur(a), dur(a)
+		for k := a + 1; k < a+w; k++ {
+			lo, hi = min(lo, dur(k)), max(hi, dur(k))
+		}
+		if lo*groupRatio >= hi {
+			for k := a; k < a+w; k++ {
+				inRun[k] = true
+			}
+		}
+	}
+	cut, next := -1, int64(-1) // next: the duration of the next step of a run
+	for k := len(idx) - 1; k >= 0; k-- {
+		d := dur(k)
+		if inRun[k] {
+			next = d
+			continue
+		}
+		if d < minNS || next >= 0 && d*groupRatio < next {
+			cut = idx[k]
 			break
 		}
 	}
+
 	if cut < 0 {
 		return false
 	}

@@ -129,6 +129,8 @@ struct opts {
   int shape; /* enum loop_shape */
   long log_every;
   int epilogue;
+  long speedup_at;
+  double speedup;
 };
 
 static struct opts O = {
@@ -149,6 +151,8 @@ static struct opts O = {
     .crash_step = -1,
     .eval_batches = 8,
     .log_every = 50,
+    .speedup_at = -1,
+    .speedup = 1,
 };
 
 static void usage(FILE *f) {
@@ -190,6 +194,9 @@ static void usage(FILE *f) {
           "                         iteration: a cudaDeviceSynchronize, a wait of ~30 steps' time, then a\n"
           "                         burst of 67 groups of five cudaStreamSynchronize (the H200 run: 68\n"
           "                         facts after the last iteration); truth kind \"burst\", what \"epilogue\"\n"
+          "  --speedup-at N         (--loop-shape) from iteration N on, --speedup times less host and device\n"
+          "                         work per iteration (a change of pace); logging steps keep their length\n"
+          "  --speedup F            that factor (default 1; below 1: a slow-down)\n"
           "  --backend nccl|gloo    gloo: buckets are c10d::ProcessGroupGloo::allreduce calls of the fake\n"
           "                         libtorch_cpu.so (dlopen'ed), no NCCL call at all (default nccl)\n"
           "  --gloo-cuda-sync       gloo: one cudaStreamSynchronize per collective inside the library,\n"
@@ -247,7 +254,7 @@ static int parse_opts(int argc, char **argv) {
     o_slow_factor, o_slow_host, o_slow_gpu, o_jitter, o_seed, o_host_mode, o_dlopen, o_dlopen_delay,
     o_sleep_before, o_truth, o_bench_calls, o_bench_symbol, o_threads, o_crash_rank, o_crash_step, o_verbose,
     o_no_device_truth, o_backend, o_gloo_cuda_sync, o_gloo_wait, o_warmup_buckets, o_init_bursts, o_eval_every, o_workers,
-    o_eval_batches, o_loop_shape, o_log_every, o_epilogue, o_help
+    o_eval_batches, o_loop_shape, o_log_every, o_epilogue, o_speedup_at, o_speedup, o_help
   };
   static const struct option lo[] = {
       {"ranks", required_argument, 0, o_ranks},
@@ -295,6 +302,8 @@ static int parse_opts(int argc, char **argv) {
       {"loop-shape", required_argument, 0, o_loop_shape},
       {"log-every", required_argument, 0, o_log_every},
       {"epilogue", no_argument, 0, o_epilogue},
+      {"speedup-at", required_argument, 0, o_speedup_at},
+      {"speedup", required_argument, 0, o_speedup},
       {"help", no_argument, 0, o_help},
       {0, 0, 0, 0},
   };
@@ -390,6 +399,8 @@ static int parse_opts(int argc, char **argv) {
     }
     case o_log_every: O.log_every = atol(optarg); break;
     case o_epilogue: O.epilogue = 1; break;
+    case o_speedup_at: O.speedup_at = atol(optarg); break;
+    case o_speedup: O.speedup = atof(optarg); break;
     case o_eval_every: O.eval_every = atol(optarg); break;
     case o_workers: O.workers = atoi(optarg); break;
     case o_eval_batches: O.eval_batches = atoi(optarg); break;
@@ -404,13 +415,18 @@ static int parse_opts(int argc, char **argv) {
   if (O.ranks < 1 || O.ranks > 64 || O.steps < 0 || O.buckets < 0 || O.buckets > 4096 || O.kernels < 0 ||
       O.step_ms < 0 || O.gpu_ms < 0 || O.jitter < 0 || O.jitter >= 1 || O.slow_factor <= 0 || O.threads < 0 ||
       O.slow_host_ms < 0 || O.slow_gpu_ms < 0 || O.bucket_mb < 0 || O.warmup_buckets < 0 || O.warmup_buckets > 4096 ||
-      O.eval_every < 0 || O.eval_batches < 1 || O.eval_batches > 1000 || O.workers < 0 || O.workers > 64) {
+      O.eval_every < 0 || O.eval_batches < 1 || O.eval_batches > 1000 || O.workers < 0 || O.workers > 64 ||
+      !(O.speedup > 0 && O.speedup <= 1000)) {
     fprintf(stderr, "faketrainer: flag out of range\n");
     return -1;
   }
   if (O.gloo && (O.group || O.comm_stream || O.split || O.init_plain || O.dlopen_nccl || O.bench_calls > 0)) {
     fprintf(stderr, "faketrainer: --backend gloo takes none of --group --comm-stream --split --init-plain "
                     "--dlopen-nccl --bench-calls\n");
+    return -1;
+  }
+  if (O.speedup_at >= 0 && O.shape == SHAPE_NONE) {
+    fprintf(stderr, "faketrainer: --speedup-at needs --loop-shape\n");
     return -1;
   }
   if (O.gloo && O.shape != SHAPE_NONE) {
@@ -1155,9 +1171,17 @@ static void fwd_bwd(struct rank_ctx *c, uint64_t *rng, double host, double gpu, 
   }
 }
 
-/* One iteration of an external loop's shape. */
+/* One iteration of an external loop's shape. From --speedup-at on, the
+ * host and device work of the iterations is --speedup times less (after a
+ * warm-up, a smaller batch), except for the logging steps' (--log-every):
+ * they keep their length. */
 static void run_shape_step(struct rank_ctx *c, long k, uint64_t *rng) {
   double host = O.step_ms, gpu = O.gpu_ms;
+  int logging = (O.shape == SHAPE_TRAINER || O.shape == SHAPE_LIGHTNING) && O.log_every > 0 && (k + 1) % O.log_every == 0;
+  if (O.speedup_at >= 0 && k >= O.speedup_at && !logging) {
+    host /= O.speedup;
+    gpu /= O.speedup;
+  }
   switch (O.shape) {
   case SHAPE_TRAINER:
     /* data: the batch's token count and two more .item()s */
@@ -1172,7 +1196,7 @@ static void run_shape_step(struct rank_ctx *c, long k, uint64_t *rng) {
     timed_stream_sync(c, 0); /* grad_norm.item() */
     host_work(jittered(rng, host * 0.1));
     launch(opt_kernel, jittered(rng, gpu * 0.05), c->compute);
-    if (O.log_every > 0 && (k + 1) % O.log_every == 0) {
+    if (logging) {
       uint64_t t0 = now_ns();
       A.calls[S_ncclAllGather]++; /* the logged loss, gathered */
       nccl_check(N.AllGather(c->buf, c->buf, 1, ncclFloat32, c->comm, c->compute), "ncclAllGather");
@@ -1199,7 +1223,7 @@ static void run_shape_step(struct rank_ctx *c, long k, uint64_t *rng) {
     fwd_bwd(c, rng, host * 0.9, gpu * 0.9, c->compute, 1);
     host_work(jittered(rng, host * 0.1));
     launch(opt_kernel, jittered(rng, gpu * 0.1), c->compute);
-    if (O.log_every > 0 && (k + 1) % O.log_every == 0) timed_stream_sync(c, 0); /* logging */
+    if (logging) timed_stream_sync(c, 0); /* logging */
     break;
   case SHAPE_CUDAGRAPH:
     if (k < 3) { /* eager warm-up on the side stream; loss.item() there */

@@ -98,15 +98,21 @@ func TestInitBurstsAreNoSteps(t *testing.T) {
 // (Lightning), a warm-up on a side stream before a CUDA graph, the model's
 // copy to the GPU before DDP's first collective and a long iteration 0
 // (torch.compile); the Trainer's end of training (--epilogue: a burst of
-// synchronisations, 68 facts after the last iteration on the H200). Every
-// rank's step facts are its iterations: one per iteration (±1 in all), the
+// synchronisations, 68 facts after the last iteration on the H200); the
+// Trainer's iterations 3x or 10x shorter, or 3x longer, from iteration 100
+// on, its logging steps of full length (--speedup-at: a change of pace
+// within the first lock's ConfirmSpan, then a grouped lock whose logging
+// steps are of the old pace; it stopped making steps, or the logging
+// steps' communicator took the clock over, or the confirmation withdrew
+// the iterations before the change). Every rank's step facts are its
+// iterations: one per iteration (±1 in all), the
 // first one in iteration 0 (1 for torch.compile), none before it, none
 // after the last but the step up to an epilogue's burst;
 // where the ranks are coupled by collectives, step k is the same
 // iteration on both.
 func TestLoopShapesAreIterations(t *testing.T) {
 	testutil.RequireAgent(t, "to attach uprobes")
-	for _, shape := range []string{"trainer", "trainer+epilogue", "megatron", "lightning", "cudagraph", "compile"} {
+	for _, shape := range []string{"trainer", "trainer+epilogue", "trainer+speedup", "trainer+speedup10", "trainer+slowdown", "megatron", "lightning", "cudagraph", "compile"} {
 		t.Run(shape, func(t *testing.T) {
 			steps, extra, firstAt, after := 260, []string(nil), int64(0), 0
 			loop := shape
@@ -114,6 +120,17 @@ func TestLoopShapesAreIterations(t *testing.T) {
 				// The burst is merged into no step (correlate/pace.go);
 				// the step up to it is one fact after the last iteration.
 				loop, extra, after = "trainer", []string{"--epilogue"}, 1
+			}
+			switch shape {
+			case "trainer+speedup":
+				// 100 iterations of ~14.7 ms, then ~5.2 ms but every 50th
+				// (logging steps: 149, 199, 249, ...)
+				loop, steps, extra = "trainer", 400, []string{"--speedup-at", "100", "--speedup", "3"}
+			case "trainer+speedup10":
+				// ~1.3 ms iterations, as short as the model's copy to the GPU
+				loop, steps, extra = "trainer", 400, []string{"--speedup-at", "100", "--speedup", "10"}
+			case "trainer+slowdown":
+				loop, steps, extra = "trainer", 300, []string{"--speedup-at", "100", "--speedup", "0.33"}
 			}
 			if shape == "compile" {
 				// The long iteration 0 follows DDP's broadcasts with no
