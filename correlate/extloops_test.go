@@ -601,15 +601,7 @@ func replayTrainerRecords(t *testing.T, r io.Reader, tick int64, after int) {
 		}
 		checkContiguous(t, mine)
 	}
-	apart := 0
-	for _, m := range iterOf {
-		if len(m) == 2 && m[0] != m[1] {
-			apart++
-		}
-	}
-	if apart > 0 {
-		t.Errorf("%d step indices are different iterations on the two ranks", apart)
-	}
+	checkSameIterations(t, iterOf)
 	bursts := map[int]uint64{}
 	for _, st := range c.Stats() {
 		bursts[st.Rank] += st.BurstSteps

@@ -244,15 +244,7 @@ func TestBurstIndicesAlikeOnRanks(t *testing.T) {
 		}
 		checkContiguous(t, mine)
 	}
-	apart := 0
-	for _, m := range iterOf {
-		if len(m) == 2 && m[0] != m[1] {
-			apart++
-		}
-	}
-	if apart > 0 {
-		t.Errorf("%d step indices are different iterations on the two ranks", apart)
-	}
+	checkSameIterations(t, iterOf)
 	var per []uint64
 	for _, st := range c.Stats() {
 		per = append(per, st.BurstSteps)
