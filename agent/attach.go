@@ -406,6 +406,9 @@ func (t *attacher) applyDuty(p DutyPlan) {
 	if p.Escalate {
 		d.EscalateUntilNs = uint64(p.EscalatedUntil)
 	}
+	// Without it the library keeps NCCL's profiler mask at 0: NCCL then
+	// calls no plugin, whose records this agent would only count.
+	d.NCCLPlugin = t.a.cfg.NCCLPlugin
 	if t.a.control.paused {
 		d = cupti.Duty{Mode: cupti.DutyOff} // control.go: paused
 	}

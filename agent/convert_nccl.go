@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"slices"
 	"strconv"
 
 	"github.com/slowrank/slowrank/bpf"
@@ -11,8 +12,11 @@ import (
 // A process's NCCL collectives reach the agent by one of two capture paths:
 // the libnccl uprobes (a trap per call) or the injection library acting as
 // NCCL's profiler plugin (records in its batches, docs/nccl-profiler-plugin.md).
-// A process is on the plugin path from the first NCCL_COMM record of its
-// batches on, else on uprobes. Both may see the same calls around the
+// A process is on the plugin path from the first NCCL_COLL record of its
+// batches on (its NCCL_COMM records are held until then: the library turns
+// NCCL's mask on only once the agent asked for the plugin, so calls
+// between a communicator's creation and the mask are the uprobes' alone),
+// else on uprobes. Both may see the same calls around the
 // switch: the uprobes report in real time, the plugin a batch (~100 ms)
 // later, and the libnccl uprobes stay attached (they trap in every process
 // mapping the inode). Each call is counted once by a cut per thread:
@@ -34,6 +38,7 @@ type ncclCapture struct {
 	version uint8            // profiler API NCCL bound (4, 5)
 	cut     map[uint32]int64 // per thread; frozen at the switch
 	comms   map[pluginComm]bool
+	pending []correlate.CommInit // comm records before the switch, fed at it
 }
 
 // pluginComm names a communicator of the plugin path in one process:
@@ -136,10 +141,6 @@ func (c *converter) ncclRecords(pid uint32, p *convProc, b *cupti.Batch, emitted
 // re-sends of every attach epoch), and its finalize into a CommDestroy.
 func (c *converter) ncclComm(pid uint32, p *convProc, cm cupti.NCCLComm, out []input) []input {
 	n := &p.nccl
-	if !n.plugin {
-		n.plugin = true
-		c.counters.add("nccl_plugin_processes", 1)
-	}
 	n.version = cm.Version
 	k := pluginComm{hash: cm.Hash, rank: cm.Rank}
 	if n.comms == nil {
@@ -148,6 +149,10 @@ func (c *converter) ncclComm(pid uint32, p *convProc, cm cupti.NCCLComm, out []i
 	if cm.Finalized {
 		if n.comms[k] {
 			delete(n.comms, k)
+			if !n.plugin { // never fed: forget its init
+				n.pending = slices.DeleteFunc(n.pending, func(ci correlate.CommInit) bool { return ci.Comm == k.handle() })
+				return out
+			}
 			out = append(out, otherInput(correlate.CommDestroy{PID: pid, Comm: k.handle(), AtNS: int64(cm.FinalizeNs)}))
 		}
 		return out
@@ -160,10 +165,27 @@ func (c *converter) ncclComm(pid uint32, p *convProc, cm cupti.NCCLComm, out []i
 	}
 	n.comms[k] = true
 	c.counters.add("nccl_plugin_comms", 1)
-	return append(out, otherInput(correlate.CommInit{
+	ci := correlate.CommInit{
 		PID: pid, Comm: k.handle(), NRanks: int(cm.NRanks), Rank: int(cm.Rank),
 		UniqueIDHash: cm.Hash, AtNS: int64(cm.InitNs),
-	}))
+	}
+	if !n.plugin {
+		n.pending = append(n.pending, ci) // bounded by MaxPluginComms
+		return out
+	}
+	return append(out, otherInput(ci))
+}
+
+// switchToPlugin puts the process on the plugin path at its first
+// collective record and feeds the communicators held until then.
+func (c *converter) switchToPlugin(n *ncclCapture, out []input) []input {
+	n.plugin = true
+	c.counters.add("nccl_plugin_processes", 1)
+	for _, ci := range n.pending {
+		out = append(out, otherInput(ci))
+	}
+	n.pending = nil
+	return out
 }
 
 // MaxPluginComms bounds the communicators one process's plugin records may
@@ -177,9 +199,12 @@ const MaxPluginComms = 1024
 func (c *converter) ncclColl(pid uint32, p *convProc, r cupti.NCCLColl, emitted int64, out []input) []input {
 	n := &p.nccl
 	if !n.plugin {
-		// No comm record yet: the uprobes still report this process.
-		c.counters.add("nccl_plugin_records_before_comm", 1)
-		return out
+		if len(n.comms) == 0 {
+			// No comm record yet: the uprobes still report this process.
+			c.counters.add("nccl_plugin_records_before_comm", 1)
+			return out
+		}
+		out = c.switchToPlugin(n, out)
 	}
 	start, end := r.LaunchStartNs, r.LaunchEndNs
 	if r.HasAPI {

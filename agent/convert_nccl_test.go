@@ -98,7 +98,13 @@ func TestPluginCommIsOneCommInitAndADestroy(t *testing.T) {
 	resent.Resent = true
 	fin := pluginComm5(3)
 	fin.Finalized, fin.FinalizeNs = true, t0+500
-	out := pluginBatch(c, cupti.Batch{NCCLComms: []cupti.NCCLComm{pluginComm5(3), resent, pluginComm5(4), fin, fin}})
+	// The comms are fed at the process's first collective record.
+	out := pluginBatch(c, cupti.Batch{NCCLComms: []cupti.NCCLComm{pluginComm5(3), resent, pluginComm5(4)}})
+	if len(out) != 0 {
+		t.Fatalf("%d inputs before the first collective record, want none (held)", len(out))
+	}
+	out = pluginBatch(c, cupti.Batch{NCCLColls: []cupti.NCCLColl{pluginColl(1, t0+100)}})
+	out = append(out, pluginBatch(c, cupti.Batch{NCCLComms: []cupti.NCCLComm{fin, fin}})...)
 	var inits []correlate.CommInit
 	var destroys []correlate.CommDestroy
 	for _, in := range out {
@@ -254,5 +260,25 @@ func TestPluginRecordsIgnoredUnlessEnabled(t *testing.T) {
 	}
 	if !c.ncclUprobe(pidNCCL, 1, uint64(t0+1000)) {
 		t.Error("a uprobe collective after the plugin's comm record was dropped with the plugin path off")
+	}
+}
+
+// The library turns NCCL's mask on only once the agent asked for the
+// plugin, after the communicators' records: the calls between a comm
+// record and the first collective record are the uprobes' alone, and kept.
+func TestCallsBeforeTheFirstCollectiveRecordStayTheUprobes(t *testing.T) {
+	c := newConverter(newCounters(), true)
+	pluginBatch(c, cupti.Batch{NCCLComms: []cupti.NCCLComm{pluginComm5(3)}})
+	calls := len(hostCalls(uprobeColl(c, 1, t0+100, t0+110))) + len(hostCalls(uprobeColl(c, 1, t0+200, t0+210)))
+	if p := c.ncclPaths()[pidNCCL]; p != "uprobes" {
+		t.Fatalf("path after a comm record alone %q, want uprobes", p)
+	}
+	calls += len(hostCalls(pluginBatch(c, cupti.Batch{NCCLColls: []cupti.NCCLColl{pluginColl(1, t0+302)}})))
+	calls += len(hostCalls(uprobeColl(c, 1, t0+300, t0+310))) // the same call: superseded
+	if calls != 3 {
+		t.Errorf("%d host calls for 3 calls", calls)
+	}
+	if p := c.ncclPaths()[pidNCCL]; p != "plugin v5" {
+		t.Errorf("path after the first collective record %q, want plugin v5", p)
 	}
 }

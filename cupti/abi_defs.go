@@ -225,7 +225,7 @@ type rawControl struct {
 	Phase_offset_ns    int64
 	Escalate_until_ns  uint64
 	Name_resend        uint32
-	Reserved0          uint32
+	Agent_flags        uint32
 	Step               uint64
 	State              uint32
 	Status_flags       uint32

@@ -33,7 +33,14 @@ type Duty struct {
 	// NameResend: changing it makes the library re-send every name (after
 	// the agent lost batches, say).
 	NameResend uint32
+	// NCCLPlugin: the agent takes the NCCL profiler plugin's records, so the
+	// library may turn NCCL's activation mask on (without it NCCL calls the
+	// plugin for nothing).
+	NCCLPlugin bool
 }
+
+// agentFlagNCCLPlugin is SLOWRANK_AGENT_F_NCCL_PLUGIN (agent_flags).
+const agentFlagNCCLPlugin = 1
 
 // DefaultDuty is what the library does when no agent ever wrote its block:
 // 200 ms of every 20 s.
@@ -113,6 +120,7 @@ func ParseControl(b []byte) (ControlBlock, error) {
 		PhaseOffset:     time.Duration(int64(u64(b, unsafe.Offsetof(r.Phase_offset_ns)))),
 		EscalateUntilNs: u64(b, unsafe.Offsetof(r.Escalate_until_ns)),
 		NameResend:      u32(b, unsafe.Offsetof(r.Name_resend)),
+		NCCLPlugin:      u32(b, unsafe.Offsetof(r.Agent_flags))&agentFlagNCCLPlugin != 0,
 	}
 	c.Step = u64(b, unsafe.Offsetof(r.Step))
 	c.Status = Status{
@@ -152,7 +160,7 @@ func ReadControl(r io.ReaderAt, addr int64) (ControlBlock, error) {
 	return ParseControl(b)
 }
 
-// encodeDuty returns the bytes from `mode` to `reserved0`.
+// encodeDuty returns the bytes from `mode` to `agent_flags`.
 func encodeDuty(d Duty) []byte {
 	var r rawControl
 	start := unsafe.Offsetof(r.Mode)
@@ -176,6 +184,11 @@ func encodeDuty(d Duty) []byte {
 	le.PutUint64(b[unsafe.Offsetof(r.Phase_offset_ns)-start:], uint64(d.PhaseOffset.Nanoseconds()))
 	le.PutUint64(b[unsafe.Offsetof(r.Escalate_until_ns)-start:], d.EscalateUntilNs)
 	put32(unsafe.Offsetof(r.Name_resend), d.NameResend)
+	var flags uint32
+	if d.NCCLPlugin {
+		flags |= agentFlagNCCLPlugin
+	}
+	put32(unsafe.Offsetof(r.Agent_flags), flags)
 	return b
 }
 

@@ -446,6 +446,10 @@ struct slowrank_nccl_status {
 #define SLOWRANK_STATE_DISABLED    6 /* SLOWRANK_CUPTI_DISABLE=1 */
 #define SLOWRANK_STATE_YIELDED     7 /* another CUPTI client is active: the library makes no CUPTI call */
 
+/* agent_flags: what the agent asks of the library besides the duty cycle
+ * (written with it, under the seqlock). 0 from an agent that predates them. */
+#define SLOWRANK_AGENT_F_NCCL_PLUGIN 0x1u /* it takes the NCCL plugin's records: NCCL's mask may be set */
+
 /* status_flags */
 #define SLOWRANK_STATUS_CUPTI_LOADED  (1u << 0)
 #define SLOWRANK_STATUS_CUPTI_READY   (1u << 1) /* callbacks registered */
@@ -515,7 +519,7 @@ struct slowrank_cupti_control {
 	int64_t  phase_offset_ns;     /*  32 TIME: added to CLOCK_MONOTONIC before the modulo */
 	uint64_t escalate_until_ns;   /*  40 CLOCK_MONOTONIC; collect (ALWAYS) until then */
 	uint32_t name_resend;         /*  48 changing it makes the library re-send every name */
-	uint32_t reserved0;           /*  52 */
+	uint32_t agent_flags;         /*  52 SLOWRANK_AGENT_F_* */
 	uint64_t step;                /*  56 STEPS: current step, written by the agent */
 	/* written by the library */
 	uint32_t state;               /*  64 SLOWRANK_STATE_* */

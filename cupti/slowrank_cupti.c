@@ -178,7 +178,7 @@ struct parked_buffer {
 };
 
 struct duty_cfg {
-	uint32_t mode, on_ms, period_ms, k_steps, n_steps, name_resend;
+	uint32_t mode, on_ms, period_ms, k_steps, n_steps, name_resend, agent_flags;
 	int64_t phase_offset_ns;
 	uint64_t escalate_until_ns;
 };
@@ -1002,6 +1002,7 @@ static void read_control(uint64_t now)
 	d.phase_offset_ns = SR_LD(phase_offset_ns);
 	d.escalate_until_ns = SR_LD(escalate_until_ns);
 	d.name_resend = SR_LD(name_resend);
+	d.agent_flags = SR_LD(agent_flags);
 #undef SR_LD
 	__atomic_thread_fence(__ATOMIC_ACQUIRE);
 	uint32_t g2 = __atomic_load_n(&slowrank_cupti_control.generation, __ATOMIC_ACQUIRE);
@@ -1583,7 +1584,12 @@ static void nccl_tick(uint64_t now, uint64_t *wake)
 		if (w < *wake)
 			*wake = w;
 	}
-	sr_nccl_set_mask(g.attached, kernel_on);
+	/* NCCL calls the plugin per operation only for an agent that takes its
+	 * records (validation modes: always): records nobody reads would be
+	 * cost without use. */
+	int plugin = g.attached && ((g.cfg.agent_flags & SLOWRANK_AGENT_F_NCCL_PLUGIN) || g.force_attach) &&
+		     !lease_expired(now);
+	sr_nccl_set_mask(plugin, kernel_on);
 	if (now - g.last_rt_calib >= SR_CALIB_NS) {
 		sr_nccl_calibrate();
 		g.last_rt_calib = now;
