@@ -436,6 +436,16 @@ static void react(uint64_t *s)
 	pthread_mutex_unlock(&agent_mu);
 }
 
+/* The schedule has had enough attaches and Kineto sessions to mean
+ * something (the final check wants at least 5 and 1). */
+static int schedule_long_enough(void)
+{
+	pthread_mutex_lock(&agent_mu);
+	int ok = n_attach >= 5;
+	pthread_mutex_unlock(&agent_mu);
+	return ok && __atomic_load_n(&k_sessions, __ATOMIC_RELAXED) >= 1;
+}
+
 static uint64_t fn_u64(const void *p, size_t n)
 {
 	uint64_t v = 0;
@@ -551,7 +561,7 @@ static void kineto_session(uint64_t *s)
 	int racy = detached || old_agent;
 	pthread_mutex_unlock(&agent_mu);
 	react(s);
-	k_sessions++;
+	__atomic_add_fetch(&k_sessions, 1, __ATOMIC_RELAXED); /* read by the main thread meanwhile */
 	/* Every activity that ran entirely inside [t_on, t_off] reached Kineto. */
 	uint32_t last = __atomic_load_n(&next_id, __ATOMIC_RELAXED);
 	uint64_t expected = 0, missing = 0, late = 0;
@@ -700,8 +710,11 @@ int main(int argc, char **argv)
 			sleep_us(100000);
 	pthread_create(&kineto, NULL, kineto_main, NULL);
 	uint64_t end = now_ns() + (uint64_t)(secs * 1e9);
+	/* A slow machine (TSan on 2 loaded cores) may need longer for a
+	 * schedule that means something: up to 4 times as long. */
+	uint64_t last = now_ns() + (uint64_t)(4 * secs * 1e9);
 	uint64_t ms = seed * 17 + 5;
-	while (now_ns() < end) {
+	while (now_ns() < end || (!external && !schedule_long_enough() && now_ns() < last)) {
 		sleep_us(100000);
 		if (between(&ms, 0, 19) == 0) { /* fork during collection: the child must live */
 			pid_t p = fork();
