@@ -3,6 +3,7 @@ package bpf
 import (
 	"fmt"
 	"time"
+	"unsafe"
 )
 
 // EventsVersion is SLOWRANK_EVENTS_VERSION of events.h that this decoder
@@ -12,16 +13,17 @@ const EventsVersion = 2
 // BatchMax is SLOWRANK_BATCH_MAX: the largest CUPTI batch that is carried.
 const BatchMax = 16384
 
-// Wire sizes of the records in events.h (pinned by layout_test.go).
+// Wire sizes of the records in events.h, from their generated mirrors
+// (wire_gen.go); layout_test.go pins them to the C _Static_asserts.
 const (
-	headerSize      = 32
-	collSize        = 72
-	commInitSize    = 88
-	syncSize        = 48
-	groupSize       = 40
-	torchSize       = 48
-	cuptiCallSize   = 48
-	batchDataOffset = 40
+	headerSize      = int(unsafe.Sizeof(wireEventHdr{}))
+	collSize        = int(unsafe.Sizeof(wireCollEvent{}))
+	commInitSize    = int(unsafe.Sizeof(wireCommInitEvent{}))
+	syncSize        = int(unsafe.Sizeof(wireSyncEvent{}))
+	groupSize       = int(unsafe.Sizeof(wireGroupEvent{}))
+	torchSize       = int(unsafe.Sizeof(wireTorchEvent{}))
+	cuptiCallSize   = int(unsafe.Sizeof(wireCuptiCallEvent{}))
+	batchDataOffset = int(unsafe.Offsetof(wireBatchEvent{}.Data))
 )
 
 // EventType is the `type` field of every record (enum sr_event_type).

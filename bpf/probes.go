@@ -7,7 +7,7 @@ import (
 )
 
 // ProbeID says which symbol produced an event (enum sr_probe_id in events.h).
-// The constants are generated from the C enum (probeids_gen.go).
+// The constants are generated from the C enum (wire_gen.go).
 type ProbeID uint32
 
 // Symbols of the CUPTI injection library (cupti/slowrank_abi.h).
