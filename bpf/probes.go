@@ -17,35 +17,27 @@ const (
 )
 
 // LibKind is the kind of library a probe lives in.
+//
+//go:generate go run golang.org/x/tools/cmd/stringer@v0.52.0 -type LibKind -linecomment
 type LibKind uint8
 
-// Library kinds.
+// Library kinds. The line comments are the String() names (stringer
+// -linecomment, libkind_string.go).
+//
+//	LibNCCL          libnccl.so* (or librccl.so*)
+//	LibCUDART        libcudart.so*
+//	LibCUDA          libcuda.so* (driver API)
+//	LibTorch         libtorch_cpu.so (gloo) and libtorch_cuda.so (NCCL)
+//	LibCUPTI         libslowrank_cupti.so (the injection library)
+//	LibCUPTIRuntime  libcupti.so* (NVIDIA's; watched for other CUPTI clients)
 const (
-	LibNCCL         LibKind = iota + 1 // libnccl.so* (or librccl.so*)
-	LibCUDART                          // libcudart.so*
-	LibCUDA                            // libcuda.so* (driver API)
-	LibTorch                           // libtorch_cpu.so (gloo) and libtorch_cuda.so (NCCL)
-	LibCUPTI                           // libslowrank_cupti.so (the injection library)
-	LibCUPTIRuntime                    // libcupti.so* (NVIDIA's; watched for other CUPTI clients)
+	LibNCCL         LibKind = iota + 1 // nccl
+	LibCUDART                          // cudart
+	LibCUDA                            // cuda
+	LibTorch                           // torch
+	LibCUPTI                           // cupti
+	LibCUPTIRuntime                    // libcupti
 )
-
-func (k LibKind) String() string {
-	switch k {
-	case LibNCCL:
-		return "nccl"
-	case LibCUDART:
-		return "cudart"
-	case LibCUDA:
-		return "cuda"
-	case LibTorch:
-		return "torch"
-	case LibCUPTI:
-		return "cupti"
-	case LibCUPTIRuntime:
-		return "libcupti"
-	}
-	return fmt.Sprintf("LibKind(%d)", uint8(k))
-}
 
 // ClassifyLibrary says which kind a mapped library file is, by its base name
 // (as seen in /proc/PID/maps). It returns false for libraries slowrank does
