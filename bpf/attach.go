@@ -10,29 +10,22 @@ import (
 )
 
 // AttachStatus is the outcome for one symbol of one library.
+//
+//go:generate go run golang.org/x/tools/cmd/stringer@v0.52.0 -type AttachStatus -linecomment
 type AttachStatus uint8
 
-// Attach outcomes.
+// Attach outcomes. The line comments are the String() names (stringer
+// -linecomment, attachstatus_string.go), shown by the CLI and the logs.
+//
+// StatusMissing: symbol not in the library (see ProbeSpec.Optional).
+// StatusDuplicate: same function already attached through another spec.
+// StatusFailed: symbol found, uprobe creation failed (SymbolResult.Err).
 const (
-	StatusAttached  AttachStatus = iota + 1
-	StatusMissing                // symbol not in the library (see ProbeSpec.Optional)
-	StatusDuplicate              // same function already attached through another spec
-	StatusFailed                 // symbol found, uprobe creation failed (SymbolResult.Err)
+	StatusAttached  AttachStatus = iota + 1 // attached
+	StatusMissing                           // missing
+	StatusDuplicate                         // duplicate
+	StatusFailed                            // failed
 )
-
-func (s AttachStatus) String() string {
-	switch s {
-	case StatusAttached:
-		return "attached"
-	case StatusMissing:
-		return "missing"
-	case StatusDuplicate:
-		return "duplicate"
-	case StatusFailed:
-		return "failed"
-	}
-	return fmt.Sprintf("AttachStatus(%d)", uint8(s))
-}
 
 // SymbolResult is the outcome of one spec (one overload for C++ names).
 type SymbolResult struct {

@@ -14,8 +14,8 @@ BPF_CLANG ?= clang-14
 BPF_STRIP ?= llvm-strip-14
 BPF_GO ?= go
 
-BPF_SOURCES := bpf/slowrank.bpf.c bpf/events.h bpf/gen.go
-BPF_GENERATED := bpf/slowrank_x86_bpfel.go bpf/slowrank_x86_bpfel.o
+BPF_SOURCES := bpf/slowrank.bpf.c bpf/events.h bpf/gen.go bpf/gen_wire.go
+BPF_GENERATED := bpf/slowrank_x86_bpfel.go bpf/slowrank_x86_bpfel.o bpf/wire_gen.go
 
 .PHONY: bpf-generate bpf-check-generated bpf-test bpf-bench
 

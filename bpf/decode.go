@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"unsafe"
 )
 
 // ErrMalformed is returned (wrapped) by Decode for a record it refuses.
@@ -25,6 +26,51 @@ func HashUniqueID(id []byte) uint64 {
 	h.Write(id)
 	return h.Sum64()
 }
+
+// Field offsets of the records: those of their generated mirrors of
+// events.h (wire_gen.go), so that a layout change in the C header moves the
+// decoder with it. The header is the first member of every record.
+const (
+	offHdrType    = unsafe.Offsetof(wireEventHdr{}.Type)
+	offHdrProbeID = unsafe.Offsetof(wireEventHdr{}.ProbeId)
+	offHdrPID     = unsafe.Offsetof(wireEventHdr{}.Pid)
+	offHdrTID     = unsafe.Offsetof(wireEventHdr{}.Tid)
+	offHdrStartNs = unsafe.Offsetof(wireEventHdr{}.StartNs)
+	offHdrEndNs   = unsafe.Offsetof(wireEventHdr{}.EndNs)
+
+	offCollCount    = unsafe.Offsetof(wireCollEvent{}.Count)
+	offCollComm     = unsafe.Offsetof(wireCollEvent{}.Comm)
+	offCollStream   = unsafe.Offsetof(wireCollEvent{}.Stream)
+	offCollDatatype = unsafe.Offsetof(wireCollEvent{}.Datatype)
+	offCollRedOp    = unsafe.Offsetof(wireCollEvent{}.Redop)
+	offCollPeer     = unsafe.Offsetof(wireCollEvent{}.Peer)
+	offCollRet      = unsafe.Offsetof(wireCollEvent{}.Ret)
+
+	offCommInitIDHash = unsafe.Offsetof(wireCommInitEvent{}.IdHash)
+	offCommInitComm   = unsafe.Offsetof(wireCommInitEvent{}.Comm)
+	offCommInitParent = unsafe.Offsetof(wireCommInitEvent{}.ParentComm)
+	offCommInitNRanks = unsafe.Offsetof(wireCommInitEvent{}.Nranks)
+	offCommInitRank   = unsafe.Offsetof(wireCommInitEvent{}.Rank)
+	offCommInitColor  = unsafe.Offsetof(wireCommInitEvent{}.Color)
+	offCommInitKey    = unsafe.Offsetof(wireCommInitEvent{}.Key)
+	offCommInitRet    = unsafe.Offsetof(wireCommInitEvent{}.Ret)
+	offCommInitFlags  = unsafe.Offsetof(wireCommInitEvent{}.Flags)
+	offCommInitNIDs   = unsafe.Offsetof(wireCommInitEvent{}.N_ids)
+
+	offSyncHandle = unsafe.Offsetof(wireSyncEvent{}.Handle)
+	offSyncRet    = unsafe.Offsetof(wireSyncEvent{}.Ret)
+
+	offGroupRet   = unsafe.Offsetof(wireGroupEvent{}.Ret)
+	offGroupFlags = unsafe.Offsetof(wireGroupEvent{}.Flags)
+
+	offTorchArg0 = unsafe.Offsetof(wireTorchEvent{}.Arg0)
+	offTorchArg1 = unsafe.Offsetof(wireTorchEvent{}.Arg1)
+
+	offCUPTICallArg  = unsafe.Offsetof(wireCuptiCallEvent{}.Arg)
+	offCUPTICallArg2 = unsafe.Offsetof(wireCuptiCallEvent{}.Arg2)
+
+	offBatchLen = unsafe.Offsetof(wireBatchEvent{}.Len)
+)
 
 func malformed(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrMalformed, fmt.Sprintf(format, args...))
@@ -99,12 +145,12 @@ func decode(b []byte, s *scratch) (Event, error) {
 	}
 	le := binary.LittleEndian
 	h := Header{
-		Type:    EventType(le.Uint32(b[0:])),
-		Probe:   ProbeID(le.Uint32(b[4:])),
-		PID:     le.Uint32(b[8:]),
-		TID:     le.Uint32(b[12:]),
-		StartNs: le.Uint64(b[16:]),
-		EndNs:   le.Uint64(b[24:]),
+		Type:    EventType(le.Uint32(b[offHdrType:])),
+		Probe:   ProbeID(le.Uint32(b[offHdrProbeID:])),
+		PID:     le.Uint32(b[offHdrPID:]),
+		TID:     le.Uint32(b[offHdrTID:]),
+		StartNs: le.Uint64(b[offHdrStartNs:]),
+		EndNs:   le.Uint64(b[offHdrEndNs:]),
 	}
 	if h.Type < EventColl || h.Type > EventCUPTICall {
 		return nil, malformed("unknown event type %d", uint32(h.Type))
@@ -133,35 +179,35 @@ func decode(b []byte, s *scratch) (Event, error) {
 		e := s.collEvent()
 		*e = CollEvent{
 			Header:   h,
-			Count:    le.Uint64(b[32:]),
-			Comm:     le.Uint64(b[40:]),
-			Stream:   le.Uint64(b[48:]),
-			Datatype: le.Uint32(b[56:]),
-			RedOp:    le.Uint32(b[60:]),
-			Peer:     int32(le.Uint32(b[64:])),
-			Ret:      int32(le.Uint32(b[68:])),
+			Count:    le.Uint64(b[offCollCount:]),
+			Comm:     le.Uint64(b[offCollComm:]),
+			Stream:   le.Uint64(b[offCollStream:]),
+			Datatype: le.Uint32(b[offCollDatatype:]),
+			RedOp:    le.Uint32(b[offCollRedOp:]),
+			Peer:     int32(le.Uint32(b[offCollPeer:])),
+			Ret:      int32(le.Uint32(b[offCollRet:])),
 		}
 		return e, nil
 	case EventCommInit:
 		if err := exact(commInitSize); err != nil {
 			return nil, err
 		}
-		flags := le.Uint32(b[76:])
+		flags := le.Uint32(b[offCommInitFlags:])
 		e := s.commInitEvent()
 		*e = CommInitEvent{
 			Header:    h,
-			IDHash:    le.Uint64(b[32:]),
+			IDHash:    le.Uint64(b[offCommInitIDHash:]),
 			IDValid:   flags&commFIDValid != 0,
-			Comm:      le.Uint64(b[40:]),
+			Comm:      le.Uint64(b[offCommInitComm:]),
 			CommValid: flags&commFCommValid != 0,
-			Parent:    le.Uint64(b[48:]),
+			Parent:    le.Uint64(b[offCommInitParent:]),
 			IsSplit:   flags&commFParent != 0,
-			NRanks:    int32(le.Uint32(b[56:])),
-			Rank:      int32(le.Uint32(b[60:])),
-			Color:     int32(le.Uint32(b[64:])),
-			Key:       int32(le.Uint32(b[68:])),
-			Ret:       int32(le.Uint32(b[72:])),
-			NIDs:      le.Uint32(b[80:]),
+			NRanks:    int32(le.Uint32(b[offCommInitNRanks:])),
+			Rank:      int32(le.Uint32(b[offCommInitRank:])),
+			Color:     int32(le.Uint32(b[offCommInitColor:])),
+			Key:       int32(le.Uint32(b[offCommInitKey:])),
+			Ret:       int32(le.Uint32(b[offCommInitRet:])),
+			NIDs:      le.Uint32(b[offCommInitNIDs:]),
 		}
 		return e, nil
 	case EventSync:
@@ -169,25 +215,25 @@ func decode(b []byte, s *scratch) (Event, error) {
 			return nil, err
 		}
 		e := s.syncEvent()
-		*e = SyncEvent{Header: h, Handle: le.Uint64(b[32:]), Ret: int32(le.Uint32(b[40:]))}
+		*e = SyncEvent{Header: h, Handle: le.Uint64(b[offSyncHandle:]), Ret: int32(le.Uint32(b[offSyncRet:]))}
 		return e, nil
 	case EventGroup:
 		if err := exact(groupSize); err != nil {
 			return nil, err
 		}
-		flags := le.Uint32(b[36:])
+		flags := le.Uint32(b[offGroupFlags:])
 		if flags&groupFReturn == 0 && h.EndNs != h.StartNs {
 			return nil, malformed("%s marker with a duration", h.Probe)
 		}
 		e := s.groupEvent()
-		*e = GroupEvent{Header: h, Ret: int32(le.Uint32(b[32:])), HasReturn: flags&groupFReturn != 0}
+		*e = GroupEvent{Header: h, Ret: int32(le.Uint32(b[offGroupRet:])), HasReturn: flags&groupFReturn != 0}
 		return e, nil
 	case EventTorch:
 		if err := exact(torchSize); err != nil {
 			return nil, err
 		}
 		e := s.torchEvent()
-		*e = TorchEvent{Header: h, Arg0: le.Uint64(b[32:]), Arg1: le.Uint64(b[40:])}
+		*e = TorchEvent{Header: h, Arg0: le.Uint64(b[offTorchArg0:]), Arg1: le.Uint64(b[offTorchArg1:])}
 		e.Self = e.Arg0
 		if info.selfArg == 1 {
 			e.Self = e.Arg1
@@ -200,12 +246,12 @@ func decode(b []byte, s *scratch) (Event, error) {
 		if h.EndNs != h.StartNs {
 			return nil, malformed("%s marker with a duration", h.Probe)
 		}
-		return &CUPTICallEvent{Header: h, Arg: le.Uint64(b[32:]), Arg2: le.Uint64(b[40:])}, nil
+		return &CUPTICallEvent{Header: h, Arg: le.Uint64(b[offCUPTICallArg:]), Arg2: le.Uint64(b[offCUPTICallArg2:])}, nil
 	case EventBatch:
 		if len(b) < batchDataOffset || len(b) > batchDataOffset+BatchMax {
 			return nil, malformed("batch record of %d bytes outside [%d, %d]", len(b), batchDataOffset, batchDataOffset+BatchMax)
 		}
-		n := le.Uint32(b[32:])
+		n := le.Uint32(b[offBatchLen:])
 		if n > BatchMax || int(n) > len(b)-batchDataOffset {
 			return nil, malformed("batch length %d exceeds record (%d data bytes, max %d)", n, len(b)-batchDataOffset, BatchMax)
 		}

@@ -1,8 +1,8 @@
 package bpf
 
 import (
-	"fmt"
 	"time"
+	"unsafe"
 )
 
 // EventsVersion is SLOWRANK_EVENTS_VERSION of events.h that this decoder
@@ -12,52 +12,36 @@ const EventsVersion = 2
 // BatchMax is SLOWRANK_BATCH_MAX: the largest CUPTI batch that is carried.
 const BatchMax = 16384
 
-// Wire sizes of the records in events.h (pinned by layout_test.go).
+// Wire sizes of the records in events.h, from their generated mirrors
+// (wire_gen.go); layout_test.go pins them to the C _Static_asserts.
 const (
-	headerSize      = 32
-	collSize        = 72
-	commInitSize    = 88
-	syncSize        = 48
-	groupSize       = 40
-	torchSize       = 48
-	cuptiCallSize   = 48
-	batchDataOffset = 40
+	headerSize      = int(unsafe.Sizeof(wireEventHdr{}))
+	collSize        = int(unsafe.Sizeof(wireCollEvent{}))
+	commInitSize    = int(unsafe.Sizeof(wireCommInitEvent{}))
+	syncSize        = int(unsafe.Sizeof(wireSyncEvent{}))
+	groupSize       = int(unsafe.Sizeof(wireGroupEvent{}))
+	torchSize       = int(unsafe.Sizeof(wireTorchEvent{}))
+	cuptiCallSize   = int(unsafe.Sizeof(wireCuptiCallEvent{}))
+	batchDataOffset = int(unsafe.Offsetof(wireBatchEvent{}.Data))
 )
 
 // EventType is the `type` field of every record (enum sr_event_type).
+//
+//go:generate go run golang.org/x/tools/cmd/stringer@v0.52.0 -type EventType -linecomment
 type EventType uint32
 
-// Event types.
+// Event types: EventColl is a *CollEvent, EventCommInit a *CommInitEvent and
+// so on. The line comments are the String() names (stringer -linecomment,
+// eventtype_string.go).
 const (
-	EventColl     EventType = 1 // *CollEvent
-	EventCommInit EventType = 2 // *CommInitEvent
-	EventSync     EventType = 3 // *SyncEvent
-	EventGroup    EventType = 4 // *GroupEvent
-	EventTorch    EventType = 5 // *TorchEvent
-	EventBatch    EventType = 6 // *BatchEvent
-	// EventCUPTICall is *CUPTICallEvent.
-	EventCUPTICall EventType = 7
+	EventColl      EventType = 1 // coll
+	EventCommInit  EventType = 2 // comm_init
+	EventSync      EventType = 3 // sync
+	EventGroup     EventType = 4 // group
+	EventTorch     EventType = 5 // torch
+	EventBatch     EventType = 6 // batch
+	EventCUPTICall EventType = 7 // cupti_call
 )
-
-func (t EventType) String() string {
-	switch t {
-	case EventColl:
-		return "coll"
-	case EventCommInit:
-		return "comm_init"
-	case EventSync:
-		return "sync"
-	case EventGroup:
-		return "group"
-	case EventTorch:
-		return "torch"
-	case EventCUPTICall:
-		return "cupti_call"
-	case EventBatch:
-		return "batch"
-	}
-	return fmt.Sprintf("EventType(%d)", uint32(t))
-}
 
 // Header is the common part of every event. PID is the kernel tgid, TID the
 // kernel thread id; StartNs/EndNs are CLOCK_MONOTONIC nanoseconds

@@ -7,77 +7,7 @@ import (
 	"regexp"
 	"strconv"
 	"testing"
-	"unsafe"
 )
-
-// The decoder reads records at fixed offsets; these pin the bpf2go mirrors
-// of events.h (and so the C layout) to the offsets decode.go uses.
-func TestLayout(t *testing.T) {
-	type field struct {
-		name      string
-		got, want uintptr
-	}
-	var (
-		h  slowrankSrEventHdr
-		c  slowrankSrCollEvent
-		ci slowrankSrCommInitEvent
-		s  slowrankSrSyncEvent
-		g  slowrankSrGroupEvent
-		to slowrankSrTorchEvent
-		b  slowrankSrBatchEvent
-	)
-	checks := []field{
-		{"sizeof(sr_event_hdr)", unsafe.Sizeof(h), headerSize},
-		{"hdr.type", unsafe.Offsetof(h.Type), 0},
-		{"hdr.probe_id", unsafe.Offsetof(h.ProbeId), 4},
-		{"hdr.pid", unsafe.Offsetof(h.Pid), 8},
-		{"hdr.tid", unsafe.Offsetof(h.Tid), 12},
-		{"hdr.start_ns", unsafe.Offsetof(h.StartNs), 16},
-		{"hdr.end_ns", unsafe.Offsetof(h.EndNs), 24},
-
-		{"sizeof(sr_coll_event)", unsafe.Sizeof(c), collSize},
-		{"coll.count", unsafe.Offsetof(c.Count), 32},
-		{"coll.comm", unsafe.Offsetof(c.Comm), 40},
-		{"coll.stream", unsafe.Offsetof(c.Stream), 48},
-		{"coll.datatype", unsafe.Offsetof(c.Datatype), 56},
-		{"coll.redop", unsafe.Offsetof(c.Redop), 60},
-		{"coll.peer", unsafe.Offsetof(c.Peer), 64},
-		{"coll.ret", unsafe.Offsetof(c.Ret), 68},
-
-		{"sizeof(sr_comm_init_event)", unsafe.Sizeof(ci), commInitSize},
-		{"comm_init.id_hash", unsafe.Offsetof(ci.IdHash), 32},
-		{"comm_init.comm", unsafe.Offsetof(ci.Comm), 40},
-		{"comm_init.parent_comm", unsafe.Offsetof(ci.ParentComm), 48},
-		{"comm_init.nranks", unsafe.Offsetof(ci.Nranks), 56},
-		{"comm_init.rank", unsafe.Offsetof(ci.Rank), 60},
-		{"comm_init.color", unsafe.Offsetof(ci.Color), 64},
-		{"comm_init.key", unsafe.Offsetof(ci.Key), 68},
-		{"comm_init.ret", unsafe.Offsetof(ci.Ret), 72},
-		{"comm_init.flags", unsafe.Offsetof(ci.Flags), 76},
-		{"comm_init.n_ids", unsafe.Offsetof(ci.N_ids), 80},
-
-		{"sizeof(sr_sync_event)", unsafe.Sizeof(s), syncSize},
-		{"sync.handle", unsafe.Offsetof(s.Handle), 32},
-		{"sync.ret", unsafe.Offsetof(s.Ret), 40},
-
-		{"sizeof(sr_group_event)", unsafe.Sizeof(g), groupSize},
-		{"group.ret", unsafe.Offsetof(g.Ret), 32},
-		{"group.flags", unsafe.Offsetof(g.Flags), 36},
-
-		{"sizeof(sr_torch_event)", unsafe.Sizeof(to), torchSize},
-		{"torch.arg0", unsafe.Offsetof(to.Arg0), 32},
-		{"torch.arg1", unsafe.Offsetof(to.Arg1), 40},
-
-		{"sizeof(sr_batch_event)", unsafe.Sizeof(b), batchDataOffset + BatchMax},
-		{"batch.len", unsafe.Offsetof(b.Len), 32},
-		{"batch.data", unsafe.Offsetof(b.Data), batchDataOffset},
-	}
-	for _, f := range checks {
-		if f.got != f.want {
-			t.Errorf("%s = %d, want %d", f.name, f.got, f.want)
-		}
-	}
-}
 
 func TestGeneratedEnums(t *testing.T) {
 	types := map[slowrankSrEventType]EventType{

@@ -7,82 +7,8 @@ import (
 )
 
 // ProbeID says which symbol produced an event (enum sr_probe_id in events.h).
+// The constants are generated from the C enum (wire_gen.go).
 type ProbeID uint32
-
-// Probe ids. The numbers are ABI shared with slowrank.bpf.c.
-const (
-	ProbeNCCLAllReduce     ProbeID = 1
-	ProbeNCCLBroadcast     ProbeID = 2
-	ProbeNCCLReduce        ProbeID = 3
-	ProbeNCCLAllGather     ProbeID = 4
-	ProbeNCCLReduceScatter ProbeID = 5
-	ProbeNCCLSend          ProbeID = 6
-	ProbeNCCLRecv          ProbeID = 7
-	ProbeNCCLAllToAll      ProbeID = 8
-	ProbeNCCLBcast         ProbeID = 9
-	ProbeNCCLGather        ProbeID = 10
-	ProbeNCCLScatter       ProbeID = 11
-
-	ProbeNCCLGroupStart ProbeID = 20
-	ProbeNCCLGroupEnd   ProbeID = 21
-
-	ProbeNCCLCommInitRank         ProbeID = 30
-	ProbeNCCLCommInitRankConfig   ProbeID = 31
-	ProbeNCCLCommInitAll          ProbeID = 32
-	ProbeNCCLCommSplit            ProbeID = 33
-	ProbeNCCLCommInitRankScalable ProbeID = 34
-
-	ProbeCUDADeviceSynchronize ProbeID = 40
-	ProbeCUDAStreamSynchronize ProbeID = 41
-	ProbeCUDAEventSynchronize  ProbeID = 42
-	ProbeCuCtxSynchronize      ProbeID = 43
-	ProbeCuStreamSynchronize   ProbeID = 44
-	ProbeCuEventSynchronize    ProbeID = 45
-
-	ProbeTorchNCCLAllreduce              ProbeID = 100
-	ProbeTorchNCCLAllreduceCoalesced     ProbeID = 101
-	ProbeTorchNCCLBroadcast              ProbeID = 102
-	ProbeTorchNCCLReduce                 ProbeID = 103
-	ProbeTorchNCCLAllgather              ProbeID = 104
-	ProbeTorchNCCLAllgatherBase          ProbeID = 105
-	ProbeTorchNCCLAllgatherCoalesced     ProbeID = 106
-	ProbeTorchNCCLReduceScatter          ProbeID = 107
-	ProbeTorchNCCLReduceScatterBase      ProbeID = 108
-	ProbeTorchNCCLReduceScatterCoalesced ProbeID = 109
-	ProbeTorchNCCLAlltoall               ProbeID = 110
-	ProbeTorchNCCLAlltoallBase           ProbeID = 111
-	ProbeTorchNCCLBarrier                ProbeID = 112
-	ProbeTorchNCCLSend                   ProbeID = 113
-	ProbeTorchNCCLRecv                   ProbeID = 114
-	ProbeTorchNCCLWorkWait               ProbeID = 117
-	ProbeTorchGlooAllreduce              ProbeID = 132
-	ProbeTorchGlooAllreduceCoalesced     ProbeID = 133
-	ProbeTorchGlooBroadcast              ProbeID = 134
-	ProbeTorchGlooReduce                 ProbeID = 135
-	ProbeTorchGlooAllgather              ProbeID = 136
-	ProbeTorchGlooAllgatherBase          ProbeID = 137
-	ProbeTorchGlooAllgatherCoalesced     ProbeID = 138
-	ProbeTorchGlooReduceScatter          ProbeID = 139
-	ProbeTorchGlooReduceScatterBase      ProbeID = 140
-	ProbeTorchGlooReduceScatterCoalesced ProbeID = 141
-	ProbeTorchGlooAlltoall               ProbeID = 142
-	ProbeTorchGlooAlltoallBase           ProbeID = 143
-	ProbeTorchGlooBarrier                ProbeID = 144
-	ProbeTorchGlooSend                   ProbeID = 145
-	ProbeTorchGlooRecv                   ProbeID = 146
-	ProbeTorchWorkWait                   ProbeID = 149
-	ProbeTorchFutureWait                 ProbeID = 150
-
-	ProbeCUPTIEmit ProbeID = 200
-
-	ProbeCUPTISubscribe         ProbeID = 210
-	ProbeCUPTIRegisterCallbacks ProbeID = 211
-	ProbeCUPTIRegisterTimestamp ProbeID = 212
-	ProbeCUPTIEnable            ProbeID = 213
-	ProbeCUPTIDisable           ProbeID = 214
-	ProbeCUPTIFlushAll          ProbeID = 215
-	ProbeCUPTIFinalize          ProbeID = 216
-)
 
 // Symbols of the CUPTI injection library (cupti/slowrank_abi.h).
 const (
@@ -91,35 +17,27 @@ const (
 )
 
 // LibKind is the kind of library a probe lives in.
+//
+//go:generate go run golang.org/x/tools/cmd/stringer@v0.52.0 -type LibKind -linecomment
 type LibKind uint8
 
-// Library kinds.
+// Library kinds. The line comments are the String() names (stringer
+// -linecomment, libkind_string.go).
+//
+//	LibNCCL          libnccl.so* (or librccl.so*)
+//	LibCUDART        libcudart.so*
+//	LibCUDA          libcuda.so* (driver API)
+//	LibTorch         libtorch_cpu.so (gloo) and libtorch_cuda.so (NCCL)
+//	LibCUPTI         libslowrank_cupti.so (the injection library)
+//	LibCUPTIRuntime  libcupti.so* (NVIDIA's; watched for other CUPTI clients)
 const (
-	LibNCCL         LibKind = iota + 1 // libnccl.so* (or librccl.so*)
-	LibCUDART                          // libcudart.so*
-	LibCUDA                            // libcuda.so* (driver API)
-	LibTorch                           // libtorch_cpu.so (gloo) and libtorch_cuda.so (NCCL)
-	LibCUPTI                           // libslowrank_cupti.so (the injection library)
-	LibCUPTIRuntime                    // libcupti.so* (NVIDIA's; watched for other CUPTI clients)
+	LibNCCL         LibKind = iota + 1 // nccl
+	LibCUDART                          // cudart
+	LibCUDA                            // cuda
+	LibTorch                           // torch
+	LibCUPTI                           // cupti
+	LibCUPTIRuntime                    // libcupti
 )
-
-func (k LibKind) String() string {
-	switch k {
-	case LibNCCL:
-		return "nccl"
-	case LibCUDART:
-		return "cudart"
-	case LibCUDA:
-		return "cuda"
-	case LibTorch:
-		return "torch"
-	case LibCUPTI:
-		return "cupti"
-	case LibCUPTIRuntime:
-		return "libcupti"
-	}
-	return fmt.Sprintf("LibKind(%d)", uint8(k))
-}
 
 // ClassifyLibrary says which kind a mapped library file is, by its base name
 // (as seen in /proc/PID/maps). It returns false for libraries slowrank does
