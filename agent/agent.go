@@ -9,11 +9,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/correlate"
 	"github.com/slowrank/slowrank/detector"
+	"github.com/slowrank/slowrank/internal/monoclock"
 )
 
 // Config configures an Agent.
@@ -474,8 +473,6 @@ func markerProbe(name string) (bpf.ProbeID, bool) {
 	return 0, false
 }
 
-func monotonicNow() int64 {
-	var ts unix.Timespec
-	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	return ts.Nano()
-}
+// monotonicNow is CLOCK_MONOTONIC, the clock of the BPF records and the
+// library's batches (one reader for the whole module: internal/monoclock).
+func monotonicNow() int64 { return monoclock.Now() }
