@@ -88,7 +88,7 @@ rules-test: ## check and unit-test the Prometheus alert rules (promtool, Debian'
 	cmp deploy/prometheus/slowrank-rules.yaml deploy/helm/slowrank/files/slowrank-rules.yaml || \
 	  { echo "deploy/helm/slowrank/files/slowrank-rules.yaml differs: cp deploy/prometheus/slowrank-rules.yaml deploy/helm/slowrank/files/"; exit 1; }
 
-test: lint build fakelibs cupti-test cupti-stress e2e-tools unit-test fuzz-test helm-check rules-test ## everything CI runs
+test: lint build fakelibs cupti-test cupti-test-tsan cupti-stress cupti-nccl-san e2e-tools unit-test fuzz-test helm-check rules-test ## everything CI runs
 
 demo: build fakelibs ## the agent on a 4-rank fake job with one slow rank (root)
 	test/demo/demo.sh
