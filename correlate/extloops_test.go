@@ -177,49 +177,11 @@ func TestExternalLoopShapes(t *testing.T) {
 		// timer's barrier (an all-reduce of one element): per iteration two
 		// identical halves "B S", 0.2 ms apart, then the 70 ms forward and
 		// backward.
-		name: "megatron",
-		script: func() loopScript {
-			return loopScript{
-				pre:   []loopCall{{op: "allreduce", count: 1, at: 1 * ms, dur: 20 * us}, {sync: true, at: 1100 * us, dur: 20 * us}},
-				preNS: 5 * ms, n: 120, iter: func(i int) ([]loopCall, int64) {
-					d := 70 * ms
-					if i == 0 {
-						d = 700 * ms
-					}
-					e := d - 1*ms
-					return []loopCall{
-						{sync: true, op: "cudaDeviceSynchronize", at: 100 * us, dur: 20 * us},
-						{sync: true, op: "cudaDeviceSynchronize", at: e - 31*ms, dur: 30 * ms},
-						{op: "allreduce", count: 1, at: e + 50*us, dur: 20 * us},
-						{sync: true, op: "cudaDeviceSynchronize", at: e + 100*us, dur: 20 * us},
-						{op: "allreduce", count: 1, at: e + 150*us, dur: 20 * us},
-						{sync: true, op: "cudaDeviceSynchronize", at: e + 200*us, dur: 20 * us},
-						{sync: true, at: e + 300*us, dur: 10 * us},
-					}, d
-				}}
-		},
+		name:   "megatron",
+		script: func() loopScript { return megatronScript(false) },
 	}, {
-		name: "megatron, creation seen",
-		script: func() loopScript {
-			return loopScript{comm: true,
-				pre:   []loopCall{{op: "allreduce", count: 1, at: 1 * ms, dur: 20 * us}, {sync: true, at: 1100 * us, dur: 20 * us}},
-				preNS: 5 * ms, n: 120, iter: func(i int) ([]loopCall, int64) {
-					d := 70 * ms
-					if i == 0 {
-						d = 700 * ms
-					}
-					e := d - 1*ms
-					return []loopCall{
-						{sync: true, op: "cudaDeviceSynchronize", at: 100 * us, dur: 20 * us},
-						{sync: true, op: "cudaDeviceSynchronize", at: e - 31*ms, dur: 30 * ms},
-						{op: "allreduce", count: 1, at: e + 50*us, dur: 20 * us},
-						{sync: true, op: "cudaDeviceSynchronize", at: e + 100*us, dur: 20 * us},
-						{op: "allreduce", count: 1, at: e + 150*us, dur: 20 * us},
-						{sync: true, op: "cudaDeviceSynchronize", at: e + 200*us, dur: 20 * us},
-						{sync: true, at: e + 300*us, dur: 10 * us},
-					}, d
-				}}
-		},
+		name:   "megatron, creation seen",
+		script: func() loopScript { return megatronScript(true) },
 	}, {
 		// Lightning, DDP strategy: the bucket all-reduces of the backward
 		// pass and no synchronisation, except one every 100 iterations.
@@ -607,4 +569,27 @@ func replayTrainerRecords(t *testing.T, r io.Reader, tick int64, after int) {
 		bursts[st.Rank] += st.BurstSteps
 	}
 	t.Logf("burst steps per rank %v", bursts)
+}
+
+// megatronScript is Megatron-core's cycle (see the "megatron" case); comm:
+// the communicator's creation is seen.
+func megatronScript(comm bool) loopScript {
+	return loopScript{comm: comm,
+		pre:   []loopCall{{op: "allreduce", count: 1, at: 1 * ms, dur: 20 * us}, {sync: true, at: 1100 * us, dur: 20 * us}},
+		preNS: 5 * ms, n: 120, iter: func(i int) ([]loopCall, int64) {
+			d := 70 * ms
+			if i == 0 {
+				d = 700 * ms
+			}
+			e := d - 1*ms
+			return []loopCall{
+				{sync: true, op: "cudaDeviceSynchronize", at: 100 * us, dur: 20 * us},
+				{sync: true, op: "cudaDeviceSynchronize", at: e - 31*ms, dur: 30 * ms},
+				{op: "allreduce", count: 1, at: e + 50*us, dur: 20 * us},
+				{sync: true, op: "cudaDeviceSynchronize", at: e + 100*us, dur: 20 * us},
+				{op: "allreduce", count: 1, at: e + 150*us, dur: 20 * us},
+				{sync: true, op: "cudaDeviceSynchronize", at: e + 200*us, dur: 20 * us},
+				{sync: true, at: e + 300*us, dur: 10 * us},
+			}, d
+		}}
 }
