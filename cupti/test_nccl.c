@@ -657,6 +657,24 @@ static void sc_wrongclock_check(void)
 		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_CLOCK_CLAMPED]);
 }
 
+/* An attached v5 plugin (duty mode) with a communicator driven through the
+ * fake NCCL, and a context of the test's own (ctx_hash, name) in *cx that
+ * the scenario drives directly; returns the communicator. */
+static struct fp_comm *bind_v5(const char *mode, uint64_t comm_hash, uint64_t ctx_hash, const char *name, void **cx,
+			       int *mask)
+{
+	child_env(1, mode);
+	if (fp_load() != 5)
+		FAIL("not bound");
+	P5 = fp_plugin();
+	struct fp_comm *c = fp_comm_init(comm_hash, 2, 0);
+	if (!wait_mask(SR_NCCL_PROFILE_COLL_API, 2000))
+		FAIL("mask never set");
+	if (P5->init(cx, ctx_hash, mask, name, 1, 2, 0, NULL) != 0 || !*cx)
+		FAIL("init");
+	return c;
+}
+
 /* One thread's group of more calls than its API block holds (NCCL allows
  * any group size): the first calls' slots are reused before their Coll
  * events start, so those operations carry no API times, and each is
@@ -664,17 +682,9 @@ static void sc_wrongclock_check(void)
 #define APILOST_N 1100
 static void sc_apilost(void)
 {
-	child_env(1, "always");
-	if (fp_load() != 5)
-		FAIL("not bound");
-	P5 = fp_plugin();
-	struct fp_comm *c = fp_comm_init(46, 2, 0);
-	if (!wait_mask(SR_NCCL_PROFILE_COLL_API, 2000))
-		FAIL("mask never set");
 	int mask = 0;
 	void *cx = NULL;
-	if (P5->init(&cx, 47, &mask, "apilost", 1, 2, 0, NULL) != 0 || !cx)
-		FAIL("init");
+	struct fp_comm *c = bind_v5("always", 46, 47, "apilost", &cx, &mask);
 	static void *api[APILOST_N];
 	sr_nccl_descr_v5_t d;
 	for (int i = 0; i < APILOST_N; i++) {
@@ -733,17 +743,9 @@ static void *preempt_other(void *arg)
 
 static void sc_preempt(void)
 {
-	child_env(1, "off");
-	if (fp_load() != 5)
-		FAIL("not bound");
-	P5 = fp_plugin();
-	struct fp_comm *other = fp_comm_init(48, 2, 0);
-	if (!wait_mask(SR_NCCL_PROFILE_COLL_API, 2000))
-		FAIL("mask never set");
 	int mask = 0;
 	void *cx = NULL;
-	if (P5->init(&cx, 49, &mask, "preempt", 1, 2, 0, NULL) != 0 || !cx)
-		FAIL("init");
+	struct fp_comm *other = bind_v5("off", 48, 49, "preempt", &cx, &mask);
 	sr_nccl_descr_v5_t d;
 	memset(&d, 0, sizeof(d));
 	d.type = SR_NCCL_PROFILE_COLL_API;
