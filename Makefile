@@ -72,12 +72,8 @@ e2e-tools: ## build the OpenTelemetry Collector and Jaeger used by the e2e tests
 unit-test: ## go test with the race detector (privileged tests run as root)
 	SLOWRANK_E2E_REQUIRED=1 $(GO) test -race -count=1 -timeout 20m ./...
 
-fuzz-test: ## run every fuzz target for FUZZTIME
-	@set -e; for pkg in $$($(GO) list ./...); do \
-	  dir=$$($(GO) list -f '{{.Dir}}' $$pkg); \
-	  for f in $$(grep -hoE '^func (Fuzz[A-Za-z0-9_]+)' $$dir/*_test.go 2>/dev/null | awk '{print $$2}'); do \
-	    echo "fuzz $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 2s $$pkg; \
-	  done; done
+fuzz-test: ## run every fuzz target for FUZZTIME (test/fuzz/run.sh)
+	FUZZTIME=$(FUZZTIME) GO=$(GO) test/fuzz/run.sh
 
 helm-check: ## render the Helm chart with Helm's engine and decode every manifest against the Kubernetes types (own module)
 	cd deploy/helm/check && $(GO) vet ./... && $(GO) test -count=1 ./...
