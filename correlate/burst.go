@@ -206,10 +206,16 @@ func (d *burstDet) gap(i int64) (int64, bool) {
 	return max(0, d.start[i&d.mask]-d.end[(i-1)&d.mask]), true
 }
 
-// sync notes the return of a synchronisation: the stable point after the
-// latest call when it is the first one after that call's return.
-func (d *burstDet) sync(t int64) {
-	if d.cutOpen && d.n > 0 && t > d.end[(d.n-1)&d.mask] {
+// collective pushes a call; its op is its token.
+func (d *burstDet) collective(h *HostCall, _ bool) {
+	d.push(d.intern(h.Op), h.StartNS, h.EndNS)
+}
+
+// sync notes the return of a synchronisation, never a token: the stable
+// point after the latest call when it is the first one after that call's
+// return.
+func (d *burstDet) sync(h *HostCall, _ bool) {
+	if t := h.EndNS; d.cutOpen && d.n > 0 && t > d.end[(d.n-1)&d.mask] {
 		d.cut[(d.n-1)&d.mask] = t
 		d.cutOpen = false
 	}
@@ -425,13 +431,24 @@ func (d *burstDet) unlock() {
 	d.locked, d.tentative, d.misses, d.held = false, false, 0, -1
 }
 
-// abandon gives up the communicator (it turned out to carry sizes).
-func (d *burstDet) abandon() { d.unlock() }
+// yield gives up the communicator at the first call with a size: the
+// token detector can tell its steps.
+func (d *burstDet) yield(h *HostCall) bool {
+	if h.Count == 0 {
+		return false
+	}
+	d.unlock()
+	return true
+}
 
-// finish reports the latest burst when it is complete by count: the
-// process is gone, and no next burst will confirm it.
-func (d *burstDet) finish() {
-	if d.locked && !d.tentative && d.held < 0 && d.pos == d.num.p-1 {
+// latestStep: a burstDet keeps no step times.
+func (d *burstDet) latestStep() (int64, bool) { return 0, false }
+
+// finish reports the latest burst when it is complete by count and the
+// process exited: no next burst will confirm it. When the agent stops, the
+// burst stays open.
+func (d *burstDet) finish(exited bool) {
+	if exited && d.locked && !d.tentative && d.held < 0 && d.pos == d.num.p-1 {
 		d.boundary(d.n-d.num.p, false)
 		d.unlock()
 	}

@@ -124,9 +124,7 @@ type proc struct {
 	names        map[uint32]uint64
 	lastHost     int64
 	maxDevEnd    int64
-	retiredIrr   uint64
-	retiredRel   uint64
-	retiredInit  uint64
+	retired      detCounts // of the detectors p no longer holds
 
 	recent [recentN]recentComm
 
@@ -153,36 +151,16 @@ type recentComm struct {
 
 // procComm is one communicator handle of one process.
 type procComm struct {
-	p          *proc
-	handle     uint64
-	grp        *commGroup
-	seq        uint64 // collective calls since creation
-	det        *seqDet
-	burst      *burstDet // instead of det while the collectives carry no sizes
-	collSinceS bool
-	splits     int
-	sync       bool // the synchronisation fallback pseudo communicator
-	regular    bool // a cycle has been confirmed on it: it carries per-step traffic
-	created    bool // its creation (AddCommInit) was seen, at createdAt
-	createdAt  int64
-}
-
-// state is the step detector's state, nil before the first call.
-func (pc *procComm) state() *detState {
-	switch {
-	case pc.burst != nil:
-		return &pc.burst.detState
-	case pc.det != nil:
-		return &pc.det.detState
-	}
-	return nil
-}
-
-func (pc *procComm) hasKnown() bool {
-	if pc.burst != nil {
-		return pc.burst.hasKnown()
-	}
-	return pc.det != nil && pc.det.hasKnown()
+	p         *proc
+	handle    uint64
+	grp       *commGroup
+	seq       uint64       // collective calls since creation
+	det       stepDetector // nil before the first collective
+	splits    int
+	sync      bool // the synchronisation fallback pseudo communicator
+	regular   bool // a cycle has been confirmed on it: it carries per-step traffic
+	created   bool // its creation (AddCommInit) was seen, at createdAt
+	createdAt int64
 }
 
 func (pc *procComm) nranks() int {
@@ -313,46 +291,37 @@ func (c *Correlator) collective(p *proc, h *HostCall, late bool) {
 			}
 		}
 	}
-	pc.collSinceS = true
-	// Collectives without sizes (torch c10d) make a degenerate token
-	// sequence: their timing finds the steps (burst.go) until a call with
-	// a size shows that the tokens can. NCCL calls always carry sizes.
-	if pc.det == nil && pc.burst == nil && h.Count == 0 {
-		pc.burst = newBurstDet(c.par)
-	}
-	if pc.burst != nil && h.Count != 0 {
-		pc.burst.abandon()
+	if pc.det != nil && pc.det.yield(h) {
 		c.onEvents(p, pc)
-		p.retiredIrr += pc.burst.irregular
-		p.retiredRel += pc.burst.relocks
-		pc.burst = nil
-	}
-	if pc.burst != nil {
-		pc.burst.push(pc.burst.intern(h.Op), h.StartNS, h.EndNS)
-		c.onEvents(p, pc)
-		return
+		p.retired.add(pc.det.state().detCounts)
+		pc.det = nil
 	}
 	if pc.det == nil {
-		pc.det = newSeqDet(c.par, false)
-		// Seen from its creation, the first call is token 0; else the
-		// sequence began unseen (the cut point does not depend on it).
-		pc.det.fromCreation, pc.det.createdAt = pc.created && pc.seq == 1, pc.createdAt
+		pc.det = c.newDetector(pc, h)
 	}
-	pc.det.urgent = c.urgent(p)
-	pc.det.push(pc.det.intern(sigKey{op: h.Op, count: h.Count, dtype: h.Datatype}), h.EndNS)
+	pc.det.collective(h, c.urgent(p))
 	c.onEvents(p, pc)
+}
+
+// newDetector chooses the step detection of a communicator at collective
+// h. Collectives without sizes (torch c10d) make a degenerate token
+// sequence: their timing finds the steps (burst.go) until a call with a
+// size shows that the tokens can. NCCL calls always carry sizes.
+func (c *Correlator) newDetector(pc *procComm, h *HostCall) stepDetector {
+	if h.Count == 0 {
+		return newBurstDet(c.par)
+	}
+	d := newSeqDet(c.par, false)
+	// Seen from its creation, the first call is token 0; else the sequence
+	// began unseen (the cut point does not depend on it).
+	d.fromCreation, d.createdAt = pc.created && pc.seq == 1, pc.createdAt
+	return d
 }
 
 func (c *Correlator) sync(p *proc, h *HostCall) {
 	for _, pc := range p.commList {
-		if pc.burst != nil {
-			pc.burst.sync(h.EndNS) // a stable point after a burst, never a token
-			continue
-		}
-		if pc.collSinceS {
-			pc.collSinceS = false
-			pc.det.urgent = c.urgent(p)
-			pc.det.push(tokS, h.EndNS)
+		if pc.det != nil {
+			pc.det.sync(h, c.urgent(p))
 			c.onEvents(p, pc)
 		}
 	}
@@ -367,13 +336,9 @@ func (c *Correlator) sync(p *proc, h *HostCall) {
 	if p.syncPC == nil {
 		p.syncPC = &procComm{p: p, sync: true, det: newSeqDet(c.par, true)}
 	}
-	d := p.syncPC.det
-	d.urgent = c.urgent(p)
-	// The stream is no part of the token: a loop that synchronises on a
-	// side stream for its first iterations (CUDA graph warm-up) is still
-	// the same loop.
-	d.push(d.intern(sigKey{op: h.Op}), h.EndNS)
+	p.syncPC.det.sync(h, c.urgent(p))
 	if p.syncCalls < syncFallbackMin {
+		d := p.syncPC.det.state()
 		d.events = d.events[:0] // too early to tell that no collective will come
 		return
 	}
@@ -466,10 +431,8 @@ func (c *Correlator) retireComm(p *proc, pc *procComm) {
 	if i := slices.Index(p.commList, pc); i >= 0 {
 		p.commList = slices.Delete(p.commList, i, i+1)
 	}
-	if st := pc.state(); st != nil {
-		p.retiredIrr += st.irregular
-		p.retiredRel += st.relocks
-		p.retiredInit += st.initCalls
+	if pc.det != nil {
+		p.retired.add(pc.det.state().detCounts)
 	}
 	if p.clock == pc {
 		c.dropTentative(p)
@@ -593,21 +556,13 @@ func (c *Correlator) Forget(pid uint32) {
 // by count is reported.
 func (c *Correlator) finish(p *proc, exited bool) {
 	for _, pc := range p.commList {
-		switch {
-		case pc.burst != nil:
-			if !exited {
-				continue
-			}
-			pc.burst.finish()
-		case pc.det != nil:
-			pc.det.finish()
-		default:
-			continue
+		if pc.det != nil {
+			pc.det.finish(exited)
+			c.onEvents(p, pc)
 		}
-		c.onEvents(p, pc)
 	}
 	if p.syncPC != nil && p.syncCalls >= syncFallbackMin {
-		p.syncPC.det.finish()
+		p.syncPC.det.finish(exited)
 		c.onEvents(p, p.syncPC)
 	}
 }
@@ -710,16 +665,15 @@ func (c *Correlator) statsOf(p *proc) RankStats {
 	if p.hasInfo {
 		st.Job, st.Rank = p.info.Job, p.info.Rank
 	}
-	st.IrregularCalls += p.retiredIrr
-	st.Relocks += p.retiredRel
-	st.InitCalls += p.retiredInit
+	n := p.retired
 	for _, pc := range p.commList {
-		if ds := pc.state(); ds != nil {
-			st.IrregularCalls += ds.irregular
-			st.Relocks += ds.relocks
-			st.InitCalls += ds.initCalls
+		if pc.det != nil {
+			n.add(pc.det.state().detCounts)
 		}
 	}
+	st.IrregularCalls += n.irregular
+	st.Relocks += n.relocks
+	st.InitCalls += n.initCalls
 	return st
 }
 

@@ -41,36 +41,13 @@ import (
 
 const tokS int32 = 0 // the synchronisation token
 
-const (
-	maxKnown = 8
-	maxSigs  = 4096
-)
+const maxSigs = 4096
 
 type sigKey struct {
 	op     string
 	count  uint64
 	dtype  uint32
 	stream uint64
-}
-
-type detEventKind uint8
-
-const (
-	evStart    detEventKind = iota + 1 // a step opens at t
-	evBoundary                         // the open step closes at t with index idx; the next opens
-	evBreak                            // the sequence left the cycle: the open step is irregular
-	evConfirm                          // the tentative lock gen is confirmed
-	evRetract                          // the tentative lock gen is withdrawn with its steps
-	evTrim                             // the tentative steps of gen up to its latest init-time one are withdrawn (t: half the median of its latest steps; trimGen)
-	evBurst                            // idx boundaries held in the open step were merged into it or dropped with it (pace.go)
-)
-
-type detEvent struct {
-	kind      detEventKind
-	tentative bool
-	gen       uint32
-	t         int64
-	idx       int64
 }
 
 type knownCycle struct {
@@ -114,26 +91,6 @@ func (k *knownCycle) step(x int32) bool {
 	return false
 }
 
-type detParams struct {
-	repeats, maxPeriod, confirm, promote, noSyncMin int
-	confirmSpan                                     int64 // ns
-}
-
-// detState is what a step detector (seqDet, burstDet) shows the step
-// timeline: its pending events, its lock and its counters.
-type detState struct {
-	events            []detEvent
-	locked, tentative bool
-	irregular         uint64 // calls outside a locked cycle
-	relocks           uint64
-	initCalls         uint64 // collectives before the first confirmed cycle
-	// urgent: the caller's buffers fill up, so that a first lock must not
-	// be held for ConfirmSpan any longer (set before each push).
-	urgent bool
-}
-
-func (d *detState) emit(e detEvent) { d.events = append(d.events, e) }
-
 type seqDet struct {
 	detState
 	par      detParams
@@ -143,6 +100,10 @@ type seqDet struct {
 	// it, like a synchronisation.
 	fromCreation bool
 	createdAt    int64
+	// urgent: the caller's buffers fill up, so that a first lock must not
+	// be held for ConfirmSpan any longer (set before each push).
+	urgent     bool
+	collSinceS bool // a collective came since the latest S token
 
 	sigs map[sigKey]int32
 	keys []sigKey // keys[id-1] is the key of token id
@@ -298,6 +259,41 @@ func (d *seqDet) grow() {
 // hasKnown reports whether a cycle has been confirmed on this sequence.
 func (d *seqDet) hasKnown() bool { return len(d.known) > 0 }
 
+// collective pushes the token of a collective's signature.
+func (d *seqDet) collective(h *HostCall, urgent bool) {
+	d.collSinceS = true
+	d.urgent = urgent
+	d.push(d.intern(sigKey{op: h.Op, count: h.Count, dtype: h.Datatype}), h.EndNS)
+}
+
+// sync pushes S for the first synchronisation after a collective; on the
+// fallback clock, every synchronisation is a token of its function. The
+// stream is no part of the token: a loop that synchronises on a side
+// stream for its first iterations (CUDA graph warm-up) is still the same
+// loop.
+func (d *seqDet) sync(h *HostCall, urgent bool) {
+	switch {
+	case d.syncOnly:
+		d.urgent = urgent
+		d.push(d.intern(sigKey{op: h.Op}), h.EndNS)
+	case d.collSinceS:
+		d.collSinceS = false
+		d.urgent = urgent
+		d.push(tokS, h.EndNS)
+	}
+}
+
+// yield is false: every call, with a size or not, is a token.
+func (d *seqDet) yield(*HostCall) bool { return false }
+
+// latestStep is the duration of the latest step reported.
+func (d *seqDet) latestStep() (int64, bool) {
+	if d.nStep < 2 {
+		return 0, false
+	}
+	return d.stepT[(d.nStep-1)%len(d.stepT)] - d.stepT[(d.nStep-2)%len(d.stepT)], true
+}
+
 // push appends one token at time t and runs the detector.
 func (d *seqDet) push(id int32, t int64) {
 	if id == tokS && d.locked && d.noS {
@@ -429,9 +425,9 @@ func (d *seqDet) noteInit() {
 }
 
 // finish is the end of the sequence (the process exited, or the agent
-// stops): a tentative lock that held its cycles is confirmed, since a
-// cycle that lasted until the end is no init-time burst.
-func (d *seqDet) finish() {
+// stops: alike): a tentative lock that held its cycles is confirmed, since
+// a cycle that lasted until the end is no init-time burst.
+func (d *seqDet) finish(bool) {
 	if d.locked && d.tentative && d.since >= d.need {
 		if d.syncOnly && d.first {
 			// as at a confirmation within the sequence (report): the
@@ -808,32 +804,4 @@ func (d *seqDet) remember(cyc []int32) {
 	k := newKnown(cyc)
 	k.lastUse, k.grp = d.clock, d.grp
 	d.known = remember(d.known, k, func(k *knownCycle) uint64 { return k.lastUse })
-}
-
-// remember adds k to known, in place of the least recently used entry once
-// known holds maxKnown.
-func remember[T any](known []T, k T, lastUse func(T) uint64) []T {
-	if len(known) < maxKnown {
-		return append(known, k)
-	}
-	lru := 0
-	for i, o := range known {
-		if lastUse(o) < lastUse(known[lru]) {
-			lru = i
-		}
-	}
-	known[lru] = k
-	return known
-}
-
-func equalIDs(a, b []int32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

@@ -82,13 +82,13 @@ func (s *pendingStep) set(ph int, ns int64) {
 // onEvents hands the step detector's events of pc to the process's step
 // timeline when pc is (or becomes) the process's clock.
 func (c *Correlator) onEvents(p *proc, pc *procComm) {
-	d := pc.state()
+	d := pc.det.state()
 	if len(d.events) == 0 {
 		return
 	}
 	evs := d.events
 	d.events = d.events[:0]
-	if !pc.regular && pc.hasKnown() {
+	if !pc.regular && pc.det.hasKnown() {
 		pc.regular = true
 		if pc.grp != nil {
 			c.markGroupDirty(pc.grp)
@@ -110,26 +110,27 @@ func (c *Correlator) onEvents(p *proc, pc *procComm) {
 // over from the synchronisation fallback at once and from a clock that has
 // stayed unlocked for PromoteCycles of its cycles.
 func (c *Correlator) takeClock(p *proc, pc *procComm, evs []detEvent) bool {
-	d := pc.state()
+	d := pc.det.state()
 	if !d.locked {
 		return false
 	}
 	cur := p.clock
 	confirmed := !d.tentative
-	curSettled := cur != nil && cur.state().locked && !cur.state().tentative
+	curSettled := cur != nil && cur.det.state().locked && !cur.det.state().tentative
 	switch {
 	case cur == nil:
 	case pc.sync:
 		return false
 	case cur.sync:
-		if _, steady := cur.det.steady(); (p.clockConfirmed || steady || cur.det.regular()) && c.coarser(p, pc, evs) {
+		sd := cur.det.(*seqDet) // the fallback clock counts synchronisations (Correlator.sync)
+		if _, steady := sd.steady(); (p.clockConfirmed || steady || sd.regular()) && c.coarser(p, pc, evs) {
 			// A regular synchronisation clock stays against an occasional
 			// collective (logging every N iterations), also through the
 			// longer step of that logging iteration (regular).
 			return false
 		}
 	case pc.nranks() > cur.nranks() && (confirmed || !curSettled):
-	case confirmed && !cur.state().locked:
+	case confirmed && !cur.det.state().locked:
 		for _, e := range evs {
 			if e.kind == evBoundary {
 				p.clockIdle++
@@ -161,8 +162,8 @@ func (c *Correlator) coarser(p *proc, pc *procComm, evs []detEvent) bool {
 	}
 	clk := p.lastEnd - prev.end
 	shortest := int64(-1)
-	if d := pc.det; d != nil && d.nStep >= 2 {
-		shortest = d.stepT[(d.nStep-1)%len(d.stepT)] - d.stepT[(d.nStep-2)%len(d.stepT)]
+	if ns, ok := pc.det.latestStep(); ok {
+		shortest = ns
 	}
 	last := int64(-1)
 	for _, e := range evs {
