@@ -131,8 +131,6 @@ type proc struct {
 	stats RankStats
 }
 
-const recentN = 64
-
 // endsN is how many closed steps a process remembers for alignToPeers: a
 // peer's lock reports its first steps at once, as many as the cycles seen.
 const endsN = 64
@@ -142,12 +140,6 @@ type stepEnd struct{ idx, end int64 }
 // syncFallbackMin is how many synchronisations a process without any
 // collective must make before they become its step clock.
 const syncFallbackMin = 64
-
-type recentComm struct {
-	idx    int64
-	commNS int64
-	ok     bool
-}
 
 // procComm is one communicator handle of one process.
 type procComm struct {

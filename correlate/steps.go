@@ -34,19 +34,6 @@ type pendingStep struct {
 	self             *proc
 }
 
-type collRef struct {
-	grp   uint32
-	seq   uint64
-	start int64
-}
-
-// tieSet counts collectives at which this rank and the listed peers
-// arrived within ArrivalTie of each other and last.
-type tieSet struct {
-	procs []*proc // self included
-	n     int
-}
-
 const (
 	phStep = iota
 	phHost

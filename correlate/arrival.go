@@ -1,0 +1,225 @@
+package correlate
+
+import (
+	"math"
+	"slices"
+)
+
+// Arrival order: every local member of a communicator notes the host
+// start of its call with each sequence number in the group's arrival ring
+// (commGroup.noteStart); a step settles its collectives against the other
+// members' (arrivalStage) and resolves near ties with their device
+// communication time of the same step (arrivalFields, recentComm).
+
+const (
+	arrivalSlots = 4096          // sequence numbers in a group's arrival ring
+	absent       = math.MinInt64 // a member's call not seen in a ring row
+)
+
+// collRef is one collective of a step: its group and sequence number, and
+// its host start.
+type collRef struct {
+	grp   uint32
+	seq   uint64
+	start int64
+}
+
+// tieSet counts collectives at which this rank and the listed peers
+// arrived within ArrivalTie of each other and last.
+type tieSet struct {
+	procs []*proc // self included
+	n     int
+}
+
+// recentComm is the device communication time of a measured step, which
+// the peers' ties read (proc.recent, by step index % recentN).
+type recentComm struct {
+	idx    int64
+	commNS int64
+	ok     bool
+}
+
+const recentN = 64
+
+func (g *commGroup) memberIndex(p *proc) int {
+	for i, m := range g.members {
+		if m != nil && m.p == p {
+			return i
+		}
+	}
+	return -1
+}
+
+// noteStart notes the host start of pc's call with sequence number seq.
+func (g *commGroup) noteStart(pc *procComm, seq uint64, start int64) {
+	if g.width != len(g.members) {
+		g.width = len(g.members)
+		g.seqs = make([]uint64, arrivalSlots)
+		g.starts = make([]int64, arrivalSlots*g.width)
+	}
+	mi := slices.Index(g.members, pc)
+	if mi < 0 {
+		return
+	}
+	w := int(seq % arrivalSlots)
+	row := g.starts[w*g.width : (w+1)*g.width]
+	if g.seqs[w] != seq {
+		g.seqs[w] = seq
+		for i := range row {
+			row[i] = absent
+		}
+	}
+	row[mi] = start
+}
+
+// row is the members' starts of the calls with sequence number seq, nil
+// when it left the ring.
+func (g *commGroup) row(seq uint64) []int64 {
+	if g.width == 0 {
+		return nil
+	}
+	w := int(seq % arrivalSlots)
+	if g.seqs[w] != seq {
+		return nil
+	}
+	return g.starts[w*g.width : (w+1)*g.width]
+}
+
+// arrivalReady reports whether every other local member of the step's
+// communicators has issued the step's collectives.
+func (c *Correlator) arrivalReady(p *proc, s *pendingStep) bool {
+	for _, cr := range s.colls {
+		g := c.groups[cr.grp]
+		if g == nil {
+			continue
+		}
+		for _, m := range g.members {
+			if m != nil && m.p != p && m.seq < cr.seq {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// arrivalStage gathers the step's collective arrival evidence against the
+// other local members: the lag behind the first arrival (median over the
+// step's collectives) and, per collective, whether this rank arrived last.
+// Arrivals closer than ArrivalTie are ties, kept for arrivalFields.
+func (c *Correlator) arrivalStage(p *proc, s *pendingStep) {
+	lags := c.sc.lags[:0]
+	tie := int64(c.cfg.ArrivalTie)
+	for _, cr := range s.colls {
+		g := c.groups[cr.grp]
+		if g == nil {
+			continue
+		}
+		row := g.row(cr.seq)
+		self := g.memberIndex(p)
+		if row == nil || self < 0 || self >= len(row) || row[self] == absent {
+			continue
+		}
+		mine := row[self]
+		lo, hi, n := mine, mine, 0
+		for i, v := range row {
+			if v == absent || g.members[i] == nil {
+				continue
+			}
+			n++
+			lo, hi = min(lo, v), max(hi, v)
+		}
+		if n < 2 {
+			continue
+		}
+		lags = append(lags, mine-lo)
+		if hi-mine >= tie {
+			s.votes++ // someone clearly arrived later
+			continue
+		}
+		var mask uint64
+		tied := 0
+		for i, v := range row {
+			if v != absent && g.members[i] != nil && hi-v < tie {
+				tied++
+				if i < 64 {
+					mask |= 1 << i
+				}
+			}
+		}
+		if tied == 1 {
+			s.votes++
+			s.lastVotes++
+			continue
+		}
+		c.addTie(s, g, mask)
+	}
+	c.sc.lags = lags
+	if len(lags) > 0 {
+		slices.Sort(lags)
+		m := len(lags) / 2
+		med := float64(lags[m])
+		if len(lags)%2 == 0 {
+			med = (float64(lags[m-1]) + float64(lags[m])) / 2
+		}
+		s.lagMS, s.hasLag = med/1e6, true
+	}
+}
+
+func (c *Correlator) addTie(s *pendingStep, g *commGroup, mask uint64) {
+	var procs []*proc
+	for i, m := range g.members {
+		if i < 64 && mask&(1<<i) != 0 && m != nil {
+			procs = append(procs, m.p)
+		}
+	}
+	for i := range s.ties {
+		if slices.Equal(s.ties[i].procs, procs) {
+			s.ties[i].n++
+			return
+		}
+	}
+	if len(s.ties) < 16 {
+		s.ties = append(s.ties, tieSet{procs: procs, n: 1})
+	}
+}
+
+// arrivalFields resolves ties with device communication time (the last
+// to arrive waits least; undecided ties do not vote) and returns the
+// step's LastArrival and ArrivalLagMS.
+func (c *Correlator) arrivalFields(s *pendingStep) (*bool, *float64) {
+	votes, lastVotes := s.votes, s.lastVotes
+	for _, t := range s.ties {
+		var best *proc
+		bestNS, decided := int64(math.MaxInt64), true
+		for _, q := range t.procs {
+			rc := q.recent[uint64(s.idx)%recentN]
+			if !rc.ok || rc.idx != s.idx {
+				decided = false
+				break
+			}
+			switch {
+			case rc.commNS < bestNS:
+				best, bestNS = q, rc.commNS
+			case rc.commNS == bestNS:
+				best = nil
+			}
+		}
+		if decided && best != nil {
+			votes += t.n
+			if best == s.self {
+				lastVotes += t.n
+			}
+		}
+	}
+	var last *bool
+	var lag *float64
+	if votes > 0 {
+		v := 2*lastVotes > votes
+		last = &v
+	}
+	if s.hasLag {
+		v := s.lagMS
+		lag = &v
+	}
+	return last, lag
+}
