@@ -1,7 +1,6 @@
 package correlate
 
 import (
-	"fmt"
 	"slices"
 
 	"github.com/slowrank/slowrank/detector"
@@ -519,9 +518,7 @@ func (c *Correlator) measureDevice(p *proc, s *pendingStep) {
 
 	// Device records.
 	sc.compute, sc.comm, sc.attn, sc.moe = sc.compute[:0], sc.comm[:0], sc.attn[:0], sc.moe[:0]
-	var fpSum, fpSum2 uint64
-	var kernels int
-	named := true
+	var fp fingerprint
 	for p.dev.len() > 0 {
 		r := p.dev.front()
 		if r.end > s.end {
@@ -545,12 +542,7 @@ func (c *Correlator) measureDevice(p *proc, s *pendingStep) {
 			} else if r.kind == rMoE {
 				sc.moe = append(sc.moe, sp)
 			}
-			kernels++
-			if r.aux == 0 {
-				named = false
-			}
-			fpSum += r.aux
-			fpSum2 += mix64(r.aux ^ 0x5bd1e9955bd1e995)
+			fp.add(r.aux)
 		}
 		p.dev.pop()
 	}
@@ -574,16 +566,7 @@ func (c *Correlator) measureDevice(p *proc, s *pendingStep) {
 		if len(sc.moe) > 0 {
 			s.set(phMoE, unionNS(sc.moe))
 		}
-		if kernels > 0 && named {
-			h := uint64(fnvOffset)
-			for _, v := range [3]uint64{fpSum, fpSum2, uint64(kernels)} {
-				for b := 0; b < 8; b++ {
-					h ^= (v >> (8 * b)) & 0xff
-					h *= fnvPrime
-				}
-			}
-			s.fp = fmt.Sprintf("%016x", h)
-		}
+		s.fp = fp.hex()
 	}
 	p.recent[uint64(s.idx)%recentN] = recentComm{idx: s.idx, commNS: commNS, ok: s.gpu}
 

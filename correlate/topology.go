@@ -27,6 +27,10 @@ type commGroup struct {
 	width  int
 }
 
+// defaultUID identifies the default c10d group of a job (calls without a
+// known communicator).
+func defaultUID(job string) uint64 { return mix64(fnvString("c10d-default\x00" + job)) }
+
 func (c *Correlator) group(uid uint64, nranks int, pseudo bool) *commGroup {
 	g := c.byUID[uid]
 	if g == nil {
