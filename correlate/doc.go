@@ -115,6 +115,8 @@
 // return of the first synchronisation after its last call (else at that
 // call's return). Steps are numbered by call count, so that ranks agree.
 // The first call with a size hands the communicator to the token detector.
+// A communicator holds one of the two detectors at a time, behind one
+// interface (stepDetector, see stepdet.go).
 //
 // # Phases
 //
@@ -136,7 +138,7 @@
 // (the last to arrive waits least) when both ranks have it, else they do
 // not vote. A step waits for the other local members to issue its
 // collectives at most Config.ArrivalWait or ArrivalWaitSteps later steps;
-// ranks on other hosts are never waited for.
+// ranks on other hosts are never waited for (see arrival.go).
 //
 // # Settling
 //
@@ -151,7 +153,8 @@
 //
 // FNV-1a based 64-bit hash of the multiset of the step's compute kernels
 // (name, grid, block), computed as an order-independent sum of mixed
-// per-kernel hashes: equal multisets give equal strings on every rank.
+// per-kernel hashes: equal multisets give equal strings on every rank
+// (see fingerprint.go).
 //
 // # Topology
 //
