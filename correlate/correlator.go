@@ -147,7 +147,7 @@ type procComm struct {
 	handle    uint64
 	grp       *commGroup
 	seq       uint64       // collective calls since creation
-	det       stepDetector // nil before the first collective
+	det       stepDetector // a noDetector before the first collective
 	splits    int
 	sync      bool // the synchronisation fallback pseudo communicator
 	regular   bool // a cycle has been confirmed on it: it carries per-step traffic
@@ -283,12 +283,9 @@ func (c *Correlator) collective(p *proc, h *HostCall, late bool) {
 			}
 		}
 	}
-	if pc.det != nil && pc.det.yield(h) {
+	if pc.det.yield(h) {
 		c.onEvents(p, pc)
 		p.retired.add(pc.det.state().detCounts)
-		pc.det = nil
-	}
-	if pc.det == nil {
 		pc.det = c.newDetector(pc, h)
 	}
 	pc.det.collective(h, c.urgent(p))
@@ -312,10 +309,8 @@ func (c *Correlator) newDetector(pc *procComm, h *HostCall) stepDetector {
 
 func (c *Correlator) sync(p *proc, h *HostCall) {
 	for _, pc := range p.commList {
-		if pc.det != nil {
-			pc.det.sync(h, c.urgent(p))
-			c.onEvents(p, pc)
-		}
+		pc.det.sync(h, c.urgent(p))
+		c.onEvents(p, pc)
 	}
 	p.syncCalls++
 	if p.clock != nil && !p.clock.sync {
@@ -366,7 +361,7 @@ func (c *Correlator) procComm(p *proc, handle uint64) *procComm {
 	if pc := p.comms[handle]; pc != nil {
 		return pc
 	}
-	pc := &procComm{p: p, handle: handle}
+	pc := &procComm{p: p, handle: handle, det: &noDetector{}}
 	if handle == 0 {
 		// c10d calls without a known group: one default group per job.
 		c.join(c.group(defaultUID(p.info.Job), 0, true), pc)
@@ -398,7 +393,7 @@ func (c *Correlator) AddCommInit(ci CommInit) {
 	if old := p.comms[ci.Comm]; old != nil {
 		c.retireComm(p, old)
 	}
-	pc := &procComm{p: p, handle: ci.Comm, created: true, createdAt: ci.AtNS}
+	pc := &procComm{p: p, handle: ci.Comm, det: &noDetector{}, created: true, createdAt: ci.AtNS}
 	if uid != 0 {
 		c.join(c.group(uid, ci.NRanks, false), pc)
 	}
@@ -423,9 +418,7 @@ func (c *Correlator) retireComm(p *proc, pc *procComm) {
 	if i := slices.Index(p.commList, pc); i >= 0 {
 		p.commList = slices.Delete(p.commList, i, i+1)
 	}
-	if pc.det != nil {
-		p.retired.add(pc.det.state().detCounts)
-	}
+	p.retired.add(pc.det.state().detCounts)
 	if p.clock == pc {
 		c.dropTentative(p)
 		p.clock = nil
@@ -548,10 +541,8 @@ func (c *Correlator) Forget(pid uint32) {
 // by count is reported.
 func (c *Correlator) finish(p *proc, exited bool) {
 	for _, pc := range p.commList {
-		if pc.det != nil {
-			pc.det.finish(exited)
-			c.onEvents(p, pc)
-		}
+		pc.det.finish(exited)
+		c.onEvents(p, pc)
 	}
 	if p.syncPC != nil && p.syncCalls >= syncFallbackMin {
 		p.syncPC.det.finish(exited)
@@ -659,9 +650,7 @@ func (c *Correlator) statsOf(p *proc) RankStats {
 	}
 	n := p.retired
 	for _, pc := range p.commList {
-		if pc.det != nil {
-			n.add(pc.det.state().detCounts)
-		}
+		n.add(pc.det.state().detCounts)
 	}
 	st.IrregularCalls += n.irregular
 	st.Relocks += n.relocks

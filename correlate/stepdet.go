@@ -1,14 +1,15 @@
 package correlate
 
 // The seam between a communicator's step detection and the step timeline
-// (steps.go). A procComm holds one stepDetector from its first collective
-// on: a seqDet (period.go) finds the cycle of the token sequence of its
-// collectives and synchronisations, a burstDet (burst.go) the period of
-// the timing of collectives that carry no sizes, until the first call with
-// a size hands the communicator over to a seqDet. A process's fallback
-// clock on synchronisations (proc.syncPC) is a seqDet too. A detector
-// reports what it finds as detEvents, which Correlator.onEvents hands to
-// the process's steps; its decisions depend only on what it was fed.
+// (steps.go). A procComm holds one stepDetector, chosen at its first
+// collective (a noDetector before it): a seqDet (period.go) finds the
+// cycle of the token sequence of its collectives and synchronisations, a
+// burstDet (burst.go) the period of the timing of collectives that carry
+// no sizes, until the first call with a size hands the communicator over
+// to a seqDet. A process's fallback clock on synchronisations
+// (proc.syncPC) is a seqDet too. A detector reports what it finds as
+// detEvents, which Correlator.onEvents hands to the process's steps; its
+// decisions depend only on what it was fed.
 
 // stepDetector is one strategy of step detection on one communicator.
 // Every call that feeds it may leave events in its state for onEvents.
@@ -39,7 +40,20 @@ type stepDetector interface {
 var (
 	_ stepDetector = (*seqDet)(nil)
 	_ stepDetector = (*burstDet)(nil)
+	_ stepDetector = (*noDetector)(nil)
 )
+
+// noDetector is a communicator's detector before its first collective,
+// which chooses the strategy (Correlator.newDetector): it yields at once
+// and finds nothing until then.
+type noDetector struct{ detState }
+
+func (*noDetector) collective(*HostCall, bool) {}
+func (*noDetector) sync(*HostCall, bool)       {}
+func (*noDetector) yield(*HostCall) bool       { return true }
+func (*noDetector) finish(bool)                {}
+func (*noDetector) latestStep() (int64, bool)  { return 0, false }
+func (*noDetector) hasKnown() bool             { return false }
 
 type detParams struct {
 	repeats, maxPeriod, confirm, promote, noSyncMin int
