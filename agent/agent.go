@@ -197,6 +197,7 @@ func New(cfg Config) (*Agent, error) {
 		startTicks: selfStartTicks(),
 	}
 	a.pipe.counters = c
+	a.pipe.reorder.counters = c
 	a.att = newAttacher(a)
 	a.pipe.dump = cfg.Dump
 	if nv, err := OpenNVML(); err == nil {

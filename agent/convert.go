@@ -84,12 +84,9 @@ func (c *converter) forgetPID(pid uint32) {
 func (c *converter) convert(ev bpf.Event, out []input) []input {
 	switch e := ev.(type) {
 	case *bpf.CollEvent:
-		if !c.ncclUprobe(e.PID, e.TID, e.EndNs) {
+		if !c.ncclUprobeColl(e) {
 			return out // the plugin reports this call (convert_nccl.go)
 		}
-		c.mu.Lock() // procs is shared with forgetPID (main goroutine)
-		c.proc(e.PID).sawNCCL = true
-		c.mu.Unlock()
 		return append(out, hostInput(correlate.HostCall{
 			PID: e.PID, TID: e.TID, Kind: correlate.HostCollective, Op: collOp(e.Probe),
 			Count: e.Count, Datatype: e.Datatype, Comm: e.Comm, Stream: e.Stream,
@@ -118,7 +115,7 @@ func (c *converter) convert(ev bpf.Event, out []input) []input {
 			c.counters.add("comm_init_failed", 1)
 			return out
 		}
-		if !c.ncclUprobe(e.PID, e.TID, e.EndNs) {
+		if !c.ncclUprobe(e.PID, e.TID, e.EndNs, e.Comm) {
 			return out // the plugin's comm record names it
 		}
 		ci := correlate.CommInit{

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"slices"
 	"strconv"
 
 	"github.com/slowrank/slowrank/bpf"
@@ -13,10 +12,12 @@ import (
 // the libnccl uprobes (a trap per call) or the injection library acting as
 // NCCL's profiler plugin (records in its batches, docs/nccl-profiler-plugin.md).
 // A process is on the plugin path from the first NCCL_COLL record of its
-// batches on (its NCCL_COMM records are held until then: the library turns
-// NCCL's mask on only once the agent asked for the plugin, so calls
-// between a communicator's creation and the mask are the uprobes' alone),
-// else on uprobes. Both may see the same calls around the
+// batches on (the library turns NCCL's mask on only once the agent asked
+// for the plugin, so calls between a communicator's creation and the mask
+// are the uprobes' alone), else on uprobes. A communicator's NCCL_COMM
+// record waits for its first collective, which says which handle it takes
+// (nccl_commmap.go); the pipeline reorders the process's inputs from the
+// switch on (reorder.go). Both may see the same calls around the
 // switch: the uprobes report in real time, the plugin a batch (~100 ms)
 // later, and the libnccl uprobes stay attached (they trap in every process
 // mapping the inode). Each call is counted once by a cut per thread:
@@ -37,8 +38,12 @@ type ncclCapture struct {
 	plugin  bool
 	version uint8            // profiler API NCCL bound (4, 5)
 	cut     map[uint32]int64 // per thread; frozen at the switch
-	comms   map[pluginComm]bool
-	pending []correlate.CommInit // comm records before the switch, fed at it
+	// comms are the plugin's communicators (nccl_commmap.go), twins the
+	// latest uprobe collectives per thread (kept with Config.NCCLPlugin),
+	// fed the uprobes' handles the correlator knows.
+	comms map[pluginComm]*pluginCommState
+	twins map[uint32]*twinRing
+	fed   map[uint64]bool
 }
 
 // pluginComm names a communicator of the plugin path in one process:
@@ -88,11 +93,35 @@ func (n *ncclCapture) reportedByUprobes(tid uint32, startNs int64) bool {
 	return ok && startNs <= v
 }
 
-// ncclUprobe filters a libnccl collective or comm-init uprobe event by the
-// process's capture path; false: superseded by the plugin (counted).
-func (c *converter) ncclUprobe(pid, tid uint32, endNs uint64) bool {
+// ncclUprobe filters a libnccl comm-init uprobe event by the process's
+// capture path; false: superseded by the plugin (counted).
+func (c *converter) ncclUprobe(pid, tid uint32, endNs uint64, comm uint64) bool {
 	c.mu.Lock()
-	keep := c.proc(pid).nccl.keepUprobe(tid, int64(endNs))
+	n := &c.proc(pid).nccl
+	keep := n.keepUprobe(tid, int64(endNs))
+	if keep && c.ncclPlugin {
+		n.markFed(comm)
+	}
+	c.mu.Unlock()
+	if !keep {
+		c.counters.add("nccl_uprobe_events_superseded", 1)
+	}
+	return keep
+}
+
+// ncclUprobeColl filters a libnccl collective like ncclUprobe and, with
+// the plugin path on, keeps it as the twin of the plugin's record of the
+// same call (nccl_commmap.go).
+func (c *converter) ncclUprobeColl(e *bpf.CollEvent) bool {
+	c.mu.Lock() // procs is shared with forgetPID (main goroutine)
+	p := c.proc(e.PID)
+	keep := p.nccl.keepUprobe(e.TID, int64(e.EndNs))
+	if c.ncclPlugin {
+		p.nccl.noteUprobeColl(e, keep)
+	}
+	if keep {
+		p.sawNCCL = true
+	}
 	c.mu.Unlock()
 	if !keep {
 		c.counters.add("nccl_uprobe_events_superseded", 1)
@@ -136,56 +165,51 @@ func (c *converter) ncclRecords(pid uint32, p *convProc, b *cupti.Batch, emitted
 	return out
 }
 
-// ncclComm switches the process to the plugin path at its first comm
-// record and turns each communicator into a CommInit once (inits and the
-// re-sends of every attach epoch), and its finalize into a CommDestroy.
+// ncclComm keeps each communicator's comm record (inits and the re-sends
+// of every attach epoch) until its first collective says which handle it
+// takes (nccl_commmap.go), and turns its finalize into a CommDestroy.
 func (c *converter) ncclComm(pid uint32, p *convProc, cm cupti.NCCLComm, out []input) []input {
 	n := &p.nccl
 	n.version = cm.Version
 	k := pluginComm{hash: cm.Hash, rank: cm.Rank}
 	if n.comms == nil {
-		n.comms = map[pluginComm]bool{}
+		n.comms = map[pluginComm]*pluginCommState{}
 	}
+	st := n.comms[k]
 	if cm.Finalized {
-		if n.comms[k] {
+		if st != nil {
 			delete(n.comms, k)
-			if !n.plugin { // never fed: forget its init
-				n.pending = slices.DeleteFunc(n.pending, func(ci correlate.CommInit) bool { return ci.Comm == k.handle() })
-				return out
+			if st.resolved {
+				out = append(out, otherInput(correlate.CommDestroy{PID: pid, Comm: st.handle, AtNS: int64(cm.FinalizeNs)}))
 			}
-			out = append(out, otherInput(correlate.CommDestroy{PID: pid, Comm: k.handle(), AtNS: int64(cm.FinalizeNs)}))
 		}
 		return out
 	}
-	if n.comms[k] || len(n.comms) >= MaxPluginComms {
-		if !n.comms[k] {
-			c.counters.add("nccl_plugin_comms_refused", 1)
-		}
+	if st != nil && st.hasInit {
 		return out
 	}
-	n.comms[k] = true
+	if st == nil && len(n.comms) >= MaxPluginComms {
+		c.counters.add("nccl_plugin_comms_refused", 1)
+		return out
+	}
+	if st == nil {
+		st = &pluginCommState{}
+		n.comms[k] = st
+	}
+	st.hasInit = true
+	st.init = correlate.CommInit{
+		PID: pid, NRanks: int(cm.NRanks), Rank: int(cm.Rank), UniqueIDHash: cm.Hash, AtNS: int64(cm.InitNs),
+	}
 	c.counters.add("nccl_plugin_comms", 1)
-	ci := correlate.CommInit{
-		PID: pid, Comm: k.handle(), NRanks: int(cm.NRanks), Rank: int(cm.Rank),
-		UniqueIDHash: cm.Hash, AtNS: int64(cm.InitNs),
-	}
-	if !n.plugin {
-		n.pending = append(n.pending, ci) // bounded by MaxPluginComms
-		return out
-	}
-	return append(out, otherInput(ci))
+	return out
 }
 
 // switchToPlugin puts the process on the plugin path at its first
-// collective record and feeds the communicators held until then.
-func (c *converter) switchToPlugin(n *ncclCapture, out []input) []input {
+// collective record: the pipeline reorders its inputs from then on.
+func (c *converter) switchToPlugin(pid uint32, n *ncclCapture, out []input) []input {
 	n.plugin = true
 	c.counters.add("nccl_plugin_processes", 1)
-	for _, ci := range n.pending {
-		out = append(out, otherInput(ci))
-	}
-	n.pending = nil
-	return out
+	return append(out, otherInput(pluginPath{pid: pid}))
 }
 
 // MaxPluginComms bounds the communicators one process's plugin records may
@@ -204,7 +228,7 @@ func (c *converter) ncclColl(pid uint32, p *convProc, r cupti.NCCLColl, emitted 
 			c.counters.add("nccl_plugin_records_before_comm", 1)
 			return out
 		}
-		out = c.switchToPlugin(n, out)
+		out = c.switchToPlugin(pid, n, out)
 	}
 	start, end := r.LaunchStartNs, r.LaunchEndNs
 	if r.HasAPI {
@@ -220,10 +244,10 @@ func (c *converter) ncclColl(pid uint32, p *convProc, r cupti.NCCLColl, emitted 
 	}
 	c.counters.add("nccl_plugin_colls", 1)
 	p.sawNCCL = true // torch's c10d collectives are then redundant, as with uprobes
+	comm, out := c.resolve(pid, n, pluginComm{hash: r.CommHash, rank: r.Rank}, &r, int64(start), out)
 	return append(out, hostInput(correlate.HostCall{
 		PID: pid, TID: r.TID, Kind: correlate.HostCollective, Op: ncclOp(r.Func),
-		Count: r.Count, Datatype: ncclDatatype(r.Datatype),
-		Comm:    pluginComm{hash: r.CommHash, rank: r.Rank}.handle(),
+		Count: r.Count, Datatype: ncclDatatype(r.Datatype), Comm: comm,
 		StartNS: int64(start), EndNS: int64(end),
 	}))
 }

@@ -98,12 +98,17 @@ func TestPluginCommIsOneCommInitAndADestroy(t *testing.T) {
 	resent.Resent = true
 	fin := pluginComm5(3)
 	fin.Finalized, fin.FinalizeNs = true, t0+500
-	// The comms are fed at the process's first collective record.
-	out := pluginBatch(c, cupti.Batch{NCCLComms: []cupti.NCCLComm{pluginComm5(3), resent, pluginComm5(4)}})
+	// A comm is fed at its first collective record (which says its
+	// handle); one that makes none is never fed, nor its finalize.
+	out := pluginBatch(c, cupti.Batch{NCCLComms: []cupti.NCCLComm{pluginComm5(3), resent, pluginComm5(4), pluginComm5(5)}})
 	if len(out) != 0 {
 		t.Fatalf("%d inputs before the first collective record, want none (held)", len(out))
 	}
-	out = pluginBatch(c, cupti.Batch{NCCLColls: []cupti.NCCLColl{pluginColl(1, t0+100)}})
+	rank4 := pluginColl(2, t0+200)
+	rank4.Rank = 4
+	fin5 := pluginComm5(5)
+	fin5.Finalized = true
+	out = pluginBatch(c, cupti.Batch{NCCLColls: []cupti.NCCLColl{pluginColl(1, t0+100), rank4}, NCCLComms: []cupti.NCCLComm{fin5}})
 	out = append(out, pluginBatch(c, cupti.Batch{NCCLComms: []cupti.NCCLComm{fin, fin}})...)
 	var inits []correlate.CommInit
 	var destroys []correlate.CommDestroy
@@ -116,7 +121,7 @@ func TestPluginCommIsOneCommInitAndADestroy(t *testing.T) {
 		}
 	}
 	if len(inits) != 2 || len(destroys) != 1 {
-		t.Fatalf("%d inits, %d destroys; want 2 (ranks 3 and 4 of one hash, re-send ignored) and 1", len(inits), len(destroys))
+		t.Fatalf("%d inits, %d destroys; want 2 (ranks 3 and 4 of one hash, re-send ignored, rank 5 without a call) and 1", len(inits), len(destroys))
 	}
 	want := correlate.CommInit{PID: pidNCCL, Comm: pluginComm{hashA, 3}.handle(), NRanks: 8, Rank: 3, UniqueIDHash: hashA, AtNS: int64(t0)}
 	if inits[0] != want {
@@ -258,7 +263,7 @@ func TestPluginRecordsIgnoredUnlessEnabled(t *testing.T) {
 	if p := c.ncclPaths()[pidNCCL]; p != "uprobes" {
 		t.Errorf("capture path %q, want uprobes", p)
 	}
-	if !c.ncclUprobe(pidNCCL, 1, uint64(t0+1000)) {
+	if !c.ncclUprobe(pidNCCL, 1, uint64(t0+1000), 0) {
 		t.Error("a uprobe collective after the plugin's comm record was dropped with the plugin path off")
 	}
 }

@@ -41,6 +41,9 @@ type pipeline struct {
 	counters *counters
 	// retired sums the correlator's statistics of forgotten processes.
 	retired correlate.RankStats
+	// reorder holds the inputs of processes on the NCCL plugin path until
+	// the plugin's records of the same time have come (reorder.go).
+	reorder *pluginReorder
 
 	mu     sync.Mutex
 	status pipelineStatus
@@ -71,13 +74,21 @@ const recentVerdicts = 64
 func newPipeline(log *slog.Logger, corr *correlate.Correlator, det *detector.Detector, duty *Duty, sinks []Sink) *pipeline {
 	return &pipeline{
 		log: log, corr: corr, det: det, duty: duty, sinks: sinks, alerts: map[alertKey]bool{},
-		status: pipelineStatus{steps: map[rankKey]detector.Step{}, verdicts: map[rankKey]detector.Verdict{}},
+		reorder: newPluginReorder(nil),
+		status:  pipelineStatus{steps: map[rankKey]detector.Step{}, verdicts: map[rankKey]detector.Verdict{}},
 	}
 }
 
-// handle feeds one capture record into the correlator.
-// handleInput feeds one record from the reader goroutine.
+// handleInput feeds one record from the reader goroutine, or holds it
+// while its process's plugin records may still come.
 func (p *pipeline) handleInput(in input) {
+	if !p.reorder.hold(in, p.feed) {
+		p.feed(in)
+	}
+}
+
+// feed hands one record to the correlator.
+func (p *pipeline) feed(in input) {
 	switch in.kind {
 	case inputHost:
 		if p.dump != nil {
@@ -113,7 +124,10 @@ func (p *pipeline) handle(in any) {
 		p.corr.AddDrop(v)
 	case correlate.RankInfo:
 		p.corr.SetRank(v)
+	case pluginPath:
+		p.reorder.start(v.pid)
 	case forget:
+		p.reorder.forget(v.pid, p.feed)
 		for _, st := range p.corr.Stats() {
 			if st.PID == v.pid {
 				p.retired.Add(st)
@@ -144,6 +158,10 @@ func (p *pipeline) corrTotals() correlate.RankStats {
 	return t
 }
 
+// pluginPath tells the pipeline that a process's collectives come from the
+// NCCL plugin from now on (convert_nccl.go): its inputs are reordered.
+type pluginPath struct{ pid uint32 }
+
 // forget tells the pipeline that a process exited.
 type forget struct {
 	pid  uint32
@@ -154,6 +172,7 @@ type forget struct {
 // releases finished steps, the detector judges them and settles windows whose
 // lateness allowance has passed.
 func (p *pipeline) tick(now int64) {
+	p.reorder.release(now, p.feed)
 	p.corr.Advance(now)
 	steps, topos := p.corr.Drain()
 	p.deliver(steps, topos)
@@ -163,6 +182,7 @@ func (p *pipeline) tick(now int64) {
 
 // flush drains everything and settles the last windows (on stop).
 func (p *pipeline) flush(now int64) {
+	p.reorder.flush(p.feed)
 	steps, topos := p.corr.Flush()
 	p.deliver(steps, topos)
 	p.verdicts = append(p.verdicts, p.flushDetectors()...)

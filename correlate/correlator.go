@@ -409,6 +409,11 @@ func (c *Correlator) AddCommDestroy(cd CommDestroy) {
 		return
 	}
 	if pc := p.comms[cd.Comm]; pc != nil {
+		// Its cycle lasted until its end, as at a process's exit: a
+		// tentative lock that held its cycles is confirmed, not dropped
+		// (torch's destroy_process_group at the end of training).
+		pc.det.finish(true)
+		c.onEvents(p, pc)
 		c.retireComm(p, pc)
 	}
 }

@@ -3,6 +3,7 @@ package correlate
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/slowrank/slowrank/detector"
 )
@@ -220,5 +221,40 @@ func TestPlacementInTopology(t *testing.T) {
 	_, topos = c.Drain()
 	if len(topos) != 1 || topos[0].Version != 2 || topos[0].Ranks[0].Placement != info.Placement {
 		t.Fatalf("after the GPU was found: %+v, want version 2 with %+v", topos, info.Placement)
+	}
+}
+
+// A communicator destroyed at the end of training (torch's
+// destroy_process_group) ends its cycle like the process's exit: steps
+// of a lock still held back by ConfirmSpan are confirmed, not withdrawn.
+func TestCommDestroyedUnderATentativeLockKeepsItsSteps(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		destroy bool
+	}{{"destroyed", true}, {"left to the exit", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newTest(Config{ConfirmSpan: time.Hour}, 0)
+			var b batch
+			const comm = uint64(0x10)
+			c.AddCommInit(CommInit{PID: pid(0), Comm: comm, NRanks: 1, Rank: 0, UniqueIDHash: 0xfeed, AtNS: 0})
+			at := int64(ms)
+			for range 40 {
+				for k := range 3 {
+					b.coll(pid(0), comm, "allreduce", uint64(100+k), at, at+100*us)
+					at += ms
+				}
+				b.sync(pid(0), at, at+5*ms)
+				at += 10 * ms
+			}
+			b.feed(c)
+			if tc.destroy {
+				c.AddCommDestroy(CommDestroy{PID: pid(0), Comm: comm, AtNS: at})
+			}
+			c.Forget(pid(0))
+			steps, _ := c.Flush()
+			if len(steps) < 36 {
+				t.Errorf("%d steps for 40 iterations", len(steps))
+			}
+		})
 	}
 }

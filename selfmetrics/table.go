@@ -41,13 +41,15 @@ var Table = []Metric{
 			// The NCCL profiler plugin's path (agent/convert_nccl.go, cupti/slowrank_nccl.c).
 			s("nccl_plugin_records_before_comm", "reason", "nccl_before_comm"), // collectives of a process with no comm record yet (its uprobes report them)
 			s("nccl_plugin_records_implausible", "reason", "nccl_implausible_time"),
-			s("nccl_kernel_records_unused", "reason", "nccl_kernel_unused"), // GPU intervals the correlator cannot take yet
+			s("nccl_kernel_records_unused", "reason", "nccl_kernel_unused"),      // GPU intervals the correlator cannot take yet
+			s("nccl_plugin_reorder_overflow", "reason", "nccl_reorder_overflow"), // held calls released early: a process held more than 65,536
 			{Key: "cupti_lib_nccl_ring_full", Attrs: []string{"reason", "nccl_ring_full"}, Component: Library},
 			{Key: "cupti_lib_nccl_incomplete", Attrs: []string{"reason", "nccl_kernel_incomplete"}, Component: Library},
 		}},
 	{Name: RecordsLate, Kind: Counter, Unit: "{record}", Component: Agent,
 		Desc: "Records or step facts that arrived after their step or window was settled, by stage.", Series: []Series{
 			s("correlate_late", "stage", "correlate"),
+			s("nccl_plugin_records_late", "stage", "nccl_plugin_reorder"), // a plugin record later than the 400 ms hold
 			s("detector_late", "stage", "detector"),
 			s("detector_late_after_swap", "stage", "detector_swap"),
 			{Key: "aggregate_late", Attrs: []string{"stage", "aggregate"}, Component: Aggregate},
@@ -140,6 +142,8 @@ var Table = []Metric{
 		Desc: "Communicators taken from the profiler plugin's records, by outcome.", Series: []Series{
 			s("nccl_plugin_comms", "outcome", "tracked"),
 			s("nccl_plugin_comms_refused", "outcome", "refused_bound"),
+			s("nccl_plugin_comms_mapped", "outcome", "mapped_to_uprobe_comm"), // its calls take the uprobes' ncclComm_t handle
+			s("nccl_plugin_comms_unmapped", "outcome", "unmapped"),            // no uprobe twin: a handle of its own
 		}},
 	{Name: "slowrank.agent.nvml.samples", Kind: Counter, Unit: "{sample}", Component: Agent,
 		Desc: "NVML samples taken for GPU evidence.", Series: []Series{s("nvml_samples")}},

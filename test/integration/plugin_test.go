@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"fmt"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -28,10 +29,13 @@ type pathRun struct {
 	// source: the uprobes carry the trainer's ncclComm_t, the plugin a
 	// handle of its own.
 	uprobe, plugin map[int]int
-	paths          map[int]string // the capture path status showed last
-	libStates      map[int]string // the library's state status showed last
-	counters       map[string]int64
-	steps          map[int]int // steps found per rank
+	// foreignComm counts the plugin's calls that did not carry the
+	// trainer's ncclComm_t, the handle the uprobes gave the communicator.
+	foreignComm map[int]int
+	paths       map[int]string // the capture path status showed last
+	libStates   map[int]string // the library's state status showed last
+	counters    map[string]int64
+	steps       map[int]int // steps found per rank
 }
 
 // runCapture runs a 4-rank trainer with env under the agent (plugin:
@@ -62,7 +66,7 @@ func runCapture(t *testing.T, plugin bool, env []string, args ...string) pathRun
 			}
 		}}
 	sink, a, truth := j.runAll(t, 2*time.Second, args...)
-	r := pathRun{truth: truth, uprobe: map[int]int{}, plugin: map[int]int{}, paths: paths, libStates: libStates,
+	r := pathRun{truth: truth, uprobe: map[int]int{}, plugin: map[int]int{}, foreignComm: map[int]int{}, paths: paths, libStates: libStates,
 		counters: a.Counters(), steps: map[int]int{}}
 	comm := map[int]uint64{}
 	for _, rk := range truth["rank"] {
@@ -78,10 +82,14 @@ func runCapture(t *testing.T, plugin bool, env []string, args ...string) pathRun
 		if h.Op != "allreduce" {
 			continue
 		}
-		if c, ok := comm[int(h.PID)]; ok && h.Comm == c {
+		// The uprobes read the call's stream, the plugin knows none.
+		if h.Stream != 0 {
 			r.uprobe[int(h.PID)]++
-		} else {
-			r.plugin[int(h.PID)]++
+			continue
+		}
+		r.plugin[int(h.PID)]++
+		if c, ok := comm[int(h.PID)]; !ok || h.Comm != c {
+			r.foreignComm[int(h.PID)]++
 		}
 	}
 	for _, s := range sink.steps {
@@ -143,6 +151,9 @@ func TestNCCLCapturePathMatrix(t *testing.T) {
 				if tt.want != "uprobes" && r.plugin[pid] == 0 {
 					t.Errorf("pid %d: no collective from the plugin", pid)
 				}
+				if n := r.foreignComm[pid]; n != 0 {
+					t.Errorf("pid %d: %d of the plugin's collectives not under the communicator's uprobe handle", pid, n)
+				}
 				if tt.want == "uprobes" && r.plugin[pid] != 0 {
 					t.Errorf("pid %d: %d collectives not from the uprobes", pid, r.plugin[pid])
 				}
@@ -176,17 +187,27 @@ func TestNCCLCapturePathMatrix(t *testing.T) {
 			if n := c["nccl_plugin_processes"]; n != wantProcs {
 				t.Errorf("nccl_plugin_processes %d, want %d", n, wantProcs)
 			}
-			// Steps: on uprobes every one. On the plugin path the correlator
-			// finds the steps before the switch only: the plugin's
-			// collectives come a batch (~100 ms) after the process's
-			// real-time synchronisations and under a second comm handle
-			// (docs/nccl-profiler-plugin.md §7, not yet); logged, not
-			// checked, until the correlator takes them.
+			// Steps: every one, whatever the path: the plugin's calls take
+			// the uprobes' comm handle and are reordered with the
+			// process's real-time synchronisations (agent/reorder.go).
 			for rank := 0; rank < 4; rank++ {
-				if n := r.steps[rank]; tt.want == "uprobes" && (n < steps-8 || n > steps) {
+				if n := r.steps[rank]; n < steps-8 || n > steps {
 					t.Errorf("rank %d: %d steps found, trainer ran %d (warm-up allowance 8)", rank, n, steps)
 				}
 			}
+			if n := c["nccl_plugin_comms_unmapped"]; n != 0 {
+				t.Errorf("%d plugin communicators kept a handle of their own", n)
+			}
+			if n := c["nccl_plugin_records_late"] + c["nccl_plugin_reorder_overflow"]; n != 0 {
+				t.Errorf("%d plugin records came after the hold or overflowed it", n)
+			}
+			var b strings.Builder
+			for _, k := range []string{"correlate_late", "correlate_retracted_steps", "correlate_relocks", "correlate_irregular_calls",
+				"correlate_init_calls", "correlate_burst_steps", "correlate_unassigned", "correlate_reordered", "correlate_arrival_timeouts",
+				"nccl_plugin_comms_mapped", "nccl_plugin_records_late"} {
+				fmt.Fprintf(&b, " %s=%d", k, c[k])
+			}
+			t.Logf("counters:%s", b.String())
 			t.Logf("%d all-reduces: uprobes %v, plugin %v; superseded: uprobe events %d, plugin records %d; steps %v; paths %v",
 				total, r.uprobe, r.plugin, c["nccl_uprobe_events_superseded"], c["nccl_plugin_records_superseded"], r.steps, r.paths)
 		})
