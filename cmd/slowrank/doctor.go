@@ -22,6 +22,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/slowrank/slowrank/agent"
+	"github.com/slowrank/slowrank/agent/localapi"
 	"github.com/slowrank/slowrank/agent/privilege"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/cupti"
@@ -63,7 +64,7 @@ func doctorCommand() *cli.Command {
 			&cli.StringFlag{Name: "otlp-endpoint", Usage: "OTLP endpoint to test (default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT)"},
 			&cli.StringFlag{Name: "lib", Usage: "the injection library libslowrank_cupti.so (default: next to the binary, bin/, /opt/slowrank/lib)", EnvVars: []string{"SLOWRANK_CUPTI_LIB_PATH"}},
 			&cli.StringFlag{Name: "env-key", Value: agent.DefaultEnvKey, Usage: "training processes are those whose environment has this variable", EnvVars: []string{"SLOWRANK_ENV_KEY"}},
-			&cli.StringFlag{Name: "socket", Value: agent.DefaultSocket, Usage: "a running agent's Unix socket", EnvVars: []string{"SLOWRANK_STATUS_SOCKET"}},
+			&cli.StringFlag{Name: "socket", Value: localapi.DefaultSocket, Usage: "a running agent's Unix socket", EnvVars: []string{"SLOWRANK_STATUS_SOCKET"}},
 		},
 		Action: func(c *cli.Context) error {
 			checks := runDoctor(c.Context, doctorOptions{
