@@ -149,7 +149,7 @@ func (t *attacher) added(p Process) {
 		PID: uint32(p.PID), Rank: rank, LocalRank: localRank, WorldSize: world,
 		Host: t.a.cfg.HostName, Job: job, Epoch: t.a.cfg.Epoch,
 		MidRun:    t.a.midRun(p.StartTime),
-		Placement: p.Identity.placement(t.a.cfg.HostName),
+		Placement: p.Identity.Placement(t.a.cfg.HostName),
 	}
 	t.a.placeGPU(pe)
 	t.a.pipe.handle(pe.info)

@@ -15,7 +15,17 @@ import (
 	"syscall"
 
 	"github.com/prometheus/procfs"
+
+	"github.com/slowrank/slowrank/agent/identity"
 )
+
+// Identity is what a training process's environment (and its cgroup) says
+// about its place in the job and the cluster: package identity reads it.
+type Identity = identity.Identity
+
+// Unknown is the value of an Identity number that the environment did not
+// give.
+const Unknown = identity.Unknown
 
 // DefaultEnvKey is the environment variable whose presence selects a process by default.
 const DefaultEnvKey = "RANK"
@@ -317,7 +327,7 @@ func (r *procReader) evaluate(st procStat, sel Selector, explicit map[int]uint64
 		return p, evalRejected, nil
 	}
 	explicitPID := isExplicit(explicit, st)
-	var cg cgroupIdentity
+	var cg identity.Cgroup
 	if sel.Policy.restricted() && !explicitPID {
 		// Before the environment: a disallowed owner's processes cost no read of it.
 		if p.Owner, cg = r.owner(pid); !sel.Policy.allows(p.Owner) {
@@ -325,7 +335,7 @@ func (r *procReader) evaluate(st procStat, sel Selector, explicit map[int]uint64
 		}
 	}
 	envKey := sel.envKey()
-	keep := func(k string) bool { return identityVars[k] || k == envKey }
+	keep := func(k string) bool { return identity.IsVar(k) || k == envKey }
 	var env map[string]string
 	envErr := error(nil)
 	readEnv := func() {
@@ -334,7 +344,7 @@ func (r *procReader) evaluate(st procStat, sel Selector, explicit map[int]uint64
 			envErr = err
 			return
 		}
-		env = parseEnviron(data, keep)
+		env = identity.ParseEnviron(data, keep)
 	}
 	switch {
 	case explicitPID:
@@ -388,7 +398,7 @@ func (r *procReader) evaluate(st procStat, sel Selector, explicit map[int]uint64
 	default:
 		return p, evalFailed, fmt.Errorf("read environ of pid %d: %w", pid, envErr)
 	}
-	p.Identity = identityFromEnv(env)
+	p.Identity = identity.FromEnv(env)
 	if p.Exe == "" {
 		exe, err := os.Readlink(r.path(pid, "exe"))
 		if procGone(err) {
@@ -406,7 +416,7 @@ func (r *procReader) evaluate(st procStat, sel Selector, explicit map[int]uint64
 	if !sel.Policy.restricted() || explicitPID {
 		p.Owner, cg = r.owner(pid)
 	}
-	p.Identity.withCgroup(cg)
+	p.Identity.WithCgroup(cg)
 	// A process that ended while being read has an empty environ and cmdline: look again.
 	if st2, err := r.stat(pid); err != nil || st2.StartTime != st.StartTime || st2.exited() {
 		return p, evalGone, nil

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/slowrank/slowrank/agent/identity"
 	"github.com/slowrank/slowrank/detector"
 )
 
@@ -163,4 +164,29 @@ func summariseGPU(h []GPUSample, start, end int64) *detector.GPUEvidence {
 		ev.PCIeReplays = last.PCIeReplays - base.PCIeReplays
 	}
 	return ev
+}
+
+// rankGPU is the GPU that NVML shows a process training on: its only GPU,
+// or among several (a stray context on GPU 0 is common) the one holding
+// most of its memory. When NVML cannot tell them apart (equal or unknown
+// memory) it is none: the local rank or CUDA_VISIBLE_DEVICES would only
+// guess, as the visible devices are renumbered from 0 inside a container.
+// gs is GPUProcesses' list for the process, largest memory first.
+func rankGPU(gs []GPUProcess) (detector.RankGPU, bool) {
+	if len(gs) == 0 {
+		return detector.RankGPU{}, false
+	}
+	if len(gs) > 1 {
+		top := gs[0].UsedMemory
+		for _, g := range gs[1:] {
+			if top == MemoryUnknown || g.UsedMemory == MemoryUnknown || g.UsedMemory >= top {
+				return detector.RankGPU{}, false
+			}
+		}
+	}
+	g := gs[0]
+	if identity.CleanName(g.UUID) == "" {
+		return detector.RankGPU{}, false
+	}
+	return detector.RankGPU{Index: g.GPUIndex, UUID: g.UUID, PCIBusID: identity.CleanName(g.PCIBusID)}, true
 }

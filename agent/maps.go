@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/slowrank/slowrank/agent/identity"
 )
 
 // LibraryKind says which probed library a mapped file is, judged by its basename.
@@ -49,7 +51,7 @@ func (k LibraryKind) String() string {
 }
 
 // InjectionLibraryName is the basename of slowrank's CUPTI injection library.
-const InjectionLibraryName = "libslowrank_cupti.so"
+const InjectionLibraryName = identity.InjectionLibraryName
 
 // kindOfStem maps the name of a library up to ".so" to its kind.
 func kindOfStem(stem []byte) LibraryKind {

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/slowrank/slowrank/agent/identity"
 )
 
 // Who may be a rank. Any local user, or any pod, can start a process with
@@ -142,9 +144,9 @@ func parseCgroup(data []byte) string {
 // owner reads who pid belongs to, and what its cgroup names of its
 // container (one bounded read of the file serves both); an unreadable file
 // leaves its part unknown.
-func (r *procReader) owner(pid int) (Owner, cgroupIdentity) {
+func (r *procReader) owner(pid int) (Owner, identity.Cgroup) {
 	o := Owner{UID: -1}
-	var cg cgroupIdentity
+	var cg identity.Cgroup
 	if data, err := r.readFile(r.path(pid, "status")); err == nil {
 		if uid, err := parseStatusUID(data); err == nil {
 			o.UID = uid
@@ -152,7 +154,7 @@ func (r *procReader) owner(pid int) (Owner, cgroupIdentity) {
 	}
 	if data, err := r.readFile(r.path(pid, "cgroup")); err == nil {
 		o.Cgroup = parseCgroup(data)
-		cg = parseCgroupIdentity(data)
+		cg = identity.ParseCgroup(data)
 	}
 	return o, cg
 }

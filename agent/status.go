@@ -31,6 +31,31 @@ type Status struct {
 	Overhead    *Overhead          `json:"overhead,omitempty"` // cost estimate and budget ledger (duty.go)
 }
 
+// StatusReport is the body of GET /status: the agent's Status, its
+// runtime-control state and its outputs' health.
+type StatusReport struct {
+	Status
+	Version string `json:"version,omitempty"`
+	// Control is absent when the agent did not answer in time (stopping);
+	// ControlError then says why.
+	Control      *ControlState `json:"control,omitempty"`
+	ControlError string        `json:"control_error,omitempty"`
+	Export       *ExportHealth `json:"export,omitempty"`
+}
+
+// ExportHealth describes the agent's outputs; the command that wires them
+// fills it in (the agent does not know the exporters).
+type ExportHealth struct {
+	// OTel is "off", "otlp" or "stdout"; Endpoint the OTLP endpoint.
+	OTel     string `json:"otel"`
+	Endpoint string `json:"endpoint,omitempty"`
+	// Counters are the exporter's own counters (spans exported, dropped,
+	// export errors, ...).
+	Counters map[string]int64 `json:"counters,omitempty"`
+	// Files are the JSONL outputs (facts, verdicts) by name.
+	Files map[string]string `json:"files,omitempty"`
+}
+
 // Status returns a snapshot; safe to call from any goroutine while Run runs.
 func (a *Agent) Status() Status {
 	rows, recent, windows, facts, verdicts := a.pipe.snapshot()

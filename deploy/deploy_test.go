@@ -17,7 +17,7 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-// agentCaps is the capability set of agent/caps.go.
+// agentCaps is the capability set of agent/privilege/caps.go.
 var agentCaps = []string{"BPF", "PERFMON", "SYS_ADMIN", "SYS_PTRACE", "DAC_READ_SEARCH", "DAC_OVERRIDE", "CHECKPOINT_RESTORE"}
 
 type container struct {

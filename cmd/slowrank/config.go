@@ -19,6 +19,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/slowrank/slowrank/agent"
+	"github.com/slowrank/slowrank/agent/privilege"
 )
 
 // Configuration files (--config FILE). A file is YAML or JSON (JSON is read
@@ -465,21 +466,21 @@ func reliabilityConfig(c *cli.Context, cfg *agent.Config) error {
 // without a required one), drops the others (re-executing the process) and
 // then takes the attach epoch from the state directory.
 func secureAgent(c *cli.Context, cfg *agent.Config, log *slog.Logger) error {
-	chk, err := agent.CheckCapabilities(cfg.DeviceCollection)
+	chk, err := privilege.CheckCapabilities(cfg.DeviceCollection)
 	if err != nil {
-		if errors.Is(err, agent.ErrMissingCapability) {
+		if errors.Is(err, privilege.ErrMissingCapability) {
 			return cli.Exit(err.Error(), 1)
 		}
 		log.Warn("cannot check capabilities", "err", err)
 	} else {
 		if chk.IgnoredMark {
-			log.Warn("ignoring "+agent.CapsDroppedEnv+" from the environment: this process still holds the capabilities that the drop removes", "value", os.Getenv(agent.CapsDroppedEnv))
+			log.Warn("ignoring "+privilege.CapsDroppedEnv+" from the environment: this process still holds the capabilities that the drop removes", "value", os.Getenv(privilege.CapsDroppedEnv))
 		}
 		for _, m := range chk.Missing {
 			log.Warn("capability missing: a feature will not work", "capability", m.Cap.String(), "needed_to", m.Why)
 		}
 		if c.Bool("drop-capabilities") {
-			if err := agent.DropCapabilities(chk); err != nil {
+			if err := privilege.DropCapabilities(chk); err != nil {
 				log.Warn("capabilities not dropped", "err", err)
 			} else {
 				log.Info("capabilities limited to what the agent needs", "kept", chk.Keep.String())

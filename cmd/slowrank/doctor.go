@@ -20,9 +20,10 @@ import (
 	"time"
 
 	"github.com/urfave/cli/v2"
-	"golang.org/x/sys/unix"
 
 	"github.com/slowrank/slowrank/agent"
+	"github.com/slowrank/slowrank/agent/localapi"
+	"github.com/slowrank/slowrank/agent/privilege"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/cupti"
 )
@@ -63,7 +64,7 @@ func doctorCommand() *cli.Command {
 			&cli.StringFlag{Name: "otlp-endpoint", Usage: "OTLP endpoint to test (default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT)"},
 			&cli.StringFlag{Name: "lib", Usage: "the injection library libslowrank_cupti.so (default: next to the binary, bin/, /opt/slowrank/lib)", EnvVars: []string{"SLOWRANK_CUPTI_LIB_PATH"}},
 			&cli.StringFlag{Name: "env-key", Value: agent.DefaultEnvKey, Usage: "training processes are those whose environment has this variable", EnvVars: []string{"SLOWRANK_ENV_KEY"}},
-			&cli.StringFlag{Name: "socket", Value: agent.DefaultSocket, Usage: "a running agent's Unix socket", EnvVars: []string{"SLOWRANK_STATUS_SOCKET"}},
+			&cli.StringFlag{Name: "socket", Value: localapi.DefaultSocket, Usage: "a running agent's Unix socket", EnvVars: []string{"SLOWRANK_STATUS_SOCKET"}},
 		},
 		Action: func(c *cli.Context) error {
 			checks := runDoctor(c.Context, doctorOptions{
@@ -103,10 +104,10 @@ func doctorFailed(checks []checkResult) bool {
 // runDoctor runs every check. Each is independent: one failing does not
 // stop the others.
 func runDoctor(ctx context.Context, o doctorOptions) []checkResult {
-	kernel, kerr := unameRelease()
-	var kv kernelVersion
+	kernel, kerr := privilege.KernelRelease()
+	var kv privilege.KernelVersion
 	if kerr == nil {
-		kv, kerr = parseKernelVersion(kernel)
+		kv, kerr = privilege.ParseKernelVersion(kernel)
 	}
 	out := []checkResult{
 		checkKernel(kernel, kv, kerr),
@@ -150,58 +151,7 @@ func writeDoctor(w io.Writer, checks []checkResult) {
 	fmt.Fprintf(w, "%d ok, %d warnings, %d failures: %s\n", counts[checkOK], counts[checkWarn], counts[checkFail], verdict)
 }
 
-// kernelVersion is major.minor.patch of a kernel release string.
-type kernelVersion struct{ major, minor, patch int }
-
-func (v kernelVersion) String() string { return fmt.Sprintf("%d.%d.%d", v.major, v.minor, v.patch) }
-
-// atLeast reports whether v >= major.minor.
-func (v kernelVersion) atLeast(major, minor int) bool {
-	return v.major > major || (v.major == major && v.minor >= minor)
-}
-
-// parseKernelVersion reads "6.18.44-fc-v669", "5.15.0-91-generic",
-// "4.18.0-513.el8.x86_64", "6.1": the leading numbers.
-func parseKernelVersion(release string) (kernelVersion, error) {
-	var nums []int
-	rest := release
-	for len(nums) < 3 {
-		i := 0
-		for i < len(rest) && rest[i] >= '0' && rest[i] <= '9' {
-			i++
-		}
-		if i == 0 {
-			break
-		}
-		n, err := strconv.Atoi(rest[:i])
-		if err != nil {
-			return kernelVersion{}, fmt.Errorf("kernel release %q: %w", release, err)
-		}
-		nums = append(nums, n)
-		rest = rest[i:]
-		if !strings.HasPrefix(rest, ".") {
-			break
-		}
-		rest = rest[1:]
-	}
-	if len(nums) < 2 {
-		return kernelVersion{}, fmt.Errorf("kernel release %q: want MAJOR.MINOR", release)
-	}
-	for len(nums) < 3 {
-		nums = append(nums, 0)
-	}
-	return kernelVersion{nums[0], nums[1], nums[2]}, nil
-}
-
-func unameRelease() (string, error) {
-	var u unix.Utsname
-	if err := unix.Uname(&u); err != nil {
-		return "", fmt.Errorf("uname: %w", err)
-	}
-	return unix.ByteSliceToString(u.Release[:]), nil
-}
-
-func checkKernel(release string, v kernelVersion, err error) checkResult {
+func checkKernel(release string, v privilege.KernelVersion, err error) checkResult {
 	r := checkResult{Check: "kernel"}
 	switch {
 	case runtime.GOARCH != "amd64":
@@ -209,7 +159,7 @@ func checkKernel(release string, v kernelVersion, err error) checkResult {
 		r.Fix = "run the agent on x86-64 hosts"
 	case err != nil:
 		r.Status, r.Detail = checkFail, err.Error()
-	case !v.atLeast(5, 8):
+	case !v.AtLeast(5, 8):
 		r.Status, r.Detail = checkFail, fmt.Sprintf("Linux %s: BPF ring buffers need 5.8+", release)
 		r.Fix = "upgrade the kernel to 5.8 or newer (5.15+ recommended)"
 	default:
@@ -301,43 +251,7 @@ func checkTracefs() checkResult {
 	return r
 }
 
-// parseCapEff reads the effective capability set from /proc/PID/status.
-func parseCapEff(status []byte) (uint64, error) {
-	sc := bufio.NewScanner(bytes.NewReader(status))
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), ":")
-		if !ok || k != "CapEff" {
-			continue
-		}
-		caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
-		if err != nil {
-			return 0, fmt.Errorf("parse CapEff %q: %w", strings.TrimSpace(v), err)
-		}
-		return caps, nil
-	}
-	return 0, errors.New("status has no CapEff line")
-}
-
-// missingCaps splits the requirements that eff does not satisfy (neither
-// the capability nor one that serves instead) into required and optional.
-func missingCaps(eff agent.CapSet, reqs []agent.CapRequirement) (required, optional []agent.CapRequirement) {
-	for _, r := range reqs {
-		ok := eff.Has(r.Cap)
-		for _, c := range r.Also {
-			ok = ok || eff.Has(c)
-		}
-		switch {
-		case ok:
-		case r.Required:
-			required = append(required, r)
-		default:
-			optional = append(optional, r)
-		}
-	}
-	return required, optional
-}
-
-func capList(reqs []agent.CapRequirement) string {
+func capList(reqs []privilege.CapRequirement) string {
 	names := make([]string, len(reqs))
 	for i, r := range reqs {
 		names[i] = r.Cap.String()
@@ -346,30 +260,30 @@ func capList(reqs []agent.CapRequirement) string {
 }
 
 // checkCapabilities compares this process's effective set with what the
-// agent uses on this kernel (agent.CapRequirements; whether uprobes need
+// agent uses on this kernel (privilege.CapRequirements; whether uprobes need
 // CAP_SYS_ADMIN is probed, and assumed when it cannot be).
 func checkCapabilities() checkResult {
 	r := checkResult{Check: "caps"}
 	data, err := os.ReadFile(procSelfStatus)
-	var eff uint64
+	var eff privilege.CapSet
 	if err == nil {
-		eff, err = parseCapEff(data)
+		eff, err = privilege.ParseCapEff(data)
 	}
 	if err != nil {
 		r.Status, r.Detail = checkWarn, fmt.Sprintf("cannot read this process's capabilities: %v", err)
 		return r
 	}
-	needAdmin, perr := agent.UprobesNeedSysAdmin()
+	needAdmin, perr := privilege.UprobesNeedSysAdmin()
 	if perr != nil {
 		needAdmin = true
 	}
-	reqs := agent.CapRequirements(needAdmin, true)
-	var used agent.CapSet
+	reqs := privilege.CapRequirements(needAdmin, true)
+	var used privilege.CapSet
 	for _, q := range reqs {
-		used |= agent.Caps(append([]agent.Capability{q.Cap}, q.Also...)...)
+		used |= privilege.Caps(append([]privilege.Capability{q.Cap}, q.Also...)...)
 	}
-	have := agent.CapSet(eff) & used
-	required, optional := missingCaps(agent.CapSet(eff), reqs)
+	have := eff & used
+	required, optional := privilege.MissingCapabilities(eff, reqs)
 	admin := ""
 	if needAdmin {
 		admin = "; this kernel wants CAP_SYS_ADMIN for uprobes"

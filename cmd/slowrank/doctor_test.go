@@ -6,91 +6,30 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/slowrank/slowrank/agent"
+	"github.com/slowrank/slowrank/agent/privilege"
 	"github.com/slowrank/slowrank/cupti"
 )
 
-func TestParseKernelVersion(t *testing.T) {
-	tests := []struct {
-		in   string
-		want kernelVersion
-		err  bool
-	}{
-		{"6.18.44-fc-v669", kernelVersion{6, 18, 44}, false},
-		{"5.15.0-91-generic", kernelVersion{5, 15, 0}, false},
-		{"4.18.0-513.el8.x86_64", kernelVersion{4, 18, 0}, false},
-		{"6.1", kernelVersion{6, 1, 0}, false},
-		{"5.8.0", kernelVersion{5, 8, 0}, false},
-		{"6.10.0-rc1+", kernelVersion{6, 10, 0}, false},
-		{"6", kernelVersion{}, true},
-		{"", kernelVersion{}, true},
-		{"linux", kernelVersion{}, true},
-	}
-	for _, tt := range tests {
-		got, err := parseKernelVersion(tt.in)
-		if (err != nil) != tt.err || got != tt.want {
-			t.Errorf("parseKernelVersion(%q) = %v, %v; want %v, err %v", tt.in, got, err, tt.want, tt.err)
-		}
-	}
-}
-
-func TestKernelAtLeast(t *testing.T) {
-	tests := []struct {
-		v            kernelVersion
-		major, minor int
-		want         bool
-	}{
-		{kernelVersion{5, 8, 0}, 5, 8, true},
-		{kernelVersion{5, 7, 19}, 5, 8, false},
-		{kernelVersion{6, 0, 0}, 5, 8, true},
-		{kernelVersion{4, 20, 0}, 5, 8, false},
-		{kernelVersion{5, 10, 0}, 5, 11, false},
-		{kernelVersion{5, 11, 0}, 5, 11, true},
-	}
-	for _, tt := range tests {
-		if got := tt.v.atLeast(tt.major, tt.minor); got != tt.want {
-			t.Errorf("%v.atLeast(%d, %d) = %v", tt.v, tt.major, tt.minor, got)
-		}
-	}
-}
-
-func TestParseCapEff(t *testing.T) {
-	status := "Name:\tslowrank\nCapInh:\t0000000000000000\nCapPrm:\t000001ffffffffff\nCapEff:\t000000c000080000\nCapBnd:\t000001ffffffffff\n"
-	eff, err := parseCapEff([]byte(status))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if eff != 0xc000080000 {
-		t.Fatalf("CapEff %#x", eff)
-	}
-	if _, err := parseCapEff([]byte("Name:\tx\n")); err == nil {
-		t.Error("no CapEff: no error")
-	}
-	if _, err := parseCapEff([]byte("CapEff:\tzz\n")); err == nil {
-		t.Error("bad CapEff: no error")
-	}
-}
-
 func TestMissingCaps(t *testing.T) {
-	set := func(cs ...agent.Capability) agent.CapSet { return agent.Caps(cs...) }
-	minimal := set(agent.CapBPF, agent.CapPerfmon, agent.CapSysPtrace, agent.CapDACReadSearch, agent.CapDACOverride, agent.CapCheckpointRestore)
+	set := func(cs ...privilege.Capability) privilege.CapSet { return privilege.Caps(cs...) }
+	minimal := set(privilege.CapBPF, privilege.CapPerfmon, privilege.CapSysPtrace, privilege.CapDACReadSearch, privilege.CapDACOverride, privilege.CapCheckpointRestore)
 	tests := []struct {
 		name               string
-		eff                agent.CapSet
+		eff                privilege.CapSet
 		needAdmin          bool
 		required, optional string
 	}{
-		{"root", agent.CapSet(0x1ffffffffff), true, "", ""},
+		{"root", privilege.CapSet(0x1ffffffffff), true, "", ""},
 		{"minimal on a kernel without the sys_admin rule", minimal, false, "", ""},
 		{"minimal where uprobes need sys_admin", minimal, true, "CAP_SYS_ADMIN", ""},
-		{"sys_admin covers bpf and perfmon", set(agent.CapSysAdmin, agent.CapSysPtrace, agent.CapDACReadSearch, agent.CapDACOverride), true, "", ""},
-		{"no ptrace", minimal &^ set(agent.CapSysPtrace), false, "CAP_SYS_PTRACE", ""},
-		{"no dac: optional features", set(agent.CapBPF, agent.CapPerfmon, agent.CapSysPtrace, agent.CapCheckpointRestore), false, "", "CAP_DAC_READ_SEARCH, CAP_DAC_OVERRIDE"},
+		{"sys_admin covers bpf and perfmon", set(privilege.CapSysAdmin, privilege.CapSysPtrace, privilege.CapDACReadSearch, privilege.CapDACOverride), true, "", ""},
+		{"no ptrace", minimal &^ set(privilege.CapSysPtrace), false, "CAP_SYS_PTRACE", ""},
+		{"no dac: optional features", set(privilege.CapBPF, privilege.CapPerfmon, privilege.CapSysPtrace, privilege.CapCheckpointRestore), false, "", "CAP_DAC_READ_SEARCH, CAP_DAC_OVERRIDE"},
 		{"nothing", 0, false, "CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH, CAP_CHECKPOINT_RESTORE, CAP_DAC_OVERRIDE"},
-		{"this container (no CAP_SYS_RESOURCE)", agent.CapSet(0x1fffeffffff), true, "", ""},
+		{"this container (no CAP_SYS_RESOURCE)", privilege.CapSet(0x1fffeffffff), true, "", ""},
 	}
 	for _, tt := range tests {
-		req, opt := missingCaps(tt.eff, agent.CapRequirements(tt.needAdmin, true))
+		req, opt := privilege.MissingCapabilities(tt.eff, privilege.CapRequirements(tt.needAdmin, true))
 		if got := capList(req); got != tt.required {
 			t.Errorf("%s: required missing %q, want %q", tt.name, got, tt.required)
 		}

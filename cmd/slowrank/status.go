@@ -23,13 +23,14 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/slowrank/slowrank/agent"
+	"github.com/slowrank/slowrank/agent/localapi"
 	"github.com/slowrank/slowrank/detector"
 )
 
 // statusServerFlags are the agent's flags for its local endpoint.
 func statusServerFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "status-socket", Value: agent.DefaultSocket, Usage: "serve status, metrics and runtime control on this Unix socket (mode 0600; empty: none)", EnvVars: []string{"SLOWRANK_STATUS_SOCKET"}},
+		&cli.StringFlag{Name: "status-socket", Value: localapi.DefaultSocket, Usage: "serve status, metrics and runtime control on this Unix socket (mode 0600; empty: none)", EnvVars: []string{"SLOWRANK_STATUS_SOCKET"}},
 		&cli.StringFlag{Name: "status-addr", Usage: "also serve GET /status and /metrics (read-only) on this TCP address, e.g. 127.0.0.1:9464", EnvVars: []string{"SLOWRANK_STATUS_ADDR"}},
 		&cli.BoolFlag{Name: "status-allow-remote", Usage: "allow a non-loopback --status-addr (e.g. 0.0.0.0:9464 for Prometheus in Kubernetes)", EnvVars: []string{"SLOWRANK_STATUS_ALLOW_REMOTE"}},
 	}
@@ -39,7 +40,7 @@ func statusServerFlags() []cli.Flag {
 // starts.
 func checkStatusServerFlags(c *cli.Context) error {
 	if addr := c.String("status-addr"); addr != "" {
-		if err := agent.CheckStatusAddr(addr, c.Bool("status-allow-remote")); err != nil {
+		if err := localapi.CheckStatusAddr(addr, c.Bool("status-allow-remote")); err != nil {
 			return cli.Exit(fmt.Sprintf("--status-addr: %v", err), exitUsage)
 		}
 	}
@@ -51,14 +52,14 @@ func checkStatusServerFlags(c *cli.Context) error {
 // socket, say), the agent runs on without it and says so. The returned
 // close function is never nil.
 func startStatusServer(c *cli.Context, a *agent.Agent, sinks *sinkSet) func() {
-	cfg := agent.ServerConfig{
+	cfg := localapi.ServerConfig{
 		Socket: c.String("status-socket"), Addr: c.String("status-addr"), AllowRemote: c.Bool("status-allow-remote"),
-		Version: version, Export: sinks.health(c), Metrics: sinks.metrics, Logger: slog.Default(),
+		Metrics: sinks.metrics, Logger: slog.Default(),
 	}
 	if cfg.Socket == "" && cfg.Addr == "" {
 		return func() {}
 	}
-	srv, err := agent.NewServer(a, cfg)
+	srv, err := localapi.NewServer(agent.LocalAPI(a, version, sinks.health(c)), cfg)
 	if err != nil {
 		slog.Warn("local status endpoint unavailable; the agent runs without it", "err", err)
 		return func() {}
@@ -142,7 +143,7 @@ func (s *sinkSet) verdictsLost() int64 {
 // endpointFlags select the agent to talk to.
 func endpointFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "socket", Value: agent.DefaultSocket, Usage: "the agent's Unix socket", EnvVars: []string{"SLOWRANK_STATUS_SOCKET"}},
+		&cli.StringFlag{Name: "socket", Value: localapi.DefaultSocket, Usage: "the agent's Unix socket", EnvVars: []string{"SLOWRANK_STATUS_SOCKET"}},
 		&cli.StringFlag{Name: "addr", Usage: "the agent's TCP status address (HOST:PORT) instead of the socket (read-only)", EnvVars: []string{"SLOWRANK_STATUS_ADDR"}},
 	}
 }

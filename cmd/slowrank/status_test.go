@@ -15,6 +15,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/slowrank/slowrank/agent"
+	"github.com/slowrank/slowrank/agent/localapi"
 	"github.com/slowrank/slowrank/detector"
 )
 
@@ -116,10 +117,10 @@ func startFake(t *testing.T) (*fakeAgent, string) {
 		Records:  agent.RecordCounts{Late: 4}, Facts: agent.FactCounts{Late: 1},
 	}}
 	sock := filepath.Join(t.TempDir(), "agent.sock")
-	srv, err := agent.NewServer(f, agent.ServerConfig{Socket: sock, Version: "test", Export: func() agent.ExportHealth {
+	srv, err := localapi.NewServer(agent.LocalAPI(f, "test", func() agent.ExportHealth {
 		return agent.ExportHealth{OTel: "otlp", Endpoint: "http://127.0.0.1:4318", Counters: map[string]int64{"spans_exported": 120, "spans_dropped_queue_full": 0},
 			Files: map[string]string{"verdicts": "/var/lib/slowrank/verdicts.jsonl"}}
-	}})
+	}), localapi.ServerConfig{Socket: sock})
 	if err != nil {
 		t.Fatal(err)
 	}

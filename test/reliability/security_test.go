@@ -11,17 +11,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slowrank/slowrank/agent"
+	"github.com/slowrank/slowrank/agent/privilege"
 )
 
-// keptCaps is what the agent keeps on this kernel (agent/caps.go): uprobes
+// keptCaps is what the agent keeps on this kernel (agent/privilege/caps.go): uprobes
 // through perf need CAP_SYS_ADMIN from Linux 6.16.
-var keptCaps = agent.Caps(agent.CapBPF, agent.CapPerfmon, agent.CapSysAdmin, agent.CapSysPtrace,
-	agent.CapDACReadSearch, agent.CapDACOverride, agent.CapCheckpointRestore)
+var keptCaps = privilege.Caps(privilege.CapBPF, privilege.CapPerfmon, privilege.CapSysAdmin, privilege.CapSysPtrace,
+	privilege.CapDACReadSearch, privilege.CapDACOverride, privilege.CapCheckpointRestore)
 
 // setprivCaps runs a command with exactly the capabilities caps (bounding,
 // permitted and effective sets: root gets its bounding set at exec).
-func setprivCaps(caps agent.CapSet) []string {
+func setprivCaps(caps privilege.CapSet) []string {
 	var names []string
 	for _, c := range caps.List() {
 		names = append(names, "+"+strings.ToLower(strings.TrimPrefix(c.String(), "CAP_")))
@@ -34,7 +34,7 @@ func needSetpriv(t *testing.T) {
 	if _, err := exec.LookPath("setpriv"); err != nil {
 		t.Skip("setpriv (util-linux) not installed")
 	}
-	need, err := agent.UprobesNeedSysAdmin()
+	need, err := privilege.UprobesNeedSysAdmin()
 	if err != nil {
 		t.Skipf("cannot probe the kernel: %v", err)
 	}
@@ -45,7 +45,7 @@ func needSetpriv(t *testing.T) {
 
 // procCaps returns the effective, permitted and bounding sets of every
 // thread of pid.
-func procCaps(t *testing.T, pid int) (eff, prm, bnd []agent.CapSet) {
+func procCaps(t *testing.T, pid int) (eff, prm, bnd []privilege.CapSet) {
 	t.Helper()
 	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 	if err != nil {
@@ -64,11 +64,11 @@ func procCaps(t *testing.T, pid int) (eff, prm, bnd []agent.CapSet) {
 			}
 			switch k {
 			case "CapEff":
-				eff = append(eff, agent.CapSet(n))
+				eff = append(eff, privilege.CapSet(n))
 			case "CapPrm":
-				prm = append(prm, agent.CapSet(n))
+				prm = append(prm, privilege.CapSet(n))
 			case "CapBnd":
-				bnd = append(bnd, agent.CapSet(n))
+				bnd = append(bnd, privilege.CapSet(n))
 			}
 		}
 	}
@@ -81,10 +81,10 @@ func TestCapabilitiesRefused(t *testing.T) {
 	tl := needTools(t)
 	needSetpriv(t)
 	t.Parallel()
-	for _, missing := range []agent.Capability{agent.CapBPF, agent.CapPerfmon, agent.CapSysAdmin, agent.CapSysPtrace} {
-		caps := keptCaps &^ agent.Caps(missing)
-		if missing == agent.CapBPF || missing == agent.CapPerfmon {
-			caps &^= agent.Caps(agent.CapSysAdmin) // it would stand in for them
+	for _, missing := range []privilege.Capability{privilege.CapBPF, privilege.CapPerfmon, privilege.CapSysAdmin, privilege.CapSysPtrace} {
+		caps := keptCaps &^ privilege.Caps(missing)
+		if missing == privilege.CapBPF || missing == privilege.CapPerfmon {
+			caps &^= privilege.Caps(privilege.CapSysAdmin) // it would stand in for them
 		}
 		argv := append(setprivCaps(caps), tl.slowrank, "agent", "--env-key", markOf(t), "--status-socket", "", "--state-dir", "", "--duration", "2s")
 		out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()

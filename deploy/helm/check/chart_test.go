@@ -19,7 +19,7 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// agentCaps is the capability set of agent/caps.go (CAP_ prefix dropped).
+// agentCaps is the capability set of agent/privilege/caps.go (CAP_ prefix dropped).
 var agentCaps = []corev1.Capability{"BPF", "PERFMON", "SYS_ADMIN", "SYS_PTRACE", "DAC_READ_SEARCH", "DAC_OVERRIDE", "CHECKPOINT_RESTORE"}
 
 const digest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"

@@ -24,7 +24,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{/*
-The capabilities of the agent (agent/caps.go says why each is needed).
+The capabilities of the agent (agent/privilege/caps.go says why each is needed).
 */}}
 {{- define "slowrank.capabilities" -}}
 drop: [ALL]

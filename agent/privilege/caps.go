@@ -1,4 +1,4 @@
-package agent
+package privilege
 
 // Least privilege. What the agent needs, measured on Linux 6.18 by running
 // `slowrank agent` under `setpriv --bounding-set=-all,+...` against fake
@@ -38,11 +38,14 @@ package agent
 // getting the rest back.
 
 import (
+	"bufio"
+	"bytes"
 	"debug/elf"
 	"errors"
 	"fmt"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -141,6 +144,24 @@ func ThreadCapabilities() (eff, perm, bnd CapSet, err error) {
 	return eff, perm, bnd, nil
 }
 
+// ParseCapEff reads the effective capability set (the CapEff line) of a
+// /proc/PID/status file.
+func ParseCapEff(status []byte) (CapSet, error) {
+	sc := bufio.NewScanner(bytes.NewReader(status))
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok || k != "CapEff" {
+			continue
+		}
+		caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+		if err != nil {
+			return 0, fmt.Errorf("parse CapEff %q: %w", strings.TrimSpace(v), err)
+		}
+		return CapSet(caps), nil
+	}
+	return 0, errors.New("status has no CapEff line")
+}
+
 // CapRequirement is one capability the agent uses and what for.
 type CapRequirement struct {
 	Cap Capability
@@ -153,7 +174,8 @@ type CapRequirement struct {
 	Required bool
 }
 
-func (r CapRequirement) satisfiedBy(s CapSet) bool {
+// SatisfiedBy reports whether s holds r.Cap or one of r.Also.
+func (r CapRequirement) SatisfiedBy(s CapSet) bool {
 	if s.Has(r.Cap) {
 		return true
 	}
@@ -274,7 +296,7 @@ func dropMark(env string, bnd CapSet) (mark string, ignored bool) {
 func checkCaps(eff CapSet, reqs []CapRequirement, needAdmin bool) (CapCheck, error) {
 	res := CapCheck{Effective: eff, UprobesNeedSysAdmin: needAdmin}
 	for _, r := range reqs {
-		if !r.satisfiedBy(eff) {
+		if !r.SatisfiedBy(eff) {
 			if r.Required {
 				return res, &MissingCapabilityError{Req: r}
 			}
@@ -289,6 +311,23 @@ func checkCaps(eff CapSet, reqs []CapRequirement, needAdmin bool) (CapCheck, err
 		}
 	}
 	return res, nil
+}
+
+// MissingCapabilities splits the requirements that eff does not satisfy
+// (neither the capability nor one that serves instead) into required and
+// optional ones, in the order of reqs. CheckCapabilities stops at the first
+// required one; `slowrank doctor` lists them all.
+func MissingCapabilities(eff CapSet, reqs []CapRequirement) (required, optional []CapRequirement) {
+	for _, r := range reqs {
+		switch {
+		case r.SatisfiedBy(eff):
+		case r.Required:
+			required = append(required, r)
+		default:
+			optional = append(optional, r)
+		}
+	}
+	return required, optional
 }
 
 // UprobesNeedSysAdmin reports whether this kernel requires CAP_SYS_ADMIN to
@@ -452,17 +491,4 @@ func DropCapabilities(chk CapCheck) error {
 	}
 	err = syscall.Exec(exe, os.Args, env)
 	return fmt.Errorf("%w: re-execute %s: %w", ErrCannotDrop, exe, err)
-}
-
-// kernelBefore reports whether the running kernel is older than major.minor.
-func kernelBefore(major, minor int) bool {
-	var u unix.Utsname
-	if unix.Uname(&u) != nil {
-		return false
-	}
-	var ma, mi int
-	if _, err := fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &ma, &mi); err != nil {
-		return false
-	}
-	return ma < major || ma == major && mi < minor
 }

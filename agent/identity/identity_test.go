@@ -1,4 +1,4 @@
-package agent
+package identity
 
 import (
 	"reflect"
@@ -25,7 +25,7 @@ func TestParseEnviron(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := parseEnviron([]byte(tt.data), tt.keep); !reflect.DeepEqual(got, tt.want) {
+			if got := ParseEnviron([]byte(tt.data), tt.keep); !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("got %q, want %q", got, tt.want)
 			}
 		})
@@ -139,7 +139,7 @@ func TestIdentityFromEnv(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := identityFromEnv(tt.env); !reflect.DeepEqual(got, tt.want) {
+			if got := FromEnv(tt.env); !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("got  %+v\nwant %+v", got, tt.want)
 			}
 		})

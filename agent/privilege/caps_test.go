@@ -1,4 +1,4 @@
-package agent
+package privilege
 
 import (
 	"errors"
@@ -155,5 +155,22 @@ func TestCapsDroppedEnvDoesNotSkipTheProbe(t *testing.T) {
 	chk, _ := CheckCapabilities(false)
 	if !probed || !chk.UprobesNeedSysAdmin || !chk.IgnoredMark {
 		t.Errorf("probed %v, needs admin %v, mark ignored %v: want all true", probed, chk.UprobesNeedSysAdmin, chk.IgnoredMark)
+	}
+}
+
+func TestParseCapEff(t *testing.T) {
+	status := "Name:\tslowrank\nCapInh:\t0000000000000000\nCapPrm:\t000001ffffffffff\nCapEff:\t000000c000080000\nCapBnd:\t000001ffffffffff\n"
+	eff, err := ParseCapEff([]byte(status))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if eff != 0xc000080000 {
+		t.Fatalf("CapEff %#x", uint64(eff))
+	}
+	if _, err := ParseCapEff([]byte("Name:\tx\n")); err == nil {
+		t.Error("no CapEff: no error")
+	}
+	if _, err := ParseCapEff([]byte("CapEff:\tzz\n")); err == nil {
+		t.Error("bad CapEff: no error")
 	}
 }

@@ -1,4 +1,4 @@
-package agent
+package localapi
 
 import (
 	"context"
@@ -22,39 +22,42 @@ import (
 // DefaultSocket is where the agent's local control endpoint listens.
 const DefaultSocket = "/run/slowrank/agent.sock"
 
-// Controller is what the local endpoint needs of an agent; *Agent
-// implements it.
-type Controller interface {
-	// Status is safe to call from any goroutine.
-	Status() Status
-	ControlState(ctx context.Context) (ControlState, error)
-	Control(ctx context.Context, req ControlRequest) (ControlState, error)
+// Backend is what the endpoint needs of the agent it serves, and all it
+// knows of it: a report to answer GET /status with, and the application of
+// a POST /control request. R is the request type (the body decodes into it
+// strictly: unknown fields are refused) and C the control state the agent
+// answers with; the endpoint encodes both as JSON without looking inside.
+// agent.LocalAPI adapts an agent to it.
+type Backend[R, C any] interface {
+	// Report returns the body of GET /status. It waits for the agent at
+	// most until ctx is done and then still returns, saying in the report
+	// what it could not get. Called from any goroutine.
+	Report(ctx context.Context) any
+	// Control applies req and returns the resulting state. A request the
+	// agent refuses is an error that wraps ErrBadRequest (answered 400) or
+	// ErrConflict (409, with the returned state); ctx's error when the
+	// agent does not answer in time (503); any other error is a 500.
+	Control(ctx context.Context, req R) (C, error)
 }
 
-// ExportHealth describes the agent's outputs; the command that wires them
-// fills it in (the agent does not know the exporters).
-type ExportHealth struct {
-	// OTel is "off", "otlp" or "stdout"; Endpoint the OTLP endpoint.
-	OTel     string `json:"otel"`
-	Endpoint string `json:"endpoint,omitempty"`
-	// Counters are the exporter's own counters (spans exported, dropped,
-	// export errors, ...).
-	Counters map[string]int64 `json:"counters,omitempty"`
-	// Files are the JSONL outputs (facts, verdicts) by name.
-	Files map[string]string `json:"files,omitempty"`
-}
+// Outcomes of Backend.Control that are the client's to fix.
+var (
+	// ErrBadRequest: the request is invalid.
+	ErrBadRequest = errors.New("bad control request")
+	// ErrConflict: the request is valid but the agent's state refuses it
+	// now (a change still settling, a feature that is off).
+	ErrConflict = errors.New("control request conflicts with the agent's state")
+)
 
-// StatusReport is the body of GET /status: the agent's Status, its
-// runtime-control state and its outputs' health.
-type StatusReport struct {
-	Status
-	Version string `json:"version,omitempty"`
-	// Control is absent when the agent did not answer in time (stopping);
-	// ControlError then says why.
-	Control      *ControlState `json:"control,omitempty"`
-	ControlError string        `json:"control_error,omitempty"`
-	Export       *ExportHealth `json:"export,omitempty"`
-}
+// Refused marks err, a refusal of Backend.Control, as kind (ErrBadRequest
+// or ErrConflict) for errors.Is; its message stays err's own, which is what
+// the client reads.
+func Refused(err, kind error) error { return &refusal{err: err, kind: kind} }
+
+type refusal struct{ err, kind error }
+
+func (r *refusal) Error() string   { return r.err.Error() }
+func (r *refusal) Unwrap() []error { return []error{r.err, r.kind} }
 
 // ServerConfig configures the local endpoint.
 type ServerConfig struct {
@@ -70,9 +73,6 @@ type ServerConfig struct {
 	// whose file mode is its access control.
 	Addr        string
 	AllowRemote bool
-	Version     string
-	// Export reports the outputs' health (nil: not reported).
-	Export func() ExportHealth
 	// Metrics serves GET /metrics (see HandlerConfig.Metrics).
 	Metrics http.Handler
 	// Timeout bounds how long a request waits for the agent's main
@@ -81,12 +81,12 @@ type ServerConfig struct {
 	Logger  *slog.Logger
 }
 
-// Server is the agent's local HTTP endpoint: GET /status (JSON
-// StatusReport), GET /metrics (Prometheus text format), POST /control
-// (JSON ControlRequest). Close it once.
+// Server is the agent's local HTTP endpoint: GET /status (the Backend's
+// report as JSON), GET /metrics (Prometheus text format), POST /control
+// (a JSON request). Close it once.
 type Server struct {
 	cfg  ServerConfig
-	ctl  Controller
+	h    func(control bool) http.Handler
 	log  *slog.Logger
 	srvs []*http.Server
 	lns  []net.Listener
@@ -99,16 +99,19 @@ type Server struct {
 // ErrRemoteAddress reports a non-loopback TCP address without AllowRemote.
 var ErrRemoteAddress = errors.New("refusing a non-loopback status address (allow it explicitly)")
 
-// NewServer listens on the configured socket and address and serves ctl
+// NewServer listens on the configured socket and address and serves b
 // until Close. On error, whatever it opened is closed.
-func NewServer(ctl Controller, cfg ServerConfig) (*Server, error) {
+func NewServer[R, C any](b Backend[R, C], cfg ServerConfig) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 3 * time.Second
 	}
-	s := &Server{cfg: cfg, ctl: ctl, log: cfg.Logger.With("component", "server")}
+	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "server")}
+	s.h = func(control bool) http.Handler {
+		return NewHandler(b, HandlerConfig{Control: control, Timeout: cfg.Timeout, Metrics: cfg.Metrics})
+	}
 	if cfg.Socket != "" {
 		ln, info, err := listenUnix(cfg.Socket)
 		if err != nil {
@@ -135,7 +138,7 @@ func (s *Server) Addrs() []string { return append([]string(nil), s.addrs...) }
 
 func (s *Server) serve(ln net.Listener, control bool) {
 	hs := &http.Server{
-		Handler:           NewHandler(s.ctl, HandlerConfig{Control: control, Version: s.cfg.Version, Export: s.cfg.Export, Timeout: s.cfg.Timeout, Metrics: s.cfg.Metrics}),
+		Handler:           s.h(control),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      15 * time.Second,
@@ -301,8 +304,8 @@ func CheckStatusAddr(addr string, allowRemote bool) error {
 type HandlerConfig struct {
 	// Control enables POST /control (the Unix socket only).
 	Control bool
-	Version string
-	Export  func() ExportHealth
+	// Timeout bounds how long POST /control waits for the agent (GET
+	// /status waits at most 1 s of it); default 3 s.
 	Timeout time.Duration
 	// Metrics serves GET /metrics: the OpenTelemetry Prometheus exporter
 	// of the process' one MeterProvider, which carries the instruments of
@@ -311,12 +314,12 @@ type HandlerConfig struct {
 	Metrics http.Handler
 }
 
-// NewHandler returns the endpoint's HTTP handler for ctl.
-func NewHandler(ctl Controller, cfg HandlerConfig) http.Handler {
+// NewHandler returns the endpoint's HTTP handler for b.
+func NewHandler[R, C any](b Backend[R, C], cfg HandlerConfig) http.Handler {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 3 * time.Second
 	}
-	h := &handler{ctl: ctl, cfg: cfg}
+	h := &handler[R, C]{b: b, cfg: cfg}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/status", h.status)
 	mux.HandleFunc("/metrics", h.metrics)
@@ -332,12 +335,12 @@ func NewHandler(ctl Controller, cfg HandlerConfig) http.Handler {
 	return mux
 }
 
-type handler struct {
-	ctl Controller
+type handler[R, C any] struct {
+	b   Backend[R, C]
 	cfg HandlerConfig
 }
 
-func (h *handler) index(w http.ResponseWriter, r *http.Request) {
+func (h *handler[R, C]) index(w http.ResponseWriter, r *http.Request) {
 	if !allow(w, r, http.MethodGet) {
 		return
 	}
@@ -361,36 +364,17 @@ func allow(w http.ResponseWriter, r *http.Request, methods ...string) bool {
 	return false
 }
 
-// report builds the status report; the control state waits for the agent
-// at most the handler's timeout.
-func (h *handler) report(ctx context.Context) StatusReport {
-	rep := StatusReport{Status: h.ctl.Status(), Version: h.cfg.Version}
-	// A stopping agent no longer answers: do not hold the report long.
-	ctx, cancel := context.WithTimeout(ctx, min(h.cfg.Timeout, time.Second))
-	defer cancel()
-	if cs, err := h.ctl.ControlState(ctx); err == nil {
-		rep.Control = &cs
-		if cs.Paused {
-			rep.DeviceState = "paused"
-		}
-	} else {
-		rep.ControlError = err.Error()
-	}
-	if h.cfg.Export != nil {
-		e := h.cfg.Export()
-		rep.Export = &e
-	}
-	return rep
-}
-
-func (h *handler) status(w http.ResponseWriter, r *http.Request) {
+func (h *handler[R, C]) status(w http.ResponseWriter, r *http.Request) {
 	if !allow(w, r, http.MethodGet) {
 		return
 	}
-	writeJSON(w, http.StatusOK, h.report(r.Context()))
+	// A stopping agent no longer answers: do not hold the report long.
+	ctx, cancel := context.WithTimeout(r.Context(), min(h.cfg.Timeout, time.Second))
+	defer cancel()
+	writeJSON(w, http.StatusOK, h.b.Report(ctx))
 }
 
-func (h *handler) metrics(w http.ResponseWriter, r *http.Request) {
+func (h *handler[R, C]) metrics(w http.ResponseWriter, r *http.Request) {
 	if !allow(w, r, http.MethodGet) {
 		return
 	}
@@ -404,7 +388,7 @@ func (h *handler) metrics(w http.ResponseWriter, r *http.Request) {
 // controlBodyMax bounds the body of POST /control.
 const controlBodyMax = 64 << 10
 
-func (h *handler) control(w http.ResponseWriter, r *http.Request) {
+func (h *handler[R, C]) control(w http.ResponseWriter, r *http.Request) {
 	if !allow(w, r, http.MethodPost) {
 		return
 	}
@@ -414,7 +398,7 @@ func (h *handler) control(w http.ResponseWriter, r *http.Request) {
 	}
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, controlBodyMax))
 	dec.DisallowUnknownFields()
-	var req ControlRequest
+	var req R
 	if err := dec.Decode(&req); err != nil {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("decode control request: %v", err))
 		return
@@ -425,14 +409,14 @@ func (h *handler) control(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.Timeout)
 	defer cancel()
-	st, err := h.ctl.Control(ctx, req)
+	st, err := h.b.Control(ctx, req)
 	switch {
 	case err == nil:
-		writeJSON(w, http.StatusOK, ControlResponse{OK: true, Control: &st})
-	case errors.Is(err, ErrInvalidControl):
+		writeJSON(w, http.StatusOK, ControlResponse[C]{OK: true, Control: &st})
+	case errors.Is(err, ErrBadRequest):
 		writeError(w, http.StatusBadRequest, err.Error())
-	case errors.Is(err, ErrSwapInProgress), errors.Is(err, ErrNoDeviceCollection):
-		writeJSON(w, http.StatusConflict, ControlResponse{Error: err.Error(), Control: &st})
+	case errors.Is(err, ErrConflict):
+		writeJSON(w, http.StatusConflict, ControlResponse[C]{Error: err.Error(), Control: &st})
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		writeError(w, http.StatusServiceUnavailable, err.Error())
 	default:
@@ -440,15 +424,16 @@ func (h *handler) control(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// ControlResponse is the body of a /control answer.
-type ControlResponse struct {
-	OK      bool          `json:"ok"`
-	Error   string        `json:"error,omitempty"`
-	Control *ControlState `json:"control,omitempty"`
+// ControlResponse is the body of a /control answer (and of every error
+// answer, with Control nil). C is the Backend's control state.
+type ControlResponse[C any] struct {
+	OK      bool   `json:"ok"`
+	Error   string `json:"error,omitempty"`
+	Control *C     `json:"control,omitempty"`
 }
 
 func writeError(w http.ResponseWriter, code int, msg string) {
-	writeJSON(w, code, ControlResponse{Error: msg})
+	writeJSON(w, code, ControlResponse[struct{}]{Error: msg})
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -1,4 +1,4 @@
-package agent
+package identity
 
 import (
 	"bytes"
@@ -24,8 +24,8 @@ import (
 // container of its own sees /../../kubepods-besteffort.slice/...; the
 // components are matched one by one, so the leading ".." do not matter.
 
-// cgroupIdentity is what parseCgroupIdentity finds; "" when not found.
-type cgroupIdentity struct {
+// Cgroup is what ParseCgroup finds; "" when not found.
+type Cgroup struct {
 	ContainerID string // 64 lowercase hex digits
 	PodUID      string // 8-4-4-4-12 lowercase hex digits
 }
@@ -33,12 +33,12 @@ type cgroupIdentity struct {
 // containerScopePrefixes precede a container id in a systemd scope name.
 var containerScopePrefixes = []string{"cri-containerd-", "docker-", "crio-", "libpod-", "nerdctl-"}
 
-// parseCgroupIdentity reads the content of /proc/PID/cgroup: the cgroup v2
+// ParseCgroup reads the content of /proc/PID/cgroup: the cgroup v2
 // line ("0::path") first, then the v1 hierarchies in file order. In each
 // path the component nearest the leaf that has the shape of a container id
 // (of a pod UID) wins: a container nested in another is named by the inner
 // runtime. Lines that are not "id:controllers:path" are skipped.
-func parseCgroupIdentity(data []byte) cgroupIdentity {
+func ParseCgroup(data []byte) Cgroup {
 	var paths []string
 	for line := range bytes.Lines(data) {
 		line = bytes.TrimRight(line, "\n")
@@ -56,7 +56,7 @@ func parseCgroupIdentity(data []byte) cgroupIdentity {
 			paths = append(paths, string(path))
 		}
 	}
-	var id cgroupIdentity
+	var id Cgroup
 	for _, p := range paths {
 		cid, uid := identityInPath(p)
 		if id.ContainerID == "" {
@@ -150,4 +150,15 @@ func isUUID(s string) bool {
 		}
 	}
 	return true
+}
+
+// isHex reports whether s is non-empty lowercase hexadecimal.
+func isHex(s []byte) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return len(s) > 0
 }

@@ -1,4 +1,4 @@
-package agent
+package identity
 
 import (
 	"bytes"
@@ -7,6 +7,10 @@ import (
 	"strconv"
 	"strings"
 )
+
+// InjectionLibraryName is the file name of slowrank's CUPTI injection
+// library: Identity.Injected says whether CUDA_INJECTION64_PATH names it.
+const InjectionLibraryName = "libslowrank_cupti.so"
 
 // Unknown is the value of an Identity number that the environment did not give.
 const Unknown = -1
@@ -95,9 +99,9 @@ var (
 	groupRankVars      = []string{"GROUP_RANK"}
 )
 
-// identityVars is every variable identityFromEnv reads; parseEnviron keeps only these (and the
+// vars is every variable FromEnv reads; ParseEnviron keeps only these (and the
 // selector's key), so that no other part of a process's environment, secrets included, is kept.
-var identityVars = func() map[string]bool {
+var vars = func() map[string]bool {
 	m := map[string]bool{
 		"MASTER_ADDR": true, "MASTER_PORT": true, "CUDA_VISIBLE_DEVICES": true,
 		"CUDA_INJECTION64_PATH": true, "KUBERNETES_SERVICE_HOST": true, "NCCL_PROFILER_PLUGIN": true,
@@ -111,11 +115,15 @@ var identityVars = func() map[string]bool {
 	return m
 }()
 
-// parseEnviron parses the content of /proc/PID/environ (NUL-separated KEY=VALUE entries) and
+// IsVar reports whether FromEnv reads key: Discover keeps only these
+// variables of a process's environment (and the selector's key).
+func IsVar(key string) bool { return vars[key] }
+
+// ParseEnviron parses the content of /proc/PID/environ (NUL-separated KEY=VALUE entries) and
 // returns the entries whose key keep accepts. The first entry of a key wins, as getenv(3) does;
 // entries without "=" or with an empty key are skipped; bytes are kept as they are (values are
 // not required to be UTF-8). A missing final NUL (environ truncated) is accepted.
-func parseEnviron(data []byte, keep func(key string) bool) map[string]string {
+func ParseEnviron(data []byte, keep func(key string) bool) map[string]string {
 	env := make(map[string]string)
 	for len(data) > 0 {
 		entry := data
@@ -139,8 +147,8 @@ func parseEnviron(data []byte, keep func(key string) bool) map[string]string {
 // pytorchJobPod matches the pod names of Kubeflow PyTorchJob and MPIJob replicas.
 var pytorchJobPod = regexp.MustCompile(`^(.+)-(?:master|worker|launcher)(?:-[0-9]+)?$`)
 
-// identityFromEnv derives an Identity from environment variables.
-func identityFromEnv(env map[string]string) Identity {
+// FromEnv derives an Identity from environment variables.
+func FromEnv(env map[string]string) Identity {
 	id := Identity{
 		MasterAddr:     env["MASTER_ADDR"],
 		MasterPort:     env["MASTER_PORT"],

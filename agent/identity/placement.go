@@ -1,4 +1,4 @@
-package agent
+package identity
 
 import (
 	"net/url"
@@ -48,26 +48,26 @@ func placementFromEnv(id *Identity, env map[string]string) {
 		id.PodUID = ""
 	}
 	id.ContainerName = firstName(env, containerNameVars, res["k8s.container.name"])
-	id.Hostname = cleanName(env["HOSTNAME"])
-	id.SlurmJobID = cleanName(env["SLURM_JOB_ID"])
+	id.Hostname = CleanName(env["HOSTNAME"])
+	id.SlurmJobID = CleanName(env["SLURM_JOB_ID"])
 	id.SlurmStepID = firstName(env, slurmStepVars, "")
 }
 
-// withCgroup takes the container id and pod UID from the process's cgroup,
+// WithCgroup takes the container id and pod UID from the process's cgroup,
 // which the runtime named: the cgroup's pod UID wins over the environment's.
-func (id *Identity) withCgroup(cg cgroupIdentity) {
+func (id *Identity) WithCgroup(cg Cgroup) {
 	id.ContainerID = cg.ContainerID
 	if cg.PodUID != "" {
 		id.PodUID, id.inPod = cg.PodUID, true
 	}
 }
 
-// placement is what the topology carries of id. host is the node's name
+// Placement is what the topology carries of id. host is the node's name
 // (the agent's HostName): HOSTNAME names the pod only in a pod (its cgroup
 // named one: the environment alone could be anywhere), when no variable
 // named it, and when it is not the node's name (a pod in the host's network
 // has the node's HOSTNAME).
-func (id Identity) placement(host string) detector.Placement {
+func (id Identity) Placement(host string) detector.Placement {
 	p := detector.Placement{
 		K8s:         detector.K8sPod{PodName: id.PodName, PodUID: id.PodUID, Namespace: id.Namespace, ContainerName: id.ContainerName},
 		ContainerID: id.ContainerID,
@@ -88,17 +88,17 @@ func (id Identity) placement(host string) detector.Placement {
 // fallback if usable, else "".
 func firstName(env map[string]string, vars []string, fallback string) string {
 	for _, k := range vars {
-		if v := cleanName(env[k]); v != "" {
+		if v := CleanName(env[k]); v != "" {
 			return v
 		}
 	}
-	return cleanName(fallback)
+	return CleanName(fallback)
 }
 
-// cleanName returns s without surrounding blanks when it is a usable name:
+// CleanName returns s without surrounding blanks when it is a usable name:
 // valid UTF-8, no control characters, at most maxNameLen bytes; else "".
 // The environment is the process's, any bytes it likes.
-func cleanName(s string) string {
+func CleanName(s string) string {
 	s = strings.TrimSpace(s)
 	if len(s) > maxNameLen || !utf8.ValidString(s) {
 		return ""
@@ -134,29 +134,4 @@ func parseResourceAttrs(s string) map[string]string {
 		}
 	}
 	return m
-}
-
-// rankGPU is the GPU that NVML shows a process training on: its only GPU,
-// or among several (a stray context on GPU 0 is common) the one holding
-// most of its memory. When NVML cannot tell them apart (equal or unknown
-// memory) it is none: the local rank or CUDA_VISIBLE_DEVICES would only
-// guess, as the visible devices are renumbered from 0 inside a container.
-// gs is GPUProcesses' list for the process, largest memory first.
-func rankGPU(gs []GPUProcess) (detector.RankGPU, bool) {
-	if len(gs) == 0 {
-		return detector.RankGPU{}, false
-	}
-	if len(gs) > 1 {
-		top := gs[0].UsedMemory
-		for _, g := range gs[1:] {
-			if top == MemoryUnknown || g.UsedMemory == MemoryUnknown || g.UsedMemory >= top {
-				return detector.RankGPU{}, false
-			}
-		}
-	}
-	g := gs[0]
-	if cleanName(g.UUID) == "" {
-		return detector.RankGPU{}, false
-	}
-	return detector.RankGPU{Index: g.GPUIndex, UUID: g.UUID, PCIBusID: cleanName(g.PCIBusID)}, true
 }

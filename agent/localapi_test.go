@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -17,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/slowrank/slowrank/agent/localapi"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/detector"
 )
@@ -92,6 +92,31 @@ func newFake() *fakeController {
 	return &fakeController{state: ControlState{Detector: DetectorSettings{Window: Duration(5 * time.Second), Threshold: 0.05, Floor: Duration(time.Millisecond), Consecutive: 3}}}
 }
 
+// handlerConfig is what NewHandler took before the endpoint moved to
+// package localapi: the agent's report fields and the handler's.
+type handlerConfig struct {
+	Control bool
+	Version string
+	Export  func() ExportHealth
+	Timeout time.Duration
+	Metrics http.Handler
+}
+
+// newHandler serves ctl as `slowrank agent` does: LocalAPI behind
+// localapi's handler.
+func newHandler(ctl Controller, c handlerConfig) http.Handler {
+	return localapi.NewHandler(LocalAPI(ctl, c.Version, c.Export), localapi.HandlerConfig{Control: c.Control, Timeout: c.Timeout, Metrics: c.Metrics})
+}
+
+// unixClient talks HTTP over a Unix socket.
+func unixClient(path string) *http.Client {
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", path)
+		},
+	}}
+}
+
 func do(t *testing.T, h http.Handler, method, path, body string) (int, string) {
 	t.Helper()
 	req := httptest.NewRequest(method, path, strings.NewReader(body))
@@ -102,7 +127,7 @@ func do(t *testing.T, h http.Handler, method, path, body string) (int, string) {
 
 func TestHandlerStatus(t *testing.T) {
 	f := newFake()
-	h := NewHandler(f, HandlerConfig{Control: true, Version: "v1", Export: func() ExportHealth {
+	h := newHandler(f, handlerConfig{Control: true, Version: "v1", Export: func() ExportHealth {
 		return ExportHealth{OTel: "otlp", Endpoint: "http://127.0.0.1:4318", Counters: map[string]int64{"spans_exported": 5}}
 	}})
 	code, body := do(t, h, "GET", "/status", "")
@@ -136,7 +161,7 @@ func TestHandlerStatus(t *testing.T) {
 func TestHandlerStatusStoppingAgent(t *testing.T) {
 	f := newFake()
 	f.blocked = true
-	h := NewHandler(f, HandlerConfig{Control: true, Timeout: 50 * time.Millisecond})
+	h := newHandler(f, handlerConfig{Control: true, Timeout: 50 * time.Millisecond})
 	start := time.Now()
 	code, body := do(t, h, "GET", "/status", "")
 	if code != 200 || !strings.Contains(body, "control_error") || time.Since(start) > 2*time.Second {
@@ -149,7 +174,7 @@ func TestHandlerStatusStoppingAgent(t *testing.T) {
 
 func TestHandlerControl(t *testing.T) {
 	f := newFake()
-	h := NewHandler(f, HandlerConfig{Control: true})
+	h := newHandler(f, handlerConfig{Control: true})
 	tests := []struct {
 		body string
 		code int
@@ -178,12 +203,8 @@ func TestHandlerControl(t *testing.T) {
 	if code, body := do(t, h, "POST", "/control", `{"action":"set","threshold":0.1}`); code != http.StatusConflict || !strings.Contains(body, "settling") {
 		t.Errorf("swap in progress: %d %s", code, body)
 	}
-	big := `{"action":"pause","x":"` + strings.Repeat("a", controlBodyMax) + `"}`
-	if code, _ := do(t, h, "POST", "/control", big); code != 400 {
-		t.Errorf("oversized body: %d", code)
-	}
 	// Read-only endpoint (TCP): control refused.
-	ro := NewHandler(f, HandlerConfig{})
+	ro := newHandler(f, handlerConfig{})
 	if code, body := do(t, ro, "POST", "/control", `{"action":"pause"}`); code != http.StatusForbidden {
 		t.Errorf("control on TCP: %d %s", code, body)
 	}
@@ -202,7 +223,7 @@ func TestHandlerPprof(t *testing.T) {
 		{"tcp", false, http.StatusNotFound},
 	}
 	for _, tt := range tests {
-		h := NewHandler(f, HandlerConfig{Control: tt.control})
+		h := newHandler(f, handlerConfig{Control: tt.control})
 		if code, body := do(t, h, "GET", "/debug/pprof/goroutine?debug=1", ""); code != tt.want {
 			t.Errorf("%s: GET /debug/pprof/goroutine: %d %.80s", tt.name, code, body)
 		}
@@ -211,10 +232,10 @@ func TestHandlerPprof(t *testing.T) {
 
 func TestMetricsHandler(t *testing.T) {
 	f := newFake()
-	if code, _ := do(t, NewHandler(f, HandlerConfig{}), "GET", "/metrics", ""); code != http.StatusNotFound {
+	if code, _ := do(t, newHandler(f, handlerConfig{}), "GET", "/metrics", ""); code != http.StatusNotFound {
 		t.Errorf("GET /metrics without a metrics handler: %d, want 404", code)
 	}
-	h := NewHandler(f, HandlerConfig{Metrics: promHandler(t, func(obs func(string, float64, ...string)) {
+	h := newHandler(f, handlerConfig{Metrics: promHandler(t, func(obs func(string, float64, ...string)) {
 		observeStatus(obs, f.Status(), &f.state)
 	})})
 	code, body := do(t, h, "GET", "/metrics", "")
@@ -228,143 +249,6 @@ func TestMetricsHandler(t *testing.T) {
 		if !strings.Contains(body, want+"\n") {
 			t.Errorf("metrics lack %q:\n%s", want, body)
 		}
-	}
-}
-
-func TestCheckStatusAddr(t *testing.T) {
-	tests := []struct {
-		addr   string
-		remote bool
-		ok     bool
-	}{
-		{"127.0.0.1:9464", false, true},
-		{"[::1]:9464", false, true},
-		{"localhost:9464", false, true},
-		{"127.0.0.2:0", false, true},
-		{"0.0.0.0:9464", false, false},
-		{":9464", false, false},
-		{"10.0.0.1:9464", false, false},
-		{"example.com:9464", false, false},
-		{"0.0.0.0:9464", true, true},
-		{"127.0.0.1", false, false},
-		{"127.0.0.1:http", false, false},
-		{"127.0.0.1:70000", false, false},
-	}
-	for _, tt := range tests {
-		err := CheckStatusAddr(tt.addr, tt.remote)
-		if (err == nil) != tt.ok {
-			t.Errorf("CheckStatusAddr(%q, %v) = %v", tt.addr, tt.remote, err)
-		}
-	}
-	if err := CheckStatusAddr("0.0.0.0:1", false); !errors.Is(err, ErrRemoteAddress) {
-		t.Errorf("want ErrRemoteAddress, got %v", err)
-	}
-}
-
-// unixClient talks HTTP over a Unix socket.
-func unixClient(path string) *http.Client {
-	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", path)
-		},
-	}}
-}
-
-func TestServerUnixSocket(t *testing.T) {
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "run", "agent.sock")
-	f := newFake()
-	s, err := NewServer(f, ServerConfig{Socket: sock, Addr: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fi, err := os.Lstat(sock)
-	if err != nil || fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o600 {
-		t.Fatalf("socket %v mode %v", err, fi.Mode())
-	}
-	if di, _ := os.Stat(filepath.Dir(sock)); di.Mode().Perm() != 0o750 {
-		t.Fatalf("socket directory mode %v", di.Mode().Perm())
-	}
-	c := unixClient(sock)
-	resp, err := c.Post("http://agent/control", "application/json", strings.NewReader(`{"action":"pause"}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 || !f.state.Paused {
-		t.Fatalf("pause over the socket: %d %s", resp.StatusCode, b)
-	}
-	// TCP: status yes, control no.
-	var tcp string
-	for _, a := range s.Addrs() {
-		if strings.HasPrefix(a, "http://") {
-			tcp = a
-		}
-	}
-	resp, err = http.Get(tcp + "/status")
-	if err != nil || resp.StatusCode != 200 {
-		t.Fatalf("GET /status over TCP: %v %v", err, resp)
-	}
-	resp.Body.Close()
-	resp, err = http.Post(tcp+"/control", "application/json", strings.NewReader(`{"action":"resume"}`))
-	if err != nil || resp.StatusCode != http.StatusForbidden {
-		t.Fatalf("POST /control over TCP: %v %v", err, resp)
-	}
-	resp.Body.Close()
-
-	// A second server on the same socket: refused while the first lives.
-	if _, err := NewServer(f, ServerConfig{Socket: sock}); err == nil || !strings.Contains(err.Error(), "in use") {
-		t.Fatalf("second server: %v", err)
-	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Lstat(sock); !os.IsNotExist(err) {
-		t.Fatalf("socket left behind: %v", err)
-	}
-	entries, _ := os.ReadDir(filepath.Dir(sock))
-	if len(entries) != 0 {
-		t.Fatalf("leftovers in the socket directory: %v", entries)
-	}
-}
-
-func TestServerSocketSafety(t *testing.T) {
-	dir := t.TempDir()
-	f := newFake()
-	// A stale socket (its server died) is replaced.
-	stale := filepath.Join(dir, "stale.sock")
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: stale, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln.SetUnlinkOnClose(false)
-	ln.Close()
-	s, err := NewServer(f, ServerConfig{Socket: stale})
-	if err != nil {
-		t.Fatalf("stale socket: %v", err)
-	}
-	s.Close()
-	// A regular file or a symbolic link is never replaced.
-	file := filepath.Join(dir, "file.sock")
-	os.WriteFile(file, []byte("x"), 0o600)
-	if _, err := NewServer(f, ServerConfig{Socket: file}); err == nil {
-		t.Fatal("replaced a regular file")
-	}
-	link := filepath.Join(dir, "link.sock")
-	os.Symlink(file, link)
-	if _, err := NewServer(f, ServerConfig{Socket: link}); err == nil {
-		t.Fatal("replaced a symbolic link")
-	}
-	// A directory others can write to is refused.
-	open := filepath.Join(dir, "open")
-	os.Mkdir(open, 0o777)
-	os.Chmod(open, 0o777)
-	if _, err := NewServer(f, ServerConfig{Socket: filepath.Join(open, "a.sock")}); err == nil || !strings.Contains(err.Error(), "writable") {
-		t.Fatalf("world-writable directory: %v", err)
-	}
-	if _, err := NewServer(f, ServerConfig{Addr: "0.0.0.0:0"}); !errors.Is(err, ErrRemoteAddress) {
-		t.Fatalf("remote address: %v", err)
 	}
 }
 
@@ -400,7 +284,7 @@ func TestAgentControlPrivileged(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
 	sock := filepath.Join(t.TempDir(), "agent.sock")
-	srv, err := NewServer(a, ServerConfig{Socket: sock, Metrics: promHandler(t, a.Observe)})
+	srv, err := localapi.NewServer(LocalAPI(a, "", nil), localapi.ServerConfig{Socket: sock, Metrics: promHandler(t, a.Observe)})
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -480,7 +364,7 @@ func TestAgentControlPrivileged(t *testing.T) {
 		t.Fatal("agent did not stop")
 	}
 	// Stopped: control requests fail fast with 503, status still answers.
-	h := NewHandler(a, HandlerConfig{Control: true, Timeout: 100 * time.Millisecond})
+	h := newHandler(a, handlerConfig{Control: true, Timeout: 100 * time.Millisecond})
 	if code, body := do(t, h, "POST", "/control", `{"action":"pause"}`); code != http.StatusServiceUnavailable {
 		t.Fatalf("control after stop: %d %s", code, body)
 	}

@@ -1,4 +1,4 @@
-package agent
+package identity
 
 import (
 	"strings"
@@ -72,7 +72,7 @@ func TestParseCgroupIdentity(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := parseCgroupIdentity([]byte(tc.data))
+			got := ParseCgroup([]byte(tc.data))
 			if got.ContainerID != tc.cid || got.PodUID != tc.uid {
 				t.Errorf("got %+v, want container %q pod %q", got, tc.cid, tc.uid)
 			}
@@ -94,7 +94,7 @@ func FuzzParseCgroupIdentity(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		id := parseCgroupIdentity(data)
+		id := ParseCgroup(data)
 		if id.ContainerID != "" && !isContainerID(id.ContainerID) {
 			t.Fatalf("container id %q is not 64 hex digits", id.ContainerID)
 		}
