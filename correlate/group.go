@@ -1,6 +1,9 @@
 package correlate
 
-import "slices"
+import (
+	"math"
+	"slices"
+)
 
 // Several instances of a cycle per iteration, resolved by timing.
 //
@@ -305,6 +308,10 @@ func (d *seqDet) findGroup(k int64) {
 		// for a few instances.
 		reps = max(reps, (reps-1)*d.grp/m+1)
 	}
+	if m == 1 && d.resync {
+		d.ungroup(k, reps)
+		return
+	}
 	if m < 2 || m > maxGroup || k-(reps-1)*m-r < d.instFrom {
 		return
 	}
@@ -314,6 +321,51 @@ func (d *seqDet) findGroup(k int64) {
 		}
 	}
 	d.regroup(m, k)
+}
+
+// ungroup ends a grouping whose phase is lost when the latest n instances
+// up to k are alike (within groupRatio of each other, none dominating its
+// predecessor) and each lasts as long as the dominant instances did (half
+// at least; a logging step's calls are brief): the grouping was an init-time burst's (the model's copy to
+// the GPU synchronises in pairs) and the training loop's iterations are one
+// instance each (a CUDA graph's replay and its synchronisation). Waiting
+// for a dominant instance would wait for ever: the lock made no step for
+// the rest of the run. The lock's steps are withdrawn and the run's
+// instances become its steps, with the instances before it back to the
+// first one shorter than half the run's (the burst's).
+func (d *seqDet) ungroup(k, n int64) {
+	if k-n < d.instFrom {
+		return
+	}
+	lo, hi := int64(math.MaxInt64), int64(0)
+	for i := k - n + 1; i <= k; i++ {
+		di, ok := d.dur(i)
+		if !ok || d.reach(i) != 0 {
+			return
+		}
+		lo, hi = min(lo, di), max(hi, di)
+	}
+	if lo*groupRatio < hi || 2*lo < d.domDur {
+		return // not alike, or brief: a logging step's many calls
+	}
+	e0 := k - n + 1
+	for e0-1 > d.instFrom {
+		di, ok := d.dur(e0 - 1)
+		if !ok || di*groupRatio < lo {
+			break // an init-time burst's instance; a longer one (a warm-up iteration, the graph's capture) is a step
+		}
+		e0--
+	}
+	d.emit(detEvent{kind: evRetract, gen: d.gen})
+	d.nextIdx = d.genBase
+	d.gen++
+	d.since, d.nStep = 0, 0
+	d.grp, d.anchor, d.resync, d.grpOpen, d.stepInst = 1, k, false, true, k
+	d.runFrom, d.runLast, d.pend = -1, -1, -1
+	d.startStep(d.instAt(e0 - 1))
+	for e := e0; e <= k; e++ {
+		d.boundary(d.instAt(e), false)
+	}
 }
 
 // regroup withdraws the lock's steps and reports groups of m instances
