@@ -422,6 +422,33 @@ func TestReplayTrainerEpilogueLate(t *testing.T) {
 // dominated only 3 of the 4 others; the run ended, and two iterations
 // were merged (398/400).
 //
+// Three more runs of --speedup 3 on a loaded host (the race-built test
+// binary, two busy loops on the two cores), each a failure of
+// TestLoopShapesAreIterations there:
+//   - preempted-before-logging: a preemption delayed the third instance
+//     of iteration 348's group by 3 ms, as long as the dominant one,
+//     which then dominated only its other three: the phase was lost, and
+//     found again only after the logging step, iteration 349, whose
+//     dominant instance the logging step's calls follow (398/400);
+//   - run-preempted: the first three iterations of the new pace were a
+//     run shorter than Repeats groups when a preemption made the fourth's
+//     dominant instance three times as long, which ended the run; the
+//     phase was found again there, and the three merged into one step
+//     (397/400 on both ranks);
+//   - keeps-sync-clock: after the change of pace, a logging step and a
+//     preempted iteration made 2 of the latest 5 steps of the
+//     synchronisation clock longer (10.3 and 14.0 ms among 5.1 ms ones):
+//     not regular, so that the all-gather's communicator took the clock
+//     over, one step every 50 iterations (8 facts for 400 on rank 1);
+//   - preempted-logging: a preemption within the logging step's brief
+//     calls (a gap of 2.9 ms among 0.1 ms ones) looked like an iteration's
+//     dominant instance, which a call of 0.35 ms a group later, dominating
+//     the briefer ones before it, confirmed: two more steps (402/400);
+//   - preempted-iteration-1: iteration 1 took twice as long as the
+//     others, so that iteration 0, shorter than half of it, was withdrawn
+//     with the model's copies at the confirmation (first fact in
+//     iteration 1).
+//
 // --speedup 10: the lock was confirmed only at the end (finish), without
 // withdrawing the model's copy to the GPU: a step before iteration 0.
 //
@@ -434,7 +461,8 @@ func TestReplayTrainerEpilogueLate(t *testing.T) {
 // --speedup 0.33 (3x longer): the confirmation withdrew the steps shorter
 // than half the latest ones, the first 100 iterations.
 func TestReplayTrainerSpeedup(t *testing.T) {
-	for _, f := range []string{"3", "3-loaded", "10", "10-loaded", "0.33"} {
+	for _, f := range []string{"3", "3-loaded", "3-loaded-preempted-before-logging", "3-loaded-run-preempted",
+		"3-loaded-keeps-sync-clock", "3-loaded-preempted-logging", "3-loaded-preempted-iteration-1", "10", "10-loaded", "0.33"} {
 		t.Run("speedup "+f, func(t *testing.T) {
 			replayTrainerFile(t, "testdata/trainer-speedup"+f+"-2ranks.records.gz", 0)
 		})

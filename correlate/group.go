@@ -71,6 +71,9 @@ const (
 	// steadyN: steps whose durations must agree within groupRatio before
 	// the fallback clock's first lock is confirmed.
 	steadyN = 4
+	// regularN steps, of which regularOut may be longer, make a regular
+	// synchronisation clock (regular).
+	regularN, regularOut = 8, 2
 )
 
 func (d *seqDet) setInstT(k, t int64)  { d.instT[((k%instRing)+instRing)%instRing] = t }
@@ -147,8 +150,8 @@ func (d *seqDet) groupEnd(k int64) (end bool, from int64) {
 		if p := d.pend; p >= 0 && k == p+d.grp {
 			d.pend = -1
 			dp, _ := d.dur(p)
-			if dk, _ := d.dur(k); d.countEnd(k, dk, dp) {
-				from = d.pendFrom
+			if dk, _ := d.dur(k); d.countEnd(k, dk, dp) && !briefAfter(dk, dp) {
+				from = d.groupsBefore(d.pendFrom, dk)
 				d.phase(k, dk, false)
 				return true, from
 			}
@@ -175,7 +178,7 @@ func (d *seqDet) groupEnd(k int64) (end bool, from int64) {
 		return false, from
 	}
 	dk, _ := d.dur(k)
-	if !d.countEnd(k, dk, d.domDur) {
+	if !d.countEnd(k, dk, d.domDur) && !d.delayedInGroup(k, dk) {
 		d.resync = true // an iteration with other calls: find the phase again
 		d.runFrom, d.runLast, d.pend = -1, -1, -1
 		return false, from
@@ -193,6 +196,45 @@ func (d *seqDet) groupEnd(k int64) (end bool, from int64) {
 func (d *seqDet) countEnd(k, dk, dom int64) bool {
 	r := d.reach(k)
 	return r >= 1 && (r >= d.grp-1 || 2*dk >= dom)
+}
+
+// briefAfter reports whether dk, the instance a group after a candidate
+// step end of duration dp, is too brief to confirm it: one of a logging
+// step's brief calls, which dominates the briefer ones before it. A
+// preemption of the host in those calls (a gap of 2.9 ms among 0.1 ms
+// ones) had made a candidate that a call of 0.35 ms confirmed: two more
+// steps in the logging iteration (402 facts for 400 iterations,
+// TestReplayTrainerSpeedup's preempted-logging). A real iteration's
+// dominant instance is at most a few times shorter than a preempted one
+// (3x in run-preempted).
+func briefAfter(dk, dp int64) bool { return dk*groupRatio*groupRatio < dp }
+
+// delayedInGroup reports whether instance k at the count (of duration dk)
+// ends a step although it does not dominate its predecessor: one other
+// instance of its group was delayed by a preemption of the host (3 ms
+// late on a loaded machine, as long as the iteration's GPU wait) while k
+// lasts as long as the dominant instances did (half at least), is the
+// longest of its group, and every other instance of the group is shorter
+// than 1/groupRatio of it. Without it the phase was lost in that
+// iteration and, found again only after the next one, a logging step's
+// iteration with it (398 facts for 400 iterations:
+// TestReplaySpeedupPreemptedBeforeLogging). Groups of two have no other
+// instance to tell a delay from a change of the iteration.
+func (d *seqDet) delayedInGroup(k, dk int64) bool {
+	if d.grp < 3 || 2*dk < d.domDur {
+		return false
+	}
+	delayed := 0
+	for i := k - d.grp + 1; i < k; i++ {
+		di, ok := d.dur(i)
+		switch {
+		case !ok || di >= dk:
+			return false
+		case di*groupRatio >= dk:
+			delayed++
+		}
+	}
+	return delayed == 1
 }
 
 // phase notes that instance k, of duration dk, ends a step: the groups'
@@ -233,6 +275,28 @@ func agrees(a, b int64) bool { return a*groupRatio >= b && b*groupRatio >= a }
 func (d *seqDet) firstOfRun(p, dk int64) bool {
 	dp, ok := d.dur(p)
 	return ok && p > d.stepInst && agrees(dp, dk)
+}
+
+// groupsBefore returns the earliest instance e of from, from−grp, … that
+// ends a step with the groups after it, ref the duration of an instance
+// that ended one by the count after the phase was found again: each
+// instance before from dominates its group, agrees with ref and lies after
+// the latest step's end. These are the iterations of a new pace whose run
+// a preemption of the host ended before it held Repeats groups (one
+// dominant instance three times as long: the run's iterations were merged
+// into one step, 397 facts for 400 iterations:
+// TestReplaySpeedupRunPreempted); the phase, found again at the delayed
+// instance, carries back over them. A logging step's brief calls dominate
+// nothing, which ends the walk.
+func (d *seqDet) groupsBefore(from, ref int64) int64 {
+	for e := from - d.grp; e > d.stepInst && d.reach(e) >= d.grp-1; e -= d.grp {
+		de, ok := d.dur(e)
+		if !ok || !agrees(de, ref) {
+			break
+		}
+		from = e
+	}
+	return from
 }
 
 // newPace reports whether instance k, which dominates its group, ends a
@@ -407,21 +471,25 @@ func (d *seqDet) knownGroup(cyc []int32) int64 {
 	return 0
 }
 
-// regular reports whether the latest steadyN+1 steps but the longest agree
-// within groupRatio: steady, through one longer step (a logging step, whose
-// iteration may not have got shorter with the others).
+// regular reports whether the latest regularN steps but the longest
+// regularOut agree within groupRatio: steady through a logging step's
+// longer step (its iteration may not have got shorter with the others) and
+// a preemption of the host on a loaded machine (one step in 10 ms among
+// 5 ms ones: with the logging step, 2 of the latest 5 were longer, and the
+// all-gather's communicator, one step every 50 iterations, took the clock
+// over: 8 facts for 400 iterations, TestReplaySpeedupLoadedKeepsSyncClock).
 func (d *seqDet) regular() bool {
-	if d.nStep < steadyN+2 {
+	if d.nStep < regularN+1 {
 		return false
 	}
-	var ds [steadyN + 1]int64
-	for i := range steadyN + 1 {
+	var ds [regularN]int64
+	for i := range regularN {
 		a := d.stepT[(d.nStep-1-i)%len(d.stepT)]
 		b := d.stepT[(d.nStep-2-i)%len(d.stepT)]
 		ds[i] = a - b
 	}
 	slices.Sort(ds[:])
-	return ds[0]*groupRatio >= ds[steadyN-1]
+	return ds[0]*groupRatio >= ds[regularN-1-regularOut]
 }
 
 // steady reports whether the latest steadyN steps agree within groupRatio;

@@ -150,14 +150,14 @@ type seqDet struct {
 	domDur   int64           // the dominant duration: the median of doms
 	doms     [domN]int64     // the latest instances that ended steps of groups, a ring
 	nDom     int
-	runFrom  int64              // resync: a run of shorter dominant instances (a new pace?), -1 when none
-	runLast  int64              // its latest instance
-	runSlid  int64              // groups of the run that slid out of the instance ring
-	stepInst int64              // the instance that ended (or started) the latest step of groups
-	pend     int64              // resync: an instance that ends a step if the next group holds, -1 when none
-	pendFrom int64              // the first instance that ends a step with it (firstOfRun)
-	grpOpen  bool               // a step of groups is open
-	stepT    [steadyN + 2]int64 // latest boundary times, for steadiness
+	runFrom  int64               // resync: a run of shorter dominant instances (a new pace?), -1 when none
+	runLast  int64               // its latest instance
+	runSlid  int64               // groups of the run that slid out of the instance ring
+	stepInst int64               // the instance that ended (or started) the latest step of groups
+	pend     int64               // resync: an instance that ends a step if the next group holds, -1 when none
+	pendFrom int64               // the first instance that ends a step with it (firstOfRun)
+	grpOpen  bool                // a step of groups is open
+	stepT    [regularN + 1]int64 // latest boundary times, for steadiness (steadyN+1 of them) and regularity
 	nStep    int
 
 	pace paceState // boundaries far shorter than the steps are held (pace.go)

@@ -310,8 +310,12 @@ func (c *Correlator) retractGen(p *proc, clock, gen uint32) {
 // init-time step (a synchronisation per parameter copied to the GPU) and
 // reports whether it withdrew any. A step is init-time when it is shorter
 // than minNS (half the median of the lock's latest steps) or than
-// 1/groupRatio of the next step of a run, and not in a run itself: a run
-// is steadyN+1 consecutive steps that agree within groupRatio. So a change
+// 1/groupRatio of the next steps of a run (the median of up to steadyN+1
+// of them: the next one alone was iteration 1, preempted to twice the
+// others, so that iteration 0 was withdrawn as init-time,
+// TestReplayTrainerSpeedup's preempted-iteration-1), and not in a run
+// itself: a run is steadyN+1 consecutive steps that agree within
+// groupRatio. So a change
 // of pace within the first ConfirmSpan keeps the old pace's iterations
 // (withdrawing every step before the latest one shorter than minNS
 // withdrew 100 iterations before a 3x slow-down) and withdraws the copies'
@@ -337,14 +341,15 @@ func (c *Correlator) trimGen(p *proc, clock, gen uint32, minNS int64) bool {
 			}
 		}
 	}
-	cut, next := -1, int64(-1) // next: the duration of the next step of a run
+	cut := -1
+	var next []int64 // the durations of the next steps of a run, nearest first
 	for k := len(idx) - 1; k >= 0; k-- {
 		d := dur(k)
 		if inRun[k] {
-			next = d
+			next = append([]int64{d}, next[:min(len(next), w-1)]...)
 			continue
 		}
-		if d < minNS || next >= 0 && d*groupRatio < next {
+		if d < minNS || len(next) > 0 && d*groupRatio < median(next) {
 			cut = idx[k]
 			break
 		}
@@ -616,4 +621,12 @@ func (c *Correlator) emit(p *proc, s *pendingStep) {
 	st.LastArrival, st.ArrivalLagMS = c.arrivalFields(s)
 	c.steps = append(c.steps, st)
 	p.stats.Steps++
+}
+
+// median is the median of xs (the upper one of an even count); xs is not
+// modified.
+func median(xs []int64) int64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
