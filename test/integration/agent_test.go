@@ -91,7 +91,7 @@ func (j job) runAll(t *testing.T, window time.Duration, args ...string) (*captur
 	cfg.Detector.Lateness = 500 * time.Millisecond
 	cfg.Sinks = []agent.Sink{sink}
 	cfg.Selector = agent.Selector{EnvKey: j.envKey}
-	if path := os.Getenv("SLOWRANK_IT_DUMP"); path != "" {
+	if path := dumpPath(t); path != "" {
 		cfg.Dump = dumpTo(t, path)
 	}
 	if j.dump != nil {
@@ -138,7 +138,7 @@ func (j job) runAll(t *testing.T, window time.Duration, args ...string) (*captur
 		cancel()
 		t.Fatalf("fake trainer: %v\n%s", err, out)
 	}
-	if path := os.Getenv("SLOWRANK_IT_DUMP"); path != "" {
+	if path := dumpPath(t); path != "" {
 		if b, err := os.ReadFile(truth); err == nil {
 			os.WriteFile(path+".truth", b, 0o644)
 		}

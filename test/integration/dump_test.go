@@ -4,9 +4,24 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 )
+
+// dumpPath is where the capture records of test t go: SLOWRANK_IT_DUMP
+// with t's name before its extension, so that every subtest of a run
+// keeps its own (a failure under load is in one of them); "" when unset.
+func dumpPath(t *testing.T) string {
+	path := os.Getenv("SLOWRANK_IT_DUMP")
+	if path == "" {
+		return ""
+	}
+	ext := filepath.Ext(path)
+	name := strings.NewReplacer("/", "_", "+", "_", " ", "_").Replace(t.Name())
+	return strings.TrimSuffix(path, ext) + "." + name + ext
+}
 
 // dumpTo writes every capture record the agent's pipeline sees as JSONL
 // ({"type": Go type, "record": fields}) to path, for replays in
