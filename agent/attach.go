@@ -11,43 +11,27 @@ import (
 
 	"github.com/prometheus/procfs"
 
+	"github.com/slowrank/slowrank/agent/attach"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/correlate"
 	"github.com/slowrank/slowrank/cupti"
 )
 
-// attacher turns discovery events into attachments: one per library file
-// (uprobes live on the inode and fire in every process mapping it), a BPF
-// filter entry per training process, and duty-cycle writes into the
-// injection library's control block. Only the agent's main goroutine calls it.
+// attacher turns discovery events into training processes (a rank, a BPF
+// filter entry and duty-cycle writes into the injection library's control
+// block each) and into uses of their libraries, which the attach manager
+// (agent/attach) attaches once per library file. Only the agent's main
+// goroutine calls it.
 type attacher struct {
 	a     *Agent
-	libs  map[FileID]*libEntry
+	libs  *attach.Manager[FileID, ProcessKey]
 	procs map[ProcessKey]*procEntry
 	// forgets are exited processes whose records may still be in flight.
 	forgets  []pendingForget
 	nextRank int
-	closing  sync.WaitGroup
-	// worker attaches libraries off the main goroutine (started on the
-	// first library to attach).
-	worker *attachWorker
 
 	mu   sync.Mutex // guards view, read by Status from other goroutines
 	view []ProcessView
-}
-
-type libEntry struct {
-	kind LibraryKind
-	path string
-	att  *bpf.Attachment // nil while attaching or when attaching failed
-	// attaching: queued for or in the attach worker.
-	attaching bool
-	// failed: the last attach failed; the next process mapping the
-	// library retries it.
-	failed bool
-	// idleSince is when the last user went (monotonic ns; 0: in use).
-	idleSince int64
-	users     map[ProcessKey]bool
 }
 
 type procEntry struct {
@@ -91,7 +75,11 @@ type ProcessView struct {
 }
 
 func newAttacher(a *Agent) *attacher {
-	return &attacher{a: a, libs: map[FileID]*libEntry{}, procs: map[ProcessKey]*procEntry{}}
+	t := &attacher{a: a, procs: map[ProcessKey]*procEntry{}}
+	t.libs = attach.New[FileID, ProcessKey](attach.Config[FileID]{
+		Probes: probeSet{a.probes}, Sink: attachSink{t}, Deliver: a.ctl, Log: a.log,
+	})
+	return t
 }
 
 func (t *attacher) handle(ev Event) {
@@ -191,99 +179,20 @@ func (t *attacher) mapped(k ProcessKey, lib Library) {
 		l := lib
 		pe.inject, pe.dutyValid, pe.ctlAddr = &l, false, 0
 	}
-	le := t.libs[lib.File]
-	if le != nil {
-		le.users[k] = true
-		if le.idleSince != 0 {
-			le.idleSince = 0
-			t.a.counters.add("attachments_reused", 1)
-		}
-		if !le.failed || le.attaching {
-			return
-		}
-		// The attach through another process failed (it may have exited
-		// meanwhile): try again through this one. Bounded by the number
-		// of processes that map the library.
-		t.a.counters.add("attach_retries", 1)
-	} else {
-		le = &libEntry{kind: lib.Kind, path: lib.Path, users: map[ProcessKey]bool{k: true}}
-		t.libs[lib.File] = le
-	}
+	// Torch's libraries without --probe-torch are followed (status lists
+	// them) but not attached.
 	kind, ok := bpfKind(lib.Kind)
-	if !ok || (kind == bpf.LibTorch && !t.a.cfg.ProbeTorch) {
-		return
-	}
-	path := lib.HostPath
+	probe := ok && (kind != bpf.LibTorch || t.a.cfg.ProbeTorch)
+	open := lib.HostPath
 	if lib.Deleted {
-		path = lib.MapFilesPath
+		open = lib.MapFilesPath
 	}
-	if t.worker == nil {
-		t.worker = newAttachWorker(t.a.probes.AttachLibrary, t.a.ctl, t.attachDone)
-	}
-	le.attaching = true
-	t.worker.enqueue(attachJob{file: lib.File, path: path, name: lib.Path, pid: k.PID, kind: kind})
+	t.libs.Use(k, attach.Library[FileID]{File: lib.File, Name: lib.Path, Open: open, PID: k.PID, Kind: uint8(lib.Kind)}, probe)
 }
 
 // injectAttaching: pe's injection library is still with the attach worker.
 func (t *attacher) injectAttaching(pe *procEntry) bool {
-	le := t.libs[pe.inject.File]
-	return le != nil && le.attaching
-}
-
-// attachDone takes the worker's outcome for one library (main goroutine).
-func (t *attacher) attachDone(o attachOutcome) {
-	le := t.libs[o.job.file]
-	if le == nil { // cannot happen: an attaching entry is kept until now
-		if o.att != nil {
-			o.att.Close()
-		}
-		return
-	}
-	le.attaching = false
-	if len(le.users) == 0 {
-		le.idleSince = monotonicNow() // every user went while it attached: linger, then detach
-	}
-	if o.err != nil {
-		le.failed = true
-		t.a.counters.add("attach_errors", 1)
-		t.a.log.Warn("attach library", "path", o.job.name, "pid", o.job.pid, "err", o.err)
-		if len(le.users) == 0 {
-			delete(t.libs, o.job.file)
-		}
-		return
-	}
-	att := o.att
-	le.att, le.failed = att, false
-	if missing, required := att.Missing(); len(missing) > 0 {
-		t.a.counters.add("symbols_missing", int64(len(missing)))
-		// Once per library, by name: an operator who asked for a probe
-		// (e.g. --probe-torch on a torch that does not export it) learns it
-		// is absent, and what it would have measured is not.
-		log := t.a.log.Info
-		if required {
-			log = t.a.log.Warn
-		}
-		log("library lacks probed symbols", "path", o.job.name, "missing", len(missing),
-			"symbols", missingNames(missing, 6), "stripped", att.Stripped)
-	}
-	t.a.counters.add("libraries_attached", 1)
-	t.a.counters.add("probes_attached", int64(att.Attached()))
-	t.a.log.Info("attached", "library", filepath.Base(o.job.name), "kind", le.kind, "probes", att.Attached(),
-		"took", o.took.Round(time.Millisecond), "queued", t.worker.pending())
-	t.refreshView()
-}
-
-// missingNames lists up to max probe names, then how many more there are.
-func missingNames(specs []bpf.ProbeSpec, max int) string {
-	names := make([]string, 0, min(len(specs), max))
-	for i, s := range specs {
-		if i == max {
-			names = append(names, fmt.Sprintf("and %d more", len(specs)-max))
-			break
-		}
-		names = append(names, s.Name())
-	}
-	return strings.Join(names, ", ")
+	return t.libs.Attaching(pe.inject.File)
 }
 
 func (t *attacher) unmapped(k ProcessKey, f FileID) {
@@ -293,58 +202,7 @@ func (t *attacher) unmapped(k ProcessKey, f FileID) {
 			pe.inject = nil
 		}
 	}
-	t.release(k, f)
-}
-
-// detachLinger is how long an attachment that no process uses any more stays
-// attached. An elastic restart maps the same library files again within
-// seconds: reusing the attachment spares the new processes the attach, and
-// the kernel the teardown (grace periods, during which new uprobes wait), so the first steps after a restart are not missed.
-const detachLinger = 15 * time.Second
-
-// release drops k's use of library f; when nobody maps it any more, it is
-// detached after detachLinger unless a process maps it again.
-func (t *attacher) release(k ProcessKey, f FileID) {
-	le := t.libs[f]
-	if le == nil {
-		return
-	}
-	delete(le.users, k)
-	if len(le.users) > 0 {
-		return
-	}
-	if le.attaching {
-		return // attachDone decides
-	}
-	if le.att == nil {
-		delete(t.libs, f)
-		return
-	}
-	le.idleSince = monotonicNow()
-}
-
-// detachIdle detaches the attachments unused for detachLinger.
-func (t *attacher) detachIdle(now int64) {
-	for f, le := range t.libs {
-		if le.idleSince != 0 && len(le.users) == 0 && now-le.idleSince >= int64(detachLinger) {
-			t.detach(f, le)
-		}
-	}
-}
-
-// detach closes le's attachment. Detaching waits for kernel grace periods
-// (seconds with perf-event uprobes): it runs in the background so the
-// pipeline never waits for it.
-func (t *attacher) detach(f FileID, le *libEntry) {
-	delete(t.libs, f)
-	if le.att != nil {
-		t.closing.Add(1)
-		go func() {
-			defer t.closing.Done()
-			le.att.Close()
-		}()
-		t.a.counters.add("libraries_detached", 1)
-	}
+	t.libs.Release(k, f)
 }
 
 func (t *attacher) exited(k ProcessKey) {
@@ -357,7 +215,7 @@ func (t *attacher) exited(k ProcessKey) {
 		t.a.counters.add("untrack_errors", 1)
 	}
 	for f := range pe.libs {
-		t.release(k, f)
+		t.libs.Release(k, f)
 	}
 	t.forgets = append(t.forgets, pendingForget{at: monotonicNow() + int64(t.a.cfg.ForgetDelay), pid: uint32(k.PID), rank: pe.rank})
 	t.a.log.Info("training process exited", "pid", k.PID, "rank", pe.rank)
@@ -377,19 +235,12 @@ func (t *attacher) forgetDue(now int64) {
 		t.a.conv.forgetPID(f.pid)
 	}
 	t.forgets = kept
-	t.detachIdle(now)
+	t.libs.DetachIdle(now)
 }
 
 // detachAll closes every attachment (on stop) and waits for the closes.
 func (t *attacher) detachAll() {
-	if t.worker != nil {
-		t.worker.close() // closes the attachment in flight; queued ones are not made
-	}
-	for f, le := range t.libs {
-		le.users = nil
-		t.detach(f, le)
-	}
-	t.closing.Wait()
+	t.libs.Close() // closes the attachment in flight; queued ones are not made
 }
 
 // applyDuty writes the duty plan into the control block of every process
@@ -466,8 +317,8 @@ func (t *attacher) refreshView() {
 			}
 		}
 		for f := range pe.libs {
-			if le := t.libs[f]; le != nil {
-				pv.Libraries = append(pv.Libraries, filepath.Base(le.path))
+			if name, ok := t.libs.Name(f); ok {
+				pv.Libraries = append(pv.Libraries, filepath.Base(name))
 			}
 		}
 		sort.Strings(pv.Libraries)
@@ -483,24 +334,6 @@ func (t *attacher) processes() []ProcessView {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return append([]ProcessView(nil), t.view...)
-}
-
-func bpfKind(k LibraryKind) (bpf.LibKind, bool) {
-	switch k {
-	case KindNCCL:
-		return bpf.LibNCCL, true
-	case KindCUDART:
-		return bpf.LibCUDART, true
-	case KindCUDA:
-		return bpf.LibCUDA, true
-	case KindTorchCPU, KindTorchCUDA:
-		return bpf.LibTorch, true
-	case KindCUPTIInject:
-		return bpf.LibCUPTI, true
-	case KindCUPTIRuntime:
-		return bpf.LibCUPTIRuntime, true
-	}
-	return 0, false
 }
 
 // userHZ is the unit of the start times in /proc/PID/stat (USER_HZ, fixed

@@ -356,7 +356,7 @@ func (t *attacher) controlAddr(pe *procEntry) error {
 	}
 	// The file belongs to whoever maps it: it is read only once the
 	// bounded symbol reader of the attach has accepted it.
-	if le := t.libs[pe.inject.File]; le == nil || le.att == nil {
+	if !t.libs.Attached(pe.inject.File) {
 		return errInjectNotAttached
 	}
 	lib, err := cupti.InspectLibrary(pe.inject.HostPath)

@@ -1,16 +1,14 @@
-package agent
+package attach
 
 import (
 	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/slowrank/slowrank/bpf"
 )
 
-// blockingAttach stands in for Probes.AttachLibrary reading a large symbol
-// table: each call waits for its gate, and calls never overlap.
+// blockingAttach stands in for a probe set reading a large symbol table:
+// each call waits for its gate, and calls never overlap.
 type blockingAttach struct {
 	gate    chan struct{}
 	started chan string
@@ -22,28 +20,28 @@ func newBlockingAttach() *blockingAttach {
 	return &blockingAttach{gate: make(chan struct{}), started: make(chan string, 16)}
 }
 
-func (b *blockingAttach) attach(path string, _ bpf.LibKind) (*bpf.Attachment, error) {
+func (b *blockingAttach) attach(lib Library[int]) (Link, error) {
 	if b.running.Add(1) > 1 {
 		b.overlap.Store(true)
 	}
 	defer b.running.Add(-1)
-	b.started <- path
+	b.started <- lib.Open
 	<-b.gate
-	return nil, errors.New("fake: " + path)
+	return nil, errors.New("fake: " + lib.Open)
 }
 
 func TestAttachWorkerKeepsTheMainGoroutineFreeAndAttachesOneAtATime(t *testing.T) {
 	b := newBlockingAttach()
 	deliver := make(chan func())
 	var got []string
-	w := newAttachWorker(b.attach, deliver, func(o attachOutcome) { got = append(got, o.job.path) })
+	w := newWorker(b.attach, deliver, func(o outcome[int]) { got = append(got, o.lib.Open) })
 	defer w.close()
 
 	// Three libraries mapped at once: enqueueing never waits for a parse.
 	done := make(chan struct{})
 	go func() {
 		for _, p := range []string{"a.so", "b.so", "c.so"} {
-			w.enqueue(attachJob{path: p})
+			w.enqueue(Library[int]{Open: p})
 		}
 		close(done)
 	}()
@@ -76,9 +74,9 @@ func TestAttachWorkerKeepsTheMainGoroutineFreeAndAttachesOneAtATime(t *testing.T
 func TestAttachWorkerStopsWhileAnAttachIsInFlight(t *testing.T) {
 	b := newBlockingAttach()
 	deliver := make(chan func()) // nobody reads it any more: the main loop has stopped
-	w := newAttachWorker(b.attach, deliver, func(attachOutcome) { t.Error("outcome delivered after stop") })
-	w.enqueue(attachJob{path: "slow.so"})
-	w.enqueue(attachJob{path: "queued.so"})
+	w := newWorker(b.attach, deliver, func(outcome[int]) { t.Error("outcome delivered after stop") })
+	w.enqueue(Library[int]{Open: "slow.so"})
+	w.enqueue(Library[int]{Open: "queued.so"})
 	<-b.started
 	closed := make(chan struct{})
 	go func() { w.close(); close(closed) }()

@@ -1,0 +1,265 @@
+package attach
+
+import (
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/slowrank/slowrank/internal/monoclock"
+)
+
+// Library is one library file as one process maps it.
+type Library[F comparable] struct {
+	// File is the file on the host (its device and inode): the manager
+	// attaches once per File.
+	File F
+	// Name is the path as the process maps it (status and logs).
+	Name string
+	// Open is what the probe set opens: the host path, or map_files for a
+	// deleted file; valid while PID lives.
+	Open string
+	// PID is the process whose mapping this is: the attach goes through it.
+	PID int
+	// Kind is the caller's kind of library (the agent's LibraryKind),
+	// passed through to the probe set and the sink.
+	Kind uint8
+}
+
+// ProbeSet makes attachments. Attach runs on the worker goroutine, one call
+// at a time, and may take seconds (it reads the library's symbol tables).
+// It returns a Link or an error, never both.
+type ProbeSet[F comparable] interface {
+	Attach(lib Library[F]) (Link, error)
+}
+
+// Link is one library's attachment: its uprobes, for every process that
+// maps the file. Close detaches them; it may wait for kernel grace periods.
+type Link interface {
+	Close() error
+}
+
+// Sink receives what the manager reports, on the owner goroutine.
+type Sink[F comparable] interface {
+	// Count adds n to the counter name.
+	Count(name string, n int64)
+	// Attached reports an attachment made through lib, after took.
+	Attached(lib Library[F], link Link, took time.Duration)
+}
+
+// DefaultLinger is how long an attachment that no process uses any more
+// stays attached. An elastic restart maps the same library files again
+// within seconds: reusing the attachment spares the new processes the
+// attach, and the kernel the teardown (grace periods, during which new
+// uprobes wait), so the first steps after a restart are not missed.
+const DefaultLinger = 15 * time.Second
+
+// Config configures a Manager.
+type Config[F comparable] struct {
+	Probes ProbeSet[F]
+	Sink   Sink[F]
+	// Deliver is the owner goroutine's control channel: the worker sends
+	// each outcome on it as a function that the owner runs.
+	Deliver chan<- func()
+	// Log gets a warning for each failed attach (nil: none).
+	Log *slog.Logger
+	// Linger is how long an unused attachment stays (0: DefaultLinger).
+	Linger time.Duration
+	// Now reads the monotonic clock in ns (nil: CLOCK_MONOTONIC), the
+	// clock of DetachIdle's argument.
+	Now func() int64
+}
+
+// Manager holds the attachments of library files and the processes that
+// use each. Its owner goroutine calls every method (doc.go).
+type Manager[F, P comparable] struct {
+	cfg  Config[F]
+	libs map[F]*entry[P]
+	// worker attaches libraries off the owner goroutine (started with the
+	// first library to attach).
+	worker  *worker[F]
+	closing sync.WaitGroup
+}
+
+// entry is one library file's state.
+type entry[P comparable] struct {
+	name string
+	link Link // nil while attaching or when attaching failed
+	// attaching: queued for or in the attach worker.
+	attaching bool
+	// failed: the last attach failed; the next process mapping the
+	// library retries it.
+	failed bool
+	// idleSince is when the last user went (monotonic ns; 0: in use).
+	idleSince int64
+	users     map[P]bool
+}
+
+// New returns a Manager with no attachments; cfg.Probes, Sink and Deliver
+// are required.
+func New[F, P comparable](cfg Config[F]) *Manager[F, P] {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Linger == 0 {
+		cfg.Linger = DefaultLinger
+	}
+	if cfg.Now == nil {
+		cfg.Now = monoclock.Now
+	}
+	return &Manager[F, P]{cfg: cfg, libs: map[F]*entry[P]{}}
+}
+
+// Use records that process p maps lib. With probe, the file is attached
+// unless it is attached or being attached already: the first process to
+// map it attaches it, and after a failed attach the next one tries again.
+// Without probe (a library the agent only follows), p is just counted as
+// a user.
+func (m *Manager[F, P]) Use(p P, lib Library[F], probe bool) {
+	e := m.libs[lib.File]
+	if e != nil {
+		e.users[p] = true
+		if e.idleSince != 0 {
+			e.idleSince = 0
+			m.cfg.Sink.Count("attachments_reused", 1)
+		}
+		if !e.failed || e.attaching {
+			return
+		}
+		// The attach through another process failed (it may have exited
+		// meanwhile): try again through this one. Bounded by the number
+		// of processes that map the library.
+		m.cfg.Sink.Count("attach_retries", 1)
+	} else {
+		e = &entry[P]{name: lib.Name, users: map[P]bool{p: true}}
+		m.libs[lib.File] = e
+	}
+	if !probe {
+		return
+	}
+	if m.worker == nil {
+		m.worker = newWorker(m.cfg.Probes.Attach, m.cfg.Deliver, m.done)
+	}
+	e.attaching = true
+	m.worker.enqueue(lib)
+}
+
+// done takes the worker's outcome for one library.
+func (m *Manager[F, P]) done(o outcome[F]) {
+	e := m.libs[o.lib.File]
+	if e == nil { // cannot happen: an attaching entry is kept until now
+		if o.link != nil {
+			o.link.Close()
+		}
+		return
+	}
+	e.attaching = false
+	if len(e.users) == 0 {
+		e.idleSince = m.cfg.Now() // every user went while it attached: linger, then detach
+	}
+	if o.err != nil {
+		e.failed = true
+		m.cfg.Sink.Count("attach_errors", 1)
+		m.cfg.Log.Warn("attach library", "path", o.lib.Name, "pid", o.lib.PID, "err", o.err)
+		if len(e.users) == 0 {
+			delete(m.libs, o.lib.File)
+		}
+		return
+	}
+	e.link, e.failed = o.link, false
+	m.cfg.Sink.Count("libraries_attached", 1)
+	m.cfg.Sink.Attached(o.lib, o.link, o.took)
+}
+
+// Release drops p's use of file f (an unmap, or p exited); when nobody
+// uses it any more, it is detached after Config.Linger (DetachIdle) unless
+// a process maps it again.
+func (m *Manager[F, P]) Release(p P, f F) {
+	e := m.libs[f]
+	if e == nil {
+		return
+	}
+	delete(e.users, p)
+	if len(e.users) > 0 {
+		return
+	}
+	if e.attaching {
+		return // done decides
+	}
+	if e.link == nil {
+		delete(m.libs, f)
+		return
+	}
+	e.idleSince = m.cfg.Now()
+}
+
+// DetachIdle detaches the attachments unused for Config.Linger as of now
+// (monotonic ns, Config.Now's clock).
+func (m *Manager[F, P]) DetachIdle(now int64) {
+	for f, e := range m.libs {
+		if e.idleSince != 0 && len(e.users) == 0 && now-e.idleSince >= int64(m.cfg.Linger) {
+			m.detach(f, e)
+		}
+	}
+}
+
+// detach forgets f and closes its attachment. Detaching waits for kernel
+// grace periods (seconds with perf-event uprobes): it runs in the
+// background so the owner goroutine never waits for it.
+func (m *Manager[F, P]) detach(f F, e *entry[P]) {
+	delete(m.libs, f)
+	if e.link == nil {
+		return
+	}
+	m.closing.Add(1)
+	go func() {
+		defer m.closing.Done()
+		e.link.Close()
+	}()
+	m.cfg.Sink.Count("libraries_detached", 1)
+}
+
+// Close stops the worker (the attachment in flight is closed, queued ones
+// are not made), closes every attachment and waits for the closes. Call it
+// once the owner no longer reads Config.Deliver, and use the Manager no
+// more.
+func (m *Manager[F, P]) Close() {
+	if m.worker != nil {
+		m.worker.close()
+	}
+	for f, e := range m.libs {
+		e.users = nil
+		m.detach(f, e)
+	}
+	m.closing.Wait()
+}
+
+// Attached tells whether file f has an attachment.
+func (m *Manager[F, P]) Attached(f F) bool {
+	e := m.libs[f]
+	return e != nil && e.link != nil
+}
+
+// Attaching tells whether file f is queued for or in the attach worker.
+func (m *Manager[F, P]) Attaching(f F) bool {
+	e := m.libs[f]
+	return e != nil && e.attaching
+}
+
+// Name is the path of file f as the process that first mapped it maps it;
+// false when the manager does not know f (no process uses it, and it is
+// neither attached nor being attached).
+func (m *Manager[F, P]) Name(f F) (string, bool) {
+	e := m.libs[f]
+	if e == nil {
+		return "", false
+	}
+	return e.name, true
+}
+
+// Pending is the number of libraries queued for or in the attach worker.
+func (m *Manager[F, P]) Pending() int {
+	if m.worker == nil {
+		return 0
+	}
+	return m.worker.pending()
+}

@@ -1,0 +1,85 @@
+package agent
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/slowrank/slowrank/agent/attach"
+	"github.com/slowrank/slowrank/bpf"
+)
+
+// probeSet is the attach manager's real probe set: the uprobes of
+// bpf.Probes, which need the agent's privileges (agent/privilege).
+type probeSet struct{ probes *bpf.Probes }
+
+// Attach implements attach.ProbeSet; it runs on the attach worker.
+func (s probeSet) Attach(lib attach.Library[FileID]) (attach.Link, error) {
+	kind, _ := bpfKind(LibraryKind(lib.Kind)) // the attacher asks only for kinds it has
+	att, err := s.probes.AttachLibrary(lib.Open, kind)
+	if err != nil {
+		return nil, err // a nil *bpf.Attachment would be a non-nil Link
+	}
+	return att, nil
+}
+
+// attachSink takes the attach manager's reports into the agent's counters,
+// log and status (main goroutine).
+type attachSink struct{ t *attacher }
+
+// Count implements attach.Sink.
+func (s attachSink) Count(name string, n int64) { s.t.a.counters.add(name, n) }
+
+// Attached implements attach.Sink: what the attachment holds, in counters
+// and the log.
+func (s attachSink) Attached(lib attach.Library[FileID], link attach.Link, took time.Duration) {
+	a, att := s.t.a, link.(*bpf.Attachment)
+	if missing, required := att.Missing(); len(missing) > 0 {
+		a.counters.add("symbols_missing", int64(len(missing)))
+		// Once per library, by name: an operator who asked for a probe
+		// (e.g. --probe-torch on a torch that does not export it) learns it
+		// is absent, and what it would have measured is not.
+		log := a.log.Info
+		if required {
+			log = a.log.Warn
+		}
+		log("library lacks probed symbols", "path", lib.Name, "missing", len(missing),
+			"symbols", missingNames(missing, 6), "stripped", att.Stripped)
+	}
+	a.counters.add("probes_attached", int64(att.Attached()))
+	a.log.Info("attached", "library", filepath.Base(lib.Name), "kind", LibraryKind(lib.Kind), "probes", att.Attached(),
+		"took", took.Round(time.Millisecond), "queued", s.t.libs.Pending())
+	s.t.refreshView()
+}
+
+// missingNames lists up to max probe names, then how many more there are.
+func missingNames(specs []bpf.ProbeSpec, max int) string {
+	names := make([]string, 0, min(len(specs), max))
+	for i, s := range specs {
+		if i == max {
+			names = append(names, fmt.Sprintf("and %d more", len(specs)-max))
+			break
+		}
+		names = append(names, s.Name())
+	}
+	return strings.Join(names, ", ")
+}
+
+func bpfKind(k LibraryKind) (bpf.LibKind, bool) {
+	switch k {
+	case KindNCCL:
+		return bpf.LibNCCL, true
+	case KindCUDART:
+		return bpf.LibCUDART, true
+	case KindCUDA:
+		return bpf.LibCUDA, true
+	case KindTorchCPU, KindTorchCUDA:
+		return bpf.LibTorch, true
+	case KindCUPTIInject:
+		return bpf.LibCUPTI, true
+	case KindCUPTIRuntime:
+		return bpf.LibCUPTIRuntime, true
+	}
+	return 0, false
+}
