@@ -132,6 +132,10 @@ func runLateAgent(t *testing.T, trainer string, run int, offset time.Duration, a
 	cfg.Selector = agent.Selector{EnvKey: envKey}
 	logs := &syncBuffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	dump := dumpPath(t, run)
+	if dump != "" {
+		cfg.Dump = dumpTo(t, dump)
+	}
 	a, err := agent.New(cfg)
 	if err != nil {
 		cmd.Process.Kill()
@@ -157,6 +161,11 @@ func runLateAgent(t *testing.T, trainer string, run int, offset time.Duration, a
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("agent did not stop within 20 s")
+	}
+	if dump != "" {
+		if b, err := os.ReadFile(truth); err == nil {
+			os.WriteFile(dump+".truth", b, 0o644)
+		}
 	}
 	steps := testutil.ReadTruth(t, truth)["step"]
 	sort.SliceStable(steps, func(i, j int) bool { return steps[i].EndNS < steps[j].EndNS })

@@ -11,15 +11,19 @@ import (
 )
 
 // dumpPath is where the capture records of test t go: SLOWRANK_IT_DUMP
-// with t's name before its extension, so that every subtest of a run
-// keeps its own (a failure under load is in one of them); "" when unset.
-func dumpPath(t *testing.T) string {
+// with t's name (and run, when a test runs several jobs) before its
+// extension, so that every subtest of a run keeps its own (a failure under
+// load is in one of them); "" when unset.
+func dumpPath(t *testing.T, run ...int) string {
 	path := os.Getenv("SLOWRANK_IT_DUMP")
 	if path == "" {
 		return ""
 	}
 	ext := filepath.Ext(path)
 	name := strings.NewReplacer("/", "_", "+", "_", " ", "_").Replace(t.Name())
+	for _, r := range run {
+		name += fmt.Sprintf(".%d", r)
+	}
 	return strings.TrimSuffix(path, ext) + "." + name + ext
 }
 
