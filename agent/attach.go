@@ -235,6 +235,7 @@ func (t *attacher) forgetDue(now int64) {
 		t.a.conv.forgetPID(f.pid)
 	}
 	t.forgets = kept
+	t.libs.RetryFailed(now)
 	t.libs.DetachIdle(now)
 }
 

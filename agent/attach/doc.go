@@ -6,10 +6,13 @@
 //     uprobes live on the inode and fire in every process that maps it, so
 //     the first process to map a file attaches it and the others only
 //     count as its users (a reference count per file).
-//   - Retries through another process: an attach that failed (the process
-//     through whose /proc/PID/root or map_files the file was opened exited
-//     meanwhile, say) is tried again through the next process that maps
-//     the file; there are at most as many tries as processes mapping it.
+//   - Retries: an attach that failed (the process through whose
+//     /proc/PID/root or map_files the file was opened exited meanwhile;
+//     another agent's uprobes on the file being created or closed) is
+//     tried again through the next process that maps the file, and, on
+//     the agent's tick (RetryFailed), through a process that already maps
+//     it, RetryBackoff after the failure and twice as late each time,
+//     MaxRetries times.
 //   - Idle detach: when the last user unmaps the file or exits, its
 //     attachment stays for Config.Linger (DefaultLinger) and is reused if
 //     a process maps the file again meanwhile (an elastic restart does,

@@ -73,7 +73,7 @@ type Config[F comparable] struct {
 // use each. Its owner goroutine calls every method (doc.go).
 type Manager[F, P comparable] struct {
 	cfg  Config[F]
-	libs map[F]*entry[P]
+	libs map[F]*entry[F, P]
 	// worker attaches libraries off the owner goroutine (started with the
 	// first library to attach).
 	worker  *worker[F]
@@ -81,18 +81,37 @@ type Manager[F, P comparable] struct {
 }
 
 // entry is one library file's state.
-type entry[P comparable] struct {
+type entry[F, P comparable] struct {
 	name string
 	link Link // nil while attaching or when attaching failed
 	// attaching: queued for or in the attach worker.
 	attaching bool
 	// failed: the last attach failed; the next process mapping the
-	// library retries it.
+	// library retries it, and so does RetryFailed once retryAt passed.
 	failed bool
+	// failures is how many attaches in a row failed; retryAt when
+	// RetryFailed tries again through a user (monotonic ns; 0: never).
+	failures int
+	retryAt  int64
 	// idleSince is when the last user went (monotonic ns; 0: in use).
 	idleSince int64
-	users     map[P]bool
+	// users are the processes that map the file, each with its mapping
+	// (a retry goes through one of them).
+	users map[P]Library[F]
 }
+
+// Timed retries of a failed attach through the processes that already map
+// the library: the first after RetryBackoff, each next one twice as late,
+// MaxRetries in all. Without them, an attach that failed while every
+// process of the job was already mapping the library was never made again:
+// the agent recorded nothing of that job. Seen when another agent attaches
+// or detaches on the host at the same time (creating a uprobe fails with
+// ENOENT), which a restarted agent does while its predecessor's uprobes
+// are still being closed.
+const (
+	RetryBackoff = time.Second
+	MaxRetries   = 6 // 1+2+4+8+16+32 s: about a minute
+)
 
 // New returns a Manager with no attachments; cfg.Probes, Sink and Deliver
 // are required.
@@ -106,7 +125,7 @@ func New[F, P comparable](cfg Config[F]) *Manager[F, P] {
 	if cfg.Now == nil {
 		cfg.Now = monoclock.Now
 	}
-	return &Manager[F, P]{cfg: cfg, libs: map[F]*entry[P]{}}
+	return &Manager[F, P]{cfg: cfg, libs: map[F]*entry[F, P]{}}
 }
 
 // Use records that process p maps lib. With probe, the file is attached
@@ -117,7 +136,7 @@ func New[F, P comparable](cfg Config[F]) *Manager[F, P] {
 func (m *Manager[F, P]) Use(p P, lib Library[F], probe bool) {
 	e := m.libs[lib.File]
 	if e != nil {
-		e.users[p] = true
+		e.users[p] = lib
 		if e.idleSince != 0 {
 			e.idleSince = 0
 			m.cfg.Sink.Count("attachments_reused", 1)
@@ -130,12 +149,17 @@ func (m *Manager[F, P]) Use(p P, lib Library[F], probe bool) {
 		// of processes that map the library.
 		m.cfg.Sink.Count("attach_retries", 1)
 	} else {
-		e = &entry[P]{name: lib.Name, users: map[P]bool{p: true}}
+		e = &entry[F, P]{name: lib.Name, users: map[P]Library[F]{p: lib}}
 		m.libs[lib.File] = e
 	}
 	if !probe {
 		return
 	}
+	m.attach(e, lib)
+}
+
+// attach queues lib's attach for the worker.
+func (m *Manager[F, P]) attach(e *entry[F, P], lib Library[F]) {
 	if m.worker == nil {
 		m.worker = newWorker(m.cfg.Probes.Attach, m.cfg.Deliver, m.done)
 	}
@@ -158,14 +182,19 @@ func (m *Manager[F, P]) done(o outcome[F]) {
 	}
 	if o.err != nil {
 		e.failed = true
+		e.failures++
 		m.cfg.Sink.Count("attach_errors", 1)
-		m.cfg.Log.Warn("attach library", "path", o.lib.Name, "pid", o.lib.PID, "err", o.err)
+		e.retryAt = 0
+		if e.failures <= MaxRetries {
+			e.retryAt = m.cfg.Now() + int64(RetryBackoff)<<(e.failures-1)
+		}
+		m.cfg.Log.Warn("attach library", "path", o.lib.Name, "pid", o.lib.PID, "err", o.err, "failures", e.failures, "retry", e.retryAt != 0)
 		if len(e.users) == 0 {
 			delete(m.libs, o.lib.File)
 		}
 		return
 	}
-	e.link, e.failed = o.link, false
+	e.link, e.failed, e.failures, e.retryAt = o.link, false, 0, 0
 	m.cfg.Sink.Count("libraries_attached", 1)
 	m.cfg.Sink.Attached(o.lib, o.link, o.took)
 }
@@ -192,6 +221,27 @@ func (m *Manager[F, P]) Release(p P, f F) {
 	e.idleSince = m.cfg.Now()
 }
 
+// RetryFailed tries a failed attach again, through the user with the lowest
+// PID, once its backoff passed as of now (monotonic ns, Config.Now's
+// clock): RetryBackoff after the first failure, twice as long after each
+// next one, MaxRetries times. A process mapping the library meanwhile
+// retries it at once (Use).
+func (m *Manager[F, P]) RetryFailed(now int64) {
+	for _, e := range m.libs {
+		if !e.failed || e.attaching || e.retryAt == 0 || now < e.retryAt || len(e.users) == 0 {
+			continue
+		}
+		var via Library[F]
+		for _, l := range e.users {
+			if via.PID == 0 || l.PID < via.PID {
+				via = l
+			}
+		}
+		m.cfg.Sink.Count("attach_retries", 1)
+		m.attach(e, via)
+	}
+}
+
 // DetachIdle detaches the attachments unused for Config.Linger as of now
 // (monotonic ns, Config.Now's clock).
 func (m *Manager[F, P]) DetachIdle(now int64) {
@@ -205,7 +255,7 @@ func (m *Manager[F, P]) DetachIdle(now int64) {
 // detach forgets f and closes its attachment. Detaching waits for kernel
 // grace periods (seconds with perf-event uprobes): it runs in the
 // background so the owner goroutine never waits for it.
-func (m *Manager[F, P]) detach(f F, e *entry[P]) {
+func (m *Manager[F, P]) detach(f F, e *entry[F, P]) {
 	delete(m.libs, f)
 	if e.link == nil {
 		return

@@ -27,20 +27,27 @@ func (l *fakeLink) Close() error {
 	return nil
 }
 
-// fakeProbes attaches every library except through the PIDs in fail; with
-// gate, each attach waits for it (a long symbol read).
+// fakeProbes attaches every library except through the PIDs in fail, and
+// fails the first failFirst attaches whatever the PID (another agent
+// attaching or detaching at the same time); with gate, each attach waits
+// for it (a long symbol read).
 type fakeProbes struct {
-	mu      sync.Mutex
-	fail    map[int]bool
-	gate    chan struct{}
-	started chan int // files, as their attach starts (when gate is set)
-	tries   []int    // PIDs through which Attach ran, in order
-	links   []*fakeLink
+	mu        sync.Mutex
+	fail      map[int]bool
+	failFirst int
+	gate      chan struct{}
+	started   chan int // files, as their attach starts (when gate is set)
+	tries     []int    // PIDs through which Attach ran, in order
+	links     []*fakeLink
 }
 
 // errExited is what an attach through a process that exited meanwhile
 // gives: its /proc/PID/root no longer resolves.
 var errExited = errors.New("open /proc/PID/root/lib.so: no such file or directory")
+
+// errBusy is what creating a uprobe gives while another agent's uprobes on
+// the file are being created or closed.
+var errBusy = errors.New("create uprobe: no such file or directory")
 
 func (f *fakeProbes) Attach(lib Library[int]) (Link, error) {
 	if f.gate != nil {
@@ -52,6 +59,10 @@ func (f *fakeProbes) Attach(lib Library[int]) (Link, error) {
 	f.tries = append(f.tries, lib.PID)
 	if f.fail[lib.PID] {
 		return nil, errExited
+	}
+	if f.failFirst > 0 {
+		f.failFirst--
+		return nil, errBusy
 	}
 	l := &fakeLink{file: lib.File, via: lib.PID, probes: f}
 	f.links = append(f.links, l)
@@ -124,9 +135,11 @@ func (h *harness) settle() {
 	}
 }
 
-// advance moves the clock by d and detaches what has been idle long enough.
+// advance moves the clock by d, retries the failed attaches that are due
+// and detaches what has been idle long enough (the agent's tick).
 func (h *harness) advance(d time.Duration) {
 	h.now += int64(d)
+	h.m.RetryFailed(h.now)
 	h.m.DetachIdle(h.now)
 }
 
@@ -258,7 +271,7 @@ func TestManagerStateMachine(t *testing.T) {
 				tries: []int{1, 2}, attached: []int{10}},
 		},
 		{
-			name:    "a process already mapping the file when the attach failed does not retry it",
+			name:    "a process already mapping the file when the attach failed does not retry it at once",
 			failVia: []int{1},
 			run: func(h *harness) {
 				h.use(1, 10)
@@ -266,6 +279,62 @@ func TestManagerStateMachine(t *testing.T) {
 				h.settle()
 			},
 			want: want{counts: map[string]int64{"attach_errors": 1}, tries: []int{1}},
+		},
+		{
+			name: "a failed attach is retried through a process already mapping the file after the backoff",
+			run: func(h *harness) {
+				h.probes.failFirst = 1
+				h.use(2, 10)
+				h.use(1, 10) // in flight: a user
+				h.settle()
+				h.advance(RetryBackoff - 1)
+				h.settle()
+				if h.m.Attached(10) || len(h.probes.tries) != 1 {
+					h.t.Errorf("retried before the backoff: tries %v", h.probes.tries)
+				}
+				h.advance(1)
+				h.settle()
+			},
+			want: want{counts: map[string]int64{"attach_errors": 1, "attach_retries": 1, "libraries_attached": 1},
+				tries: []int{2, 1}, attached: []int{10}}, // through the lowest PID
+		},
+		{
+			name:    "timed retries back off and stop after MaxRetries",
+			failVia: []int{1},
+			run: func(h *harness) {
+				h.use(1, 10)
+				h.settle()
+				for i := range MaxRetries + 3 {
+					h.advance(RetryBackoff<<i - 1)
+					h.settle()
+					if n := len(h.probes.tries); n != min(i, MaxRetries)+1 {
+						h.t.Errorf("before retry %d: %d tries", i+1, n)
+					}
+					h.advance(1)
+					h.settle()
+				}
+			},
+			want: want{counts: map[string]int64{"attach_errors": 1 + MaxRetries, "attach_retries": MaxRetries},
+				tries: slices.Repeat([]int{1}, 1+MaxRetries)},
+		},
+		{
+			name: "a successful retry forgets the failures",
+			run: func(h *harness) {
+				h.probes.failFirst = 1
+				h.use(1, 10)
+				h.settle()
+				h.advance(RetryBackoff)
+				h.settle()
+				h.release(1, 10)
+				h.advance(linger) // detached
+				h.probes.failFirst = 1
+				h.use(2, 10) // a new job: its first failure waits one backoff again
+				h.settle()
+				h.advance(RetryBackoff)
+				h.settle()
+			},
+			want: want{counts: map[string]int64{"attach_errors": 2, "attach_retries": 2, "libraries_attached": 2, "libraries_detached": 1},
+				tries: []int{1, 1, 2, 2}, attached: []int{10}, closed: 1},
 		},
 		{
 			name:    "one retry at a time",
