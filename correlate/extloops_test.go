@@ -458,11 +458,17 @@ func TestReplayTrainerEpilogueLate(t *testing.T) {
 // duration, so that the next iterations (11 ms) had to be found as a new
 // pace (397/400).
 //
+// --speedup 10 on a loaded host, another run (preempted-run): the new
+// pace's run of groups (1.2 ms dominant instances) had held 25 ms of the
+// 29 ms it needed when a preemption delayed the instance before the
+// dominant one by 1.7 ms, so that it dominated no longer; the run ended
+// and its 13 iterations were merged into one step (387/400).
+//
 // --speedup 0.33 (3x longer): the confirmation withdrew the steps shorter
 // than half the latest ones, the first 100 iterations.
 func TestReplayTrainerSpeedup(t *testing.T) {
 	for _, f := range []string{"3", "3-loaded", "3-loaded-preempted-before-logging", "3-loaded-run-preempted",
-		"3-loaded-keeps-sync-clock", "3-loaded-preempted-logging", "3-loaded-preempted-iteration-1", "10", "10-loaded", "0.33"} {
+		"3-loaded-keeps-sync-clock", "3-loaded-preempted-logging", "3-loaded-preempted-iteration-1", "10", "10-loaded", "10-loaded-preempted-run", "0.33"} {
 		t.Run("speedup "+f, func(t *testing.T) {
 			replayTrainerFile(t, "testdata/trainer-speedup"+f+"-2ranks.records.gz", 0)
 		})

@@ -178,7 +178,7 @@ func (d *seqDet) groupEnd(k int64) (end bool, from int64) {
 		return false, from
 	}
 	dk, _ := d.dur(k)
-	if !d.countEnd(k, dk, d.domDur) && !d.delayedInGroup(k, dk) {
+	if !d.countEnd(k, dk, d.domDur) && !d.delayedInGroup(k, dk, d.domDur) {
 		d.resync = true // an iteration with other calls: find the phase again
 		d.runFrom, d.runLast, d.pend = -1, -1, -1
 		return false, from
@@ -213,22 +213,25 @@ func briefAfter(dk, dp int64) bool { return dk*groupRatio*groupRatio < dp }
 // ends a step although it does not dominate its predecessor: one other
 // instance of its group was delayed by a preemption of the host (3 ms
 // late on a loaded machine, as long as the iteration's GPU wait) while k
-// lasts as long as the dominant instances did (half at least), is the
-// longest of its group, and every other instance of the group is shorter
-// than 1/groupRatio of it. Without it the phase was lost in that
+// lasts as long as dom, the dominant instances, did (half at least), and
+// every other instance of the group is shorter than 1/groupRatio of it
+// (the delayed one may be longer: a new pace's dominant instances of
+// 1.2 ms, one preemption 1.9 ms). Without it the phase was lost in that
 // iteration and, found again only after the next one, a logging step's
-// iteration with it (398 facts for 400 iterations:
-// TestReplaySpeedupPreemptedBeforeLogging). Groups of two have no other
+// iteration with it (398 facts for 400 iterations: TestReplayTrainerSpeedup's
+// preempted-before-logging); a new pace's run ended there, before it
+// held groupRatio times the lock's pace, and its iterations were merged
+// (387/400: speedup10-preempted-run). Groups of two have no other
 // instance to tell a delay from a change of the iteration.
-func (d *seqDet) delayedInGroup(k, dk int64) bool {
-	if d.grp < 3 || 2*dk < d.domDur {
+func (d *seqDet) delayedInGroup(k, dk, dom int64) bool {
+	if d.grp < 3 || 2*dk < dom {
 		return false
 	}
 	delayed := 0
 	for i := k - d.grp + 1; i < k; i++ {
 		di, ok := d.dur(i)
 		switch {
-		case !ok || di >= dk:
+		case !ok:
 			return false
 		case di*groupRatio >= dk:
 			delayed++
@@ -325,7 +328,7 @@ func (d *seqDet) newPace(k int64) int64 {
 	}
 	dl, _ := d.dur(d.runLast)
 	switch {
-	case d.runLast >= 0 && k == d.runLast+d.grp && d.countEnd(k, dk, dl):
+	case d.runLast >= 0 && k == d.runLast+d.grp && (d.countEnd(k, dk, dl) || d.delayedInGroup(k, dk, dl)):
 		d.runLast = k
 		if k-d.runFrom >= instRing/2 {
 			d.runFrom += d.grp
