@@ -462,13 +462,18 @@ func TestReplayTrainerEpilogueLate(t *testing.T) {
 // pace's run of groups (1.2 ms dominant instances) had held 25 ms of the
 // 29 ms it needed when a preemption delayed the instance before the
 // dominant one by 1.7 ms, so that it dominated no longer; the run ended
-// and its 13 iterations were merged into one step (387/400).
+// and its 13 iterations were merged into one step (387/400). Two more
+// (preempted-walk2, preempted-walk3): preemptions every few iterations
+// of the new pace (4.4, 2.6, 5.8 and 7.2 ms among 1.8 ms ones) ended one
+// run after the other, until one held; the iterations before it were
+// merged (392/400; 389/400 on both ranks). The phase found carries back
+// over them (groupsBefore).
 //
 // --speedup 0.33 (3x longer): the confirmation withdrew the steps shorter
 // than half the latest ones, the first 100 iterations.
 func TestReplayTrainerSpeedup(t *testing.T) {
 	for _, f := range []string{"3", "3-loaded", "3-loaded-preempted-before-logging", "3-loaded-run-preempted",
-		"3-loaded-keeps-sync-clock", "3-loaded-preempted-logging", "3-loaded-preempted-iteration-1", "10", "10-loaded", "10-loaded-preempted-run", "0.33"} {
+		"3-loaded-keeps-sync-clock", "3-loaded-preempted-logging", "3-loaded-preempted-iteration-1", "10", "10-loaded", "10-loaded-preempted-run", "10-loaded-preempted-walk2", "10-loaded-preempted-walk3", "0.33"} {
 		t.Run("speedup "+f, func(t *testing.T) {
 			replayTrainerFile(t, "testdata/trainer-speedup"+f+"-2ranks.records.gz", 0)
 		})

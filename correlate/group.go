@@ -162,7 +162,7 @@ func (d *seqDet) groupEnd(k int64) (end bool, from int64) {
 		dk, _ := d.dur(k)
 		if from = d.newPace(k); from >= 0 {
 			d.phase(k, dk, true)
-			return true, from
+			return true, d.groupsBefore(from, dk)
 		}
 		if d.reach(k) < d.grp-1 {
 			return false, from
@@ -283,18 +283,25 @@ func (d *seqDet) firstOfRun(p, dk int64) bool {
 // groupsBefore returns the earliest instance e of from, from−grp, … that
 // ends a step with the groups after it, ref the duration of an instance
 // that ended one by the count after the phase was found again: each
-// instance before from dominates its group, agrees with ref and lies after
-// the latest step's end. These are the iterations of a new pace whose run
-// a preemption of the host ended before it held Repeats groups (one
-// dominant instance three times as long: the run's iterations were merged
-// into one step, 397 facts for 400 iterations:
-// TestReplaySpeedupRunPreempted); the phase, found again at the delayed
-// instance, carries back over them. A logging step's brief calls dominate
-// nothing, which ends the walk.
+// instance before from dominates its group and lasts at least
+// 1/groupRatio of ref (a preempted one may be longer), or would dominate
+// it but for one delayed instance (delayedInGroup), and lies after the
+// latest step's end. These are iterations whose run a preemption of the
+// host ended before it held Repeats groups, or groupRatio times the lock's
+// pace (a new pace's iterations after --speedup 10 on a loaded host, 8 to
+// 11 of them merged into one step: TestReplayTrainerSpeedup's
+// 10-loaded-preempted-walk2 and 3; one dominant instance three times as long:
+// run-preempted); the phase, found again, carries back over them. A
+// logging step's brief calls dominate nothing or are far briefer than
+// ref, which ends the walk. A run whose oldest groups slid out of the
+// instance ring was merged, counted as bursts: not walked.
 func (d *seqDet) groupsBefore(from, ref int64) int64 {
-	for e := from - d.grp; e > d.stepInst && d.reach(e) >= d.grp-1; e -= d.grp {
+	if d.runSlid > 0 {
+		return from
+	}
+	for e := from - d.grp; e > d.stepInst; e -= d.grp {
 		de, ok := d.dur(e)
-		if !ok || !agrees(de, ref) {
+		if !ok || !(d.reach(e) >= d.grp-1 && de*groupRatio >= ref || d.delayedInGroup(e, de, ref)) {
 			break
 		}
 		from = e
