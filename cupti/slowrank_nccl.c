@@ -924,7 +924,9 @@ static sr_nccl_result_t v4_start(void *ctx, void **handle, sr_nccl_descr_v4_t *d
 			*handle = NULL;
 		return SR_NCCL_SUCCESS;
 	}
-	return start_event(ctx, handle, d->type, d->parentObj, &d->u);
+	/* Read through the v5 view: every v4 field read lies at the same offset
+	 * (nccl_profiler.h), none past v4's end (API events never come on v4). */
+	return start_event(ctx, handle, d->type, d->parentObj, (const union sr_nccl_descr_u *)(const void *)&d->u);
 }
 
 SR_EXPORT const sr_nccl_profiler_v5_t ncclProfiler_v5 = {
