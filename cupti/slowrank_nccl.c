@@ -729,7 +729,12 @@ static sr_nccl_result_t stop_event(void *h)
 			bad();
 			return SR_NCCL_SUCCESS;
 		}
-		ST(a->end_ns, now_ns());
+		/* NCCL 2.28-2.30 never clear a thread's CollApi handle: every
+		 * later collective append stops it again, also with the mask
+		 * at 0. The call ended at the first stop; the others cost a
+		 * load. */
+		if (LD(a->end_ns) == 0)
+			ST(a->end_ns, now_ns());
 		return SR_NCCL_SUCCESS;
 	}
 	case H_OP: {
@@ -832,6 +837,7 @@ static sr_nccl_result_t do_init(unsigned version, void **ctx, int *mask, uint64_
 	/* NCCL stores whatever init leaves here into the process-wide mask:
 	 * keep the one the control thread decided (0 until an agent attaches). */
 	*mask = atomic_load(&P.desired);
+	P.written = *mask; /* so the control thread stores again only on a change of its own */
 	atomic_store(&P.version, version);
 	pthread_mutex_unlock(&P.mask_mu);
 

@@ -22,6 +22,9 @@
  *   apilost   a group larger than a thread's API slots: lost joins counted
  *   preempt   a thread stalled between its call and its group end while
  *             another makes 2,000 calls: its API times survive
+ *   stale     NCCL's never-cleared CollApi handle, stopped again by every
+ *             collective once the mask is 0: no bad handle, no record
+ *   alltoall  ncclAlltoAll/Gather/Scatter reach the plugin as Send/Recv
  *
  * Usage: test_nccl PATH/libslowrank_cupti.so [scenario...]
  */
@@ -788,6 +791,92 @@ static void sc_preempt_check(void)
 		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_API_LOST]);
 }
 
+/* NCCL 2.28-2.30 never clear a thread's CollApi handle (profiler.cc's
+ * ncclProfilerStopCollApiEvent): once the mask is 0 (an agent detached)
+ * every collective stops the thread's last CollApi event again. No bad
+ * handle, no record, and the call's end is its first stop. (NCCL starts
+ * CollApi whenever it would start a Coll, so a stale one never becomes a
+ * Coll's parent.) */
+static void sc_stale(void)
+{
+	child_env(1, "off");
+	if (fp_load() != 5)
+		FAIL("not bound");
+	struct fp_comm *c = fp_comm_init(50, 2, 0);
+	if (!wait_mask(SR_NCCL_PROFILE_COLL_API, 2000))
+		FAIL("mask never set");
+	sleep_ms(150); /* the control thread's polls: it stores into the mask only when its choice changes */
+	for (int i = 0; i < 20; i++)
+		fp_coll(c, "AllReduce", (size_t)(100 + i), "ncclFloat32", -1, 1);
+	fp_set_mask(0);
+	for (int i = 0; i < 2000; i++)
+		fp_coll(c, "AllReduce", (size_t)(300 + i), "ncclFloat32", -1, 1);
+	if (fp_stale_api_stops() < 2000)
+		FAIL("the fake stopped the stale CollApi handle %llu times, want 2000",
+		     (unsigned long long)fp_stale_api_stops());
+	fp_comm_destroy(c);
+	exit(0);
+}
+
+static void sc_stale_check(void)
+{
+	read_dump();
+	int api = 0;
+	for (int i = 0; i < ncoll; i++) {
+		struct slowrank_nccl_coll_record *r = &colls[i];
+		if (r->comm_hash != 50)
+			continue;
+		if (r->count < 100 || r->count >= 120 || !(r->flags & SLOWRANK_NCCL_F_API) ||
+		    r->api_end_ns > r->launch_start_ns)
+			FAIL("record count %llu flags %#x", (unsigned long long)r->count, r->flags);
+		api++;
+	}
+	if (api != 20 || stats[SLOWRANK_STAT_NCCL_BAD_HANDLES] != 0 || stats[SLOWRANK_STAT_NCCL_API_LOST] != 0)
+		FAIL("%d records (want 20); %llu bad handles, %llu API joins lost", api,
+		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_BAD_HANDLES],
+		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_API_LOST]);
+}
+
+/* From 2.28 ncclAlltoAll, ncclGather and ncclScatter append Send/Recv
+ * tasks: the plugin sees P2pApi + P2p events per peer, never the
+ * collective (the uprobes see the call). */
+static void sc_alltoall(void)
+{
+	child_env(1, "off");
+	if (fp_load() != 5)
+		FAIL("not bound");
+	struct fp_comm *c = fp_comm_init(51, 4, 1);
+	if (!wait_mask(SR_NCCL_PROFILE_P2P_API, 2000))
+		FAIL("mask never set");
+	for (int i = 0; i < 10; i++)
+		fp_coll(c, "AlltoAll", 64, "ncclFloat32", -1, 1);
+	fp_coll(c, "Gather", 8, "ncclInt8", 1, 1);  /* this rank is the root: a send, a recv per rank */
+	fp_coll(c, "Scatter", 8, "ncclInt8", 0, 1); /* another root: a recv */
+	fp_comm_destroy(c);
+	exit(0);
+}
+
+static void sc_alltoall_check(void)
+{
+	read_dump();
+	int sends = 0, recvs = 0;
+	for (int i = 0; i < ncoll; i++) {
+		struct slowrank_nccl_coll_record *r = &colls[i];
+		if (r->comm_hash != 51)
+			continue;
+		if (!(r->flags & SLOWRANK_NCCL_F_P2P) || !(r->flags & SLOWRANK_NCCL_F_API) || r->seq != 0)
+			FAIL("func %d flags %#x seq %llu", r->func, r->flags, (unsigned long long)r->seq);
+		if (r->func == SLOWRANK_NCCL_FUNC_SEND)
+			sends++;
+		else if (r->func == SLOWRANK_NCCL_FUNC_RECV)
+			recvs++;
+		else
+			FAIL("func %d", r->func);
+	}
+	if (sends != 10 * 4 + 1 || recvs != 10 * 4 + 4 + 1)
+		FAIL("%d sends, %d recvs (want 41, 45)", sends, recvs);
+}
+
 static void sc_toggle(void)
 {
 	child_env(1, "time:100:200");
@@ -839,6 +928,8 @@ static const struct scenario scenarios[] = {
 	{"wrongclock", sc_wrongclock, sc_wrongclock_check},
 	{"apilost", sc_apilost, sc_apilost_check},
 	{"preempt", sc_preempt, sc_preempt_check},
+	{"stale", sc_stale, sc_stale_check},
+	{"alltoall", sc_alltoall, sc_alltoall_check},
 };
 
 static int run(const struct scenario *s)
