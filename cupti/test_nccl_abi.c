@@ -144,55 +144,59 @@ SAME_VALUE(SR_NCCL_PROFILE_KERNEL_LAUNCH, ncclProfileKernelLaunch);
 SAME_VALUE(SR_NCCL_STATE_GROUP_START_API_STOP, ncclProfilerGroupStartApiStop);
 SAME_VALUE(SR_NCCL_STATE_GROUP_END_API_START, ncclProfilerGroupEndApiStart);
 
-#define D5(f) FIELD(sr_nccl_descr_v5_t, u.f, ncclProfilerEventDescr_v5_t, f)
+/* v5's descriptor fields; v6 has them too. */
+#define V5_FIELDS(X)              \
+	X(groupApi.graphCaptured) \
+	X(groupApi.groupDepth)    \
+	X(collApi.func)           \
+	X(collApi.count)          \
+	X(collApi.datatype)       \
+	X(collApi.root)           \
+	X(collApi.stream)         \
+	X(collApi.graphCaptured)  \
+	X(p2pApi.func)            \
+	X(p2pApi.count)           \
+	X(p2pApi.datatype)        \
+	X(p2pApi.stream)          \
+	X(p2pApi.graphCaptured)   \
+	X(kernelLaunch.stream)    \
+	X(coll.seqNumber)         \
+	X(coll.func)              \
+	X(coll.sendBuff)          \
+	X(coll.recvBuff)          \
+	X(coll.count)             \
+	X(coll.root)              \
+	X(coll.datatype)          \
+	X(coll.nChannels)         \
+	X(coll.nWarps)            \
+	X(coll.algo)              \
+	X(coll.proto)             \
+	X(coll.parentGroup)       \
+	X(p2p.func)               \
+	X(p2p.buff)               \
+	X(p2p.datatype)           \
+	X(p2p.count)              \
+	X(p2p.peer)               \
+	X(p2p.nChannels)          \
+	X(p2p.parentGroup)        \
+	X(proxyOp.pid)            \
+	X(proxyOp.channelId)      \
+	X(proxyOp.peer)           \
+	X(proxyOp.nSteps)         \
+	X(proxyOp.chunkSize)      \
+	X(proxyOp.isSend)         \
+	X(proxyStep.step)         \
+	X(kernelCh.channelId)     \
+	X(kernelCh.pTimer)        \
+	X(netPlugin.id)           \
+	X(netPlugin.data)
+
+#define D5(f) FIELD(sr_nccl_descr_v5_t, u.f, ncclProfilerEventDescr_v5_t, f);
 SIZE(sr_nccl_descr_v5_t, ncclProfilerEventDescr_v5_t);
 FIELD(sr_nccl_descr_v5_t, type, ncclProfilerEventDescr_v5_t, type);
 FIELD(sr_nccl_descr_v5_t, parentObj, ncclProfilerEventDescr_v5_t, parentObj);
 FIELD(sr_nccl_descr_v5_t, rank, ncclProfilerEventDescr_v5_t, rank);
-D5(groupApi.graphCaptured);
-D5(groupApi.groupDepth);
-D5(collApi.func);
-D5(collApi.count);
-D5(collApi.datatype);
-D5(collApi.root);
-D5(collApi.stream);
-D5(collApi.graphCaptured);
-D5(p2pApi.func);
-D5(p2pApi.count);
-D5(p2pApi.datatype);
-D5(p2pApi.stream);
-D5(p2pApi.graphCaptured);
-D5(kernelLaunch.stream);
-D5(coll.seqNumber);
-D5(coll.func);
-D5(coll.sendBuff);
-D5(coll.recvBuff);
-D5(coll.count);
-D5(coll.root);
-D5(coll.datatype);
-D5(coll.nChannels);
-D5(coll.nWarps);
-D5(coll.algo);
-D5(coll.proto);
-D5(coll.parentGroup);
-D5(p2p.func);
-D5(p2p.buff);
-D5(p2p.datatype);
-D5(p2p.count);
-D5(p2p.peer);
-D5(p2p.nChannels);
-D5(p2p.parentGroup);
-D5(proxyOp.pid);
-D5(proxyOp.channelId);
-D5(proxyOp.peer);
-D5(proxyOp.nSteps);
-D5(proxyOp.chunkSize);
-D5(proxyOp.isSend);
-D5(proxyStep.step);
-D5(kernelCh.channelId);
-D5(kernelCh.pTimer);
-D5(netPlugin.id);
-D5(netPlugin.data);
+V5_FIELDS(D5)
 
 #define A5(f) FIELD(sr_nccl_state_args_t, f, ncclProfilerEventStateArgs_v5_t, f)
 SIZE(sr_nccl_state_args_t, ncclProfilerEventStateArgs_v5_t);
@@ -224,11 +228,75 @@ _Static_assert(SAME_TYPE(TYPEOF(ncclProfiler_v5_t, recordEventState),
 #define HAVE_V5 0
 #endif
 
+/* ---- v6 (profiler_v6.h, 2.29 on; not vendored: make cupti-nccl-abi-src) ---- */
+
+#ifdef PROFILER_V6_H_
+#define HAVE_V6 1
+SAME_VALUE(SR_NCCL_PROFILE_CE_COLL, ncclProfileCeColl);
+SAME_VALUE(SR_NCCL_PROFILE_CE_SYNC, ncclProfileCeSync);
+SAME_VALUE(SR_NCCL_PROFILE_CE_BATCH, ncclProfileCeBatch);
+
+#define D6(f) FIELD(sr_nccl_descr_v6_t, u.f, ncclProfilerEventDescr_v6_t, f);
+SIZE(sr_nccl_descr_v6_t, ncclProfilerEventDescr_v6_t);
+FIELD(sr_nccl_descr_v6_t, type, ncclProfilerEventDescr_v6_t, type);
+FIELD(sr_nccl_descr_v6_t, parentObj, ncclProfilerEventDescr_v6_t, parentObj);
+FIELD(sr_nccl_descr_v6_t, rank, ncclProfilerEventDescr_v6_t, rank);
+V5_FIELDS(D6)
+D6(ceColl.seqNumber)
+D6(ceColl.func)
+D6(ceColl.sendBuff)
+D6(ceColl.recvBuff)
+D6(ceColl.count)
+D6(ceColl.root)
+D6(ceColl.datatype)
+D6(ceColl.syncStrategy)
+D6(ceColl.intraBatchSync)
+D6(ceColl.batchSize)
+D6(ceColl.numBatches)
+D6(ceColl.ceSeqNum)
+D6(ceColl.stream)
+D6(ceCollSync.isComplete)
+D6(ceCollSync.nRanks)
+D6(ceCollBatch.numOps)
+D6(ceCollBatch.totalBytes)
+D6(ceCollBatch.useIntraSync)
+
+#define A6(f) FIELD(sr_nccl_state_args_t, f, ncclProfilerEventStateArgs_v6_t, f)
+SIZE(sr_nccl_state_args_t, ncclProfilerEventStateArgs_v6_t);
+A6(proxyStep.transSize);
+A6(proxyCtrl.appendedProxyOps);
+A6(netPlugin.data);
+A6(kernelCh.pTimer);
+
+#define T6(f) _Static_assert(offsetof(sr_nccl_profiler_v6_t, f) == offsetof(ncclProfiler_v6_t, f), "v6 table " #f)
+SIZE(sr_nccl_profiler_v6_t, ncclProfiler_v6_t);
+T6(name);
+T6(init);
+T6(startEvent);
+T6(stopEvent);
+T6(recordEventState);
+T6(finalize);
+FIELD(sr_nccl_profiler_v6_t, name, ncclProfiler_v6_t, name);
+FIELD(sr_nccl_profiler_v6_t, init, ncclProfiler_v6_t, init);
+FIELD(sr_nccl_profiler_v6_t, stopEvent, ncclProfiler_v6_t, stopEvent);
+FIELD(sr_nccl_profiler_v6_t, finalize, ncclProfiler_v6_t, finalize);
+_Static_assert(SAME_TYPE(TYPEOF(ncclProfiler_v6_t, startEvent),
+			 sr_nccl_result_t (*)(void *, void **, ncclProfilerEventDescr_v6_t *)),
+	       "v6 startEvent(context, eHandle*, eDescr*)");
+_Static_assert(SAME_TYPE(TYPEOF(ncclProfiler_v6_t, recordEventState),
+			 sr_nccl_result_t (*)(void *, ncclProfilerEventState_v6_t, ncclProfilerEventStateArgs_v6_t *)),
+	       "v6 recordEventState(eHandle, eState, eStateArgs*)");
+#else
+#define HAVE_V6 0
+#endif
+
 int main(void)
 {
 	NOTE("v4: ncclProfilerEventDescr_v4_t, ncclProfilerEventStateArgs_v4_t, ncclProfiler_v4_t");
 	if (HAVE_V5)
 		NOTE("v5: ncclProfilerEventDescr_v5_t, ncclProfilerEventStateArgs_v5_t, ncclProfiler_v5_t");
+	if (HAVE_V6)
+		NOTE("v6: ncclProfilerEventDescr_v6_t, ncclProfilerEventStateArgs_v6_t, ncclProfiler_v6_t");
 	NOTE("event types, states, mask bits");
 	printf("test_nccl_abi %s: ok (%d layouts matched at compile time)\n", SR_NCCL_TAG, checked);
 	return 0;

@@ -2,19 +2,21 @@
  * ncclprof.c - a fake NCCL's profiler-plugin host, see ncclprof.h.
  *
  * The descriptor layouts below are written here again on purpose, from
- * NVIDIA/nccl's profiler_v5.h / profiler_v4.h (v2.28.9-1 / v2.27.7-1; the
- * vendored copies are third_party/nccl/) including the fields slowrank
- * never reads: the plugin is tested against NCCL's layout, not against its
- * own reading of it.
+ * NVIDIA/nccl's profiler_v6.h / profiler_v5.h / profiler_v4.h (v2.29.7-1 /
+ * v2.28.9-1 / v2.27.7-1; the vendored copies are third_party/nccl/)
+ * including the fields slowrank never reads: the plugin is tested against
+ * NCCL's layout, not against its own reading of it.
  *
  * What NCCL does and this fake copies (src/plugin/profiler.cc,
  * plugin_open.cc, enqueue.cc, group.cc, transport/profiler.cc and
- * plugin/profiler/profiler_v4.cc of the tags; SLOWRANK_FAKE_NCCL_PROFILER_MAX
- * names the release: 4 = 2.27.7, 5 = 2.28.9, the default):
+ * plugin/profiler/profiler_v4.cc, profiler_v5.cc and ce_coll.cc of the tags;
+ * SLOWRANK_FAKE_NCCL_PROFILER_MAX names the release: 4 = 2.27.7, 5 = 2.28.9,
+ * the default, 6 = 2.29.7 / 2.30.7):
  *   - loading, at a comm's init: NCCL_PROFILER_PLUGIN = none | a path or
  *     file name | a name X (libnccl-profiler-X.so unless X is lib*.so);
  *     unset: libnccl-profiler.so; dlopen with RTLD_NOW | RTLD_LOCAL; dlsym
- *     newest first (2.28: ncclProfiler_v5, _v4; 2.27: _v4); a failed load
+ *     newest first (2.29: ncclProfiler_v6, _v5, _v4; 2.28: _v5, _v4; 2.27:
+ *     _v4); a failed load
  *     is never tried again; one reference per comm init, the last
  *     reference's unload dlcloses it and a later comm loads it afresh;
  *   - init per comm with a pointer to one process-wide int mask. An init
@@ -46,8 +48,15 @@
  *     (P2pApi + P2p per peer), as NCCL's taskAppend makes them;
  *   - 2.28-2.30: the thread's CollApi handle is never cleared: every
  *     collective append stops it again, also when it started none;
+ *   - copy-engine collectives (SLOWRANK_FAKE_NCCL_CE: AllGather, AlltoAll,
+ *     Gather, Scatter): 2.28 emits no event for them at all; 2.29 GroupApi
+ *     and CollApi (the CE types count in their masks), then per CE task a
+ *     plan of its own before the kernel plan: CeColl (parent the CollApi,
+ *     seqNumber the comm's CE counter, which each synchronisation
+ *     advances), CeSync / CeBatch under it, no Coll;
  *   - a plugin bound at a lower version than the release's gets what
- *     NCCL's shim passes: v4 under 2.28 no API events or their states,
+ *     NCCL's shim passes: v5 under 2.29 no CE events and no CE bits in the
+ *     mask after init; v4 under 2.28 no API events or their states,
  *     Coll/P2p parentObj = the Group, p2p.nChannels unset (0 here).
  */
 #ifndef _GNU_SOURCE
@@ -78,7 +87,11 @@ enum {
   ncclProfileCollApi = 1 << 9,
   ncclProfileP2pApi = 1 << 10,
   ncclProfileKernelLaunch = 1 << 11,
+  ncclProfileCeColl = 1 << 12,
+  ncclProfileCeSync = 1 << 13,
+  ncclProfileCeBatch = 1 << 14,
 };
+#define M_CE (ncclProfileCeColl | ncclProfileCeSync | ncclProfileCeBatch)
 enum { ncclProfilerKernelChStop = 22, ncclProfilerGroupStartApiStop = 23, ncclProfilerGroupEndApiStart = 24 };
 
 typedef struct {
@@ -152,6 +165,108 @@ typedef struct {
     } netPlugin;
   };
 } descr_v5_t;
+
+/* v6 (NCCL 2.29, 2.30): v5's members and the copy-engine ones. */
+typedef struct {
+  uint64_t type;
+  void *parentObj;
+  int rank;
+  union {
+    struct {
+      bool graphCaptured;
+      int groupDepth;
+    } groupApi;
+    struct {
+      const char *func;
+      size_t count;
+      const char *datatype;
+      int root;
+      void *stream;
+      bool graphCaptured;
+    } collApi;
+    struct {
+      const char *func;
+      size_t count;
+      const char *datatype;
+      void *stream;
+      bool graphCaptured;
+    } p2pApi;
+    struct {
+      void *stream;
+    } kernelLaunch;
+    struct {
+      uint64_t seqNumber;
+      const char *func;
+      void const *sendBuff;
+      void *recvBuff;
+      size_t count;
+      int root;
+      const char *datatype;
+      uint8_t nChannels;
+      uint8_t nWarps;
+      const char *algo;
+      const char *proto;
+      void *parentGroup;
+    } coll;
+    struct {
+      const char *func;
+      void *buff;
+      const char *datatype;
+      size_t count;
+      int peer;
+      uint8_t nChannels;
+      void *parentGroup;
+    } p2p;
+    struct {
+      pid_t pid;
+      uint8_t channelId;
+      int peer;
+      int nSteps;
+      int chunkSize;
+      int isSend;
+    } proxyOp;
+    struct {
+      int step;
+    } proxyStep;
+    struct {
+      uint8_t channelId;
+      uint64_t pTimer;
+    } kernelCh;
+    struct {
+      int64_t id;
+      void *data;
+    } netPlugin;
+    struct {
+      uint64_t seqNumber;
+      const char *func;
+      void const *sendBuff;
+      void *recvBuff;
+      size_t count;
+      int root;
+      const char *datatype;
+      const char *syncStrategy;
+      bool intraBatchSync;
+      uint32_t batchSize;
+      uint32_t numBatches;
+      uint32_t ceSeqNum;
+      void *stream;
+    } ceColl;
+    struct {
+      bool isComplete;
+      int nRanks;
+    } ceCollSync;
+    struct {
+      int numOps;
+      size_t totalBytes;
+      bool useIntraSync;
+    } ceCollBatch;
+  };
+} descr_v6_t;
+
+/* What NCCL fills (its ncclProfilerEventDescr_t, v6's from 2.29), handed to
+ * the bound version by start(). */
+typedef descr_v6_t descr_t;
+_Static_assert(sizeof(descr_v6_t) == sizeof(descr_v5_t), "v5 and v6 descriptors differ in size");
 
 typedef struct {
   uint8_t type;
@@ -230,6 +345,16 @@ typedef struct {
 
 typedef struct {
   const char *name;
+  int (*init)(void **context, uint64_t commId, int *mask, const char *commName, int nNodes, int nranks, int rank,
+              logger_t logfn);
+  int (*startEvent)(void *context, void **eHandle, descr_v6_t *eDescr);
+  int (*stopEvent)(void *eHandle);
+  int (*recordEventState)(void *eHandle, int eState, state_args_t *eStateArgs);
+  int (*finalize)(void *context);
+} profiler_v6_t;
+
+typedef struct {
+  const char *name;
   int (*init)(void **context, int *mask, const char *commName, uint64_t commHash, int nNodes, int nranks, int rank,
               logger_t logfn);
   int (*startEvent)(void *context, void **eHandle, descr_v4_t *eDescr);
@@ -252,8 +377,10 @@ static void *lib;
 static int version;     /* API bound, 0: none (ncclProfiler == NULL) */
 static int load_failed; /* profilerPluginLoadFailed: never tried again */
 static int plugin_off;  /* 2.27: an init error set ncclProfiler = NULL until the last comm */
+static profiler_v6_t *p6;
 static profiler_v5_t *p5;
 static profiler_v4_t *p4;
+static int ce_mode;               /* SLOWRANK_FAKE_NCCL_CE: AllGather/AlltoAll/Gather/Scatter on the copy engines */
 static int refcount;              /* profilerPluginRefCount: one per comm init while loaded */
 static int ncclProfilerEventMask; /* the plugin writes it through init's pointer, at any time */
 static uint64_t n_kch_on, n_kch_off, n_stale_stops;
@@ -265,6 +392,7 @@ struct fp_comm {
   uint64_t hash;
   int nranks, rank;
   uint64_t seq[16]; /* comm->seqNumber[func] */
+  uint32_t ce_seq;  /* comm->ceColl.ceSeqNum: one per CE synchronisation */
   pthread_mutex_t mu;
 };
 
@@ -304,7 +432,7 @@ void fp_set_mask(int mask) { __atomic_store_n(&ncclProfilerEventMask, mask, __AT
 uint64_t fp_ops_with_kernel_ch(void) { return __atomic_load_n(&n_kch_on, __ATOMIC_RELAXED); }
 uint64_t fp_ops_without_kernel_ch(void) { return __atomic_load_n(&n_kch_off, __ATOMIC_RELAXED); }
 uint64_t fp_stale_api_stops(void) { return __atomic_load_n(&n_stale_stops, __ATOMIC_RELAXED); }
-void *fp_plugin(void) { return version == 5 ? (void *)p5 : (void *)p4; }
+void *fp_plugin(void) { return version == 6 ? (void *)p6 : version == 5 ? (void *)p5 : (void *)p4; }
 
 /* ncclProfiler != NULL: the plugin is loaded and no 2.27 init error
  * turned it off. */
@@ -340,12 +468,16 @@ static int load_locked(void) {
   gpu_skew_ns = skew ? strtoull(skew, NULL, 10) : 0;
   const char *maxs = getenv("SLOWRANK_FAKE_NCCL_PROFILER_MAX");
   release = maxs && atoi(maxs) >= 4 ? atoi(maxs) : 5;
-  if (release > 5) release = 5;
+  if (release > 6) release = 6;
+  const char *ce = getenv("SLOWRANK_FAKE_NCCL_CE");
+  ce_mode = ce && *ce && strcmp(ce, "0") != 0;
   lib = open_plugin();
   if (lib) {
-    /* newest first: getNcclProfiler_v5, _v4 (v1-v3: none of slowrank's concern) */
+    /* newest first: getNcclProfiler_v6 (2.29), _v5 (2.28), _v4 (v1-v3: none of slowrank's concern) */
     int v = 0;
-    if (release >= 5 && (p5 = dlsym(lib, "ncclProfiler_v5")))
+    if (release >= 6 && (p6 = dlsym(lib, "ncclProfiler_v6")))
+      v = 6;
+    else if (release >= 5 && (p5 = dlsym(lib, "ncclProfiler_v5")))
       v = 5;
     else if ((p4 = dlsym(lib, "ncclProfiler_v4")))
       v = 4;
@@ -386,10 +518,14 @@ struct fp_comm *fp_comm_init(uint64_t hash, int nranks, int rank) {
   }
   if (active()) {
     int err = 1;
-    if (version == 5)
+    if (version == 6)
+      err = p6->init(&c->ctx, hash, &ncclProfilerEventMask, "fake", 1, nranks, rank, logger);
+    else if (version == 5)
       err = p5->init(&c->ctx, hash, &ncclProfilerEventMask, "fake", 1, nranks, rank, logger);
     else
       err = p4->init(&c->ctx, &ncclProfilerEventMask, "fake", hash, 1, nranks, rank, logger);
+    /* 2.29's v5 shim: no CE bits in the mask after a v5 init */
+    if (!err && version == 5 && release >= 6) __atomic_fetch_and(&ncclProfilerEventMask, ~M_CE, __ATOMIC_RELAXED);
     c->profiled = err == 0;
     if (err && release == 4) __atomic_store_n(&plugin_off, 1, __ATOMIC_RELEASE);
   }
@@ -405,11 +541,19 @@ int fp_comm_profiled(const struct fp_comm *c) { return c->profiled; }
  * type, parentObj and rank as NCCL sets them) to the bound version, as
  * NCCL's shims do: a v4 plugin under 2.28 gets no API events, and its
  * Coll/P2p parent is the Group (v5's parentGroup). */
-static void *start(struct fp_comm *c, const descr_v5_t *d5) {
+static void *start(struct fp_comm *c, const descr_t *d5) {
   void *h = NULL;
   if (!active()) return NULL; /* ncclProfiler == NULL */
+  if (version == 6) {
+    descr_v6_t d = *d5;
+    p6->startEvent(c->ctx, &h, &d);
+    return h;
+  }
+  int ce = d5->type == ncclProfileCeColl || d5->type == ncclProfileCeSync || d5->type == ncclProfileCeBatch;
   if (version == 5) {
-    descr_v5_t d = *d5;
+    if (ce) return NULL; /* 2.29's v5 shim discards CE events */
+    descr_v5_t d;
+    memcpy(&d, d5, sizeof(d)); /* v5's members lie where v6 has them */
     p5->startEvent(c->ctx, &h, &d);
     return h;
   }
@@ -459,7 +603,9 @@ static void *start(struct fp_comm *c, const descr_v5_t *d5) {
 
 static void stop(void *h) {
   if (!h || !active()) return;
-  if (version == 5)
+  if (version == 6)
+    p6->stopEvent(h);
+  else if (version == 5)
     p5->stopEvent(h);
   else
     p4->stopEvent(h);
@@ -467,7 +613,9 @@ static void stop(void *h) {
 
 static void record(void *h, int state, state_args_t *a) {
   if (!h || !active()) return;
-  if (version == 5)
+  if (version == 6)
+    p6->recordEventState(h, state, a);
+  else if (version == 5)
     p5->recordEventState(h, state, a);
   else if (state != ncclProfilerGroupStartApiStop && state != ncclProfilerGroupEndApiStart)
     p4->recordEventState(h, state, a); /* the v4 shim drops the group API states */
@@ -516,7 +664,7 @@ static void *proxy_main(void *arg) {
     void *hs[64] = {0};
     int nch = j->nch < 64 ? j->nch : 64;
     for (int ch = 0; ch < nch; ch++) {
-      descr_v5_t d;
+      descr_t d;
       memset(&d, 0, sizeof(d));
       d.type = ncclProfileKernelCh;
       d.parentObj = j->coll;
@@ -574,6 +722,10 @@ void fp_proxy_drain(void) {
   (ncclProfileP2p | ncclProfileProxyOp | ncclProfileProxyStep | ncclProfileKernelCh | \
    ((rel) >= 5 ? ncclProfileNetPlugin : 0))
 
+/* 2.29 adds the CE types to what starts GroupApi and CollApi. */
+#define M_GROUP_API_OF(rel) (M_GROUP_API | ((rel) >= 6 ? M_CE : 0))
+#define M_COLL_API_OF(rel) (M_COLL_API | ((rel) >= 6 ? M_CE : 0))
+
 /* One operation between the API call that made it and its group end. */
 struct pending {
   struct fp_comm *comm;
@@ -583,6 +735,7 @@ struct pending {
   int root; /* or the peer of a p2p */
   int nch;
   int p2p;
+  int ce;    /* on the copy engines: a plan of its own, CeColl instead of Coll (2.29) */
   int mask;  /* read at the API call: NCCL's task->eActivationMask */
   void *api; /* the CollApi/P2pApi handle (v5): the Coll's parent */
 };
@@ -604,14 +757,14 @@ static _Thread_local struct {
  * Coll start then every P2p start (2.27: only under a Group handle), the
  * proxy work uploaded (kernel channels may report from now on), every
  * Coll/P2p stop ("enqueued"), Group stop. */
-static void group_end(struct fp_comm *c, struct pending *ops, int n) {
+static void plan_launch(struct fp_comm *c, struct pending *ops, int n) {
   /* The plan's mask: its first operation's that has one (NCCL's
    * ncclProfilerStartGroupEvent). */
   int mask = 0;
   for (int i = 0; i < n && !mask; i++) mask = ops[i].mask;
   void *group = NULL;
   if (mask & M_GROUP) {
-    descr_v5_t d;
+    descr_t d;
     memset(&d, 0, sizeof(d));
     d.type = ncclProfileGroup;
     group = start(c, &d);
@@ -622,7 +775,7 @@ static void group_end(struct fp_comm *c, struct pending *ops, int n) {
     for (int i = 0; i < n; i++) {
       if (ops[i].p2p != pass) continue;
       void *h = NULL;
-      descr_v5_t d;
+      descr_t d;
       memset(&d, 0, sizeof(d));
       d.rank = c->rank;
       /* 2.28: parentObj the CollApi/P2pApi event, parentGroup the Group;
@@ -677,15 +830,74 @@ static void group_end(struct fp_comm *c, struct pending *ops, int n) {
   stop(group);
 }
 
+/* A copy-engine collective's plan (2.29, ncclLaunchCeColl): CeColl start
+ * (parent the task's CollApi, rank, seqNumber = ceSeqNum = the comm's CE
+ * counter) if the mask, read now, has any CE type; a synchronisation (the
+ * counter + 1; CeSync under CeColl), the batch of copies (CeBatch), a
+ * synchronisation; CeColl stop. No Group, no Coll, no kernel channels, no
+ * seqNumber[func]. */
+static void ce_launch(struct fp_comm *c, const struct pending *op) {
+  int mask = load_mask();
+  void *ce = NULL;
+  descr_t d;
+  if (mask & M_CE) {
+    memset(&d, 0, sizeof(d));
+    d.type = ncclProfileCeColl;
+    d.parentObj = op->api;
+    d.rank = c->rank;
+    d.ceColl.seqNumber = c->ce_seq;
+    d.ceColl.func = op->func;
+    d.ceColl.count = op->count;
+    d.ceColl.root = op->root;
+    d.ceColl.datatype = op->dtype;
+    d.ceColl.syncStrategy = "UC";
+    d.ceColl.ceSeqNum = c->ce_seq;
+    ce = start(c, &d);
+  }
+  for (int step = 0; step < 3; step++) {
+    int sync = step != 1;
+    if (sync) c->ce_seq++;
+    int bit = sync ? ncclProfileCeSync : ncclProfileCeBatch;
+    if (!ce || !(mask & bit)) continue;
+    memset(&d, 0, sizeof(d));
+    d.type = (uint64_t)bit;
+    d.parentObj = ce;
+    d.rank = c->rank;
+    if (sync) {
+      d.ceCollSync.isComplete = step == 2;
+      d.ceCollSync.nRanks = c->nranks;
+    } else {
+      d.ceCollBatch.numOps = 1;
+      d.ceCollBatch.totalBytes = op->count;
+    }
+    stop(start(c, &d));
+  }
+  stop(ce);
+}
+
+/* A comm's plans at the group end: each copy-engine task first, a plan of
+ * its own (2.29's planner takes the CE queue before the kernel tasks), then
+ * one plan of the rest. */
+static void group_end(struct fp_comm *c, struct pending *ops, int n) {
+  int k = 0;
+  for (int i = 0; i < n; i++) {
+    if (ops[i].ce)
+      ce_launch(c, &ops[i]);
+    else
+      ops[k++] = ops[i];
+  }
+  if (k) plan_launch(c, ops, k);
+}
+
 void fp_group_start(void) { T.depth++; }
 
 /* The API call of one operation (ncclEnqueueCheck): an implicit group
  * around it when the caller opened none. */
 static void task_append(struct fp_comm *c, const char *func, size_t count, const char *dtype, int root, int nch,
-                        int p2p) {
+                        int p2p, int ce) {
   if (!active()) {
     /* No plugin: only the sequence number NCCL keeps anyway. */
-    if (!p2p) {
+    if (!p2p && !ce) {
       pthread_mutex_lock(&c->mu);
       c->seq[func_id(func)]++;
       pthread_mutex_unlock(&c->mu);
@@ -706,8 +918,8 @@ static void task_append(struct fp_comm *c, const char *func, size_t count, const
     __atomic_fetch_add(&n_kch_off, 1, __ATOMIC_RELAXED);
   /* 2.28: GroupApi (no parent, no rank) at the outermost group's first
    * operation, GroupStartApiStop right after it. */
-  if (release >= 5 && !T.gapi && (mask & M_GROUP_API)) {
-    descr_v5_t d;
+  if (release >= 5 && !T.gapi && (mask & M_GROUP_API_OF(release))) {
+    descr_t d;
     memset(&d, 0, sizeof(d));
     d.type = ncclProfileGroupApi;
     d.groupApi.groupDepth = T.depth;
@@ -719,11 +931,11 @@ static void task_append(struct fp_comm *c, const char *func, size_t count, const
     T.gapi_recorded = 1;
   }
   struct pending *op = &T.ops[T.nops++];
-  *op = (struct pending){c, func, count, dtype, root, nch, p2p, mask, NULL};
+  *op = (struct pending){c, func, count, dtype, root, nch, p2p, ce, mask, NULL};
   if (release >= 5) {
     /* CollApi/P2pApi: parent the GroupApi event, no rank; around the
      * task's append, inside the user's call. */
-    descr_v5_t d;
+    descr_t d;
     memset(&d, 0, sizeof(d));
     d.parentObj = T.gapi;
     if (p2p) {
@@ -736,7 +948,7 @@ static void task_append(struct fp_comm *c, const char *func, size_t count, const
       }
       stop(op->api); /* the API event ends at the enqueue; the handle stays the P2p's parent */
     } else {
-      if (mask & M_COLL_API) {
+      if (mask & M_COLL_API_OF(release)) {
         d.type = ncclProfileCollApi;
         d.collApi.func = func;
         d.collApi.count = count;
@@ -748,7 +960,7 @@ static void task_append(struct fp_comm *c, const char *func, size_t count, const
        * it): the task takes it, and the stop at the append's end repeats
        * on it whenever this call started none (the mask lacked CollApi). */
       op->api = T.coll_api;
-      if (T.coll_api && !(mask & M_COLL_API)) __atomic_fetch_add(&n_stale_stops, 1, __ATOMIC_RELAXED);
+      if (T.coll_api && !(mask & M_COLL_API_OF(release))) __atomic_fetch_add(&n_stale_stops, 1, __ATOMIC_RELAXED);
       stop(T.coll_api);
     }
   }
@@ -759,25 +971,39 @@ static void task_append(struct fp_comm *c, const char *func, size_t count, const
  * ncclGather and ncclScatter (not on the copy-engine path) append Send/Recv
  * tasks: P2pApi and P2p events named "Send"/"Recv" per peer, nothing that
  * names the collective. */
+static int ce_func(const char *f) {
+  return strcmp(f, "AllGather") == 0 || strcmp(f, "AlltoAll") == 0 || strcmp(f, "Gather") == 0 ||
+         strcmp(f, "Scatter") == 0;
+}
+
 static void api_call(struct fp_comm *c, const char *func, size_t count, const char *dtype, int root, int nch, int p2p) {
   int implicit = T.depth == 0;
   if (implicit) T.depth++;
+  /* NCCL >= 2.28 on the copy engines (SLOWRANK_FAKE_NCCL_CE: one node,
+   * symmetric buffers, NCCL_CTA_POLICY_ZERO): 2.28's ceCollTaskAppend emits
+   * no profiler event at all; 2.29's GroupApi, CollApi, and CeColl at the
+   * launch. */
+  if (ce_mode && !p2p && release >= 5 && ce_func(func)) {
+    if (release >= 6) task_append(c, func, count, dtype, root, nch, 0, 1);
+    if (implicit) fp_group_end();
+    return;
+  }
   int a2a = !p2p && release >= 5 && strcmp(func, "AlltoAll") == 0;
   int gather = !p2p && release >= 5 && strcmp(func, "Gather") == 0;
   int scatter = !p2p && release >= 5 && strcmp(func, "Scatter") == 0;
   if (a2a) {
     for (int r = 0; r < c->nranks; r++) {
-      task_append(c, "Send", count, dtype, r, nch, 1);
-      task_append(c, "Recv", count, dtype, r, nch, 1);
+      task_append(c, "Send", count, dtype, r, nch, 1, 0);
+      task_append(c, "Recv", count, dtype, r, nch, 1, 0);
     }
   } else if (gather) {
-    task_append(c, "Send", count, dtype, root, nch, 1);
-    for (int r = 0; c->rank == root && r < c->nranks; r++) task_append(c, "Recv", count, dtype, r, nch, 1);
+    task_append(c, "Send", count, dtype, root, nch, 1, 0);
+    for (int r = 0; c->rank == root && r < c->nranks; r++) task_append(c, "Recv", count, dtype, r, nch, 1, 0);
   } else if (scatter) {
-    for (int r = 0; c->rank == root && r < c->nranks; r++) task_append(c, "Send", count, dtype, r, nch, 1);
-    task_append(c, "Recv", count, dtype, root, nch, 1);
+    for (int r = 0; c->rank == root && r < c->nranks; r++) task_append(c, "Send", count, dtype, r, nch, 1, 0);
+    task_append(c, "Recv", count, dtype, root, nch, 1, 0);
   } else {
-    task_append(c, func, count, dtype, root, nch, p2p);
+    task_append(c, func, count, dtype, root, nch, p2p, 0);
   }
   if (implicit) fp_group_end();
 }
@@ -835,7 +1061,9 @@ void fp_comm_destroy(struct fp_comm *c) {
   fp_proxy_drain();
   pthread_mutex_lock(&mu);
   if (active() && (release == 4 || c->ctx)) {
-    if (version == 5)
+    if (version == 6)
+      p6->finalize(c->ctx);
+    else if (version == 5)
       p5->finalize(c->ctx);
     else
       p4->finalize(c->ctx);
@@ -845,6 +1073,7 @@ void fp_comm_destroy(struct fp_comm *c) {
     lib = NULL;
     __atomic_store_n(&version, 0, __ATOMIC_RELEASE);
     __atomic_store_n(&plugin_off, 0, __ATOMIC_RELEASE);
+    p6 = NULL;
     p5 = NULL;
     p4 = NULL;
   }

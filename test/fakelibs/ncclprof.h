@@ -2,9 +2,9 @@
  * ncclprof.h - a fake NCCL's profiler-plugin host (ncclprof.c): loads a
  * profiler plugin the way NCCL >= 2.27 does (NCCL_PROFILER_PLUGIN, dlopen,
  * newest ncclProfiler_vN first) and drives it as NCCL's src/plugin/profiler.cc
- * does for API v5 and v4 (NCCL 2.28.9 and 2.27.7), without a GPU. Used by
- * cupti/test_nccl.c and linked into the fake libnccl.so.2 (nccl.c), so one
- * copy of the driving logic serves both.
+ * does for API v6, v5 and v4 (NCCL 2.29.7, 2.28.9, 2.27.7), without a GPU.
+ * Used by cupti/test_nccl.c and linked into the fake libnccl.so.2 (nccl.c),
+ * so one copy of the driving logic serves both.
  */
 #ifndef FAKE_NCCLPROF_H
 #define FAKE_NCCLPROF_H
@@ -15,10 +15,14 @@
 struct fp_comm;
 
 /* Loads the plugin (as NCCL: once, again only after the last comm's
- * unload; a failure is final). Returns the API version bound (5 or 4), 0
+ * unload; a failure is final). Returns the API version bound (6, 5 or 4), 0
  * when none (NCCL_PROFILER_PLUGIN=none, not found, no known symbol).
  * SLOWRANK_FAKE_NCCL_PROFILER_MAX names the NCCL release emulated: 4 =
- * 2.27.7 (lookup from v4), 5 = 2.28.9 (from v5; the default). */
+ * 2.27.7 (lookup from v4), 5 = 2.28.9 (from v5; the default), 6 = 2.29.7
+ * and 2.30.7 (from v6). SLOWRANK_FAKE_NCCL_CE=1 runs AllGather, AlltoAll,
+ * Gather and Scatter on the copy engines (NCCL >= 2.28 on one node with
+ * symmetric buffers and NCCL_CTA_POLICY_ZERO): invisible to 2.28's plugin,
+ * CeColl events on 2.29's. */
 int fp_load(void);
 
 /* ncclCommInitRank: loads the plugin if needed, then its init for this comm
