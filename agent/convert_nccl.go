@@ -36,7 +36,7 @@ import (
 // of that call or of its ncclGroupEnd, so the cut splits the calls exactly.
 type ncclCapture struct {
 	plugin  bool
-	version uint8            // profiler API NCCL bound (4, 5)
+	version uint8            // profiler API NCCL bound (4, 5, 6)
 	cut     map[uint32]int64 // per thread; frozen at the switch
 	// comms are the plugin's communicators (nccl_commmap.go), twins the
 	// latest uprobe collectives per thread (kept with Config.NCCLPlugin),

@@ -37,6 +37,7 @@ const (
 	ncclFlagGraph        = 0x4
 	ncclFlagPartial      = 0x8
 	ncclFlagClockSuspect = 0x10
+	ncclFlagCE           = 0x20
 	NCCLClockSlackNs     = 0xf4240
 	ncclCommFinalized    = 0x1
 	ncclCommResent       = 0x2

@@ -44,6 +44,7 @@ const (
 	ncclFlagGraph        = C.SLOWRANK_NCCL_F_GRAPH
 	ncclFlagPartial      = C.SLOWRANK_NCCL_F_PARTIAL
 	ncclFlagClockSuspect = C.SLOWRANK_NCCL_F_CLOCK_SUSPECT
+	ncclFlagCE           = C.SLOWRANK_NCCL_F_CE
 	NCCLClockSlackNs     = C.SLOWRANK_NCCL_CLOCK_SLACK_NS
 	ncclCommFinalized    = C.SLOWRANK_NCCL_COMM_F_FINALIZED
 	ncclCommResent       = C.SLOWRANK_NCCL_COMM_F_RESENT

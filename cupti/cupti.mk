@@ -5,7 +5,8 @@
 #
 #   make cupti           $(OUT_DIR)/libslowrank_cupti.so
 #   make cupti-headers   fetch Debian's cuda.h into $(CUPTI_CACHE) when missing
-#   make cupti-test      C unit tests (converter, dlopen + InitializeInjection)
+#   make cupti-test      C unit tests (converter, dlopen + InitializeInjection,
+#                        the NCCL plugin, its ABI against NCCL's headers)
 #   make cupti-test-tsan test_inject against a ThreadSanitizer build of the library
 #   make cupti-generate  regenerate cupti/abi_defs.go from slowrank_abi.h
 #   make cupti-clean
@@ -70,6 +71,36 @@ cupti-headers: $(CUPTI_CACHE)/usr/include/cuda.h
 $(CUPTI_CACHE)/usr/include/cuda.h:
 	$(CUPTI_DIR)/fetch-cuda-headers.sh $(CUPTI_CACHE)
 
+# NCCL's profiler ABI: cupti/nccl_profiler.h against NCCL's own profiler
+# headers of the release tags vendored in third_party/nccl (README.md
+# there), compared at compile time by cupti/test_nccl_abi.c; part of
+# cupti-test. Against any NVIDIA/nccl checkout (another tag, a newer
+# release): make cupti-nccl-abi-src NCCL_SRC=path.
+CUPTI_NCCL_ABI_TAGS := v2.27.7-1 v2.28.9-1
+CUPTI_NCCL_THIRD := $(CUPTI_ROOT)/third_party/nccl
+CUPTI_NCCL_ABI_BINS := $(foreach t,$(CUPTI_NCCL_ABI_TAGS),$(CUPTI_TEST_OUT)/nccl-abi/$(t))
+CUPTI_NCCL_ABI_CC = $(CUPTI_CC) -std=c11 $(CUPTI_OPT) $(CUPTI_WARN) -Werror -I$(CUPTI_DIR) \
+	-I$(CUPTI_DIR)/testdata/nccl_abi
+CUPTI_NCCL_ABI_DEPS := $(CUPTI_DIR)/test_nccl_abi.c $(CUPTI_DIR)/nccl_profiler.h $(CUPTI_DIR)/testdata/nccl_abi/os.h \
+	$(CUPTI_DIR)/testdata/nccl_abi/cstdint
+
+$(CUPTI_TEST_OUT)/nccl-abi/%: $(CUPTI_NCCL_ABI_DEPS) $(CUPTI_NCCL_THIRD)/%/src/include/plugin/nccl_profiler.h
+	@mkdir -p $(dir $@)
+	$(CUPTI_NCCL_ABI_CC) -I$(CUPTI_NCCL_THIRD)/$*/src/include -DSR_NCCL_TAG='"$*"' -o $@ $(CUPTI_DIR)/test_nccl_abi.c
+
+.PHONY: cupti-nccl-abi cupti-nccl-abi-src
+cupti-nccl-abi: $(CUPTI_NCCL_ABI_BINS)
+	for t in $(CUPTI_NCCL_ABI_BINS); do $$t || exit 1; done
+
+cupti-nccl-abi-src: $(CUPTI_NCCL_ABI_DEPS)
+	@test -f "$(NCCL_SRC)/src/include/plugin/nccl_profiler.h" || \
+		{ echo "usage: make cupti-nccl-abi-src NCCL_SRC=<an NVIDIA/nccl checkout>"; exit 2; }
+	@mkdir -p $(CUPTI_TEST_OUT)/nccl-abi
+	$(CUPTI_NCCL_ABI_CC) -I$(NCCL_SRC)/src/include \
+		-DSR_NCCL_TAG="\"$$(git -C $(NCCL_SRC) describe --tags 2>/dev/null || echo $(NCCL_SRC))\"" \
+		-o $(CUPTI_TEST_OUT)/nccl-abi/src $(CUPTI_DIR)/test_nccl_abi.c
+	$(CUPTI_TEST_OUT)/nccl-abi/src
+
 $(CUPTI_TEST_OUT)/test_convert: $(CUPTI_DIR)/test_convert.c $(CUPTI_DIR)/slowrank_convert.c $(CUPTI_HDRS) $(CUPTI_HEADER_DEPS)
 	@mkdir -p $(CUPTI_TEST_OUT)
 	$(CUPTI_CC) $(CUPTI_CFLAGS) $(CUPTI_TEST_SAN) -o $@ $(CUPTI_DIR)/test_convert.c $(CUPTI_DIR)/slowrank_convert.c
@@ -80,7 +111,9 @@ $(CUPTI_TEST_OUT)/test_inject: $(CUPTI_DIR)/test_inject.c $(CUPTI_DIR)/slowrank_
 
 # test_convert rewrites cupti/testdata/converter.batches and the converter
 # seeds of the Go fuzz corpus (deterministic: CI may diff them).
-cupti-test: $(CUPTI_LIB) $(CUPTI_TEST_OUT)/test_convert $(CUPTI_TEST_OUT)/test_inject $(CUPTI_TEST_OUT)/test_nccl
+cupti-test: $(CUPTI_LIB) $(CUPTI_TEST_OUT)/test_convert $(CUPTI_TEST_OUT)/test_inject $(CUPTI_TEST_OUT)/test_nccl \
+		$(CUPTI_NCCL_ABI_BINS)
+	for t in $(CUPTI_NCCL_ABI_BINS); do $$t || exit 1; done
 	$(CUPTI_TEST_OUT)/test_convert $(CUPTI_DIR)/testdata
 	timeout 60 $(CUPTI_TEST_OUT)/test_inject $(CUPTI_LIB)
 	timeout 300 $(CUPTI_TEST_OUT)/test_nccl $(CUPTI_LIB)

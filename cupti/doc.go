@@ -6,8 +6,8 @@
 // # The NCCL profiler plugin
 //
 // The same library is NCCL's profiler plugin (NCCL_PROFILER_PLUGIN pointing at
-// the same file; ncclProfiler_v5 for NCCL 2.28, ncclProfiler_v4 for 2.27;
-// slowrank_nccl.c, docs/nccl-profiler-plugin.md). Its records (NCCLComm,
+// the same file; ncclProfiler_v6 for NCCL 2.29 and 2.30, ncclProfiler_v5 for
+// 2.28, ncclProfiler_v4 for 2.27; slowrank_nccl.c, docs/nccl-profiler-plugin.md). Its records (NCCLComm,
 // NCCLColl, NCCLKernel in nccl.go) travel in the same batches. NCCL calls it
 // from its user, host-callback and proxy threads; the plugin never allocates,
 // locks or blocks there, and drops (counted) when its ring is full. Its

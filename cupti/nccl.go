@@ -87,7 +87,7 @@ func (p NCCLProto) String() string {
 // NCCLComm is a communicator, sent at its init, again at every attach epoch
 // (Resent) and at its finalize (Finalized, FinalizeNs).
 type NCCLComm struct {
-	Version    uint8 // profiler API NCCL bound: 4 or 5
+	Version    uint8 // profiler API NCCL bound: 4, 5 or 6
 	Finalized  bool
 	Resent     bool
 	ID         uint16 // the library's slot, unique among the process's live comms
@@ -109,16 +109,21 @@ type NCCLColl struct {
 	CommHash  uint64
 	Rank      int32
 	NRanks    int32
-	Seq       uint64 // NCCL's per-(comm, func) sequence number; 0 for p2p
+	Seq       uint64 // NCCL's per-(comm, func) sequence number; 0 for p2p; with CE the comm's CE counter
 	Count     uint64 // elements
 	Root      int32  // root (collectives) or peer (P2P)
 	NChannels uint8
 	Version   uint8
 	P2P       bool
-	// HasAPI: APIStartNs/APIEndNs bracket the user's call up to its enqueue
-	// (CollApi/P2pApi events, NCCL >= 2.28).
-	HasAPI        bool
-	Graph         bool // captured into a CUDA graph
+	// HasAPI: APIStartNs/APIEndNs bracket the task's append inside the
+	// user's call (CollApi/P2pApi events, NCCL >= 2.28); the launch comes
+	// after it, in the group end.
+	HasAPI bool
+	Graph  bool // captured into a CUDA graph
+	// CE: a copy-engine collective (CeColl event, profiler API v6, NCCL >=
+	// 2.29): Seq is the comm's CE counter (ceSeqNum, shared by all CE
+	// functions), not the per-function one; no kernel channels.
+	CE            bool
 	APIStartNs    uint64
 	APIEndNs      uint64
 	LaunchStartNs uint64 // NCCL's launch of the operation (Coll event); its end is "enqueued", not "done"
@@ -192,6 +197,7 @@ func decodeNCCLColl(r []byte) NCCLColl {
 		P2P:           fl&ncclFlagP2P != 0,
 		HasAPI:        fl&ncclFlagAPI != 0,
 		Graph:         fl&ncclFlagGraph != 0,
+		CE:            fl&ncclFlagCE != 0,
 		APIStartNs:    u64(r, unsafe.Offsetof(c.Api_start_ns)),
 		APIEndNs:      u64(r, unsafe.Offsetof(c.Api_end_ns)),
 		LaunchStartNs: u64(r, unsafe.Offsetof(c.Launch_start_ns)),
@@ -263,6 +269,9 @@ func encodeNCCLColl(r []byte, c NCCLColl) {
 	}
 	if c.Graph {
 		fl |= ncclFlagGraph
+	}
+	if c.CE {
+		fl |= ncclFlagCE
 	}
 	le.PutUint16(r[unsafe.Offsetof(rc.Flags):], fl)
 	r[unsafe.Offsetof(rc.Nchannels)] = c.NChannels

@@ -18,6 +18,8 @@ func sampleNCCL() *Batch {
 				LaunchStartNs: 120, LaunchEndNs: 130, TID: 77, CommID: 3},
 			{Func: NCCLFuncSend, Datatype: 1, CommHash: 0xabcdef, Rank: 1, NRanks: 8, Count: 77, Root: 2, P2P: true,
 				Graph: true, Version: 4, LaunchStartNs: 200, LaunchEndNs: 210},
+			{Func: NCCLFuncAllGather, Datatype: 8, CommHash: 0xabcdef, Rank: 1, NRanks: 8, Seq: 6, Count: 512, Root: -1,
+				Version: 6, CE: true, HasAPI: true, APIStartNs: 300, APIEndNs: 305, LaunchStartNs: 310, LaunchEndNs: 330},
 		},
 		NCCLKernels: []NCCLKernel{
 			{Func: NCCLFuncAllReduce, Channels: 4, NChannels: 4, CommHash: 0xabcdef, Seq: 41, Rank: 1, CommID: 3,
@@ -36,7 +38,7 @@ func TestNCCLRoundTrip(t *testing.T) {
 	}
 	want := *in
 	want.Header.Version = ABIVersion
-	want.Header.Count = 6
+	want.Header.Count = 7
 	want.Header.Len = uint32(len(raw))
 	if !reflect.DeepEqual(normalize(got), normalize(want)) {
 		t.Errorf("round trip:\n got %+v\nwant %+v", got, want)

@@ -204,7 +204,7 @@ struct slowrank_name_record {
 #define SLOWRANK_STAT_NCCL_COMM_OVERFLOW  40 /* communicators not tracked: the table was full */
 #define SLOWRANK_STAT_NCCL_CLOCK_SUSPECT  41 /* kernel records whose converted GPU end lies after the host saw it */
 #define SLOWRANK_STAT_NCCL_UNKNOWN_EVENTS 42 /* events of types the library does not record (asked for none) */
-#define SLOWRANK_STAT_NCCL_API_LOST       43 /* v5 operations recorded without API times: their CollApi/P2pApi slot was reused first */
+#define SLOWRANK_STAT_NCCL_API_LOST       43 /* v5/v6 operations recorded without API times: their CollApi/P2pApi slot was reused first */
 #define SLOWRANK_STAT_NCCL_CLOCK_CLAMPED  44 /* kernel records whose GPU end lay after host_seen_ns by less than the slack: clamped */
 #define SLOWRANK_STAT_COUNT               45
 
@@ -242,7 +242,7 @@ struct slowrank_transition_record {
 
 /*
  * The same library is also an NCCL profiler plugin (NCCL_PROFILER_PLUGIN,
- * NCCL >= 2.27: exports ncclProfiler_v5 and ncclProfiler_v4; see
+ * NCCL >= 2.27: exports ncclProfiler_v6, _v5 and _v4; see
  * slowrank_nccl.c and docs/nccl-profiler-plugin.md). Its records travel in
  * the same batches as the CUPTI records (one uprobe trap per batch). All
  * times are CLOCK_MONOTONIC ns; 0 means absent, never a measurement.
@@ -304,10 +304,11 @@ struct slowrank_transition_record {
 
 /* NCCL_COLL and NCCL_KERNEL flags. */
 #define SLOWRANK_NCCL_F_P2P        (1u << 0) /* a send/recv (P2p event): root is the peer, seq is 0 */
-#define SLOWRANK_NCCL_F_API        (1u << 1) /* api_start_ns/api_end_ns come from the CollApi/P2pApi event (v5) */
+#define SLOWRANK_NCCL_F_API        (1u << 1) /* api_start_ns/api_end_ns come from the CollApi/P2pApi event (v5, v6) */
 #define SLOWRANK_NCCL_F_GRAPH      (1u << 2) /* the API call was captured into a CUDA graph */
 #define SLOWRANK_NCCL_F_PARTIAL    (1u << 3) /* NCCL_KERNEL: fewer channels reported than nchannels */
 #define SLOWRANK_NCCL_F_CLOCK_SUSPECT (1u << 4) /* NCCL_KERNEL: gpu_end_ns after host_seen_ns + SLOWRANK_NCCL_CLOCK_SLACK_NS (conversion doubtful) */
+#define SLOWRANK_NCCL_F_CE         (1u << 5) /* NCCL_COLL: a copy-engine collective (CeColl event, v6): seq is the comm's CE counter, no kernel channels */
 
 /* How far a converted GPU end may lie after host_seen_ns and still count as
  * calibration noise: the CLOCK_MONOTONIC - CLOCK_REALTIME offset is measured
@@ -330,10 +331,10 @@ struct slowrank_transition_record {
 struct slowrank_nccl_comm_record {
 	uint16_t kind;        /*  0 SLOWRANK_REC_NCCL_COMM */
 	uint16_t size;        /*  2 = 48 */
-	uint8_t  version;     /*  4 profiler API NCCL bound: 4 or 5 */
+	uint8_t  version;     /*  4 profiler API NCCL bound: 4, 5 or 6 */
 	uint8_t  flags;       /*  5 SLOWRANK_NCCL_COMM_F_* */
 	uint16_t comm_id;     /*  6 the library's slot, unique among live comms of the process */
-	uint64_t comm_hash;   /*  8 NCCL's commHash (v4) / commId (v5): equal on all members */
+	uint64_t comm_hash;   /*  8 NCCL's commHash (v4) / commId (v5, v6; the same value): equal on all members */
 	int32_t  rank;        /* 16 rank in the communicator */
 	int32_t  nranks;      /* 20 */
 	int32_t  nnodes;      /* 24 */
@@ -345,9 +346,16 @@ struct slowrank_nccl_comm_record {
 /* One collective (Coll event) or send/recv (P2p event), at its stop. The
  * Coll event brackets NCCL's launch of the operation (hostStreamPlanTask):
  * launch_end_ns is "enqueued", not "done"; GPU execution is NCCL_KERNEL.
- * api_*: the CollApi/P2pApi event of the same operation, i.e. the user's
- * ncclAllReduce(...) call up to its enqueue (v5 only; the group's launch
- * happens later, in ncclGroupEnd, for grouped calls). */
+ * api_*: the CollApi/P2pApi event of the same operation, i.e. the task's
+ * append inside the user's ncclAllReduce(...) call (v5, v6; the launch
+ * comes after it, in the group end: the call's own implicit one, or
+ * ncclGroupEnd for grouped calls). From 2.28 ncclAlltoAll, ncclGather and
+ * ncclScatter reach the plugin as their Send/Recv tasks (SLOWRANK_NCCL_F_P2P).
+ * A copy-engine collective (v6, SLOWRANK_NCCL_F_CE: AllGather, AlltoAll,
+ * Gather, Scatter on one node with symmetric buffers and NCCL's zero-CTA
+ * policy) is its CeColl event: the same fields, launch_* bracketing the
+ * copy engine's enqueue, seq NCCL's per-comm CE counter (ceSeqNum, not
+ * seqNumber[func]), algo, proto and nchannels 0. */
 struct slowrank_nccl_coll_record {
 	uint16_t kind;            /*  0 SLOWRANK_REC_NCCL_COLL */
 	uint16_t size;            /*  2 = 88 */
@@ -358,17 +366,17 @@ struct slowrank_nccl_coll_record {
 	uint64_t comm_hash;       /*  8 */
 	int32_t  rank;            /* 16 */
 	int32_t  nranks;          /* 20 */
-	uint64_t seq;             /* 24 NCCL's seqNumber for (comm, func); 0 for p2p */
+	uint64_t seq;             /* 24 NCCL's seqNumber for (comm, func); 0 for p2p; the CE counter with F_CE */
 	uint64_t count;           /* 32 elements */
 	int32_t  root;            /* 40 root (collectives), peer (p2p) */
 	uint16_t flags;           /* 44 SLOWRANK_NCCL_F_* */
 	uint8_t  nchannels;       /* 46 */
-	uint8_t  version;         /* 47 profiler API NCCL bound: 4 or 5 */
+	uint8_t  version;         /* 47 profiler API NCCL bound: 4, 5 or 6 */
 	uint64_t api_start_ns;    /* 48 0 without SLOWRANK_NCCL_F_API */
 	uint64_t api_end_ns;      /* 56 */
-	uint64_t launch_start_ns; /* 64 Coll/P2p event start */
-	uint64_t launch_end_ns;   /* 72 Coll/P2p event stop */
-	uint32_t tid;             /* 80 thread that started the Coll/P2p event */
+	uint64_t launch_start_ns; /* 64 Coll/P2p/CeColl event start */
+	uint64_t launch_end_ns;   /* 72 Coll/P2p/CeColl event stop */
+	uint32_t tid;             /* 80 thread that started the Coll/P2p/CeColl event */
 	uint32_t comm_id;         /* 84 */
 };
 
@@ -407,6 +415,7 @@ struct slowrank_nccl_kernel_record {
 #define SLOWRANK_NCCL_MASK_KERNELCH (1u << 6)  /* ncclProfileKernelCh */
 #define SLOWRANK_NCCL_MASK_COLLAPI  (1u << 9)  /* ncclProfileCollApi (v5) */
 #define SLOWRANK_NCCL_MASK_P2PAPI   (1u << 10) /* ncclProfileP2pApi (v5) */
+#define SLOWRANK_NCCL_MASK_CECOLL   (1u << 12) /* ncclProfileCeColl (v6) */
 
 struct slowrank_nccl_status {
 	uint32_t magic;       /*  0 SLOWRANK_NCCL_STATUS_MAGIC */

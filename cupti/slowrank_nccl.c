@@ -10,9 +10,10 @@
  * control thread, one converter, one emit (one trap per batch for both kinds
  * of records). Loaded by NCCL alone it runs without CUPTI.
  *
- * Exports ncclProfiler_v5 (NCCL 2.28, the API torch 2.11 ships) and
- * ncclProfiler_v4 (NCCL 2.27); NCCL binds the newest it knows (2.29+ reach
- * v5 through their own shim). ABI: nccl_profiler.h.
+ * Exports ncclProfiler_v6 (NCCL 2.29, 2.30: copy-engine collectives as
+ * CeColl events), ncclProfiler_v5 (NCCL 2.28, the API torch 2.11 ships) and
+ * ncclProfiler_v4 (NCCL 2.27); NCCL binds the newest it knows. ABI:
+ * nccl_profiler.h, checked against the release tags' own headers.
  *
  * Hot path (NCCL's user thread, its CUDA host-callback thread and its proxy
  * thread, concurrently): no allocation, no lock, no syscall but the vDSO
@@ -27,7 +28,7 @@
  * Activation: NCCL reads one process-wide mask through the pointer it passes
  * to init, per operation. The plugin keeps that pointer and the control
  * thread stores 0 there while no agent is attached (NCCL then makes no call
- * at all), Coll/P2p (+ CollApi/P2pApi on v5) while one is, plus KernelCh
+ * at all), Coll/P2p (+ CollApi/P2pApi from v5, CeColl on v6) while one is, plus KernelCh
  * (GPU timers per channel, which cost device and proxy time) only in the
  * duty cycle's on-phases. Events started before a change still stop cleanly.
  *
@@ -73,7 +74,7 @@ SR_EXPORT __attribute__((used, aligned(64))) struct slowrank_nccl_status slowran
 #define H_TAG 0xA5ull
 #define H_IGNORED 1 /* Group, GroupApi, KernelLaunch...: accepted, nothing recorded */
 #define H_API 2     /* CollApi / P2pApi */
-#define H_OP 3      /* Coll / P2p */
+#define H_OP 3      /* Coll / P2p / CeColl */
 #define H_KCH 4     /* KernelCh of an H_OP slot */
 
 #define N_API 1024u   /* API events per block in flight before reuse (a group of > 1024 calls loses the join) */
@@ -112,7 +113,7 @@ struct api_slot {
 	uint64_t start_ns, end_ns;
 };
 
-/* A Coll/P2p event, and the aggregate of its kernel channels. */
+/* A Coll/P2p/CeColl event, and the aggregate of its kernel channels. */
 struct op_slot {
 	uint32_t gen; /* 0 while being (re)filled */
 	uint32_t comm_id;
@@ -188,7 +189,7 @@ static struct {
 	int *mask_ptr;            /* NCCL's ncclProfilerEventMask */
 	_Atomic int desired;      /* what init stores (the control thread keeps it current) */
 	int written;              /* last value the control thread stored */
-	_Atomic uint32_t version; /* API version NCCL bound (4, 5) */
+	_Atomic uint32_t version; /* API version NCCL bound (4, 5, 6) */
 	_Atomic int live;
 
 	/* clock: CLOCK_MONOTONIC - CLOCK_REALTIME */
@@ -464,7 +465,11 @@ static void join_api(struct op_slot *o, void *parent)
 	ST(o->api, ok && ae == 0 ? parent : NULL);
 }
 
-static void *start_op(struct comm_slot *cs, int p2p, void *parent, const union sr_nccl_descr_u *u)
+#define OP_COLL 0
+#define OP_P2P 1
+#define OP_CE 2 /* CeColl (v6): a collective on the copy engines */
+
+static void *start_op(struct comm_slot *cs, int kind, void *parent, const union sr_nccl_descr_u *u)
 {
 	uint64_t n = atomic_fetch_add_explicit(&P.op_next, 1, memory_order_relaxed);
 	uint32_t idx = (uint32_t)(n % N_OP), gen = gen_of(n, N_OP);
@@ -486,7 +491,7 @@ static void *start_op(struct comm_slot *cs, int p2p, void *parent, const union s
 	ST(o->version, cs->version);
 	join_api(o, parent);
 	ST(o->tid, tid());
-	if (p2p) {
+	if (kind == OP_P2P) {
 		ST(o->func, str_id(&m_func, u->p2p.func));
 		ST(o->dtype, str_id(&m_dt, u->p2p.datatype));
 		ST(o->algo, (uint8_t)0);
@@ -496,6 +501,16 @@ static void *start_op(struct comm_slot *cs, int p2p, void *parent, const union s
 		ST(o->seq, (uint64_t)0);
 		ST(o->nchannels, u->p2p.nChannels);
 		ST(o->flags, (uint16_t)SLOWRANK_NCCL_F_P2P);
+	} else if (kind == OP_CE) {
+		ST(o->func, str_id(&m_func, u->ceColl.func));
+		ST(o->dtype, str_id(&m_dt, u->ceColl.datatype));
+		ST(o->algo, (uint8_t)0);
+		ST(o->proto, (uint8_t)0);
+		ST(o->count, (uint64_t)u->ceColl.count);
+		ST(o->root, (int32_t)u->ceColl.root);
+		ST(o->seq, u->ceColl.seqNumber);
+		ST(o->nchannels, (uint8_t)0); /* no kernel, no KernelCh */
+		ST(o->flags, (uint16_t)SLOWRANK_NCCL_F_CE);
 	} else {
 		ST(o->func, str_id(&m_func, u->coll.func));
 		ST(o->dtype, str_id(&m_dt, u->coll.datatype));
@@ -670,7 +685,7 @@ static void *start_kch(void *parent, const union sr_nccl_descr_u *u)
 	return h_make(H_KCH, u->kernelCh.channelId, gen, (uint32_t)(o - P.op));
 }
 
-static sr_nccl_result_t start_event(void *ctx, void **handle, uint64_t type, void *parent,
+static sr_nccl_result_t start_event(void *ctx, void **handle, unsigned ver, uint64_t type, void *parent,
 				    const union sr_nccl_descr_u *u)
 {
 	if (!handle)
@@ -683,13 +698,20 @@ static sr_nccl_result_t start_event(void *ctx, void **handle, uint64_t type, voi
 		*handle = start_api(type == SR_NCCL_PROFILE_P2P_API, u);
 		return SR_NCCL_SUCCESS;
 	case SR_NCCL_PROFILE_COLL:
-	case SR_NCCL_PROFILE_P2P: {
+	case SR_NCCL_PROFILE_P2P:
+	case SR_NCCL_PROFILE_CE_COLL: {
 		struct comm_slot *cs = comm_of(ctx);
 		if (!cs) {
 			bad();
 			return SR_NCCL_SUCCESS;
 		}
-		*handle = start_op(cs, type == SR_NCCL_PROFILE_P2P, parent, u);
+		int kind = type == SR_NCCL_PROFILE_P2P ? OP_P2P : type == SR_NCCL_PROFILE_CE_COLL ? OP_CE : OP_COLL;
+		if (kind == OP_CE && ver < 6) {
+			/* no CE members in a v4/v5 descriptor (NCCL's shims drop CE events) */
+			atomic_fetch_add_explicit(&P.c_unknown, 1, memory_order_relaxed);
+			return SR_NCCL_SUCCESS;
+		}
+		*handle = start_op(cs, kind, parent, u);
 		return SR_NCCL_SUCCESS;
 	}
 	case SR_NCCL_PROFILE_KERNEL_CH:
@@ -704,7 +726,7 @@ static sr_nccl_result_t start_event(void *ctx, void **handle, uint64_t type, voi
 		*handle = h_make(H_IGNORED, 0, 1, 0);
 		return SR_NCCL_SUCCESS;
 	default:
-		/* Proxy, net-plugin, CE and future types: never asked for. */
+		/* Proxy, net-plugin, CeSync/CeBatch and future types: never asked for. */
 		atomic_fetch_add_explicit(&P.c_unknown, 1, memory_order_relaxed);
 		return SR_NCCL_SUCCESS;
 	}
@@ -729,7 +751,12 @@ static sr_nccl_result_t stop_event(void *h)
 			bad();
 			return SR_NCCL_SUCCESS;
 		}
-		ST(a->end_ns, now_ns());
+		/* NCCL 2.28-2.30 never clear a thread's CollApi handle: every
+		 * later collective append stops it again, also with the mask
+		 * at 0. The call ended at the first stop; the others cost a
+		 * load. */
+		if (LD(a->end_ns) == 0)
+			ST(a->end_ns, now_ns());
 		return SR_NCCL_SUCCESS;
 	}
 	case H_OP: {
@@ -832,6 +859,7 @@ static sr_nccl_result_t do_init(unsigned version, void **ctx, int *mask, uint64_
 	/* NCCL stores whatever init leaves here into the process-wide mask:
 	 * keep the one the control thread decided (0 until an agent attaches). */
 	*mask = atomic_load(&P.desired);
+	P.written = *mask; /* so the control thread stores again only on a change of its own */
 	atomic_store(&P.version, version);
 	pthread_mutex_unlock(&P.mask_mu);
 
@@ -905,7 +933,27 @@ static sr_nccl_result_t v5_start(void *ctx, void **handle, sr_nccl_descr_v5_t *d
 			*handle = NULL;
 		return SR_NCCL_SUCCESS;
 	}
-	return start_event(ctx, handle, d->type, d->parentObj, &d->u);
+	return start_event(ctx, handle, 5, d->type, d->parentObj, &d->u);
+}
+
+/* v6 (NCCL 2.29, 2.30): v5's calls, and CeColl events for collectives NCCL
+ * runs on the copy engines (no Coll event for those). */
+static sr_nccl_result_t v6_init(void **ctx, uint64_t comm_id, int *mask, const char *name, int nnodes, int nranks,
+				int rank, sr_nccl_logger_t logfn)
+{
+	(void)name;
+	(void)logfn;
+	return do_init(6, ctx, mask, comm_id, nnodes, nranks, rank);
+}
+
+static sr_nccl_result_t v6_start(void *ctx, void **handle, sr_nccl_descr_v6_t *d)
+{
+	if (!d) {
+		if (handle)
+			*handle = NULL;
+		return SR_NCCL_SUCCESS;
+	}
+	return start_event(ctx, handle, 6, d->type, d->parentObj, &d->u);
 }
 
 /* v4: `type` is one byte; no API events; Coll's parent is the Group. */
@@ -924,8 +972,19 @@ static sr_nccl_result_t v4_start(void *ctx, void **handle, sr_nccl_descr_v4_t *d
 			*handle = NULL;
 		return SR_NCCL_SUCCESS;
 	}
-	return start_event(ctx, handle, d->type, d->parentObj, &d->u);
+	/* Read through the v5 view: every v4 field read lies at the same offset
+	 * (nccl_profiler.h), none past v4's end (API events never come on v4). */
+	return start_event(ctx, handle, 4, d->type, d->parentObj, (const union sr_nccl_descr_u *)(const void *)&d->u);
 }
+
+SR_EXPORT const sr_nccl_profiler_v6_t ncclProfiler_v6 = {
+	.name = "slowrank",
+	.init = v6_init,
+	.startEvent = v6_start,
+	.stopEvent = stop_event,
+	.recordEventState = record_state,
+	.finalize = do_finalize,
+};
 
 SR_EXPORT const sr_nccl_profiler_v5_t ncclProfiler_v5 = {
 	.name = "slowrank",
@@ -962,6 +1021,8 @@ void sr_nccl_set_mask(int attached, int kernel_on)
 		m = SLOWRANK_NCCL_MASK_COLL | SLOWRANK_NCCL_MASK_P2P;
 		if (v >= 5)
 			m |= SLOWRANK_NCCL_MASK_COLLAPI | SLOWRANK_NCCL_MASK_P2PAPI;
+		if (v >= 6)
+			m |= SLOWRANK_NCCL_MASK_CECOLL; /* not CeSync/CeBatch: a CE collective is one record */
 		if (kernel_on)
 			m |= SLOWRANK_NCCL_MASK_KERNELCH;
 	}

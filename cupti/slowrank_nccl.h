@@ -31,7 +31,7 @@ int sr_runtime_start_for_plugin(void);
 uint32_t sr_nccl_drain(struct slowrank_conv *c, int attached, int resend, uint64_t now);
 
 /* The activation mask NCCL should run with: 0 while no agent is attached,
- * Coll/P2p (and their API events on v5) while one is, plus KernelCh while
+ * Coll/P2p (and their API events from v5, CeColl on v6) while one is, plus KernelCh while
  * the duty cycle is on. Stored into NCCL when it changed. */
 void sr_nccl_set_mask(int attached, int kernel_on);
 

@@ -10,6 +10,9 @@
  *   v5        NCCL 2.28: every collective once, right identity, API times,
  *             GPU times from kernel channels on CLOCK_MONOTONIC
  *   v4        NCCL 2.27 (SLOWRANK_FAKE_NCCL_PROFILER_MAX=4): no API events
+ *   v6        NCCL 2.29/2.30 (MAX=6): v6 bound, CeColl in the mask
+ *   ce        2.29, copy-engine collectives: one CE record each, no kernel
+ *   ce5       2.28.9, the same: invisible to the plugin
  *   noagent   no agent: mask stays 0, NCCL never calls the plugin
  *   disabled  SLOWRANK_NCCL_DISABLE=1: init fails, NCCL runs on
  *   none      NCCL_PROFILER_PLUGIN=none: not loaded
@@ -22,6 +25,9 @@
  *   apilost   a group larger than a thread's API slots: lost joins counted
  *   preempt   a thread stalled between its call and its group end while
  *             another makes 2,000 calls: its API times survive
+ *   stale     NCCL's never-cleared CollApi handle, stopped again by every
+ *             collective once the mask is 0: no bad handle, no record
+ *   alltoall  ncclAlltoAll/Gather/Scatter reach the plugin as Send/Recv
  *
  * Usage: test_nccl PATH/libslowrank_cupti.so [scenario...]
  */
@@ -211,8 +217,10 @@ static void child_run(int want_version, int kernel)
 	int bits = SR_NCCL_PROFILE_COLL | (kernel ? SR_NCCL_PROFILE_KERNEL_CH : 0);
 	if (!wait_mask(bits, 2000))
 		FAIL("mask %#x after 2 s, want %#x", fp_mask(), bits);
-	if (v == 5 && !(fp_mask() & SR_NCCL_PROFILE_COLL_API))
-		FAIL("v5 without CollApi in the mask: %#x", fp_mask());
+	if (v >= 5 && !(fp_mask() & SR_NCCL_PROFILE_COLL_API))
+		FAIL("v%d without CollApi in the mask: %#x", v, fp_mask());
+	if ((v >= 6) != !!(fp_mask() & SR_NCCL_PROFILE_CE_COLL))
+		FAIL("v%d with mask %#x (CeColl from v6 only)", v, fp_mask());
 	if (v == 4 && (fp_mask() & ~0xff))
 		FAIL("v4 with v5 bits in the mask: %#x", fp_mask());
 	run_workload(cs);
@@ -265,9 +273,9 @@ static void check_run(int version, int kernel)
 			if (r->launch_start_ns == 0 || r->launch_end_ns < r->launch_start_ns)
 				FAIL("launch times %llu..%llu", (unsigned long long)r->launch_start_ns,
 				     (unsigned long long)r->launch_end_ns);
-			if (version == 5 && !(r->flags & SLOWRANK_NCCL_F_API)) {
+			if (version >= 5 && !(r->flags & SLOWRANK_NCCL_F_API)) {
 				no_api++; /* must be what the plugin counted, checked below */
-			} else if (version == 5) {
+			} else if (version >= 5) {
 				if (r->api_start_ns == 0 || r->api_end_ns < r->api_start_ns ||
 				    r->api_end_ns > r->launch_start_ns)
 					FAIL("v5 api times: flags %#x %llu..%llu launch %llu", r->flags,
@@ -385,6 +393,121 @@ static void sc_v4_check(void)
 {
 	check_run(4, 1);
 }
+/* NCCL 2.29 / 2.30 bind v6; without copy-engine collectives the events are v5's. */
+static void sc_v6(void)
+{
+	child_env(1, "always");
+	setenv("SLOWRANK_FAKE_NCCL_PROFILER_MAX", "6", 1);
+	child_run(6, 1);
+}
+static void sc_v6_check(void)
+{
+	check_run(6, 1);
+}
+
+/* Copy-engine collectives (one node, symmetric buffers, zero-CTA policy):
+ * on 2.29 (v6) each AllGather / AlltoAll is one CeColl event under its
+ * CollApi, recorded as a collective flagged CE with the comm's CE counter
+ * as seq (two synchronisations per collective here) and no kernel record;
+ * the AllReduce beside them stays a Coll with kernel channels. */
+#define CE_N 50
+static void ce_workload(void)
+{
+	struct fp_comm *c = fp_comm_init(60, 4, 2);
+	if (!fp_comm_profiled(c))
+		FAIL("init failed");
+	if (!wait_mask(SR_NCCL_PROFILE_COLL, 2000))
+		FAIL("mask never set");
+	for (int i = 0; i < CE_N; i++) {
+		fp_coll(c, "AllReduce", 1000, "ncclBfloat16", -1, 2);
+		fp_coll(c, "AllGather", (size_t)(10 + i), "ncclFloat32", -1, 2);
+	}
+	fp_coll(c, "AlltoAll", 5, "ncclInt8", -1, 2);
+	fp_proxy_drain();
+	fp_comm_destroy(c);
+	exit(0);
+}
+static void sc_ce(void)
+{
+	child_env(1, "always");
+	setenv("SLOWRANK_FAKE_NCCL_PROFILER_MAX", "6", 1);
+	setenv("SLOWRANK_FAKE_NCCL_CE", "1", 1);
+	if (fp_load() != 6)
+		FAIL("not bound at v6");
+	ce_workload();
+}
+static void sc_ce_check(void)
+{
+	read_dump();
+	int ar = 0, ag = 0, a2a = 0;
+	for (int i = 0; i < ncoll; i++) {
+		struct slowrank_nccl_coll_record *r = &colls[i];
+		if (r->comm_hash != 60 || r->version != 6 || r->rank != 2 || r->nranks != 4)
+			FAIL("identity: hash %llu v%d rank %d/%d", (unsigned long long)r->comm_hash, r->version,
+			     r->rank, r->nranks);
+		if (!(r->flags & SLOWRANK_NCCL_F_API) || r->api_end_ns > r->launch_start_ns)
+			FAIL("func %d without API times (flags %#x)", r->func, r->flags);
+		if (r->func == SLOWRANK_NCCL_FUNC_ALLREDUCE) {
+			if (r->flags & SLOWRANK_NCCL_F_CE || r->seq != (uint64_t)ar || r->nchannels != 2)
+				FAIL("allreduce %d: flags %#x seq %llu", ar, r->flags, (unsigned long long)r->seq);
+			ar++;
+		} else if (r->func == SLOWRANK_NCCL_FUNC_ALLGATHER || r->func == SLOWRANK_NCCL_FUNC_ALLTOALL) {
+			int k = ag + a2a;
+			if (!(r->flags & SLOWRANK_NCCL_F_CE) || (r->flags & SLOWRANK_NCCL_F_P2P) ||
+			    r->seq != 2 * (uint64_t)k || r->nchannels != 0 || r->algo || r->proto)
+				FAIL("CE %d: func %d flags %#x seq %llu nchannels %d", k, r->func, r->flags,
+				     (unsigned long long)r->seq, r->nchannels);
+			if (r->func == SLOWRANK_NCCL_FUNC_ALLGATHER) {
+				if (r->count != (uint64_t)(10 + ag) || r->datatype != SLOWRANK_NCCL_DT_FLOAT32)
+					FAIL("allgather %d: count %llu dtype %d", ag, (unsigned long long)r->count,
+					     r->datatype);
+				ag++;
+			} else {
+				a2a++;
+			}
+		} else {
+			FAIL("func %d", r->func);
+		}
+	}
+	if (ar != CE_N || ag != CE_N || a2a != 1)
+		FAIL("%d allreduce, %d allgather, %d alltoall records (want %d, %d, 1)", ar, ag, a2a, CE_N, CE_N);
+	if (nkern != CE_N)
+		FAIL("%d kernel records, want %d (the AllReduces only)", nkern, CE_N);
+	for (int i = 0; i < nkern; i++)
+		if (kerns[i].func != SLOWRANK_NCCL_FUNC_ALLREDUCE)
+			FAIL("kernel record of func %d", kerns[i].func);
+	if (stats[SLOWRANK_STAT_NCCL_BAD_HANDLES] || stats[SLOWRANK_STAT_NCCL_API_LOST] ||
+	    stats[SLOWRANK_STAT_NCCL_UNKNOWN_EVENTS] || stats[SLOWRANK_STAT_NCCL_INCOMPLETE])
+		FAIL("bad %llu api lost %llu unknown %llu incomplete %llu",
+		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_BAD_HANDLES],
+		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_API_LOST],
+		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_UNKNOWN_EVENTS],
+		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_INCOMPLETE]);
+	printf("  (%d CE collectives, %d kernel collectives)\n", ag + a2a, ar);
+}
+
+/* The same on 2.28.9 (v5): NCCL emits no profiler event for a CE
+ * collective, so only the AllReduces are recorded. */
+static void sc_ce5(void)
+{
+	child_env(1, "always");
+	setenv("SLOWRANK_FAKE_NCCL_CE", "1", 1);
+	if (fp_load() != 5)
+		FAIL("not bound at v5");
+	ce_workload();
+}
+static void sc_ce5_check(void)
+{
+	read_dump();
+	for (int i = 0; i < ncoll; i++)
+		if (colls[i].func != SLOWRANK_NCCL_FUNC_ALLREDUCE || (colls[i].flags & SLOWRANK_NCCL_F_CE) ||
+		    colls[i].seq != (uint64_t)i)
+			FAIL("record %d: func %d flags %#x seq %llu", i, colls[i].func, colls[i].flags,
+			     (unsigned long long)colls[i].seq);
+	if (ncoll != CE_N || nkern != CE_N)
+		FAIL("%d records, %d kernel records (want %d: the AllReduces)", ncoll, nkern, CE_N);
+}
+
 static void sc_nokernel(void)
 {
 	child_env(1, "off");
@@ -788,6 +911,92 @@ static void sc_preempt_check(void)
 		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_API_LOST]);
 }
 
+/* NCCL 2.28-2.30 never clear a thread's CollApi handle (profiler.cc's
+ * ncclProfilerStopCollApiEvent): once the mask is 0 (an agent detached)
+ * every collective stops the thread's last CollApi event again. No bad
+ * handle, no record, and the call's end is its first stop. (NCCL starts
+ * CollApi whenever it would start a Coll, so a stale one never becomes a
+ * Coll's parent.) */
+static void sc_stale(void)
+{
+	child_env(1, "off");
+	if (fp_load() != 5)
+		FAIL("not bound");
+	struct fp_comm *c = fp_comm_init(50, 2, 0);
+	if (!wait_mask(SR_NCCL_PROFILE_COLL_API, 2000))
+		FAIL("mask never set");
+	sleep_ms(150); /* the control thread's polls: it stores into the mask only when its choice changes */
+	for (int i = 0; i < 20; i++)
+		fp_coll(c, "AllReduce", (size_t)(100 + i), "ncclFloat32", -1, 1);
+	fp_set_mask(0);
+	for (int i = 0; i < 2000; i++)
+		fp_coll(c, "AllReduce", (size_t)(300 + i), "ncclFloat32", -1, 1);
+	if (fp_stale_api_stops() < 2000)
+		FAIL("the fake stopped the stale CollApi handle %llu times, want 2000",
+		     (unsigned long long)fp_stale_api_stops());
+	fp_comm_destroy(c);
+	exit(0);
+}
+
+static void sc_stale_check(void)
+{
+	read_dump();
+	int api = 0;
+	for (int i = 0; i < ncoll; i++) {
+		struct slowrank_nccl_coll_record *r = &colls[i];
+		if (r->comm_hash != 50)
+			continue;
+		if (r->count < 100 || r->count >= 120 || !(r->flags & SLOWRANK_NCCL_F_API) ||
+		    r->api_end_ns > r->launch_start_ns)
+			FAIL("record count %llu flags %#x", (unsigned long long)r->count, r->flags);
+		api++;
+	}
+	if (api != 20 || stats[SLOWRANK_STAT_NCCL_BAD_HANDLES] != 0 || stats[SLOWRANK_STAT_NCCL_API_LOST] != 0)
+		FAIL("%d records (want 20); %llu bad handles, %llu API joins lost", api,
+		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_BAD_HANDLES],
+		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_API_LOST]);
+}
+
+/* From 2.28 ncclAlltoAll, ncclGather and ncclScatter append Send/Recv
+ * tasks: the plugin sees P2pApi + P2p events per peer, never the
+ * collective (the uprobes see the call). */
+static void sc_alltoall(void)
+{
+	child_env(1, "off");
+	if (fp_load() != 5)
+		FAIL("not bound");
+	struct fp_comm *c = fp_comm_init(51, 4, 1);
+	if (!wait_mask(SR_NCCL_PROFILE_P2P_API, 2000))
+		FAIL("mask never set");
+	for (int i = 0; i < 10; i++)
+		fp_coll(c, "AlltoAll", 64, "ncclFloat32", -1, 1);
+	fp_coll(c, "Gather", 8, "ncclInt8", 1, 1);  /* this rank is the root: a send, a recv per rank */
+	fp_coll(c, "Scatter", 8, "ncclInt8", 0, 1); /* another root: a recv */
+	fp_comm_destroy(c);
+	exit(0);
+}
+
+static void sc_alltoall_check(void)
+{
+	read_dump();
+	int sends = 0, recvs = 0;
+	for (int i = 0; i < ncoll; i++) {
+		struct slowrank_nccl_coll_record *r = &colls[i];
+		if (r->comm_hash != 51)
+			continue;
+		if (!(r->flags & SLOWRANK_NCCL_F_P2P) || !(r->flags & SLOWRANK_NCCL_F_API) || r->seq != 0)
+			FAIL("func %d flags %#x seq %llu", r->func, r->flags, (unsigned long long)r->seq);
+		if (r->func == SLOWRANK_NCCL_FUNC_SEND)
+			sends++;
+		else if (r->func == SLOWRANK_NCCL_FUNC_RECV)
+			recvs++;
+		else
+			FAIL("func %d", r->func);
+	}
+	if (sends != 10 * 4 + 1 || recvs != 10 * 4 + 4 + 1)
+		FAIL("%d sends, %d recvs (want 41, 45)", sends, recvs);
+}
+
 static void sc_toggle(void)
 {
 	child_env(1, "time:100:200");
@@ -828,6 +1037,9 @@ struct scenario {
 static const struct scenario scenarios[] = {
 	{"v5", sc_v5, sc_v5_check},
 	{"v4", sc_v4, sc_v4_check},
+	{"v6", sc_v6, sc_v6_check},
+	{"ce", sc_ce, sc_ce_check},
+	{"ce5", sc_ce5, sc_ce5_check},
 	{"nokernel", sc_nokernel, sc_nokernel_check},
 	{"noagent", sc_noagent, sc_noagent_check},
 	{"disabled", sc_disabled, NULL},
@@ -839,6 +1051,8 @@ static const struct scenario scenarios[] = {
 	{"wrongclock", sc_wrongclock, sc_wrongclock_check},
 	{"apilost", sc_apilost, sc_apilost_check},
 	{"preempt", sc_preempt, sc_preempt_check},
+	{"stale", sc_stale, sc_stale_check},
+	{"alltoall", sc_alltoall, sc_alltoall_check},
 };
 
 static int run(const struct scenario *s)

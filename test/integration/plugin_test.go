@@ -116,6 +116,7 @@ func TestNCCLCapturePathMatrix(t *testing.T) {
 		{name: "grouped buckets on the plugin are counted once", plugin: lib, args: []string{"--group"}, want: "plugin v5"},
 		{name: "an NCCL 2.27 binds v4 and the launch is the call", plugin: lib, args: []string{"--group"},
 			env: []string{"SLOWRANK_FAKE_NCCL_PROFILER_MAX=4"}, want: "plugin v4"},
+		{name: "an NCCL 2.29 binds v6", plugin: lib, env: []string{"SLOWRANK_FAKE_NCCL_PROFILER_MAX=6"}, want: "plugin v6"},
 		{name: "no plugin named stays on uprobes", plugin: "", want: "uprobes"},
 		{name: "plugin none stays on uprobes", plugin: "none", want: "uprobes"},
 		{name: "another tool's plugin owns the slot, uprobes report", plugin: foreign, want: "uprobes"},
