@@ -467,13 +467,19 @@ func TestReplayTrainerEpilogueLate(t *testing.T) {
 // of the new pace (4.4, 2.6, 5.8 and 7.2 ms among 1.8 ms ones) ended one
 // run after the other, until one held; the iterations before it were
 // merged (392/400; 389/400 on both ranks). The phase found carries back
-// over them (groupsBefore).
+// over them (groupsBefore). And two more: keeps-sync-clock, two logging
+// steps and a preemption among the latest 8 steps of the synchronisation
+// clock (1.8 ms ones), so that the all-gather's communicator took it over
+// (3 facts for 400 on rank 1); preempted-logging, two preemptions of 1 ms
+// five calls apart among a logging step's 0.1 ms calls, an iteration's end
+// and the next group's (402/400 on both ranks).
 //
 // --speedup 0.33 (3x longer): the confirmation withdrew the steps shorter
 // than half the latest ones, the first 100 iterations.
 func TestReplayTrainerSpeedup(t *testing.T) {
 	for _, f := range []string{"3", "3-loaded", "3-loaded-preempted-before-logging", "3-loaded-run-preempted",
-		"3-loaded-keeps-sync-clock", "3-loaded-preempted-logging", "3-loaded-preempted-iteration-1", "10", "10-loaded", "10-loaded-preempted-run", "10-loaded-preempted-walk2", "10-loaded-preempted-walk3", "0.33"} {
+		"3-loaded-keeps-sync-clock", "3-loaded-preempted-logging", "3-loaded-preempted-iteration-1", "10", "10-loaded", "10-loaded-preempted-run", "10-loaded-preempted-walk2", "10-loaded-preempted-walk3",
+		"10-loaded-keeps-sync-clock", "10-loaded-preempted-logging", "0.33"} {
 		t.Run("speedup "+f, func(t *testing.T) {
 			replayTrainerFile(t, "testdata/trainer-speedup"+f+"-2ranks.records.gz", 0)
 		})

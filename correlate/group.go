@@ -68,12 +68,19 @@ const (
 	// domN: the dominant duration is the median of this many latest
 	// instances that ended steps of groups.
 	domN = 3
+	// pendGroups: the groups after a step end found again that must end
+	// steps by the count before it counts (groupEnd). One was not enough
+	// at a new pace of 1.2 ms dominant instances: in a logging step's
+	// 0.1 ms calls, two preemptions of the host 5 calls apart (1 ms each)
+	// made an iteration's end and its confirmation (402 facts for 400
+	// iterations, TestReplayTrainerSpeedup's 10-loaded-preempted-logging).
+	pendGroups = 2
 	// steadyN: steps whose durations must agree within groupRatio before
 	// the fallback clock's first lock is confirmed.
 	steadyN = 4
 	// regularN steps, of which regularOut may be longer, make a regular
 	// synchronisation clock (regular).
-	regularN, regularOut = 8, 2
+	regularN, regularOut = 16, 4
 )
 
 func (d *seqDet) setInstT(k, t int64)  { d.instT[((k%instRing)+instRing)%instRing] = t }
@@ -147,10 +154,24 @@ func (d *seqDet) groupEnd(k int64) (end bool, from int64) {
 		// after a logging step's calls dominates them as well. The group
 		// before it may end a step too (firstOfRun). Or it is shorter, one
 		// of a new pace's run of groups (newPace).
-		if p := d.pend; p >= 0 && k == p+d.grp {
-			d.pend = -1
-			dp, _ := d.dur(p)
-			if dk, _ := d.dur(k); d.countEnd(k, dk, dp) && !briefAfter(dk, dp) {
+		if p := d.pend; p >= 0 && k == p+(d.pendHeld+1)*d.grp {
+			prev := k - d.grp
+			dp, _ := d.dur(prev)
+			dk, _ := d.dur(k)
+			held := d.countEnd(k, dk, dp)
+			if prev == p {
+				held = held && !briefAfter(dk, dp)
+			} else {
+				held = held || d.delayedInGroup(k, dk, dp) // a burst of far shorter groups may follow (pace.go)
+			}
+			switch {
+			case !held:
+				d.pend = -1 // and k may be a candidate itself
+			case d.pendHeld+1 < pendGroups:
+				d.pendHeld++
+				return false, from
+			default:
+				d.pend = -1
 				from = d.groupsBefore(d.pendFrom, dk)
 				d.phase(k, dk, false)
 				return true, from
@@ -168,7 +189,7 @@ func (d *seqDet) groupEnd(k int64) (end bool, from int64) {
 			return false, from
 		}
 		if 2*dk >= d.domDur {
-			d.pend, d.pendFrom = k, k // the step's end, once the next group holds
+			d.pend, d.pendFrom, d.pendHeld = k, k, 0 // the step's end, once the next groups hold
 			if p := k - d.grp; d.firstOfRun(p, dk) {
 				d.pendFrom = p
 			}
@@ -482,12 +503,15 @@ func (d *seqDet) knownGroup(cyc []int32) int64 {
 }
 
 // regular reports whether the latest regularN steps but the longest
-// regularOut agree within groupRatio: steady through a logging step's
-// longer step (its iteration may not have got shorter with the others) and
-// a preemption of the host on a loaded machine (one step in 10 ms among
-// 5 ms ones: with the logging step, 2 of the latest 5 were longer, and the
-// all-gather's communicator, one step every 50 iterations, took the clock
-// over: 8 facts for 400 iterations, TestReplaySpeedupLoadedKeepsSyncClock).
+// regularOut agree within groupRatio: steady through logging steps'
+// longer steps (their iterations may not have got shorter with the
+// others) and preemptions of the host on a loaded machine. With the latest
+// 5 steps and one longer allowed, a logging step and a preempted
+// iteration (10 ms among 5 ms ones) let the all-gather's communicator, one
+// step every 50 iterations, take the clock over (8 facts for 400
+// iterations); with 8 and two, two logging steps and a preemption among
+// 1.8 ms steps did (3 facts: TestReplayTrainerSpeedup's keep-sync-clock
+// replays).
 func (d *seqDet) regular() bool {
 	if d.nStep < regularN+1 {
 		return false

@@ -156,6 +156,7 @@ type seqDet struct {
 	stepInst int64               // the instance that ended (or started) the latest step of groups
 	pend     int64               // resync: an instance that ends a step if the next group holds, -1 when none
 	pendFrom int64               // the first instance that ends a step with it (firstOfRun)
+	pendHeld int64               // the groups after pend that ended steps by the count so far
 	grpOpen  bool                // a step of groups is open
 	stepT    [regularN + 1]int64 // latest boundary times, for steadiness (steadyN+1 of them) and regularity
 	nStep    int
