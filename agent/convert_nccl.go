@@ -252,7 +252,7 @@ func (c *converter) ncclColl(pid uint32, p *convProc, r cupti.NCCLColl, emitted 
 	}))
 }
 
-// ncclOp names a plugin operation as collOp names the uprobe's.
+// ncclOp names a plugin operation as the probe table names the uprobe's.
 func ncclOp(f cupti.NCCLFunc) string {
 	switch f {
 	case cupti.NCCLFuncAllReduce:

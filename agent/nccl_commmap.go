@@ -61,7 +61,7 @@ func (r *twinRing) find(op string, count uint64, datatype uint32, start int64) (
 	found := false
 	for i := 1; i <= r.n; i++ {
 		c := &r.calls[(r.next-i+twinRingSize)%twinRingSize]
-		if c.count != count || c.datatype != datatype || collOp(c.probe) != op || c.start > start {
+		if c.count != count || c.datatype != datatype || probeOp(c.probe) != op || c.start > start {
 			continue
 		}
 		if start <= c.end {
