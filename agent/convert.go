@@ -378,9 +378,10 @@ func kernelClass(c cupti.Class) correlate.KernelClass {
 	return correlate.ClassOther
 }
 
-// probeOp is the op of a probe's calls (its spec's): the collective of a
+// probeOp is the op of a probe's calls: its spec's Op, which is in
+// correlate's vocabulary (TestSpecOpsAreCorrelateOps), the collective of a
 // collective, the function of a synchronisation.
-func probeOp(p bpf.ProbeID) string { return p.Op() }
+func probeOp(p bpf.ProbeID) correlate.Op { return correlate.Op(p.Op()) }
 
 // libStats exports the injection library's own counters (yields to another
 // CUPTI client, orphaned buffers, records on another clock, refused
