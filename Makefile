@@ -10,7 +10,7 @@ export OUT_DIR CUDA_HOME
 # go-nvml declares deprecated NVML calls; its cgo build would warn on each.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build test golangci-lint c-format c-format-check e2e-tools demo-sim unit-test race-test fuzz-test helm-check rules-test lint generate check-generated demo bench clean help
+.PHONY: all build test golangci-lint c-format c-format-check e2e-tools demo-sim unit-test race-test fuzz-test helm-check rules-test lint generate go-generate check-generated demo bench clean help
 
 all: build
 
@@ -60,10 +60,19 @@ lint: golangci-lint c-format-check ## golangci-lint (import layering, staticchec
 	$(GO) mod tidy -diff
 	cd deploy/helm/check && $(GO) mod tidy -diff
 
-generate: bpf-generate cupti-generate ## regenerate committed generated code (bpf2go)
+generate: bpf-generate cupti-generate go-generate ## regenerate committed generated code (bpf2go, cgo -godefs, stringer)
+
+# The packages other than bpf/ and cupti/ (their fragments pin compilers)
+# whose go:generate lines need only Go: stringer, as `go run
+# golang.org/x/tools/cmd/stringer@VERSION` (no tool dependency in go.mod).
+# Found by their lines, so that a new one is regenerated and checked too.
+GO_GENERATE_DIRS = $(filter-out bpf cupti,$(patsubst %/,%,$(sort $(dir $(shell git grep -l '^//go:generate' -- '*.go')))))
+
+go-generate: ## regenerate the stringer output of the packages outside bpf/ and cupti/
+	$(if $(GO_GENERATE_DIRS),$(GO) generate $(addprefix ./,$(GO_GENERATE_DIRS)))
 
 check-generated: generate ## fail when generated code differs from what is committed
-	@if [ -n "$$(git status --porcelain -- bpf cupti)" ]; then git status --porcelain -- bpf cupti; git diff --stat; \
+	@dirs="bpf cupti $(GO_GENERATE_DIRS)"; if [ -n "$$(git status --porcelain -- $$dirs)" ]; then git status --porcelain -- $$dirs; git diff --stat; \
 	  echo "generated files are stale: run make generate and commit"; exit 1; fi
 
 e2e-tools: ## build the OpenTelemetry Collector and Jaeger used by the e2e tests (cached)

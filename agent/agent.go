@@ -467,7 +467,7 @@ func (a *Agent) Counters() map[string]int64 { return a.counters.snapshot() }
 // markerProbe finds the synchronisation probe named name.
 func markerProbe(name string) (bpf.ProbeID, bool) {
 	for _, s := range bpf.Specs() {
-		if s.ID.EventType() == bpf.EventSync && s.ID.String() == name {
+		if s.Class == bpf.ClassSyncWait && s.Name() == name {
 			return s.ID, true
 		}
 	}

@@ -88,13 +88,13 @@ func (c *converter) convert(ev bpf.Event, out []input) []input {
 			return out // the plugin reports this call (convert_nccl.go)
 		}
 		return append(out, hostInput(correlate.HostCall{
-			PID: e.PID, TID: e.TID, Kind: correlate.HostCollective, Op: collOp(e.Probe),
+			PID: e.PID, TID: e.TID, Kind: correlate.HostCollective, Op: probeOp(e.Probe),
 			Count: e.Count, Datatype: e.Datatype, Comm: e.Comm, Stream: e.Stream,
 			StartNS: int64(e.StartNs), EndNS: int64(e.EndNs),
 		}))
 	case *bpf.SyncEvent:
 		h := correlate.HostCall{
-			PID: e.PID, TID: e.TID, Kind: correlate.HostSyncWait, Op: e.Probe.String(),
+			PID: e.PID, TID: e.TID, Kind: correlate.HostSyncWait, Op: probeOp(e.Probe),
 			Stream: e.Handle, StartNS: int64(e.StartNs), EndNS: int64(e.EndNs),
 		}
 		out = append(out, hostInput(h))
@@ -132,11 +132,7 @@ func (c *converter) convert(ev bpf.Event, out []input) []input {
 	case *bpf.TorchEvent:
 		return c.torch(e, out)
 	case *bpf.CUPTICallEvent:
-		fn, ok := cuptiFns[e.Probe]
-		if !ok {
-			break
-		}
-		return append(out, otherInput(CUPTICall{PID: e.PID, TID: e.TID, Fn: fn, Arg: e.Arg, Arg2: e.Arg2, TimeNs: int64(e.StartNs)}))
+		return append(out, otherInput(CUPTICall{PID: e.PID, TID: e.TID, Fn: e.Probe, Arg: e.Arg, Arg2: e.Arg2, TimeNs: int64(e.StartNs)}))
 	case *bpf.BatchEvent:
 		c.mu.Lock()
 		defer c.mu.Unlock()
@@ -171,10 +167,10 @@ func (c *converter) convert(ev bpf.Event, out []input) []input {
 // counted (torch_future_waits_ignored) and dropped.
 func (c *converter) torch(e *bpf.TorchEvent, out []input) []input {
 	h := correlate.HostCall{PID: e.PID, TID: e.TID, StartNS: int64(e.StartNs), EndNS: int64(e.EndNs), Comm: e.Self}
-	switch e.Probe {
-	case bpf.ProbeTorchWorkWait, bpf.ProbeTorchNCCLWorkWait:
+	switch e.Probe.Class() {
+	case bpf.ClassTorchWorkWait:
 		h.Kind, h.Comm = correlate.HostCollWait, 0
-	case bpf.ProbeTorchFutureWait:
+	case bpf.ClassTorchFutureWait:
 		c.mu.Lock()
 		coll := c.proc(e.PID).sawTorchColl
 		c.mu.Unlock()
@@ -183,7 +179,7 @@ func (c *converter) torch(e *bpf.TorchEvent, out []input) []input {
 			return out
 		}
 		h.Kind, h.Comm = correlate.HostCollWait, 0
-	default:
+	case bpf.ClassTorchCollective:
 		c.mu.Lock()
 		p := c.proc(e.PID)
 		p.sawTorchColl = true
@@ -193,7 +189,10 @@ func (c *converter) torch(e *bpf.TorchEvent, out []input) []input {
 			c.counters.add("torch_collectives_redundant", 1)
 			return out
 		}
-		h.Kind, h.Op = correlate.HostCollective, torchOp(e.Probe)
+		h.Kind, h.Op = correlate.HostCollective, probeOp(e.Probe)
+	default: // unreachable: the decoder gives torch records to torch classes only
+		c.counters.add("events_unknown", 1)
+		return out
 	}
 	return append(out, hostInput(h))
 }
@@ -379,57 +378,10 @@ func kernelClass(c cupti.Class) correlate.KernelClass {
 	return correlate.ClassOther
 }
 
-func collOp(p bpf.ProbeID) string {
-	switch p {
-	case bpf.ProbeNCCLAllReduce:
-		return "allreduce"
-	case bpf.ProbeNCCLBroadcast, bpf.ProbeNCCLBcast:
-		return "broadcast"
-	case bpf.ProbeNCCLReduce:
-		return "reduce"
-	case bpf.ProbeNCCLAllGather:
-		return "allgather"
-	case bpf.ProbeNCCLReduceScatter:
-		return "reducescatter"
-	case bpf.ProbeNCCLSend:
-		return "send"
-	case bpf.ProbeNCCLRecv:
-		return "recv"
-	case bpf.ProbeNCCLAllToAll:
-		return "alltoall"
-	case bpf.ProbeNCCLGather:
-		return "gather"
-	case bpf.ProbeNCCLScatter:
-		return "scatter"
-	}
-	return p.String()
-}
-
-func torchOp(p bpf.ProbeID) string {
-	switch p {
-	case bpf.ProbeTorchNCCLAllreduce, bpf.ProbeTorchGlooAllreduce, bpf.ProbeTorchNCCLAllreduceCoalesced, bpf.ProbeTorchGlooAllreduceCoalesced:
-		return "allreduce"
-	case bpf.ProbeTorchNCCLBroadcast, bpf.ProbeTorchGlooBroadcast:
-		return "broadcast"
-	case bpf.ProbeTorchNCCLReduce, bpf.ProbeTorchGlooReduce:
-		return "reduce"
-	case bpf.ProbeTorchNCCLAllgather, bpf.ProbeTorchGlooAllgather, bpf.ProbeTorchNCCLAllgatherBase, bpf.ProbeTorchGlooAllgatherBase,
-		bpf.ProbeTorchNCCLAllgatherCoalesced, bpf.ProbeTorchGlooAllgatherCoalesced:
-		return "allgather"
-	case bpf.ProbeTorchNCCLReduceScatter, bpf.ProbeTorchGlooReduceScatter, bpf.ProbeTorchNCCLReduceScatterBase,
-		bpf.ProbeTorchGlooReduceScatterBase, bpf.ProbeTorchNCCLReduceScatterCoalesced, bpf.ProbeTorchGlooReduceScatterCoalesced:
-		return "reducescatter"
-	case bpf.ProbeTorchNCCLAlltoall, bpf.ProbeTorchGlooAlltoall, bpf.ProbeTorchNCCLAlltoallBase, bpf.ProbeTorchGlooAlltoallBase:
-		return "alltoall"
-	case bpf.ProbeTorchNCCLBarrier, bpf.ProbeTorchGlooBarrier:
-		return "barrier"
-	case bpf.ProbeTorchNCCLSend, bpf.ProbeTorchGlooSend:
-		return "send"
-	case bpf.ProbeTorchNCCLRecv, bpf.ProbeTorchGlooRecv:
-		return "recv"
-	}
-	return p.String()
-}
+// probeOp is the op of a probe's calls: its spec's Op, which is in
+// correlate's vocabulary (TestSpecOpsAreCorrelateOps), the collective of a
+// collective, the function of a synchronisation.
+func probeOp(p bpf.ProbeID) correlate.Op { return correlate.Op(p.Op()) }
 
 // libStats exports the injection library's own counters (yields to another
 // CUPTI client, orphaned buffers, records on another clock, refused

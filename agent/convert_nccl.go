@@ -252,31 +252,34 @@ func (c *converter) ncclColl(pid uint32, p *convProc, r cupti.NCCLColl, emitted 
 	}))
 }
 
-// ncclOp names a plugin operation as collOp names the uprobe's.
-func ncclOp(f cupti.NCCLFunc) string {
+// ncclOp names a plugin operation with the op of the uprobe of the same
+// call.
+func ncclOp(f cupti.NCCLFunc) correlate.Op {
 	switch f {
 	case cupti.NCCLFuncAllReduce:
-		return "allreduce"
+		return correlate.OpAllReduce
 	case cupti.NCCLFuncBroadcast:
-		return "broadcast"
+		return correlate.OpBroadcast
 	case cupti.NCCLFuncReduce:
-		return "reduce"
+		return correlate.OpReduce
 	case cupti.NCCLFuncAllGather:
-		return "allgather"
+		return correlate.OpAllGather
 	case cupti.NCCLFuncReduceScatter:
-		return "reducescatter"
+		return correlate.OpReduceScatter
 	case cupti.NCCLFuncSend:
-		return "send"
+		return correlate.OpSend
 	case cupti.NCCLFuncRecv:
-		return "recv"
+		return correlate.OpRecv
 	case cupti.NCCLFuncAllToAll:
-		return "alltoall"
+		return correlate.OpAllToAll
 	case cupti.NCCLFuncGather:
-		return "gather"
+		return correlate.OpGather
 	case cupti.NCCLFuncScatter:
-		return "scatter"
+		return correlate.OpScatter
+	case cupti.NCCLFuncSendRecv:
+		return correlate.OpSendRecv
 	}
-	return "nccl_" + f.String()
+	return correlate.Op("nccl_" + f.String())
 }
 
 // ncclDatatype is the ncclDataType_t the uprobes read (ncclInt8 = 0 ...):

@@ -53,7 +53,7 @@ func TestPluginCollectiveIsTheUprobesHostCall(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		coll       func() cupti.NCCLColl
-		op         string
+		op         correlate.Op
 		start, end int64
 		dtype      uint32
 	}{

@@ -26,37 +26,15 @@ import (
 // CUPTICall is one call into libcupti seen by a uprobe.
 type CUPTICall struct {
 	PID, TID uint32
-	Fn       CUPTIFn
-	Arg      uint64 // first argument (activity kind, flush flags, request callback)
-	Arg2     uint64 // second argument (completion callback)
-	TimeNs   int64  // CLOCK_MONOTONIC
+	// Fn is the function: the probe that saw the call (bpf.ProbeCUPTIEnable,
+	// ...; the bpf.ClassCUPTICall probes).
+	Fn     bpf.ProbeID
+	Arg    uint64 // first argument (activity kind, flush flags, request callback)
+	Arg2   uint64 // second argument (completion callback)
+	TimeNs int64  // CLOCK_MONOTONIC
 }
-
-// CUPTIFn is the libcupti function of a CUPTICall.
-type CUPTIFn int
-
-// The watched functions.
-const (
-	CUPTISubscribe CUPTIFn = iota + 1
-	CUPTIRegisterCallbacks
-	CUPTIRegisterTimestamp
-	CUPTIEnable
-	CUPTIDisable
-	CUPTIFlushAll
-	CUPTIFinalize
-)
 
 const flushForced = 1 // CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
-
-var cuptiFns = map[bpf.ProbeID]CUPTIFn{
-	bpf.ProbeCUPTISubscribe:         CUPTISubscribe,
-	bpf.ProbeCUPTIRegisterCallbacks: CUPTIRegisterCallbacks,
-	bpf.ProbeCUPTIRegisterTimestamp: CUPTIRegisterTimestamp,
-	bpf.ProbeCUPTIEnable:            CUPTIEnable,
-	bpf.ProbeCUPTIDisable:           CUPTIDisable,
-	bpf.ProbeCUPTIFlushAll:          CUPTIFlushAll,
-	bpf.ProbeCUPTIFinalize:          CUPTIFinalize,
-}
 
 // Timings of the decision.
 const (
@@ -97,9 +75,9 @@ func (y *yieldTracker) call(c CUPTICall) bool {
 	y.foreignTID = c.TID
 	y.noteForeign(c)
 	switch c.Fn {
-	case CUPTIDisable, CUPTIFinalize:
+	case bpf.ProbeCUPTIDisable, bpf.ProbeCUPTIFinalize:
 		y.endAt = c.TimeNs
-	case CUPTIFlushAll:
+	case bpf.ProbeCUPTIFlushAll:
 		if c.Arg&flushForced != 0 {
 			y.endAt = c.TimeNs
 			break
@@ -118,20 +96,20 @@ func (y *yieldTracker) call(c CUPTICall) bool {
 func (y *yieldTracker) noteForeign(c CUPTICall) {
 	f := &y.foreign
 	switch c.Fn {
-	case CUPTIRegisterCallbacks:
+	case bpf.ProbeCUPTIRegisterCallbacks:
 		f.RequestFn, f.CompleteFn, f.PairNs = c.Arg, c.Arg2, uint64(max(c.TimeNs, 1))
 		f.KindsKept = true
-	case CUPTIRegisterTimestamp:
+	case bpf.ProbeCUPTIRegisterTimestamp:
 		f.TimestampFn, f.TimestampNs = c.Arg, uint64(max(c.TimeNs, 1))
-	case CUPTIEnable:
+	case bpf.ProbeCUPTIEnable:
 		if c.Arg < 64 {
 			f.Kinds |= 1 << c.Arg
 		}
-	case CUPTIDisable:
+	case bpf.ProbeCUPTIDisable:
 		if c.Arg < 64 {
 			f.Kinds &^= 1 << c.Arg
 		}
-	case CUPTIFinalize:
+	case bpf.ProbeCUPTIFinalize:
 		f.Kinds = 0
 	default:
 		return

@@ -599,7 +599,7 @@ func median(xs []float64) float64 {
 
 // trapsPerEvent is how many uprobe traps one event of a probe stands for:
 // two for an entry/return pair joined in BPF, one for an entry probe.
-var trapsPerEvent = func() (t [256]uint64) {
+var trapsPerEvent = func() (t [bpf.MaxProbeID]uint64) {
 	for _, s := range bpf.Specs() {
 		if int(s.ID) < len(t) {
 			t[s.ID] = 1

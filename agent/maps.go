@@ -16,39 +16,31 @@ import (
 )
 
 // LibraryKind says which probed library a mapped file is, judged by its basename.
+//
+//go:generate go run golang.org/x/tools/cmd/stringer@v0.52.0 -type LibraryKind -linecomment
 type LibraryKind uint8
 
-// Library kinds. KindUnknown files are not reported.
+// Library kinds. KindUnknown files are not reported. The line comments are
+// the String() names, used in logs and metrics labels (stringer
+// -linecomment, librarykind_string.go).
+//
+//	KindNCCL          libnccl.so*
+//	KindCUDART        libcudart.so*
+//	KindCUDA          libcuda.so* (the driver API)
+//	KindTorchCPU      libtorch_cpu.so
+//	KindTorchCUDA     libtorch_cuda.so
+//	KindCUPTIInject   libslowrank_cupti.so, our injection library
+//	KindCUPTIRuntime  libcupti.so*: watched for other CUPTI clients
 const (
-	KindUnknown      LibraryKind = iota
-	KindNCCL                     // libnccl.so*
-	KindCUDART                   // libcudart.so*
-	KindCUDA                     // libcuda.so* (the driver API)
-	KindTorchCPU                 // libtorch_cpu.so
-	KindTorchCUDA                // libtorch_cuda.so
-	KindCUPTIInject              // libslowrank_cupti.so, our injection library
-	KindCUPTIRuntime             // libcupti.so*: watched for other CUPTI clients
+	KindUnknown      LibraryKind = iota // unknown
+	KindNCCL                            // nccl
+	KindCUDART                          // cudart
+	KindCUDA                            // cuda
+	KindTorchCPU                        // torch_cpu
+	KindTorchCUDA                       // torch_cuda
+	KindCUPTIInject                     // cupti_inject
+	KindCUPTIRuntime                    // libcupti
 )
-
-var kindNames = [...]string{
-	KindUnknown:      "unknown",
-	KindNCCL:         "nccl",
-	KindCUDART:       "cudart",
-	KindCUDA:         "cuda",
-	KindTorchCPU:     "torch_cpu",
-	KindTorchCUDA:    "torch_cuda",
-	KindCUPTIInject:  "cupti_inject",
-	KindCUPTIRuntime: "libcupti",
-}
-
-// String returns the kind's name as used in logs and metrics labels: "nccl", "cudart", "cuda",
-// "torch_cpu", "torch_cuda", "cupti_inject" or "unknown".
-func (k LibraryKind) String() string {
-	if int(k) < len(kindNames) {
-		return kindNames[k]
-	}
-	return "LibraryKind(" + strconv.Itoa(int(k)) + ")"
-}
 
 // InjectionLibraryName is the basename of slowrank's CUPTI injection library.
 const InjectionLibraryName = identity.InjectionLibraryName

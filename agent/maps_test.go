@@ -179,6 +179,21 @@ func TestClassifyLibrary(t *testing.T) {
 	}
 }
 
+// TestLibraryKindNames pins the names (stringer -linecomment): they are
+// logged and are metrics labels. Out-of-range values keep the Type(N) form
+// of the old hand-written table.
+func TestLibraryKindNames(t *testing.T) {
+	for k, want := range map[LibraryKind]string{
+		KindUnknown: "unknown", KindNCCL: "nccl", KindCUDART: "cudart", KindCUDA: "cuda",
+		KindTorchCPU: "torch_cpu", KindTorchCUDA: "torch_cuda", KindCUPTIInject: "cupti_inject",
+		KindCUPTIRuntime: "libcupti", 8: "LibraryKind(8)", 255: "LibraryKind(255)",
+	} {
+		if got := k.String(); got != want {
+			t.Errorf("LibraryKind %d: String() = %q, want %q", uint8(k), got, want)
+		}
+	}
+}
+
 func TestLibrariesFromMaps(t *testing.T) {
 	data, err := os.ReadFile("testdata/proc/100/maps")
 	if err != nil {

@@ -56,12 +56,12 @@ func (r *twinRing) add(c twinCall) {
 // find returns the comm of the call the plugin's record (op, count,
 // datatype, its start) names: the newest call containing start, else the
 // newest that started before it within twinMaxLag.
-func (r *twinRing) find(op string, count uint64, datatype uint32, start int64) (uint64, bool) {
+func (r *twinRing) find(op correlate.Op, count uint64, datatype uint32, start int64) (uint64, bool) {
 	var before uint64
 	found := false
 	for i := 1; i <= r.n; i++ {
 		c := &r.calls[(r.next-i+twinRingSize)%twinRingSize]
-		if c.count != count || c.datatype != datatype || collOp(c.probe) != op || c.start > start {
+		if c.count != count || c.datatype != datatype || probeOp(c.probe) != op || c.start > start {
 			continue
 		}
 		if start <= c.end {

@@ -102,7 +102,7 @@ func TestTwinRingFindsTheCallAroundTheStart(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		start int64
-		op    string
+		op    correlate.Op
 		count uint64
 		want  uint64
 		ok    bool

@@ -7,7 +7,7 @@ import (
 	"github.com/slowrank/slowrank/correlate"
 )
 
-func hostAt(pid uint32, end int64, op string) input {
+func hostAt(pid uint32, end int64, op correlate.Op) input {
 	return hostInput(correlate.HostCall{PID: pid, Kind: correlate.HostSyncWait, Op: op, StartNS: end - 10, EndNS: end})
 }
 
@@ -16,7 +16,7 @@ func ops(in []input) []string {
 	for _, i := range in {
 		switch v := i.value().(type) {
 		case correlate.HostCall:
-			s = append(s, v.Op)
+			s = append(s, string(v.Op))
 		case correlate.CommInit:
 			s = append(s, "init")
 		case correlate.CommDestroy:

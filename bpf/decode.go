@@ -155,12 +155,12 @@ func decode(b []byte, s *scratch) (Event, error) {
 	if h.Type < EventColl || h.Type > EventCUPTICall {
 		return nil, malformed("unknown event type %d", uint32(h.Type))
 	}
-	info, ok := probeInfos[h.Probe]
-	if !ok {
+	info := h.Probe.info()
+	if info == nil {
 		return nil, malformed("unknown probe id %d", uint32(h.Probe))
 	}
-	if info.typ != h.Type {
-		return nil, malformed("probe %s emits %s records, got type %s", h.Probe, info.typ, h.Type)
+	if typ := info.class.EventType(); typ != h.Type {
+		return nil, malformed("probe %s emits %s records, got type %s", h.Probe, typ, h.Type)
 	}
 	if h.EndNs < h.StartNs {
 		return nil, malformed("%s: end %d before start %d", h.Probe, h.EndNs, h.StartNs)
@@ -260,6 +260,6 @@ func decode(b []byte, s *scratch) (Event, error) {
 		*e = BatchEvent{Header: h, Data: data}
 		return e, nil
 	}
-	// Unreachable while probeInfos only maps to the types above.
+	// Unreachable while every class emits one of the types above.
 	return nil, malformed("unknown event type %d", uint32(h.Type))
 }

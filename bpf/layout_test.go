@@ -67,13 +67,13 @@ func TestHeaderConstants(t *testing.T) {
 		v, _ := strconv.Atoi(string(m[2]))
 		id := ProbeID(v)
 		seen[id] = true
-		if _, ok := probeInfos[id]; !ok {
+		if id.info() == nil {
 			t.Errorf("%s = %d has no ProbeSpec", m[1], v)
 		}
 	}
-	for id := range probeInfos {
-		if !seen[id] {
-			t.Errorf("probe %s (%d) not in events.h", id, uint32(id))
+	for _, s := range specs {
+		if !seen[s.ID] {
+			t.Errorf("probe %s (%d) not in events.h", s.ID, uint32(s.ID))
 		}
 	}
 	// The injection library's ABI header, when present, must agree.

@@ -41,6 +41,18 @@ func TestEnumNames(t *testing.T) {
 		{EventType(0), "EventType(0)"},
 		{EventType(8), "EventType(8)"},
 		{EventType(4000000000), "EventType(4000000000)"},
+
+		{ClassCollective, "collective"},
+		{ClassGroup, "group"},
+		{ClassCommInit, "comm_init"},
+		{ClassSyncWait, "sync_wait"},
+		{ClassTorchCollective, "torch_collective"},
+		{ClassTorchWorkWait, "torch_work_wait"},
+		{ClassTorchFutureWait, "torch_future_wait"},
+		{ClassCUPTIBatch, "cupti_batch"},
+		{ClassCUPTICall, "cupti_call"},
+		{ProbeClass(0), "ProbeClass(0)"},
+		{ProbeClass(10), "ProbeClass(10)"},
 	} {
 		if s := c.got.String(); s != c.want {
 			t.Errorf("%T %d: String() = %q, want %q", c.got, c.got, s, c.want)

@@ -1,14 +1,9 @@
 package bpf
 
 import (
-	"fmt"
 	"path/filepath"
 	"strings"
 )
-
-// ProbeID says which symbol produced an event (enum sr_probe_id in events.h).
-// The constants are generated from the C enum (wire_gen.go).
-type ProbeID uint32
 
 // Symbols of the CUPTI injection library (cupti/slowrank_abi.h).
 const (
@@ -63,10 +58,18 @@ func ClassifyLibrary(path string) (LibKind, bool) {
 }
 
 // ProbeSpec describes one probe as data: where it attaches, which programs
-// run, and what a missing symbol means. One generic mechanism (AttachLibrary)
-// handles every spec.
+// run, what a missing symbol means, and what its calls are (Class, Op). One
+// generic mechanism (AttachLibrary) handles every spec, and the agent
+// converts every record by its probe's class and op.
 type ProbeSpec struct {
-	ID   ProbeID
+	ID ProbeID
+	// Class says what the calls are; it decides the record type the
+	// programs emit (ProbeClass.EventType).
+	Class ProbeClass
+	// Op is what a call does, in correlate's vocabulary (correlate.Op): the
+	// collective of a collective ("allreduce", "reducescatter", ...), the
+	// function's name for a synchronisation; empty for the other classes.
+	Op   string
 	Kind LibKind
 	// Symbol is the exact ELF symbol (C functions).
 	Symbol string
@@ -95,77 +98,103 @@ func (s ProbeSpec) Name() string {
 	return s.Symbol
 }
 
-func interval(id ProbeID, kind LibKind, sym, prog string, optional bool) ProbeSpec {
-	return ProbeSpec{ID: id, Kind: kind, Symbol: sym, Entry: prog + "_entry", Return: prog + "_return", Optional: optional}
+// interval is a probe of a C function with an entry and a return program.
+func interval(id ProbeID, class ProbeClass, kind LibKind, sym, prog string, optional bool) ProbeSpec {
+	return ProbeSpec{ID: id, Class: class, Kind: kind, Symbol: sym, Entry: prog + "_entry", Return: prog + "_return",
+		Optional: optional}
 }
 
-func torch(id ProbeID, qualified, prog string, selfArg int) ProbeSpec {
-	return ProbeSpec{ID: id, Kind: LibTorch, Qualified: qualified, Entry: prog + "_entry",
-		Return: prog + "_return", Optional: true, SelfArg: selfArg}
+// coll is an NCCL collective or point-to-point call doing op.
+func coll(id ProbeID, sym, prog, op string, optional bool) ProbeSpec {
+	s := interval(id, ClassCollective, LibNCCL, sym, prog, optional)
+	s.Op = op
+	return s
+}
+
+// syncWait is a device synchronisation. Its op is the function's name: step
+// detection tells the synchronisations of a loop apart by it.
+func syncWait(id ProbeID, kind LibKind, sym, prog string) ProbeSpec {
+	s := interval(id, ClassSyncWait, kind, sym, prog, false)
+	s.Op = sym
+	return s
+}
+
+// torchColl is a c10d ProcessGroup collective doing op. It returns a
+// c10::intrusive_ptr<Work> through a hidden pointer, so `this` is in rsi.
+func torchColl(id ProbeID, qualified, prog, op string) ProbeSpec {
+	s := torchMethod(id, ClassTorchCollective, qualified, prog)
+	s.Op, s.SelfArg = op, 1
+	return s
+}
+
+// torchMethod is an optional torch C++ method, `this` in rdi.
+func torchMethod(id ProbeID, class ProbeClass, qualified, prog string) ProbeSpec {
+	return ProbeSpec{ID: id, Class: class, Kind: LibTorch, Qualified: qualified, Entry: prog + "_entry",
+		Return: prog + "_return", Optional: true}
 }
 
 // specs is the probe table. Required (non-optional) symbols exist in every
 // NCCL >= 2.7 and CUDA >= 11.
 var specs = []ProbeSpec{
-	interval(ProbeNCCLAllReduce, LibNCCL, "ncclAllReduce", "nccl_all_reduce", false),
-	interval(ProbeNCCLBroadcast, LibNCCL, "ncclBroadcast", "nccl_broadcast", false),
-	interval(ProbeNCCLReduce, LibNCCL, "ncclReduce", "nccl_reduce", false),
-	interval(ProbeNCCLAllGather, LibNCCL, "ncclAllGather", "nccl_all_gather", false),
-	interval(ProbeNCCLReduceScatter, LibNCCL, "ncclReduceScatter", "nccl_reduce_scatter", false),
-	interval(ProbeNCCLSend, LibNCCL, "ncclSend", "nccl_send", false),
-	interval(ProbeNCCLRecv, LibNCCL, "ncclRecv", "nccl_recv", false),
-	interval(ProbeNCCLAllToAll, LibNCCL, "ncclAlltoAll", "nccl_all_to_all", true), // NCCL 2.28+
-	interval(ProbeNCCLAllToAll, LibNCCL, "ncclAllToAll", "nccl_all_to_all", true), // RCCL
-	interval(ProbeNCCLBcast, LibNCCL, "ncclBcast", "nccl_bcast", true),
-	interval(ProbeNCCLGather, LibNCCL, "ncclGather", "nccl_gather", true),
-	interval(ProbeNCCLScatter, LibNCCL, "ncclScatter", "nccl_scatter", true),
-	{ID: ProbeNCCLGroupStart, Kind: LibNCCL, Symbol: "ncclGroupStart", Entry: "nccl_group_start_entry"},
-	interval(ProbeNCCLGroupEnd, LibNCCL, "ncclGroupEnd", "nccl_group_end", false),
-	interval(ProbeNCCLCommInitRank, LibNCCL, "ncclCommInitRank", "nccl_comm_init_rank", false),
-	interval(ProbeNCCLCommInitRankConfig, LibNCCL, "ncclCommInitRankConfig", "nccl_comm_init_rank_config", true), // 2.14+
-	interval(ProbeNCCLCommInitAll, LibNCCL, "ncclCommInitAll", "nccl_comm_init_all", true),
-	interval(ProbeNCCLCommSplit, LibNCCL, "ncclCommSplit", "nccl_comm_split", true),                                    // 2.18+
-	interval(ProbeNCCLCommInitRankScalable, LibNCCL, "ncclCommInitRankScalable", "nccl_comm_init_rank_scalable", true), // 2.23+
+	coll(ProbeNCCLAllReduce, "ncclAllReduce", "nccl_all_reduce", "allreduce", false),
+	coll(ProbeNCCLBroadcast, "ncclBroadcast", "nccl_broadcast", "broadcast", false),
+	coll(ProbeNCCLReduce, "ncclReduce", "nccl_reduce", "reduce", false),
+	coll(ProbeNCCLAllGather, "ncclAllGather", "nccl_all_gather", "allgather", false),
+	coll(ProbeNCCLReduceScatter, "ncclReduceScatter", "nccl_reduce_scatter", "reducescatter", false),
+	coll(ProbeNCCLSend, "ncclSend", "nccl_send", "send", false),
+	coll(ProbeNCCLRecv, "ncclRecv", "nccl_recv", "recv", false),
+	coll(ProbeNCCLAllToAll, "ncclAlltoAll", "nccl_all_to_all", "alltoall", true), // NCCL 2.28+
+	coll(ProbeNCCLAllToAll, "ncclAllToAll", "nccl_all_to_all", "alltoall", true), // RCCL
+	coll(ProbeNCCLBcast, "ncclBcast", "nccl_bcast", "broadcast", true),
+	coll(ProbeNCCLGather, "ncclGather", "nccl_gather", "gather", true),
+	coll(ProbeNCCLScatter, "ncclScatter", "nccl_scatter", "scatter", true),
+	{ID: ProbeNCCLGroupStart, Class: ClassGroup, Kind: LibNCCL, Symbol: "ncclGroupStart", Entry: "nccl_group_start_entry"},
+	interval(ProbeNCCLGroupEnd, ClassGroup, LibNCCL, "ncclGroupEnd", "nccl_group_end", false),
+	interval(ProbeNCCLCommInitRank, ClassCommInit, LibNCCL, "ncclCommInitRank", "nccl_comm_init_rank", false),
+	interval(ProbeNCCLCommInitRankConfig, ClassCommInit, LibNCCL, "ncclCommInitRankConfig", "nccl_comm_init_rank_config", true), // 2.14+
+	interval(ProbeNCCLCommInitAll, ClassCommInit, LibNCCL, "ncclCommInitAll", "nccl_comm_init_all", true),
+	interval(ProbeNCCLCommSplit, ClassCommInit, LibNCCL, "ncclCommSplit", "nccl_comm_split", true),                                    // 2.18+
+	interval(ProbeNCCLCommInitRankScalable, ClassCommInit, LibNCCL, "ncclCommInitRankScalable", "nccl_comm_init_rank_scalable", true), // 2.23+
 
-	interval(ProbeCUDADeviceSynchronize, LibCUDART, "cudaDeviceSynchronize", "cuda_device_synchronize", false),
-	interval(ProbeCUDAStreamSynchronize, LibCUDART, "cudaStreamSynchronize", "cuda_stream_synchronize", false),
-	interval(ProbeCUDAEventSynchronize, LibCUDART, "cudaEventSynchronize", "cuda_event_synchronize", false),
-	interval(ProbeCuCtxSynchronize, LibCUDA, "cuCtxSynchronize", "cu_ctx_synchronize", false),
-	interval(ProbeCuStreamSynchronize, LibCUDA, "cuStreamSynchronize", "cu_stream_synchronize", false),
-	interval(ProbeCuEventSynchronize, LibCUDA, "cuEventSynchronize", "cu_event_synchronize", false),
+	syncWait(ProbeCUDADeviceSynchronize, LibCUDART, "cudaDeviceSynchronize", "cuda_device_synchronize"),
+	syncWait(ProbeCUDAStreamSynchronize, LibCUDART, "cudaStreamSynchronize", "cuda_stream_synchronize"),
+	syncWait(ProbeCUDAEventSynchronize, LibCUDART, "cudaEventSynchronize", "cuda_event_synchronize"),
+	syncWait(ProbeCuCtxSynchronize, LibCUDA, "cuCtxSynchronize", "cu_ctx_synchronize"),
+	syncWait(ProbeCuStreamSynchronize, LibCUDA, "cuStreamSynchronize", "cu_stream_synchronize"),
+	syncWait(ProbeCuEventSynchronize, LibCUDA, "cuEventSynchronize", "cu_event_synchronize"),
 
-	torch(ProbeTorchNCCLAllreduce, "c10d::ProcessGroupNCCL::allreduce", "torch_nccl_allreduce", 1),
-	torch(ProbeTorchNCCLAllreduceCoalesced, "c10d::ProcessGroupNCCL::allreduce_coalesced", "torch_nccl_allreduce_coalesced", 1),
-	torch(ProbeTorchNCCLBroadcast, "c10d::ProcessGroupNCCL::broadcast", "torch_nccl_broadcast", 1),
-	torch(ProbeTorchNCCLReduce, "c10d::ProcessGroupNCCL::reduce", "torch_nccl_reduce", 1),
-	torch(ProbeTorchNCCLAllgather, "c10d::ProcessGroupNCCL::allgather", "torch_nccl_allgather", 1),
-	torch(ProbeTorchNCCLAllgatherBase, "c10d::ProcessGroupNCCL::_allgather_base", "torch_nccl_allgather_base", 1),
-	torch(ProbeTorchNCCLAllgatherCoalesced, "c10d::ProcessGroupNCCL::allgather_into_tensor_coalesced", "torch_nccl_allgather_coalesced", 1),
-	torch(ProbeTorchNCCLReduceScatter, "c10d::ProcessGroupNCCL::reduce_scatter", "torch_nccl_reduce_scatter", 1),
-	torch(ProbeTorchNCCLReduceScatterBase, "c10d::ProcessGroupNCCL::_reduce_scatter_base", "torch_nccl_reduce_scatter_base", 1),
-	torch(ProbeTorchNCCLReduceScatterCoalesced, "c10d::ProcessGroupNCCL::reduce_scatter_tensor_coalesced", "torch_nccl_reduce_scatter_coalesced", 1),
-	torch(ProbeTorchNCCLAlltoall, "c10d::ProcessGroupNCCL::alltoall", "torch_nccl_alltoall", 1),
-	torch(ProbeTorchNCCLAlltoallBase, "c10d::ProcessGroupNCCL::alltoall_base", "torch_nccl_alltoall_base", 1),
-	torch(ProbeTorchNCCLBarrier, "c10d::ProcessGroupNCCL::barrier", "torch_nccl_barrier", 1),
-	torch(ProbeTorchNCCLSend, "c10d::ProcessGroupNCCL::send", "torch_nccl_send", 1),
-	torch(ProbeTorchNCCLRecv, "c10d::ProcessGroupNCCL::recv", "torch_nccl_recv", 1),
-	torch(ProbeTorchNCCLWorkWait, "c10d::ProcessGroupNCCL::WorkNCCL::wait", "torch_nccl_work_wait", 0),
-	torch(ProbeTorchGlooAllreduce, "c10d::ProcessGroupGloo::allreduce", "torch_gloo_allreduce", 1),
-	torch(ProbeTorchGlooAllreduceCoalesced, "c10d::ProcessGroupGloo::allreduce_coalesced", "torch_gloo_allreduce_coalesced", 1),
-	torch(ProbeTorchGlooBroadcast, "c10d::ProcessGroupGloo::broadcast", "torch_gloo_broadcast", 1),
-	torch(ProbeTorchGlooReduce, "c10d::ProcessGroupGloo::reduce", "torch_gloo_reduce", 1),
-	torch(ProbeTorchGlooAllgather, "c10d::ProcessGroupGloo::allgather", "torch_gloo_allgather", 1),
-	torch(ProbeTorchGlooAllgatherBase, "c10d::ProcessGroupGloo::_allgather_base", "torch_gloo_allgather_base", 1),
-	torch(ProbeTorchGlooAllgatherCoalesced, "c10d::ProcessGroupGloo::allgather_into_tensor_coalesced", "torch_gloo_allgather_coalesced", 1),
-	torch(ProbeTorchGlooReduceScatter, "c10d::ProcessGroupGloo::reduce_scatter", "torch_gloo_reduce_scatter", 1),
-	torch(ProbeTorchGlooReduceScatterBase, "c10d::ProcessGroupGloo::_reduce_scatter_base", "torch_gloo_reduce_scatter_base", 1),
-	torch(ProbeTorchGlooReduceScatterCoalesced, "c10d::ProcessGroupGloo::reduce_scatter_tensor_coalesced", "torch_gloo_reduce_scatter_coalesced", 1),
-	torch(ProbeTorchGlooAlltoall, "c10d::ProcessGroupGloo::alltoall", "torch_gloo_alltoall", 1),
-	torch(ProbeTorchGlooAlltoallBase, "c10d::ProcessGroupGloo::alltoall_base", "torch_gloo_alltoall_base", 1),
-	torch(ProbeTorchGlooBarrier, "c10d::ProcessGroupGloo::barrier", "torch_gloo_barrier", 1),
-	torch(ProbeTorchGlooSend, "c10d::ProcessGroupGloo::send", "torch_gloo_send", 1),
-	torch(ProbeTorchGlooRecv, "c10d::ProcessGroupGloo::recv", "torch_gloo_recv", 1),
-	torch(ProbeTorchWorkWait, "c10d::Work::wait", "torch_work_wait", 0),
+	torchColl(ProbeTorchNCCLAllreduce, "c10d::ProcessGroupNCCL::allreduce", "torch_nccl_allreduce", "allreduce"),
+	torchColl(ProbeTorchNCCLAllreduceCoalesced, "c10d::ProcessGroupNCCL::allreduce_coalesced", "torch_nccl_allreduce_coalesced", "allreduce"),
+	torchColl(ProbeTorchNCCLBroadcast, "c10d::ProcessGroupNCCL::broadcast", "torch_nccl_broadcast", "broadcast"),
+	torchColl(ProbeTorchNCCLReduce, "c10d::ProcessGroupNCCL::reduce", "torch_nccl_reduce", "reduce"),
+	torchColl(ProbeTorchNCCLAllgather, "c10d::ProcessGroupNCCL::allgather", "torch_nccl_allgather", "allgather"),
+	torchColl(ProbeTorchNCCLAllgatherBase, "c10d::ProcessGroupNCCL::_allgather_base", "torch_nccl_allgather_base", "allgather"),
+	torchColl(ProbeTorchNCCLAllgatherCoalesced, "c10d::ProcessGroupNCCL::allgather_into_tensor_coalesced", "torch_nccl_allgather_coalesced", "allgather"),
+	torchColl(ProbeTorchNCCLReduceScatter, "c10d::ProcessGroupNCCL::reduce_scatter", "torch_nccl_reduce_scatter", "reducescatter"),
+	torchColl(ProbeTorchNCCLReduceScatterBase, "c10d::ProcessGroupNCCL::_reduce_scatter_base", "torch_nccl_reduce_scatter_base", "reducescatter"),
+	torchColl(ProbeTorchNCCLReduceScatterCoalesced, "c10d::ProcessGroupNCCL::reduce_scatter_tensor_coalesced", "torch_nccl_reduce_scatter_coalesced", "reducescatter"),
+	torchColl(ProbeTorchNCCLAlltoall, "c10d::ProcessGroupNCCL::alltoall", "torch_nccl_alltoall", "alltoall"),
+	torchColl(ProbeTorchNCCLAlltoallBase, "c10d::ProcessGroupNCCL::alltoall_base", "torch_nccl_alltoall_base", "alltoall"),
+	torchColl(ProbeTorchNCCLBarrier, "c10d::ProcessGroupNCCL::barrier", "torch_nccl_barrier", "barrier"),
+	torchColl(ProbeTorchNCCLSend, "c10d::ProcessGroupNCCL::send", "torch_nccl_send", "send"),
+	torchColl(ProbeTorchNCCLRecv, "c10d::ProcessGroupNCCL::recv", "torch_nccl_recv", "recv"),
+	torchMethod(ProbeTorchNCCLWorkWait, ClassTorchWorkWait, "c10d::ProcessGroupNCCL::WorkNCCL::wait", "torch_nccl_work_wait"),
+	torchColl(ProbeTorchGlooAllreduce, "c10d::ProcessGroupGloo::allreduce", "torch_gloo_allreduce", "allreduce"),
+	torchColl(ProbeTorchGlooAllreduceCoalesced, "c10d::ProcessGroupGloo::allreduce_coalesced", "torch_gloo_allreduce_coalesced", "allreduce"),
+	torchColl(ProbeTorchGlooBroadcast, "c10d::ProcessGroupGloo::broadcast", "torch_gloo_broadcast", "broadcast"),
+	torchColl(ProbeTorchGlooReduce, "c10d::ProcessGroupGloo::reduce", "torch_gloo_reduce", "reduce"),
+	torchColl(ProbeTorchGlooAllgather, "c10d::ProcessGroupGloo::allgather", "torch_gloo_allgather", "allgather"),
+	torchColl(ProbeTorchGlooAllgatherBase, "c10d::ProcessGroupGloo::_allgather_base", "torch_gloo_allgather_base", "allgather"),
+	torchColl(ProbeTorchGlooAllgatherCoalesced, "c10d::ProcessGroupGloo::allgather_into_tensor_coalesced", "torch_gloo_allgather_coalesced", "allgather"),
+	torchColl(ProbeTorchGlooReduceScatter, "c10d::ProcessGroupGloo::reduce_scatter", "torch_gloo_reduce_scatter", "reducescatter"),
+	torchColl(ProbeTorchGlooReduceScatterBase, "c10d::ProcessGroupGloo::_reduce_scatter_base", "torch_gloo_reduce_scatter_base", "reducescatter"),
+	torchColl(ProbeTorchGlooReduceScatterCoalesced, "c10d::ProcessGroupGloo::reduce_scatter_tensor_coalesced", "torch_gloo_reduce_scatter_coalesced", "reducescatter"),
+	torchColl(ProbeTorchGlooAlltoall, "c10d::ProcessGroupGloo::alltoall", "torch_gloo_alltoall", "alltoall"),
+	torchColl(ProbeTorchGlooAlltoallBase, "c10d::ProcessGroupGloo::alltoall_base", "torch_gloo_alltoall_base", "alltoall"),
+	torchColl(ProbeTorchGlooBarrier, "c10d::ProcessGroupGloo::barrier", "torch_gloo_barrier", "barrier"),
+	torchColl(ProbeTorchGlooSend, "c10d::ProcessGroupGloo::send", "torch_gloo_send", "send"),
+	torchColl(ProbeTorchGlooRecv, "c10d::ProcessGroupGloo::recv", "torch_gloo_recv", "recv"),
+	torchMethod(ProbeTorchWorkWait, ClassTorchWorkWait, "c10d::Work::wait", "torch_work_wait"),
 	// The host wait of DDP: the reducer does not call Work::wait but waits on
 	// each bucket's future (work->getFuture(); Reducer::finalize_backward:
 	// bucket.future_work->wait()), c10::ivalue::Future::wait() in torch 2.x
@@ -182,9 +211,9 @@ var specs = []ProbeSpec{
 	// so on that build the probe does not attach and gloo DDP victims' waits
 	// stay in host. The fake libtorch exports it, which is what the
 	// integration test covers.
-	torch(ProbeTorchFutureWait, "c10::ivalue::Future::wait", "torch_future_wait", 0),
+	torchMethod(ProbeTorchFutureWait, ClassTorchFutureWait, "c10::ivalue::Future::wait", "torch_future_wait"),
 
-	{ID: ProbeCUPTIEmit, Kind: LibCUPTI, Symbol: CUPTIEmitSymbol, Entry: "cupti_emit_entry", RefCtr: CUPTISemaphoreSymbol},
+	{ID: ProbeCUPTIEmit, Class: ClassCUPTIBatch, Kind: LibCUPTI, Symbol: CUPTIEmitSymbol, Entry: "cupti_emit_entry", RefCtr: CUPTISemaphoreSymbol},
 
 	// libcupti's entry points, entry only: a call from any thread but the
 	// injection library's control thread is another CUPTI client (Kineto,
@@ -201,62 +230,8 @@ var specs = []ProbeSpec{
 }
 
 func cuptiCall(id ProbeID, sym, prog string) ProbeSpec {
-	return ProbeSpec{ID: id, Kind: LibCUPTIRuntime, Symbol: sym, Entry: prog + "_entry", Optional: true}
+	return ProbeSpec{ID: id, Class: ClassCUPTICall, Kind: LibCUPTIRuntime, Symbol: sym, Entry: prog + "_entry", Optional: true}
 }
 
 // Specs returns a copy of the probe table.
 func Specs() []ProbeSpec { return append([]ProbeSpec(nil), specs...) }
-
-// probeInfo is what the decoder needs to know about a probe id.
-type probeInfo struct {
-	name    string
-	typ     EventType
-	selfArg int
-}
-
-var probeInfos = func() map[ProbeID]probeInfo {
-	m := make(map[ProbeID]probeInfo, len(specs))
-	for _, s := range specs {
-		if _, ok := m[s.ID]; ok {
-			continue // alternate spelling of the same probe: first name wins
-		}
-		m[s.ID] = probeInfo{name: s.Name(), typ: eventTypeOf(s.ID), selfArg: s.SelfArg}
-	}
-	return m
-}()
-
-// eventTypeOf maps a probe id range to the record type its programs emit.
-func eventTypeOf(id ProbeID) EventType {
-	switch {
-	case id >= 1 && id <= 19:
-		return EventColl
-	case id == ProbeNCCLGroupStart || id == ProbeNCCLGroupEnd:
-		return EventGroup
-	case id >= 30 && id <= 39:
-		return EventCommInit
-	case id >= 40 && id <= 59:
-		return EventSync
-	case id >= 100 && id <= 199:
-		return EventTorch
-	case id == ProbeCUPTIEmit:
-		return EventBatch
-	case id >= 210 && id <= 229:
-		return EventCUPTICall
-	}
-	return 0
-}
-
-func (p ProbeID) String() string {
-	if info, ok := probeInfos[p]; ok {
-		return info.name
-	}
-	return fmt.Sprintf("ProbeID(%d)", uint32(p))
-}
-
-// EventType is the type of record this probe emits, 0 for unknown ids.
-func (p ProbeID) EventType() EventType {
-	if info, ok := probeInfos[p]; ok {
-		return info.typ
-	}
-	return 0
-}

@@ -114,7 +114,7 @@ type burstCycle struct {
 type burstDet struct {
 	detState
 	par  detParams
-	sigs map[string]int32
+	sigs map[Op]int32
 
 	// Rings of the latest calls, indexed by absolute call number & mask.
 	ids        []int32
@@ -158,7 +158,7 @@ func newBurstDet(par detParams) *burstDet {
 	for capacity < (par.repeats+2)*par.maxPeriod+1 {
 		capacity <<= 1
 	}
-	d := &burstDet{par: par, sigs: make(map[string]int32), max: capacity, lastIdx: -1, held: -1}
+	d := &burstDet{par: par, sigs: make(map[Op]int32), max: capacity, lastIdx: -1, held: -1}
 	d.alloc(min(64, capacity))
 	d.runs = make([]int32, par.maxPeriod+1)
 	return d
@@ -178,7 +178,7 @@ func (d *burstDet) alloc(size int) {
 }
 
 // intern maps an op to its token; beyond maxSigs ops share one token.
-func (d *burstDet) intern(op string) int32 {
+func (d *burstDet) intern(op Op) int32 {
 	if id, ok := d.sigs[op]; ok {
 		return id
 	}

@@ -42,7 +42,7 @@ func (j glooJob) lay(b *batch, p uint32, seed uint64) []int64 {
 		}
 		return v
 	}
-	call := func(op string, st int64) int64 {
+	call := func(op Op, st int64) int64 {
 		b.host = append(b.host, HostCall{PID: p, TID: p, Kind: HostCollective, Op: op, Comm: 0x600d, StartNS: st, EndNS: st + 20*us})
 		if j.worker {
 			b.host = append(b.host, HostCall{PID: p, TID: p + 1, Kind: HostSyncWait, Op: "cudaStreamSynchronize", StartNS: st, EndNS: st + 50*us})
@@ -76,7 +76,7 @@ func (j glooJob) lay(b *batch, p uint32, seed uint64) []int64 {
 			if k == 1 {
 				t += j.stall[i]
 			}
-			name := map[rune]string{'a': "allreduce", 'b': "broadcast"}[op]
+			name := map[rune]Op{'a': OpAllReduce, 'b': OpBroadcast}[op]
 			last = call(name, t)
 			t = last
 		}

@@ -22,7 +22,6 @@ type Correlator struct {
 	groups    map[uint32]*commGroup // by number
 	byUID     map[uint64]*commGroup
 	nextGroup uint32
-	opCache   map[string]opFlags
 
 	jobs map[string]*jobState
 
@@ -70,7 +69,6 @@ func New(cfg Config) *Correlator {
 		procs:   make(map[uint32]*proc),
 		groups:  make(map[uint32]*commGroup),
 		byUID:   make(map[uint64]*commGroup),
-		opCache: make(map[string]opFlags),
 		jobs:    make(map[string]*jobState),
 		retired: make(map[rankKey]*RankStats),
 	}
@@ -271,7 +269,7 @@ func (c *Correlator) collective(p *proc, h *HostCall, late bool) {
 	pc := c.procComm(p, h.Comm)
 	pc.seq++
 	if g := pc.grp; g != nil {
-		f := c.opFlag(h.Op)
+		f := h.Op.flags()
 		if g.ops|f != g.ops {
 			g.ops |= f
 			c.markGroupDirty(g)
@@ -697,16 +695,4 @@ func (c *Correlator) refreshOrder() {
 	}
 	slices.SortFunc(c.order, func(a, b *proc) int { return int(a.pid) - int(b.pid) })
 	c.orderDirty = false
-}
-
-// opFlag classifies a collective name for the topology heuristics.
-func (c *Correlator) opFlag(op string) opFlags {
-	if f, ok := c.opCache[op]; ok {
-		return f
-	}
-	f := classifyOp(op)
-	if len(c.opCache) < 256 {
-		c.opCache[op] = f
-	}
-	return f
 }

@@ -11,7 +11,7 @@ import (
 
 // tokens of the iteration scripts
 var script = map[byte]struct {
-	op    string
+	op    Op
 	count uint64
 }{
 	'A': {"allreduce", 1000},

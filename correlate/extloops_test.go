@@ -24,7 +24,7 @@ import (
 
 type loopCall struct {
 	sync   bool
-	op     string
+	op     Op
 	count  uint64
 	stream uint64
 	at     int64 // start, from the iteration's start
@@ -541,7 +541,7 @@ func replayTrainerRecords(t *testing.T, r io.Reader, tick int64, after int) {
 		case "i":
 			iters[rank] = append(iters[rank], [2]int64{base + n[2], base + n[3]})
 		case "h":
-			op := f[3]
+			op := Op(f[3])
 			if op == "s" {
 				op = "cudaStreamSynchronize"
 			}

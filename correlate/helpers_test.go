@@ -22,7 +22,7 @@ type batch struct {
 	dev  []DeviceInterval
 }
 
-func (b *batch) coll(pid uint32, comm uint64, op string, count uint64, start, end int64) {
+func (b *batch) coll(pid uint32, comm uint64, op Op, count uint64, start, end int64) {
 	b.host = append(b.host, HostCall{PID: pid, TID: pid, Kind: HostCollective, Op: op, Count: count, Datatype: 7, Comm: comm, StartNS: start, EndNS: end})
 }
 
@@ -30,7 +30,7 @@ func (b *batch) sync(pid uint32, start, end int64) {
 	b.host = append(b.host, HostCall{PID: pid, TID: pid, Kind: HostSyncWait, Op: "cudaStreamSynchronize", StartNS: start, EndNS: end})
 }
 
-func (b *batch) collWait(pid uint32, op string, start, end int64) {
+func (b *batch) collWait(pid uint32, op Op, start, end int64) {
 	b.host = append(b.host, HostCall{PID: pid, TID: pid, Kind: HostCollWait, Op: op, Count: 1, StartNS: start, EndNS: end})
 }
 

@@ -44,7 +44,7 @@ const tokS int32 = 0 // the synchronisation token
 const maxSigs = 4096
 
 type sigKey struct {
-	op     string
+	op     Op
 	count  uint64
 	dtype  uint32
 	stream uint64

@@ -94,24 +94,24 @@ const (
 	opOther
 )
 
-func classifyOp(op string) opFlags {
-	s := strings.ToLower(op)
-	s = strings.TrimPrefix(s, "nccl")
-	s = strings.NewReplacer("_", "", "-", "", " ", "").Replace(s)
-	switch {
-	case strings.HasPrefix(s, "allreduce"):
+// flags classifies op for the topology heuristics. Any op but the
+// collectives above (a synchronisation's function, an operation of NCCL's
+// plugin that correlate does not know) is other traffic.
+func (op Op) flags() opFlags {
+	switch op {
+	case OpAllReduce:
 		return opAllReduce
-	case strings.HasPrefix(s, "reducescatter"):
+	case OpReduceScatter:
 		return opReduceScatter
-	case strings.HasPrefix(s, "allgather"):
+	case OpAllGather:
 		return opAllGather
-	case strings.HasPrefix(s, "broadcast"), strings.HasPrefix(s, "bcast"):
+	case OpBroadcast:
 		return opBroadcast
-	case strings.HasPrefix(s, "alltoall"):
+	case OpAllToAll:
 		return opAllToAll
-	case strings.HasPrefix(s, "reduce"):
+	case OpReduce:
 		return opReduce
-	case s == "send", s == "recv", strings.HasPrefix(s, "sendrecv"), strings.HasPrefix(s, "p2p"):
+	case OpSend, OpRecv, OpSendRecv:
 		return opSendRecv
 	}
 	return opOther

@@ -36,10 +36,9 @@ const (
 type HostCall struct {
 	PID, TID uint32
 	Kind     HostKind
-	// Op is the collective ("allreduce", "allgather", "reducescatter",
-	// "broadcast", "reduce", "send", "recv", "alltoall", ...) or, for a
-	// synchronisation, the function ("cudaStreamSynchronize").
-	Op string
+	// Op is the collective (OpAllReduce, ...) or, for a synchronisation,
+	// the function (Op("cudaStreamSynchronize")).
+	Op Op
 	// Count is the number of elements; 0 when the probe sees no size
 	// (torch c10d): such a communicator's steps come from call timing.
 	Count    uint64
