@@ -156,11 +156,20 @@ func (c *converter) ncclRecords(pid uint32, p *convProc, b *cupti.Batch, emitted
 		}
 		return out
 	}
+	// Finalizations last: a batch holds a communicator's last collectives
+	// and its finalize, which forgets it.
 	for _, cm := range b.NCCLComms {
-		out = c.ncclComm(pid, p, cm, emitted, out)
+		if !cm.Finalized {
+			out = c.ncclComm(pid, p, cm, emitted, out)
+		}
 	}
 	for _, r := range b.NCCLColls {
 		out = c.ncclColl(pid, p, r, emitted, out)
+	}
+	for _, cm := range b.NCCLComms {
+		if cm.Finalized {
+			out = c.ncclComm(pid, p, cm, emitted, out)
+		}
 	}
 	if n := len(b.NCCLKernels); n > 0 {
 		// A kernel record is the GPU interval of one collective, joined by
