@@ -251,6 +251,7 @@ loop:
 			mono := monotonicNow()
 			a.att.forgetDue(mono)
 			a.att.tendCUPTI(mono)
+			a.att.tendPlugin(mono)
 			a.drainInput()
 			a.pipe.tick(mono)
 			if a.duty != nil && now.Sub(lastDuty) >= time.Second {

@@ -38,7 +38,7 @@ type procEntry struct {
 	proc Process
 	rank int
 	job  string
-	libs map[FileID]bool
+	libs map[FileID]LibraryKind // the files it maps
 	// injection library state (duty cycle writes)
 	inject    *Library
 	ctlAddr   uint64
@@ -72,6 +72,10 @@ type ProcessView struct {
 	// the injection library's profiler-plugin records arrived, else
 	// "uprobes" (convert_nccl.go).
 	NCCL string `json:"nccl,omitempty"`
+	// NCCLUprobes says, for a process mapping libnccl, whether that file's
+	// collective uprobes are "attached" or "detached" (every process
+	// mapping it is on the plugin path, agent/attach/collectives.go).
+	NCCLUprobes string `json:"nccl_collective_uprobes,omitempty"`
 }
 
 func newAttacher(a *Agent) *attacher {
@@ -124,7 +128,7 @@ func (t *attacher) added(p Process) {
 			"pid", p.PID, "parent", parent.proc.PID, "rank", rank, "job", job)
 		return
 	}
-	pe := &procEntry{proc: p, rank: rank, job: job, libs: map[FileID]bool{}}
+	pe := &procEntry{proc: p, rank: rank, job: job, libs: map[FileID]LibraryKind{}}
 	t.procs[p.ProcessKey] = pe
 	localRank := p.Identity.LocalRank
 	if localRank < 0 {
@@ -174,7 +178,7 @@ func (t *attacher) mapped(k ProcessKey, lib Library) {
 	if pe == nil {
 		return
 	}
-	pe.libs[lib.File] = true
+	pe.libs[lib.File] = lib.Kind
 	if lib.Kind == KindCUPTIInject {
 		l := lib
 		pe.inject, pe.dutyValid, pe.ctlAddr = &l, false, 0
@@ -237,6 +241,20 @@ func (t *attacher) forgetDue(now int64) {
 	t.forgets = kept
 	t.libs.RetryFailed(now)
 	t.libs.DetachIdle(now)
+}
+
+// tendPlugin tells the attach manager which processes report their NCCL
+// collectives through the profiler plugin, so that it closes the collective
+// uprobes of a libnccl file all of whose users do (agent/attach).
+func (t *attacher) tendPlugin(now int64) {
+	if !t.a.cfg.NCCLPlugin {
+		return
+	}
+	ready := t.a.conv.pluginReady(now)
+	for k := range t.procs {
+		t.libs.SetPlugin(k, ready[uint32(k.PID)])
+	}
+	t.refreshView()
 }
 
 // detachAll closes every attachment (on stop) and waits for the closes.
@@ -317,9 +335,15 @@ func (t *attacher) refreshView() {
 				pv.CUPTI = fmt.Sprintf("yielded to another CUPTI client (pid %d, thread %d)", pe.proc.PID, pe.cupti.track.foreignTID)
 			}
 		}
-		for f := range pe.libs {
+		for f, kind := range pe.libs {
 			if name, ok := t.libs.Name(f); ok {
 				pv.Libraries = append(pv.Libraries, filepath.Base(name))
+			}
+			if kind == KindNCCL && t.libs.Attached(f) {
+				pv.NCCLUprobes = "attached"
+				if t.libs.CollectivesDetached(f) {
+					pv.NCCLUprobes = "detached"
+				}
 			}
 		}
 		sort.Strings(pv.Libraries)

@@ -115,9 +115,7 @@ func (c *converter) convert(ev bpf.Event, out []input) []input {
 			c.counters.add("comm_init_failed", 1)
 			return out
 		}
-		if !c.ncclUprobe(e.PID, e.TID, e.EndNs, e.Comm) {
-			return out // the plugin's comm record names it
-		}
+		c.ncclUprobeInit(e)
 		ci := correlate.CommInit{
 			PID: e.PID, Comm: e.Comm, NRanks: int(e.NRanks), Rank: int(e.Rank),
 			Color: int(e.Color), Key: int(e.Key), AtNS: int64(e.EndNs),

@@ -26,9 +26,12 @@ import (
 //     ncclGroupEnd) the uprobes reported for that thread;
 //   - a plugin record whose call started at or before cut[tid] was already
 //     reported by the uprobes: dropped (nccl_plugin_records_superseded);
-//   - a uprobe collective or comm init ending after cut[tid] is the plugin's
-//     to report: dropped (nccl_uprobe_events_superseded); one ending at or
-//     before it (delivered late) is kept, the plugin's record of it is not.
+//   - a uprobe collective ending after cut[tid] is the plugin's to report:
+//     dropped (nccl_uprobe_events_superseded); one ending at or before it
+//     (delivered late) is kept, the plugin's record of it is not;
+//   - a uprobe comm init is always kept: the plugin's comm record of it
+//     takes its ncclComm_t and feeds no CommInit of its own
+//     (nccl_comminit.go).
 //
 // A thread's calls are sequential, and the plugin's start of a call (its
 // CollApi start, or its launch on NCCL 2.27, which happens inside the call
@@ -44,6 +47,11 @@ type ncclCapture struct {
 	comms map[pluginComm]*pluginCommState
 	twins map[uint32]*twinRing
 	fed   map[uint64]bool
+	// inits are the uprobes' communicator creations (nccl_comminit.go);
+	// switchedAt is when the process went on the plugin path (the emit
+	// time of the batch that put it there).
+	inits      []uprobeInit
+	switchedAt int64
 }
 
 // pluginComm names a communicator of the plugin path in one process:
@@ -93,20 +101,20 @@ func (n *ncclCapture) reportedByUprobes(tid uint32, startNs int64) bool {
 	return ok && startNs <= v
 }
 
-// ncclUprobe filters a libnccl comm-init uprobe event by the process's
-// capture path; false: superseded by the plugin (counted).
-func (c *converter) ncclUprobe(pid, tid uint32, endNs uint64, comm uint64) bool {
+// ncclUprobeInit notes a libnccl comm-init uprobe event: before the switch
+// it makes the thread's cut; with the plugin path on, it is the creation the
+// plugin's comm record of it is matched to (nccl_comminit.go).
+func (c *converter) ncclUprobeInit(e *bpf.CommInitEvent) {
 	c.mu.Lock()
-	n := &c.proc(pid).nccl
-	keep := n.keepUprobe(tid, int64(endNs))
-	if keep && c.ncclPlugin {
-		n.markFed(comm)
+	defer c.mu.Unlock()
+	n := &c.proc(e.PID).nccl
+	if !n.plugin {
+		n.keepUprobe(e.TID, int64(e.EndNs))
 	}
-	c.mu.Unlock()
-	if !keep {
-		c.counters.add("nccl_uprobe_events_superseded", 1)
+	if c.ncclPlugin {
+		n.markFed(e.Comm)
+		n.noteUprobeInit(e)
 	}
-	return keep
 }
 
 // ncclUprobeColl filters a libnccl collective like ncclUprobe and, with
@@ -148,11 +156,20 @@ func (c *converter) ncclRecords(pid uint32, p *convProc, b *cupti.Batch, emitted
 		}
 		return out
 	}
+	// Finalizations last: a batch holds a communicator's last collectives
+	// and its finalize, which forgets it.
 	for _, cm := range b.NCCLComms {
-		out = c.ncclComm(pid, p, cm, out)
+		if !cm.Finalized {
+			out = c.ncclComm(pid, p, cm, emitted, out)
+		}
 	}
 	for _, r := range b.NCCLColls {
 		out = c.ncclColl(pid, p, r, emitted, out)
+	}
+	for _, cm := range b.NCCLComms {
+		if cm.Finalized {
+			out = c.ncclComm(pid, p, cm, emitted, out)
+		}
 	}
 	if n := len(b.NCCLKernels); n > 0 {
 		// A kernel record is the GPU interval of one collective, joined by
@@ -168,7 +185,7 @@ func (c *converter) ncclRecords(pid uint32, p *convProc, b *cupti.Batch, emitted
 // ncclComm keeps each communicator's comm record (inits and the re-sends
 // of every attach epoch) until its first collective says which handle it
 // takes (nccl_commmap.go), and turns its finalize into a CommDestroy.
-func (c *converter) ncclComm(pid uint32, p *convProc, cm cupti.NCCLComm, out []input) []input {
+func (c *converter) ncclComm(pid uint32, p *convProc, cm cupti.NCCLComm, emitted int64, out []input) []input {
 	n := &p.nccl
 	n.version = cm.Version
 	k := pluginComm{hash: cm.Hash, rank: cm.Rank}
@@ -196,18 +213,19 @@ func (c *converter) ncclComm(pid uint32, p *convProc, cm cupti.NCCLComm, out []i
 		st = &pluginCommState{}
 		n.comms[k] = st
 	}
-	st.hasInit = true
+	st.hasInit, st.since = true, emitted
 	st.init = correlate.CommInit{
 		PID: pid, NRanks: int(cm.NRanks), Rank: int(cm.Rank), UniqueIDHash: cm.Hash, AtNS: int64(cm.InitNs),
 	}
+	n.initHandle(st, &cm)
 	c.counters.add("nccl_plugin_comms", 1)
 	return out
 }
 
 // switchToPlugin puts the process on the plugin path at its first
 // collective record: the pipeline reorders its inputs from then on.
-func (c *converter) switchToPlugin(pid uint32, n *ncclCapture, out []input) []input {
-	n.plugin = true
+func (c *converter) switchToPlugin(pid uint32, n *ncclCapture, emitted int64, out []input) []input {
+	n.plugin, n.switchedAt = true, emitted
 	c.counters.add("nccl_plugin_processes", 1)
 	return append(out, otherInput(pluginPath{pid: pid}))
 }
@@ -228,7 +246,7 @@ func (c *converter) ncclColl(pid uint32, p *convProc, r cupti.NCCLColl, emitted 
 			c.counters.add("nccl_plugin_records_before_comm", 1)
 			return out
 		}
-		out = c.switchToPlugin(pid, n, out)
+		out = c.switchToPlugin(pid, n, emitted, out)
 	}
 	start, end := r.LaunchStartNs, r.LaunchEndNs
 	if r.HasAPI {

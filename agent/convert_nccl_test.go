@@ -263,7 +263,7 @@ func TestPluginRecordsIgnoredUnlessEnabled(t *testing.T) {
 	if p := c.ncclPaths()[pidNCCL]; p != "uprobes" {
 		t.Errorf("capture path %q, want uprobes", p)
 	}
-	if !c.ncclUprobe(pidNCCL, 1, uint64(t0+1000), 0) {
+	if len(hostCalls(uprobeColl(c, 1, t0+1000, t0+1010))) != 1 {
 		t.Error("a uprobe collective after the plugin's comm record was dropped with the plugin path off")
 	}
 }

@@ -55,13 +55,15 @@ func (r *twinRing) add(c twinCall) {
 
 // find returns the comm of the call the plugin's record (op, count,
 // datatype, its start) names: the newest call containing start, else the
-// newest that started before it within twinMaxLag.
-func (r *twinRing) find(op correlate.Op, count uint64, datatype uint32, start int64) (uint64, bool) {
+// newest that started before it within twinMaxLag; none that started
+// before notBefore (the communicator's creation: an older call is another
+// communicator's).
+func (r *twinRing) find(op correlate.Op, count uint64, datatype uint32, start, notBefore int64) (uint64, bool) {
 	var before uint64
 	found := false
 	for i := 1; i <= r.n; i++ {
 		c := &r.calls[(r.next-i+twinRingSize)%twinRingSize]
-		if c.count != count || c.datatype != datatype || probeOp(c.probe) != op || c.start > start {
+		if c.count != count || c.datatype != datatype || probeOp(c.probe) != op || c.start > start || c.start < notBefore {
 			continue
 		}
 		if start <= c.end {
@@ -110,10 +112,34 @@ func (n *ncclCapture) markFed(comm uint64) {
 // (held until its first collective says which handle it takes) and the
 // handle its calls carry once resolved.
 type pluginCommState struct {
-	init     correlate.CommInit
-	hasInit  bool // a comm record came (else only collectives did)
+	init    correlate.CommInit
+	hasInit bool // a comm record came (else only collectives did)
+	record  cupti.NCCLComm
+	// since is when its record came (the batch's emit time), for
+	// pluginReady's wait for its creation.
+	since int64
+	// byInit: handle is the ncclComm_t of the uprobes' creation of it
+	// (nccl_comminit.go), found before its first collective.
+	byInit   bool
 	resolved bool
 	handle   uint64
+}
+
+// name gives st, at its first collective r, the handle its calls carry,
+// and returns the counter of how: its creation (found already), its twin,
+// or neither (the plugin's own handle).
+func (n *ncclCapture) name(st *pluginCommState, k pluginComm, r *cupti.NCCLColl, start int64) string {
+	if st.byInit {
+		return "nccl_plugin_comms_mapped_by_init"
+	}
+	if ring := n.twins[r.TID]; ring != nil {
+		if h, ok := ring.find(ncclOp(r.Func), r.Count, ncclDatatype(r.Datatype), start, int64(st.record.InitNs)); ok {
+			st.handle = h
+			return "nccl_plugin_comms_mapped"
+		}
+	}
+	st.handle = k.handle()
+	return "nccl_plugin_comms_unmapped"
 }
 
 // resolve gives the handle of the plugin communicator k at its collective
@@ -132,17 +158,8 @@ func (c *converter) resolve(pid uint32, n *ncclCapture, k pluginComm, r *cupti.N
 	if st.resolved {
 		return st.handle, out
 	}
-	st.resolved, st.handle = true, k.handle()
-	if ring := n.twins[r.TID]; ring != nil {
-		if h, ok := ring.find(ncclOp(r.Func), r.Count, ncclDatatype(r.Datatype), start); ok {
-			st.handle = h
-		}
-	}
-	if st.handle == k.handle() {
-		c.counters.add("nccl_plugin_comms_unmapped", 1)
-	} else {
-		c.counters.add("nccl_plugin_comms_mapped", 1)
-	}
+	st.resolved = true
+	c.counters.add(n.name(st, k, r, start), 1)
 	if st.hasInit && !n.fed[st.handle] {
 		ci := st.init
 		ci.PID, ci.Comm = pid, st.handle

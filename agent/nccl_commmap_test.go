@@ -114,7 +114,7 @@ func TestTwinRingFindsTheCallAroundTheStart(t *testing.T) {
 		{"an overwritten call is not found", 5*100 + 10, "allreduce", 1024, 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, ok := r.find(tc.op, tc.count, 9, tc.start)
+			got, ok := r.find(tc.op, tc.count, 9, tc.start, 0)
 			if ok != tc.ok || got != tc.want {
 				t.Errorf("find = %d, %v; want %d, %v", got, ok, tc.want, tc.ok)
 			}

@@ -21,7 +21,30 @@ func (s probeSet) Attach(lib attach.Library[FileID]) (attach.Link, error) {
 	if err != nil {
 		return nil, err // a nil *bpf.Attachment would be a non-nil Link
 	}
+	if kind == bpf.LibNCCL {
+		return ncclLink{att}, nil
+	}
 	return att, nil
+}
+
+// ncclLink is a libnccl attachment whose collective uprobes the attach
+// manager closes while every process mapping the file is on the profiler
+// plugin path (docs/nccl-profiler-plugin.md §7). Its communicator-init
+// uprobes stay: rare calls, and the plugin's communicators created later
+// take their ncclComm_t (nccl_commmap.go); so do the group uprobes, whose
+// calls the correlator takes from the uprobes on either path.
+type ncclLink struct{ *bpf.Attachment }
+
+// DetachCollectives implements attach.Partial.
+func (l ncclLink) DetachCollectives() error {
+	_, err := l.DetachClass(bpf.ClassCollective)
+	return err
+}
+
+// ReattachCollectives implements attach.Partial.
+func (l ncclLink) ReattachCollectives(open string) error {
+	_, err := l.ReattachClass(bpf.ClassCollective, open)
+	return err
 }
 
 // attachSink takes the attach manager's reports into the agent's counters,
@@ -34,7 +57,7 @@ func (s attachSink) Count(name string, n int64) { s.t.a.counters.add(name, n) }
 // Attached implements attach.Sink: what the attachment holds, in counters
 // and the log.
 func (s attachSink) Attached(lib attach.Library[FileID], link attach.Link, took time.Duration) {
-	a, att := s.t.a, link.(*bpf.Attachment)
+	a, att := s.t.a, attachment(link)
 	if missing, required := att.Missing(); len(missing) > 0 {
 		a.counters.add("symbols_missing", int64(len(missing)))
 		// Once per library, by name: an operator who asked for a probe
@@ -82,4 +105,12 @@ func bpfKind(k LibraryKind) (bpf.LibKind, bool) {
 		return bpf.LibCUPTIRuntime, true
 	}
 	return 0, false
+}
+
+// attachment is the bpf.Attachment a Link of the probe set holds.
+func attachment(l attach.Link) *bpf.Attachment {
+	if n, ok := l.(ncclLink); ok {
+		return n.Attachment
+	}
+	return l.(*bpf.Attachment)
 }

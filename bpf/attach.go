@@ -56,10 +56,15 @@ type Attachment struct {
 	p     *Probes
 	mu    sync.Mutex
 	links []probeLinks
+	// parked are the functions whose uprobes DetachClass closed, kept so
+	// that ReattachClass can make them again without reading the ELF.
+	parked []resolved
+	closed bool
 }
 
 // probeLinks are the uprobes of one function.
 type probeLinks struct {
+	fn         resolved
 	entry, ret link.Link // ret is nil for entry-only probes
 }
 
@@ -98,8 +103,13 @@ func (a *Attachment) Close() error {
 func (a *Attachment) close() error {
 	a.mu.Lock()
 	links := a.links
-	a.links = nil
+	a.links, a.parked, a.closed = nil, nil, true
 	a.mu.Unlock()
+	return closeProbes(links)
+}
+
+// closeProbes closes the uprobes of links.
+func closeProbes(links []probeLinks) error {
 	var entries, returns []link.Link
 	for _, l := range links {
 		entries = append(entries, l.entry)
@@ -240,16 +250,6 @@ func (p *Probes) AttachLibrary(path string, kind LibKind) (*Attachment, error) {
 // entered after it existed, so no entry is ever left without its return
 // (a call racing the attach shows up as MissingEntry, never as a stale entry).
 func (a *Attachment) attachOne(ex *link.Executable, r resolved, ls *libSymbols) error {
-	entry := a.p.coll.Programs[r.spec.Entry]
-	if entry == nil {
-		return fmt.Errorf("program %q not in bpf object", r.spec.Entry)
-	}
-	var ret *ebpf.Program
-	if r.spec.Return != "" {
-		if ret = a.p.coll.Programs[r.spec.Return]; ret == nil {
-			return fmt.Errorf("program %q not in bpf object", r.spec.Return)
-		}
-	}
 	var refCtr uint64
 	if r.spec.RefCtr != "" {
 		off, ok := ls.objects[r.spec.RefCtr]
@@ -265,26 +265,43 @@ func (a *Attachment) attachOne(ex *link.Executable, r resolved, ls *libSymbols) 
 			a.p.log.Warn("uprobe reference counter unusable or unreliable", "path", a.Path, "err", a.RefCtrErr)
 		}
 	}
-	var pl probeLinks
-	if ret != nil {
-		rl, err := a.p.uprobe(ex, r, ret, true, 0)
-		if err != nil {
-			return classify("uretprobe "+r.elfName, err)
-		}
-		pl.ret = rl
-	}
-	l, err := a.p.uprobe(ex, r, entry, false, refCtr)
+	pl, err := a.p.probeLinks(ex, r, refCtr)
 	if err != nil {
-		if pl.ret != nil {
-			pl.ret.Close()
-		}
-		return classify("uprobe "+r.elfName, err)
+		return err
 	}
-	pl.entry = l
 	a.mu.Lock()
 	a.links = append(a.links, pl)
 	a.mu.Unlock()
 	return nil
+}
+
+// probeLinks creates the return (if any) and then the entry uprobe of r.
+func (p *Probes) probeLinks(ex *link.Executable, r resolved, refCtr uint64) (probeLinks, error) {
+	pl := probeLinks{fn: r}
+	entry := p.coll.Programs[r.spec.Entry]
+	if entry == nil {
+		return pl, fmt.Errorf("program %q not in bpf object", r.spec.Entry)
+	}
+	var ret *ebpf.Program
+	if r.spec.Return != "" {
+		if ret = p.coll.Programs[r.spec.Return]; ret == nil {
+			return pl, fmt.Errorf("program %q not in bpf object", r.spec.Return)
+		}
+		rl, err := p.uprobe(ex, r, ret, true, 0)
+		if err != nil {
+			return pl, classify("uretprobe "+r.elfName, err)
+		}
+		pl.ret = rl
+	}
+	l, err := p.uprobe(ex, r, entry, false, refCtr)
+	if err != nil {
+		if pl.ret != nil {
+			pl.ret.Close()
+		}
+		return pl, classify("uprobe "+r.elfName, err)
+	}
+	pl.entry = l
+	return pl, nil
 }
 
 // uprobe creates one entry or return probe at the resolved function: a

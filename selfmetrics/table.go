@@ -142,8 +142,16 @@ var Table = []Metric{
 		Desc: "Communicators taken from the profiler plugin's records, by outcome.", Series: []Series{
 			s("nccl_plugin_comms", "outcome", "tracked"),
 			s("nccl_plugin_comms_refused", "outcome", "refused_bound"),
-			s("nccl_plugin_comms_mapped", "outcome", "mapped_to_uprobe_comm"), // its calls take the uprobes' ncclComm_t handle
-			s("nccl_plugin_comms_unmapped", "outcome", "unmapped"),            // no uprobe twin: a handle of its own
+			s("nccl_plugin_comms_mapped", "outcome", "mapped_to_uprobe_comm"),      // its calls take the uprobes' ncclComm_t handle
+			s("nccl_plugin_comms_mapped_by_init", "outcome", "mapped_by_creation"), // the ncclComm_t of the uprobes' comm init holding its init
+			s("nccl_plugin_comms_unmapped", "outcome", "unmapped"),                 // neither: a handle of its own
+		}},
+	{Name: "slowrank.agent.nccl.collective_uprobes.changes", Kind: Counter, Unit: "{library}", Component: Agent,
+		Desc: "Changes of a libnccl file's collective uprobes: closed once every process mapping it is on the profiler-plugin path, made again when one is not, by outcome.", Series: []Series{
+			s("nccl_collective_probes_detached", "change", "detached"),
+			s("nccl_collective_probes_reattached", "change", "reattached"),
+			s("nccl_collective_detach_errors", "change", "detach_failed"),
+			s("nccl_collective_reattach_errors", "change", "reattach_failed"),
 		}},
 	{Name: "slowrank.agent.nvml.samples", Kind: Counter, Unit: "{sample}", Component: Agent,
 		Desc: "NVML samples taken for GPU evidence.", Series: []Series{s("nvml_samples")}},

@@ -78,10 +78,14 @@ type Manager[F, P comparable] struct {
 	// first library to attach).
 	worker  *worker[F]
 	closing sync.WaitGroup
+	// stop is closed by Close: collective changes in flight no longer
+	// deliver their outcome (collectives.go).
+	stop chan struct{}
 }
 
 // entry is one library file's state.
 type entry[F, P comparable] struct {
+	file F
 	name string
 	link Link // nil while attaching or when attaching failed
 	// attaching: queued for or in the attach worker.
@@ -98,6 +102,14 @@ type entry[F, P comparable] struct {
 	// users are the processes that map the file, each with its mapping
 	// (a retry goes through one of them).
 	users map[P]Library[F]
+	// plugin are the users that report their collectives another way;
+	// collOff: the link's collective probes are closed; changing: a
+	// detach or re-attach of them is in flight; collRetry: the last
+	// re-attach failed, RetryFailed tries again; noDetach: a detach
+	// failed, the file keeps its collective probes (collectives.go).
+	plugin                       map[P]bool
+	collOff, changing, collRetry bool
+	noDetach                     bool
 }
 
 // Timed retries of a failed attach through the processes that already map
@@ -125,7 +137,7 @@ func New[F, P comparable](cfg Config[F]) *Manager[F, P] {
 	if cfg.Now == nil {
 		cfg.Now = monoclock.Now
 	}
-	return &Manager[F, P]{cfg: cfg, libs: map[F]*entry[F, P]{}}
+	return &Manager[F, P]{cfg: cfg, libs: map[F]*entry[F, P]{}, stop: make(chan struct{})}
 }
 
 // Use records that process p maps lib. With probe, the file is attached
@@ -142,6 +154,7 @@ func (m *Manager[F, P]) Use(p P, lib Library[F], probe bool) {
 			m.cfg.Sink.Count("attachments_reused", 1)
 		}
 		if !e.failed || e.attaching {
+			m.judge(e) // a new user may need the collective probes
 			return
 		}
 		// The attach through another process failed (it may have exited
@@ -149,7 +162,7 @@ func (m *Manager[F, P]) Use(p P, lib Library[F], probe bool) {
 		// of processes that map the library.
 		m.cfg.Sink.Count("attach_retries", 1)
 	} else {
-		e = &entry[F, P]{name: lib.Name, users: map[P]Library[F]{p: lib}}
+		e = &entry[F, P]{file: lib.File, name: lib.Name, users: map[P]Library[F]{p: lib}}
 		m.libs[lib.File] = e
 	}
 	if !probe {
@@ -197,6 +210,7 @@ func (m *Manager[F, P]) done(o outcome[F]) {
 	e.link, e.failed, e.failures, e.retryAt = o.link, false, 0, 0
 	m.cfg.Sink.Count("libraries_attached", 1)
 	m.cfg.Sink.Attached(o.lib, o.link, o.took)
+	m.judge(e)
 }
 
 // Release drops p's use of file f (an unmap, or p exited); when nobody
@@ -208,7 +222,9 @@ func (m *Manager[F, P]) Release(p P, f F) {
 		return
 	}
 	delete(e.users, p)
+	delete(e.plugin, p)
 	if len(e.users) > 0 {
+		m.judge(e) // the last user that needed the collective probes may be gone
 		return
 	}
 	if e.attaching {
@@ -228,6 +244,10 @@ func (m *Manager[F, P]) Release(p P, f F) {
 // retries it at once (Use).
 func (m *Manager[F, P]) RetryFailed(now int64) {
 	for _, e := range m.libs {
+		if e.collRetry {
+			e.collRetry = false
+			m.judge(e)
+		}
 		if !e.failed || e.attaching || e.retryAt == 0 || now < e.retryAt || len(e.users) == 0 {
 			continue
 		}
@@ -276,6 +296,7 @@ func (m *Manager[F, P]) Close() {
 	if m.worker != nil {
 		m.worker.close()
 	}
+	close(m.stop)
 	for f, e := range m.libs {
 		e.users = nil
 		m.detach(f, e)

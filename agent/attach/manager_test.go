@@ -18,6 +18,35 @@ type fakeLink struct {
 	file, via int
 	closes    int // guarded by fakeProbes.mu
 	probes    *fakeProbes
+	// The collective probes (collectives.go), guarded by fakeProbes.mu:
+	// off while closed, the changes made in order ("off", or the open
+	// path of a re-attach).
+	off     bool
+	changes []string
+}
+
+func (l *fakeLink) DetachCollectives() error {
+	l.probes.mu.Lock()
+	defer l.probes.mu.Unlock()
+	l.changes = append(l.changes, "off")
+	if l.probes.failDetach > 0 {
+		l.probes.failDetach--
+		return errBusy
+	}
+	l.off = true
+	return nil
+}
+
+func (l *fakeLink) ReattachCollectives(open string) error {
+	l.probes.mu.Lock()
+	defer l.probes.mu.Unlock()
+	l.changes = append(l.changes, open)
+	if l.probes.failReattach > 0 {
+		l.probes.failReattach--
+		return errExited
+	}
+	l.off = false
+	return nil
 }
 
 func (l *fakeLink) Close() error {
@@ -39,6 +68,9 @@ type fakeProbes struct {
 	started   chan int // files, as their attach starts (when gate is set)
 	tries     []int    // PIDs through which Attach ran, in order
 	links     []*fakeLink
+	// failDetach, failReattach: how many of the next changes of the
+	// collective probes fail.
+	failDetach, failReattach int
 }
 
 // errExited is what an attach through a process that exited meanwhile
@@ -110,7 +142,7 @@ func newHarness(t *testing.T, failVia ...int) *harness {
 }
 
 func lib(pid, file int) Library[int] {
-	return Library[int]{File: file, Name: fmt.Sprintf("/usr/lib/lib%d.so", file), Open: "/proc/root/lib.so", PID: pid}
+	return Library[int]{File: file, Name: fmt.Sprintf("/usr/lib/lib%d.so", file), Open: fmt.Sprintf("/proc/%d/root/lib.so", pid), PID: pid}
 }
 
 // use: pid maps a probed library file.
@@ -125,14 +157,24 @@ func (h *harness) release(pid, file int) { h.m.Release(pid, file) }
 // nothing is queued or in flight.
 func (h *harness) settle() {
 	h.t.Helper()
-	for h.m.Pending() > 0 {
+	for h.m.Pending() > 0 || h.changing() {
 		select {
 		case f := <-h.deliver:
 			f()
 		case <-time.After(5 * time.Second):
-			h.t.Fatal("no attach outcome for 5 s")
+			h.t.Fatal("no attach or change outcome for 5 s")
 		}
 	}
+}
+
+// changing: a change of some file's collective probes is in flight.
+func (h *harness) changing() bool {
+	for _, e := range h.m.libs {
+		if e.changing {
+			return true
+		}
+	}
+	return false
 }
 
 // advance moves the clock by d, retries the failed attaches that are due

@@ -411,14 +411,17 @@ func writeStatus(w io.Writer, rep agent.StatusReport, where string, nVerdicts in
 
 	fmt.Fprintf(w, "\nattached   %d processes, %d libraries (%s uprobes)\n", rep.Processes, rep.Attached, cmp.Or(rep.Uprobes, "?"))
 	if len(rep.Procs) > 0 {
-		fmt.Fprintf(w, "  %-8s %5s  %-20s %-4s %-9s %s\n", "PID", "RANK", "JOB", "LIB", "NCCL", "LIBRARIES")
+		// COLL: the libnccl collective uprobes, "off" once every process
+		// mapping the file is on the plugin path.
+		fmt.Fprintf(w, "  %-8s %5s  %-20s %-4s %-9s %-4s %s\n", "PID", "RANK", "JOB", "LIB", "NCCL", "COLL", "LIBRARIES")
 		for _, p := range rep.Procs {
 			inj := "no"
 			if p.Injected {
 				inj = "yes"
 			}
-			fmt.Fprintf(w, "  %-8d %5d  %-20s %-4s %-9s %s\n", p.PID, p.Rank, clip(p.Job, 20), inj, cmp.Or(p.NCCL, "-"),
-				clip(strings.Join(p.Libraries, " "), 25))
+			coll := map[string]string{"attached": "on", "detached": "off"}[p.NCCLUprobes]
+			fmt.Fprintf(w, "  %-8d %5d  %-20s %-4s %-9s %-4s %s\n", p.PID, p.Rank, clip(p.Job, 20), inj, cmp.Or(p.NCCL, "-"),
+				cmp.Or(coll, "-"), clip(strings.Join(p.Libraries, " "), 20))
 		}
 	}
 

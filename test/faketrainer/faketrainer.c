@@ -95,6 +95,7 @@ struct opts {
   int group;
   int comm_stream;
   int split;
+  long split_at; /* -1: none */
   int init_plain;
   int workers;
   enum sync_mode sync;
@@ -152,6 +153,7 @@ static struct opts O = {
     .eval_batches = 8,
     .log_every = 50,
     .speedup_at = -1,
+    .split_at = -1,
     .speedup = 1,
 };
 
@@ -210,6 +212,8 @@ static void usage(FILE *f) {
           "  --group                issue the bucket allreduces inside ncclGroupStart/ncclGroupEnd\n"
           "  --comm-stream          allreduces on a separate stream ordered by events (like DDP)\n"
           "  --split                run collectives on ncclCommSplit(world, 0, rank) instead of world\n"
+          "  --split-at STEP        at step STEP every rank splits world (color 0, key rank) and runs\n"
+          "                         the later collectives on the new communicator (a late group)\n"
           "  --init-plain           ncclCommInitRank instead of ncclCommInitRankConfig\n"
           "  --workers N            after init each rank forks N idle workers (torch.compile's compile\n"
           "                         workers, data-loader workers): same environment (RANK), same mappings,\n"
@@ -250,7 +254,7 @@ static int parse_sync(const char *v) {
 static int parse_opts(int argc, char **argv) {
   enum {
     o_ranks = 256, o_steps, o_duration, o_step_ms, o_gpu_ms, o_buckets, o_bucket_mb, o_kernels, o_group,
-    o_comm_stream, o_split, o_init_plain, o_sync, o_device_sync, o_slow_rank, o_slow_from, o_slow_to,
+    o_comm_stream, o_split, o_split_at, o_init_plain, o_sync, o_device_sync, o_slow_rank, o_slow_from, o_slow_to,
     o_slow_factor, o_slow_host, o_slow_gpu, o_jitter, o_seed, o_host_mode, o_dlopen, o_dlopen_delay,
     o_sleep_before, o_truth, o_bench_calls, o_bench_symbol, o_threads, o_crash_rank, o_crash_step, o_verbose,
     o_no_device_truth, o_backend, o_gloo_cuda_sync, o_gloo_wait, o_warmup_buckets, o_init_bursts, o_eval_every, o_workers,
@@ -268,6 +272,7 @@ static int parse_opts(int argc, char **argv) {
       {"group", no_argument, 0, o_group},
       {"comm-stream", no_argument, 0, o_comm_stream},
       {"split", no_argument, 0, o_split},
+      {"split-at", required_argument, 0, o_split_at},
       {"init-plain", no_argument, 0, o_init_plain},
       {"sync", required_argument, 0, o_sync},
       {"device-sync", no_argument, 0, o_device_sync},
@@ -322,6 +327,7 @@ static int parse_opts(int argc, char **argv) {
     case o_group: O.group = 1; break;
     case o_comm_stream: O.comm_stream = 1; break;
     case o_split: O.split = 1; break;
+    case o_split_at: O.split_at = atol(optarg); break;
     case o_init_plain: O.init_plain = 1; break;
     case o_sync: {
       int m = parse_sync(optarg);
@@ -420,9 +426,13 @@ static int parse_opts(int argc, char **argv) {
     fprintf(stderr, "faketrainer: flag out of range\n");
     return -1;
   }
-  if (O.gloo && (O.group || O.comm_stream || O.split || O.init_plain || O.dlopen_nccl || O.bench_calls > 0)) {
-    fprintf(stderr, "faketrainer: --backend gloo takes none of --group --comm-stream --split --init-plain "
+  if (O.gloo && (O.group || O.comm_stream || O.split || O.split_at >= 0 || O.init_plain || O.dlopen_nccl || O.bench_calls > 0)) {
+    fprintf(stderr, "faketrainer: --backend gloo takes none of --group --comm-stream --split --split-at --init-plain "
                     "--dlopen-nccl --bench-calls\n");
+    return -1;
+  }
+  if (O.split && O.split_at >= 0) {
+    fprintf(stderr, "faketrainer: --split and --split-at exclude each other\n");
     return -1;
   }
   if (O.speedup_at >= 0 && O.shape == SHAPE_NONE) {
@@ -1523,6 +1533,20 @@ static int init_nccl(struct rank_ctx *c, struct store *st, int *crank, int *ccou
   return g_failed ? -1 : 0;
 }
 
+/* --split-at: a communicator created mid-run, as a late process group is:
+ * every rank of world calls ncclCommSplit at the same step (it is
+ * collective over the parent), then the collectives go to the new one. */
+static int late_split(struct rank_ctx *c, long k) {
+  ncclComm_t n = NULL;
+  nccl_check(N.CommSplit(c->world_comm, 0, c->rank, &n, NULL), "ncclCommSplit");
+  if (g_failed) return -1;
+  c->comm = n;
+  truth_printf("{\"kind\":\"comm\",\"job\":\"%s\",\"rank\":%d,\"pid\":%d,\"comm\":\"%p\",\"from_step\":%ld}\n", c->job,
+               c->rank, (int)getpid(), (void *)n, k);
+  truth_flush();
+  return 0;
+}
+
 /* The gloo process group of the fake libtorch_cpu.so. */
 static int init_gloo(struct rank_ctx *c, struct store *st, int *crank, int *ccount) {
   if (c->rank == 0) __atomic_store_n(&st->ready, STORE_READY, __ATOMIC_RELEASE);
@@ -1655,6 +1679,10 @@ static int rank_main(char **argv) {
         truth_flush();
         logf_("crash injected at step %ld", k);
         _exit(EXIT_CRASH);
+      }
+      if (k == O.split_at && late_split(c, k) != 0) {
+        rc = EXIT_DEVICE;
+        break;
       }
       memset(&A, 0, sizeof A);
       int slowed = c->rank == O.slow_rank && k >= O.slow_from && (O.slow_to < 0 || k < O.slow_to);

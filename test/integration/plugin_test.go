@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"cmp"
 	"fmt"
 	"path/filepath"
 	"strconv"
@@ -36,6 +37,15 @@ type pathRun struct {
 	libStates   map[int]string // the library's state status showed last
 	counters    map[string]int64
 	steps       map[int]int // steps found per rank
+	// hitsAfterDetach are the ncclAllReduce uprobe hits from 300 ms after
+	// status first showed every rank's collective uprobes detached (-1:
+	// never shown); the 300 ms let the events of calls made before the
+	// detach come through.
+	hitsAfterDetach int64
+	// lateComm are each rank pid's communicator from --split-at on, late
+	// the collectives that reached the correlator under it, by source.
+	lateComm               map[int]uint64
+	lateUprobe, latePlugin map[int]int
 }
 
 // runCapture runs a 4-rank trainer with env under the agent (plugin:
@@ -45,6 +55,8 @@ func runCapture(t *testing.T, plugin bool, env []string, args ...string) pathRun
 	var mu sync.Mutex
 	var calls []correlate.HostCall
 	paths, libStates := map[int]string{}, map[int]string{}
+	var detachedAt time.Time
+	hitsAtDetach := int64(-1)
 	j := job{envKey: runKey("SLOWRANK_IT_PLUGIN_MARK"), env: env, ncclPlugin: plugin,
 		dump: func(v any) {
 			if h, ok := v.(correlate.HostCall); ok && h.Kind == correlate.HostCollective {
@@ -54,7 +66,9 @@ func runCapture(t *testing.T, plugin bool, env []string, args ...string) pathRun
 			}
 		},
 		poll: func(a *agent.Agent) {
-			for _, p := range a.Status().Procs {
+			procs := a.Status().Procs
+			detached := len(procs) == 4
+			for _, p := range procs {
 				mu.Lock()
 				if p.NCCL != "" {
 					paths[p.PID] = p.NCCL
@@ -63,11 +77,31 @@ func runCapture(t *testing.T, plugin bool, env []string, args ...string) pathRun
 					libStates[p.PID] = p.CUPTI
 				}
 				mu.Unlock()
+				detached = detached && p.NCCLUprobes == "detached"
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case detached && detachedAt.IsZero():
+				detachedAt = time.Now()
+			case !detachedAt.IsZero() && hitsAtDetach < 0 && time.Since(detachedAt) >= 300*time.Millisecond:
+				hitsAtDetach = a.Counters()["probe_ncclAllReduce"]
 			}
 		}}
 	sink, a, truth := j.runAll(t, 2*time.Second, args...)
 	r := pathRun{truth: truth, uprobe: map[int]int{}, plugin: map[int]int{}, foreignComm: map[int]int{}, paths: paths, libStates: libStates,
-		counters: a.Counters(), steps: map[int]int{}}
+		counters: a.Counters(), steps: map[int]int{}, hitsAfterDetach: -1,
+		lateComm: map[int]uint64{}, lateUprobe: map[int]int{}, latePlugin: map[int]int{}}
+	if hitsAtDetach >= 0 {
+		r.hitsAfterDetach = r.counters["probe_ncclAllReduce"] - hitsAtDetach
+	}
+	for _, cm := range truth["comm"] {
+		v, err := strconv.ParseUint(strings.TrimPrefix(cm.Comm, "0x"), 16, 64)
+		if err != nil {
+			t.Fatalf("truth: rank %d late comm %q: %v", cm.Rank, cm.Comm, err)
+		}
+		r.lateComm[cm.PID] = v
+	}
 	comm := map[int]uint64{}
 	for _, rk := range truth["rank"] {
 		v, err := strconv.ParseUint(strings.TrimPrefix(rk.Comm, "0x"), 16, 64)
@@ -83,12 +117,19 @@ func runCapture(t *testing.T, plugin bool, env []string, args ...string) pathRun
 			continue
 		}
 		// The uprobes read the call's stream, the plugin knows none.
+		late := h.Comm != 0 && h.Comm == r.lateComm[int(h.PID)]
 		if h.Stream != 0 {
 			r.uprobe[int(h.PID)]++
+			if late {
+				r.lateUprobe[int(h.PID)]++
+			}
 			continue
 		}
 		r.plugin[int(h.PID)]++
-		if c, ok := comm[int(h.PID)]; !ok || h.Comm != c {
+		if late {
+			r.latePlugin[int(h.PID)]++
+		}
+		if c, ok := comm[int(h.PID)]; (!ok || h.Comm != c) && h.Comm != r.lateComm[int(h.PID)] {
 			r.foreignComm[int(h.PID)]++
 		}
 	}
@@ -102,7 +143,6 @@ func TestNCCLCapturePathMatrix(t *testing.T) {
 	testutil.RequireAgent(t, "to attach uprobes")
 	lib := testutil.SharedInjectionLibrary(t)
 	foreign := filepath.Join(filepath.Dir(testutil.SharedFakeTrainer(t)), "libnccl-profiler-foreign.so")
-	const steps = 100
 	tests := []struct {
 		name   string
 		plugin string   // NCCL_PROFILER_PLUGIN ("" as if unset)
@@ -110,6 +150,10 @@ func TestNCCLCapturePathMatrix(t *testing.T) {
 		args   []string
 		off    bool   // the agent without --nccl-plugin
 		want   string // the capture path of every rank
+		steps  int    // 100 if 0
+		// splitAt: the trainer creates a communicator at this step
+		// (--split-at), after the collective uprobes were detached.
+		splitAt int
 	}{
 		{name: "our plugin loaded, the agent's plugin path off: NCCL calls it for nothing, the uprobes report", plugin: lib, off: true, want: "uprobes"},
 		{name: "our library as the profiler plugin is the plugin v5 path", plugin: lib, want: "plugin v5"},
@@ -117,14 +161,21 @@ func TestNCCLCapturePathMatrix(t *testing.T) {
 		{name: "an NCCL 2.27 binds v4 and the launch is the call", plugin: lib, args: []string{"--group"},
 			env: []string{"SLOWRANK_FAKE_NCCL_PROFILER_MAX=4"}, want: "plugin v4"},
 		{name: "an NCCL 2.29 binds v6", plugin: lib, env: []string{"SLOWRANK_FAKE_NCCL_PROFILER_MAX=6"}, want: "plugin v6"},
+		{name: "a communicator created after the detach takes the handle of its creation", plugin: lib, want: "plugin v5",
+			steps: 250, splitAt: 200},
 		{name: "no plugin named stays on uprobes", plugin: "", want: "uprobes"},
+		{name: "a late communicator on the uprobes", plugin: "", want: "uprobes", steps: 250, splitAt: 200},
 		{name: "plugin none stays on uprobes", plugin: "none", want: "uprobes"},
 		{name: "another tool's plugin owns the slot, uprobes report", plugin: foreign, want: "uprobes"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			env := append([]string{"CUDA_INJECTION64_PATH=" + lib, "NCCL_PROFILER_PLUGIN=" + tt.plugin}, tt.env...)
+			steps := cmp.Or(tt.steps, 150) // the detach comes after about 70 steps
 			args := append([]string{"--steps", strconv.Itoa(steps), "--step-ms", "8", "--gpu-ms", "12", "--buckets", "4"}, tt.args...)
+			if tt.splitAt > 0 {
+				args = append(args, "--split-at", strconv.Itoa(tt.splitAt))
+			}
 			r := runCapture(t, !tt.off, env, args...)
 			c := r.counters
 			want := map[int]int{}
@@ -191,9 +242,31 @@ func TestNCCLCapturePathMatrix(t *testing.T) {
 			// Steps: every one, whatever the path: the plugin's calls take
 			// the uprobes' comm handle and are reordered with the
 			// process's real-time synchronisations (agent/reorder.go).
+			// After a late communicator the correlator finds no step on
+			// either path (the job's cycle moves to a new communicator:
+			// correlate's matter); the steps before it are all found.
+			found := steps
+			if tt.splitAt > 0 {
+				found = tt.splitAt
+			}
 			for rank := 0; rank < 4; rank++ {
-				if n := r.steps[rank]; n < steps-8 || n > steps {
+				if n := r.steps[rank]; n < found-8 || n > found {
 					t.Errorf("rank %d: %d steps found, trainer ran %d (warm-up allowance 8)", rank, n, steps)
+				}
+			}
+			// On the plugin path the collective uprobes are closed once
+			// every rank's communicators are named: no hit after it.
+			if tt.want != "uprobes" && (c["nccl_collective_probes_detached"] < 1 || r.hitsAfterDetach != 0) {
+				t.Errorf("collective uprobes: detached %d times, %d hits after status showed them detached (-1: never shown)",
+					c["nccl_collective_probes_detached"], r.hitsAfterDetach)
+			}
+			if n := c["nccl_collective_probes_detached"]; tt.want == "uprobes" && n != 0 {
+				t.Errorf("collective uprobes detached %d times on the uprobes path", n)
+			}
+			for pid := range want {
+				if tt.splitAt > 0 && tt.want != "uprobes" && (r.latePlugin[pid] == 0 || r.lateUprobe[pid] != 0) {
+					t.Errorf("pid %d: %d plugin and %d uprobe collectives under the late communicator %#x, want plugin ones only",
+						pid, r.latePlugin[pid], r.lateUprobe[pid], r.lateComm[pid])
 				}
 			}
 			if n := c["nccl_plugin_comms_unmapped"]; n != 0 {
@@ -205,12 +278,14 @@ func TestNCCLCapturePathMatrix(t *testing.T) {
 			var b strings.Builder
 			for _, k := range []string{"correlate_late", "correlate_retracted_steps", "correlate_relocks", "correlate_irregular_calls",
 				"correlate_init_calls", "correlate_burst_steps", "correlate_unassigned", "correlate_reordered", "correlate_arrival_timeouts",
-				"nccl_plugin_comms_mapped", "nccl_plugin_records_late"} {
+				"nccl_plugin_comms_mapped", "nccl_plugin_comms_mapped_by_init", "nccl_plugin_records_late",
+				"nccl_collective_probes_detached", "nccl_collective_probes_reattached", "probe_ncclAllReduce"} {
 				fmt.Fprintf(&b, " %s=%d", k, c[k])
 			}
 			t.Logf("counters:%s", b.String())
-			t.Logf("%d all-reduces: uprobes %v, plugin %v; superseded: uprobe events %d, plugin records %d; steps %v; paths %v",
-				total, r.uprobe, r.plugin, c["nccl_uprobe_events_superseded"], c["nccl_plugin_records_superseded"], r.steps, r.paths)
+			t.Logf("%d all-reduces: uprobes %v, plugin %v; superseded: uprobe events %d, plugin records %d; steps %v; paths %v; uprobe hits after the detach %d; late communicator: plugin %v",
+				total, r.uprobe, r.plugin, c["nccl_uprobe_events_superseded"], c["nccl_plugin_records_superseded"], r.steps, r.paths,
+				r.hitsAfterDetach, r.latePlugin)
 		})
 	}
 }

@@ -1,0 +1,104 @@
+package bpf
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf/link"
+)
+
+// A uprobe traps in every process that maps its file, whatever the BPF
+// program then filters: where another capture path reports a class of calls
+// for every process that maps the library (NCCL's profiler plugin for the
+// collectives, docs/nccl-profiler-plugin.md §7), the agent closes that
+// class's uprobes and makes them again when a process that needs them maps
+// the file. The functions stay resolved, so making them again reads no ELF.
+
+// DetachClass closes the uprobes of the attachment's functions of class and
+// returns how many functions it closed (0 when none is attached). Like
+// Close it waits for kernel grace periods.
+func (a *Attachment) DetachClass(class ProbeClass) (int, error) {
+	a.mu.Lock()
+	var off, kept []probeLinks
+	for _, l := range a.links {
+		if l.fn.spec.Class == class {
+			off = append(off, l)
+			a.parked = append(a.parked, l.fn)
+		} else {
+			kept = append(kept, l)
+		}
+	}
+	a.links = kept
+	a.mu.Unlock()
+	return len(off), closeProbes(off)
+}
+
+// ReattachClass makes again the uprobes DetachClass closed for class,
+// opening the library through path (any path of the same file: the one the
+// attachment was made through may have belonged to a process that exited).
+// It returns how many functions it attached; a function that fails stays
+// parked for the next call.
+func (a *Attachment) ReattachClass(class ProbeClass, path string) (int, error) {
+	a.mu.Lock()
+	var todo, rest []resolved
+	for _, r := range a.parked {
+		if r.spec.Class == class {
+			todo = append(todo, r)
+		} else {
+			rest = append(rest, r)
+		}
+	}
+	a.parked = rest
+	a.mu.Unlock()
+	if len(todo) == 0 {
+		return 0, nil
+	}
+	ex, err := link.OpenExecutable(path)
+	if err != nil {
+		a.park(todo)
+		return 0, fmt.Errorf("open executable: %w", err)
+	}
+	var made []probeLinks
+	var errs []error
+	for _, r := range todo {
+		pl, err := a.p.probeLinks(ex, r, 0) // the reference counter is the CUPTI probe's, never parked
+		if err != nil {
+			errs = append(errs, err)
+			a.park([]resolved{r})
+			continue
+		}
+		made = append(made, pl)
+	}
+	a.mu.Lock()
+	closed := a.closed
+	if !closed {
+		a.links = append(a.links, made...)
+	}
+	a.mu.Unlock()
+	if closed { // Close ran meanwhile: nobody owns these any more
+		return 0, errors.Join(append(errs, closeProbes(made))...)
+	}
+	return len(made), errors.Join(errs...)
+}
+
+// Detached tells how many functions of class DetachClass closed and
+// ReattachClass has not made again.
+func (a *Attachment) Detached(class ProbeClass) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := 0
+	for _, r := range a.parked {
+		if r.spec.Class == class {
+			n++
+		}
+	}
+	return n
+}
+
+func (a *Attachment) park(rs []resolved) {
+	a.mu.Lock()
+	if !a.closed {
+		a.parked = append(a.parked, rs...)
+	}
+	a.mu.Unlock()
+}
