@@ -98,3 +98,25 @@ func TestReplayCUDAGraphAfterPairedCopies(t *testing.T) {
 		t.Errorf("first steps end %.1f ms apart", float64(d)/1e6)
 	}
 }
+
+// A job whose cycle moves to a new communicator mid-run: the fake
+// trainer's --split-at 200 (4 ranks, 250 iterations of 4 all-reduces; at
+// iteration 200 every rank calls ncclCommSplit and its collectives go to
+// the new communicator), on the uprobes (TestNCCLCapturePathMatrix's late
+// communicator). The old clock went quiet without leaving its lock, and a
+// split communicator's ranks are unknown to the uprobes, so the new one
+// never took the clock: 200 facts per rank. It takes it once the clock
+// made no step for PromoteCycles of its steps.
+func TestReplayCycleMovesToASplitCommunicator(t *testing.T) {
+	steps, c := replayDump(t, "testdata/split-at-200-4ranks.dump.jsonl.gz")
+	n := map[int]int{}
+	for _, s := range steps {
+		n[s.Rank]++
+	}
+	lost := 8 + c.cfg.PromoteCycles + 2 // warm-up; the switch
+	for r := range 4 {
+		if n[r] < 250-lost || n[r] > 250 {
+			t.Errorf("rank %d: %d facts for 250 iterations (at least %d)", r, n[r], 250-lost)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package correlate
 
 import (
+	"math"
 	"slices"
 
 	"github.com/slowrank/slowrank/detector"
@@ -116,6 +117,12 @@ func (c *Correlator) takeClock(p *proc, pc *procComm, evs []detEvent) bool {
 			return false
 		}
 	case pc.nranks() > cur.nranks() && (confirmed || !curSettled):
+	case c.quietClock(p, pc, evs):
+		// The job's cycle moved to pc (a process group created mid-run,
+		// ncclCommSplit at step 200: no step after it), and the clock's
+		// communicator went quiet without leaving its lock. pc may be
+		// tentative still: its first lock waits ConfirmSpan, whose steps
+		// would be lost; withdrawn, they go with it.
 	case confirmed && !cur.det.state().locked:
 		for _, e := range evs {
 			if e.kind == evBoundary {
@@ -136,6 +143,28 @@ func (c *Correlator) takeClock(p *proc, pc *procComm, evs []detEvent) bool {
 	p.haveOpen = false
 	p.align, p.alignOff, p.clockConfirmed = !pc.sync, p.idxOffset, false
 	return true
+}
+
+// quietClock reports whether p's clock made no step for PromoteCycles of
+// pc's steps and of its own, as of pc's latest boundary in evs.
+func (c *Correlator) quietClock(p *proc, pc *procComm, evs []detEvent) bool {
+	if p.lastEnd == math.MinInt64 {
+		return false
+	}
+	last := int64(math.MinInt64)
+	for _, e := range evs {
+		if e.kind == evBoundary {
+			last = max(last, e.t)
+		}
+	}
+	step, ok := pc.det.latestStep()
+	if !ok || last == math.MinInt64 {
+		return false
+	}
+	if own, ok := p.clock.det.latestStep(); ok {
+		step = max(step, own)
+	}
+	return last-p.lastEnd > int64(c.cfg.PromoteCycles)*step
 }
 
 // coarser reports whether the steps of pc (its latest, or the shortest
