@@ -337,14 +337,17 @@ func (c *Correlator) retractGen(p *proc, clock, gen uint32) {
 
 // trimGen withdraws the tentative steps of one lock up to its latest
 // init-time step (a synchronisation per parameter copied to the GPU) and
-// reports whether it withdrew any. A step is init-time when it is shorter
-// than minNS (half the median of the lock's latest steps) or than
-// 1/groupRatio of the next steps of a run (the median of up to steadyN+1
-// of them: the next one alone was iteration 1, preempted to twice the
-// others, so that iteration 0 was withdrawn as init-time,
-// TestReplayTrainerSpeedup's preempted-iteration-1), and not in a run
-// itself: a run is steadyN+1 consecutive steps that agree within
-// groupRatio. So a change
+// reports whether it withdrew any. A step is init-time when it is not in a
+// run itself (a run is steadyN+1 consecutive steps that agree within
+// groupRatio) and shorter than 1/groupRatio of the next steps of a run
+// (the median of up to steadyN+1 of them: the next one alone was
+// iteration 1, preempted to twice the others, so that iteration 0 was
+// withdrawn as init-time, TestReplayTrainerSpeedup's
+// preempted-iteration-1), or, with no run after it, than minNS (half the
+// median of the lock's latest steps: after a 3x slow-down within the
+// first ConfirmSpan, a preempted iteration of the old pace between two
+// runs was shorter than that, and the 31 iterations before it were
+// withdrawn: speedup0.33-loaded-preempted). So a change
 // of pace within the first ConfirmSpan keeps the old pace's iterations
 // (withdrawing every step before the latest one shorter than minNS
 // withdrew 100 iterations before a 3x slow-down) and withdraws the copies'
@@ -378,7 +381,7 @@ func (c *Correlator) trimGen(p *proc, clock, gen uint32, minNS int64) bool {
 			next = append([]int64{d}, next[:min(len(next), w-1)]...)
 			continue
 		}
-		if d < minNS || len(next) > 0 && d*groupRatio < median(next) {
+		if len(next) == 0 && d < minNS || len(next) > 0 && d*groupRatio < median(next) {
 			cut = idx[k]
 			break
 		}
