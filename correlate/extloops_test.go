@@ -487,7 +487,10 @@ func TestReplayTrainerEpiloguePreempted(t *testing.T) {
 // clock (1.8 ms ones), so that the all-gather's communicator took it over
 // (3 facts for 400 on rank 1); preempted-logging, two preemptions of 1 ms
 // five calls apart among a logging step's 0.1 ms calls, an iteration's end
-// and the next group's (402/400 on both ranks).
+// and the next group's (402/400 on both ranks); regroup, preemptions that
+// mimicked groups of 4 for 3 groups right after the change of pace, and
+// the regroups to 4 and back to 5 withdrew the tentative lock's steps
+// twice (248/400 on rank 1).
 //
 // --speedup 0.33 (3x longer): the confirmation withdrew the steps shorter
 // than half the latest ones, the first 100 iterations. On a loaded host
@@ -498,7 +501,7 @@ func TestReplayTrainerEpiloguePreempted(t *testing.T) {
 func TestReplayTrainerSpeedup(t *testing.T) {
 	for _, f := range []string{"3", "3-loaded", "3-loaded-preempted-before-logging", "3-loaded-run-preempted",
 		"3-loaded-keeps-sync-clock", "3-loaded-preempted-logging", "3-loaded-preempted-iteration-1", "10", "10-loaded", "10-loaded-preempted-run", "10-loaded-preempted-walk2", "10-loaded-preempted-walk3",
-		"10-loaded-keeps-sync-clock", "10-loaded-preempted-logging", "0.33", "0.33-loaded-preempted"} {
+		"10-loaded-keeps-sync-clock", "10-loaded-preempted-logging", "10-loaded-regroup", "0.33", "0.33-loaded-preempted"} {
 		t.Run("speedup "+f, func(t *testing.T) {
 			replayTrainerFile(t, "testdata/trainer-speedup"+f+"-2ranks.records.gz", 0)
 		})

@@ -68,6 +68,9 @@ const (
 	// domN: the dominant duration is the median of this many latest
 	// instances that ended steps of groups.
 	domN = 3
+	// settledSteps, settledReps: a grouping that made settledSteps steps
+	// is replaced only by one that holds settledReps groups (findGroup).
+	settledSteps, settledReps = 16, 8
 	// pendGroups: the groups after a step end found again that must end
 	// steps by the count before it counts (groupEnd). One was not enough
 	// at a new pace of 1.2 ms dominant instances: in a logging step's
@@ -406,6 +409,15 @@ func (d *seqDet) findGroup(k int64) {
 	if m == 1 && d.resync {
 		d.ungroup(k, reps)
 		return
+	}
+	if d.grp > 1 && d.nStep >= settledSteps {
+		// A grouping that made settledSteps steps gives way only to one
+		// that holds settledReps groups: after a 10x speed-up on a loaded
+		// host, preemptions mimicked groups of 4 instead of 5 for 3 groups,
+		// and the regroups there and back withdrew the tentative lock's
+		// 110 steps twice (248 facts for 400 iterations,
+		// TestReplayTrainerSpeedup's 10-loaded-regroup).
+		reps = max(reps, settledReps)
 	}
 	if m < 2 || m > maxGroup || k-(reps-1)*m-r < d.instFrom {
 		return
