@@ -402,15 +402,16 @@ func TestReplayTrainerEpilogueLate(t *testing.T) {
 	replayTrainerFile(t, "testdata/trainer-epilogue-late-2ranks.records.gz", 1)
 }
 
-// Two more on a loaded host: a preemption delayed one of the burst's
-// groups by 1.9 ms (preempted-early, after 8 of its groups) or 8.2 ms
-// (preempted-long, after 6): a boundary of normal length that closed a
-// step of 4.5 or 9.9 ms with the held ones merged, reported after the
-// step up to the burst (262 facts for 260 iterations). A boundary that
-// would close a step shorter than 3/4 of the pace after held ones is
-// held too, and dropped with them at the end of the lock.
+// Three more on a loaded host: a preemption delayed one of the burst's
+// groups by 1.9 ms (preempted-early, after 8 of its groups), 8.2 ms
+// (preempted-long, after 6) or 11 ms (preempted-longer): a boundary of
+// normal length that closed a step of 4.5, 9.9 or 12.2 ms (of 14.5 ms
+// iterations) with the held ones merged, reported after the step up to the
+// burst (262 facts for 260 iterations). A boundary that would close a step
+// shorter than the pace after held ones is held too, and dropped with them
+// at the end of the lock.
 func TestReplayTrainerEpiloguePreempted(t *testing.T) {
-	for _, f := range []string{"preempted-early", "preempted-long"} {
+	for _, f := range []string{"preempted-early", "preempted-long", "preempted-longer"} {
 		t.Run(f, func(t *testing.T) {
 			replayTrainerFile(t, "testdata/trainer-epilogue-"+f+"-2ranks.records.gz", 1)
 		})

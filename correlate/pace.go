@@ -37,8 +37,8 @@ import "slices"
 // (a burst at the end of training whose groups a preemption delays). Before
 // paceRegime short ones, a boundary of normal length is held as well when
 // the step it would close, the held ones merged, is still shorter than
-// 3/4 of the pace (a preemption of 2 or 8 ms among a burst's 0.3 ms
-// groups at the end of training). At
+// the pace (a preemption of 2 to 11 ms among a burst's 0.3 ms groups at
+// the end of training). At
 // most maxHeld boundaries are held; beyond that they are settled as a
 // burst.
 //
@@ -150,12 +150,13 @@ func (d *seqDet) hold(t int64) bool {
 	p, ok := ps.pace()
 	normal := !ok || (t-ps.last)*paceRatio >= p
 	// brief: t would close a step, the held ones merged, still shorter
-	// than 3/4 of the pace: a burst's group that a preemption delayed
-	// (1.9 ms or 8.2 ms after 0.3 ms ones, 4.5 and 9.9 ms merged, against
+	// than the pace: a burst's group that a preemption delayed (1.9, 8.2
+	// or 11 ms after 0.3 ms ones, 4.5, 9.9 and 12.2 ms merged, against
 	// 14.5 ms iterations: a step after the last iteration of training).
 	// Held as one of normal length; the end of the lock drops it with the
-	// burst, and a boundary that ends an iteration settles it.
-	brief := ok && ps.short > 0 && (t-ps.open)*4 < 3*p
+	// burst, and a boundary that ends an iteration settles it (reported,
+	// one boundary late).
+	brief := ok && ps.short > 0 && t-ps.open < p
 	switch {
 	case normal && (ps.short < paceRegime && !brief || ps.normals == paceNormal):
 		// A burst ends: merged into the step that t closes.
