@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/slowrank/slowrank/agent/pipeline"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/correlate"
 	"github.com/slowrank/slowrank/detector"
@@ -77,6 +78,10 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// Sink receives the agent's results: facts, topologies and settled windows
+// with their verdicts, from the pipeline (pipeline.Sink says how).
+type Sink = pipeline.Sink
+
 // DefaultConfig returns working defaults.
 func DefaultConfig() Config {
 	return Config{
@@ -95,13 +100,13 @@ type Agent struct {
 	probes   *bpf.Probes
 	reader   *bpf.Reader
 	watcher  *Watcher
-	pipe     *pipeline
+	pipe     *pipeline.Pipeline
 	duty     *Duty
 	conv     *converter
 	counters *counters
-	in       chan []input // batches of at most inputBatch records
-	batches  batchPool    // recycled batches of in
-	queued   atomic.Int64 // records in in; bounded by Config.InputQueue
+	// queue takes the reader goroutine's records to the main goroutine,
+	// bounded by Config.InputQueue.
+	queue *pipeline.Queue
 	// ctl runs functions on the main goroutine (runtime control).
 	ctl     chan func()
 	att     *attacher
@@ -187,25 +192,25 @@ func New(cfg Config) (*Agent, error) {
 	}
 	a := &Agent{
 		cfg: cfg, log: log, probes: probes, reader: reader, watcher: w, duty: duty,
-		pipe:       newPipeline(log, correlate.New(cfg.Correlate), det, duty, cfg.Sinks),
 		conv:       newConverter(c, cfg.NCCLPlugin),
 		counters:   c,
-		in:         make(chan []input, cfg.InputQueue), // bounded in records by queued
-		batches:    newBatchPool(),
+		queue:      pipeline.NewQueue(cfg.InputQueue),
 		ctl:        make(chan func()),
 		started:    time.Now(),
 		startTicks: selfStartTicks(),
 	}
-	a.pipe.counters = c
-	a.pipe.reorder.counters = c
 	a.att = newAttacher(a)
-	a.pipe.dump = cfg.Dump
+	pc := pipeline.Config{Log: log, Correlator: correlate.New(cfg.Correlate), Detector: det, Sinks: cfg.Sinks, Dump: cfg.Dump, Count: c.add}
+	if duty != nil { // a nil *Duty in the interface would not read as nil
+		pc.Duty = duty
+	}
 	if nv, err := OpenNVML(); err == nil {
 		a.gpu = newGPUEvidence(nv)
-		a.pipe.evidence = a.gpuEvidenceFor
+		pc.Evidence = a.gpuEvidenceFor
 	} else {
 		log.Info("no GPU evidence for verdicts", "reason", err)
 	}
+	a.pipe = pipeline.New(pc)
 	if cfg.StepMarker != "" {
 		id, ok := markerProbe(cfg.StepMarker)
 		if !ok {
@@ -243,7 +248,7 @@ loop:
 			if ok {
 				a.att.handle(ev)
 			}
-		case batch := <-a.in:
+		case batch := <-a.queue.C():
 			a.handleBatch(batch)
 		case f := <-a.ctl:
 			f()
@@ -253,7 +258,7 @@ loop:
 			a.att.tendCUPTI(mono)
 			a.att.tendPlugin(mono)
 			a.drainInput()
-			a.pipe.tick(mono)
+			a.pipe.Tick(mono)
 			if a.duty != nil && now.Sub(lastDuty) >= time.Second {
 				lastDuty = now
 				a.planDuty(mono) // duty.go
@@ -280,7 +285,7 @@ loop:
 		a.reader.Close()
 	}
 	a.drainInput()
-	a.pipe.flush(monotonicNow())
+	a.pipe.Flush(monotonicNow())
 	wg.Wait()
 	if a.duty != nil {
 		p := a.duty.Plan(monotonicNow())
@@ -313,52 +318,27 @@ func (a *Agent) do(ctx context.Context, f func()) error {
 	}
 }
 
-// inputBatch is the most records the reader hands to the main goroutine at
-// once. Handing them over one by one cost a channel operation and a wake-up
-// per record: a third of the agent's CPU at 100,000 events/s.
-const inputBatch = 256
-
 // readLoop moves ring-buffer events into the pipeline's queue without ever
 // blocking on it: a full queue counts the lost records. Records go in
 // batches, handed over when a batch is full or the ring buffer has nothing
 // more to read, so batching adds no latency.
 func (a *Agent) readLoop() {
-	batch := a.batches.get()
+	batch := a.queue.Get()
 	events := int64(0) // counted once per hand-over, not per record
 	handOver := func() {
 		if events > 0 {
 			a.counters.add("events", events)
 			events = 0
 		}
-		if len(batch) == 0 {
-			return
-		}
 		n := int64(len(batch))
-		if a.queued.Add(n) <= int64(a.cfg.InputQueue) {
-			out := batch
-			if len(batch) < inputBatch/4 {
-				// Small: a copy of its size, so that a queue of small
-				// batches does not hold a big buffer each.
-				out = append([]input(nil), batch...)
-			}
-			select {
-			case a.in <- out:
-				if len(batch) < inputBatch/4 {
-					batch = batch[:0]
-				} else {
-					batch = a.batches.get()
-				}
-				return
-			default:
-			}
+		var ok bool
+		if batch, ok = a.queue.Offer(batch); !ok {
+			a.counters.add("events_lost_queue", n)
 		}
-		a.queued.Add(-n)
-		a.counters.add("events_lost_queue", n)
-		batch = batch[:0]
 	}
 	defer handOver()
 	for {
-		if n := len(batch); n >= inputBatch || (n+int(events) > 0 && a.reader.Pending() == 0) {
+		if n := len(batch); n >= pipeline.Batch || (n+int(events) > 0 && a.reader.Pending() == 0) {
 			handOver()
 		}
 		ev, err := a.reader.Next() // valid until the next call: convert copies it
@@ -382,16 +362,15 @@ func (a *Agent) readLoop() {
 }
 
 // handleBatch feeds a batch from readLoop to the pipeline.
-func (a *Agent) handleBatch(batch []input) {
+func (a *Agent) handleBatch(batch []pipeline.Input) {
 	for i := range batch {
-		if c, ok := batch[i].other.(CUPTICall); ok {
+		if c, ok := batch[i].Other().(CUPTICall); ok {
 			a.att.foreignCUPTICall(c) // the attacher's, not the pipeline's
 			continue
 		}
-		a.pipe.handleInput(batch[i])
+		a.pipe.Feed(batch[i])
 	}
-	a.queued.Add(-int64(len(batch)))
-	a.batches.put(batch)
+	a.queue.Done(batch)
 }
 
 // drainInput hands everything queued to the pipeline (before a tick, so that
@@ -399,7 +378,7 @@ func (a *Agent) handleBatch(batch []input) {
 func (a *Agent) drainInput() {
 	for {
 		select {
-		case batch := <-a.in:
+		case batch := <-a.queue.C():
 			a.handleBatch(batch)
 		case f := <-a.ctl:
 			f()
@@ -451,7 +430,7 @@ func (a *Agent) refreshCounters() {
 	a.counters.set("discovery_refused_policy", int64(ws.RefusedPolicy))
 	a.counters.set("discovery_refused_quota", int64(ws.RefusedQuota))
 	a.counters.set("discovery_events_deferred", int64(ws.EventsDeferred))
-	a.counters.set("input_queue_len", a.queued.Load())
+	a.counters.set("input_queue_len", a.queue.Len())
 	a.refreshPipeline()
 	a.refreshSinks()
 	a.refreshRuntime()
@@ -460,7 +439,7 @@ func (a *Agent) refreshCounters() {
 }
 
 // Summaries returns the detector's end-of-run summaries; call after Run.
-func (a *Agent) Summaries() []detector.Summary { return a.pipe.summaries() }
+func (a *Agent) Summaries() []detector.Summary { return a.pipe.Summaries() }
 
 // Counters returns a copy of the agent's health counters.
 func (a *Agent) Counters() map[string]int64 { return a.counters.snapshot() }

@@ -144,7 +144,7 @@ func (t *attacher) added(p Process) {
 		Placement: p.Identity.Placement(t.a.cfg.HostName),
 	}
 	t.a.placeGPU(pe)
-	t.a.pipe.handle(pe.info)
+	t.a.pipe.SetRank(pe.info)
 	if t.a.control.paused {
 		// Collection is paused: tracked on resume (control.go).
 	} else if err := t.a.probes.Track(uint32(p.PID), uint32(rank)); err != nil {
@@ -235,7 +235,7 @@ func (t *attacher) forgetDue(now int64) {
 			continue
 		}
 		t.a.drainInput()
-		t.a.pipe.handle(forget{pid: f.pid, rank: f.rank})
+		t.a.pipe.Forget(f.pid, f.rank)
 		t.a.conv.forgetPID(f.pid)
 	}
 	t.forgets = kept

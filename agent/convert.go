@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/slowrank/slowrank/agent/pipeline"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/correlate"
 	"github.com/slowrank/slowrank/cupti"
@@ -81,13 +82,13 @@ func (c *converter) forgetPID(pid uint32) {
 
 // convert appends the correlate inputs of ev to out. Only batches touch the
 // per-process state (under mu); host calls are converted without locking.
-func (c *converter) convert(ev bpf.Event, out []input) []input {
+func (c *converter) convert(ev bpf.Event, out []pipeline.Input) []pipeline.Input {
 	switch e := ev.(type) {
 	case *bpf.CollEvent:
 		if !c.ncclUprobeColl(e) {
 			return out // the plugin reports this call (convert_nccl.go)
 		}
-		return append(out, hostInput(correlate.HostCall{
+		return append(out, pipeline.HostInput(correlate.HostCall{
 			PID: e.PID, TID: e.TID, Kind: correlate.HostCollective, Op: probeOp(e.Probe),
 			Count: e.Count, Datatype: e.Datatype, Comm: e.Comm, Stream: e.Stream,
 			StartNS: int64(e.StartNs), EndNS: int64(e.EndNs),
@@ -97,10 +98,10 @@ func (c *converter) convert(ev bpf.Event, out []input) []input {
 			PID: e.PID, TID: e.TID, Kind: correlate.HostSyncWait, Op: probeOp(e.Probe),
 			Stream: e.Handle, StartNS: int64(e.StartNs), EndNS: int64(e.EndNs),
 		}
-		out = append(out, hostInput(h))
+		out = append(out, pipeline.HostInput(h))
 		if e.Probe == c.marker && c.marker != 0 {
 			h.Kind = correlate.HostMarker
-			out = append(out, hostInput(h))
+			out = append(out, pipeline.HostInput(h))
 		}
 		return out
 	case *bpf.GroupEvent:
@@ -109,7 +110,7 @@ func (c *converter) convert(ev bpf.Event, out []input) []input {
 			kind = correlate.HostGroupEnd
 			c.ncclGroupEnd(e)
 		}
-		return append(out, hostInput(correlate.HostCall{PID: e.PID, TID: e.TID, Kind: kind, StartNS: int64(e.StartNs), EndNS: int64(e.EndNs)}))
+		return append(out, pipeline.HostInput(correlate.HostCall{PID: e.PID, TID: e.TID, Kind: kind, StartNS: int64(e.StartNs), EndNS: int64(e.EndNs)}))
 	case *bpf.CommInitEvent:
 		if !e.CommValid || e.Ret != 0 && e.Ret != 7 { // 7: ncclInProgress (non-blocking)
 			c.counters.add("comm_init_failed", 1)
@@ -126,11 +127,11 @@ func (c *converter) convert(ev bpf.Event, out []input) []input {
 		if e.IsSplit {
 			ci.Parent = e.Parent
 		}
-		return append(out, otherInput(ci))
+		return append(out, pipeline.OtherInput(ci))
 	case *bpf.TorchEvent:
 		return c.torch(e, out)
 	case *bpf.CUPTICallEvent:
-		return append(out, otherInput(CUPTICall{PID: e.PID, TID: e.TID, Fn: e.Probe, Arg: e.Arg, Arg2: e.Arg2, TimeNs: int64(e.StartNs)}))
+		return append(out, pipeline.OtherInput(CUPTICall{PID: e.PID, TID: e.TID, Fn: e.Probe, Arg: e.Arg, Arg2: e.Arg2, TimeNs: int64(e.StartNs)}))
 	case *bpf.BatchEvent:
 		c.mu.Lock()
 		defer c.mu.Unlock()
@@ -163,7 +164,7 @@ func (c *converter) convert(ev bpf.Event, out []input) []input {
 // autograd device thread under CUDA), which need not be the one that issued
 // the all-reduce. Waits of a process with no torch collective yet are
 // counted (torch_future_waits_ignored) and dropped.
-func (c *converter) torch(e *bpf.TorchEvent, out []input) []input {
+func (c *converter) torch(e *bpf.TorchEvent, out []pipeline.Input) []pipeline.Input {
 	h := correlate.HostCall{PID: e.PID, TID: e.TID, StartNS: int64(e.StartNs), EndNS: int64(e.EndNs), Comm: e.Self}
 	switch e.Probe.Class() {
 	case bpf.ClassTorchWorkWait:
@@ -192,12 +193,12 @@ func (c *converter) torch(e *bpf.TorchEvent, out []input) []input {
 		c.counters.add("events_unknown", 1)
 		return out
 	}
-	return append(out, hostInput(h))
+	return append(out, pipeline.HostInput(h))
 }
 
 // batch converts one CUPTI batch: kernels and copies into device intervals,
 // collection transitions into coverage, lost batches and records into drops.
-func (c *converter) batch(e *bpf.BatchEvent, out []input) []input {
+func (c *converter) batch(e *bpf.BatchEvent, out []pipeline.Input) []pipeline.Input {
 	b, err := cupti.DecodeBatch(e.Data)
 	if err != nil {
 		c.counters.add("batches_malformed", 1)
@@ -219,7 +220,7 @@ func (c *converter) batch(e *bpf.BatchEvent, out []input) []input {
 	if p.lastSeq != 0 && b.Header.Seq > p.lastSeq+1 && !b.Header.EpochStart() {
 		gap := c.plausible(b.Header.Seq - p.lastSeq - 1)
 		c.counters.add("batches_lost", int64(gap))
-		out = append(out, otherInput(correlate.Drop{PID: pid, Device: gap, FromNS: p.openSince, ToNS: int64(e.EndNs)}))
+		out = append(out, pipeline.OtherInput(correlate.Drop{PID: pid, Device: gap, FromNS: p.openSince, ToNS: int64(e.EndNs)}))
 	}
 	p.lastSeq = b.Header.Seq
 	for _, st := range b.Stats {
@@ -232,7 +233,7 @@ func (c *converter) batch(e *bpf.BatchEvent, out []input) []input {
 	if drops > p.lastDrop {
 		n := c.plausible(drops - p.lastDrop)
 		c.counters.add("device_records_dropped", int64(n))
-		out = append(out, otherInput(correlate.Drop{PID: pid, Device: n, FromNS: p.openSince, ToNS: int64(e.EndNs)}))
+		out = append(out, pipeline.OtherInput(correlate.Drop{PID: pid, Device: n, FromNS: p.openSince, ToNS: int64(e.EndNs)}))
 		p.lastDrop = drops
 	}
 	emitted := int64(e.EndNs)
@@ -246,9 +247,9 @@ func (c *converter) batch(e *bpf.BatchEvent, out []input) []input {
 		switch {
 		case t.On && p.openSince == 0:
 			p.openSince = ts
-			out = append(out, otherInput(correlate.Coverage{PID: pid, StartNS: ts}))
+			out = append(out, pipeline.OtherInput(correlate.Coverage{PID: pid, StartNS: ts}))
 		case !t.On && p.openSince != 0:
-			out = append(out, otherInput(correlate.Coverage{PID: pid, StartNS: p.openSince, EndNS: ts}))
+			out = append(out, pipeline.OtherInput(correlate.Coverage{PID: pid, StartNS: p.openSince, EndNS: ts}))
 			p.openSince = 0
 		}
 	}
@@ -257,7 +258,7 @@ func (c *converter) batch(e *bpf.BatchEvent, out []input) []input {
 			implausible++
 			continue
 		}
-		out = append(out, deviceInput(correlate.DeviceInterval{
+		out = append(out, pipeline.DeviceInput(correlate.DeviceInterval{
 			PID: pid, Kind: correlate.DeviceKernel, Class: kernelClass(k.Class),
 			StartNS: int64(k.StartNs), EndNS: int64(k.EndNs), Device: k.Device, Stream: k.Stream,
 			NameID: k.NameID, Name: c.names.Name(pid, k.NameID),
@@ -275,7 +276,7 @@ func (c *converter) batch(e *bpf.BatchEvent, out []input) []input {
 		if cp.Memset {
 			kind = correlate.DeviceMemset
 		}
-		out = append(out, deviceInput(correlate.DeviceInterval{
+		out = append(out, pipeline.DeviceInput(correlate.DeviceInterval{
 			PID: pid, Kind: kind, Class: correlate.ClassCopy, StartNS: int64(cp.StartNs), EndNS: int64(cp.EndNs),
 			Device: cp.Device, Stream: cp.Stream, Corr: cp.Correlation,
 		}))

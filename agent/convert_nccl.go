@@ -3,6 +3,7 @@ package agent
 import (
 	"strconv"
 
+	"github.com/slowrank/slowrank/agent/pipeline"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/correlate"
 	"github.com/slowrank/slowrank/cupti"
@@ -17,8 +18,8 @@ import (
 // are the uprobes' alone), else on uprobes. A communicator's NCCL_COMM
 // record waits for its first collective, which says which handle it takes
 // (nccl_commmap.go); the pipeline reorders the process's inputs from the
-// switch on (reorder.go). Both may see the same calls around the
-// switch: the uprobes report in real time, the plugin a batch (~100 ms)
+// switch on (agent/pipeline/reorder.go). Both may see the same calls around
+// the switch: the uprobes report in real time, the plugin a batch (~100 ms)
 // later, and the libnccl uprobes stay attached (they trap in every process
 // mapping the inode). Each call is counted once by a cut per thread:
 //
@@ -149,7 +150,7 @@ func (c *converter) ncclGroupEnd(e *bpf.GroupEvent) {
 }
 
 // ncclRecords converts the plugin's records of one batch. Caller holds c.mu.
-func (c *converter) ncclRecords(pid uint32, p *convProc, b *cupti.Batch, emitted int64, out []input) []input {
+func (c *converter) ncclRecords(pid uint32, p *convProc, b *cupti.Batch, emitted int64, out []pipeline.Input) []pipeline.Input {
 	if !c.ncclPlugin {
 		if n := len(b.NCCLComms) + len(b.NCCLColls) + len(b.NCCLKernels); n > 0 {
 			c.counters.add("nccl_plugin_records_ignored", int64(n)) // Config.NCCLPlugin off: the uprobes report
@@ -185,7 +186,7 @@ func (c *converter) ncclRecords(pid uint32, p *convProc, b *cupti.Batch, emitted
 // ncclComm keeps each communicator's comm record (inits and the re-sends
 // of every attach epoch) until its first collective says which handle it
 // takes (nccl_commmap.go), and turns its finalize into a CommDestroy.
-func (c *converter) ncclComm(pid uint32, p *convProc, cm cupti.NCCLComm, emitted int64, out []input) []input {
+func (c *converter) ncclComm(pid uint32, p *convProc, cm cupti.NCCLComm, emitted int64, out []pipeline.Input) []pipeline.Input {
 	n := &p.nccl
 	n.version = cm.Version
 	k := pluginComm{hash: cm.Hash, rank: cm.Rank}
@@ -197,7 +198,7 @@ func (c *converter) ncclComm(pid uint32, p *convProc, cm cupti.NCCLComm, emitted
 		if st != nil {
 			delete(n.comms, k)
 			if st.resolved {
-				out = append(out, otherInput(correlate.CommDestroy{PID: pid, Comm: st.handle, AtNS: int64(cm.FinalizeNs)}))
+				out = append(out, pipeline.OtherInput(correlate.CommDestroy{PID: pid, Comm: st.handle, AtNS: int64(cm.FinalizeNs)}))
 			}
 		}
 		return out
@@ -224,10 +225,10 @@ func (c *converter) ncclComm(pid uint32, p *convProc, cm cupti.NCCLComm, emitted
 
 // switchToPlugin puts the process on the plugin path at its first
 // collective record: the pipeline reorders its inputs from then on.
-func (c *converter) switchToPlugin(pid uint32, n *ncclCapture, emitted int64, out []input) []input {
+func (c *converter) switchToPlugin(pid uint32, n *ncclCapture, emitted int64, out []pipeline.Input) []pipeline.Input {
 	n.plugin, n.switchedAt = true, emitted
 	c.counters.add("nccl_plugin_processes", 1)
-	return append(out, otherInput(pluginPath{pid: pid}))
+	return append(out, pipeline.OtherInput(pipeline.PluginPath{PID: pid}))
 }
 
 // MaxPluginComms bounds the communicators one process's plugin records may
@@ -238,7 +239,7 @@ const MaxPluginComms = 1024
 // the same call: same op names, count, ncclDataType_t; Comm is the
 // communicator's plugin handle. The interval is the user's call up to its
 // enqueue (CollApi, v5), or NCCL's launch (v4, no API events).
-func (c *converter) ncclColl(pid uint32, p *convProc, r cupti.NCCLColl, emitted int64, out []input) []input {
+func (c *converter) ncclColl(pid uint32, p *convProc, r cupti.NCCLColl, emitted int64, out []pipeline.Input) []pipeline.Input {
 	n := &p.nccl
 	if !n.plugin {
 		if len(n.comms) == 0 {
@@ -263,7 +264,7 @@ func (c *converter) ncclColl(pid uint32, p *convProc, r cupti.NCCLColl, emitted 
 	c.counters.add("nccl_plugin_colls", 1)
 	p.sawNCCL = true // torch's c10d collectives are then redundant, as with uprobes
 	comm, out := c.resolve(pid, n, pluginComm{hash: r.CommHash, rank: r.Rank}, &r, int64(start), out)
-	return append(out, hostInput(correlate.HostCall{
+	return append(out, pipeline.HostInput(correlate.HostCall{
 		PID: pid, TID: r.TID, Kind: correlate.HostCollective, Op: ncclOp(r.Func),
 		Count: r.Count, Datatype: ncclDatatype(r.Datatype), Comm: comm,
 		StartNS: int64(start), EndNS: int64(end),

@@ -3,6 +3,7 @@ package agent
 import (
 	"testing"
 
+	"github.com/slowrank/slowrank/agent/pipeline"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/correlate"
 	"github.com/slowrank/slowrank/cupti"
@@ -27,23 +28,23 @@ func pluginColl(tid uint32, start uint64) cupti.NCCLColl {
 	}
 }
 
-func hostCalls(in []input) []correlate.HostCall {
+func hostCalls(in []pipeline.Input) []correlate.HostCall {
 	var hs []correlate.HostCall
 	for _, i := range in {
-		if i.kind == inputHost {
-			hs = append(hs, i.host)
+		if h, ok := i.HostCall(); ok {
+			hs = append(hs, h)
 		}
 	}
 	return hs
 }
 
-func uprobeColl(c *converter, tid uint32, start, end uint64) []input {
+func uprobeColl(c *converter, tid uint32, start, end uint64) []pipeline.Input {
 	return c.convert(&bpf.CollEvent{Header: bpf.Header{
 		Type: bpf.EventColl, Probe: bpf.ProbeNCCLAllReduce, PID: pidNCCL, TID: tid, StartNs: start, EndNs: end,
 	}, Count: 1024, Datatype: 9}, nil)
 }
 
-func pluginBatch(c *converter, b cupti.Batch) []input {
+func pluginBatch(c *converter, b cupti.Batch) []pipeline.Input {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.ncclRecords(pidNCCL, c.proc(pidNCCL), &b, emitAt, nil)
@@ -113,7 +114,7 @@ func TestPluginCommIsOneCommInitAndADestroy(t *testing.T) {
 	var inits []correlate.CommInit
 	var destroys []correlate.CommDestroy
 	for _, in := range out {
-		switch v := in.other.(type) {
+		switch v := in.Other().(type) {
 		case correlate.CommInit:
 			inits = append(inits, v)
 		case correlate.CommDestroy:
@@ -140,7 +141,7 @@ func TestPluginCommIsOneCommInitAndADestroy(t *testing.T) {
 func TestCaptureSwitchCountsEachCallOnce(t *testing.T) {
 	c := newConverter(newCounters(), true)
 	var calls int
-	count := func(in []input) { calls += len(hostCalls(in)) }
+	count := func(in []pipeline.Input) { calls += len(hostCalls(in)) }
 	// Calls 1 and 2 on thread 1, call 3 on thread 2: only the uprobes see them.
 	count(uprobeColl(c, 1, t0+100, t0+110))
 	count(uprobeColl(c, 1, t0+200, t0+210))

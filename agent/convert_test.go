@@ -4,6 +4,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/slowrank/slowrank/agent/pipeline"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/correlate"
 )
@@ -29,5 +30,28 @@ func TestSpecOpsAreCorrelateOps(t *testing.T) {
 				t.Errorf("%s: op %q", s.Name(), op)
 			}
 		}
+	}
+}
+
+// TestHostEventsDoNotAllocate: the reader goroutine's per-record path
+// (convert into a recycled batch, hand it over) allocates nothing for host calls, the
+// records that come by the hundred thousand per second.
+func TestHostEventsDoNotAllocate(t *testing.T) {
+	conv := newConverter(newCounters(), false)
+	q := pipeline.NewQueue(1 << 16)
+	coll := &bpf.CollEvent{Header: bpf.Header{Type: bpf.EventColl, Probe: bpf.ProbeNCCLAllReduce, PID: 7, StartNs: 1, EndNs: 2}, Count: 1024}
+	sync := &bpf.SyncEvent{Header: bpf.Header{Type: bpf.EventSync, Probe: bpf.ProbeCUDAStreamSynchronize, PID: 7, StartNs: 3, EndNs: 4}}
+	conv.convert(coll, nil) // the process's state exists from here on
+	batch := q.Get()
+	allocs := testing.AllocsPerRun(100, func() {
+		for range pipeline.Batch / 2 {
+			batch = conv.convert(coll, batch)
+			batch = conv.convert(sync, batch)
+		}
+		batch, _ = q.Offer(batch)
+		q.Done(<-q.C())
+	})
+	if allocs != 0 {
+		t.Fatalf("%.1f allocations per %d host events", allocs, pipeline.Batch)
 	}
 }

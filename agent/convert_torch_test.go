@@ -3,6 +3,7 @@ package agent
 import (
 	"testing"
 
+	"github.com/slowrank/slowrank/agent/pipeline"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/correlate"
 )
@@ -20,13 +21,14 @@ func TestConvertFutureWait(t *testing.T) {
 	cnt := newCounters()
 	conv := newConverter(cnt, false)
 	const pid, other = 10, 20
-	hosts := func(out []input) []correlate.HostCall {
+	hosts := func(out []pipeline.Input) []correlate.HostCall {
 		var hs []correlate.HostCall
 		for _, in := range out {
-			if in.kind != inputHost {
+			h, ok := in.HostCall()
+			if !ok {
 				t.Fatalf("non-host input %+v", in)
 			}
-			hs = append(hs, in.host)
+			hs = append(hs, h)
 		}
 		return hs
 	}

@@ -116,7 +116,7 @@ func (a *Agent) refreshPlacements() {
 	for _, pe := range a.att.procs {
 		if a.placeGPU(pe) {
 			a.log.Debug("rank's GPU found", "pid", pe.proc.PID, "rank", pe.rank, "gpu", pe.info.Placement.GPU.Index, "uuid", pe.info.Placement.GPU.UUID)
-			a.pipe.handle(pe.info)
+			a.pipe.SetRank(pe.info)
 		}
 	}
 }

@@ -60,7 +60,7 @@ func TestImplausibleDeviceTimesAreDropped(t *testing.T) {
 			out := c.convert(&bpf.BatchEvent{Header: bpf.Header{Type: bpf.EventBatch, PID: 7, StartNs: emit, EndNs: emit}, Data: data}, nil)
 			devices := 0
 			for _, in := range out {
-				if in.kind == inputDevice {
+				if _, ok := in.Device(); ok {
 					devices++
 				}
 			}

@@ -174,46 +174,12 @@ func (a *Agent) refreshSinks() {
 }
 
 // refreshPipeline exports the correlator's and detector's own loss counters
-// (summed over ranks and jobs, including processes that have exited).
+// and the converter's name counters.
 func (a *Agent) refreshPipeline() {
-	t := a.pipe.corrTotals()
 	c := a.counters
-	c.set("correlate_late", int64(t.Late))
-	c.set("correlate_duplicate", int64(t.Duplicate))
-	c.set("correlate_evicted", int64(t.Evicted))
-	c.set("correlate_dropped_host", int64(t.DroppedHost))
-	c.set("correlate_dropped_device", int64(t.DroppedDevice))
-	c.set("correlate_invalid_steps", int64(t.InvalidSteps))
-	c.set("correlate_degraded_steps", int64(t.DegradedSteps))
-	c.set("correlate_norank_steps", int64(t.NoRankSteps))
-	c.set("correlate_unassigned", int64(t.Unassigned))
-	// Step detection quality: calls outside a locked cycle, tentative
-	// steps withdrawn, locks regained; and records placed after reordering
-	// or steps emitted before every local peer reported.
-	c.set("correlate_irregular_calls", int64(t.IrregularCalls))
-	c.set("correlate_retracted_steps", int64(t.Retracted))
-	c.set("correlate_relocks", int64(t.Relocks))
-	// Collectives before each communicator's first confirmed cycle
-	// (parameter broadcasts, barrier storms, warm-up): cut into no steps.
-	c.set("correlate_init_calls", int64(t.InitCalls))
-	c.set("correlate_reordered", int64(t.Reordered))
-	c.set("correlate_arrival_timeouts", int64(t.ArrivalTimeout))
-	c.set("correlate_implausible_sizes", int64(t.ImplausibleSizes))
-	// Boundaries of bursts far shorter than the steps (the Trainer's
-	// end-of-training calls): merged into the next step or dropped.
-	c.set("correlate_burst_steps", int64(t.BurstSteps))
-	var late, dup, evicted, rejected int64
-	for _, s := range a.pipe.det.Summaries() {
-		late += s.Late
-		dup += s.Duplicates
-		evicted += s.Evicted
-		rejected += s.RejectedRanks
+	for k, v := range a.pipe.Counters() {
+		c.set(k, v)
 	}
-	c.set("detector_late", late)
-	c.set("detector_duplicates", dup)
-	c.set("detector_evicted", evicted)
-	c.set("detector_rejected_ranks", rejected)
-	c.set("detector_late_after_swap", a.pipe.swap.lateAfterSwap)
 	st := a.conv.names.Stats()
 	c.set("names_interned", int64(st.Names))
 	c.set("names_refused", int64(st.Refused)+a.conv.refusedNames())

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"encoding/binary"
-	"log/slog"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -12,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/slowrank/slowrank/agent/pipeline"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/correlate"
 	"github.com/slowrank/slowrank/cupti"
@@ -95,7 +95,7 @@ func TestConverterHostileBatches(t *testing.T) {
 	c := newCounters()
 	conv := newConverter(c, false)
 	rng := rand.New(rand.NewPCG(1, 2))
-	var out []input
+	var out []pipeline.Input
 
 	// Random bytes, with and without a valid magic.
 	for i := 0; i < 5000; i++ {
@@ -177,10 +177,9 @@ func TestPipelineHostileDeviceRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := newCounters()
-	p := newPipeline(slog.New(slog.DiscardHandler), correlate.New(correlate.Config{}), det, nil, nil)
-	p.counters = c
+	p := pipeline.New(pipeline.Config{Correlator: correlate.New(correlate.Config{}), Detector: det, Count: c.add})
 	conv := newConverter(c, false)
-	p.handle(correlate.RankInfo{PID: 9, Rank: 0, WorldSize: 1, Job: "j", Host: "h"})
+	p.SetRank(correlate.RankInfo{PID: 9, Rank: 0, WorldSize: 1, Job: "j", Host: "h"})
 	b := cupti.Batch{Header: cupti.Header{Version: cupti.ABIVersion, Seq: 1}}
 	for i := 0; i < 150; i++ {
 		start, end := uint64(i)*1_000_000, uint64(i)*1_000_000+500_000
@@ -204,11 +203,11 @@ func TestPipelineHostileDeviceRecords(t *testing.T) {
 	start := time.Now()
 	for round := 0; round < 50; round++ {
 		for _, in := range conv.convert(batchEvent(9, data), nil) {
-			p.handleInput(in)
+			p.Feed(in)
 		}
-		p.tick(int64(round) * int64(time.Second))
+		p.Tick(int64(round) * int64(time.Second))
 	}
-	p.flush(1 << 62)
+	p.Flush(1 << 62)
 	if d := time.Since(start); d > 10*time.Second {
 		t.Errorf("50 hostile batches took %v", d)
 	}

@@ -3,6 +3,7 @@ package agent
 import (
 	"testing"
 
+	"github.com/slowrank/slowrank/agent/pipeline"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/cupti"
 )
@@ -14,7 +15,7 @@ const (
 
 // uprobeInit is the uprobes' report of a creating call start..end of a
 // communicator rank of nranks (-1: not known, as for ncclCommSplit).
-func uprobeInitOf(c *converter, start, end uint64, rank, nranks int32) []input {
+func uprobeInitOf(c *converter, start, end uint64, rank, nranks int32) []pipeline.Input {
 	return c.convert(&bpf.CommInitEvent{Header: bpf.Header{
 		Type: bpf.EventCommInit, Probe: bpf.ProbeNCCLCommSplit, PID: pidNCCL, TID: 3, StartNs: start, EndNs: end,
 	}, Comm: splitComm, CommValid: true, Rank: rank, NRanks: nranks, IsSplit: rank < 0, Parent: uprobeComm}, nil)
@@ -64,7 +65,7 @@ func TestPluginCommTakesTheHandleOfItsCreation(t *testing.T) {
 			c := newConverter(newCounters(), true)
 			onPluginPath(t, c)
 			rec := cupti.NCCLComm{Version: 5, Hash: hashB, Rank: 3, NRanks: 8, InitNs: tc.initNs}
-			var out []input
+			var out []pipeline.Input
 			if tc.recordFirst {
 				out = append(out, pluginBatch(c, cupti.Batch{NCCLComms: []cupti.NCCLComm{rec}})...)
 			}

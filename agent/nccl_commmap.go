@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"github.com/slowrank/slowrank/agent/pipeline"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/correlate"
 	"github.com/slowrank/slowrank/cupti"
@@ -145,7 +146,7 @@ func (n *ncclCapture) name(st *pluginCommState, k pluginComm, r *cupti.NCCLColl,
 // resolve gives the handle of the plugin communicator k at its collective
 // r, and feeds its CommInit under that handle unless the correlator knows
 // the communicator already (from the uprobes). Caller holds c.mu.
-func (c *converter) resolve(pid uint32, n *ncclCapture, k pluginComm, r *cupti.NCCLColl, start int64, out []input) (uint64, []input) {
+func (c *converter) resolve(pid uint32, n *ncclCapture, k pluginComm, r *cupti.NCCLColl, start int64, out []pipeline.Input) (uint64, []pipeline.Input) {
 	st := n.comms[k]
 	if st == nil {
 		if len(n.comms) >= MaxPluginComms {
@@ -163,7 +164,7 @@ func (c *converter) resolve(pid uint32, n *ncclCapture, k pluginComm, r *cupti.N
 	if st.hasInit && !n.fed[st.handle] {
 		ci := st.init
 		ci.PID, ci.Comm = pid, st.handle
-		out = append(out, otherInput(ci))
+		out = append(out, pipeline.OtherInput(ci))
 		n.markFed(st.handle)
 	}
 	return st.handle, out

@@ -3,6 +3,7 @@ package agent
 import (
 	"testing"
 
+	"github.com/slowrank/slowrank/agent/pipeline"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/correlate"
 	"github.com/slowrank/slowrank/cupti"
@@ -10,16 +11,16 @@ import (
 
 const uprobeComm = uint64(0x7f00_1234_5000) // the trainer's ncclComm_t
 
-func uprobeCollOn(c *converter, tid uint32, comm, start, end uint64) []input {
+func uprobeCollOn(c *converter, tid uint32, comm, start, end uint64) []pipeline.Input {
 	return c.convert(&bpf.CollEvent{Header: bpf.Header{
 		Type: bpf.EventColl, Probe: bpf.ProbeNCCLAllReduce, PID: pidNCCL, TID: tid, StartNs: start, EndNs: end,
 	}, Count: 1024, Datatype: 9, Comm: comm}, nil)
 }
 
-func commInits(in []input) []correlate.CommInit {
+func commInits(in []pipeline.Input) []correlate.CommInit {
 	var cs []correlate.CommInit
 	for _, i := range in {
-		if ci, ok := i.other.(correlate.CommInit); ok {
+		if ci, ok := i.Other().(correlate.CommInit); ok {
 			cs = append(cs, ci)
 		}
 	}

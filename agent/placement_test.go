@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"testing"
 
+	"github.com/slowrank/slowrank/agent/pipeline"
 	"github.com/slowrank/slowrank/correlate"
 	"github.com/slowrank/slowrank/detector"
 )
@@ -82,21 +83,24 @@ func TestRefreshPlacementsSendsTheGPU(t *testing.T) {
 	pod := detector.Placement{K8s: detector.K8sPod{PodName: "w-0", PodUID: testUID}, ContainerID: testCID}
 	pe := &procEntry{proc: Process{ProcessKey: ProcessKey{PID: 100}}, rank: 0, job: "j1",
 		info: correlate.RankInfo{PID: 100, Rank: 0, WorldSize: 1, Host: "h0", Job: "j1", Placement: pod}}
+	corr := correlate.New(correlate.Config{})
 	a := &Agent{
 		log:  slog.New(slog.DiscardHandler),
 		att:  &attacher{procs: map[ProcessKey]*procEntry{pe.proc.ProcessKey: pe}},
-		pipe: newPipeline(slog.New(slog.DiscardHandler), correlate.New(correlate.Config{}), det, nil, nil),
+		pipe: pipeline.New(pipeline.Config{Correlator: corr, Detector: det}),
 		gpu:  newGPUEvidence(nil),
 	}
-	a.pipe.handle(pe.info)
-	if _, topos := a.pipe.corr.Flush(); len(topos) != 1 || topos[0].Ranks[0].GPU != (detector.RankGPU{}) {
+	a.pipe.SetRank(pe.info)
+	// The test reads the topologies straight from the correlator the
+	// pipeline feeds: what the agent sent, before any detector.
+	if _, topos := corr.Flush(); len(topos) != 1 || topos[0].Ranks[0].GPU != (detector.RankGPU{}) {
 		t.Fatalf("first topology %+v, want one without a GPU", topos)
 	}
 
 	gpu := detector.RankGPU{Index: 3, UUID: "GPU-3", PCIBusID: "00000000:3B:00.0"}
 	a.gpu.placed = map[int]detector.RankGPU{100: gpu}
 	a.refreshPlacements()
-	_, topos := a.pipe.corr.Drain()
+	_, topos := corr.Drain()
 	want := pod
 	want.GPU = gpu
 	if len(topos) != 1 || topos[0].Version != 2 || topos[0].Ranks[0].Placement != want {
@@ -106,7 +110,7 @@ func TestRefreshPlacementsSendsTheGPU(t *testing.T) {
 	a.refreshPlacements()
 	a.gpu.placed = map[int]detector.RankGPU{}
 	a.refreshPlacements()
-	if _, topos := a.pipe.corr.Drain(); len(topos) != 0 {
+	if _, topos := corr.Drain(); len(topos) != 0 {
 		t.Fatalf("unchanged or vanished GPU made topology %+v", topos)
 	}
 	if pe.info.Placement.GPU != gpu {

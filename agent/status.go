@@ -4,9 +4,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/slowrank/slowrank/agent/pipeline"
 	"github.com/slowrank/slowrank/cupti"
 	"github.com/slowrank/slowrank/detector"
 )
+
+// RankView is one row of the live view: a rank's latest step and verdict.
+type RankView = pipeline.RankView
 
 // Status is a snapshot of what a running agent is doing: the live view and
 // `slowrank status` show it.
@@ -58,7 +62,7 @@ type ExportHealth struct {
 
 // Status returns a snapshot; safe to call from any goroutine while Run runs.
 func (a *Agent) Status() Status {
-	rows, recent, windows, facts, verdicts := a.pipe.snapshot()
+	snap := a.pipe.Snapshot()
 	c := a.counters.snapshot()
 	st := Status{
 		Uptime:      time.Since(a.started),
@@ -66,10 +70,10 @@ func (a *Agent) Status() Status {
 		Attached:    int(c["libraries_attached"] - c["libraries_detached"]),
 		Events:      c["events"],
 		Lost:        c["ringbuf_lost"] + c["events_lost_queue"] + c["events_malformed"],
-		Windows:     windows,
-		Facts:       facts,
-		Ranks:       rows,
-		Recent:      recent,
+		Windows:     snap.Windows,
+		Facts:       snap.Facts,
+		Ranks:       snap.Ranks,
+		Recent:      snap.Recent,
 		Counters:    c,
 		DeviceState: "off",
 		Uprobes:     "perf_event",
@@ -79,12 +83,12 @@ func (a *Agent) Status() Status {
 	}
 	st.Processes = len(st.Procs)
 	withNCCLPaths(st.Procs, a.conv.ncclPaths())
-	for _, r := range rows {
+	for _, r := range snap.Ranks {
 		if r.Verdict != nil && r.Verdict.AlertActive {
 			st.Alerts = append(st.Alerts, *r.Verdict)
 		}
 	}
-	st.Verdicts = verdicts
+	st.Verdicts = snap.Verdicts
 	injected, pluginOnly := 0, 0
 	for _, p := range st.Procs {
 		switch {

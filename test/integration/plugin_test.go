@@ -241,7 +241,7 @@ func TestNCCLCapturePathMatrix(t *testing.T) {
 			}
 			// Steps: every one, whatever the path: the plugin's calls take
 			// the uprobes' comm handle and are reordered with the
-			// process's real-time synchronisations (agent/reorder.go).
+			// process's real-time synchronisations (agent/pipeline/reorder.go).
 			// After a late communicator the job's cycle moves to it: it
 			// takes the clock once the old one made no step for
 			// PromoteCycles (16) of its steps, which are lost.

@@ -1,4 +1,4 @@
-package agent
+package pipeline
 
 import (
 	"slices"
@@ -17,10 +17,10 @@ import (
 // time order. A plugin record that comes later than that is still fed, after
 // calls that ended later (counted, nccl_plugin_records_late).
 //
-// Owned by the pipeline goroutine.
+// Owned by the pipeline's owner goroutine.
 type pluginReorder struct {
-	procs    map[uint32]*heldInputs
-	counters *counters
+	procs map[uint32]*heldInputs
+	count func(name string, n int64) // nil: not counted
 }
 
 // pluginHold is how long after its end a call of a plugin-path process is
@@ -39,11 +39,14 @@ type heldInputs struct {
 
 type heldInput struct {
 	at int64 // the end of a call, the time of a comm record
-	in input
+	in Input
 }
 
-func newPluginReorder(c *counters) *pluginReorder {
-	return &pluginReorder{procs: map[uint32]*heldInputs{}, counters: c}
+func newPluginReorder(count func(name string, n int64)) *pluginReorder {
+	if count == nil {
+		count = func(string, int64) {}
+	}
+	return &pluginReorder{procs: map[uint32]*heldInputs{}, count: count}
 }
 
 // start puts pid on the plugin path: its inputs are held from now on.
@@ -55,7 +58,7 @@ func (r *pluginReorder) start(pid uint32) {
 
 // hold keeps in if it belongs to a process on the plugin path and must wait
 // for the plugin's records; false: feed it now.
-func (r *pluginReorder) hold(in input, emit func(input)) bool {
+func (r *pluginReorder) hold(in Input, emit func(Input)) bool {
 	if len(r.procs) == 0 {
 		return false
 	}
@@ -79,7 +82,7 @@ func (r *pluginReorder) hold(in input, emit func(input)) bool {
 
 // holdKey says which inputs wait: host calls and communicator records,
 // whose order against the calls matters to the correlator.
-func holdKey(in input) (pid uint32, at int64, ok bool) {
+func holdKey(in Input) (pid uint32, at int64, ok bool) {
 	switch in.kind {
 	case inputHost:
 		return in.host.PID, in.host.EndNS, true
@@ -96,7 +99,7 @@ func holdKey(in input) (pid uint32, at int64, ok bool) {
 
 // release feeds, in time order, every held input that ended pluginHold or
 // more before now.
-func (r *pluginReorder) release(now int64, emit func(input)) {
+func (r *pluginReorder) release(now int64, emit func(Input)) {
 	for _, h := range r.procs {
 		h.release(now-pluginHold, emit)
 	}
@@ -104,7 +107,7 @@ func (r *pluginReorder) release(now int64, emit func(input)) {
 
 // forget feeds everything pid holds and takes it off the plugin path (the
 // process exited).
-func (r *pluginReorder) forget(pid uint32, emit func(input)) {
+func (r *pluginReorder) forget(pid uint32, emit func(Input)) {
 	if h := r.procs[pid]; h != nil {
 		h.release(maxTime, emit)
 		delete(r.procs, pid)
@@ -112,7 +115,7 @@ func (r *pluginReorder) forget(pid uint32, emit func(input)) {
 }
 
 // flush feeds everything held (the agent stops).
-func (r *pluginReorder) flush(emit func(input)) {
+func (r *pluginReorder) flush(emit func(Input)) {
 	for pid := range r.procs {
 		r.forget(pid, emit)
 	}
@@ -125,12 +128,6 @@ func (r *pluginReorder) held() int {
 		n += len(h.items)
 	}
 	return n
-}
-
-func (r *pluginReorder) count(name string, n int64) {
-	if r.counters != nil {
-		r.counters.add(name, n)
-	}
 }
 
 const maxTime = int64(^uint64(0) >> 1)
@@ -153,7 +150,7 @@ func (h *heldInputs) sorted() []heldInput {
 
 // release feeds the held inputs at or before cutoff, in time order, and
 // returns how many.
-func (h *heldInputs) release(cutoff int64, emit func(input)) int {
+func (h *heldInputs) release(cutoff int64, emit func(Input)) int {
 	if len(h.items) == 0 {
 		return 0
 	}

@@ -1,4 +1,4 @@
-package agent
+package pipeline
 
 import (
 	"slices"
@@ -7,11 +7,11 @@ import (
 	"github.com/slowrank/slowrank/correlate"
 )
 
-func hostAt(pid uint32, end int64, op correlate.Op) input {
-	return hostInput(correlate.HostCall{PID: pid, Kind: correlate.HostSyncWait, Op: op, StartNS: end - 10, EndNS: end})
+func hostAt(pid uint32, end int64, op correlate.Op) Input {
+	return HostInput(correlate.HostCall{PID: pid, Kind: correlate.HostSyncWait, Op: op, StartNS: end - 10, EndNS: end})
 }
 
-func ops(in []input) []string {
+func ops(in []Input) []string {
 	var s []string
 	for _, i := range in {
 		switch v := i.value().(type) {
@@ -30,11 +30,11 @@ func ops(in []input) []string {
 // collectives, a batch later, reach the correlator in the order of their
 // end; other processes' inputs are never held.
 func TestReorderFeedsAPluginProcessInEndOrder(t *testing.T) {
-	cnt := newCounters()
-	r := newPluginReorder(cnt)
-	var fed []input
-	emit := func(in input) { fed = append(fed, in) }
-	feed := func(in input) {
+	cnt := counts{}
+	r := newPluginReorder(cnt.add)
+	var fed []Input
+	emit := func(in Input) { fed = append(fed, in) }
+	feed := func(in Input) {
 		if !r.hold(in, emit) {
 			emit(in)
 		}
@@ -46,7 +46,7 @@ func TestReorderFeedsAPluginProcessInEndOrder(t *testing.T) {
 	feed(hostAt(1, base+20*ms, "sync1"))
 	feed(hostAt(1, base+60*ms, "sync2"))
 	// The batch with the collectives, which ended before each sync.
-	feed(otherInput(correlate.CommInit{PID: 1, AtNS: base}))
+	feed(OtherInput(correlate.CommInit{PID: 1, AtNS: base}))
 	feed(hostAt(1, base+10*ms, "coll1"))
 	feed(hostAt(1, base+50*ms, "coll2"))
 	if got := ops(fed); !slices.Equal(got, []string{"other"}) {
@@ -63,7 +63,7 @@ func TestReorderFeedsAPluginProcessInEndOrder(t *testing.T) {
 	if got := ops(fed); got[len(got)-1] != "coll-late" {
 		t.Errorf("the late record was not fed at the process's end: %v", got)
 	}
-	if n := cnt.get("nccl_plugin_records_late"); n != 1 {
+	if n := cnt["nccl_plugin_records_late"]; n != 1 {
 		t.Errorf("nccl_plugin_records_late = %d, want 1", n)
 	}
 	if r.held() != 0 {
@@ -71,18 +71,18 @@ func TestReorderFeedsAPluginProcessInEndOrder(t *testing.T) {
 	}
 	feed(hostAt(1, base+80*ms, "after-exit")) // a new process with the pid: not held
 	if got := ops(fed); got[len(got)-1] != "after-exit" {
-		t.Errorf("a forgotten pid's input was held")
+		t.Errorf("a forgotten pid's Input was held")
 	}
 }
 
 // A process cannot make the agent hold without bound: past
 // maxHeldPerProcess the oldest half is released early, in order.
 func TestReorderHoldIsBounded(t *testing.T) {
-	cnt := newCounters()
-	r := newPluginReorder(cnt)
+	cnt := counts{}
+	r := newPluginReorder(cnt.add)
 	r.start(1)
 	var fed []int64
-	emit := func(in input) { fed = append(fed, in.host.EndNS) }
+	emit := func(in Input) { fed = append(fed, in.host.EndNS) }
 	for i := range maxHeldPerProcess + 1 {
 		r.hold(hostAt(1, int64(maxHeldPerProcess-i), ""), emit) // newest first: the worst order
 	}
@@ -92,7 +92,7 @@ func TestReorderHoldIsBounded(t *testing.T) {
 	if !slices.IsSorted(fed) || len(fed) == 0 {
 		t.Errorf("the early release fed %d inputs, sorted %v", len(fed), slices.IsSorted(fed))
 	}
-	if n := cnt.get("nccl_plugin_reorder_overflow"); n != int64(len(fed)) {
+	if n := cnt["nccl_plugin_reorder_overflow"]; n != int64(len(fed)) {
 		t.Errorf("nccl_plugin_reorder_overflow = %d, fed early %d", n, len(fed))
 	}
 	r.flush(emit)
