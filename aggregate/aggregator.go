@@ -16,15 +16,9 @@ import (
 	"github.com/slowrank/slowrank/otel/wire"
 )
 
-// Sink receives the aggregator's results, exactly as an agent's sinks do
-// (export.JSONLSink and export.OTelSink satisfy both): calls come
-// from the aggregator's goroutine, in order; a step's Step call precedes
-// the Settled call of its window. A Sink must not block for long.
-type Sink interface {
-	Topology(detector.Topology)
-	Step(s detector.Step, window int64)
-	Settled(w detector.SettledWindow, verdicts []detector.Verdict)
-}
+// Sink receives the aggregator's results, from the aggregator's goroutine,
+// as an agent's sinks do (detector.Sink says in which order).
+type Sink = detector.Sink
 
 // Config configures an Aggregator.
 type Config struct {

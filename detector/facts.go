@@ -273,3 +273,15 @@ type Summary struct {
 	InvalidLines     int64 `json:"invalid_lines,omitempty"`
 	UnknownKinds     int64 `json:"unknown_kinds,omitempty"`
 }
+
+// Sink receives a detector's results as the agent's pipeline and the
+// aggregator hand them on, in order, from one goroutine: a step's Step
+// call precedes the Settled call of its window. A Sink must not block for
+// long (it owns its own bounded queue). The export side's JSONL and OTLP
+// sinks implement it; the agent (agent/pipeline) and the aggregator
+// (aggregate) both take it.
+type Sink interface {
+	Topology(Topology)
+	Step(s Step, window int64)
+	Settled(w SettledWindow, verdicts []Verdict)
+}

@@ -9,14 +9,9 @@ import (
 	"github.com/slowrank/slowrank/detector"
 )
 
-// Sink receives the pipeline's results. Calls come from the pipeline's
-// owner goroutine, in order: a step's Step call precedes the Settled call of
-// its window. A Sink must not block for long: it owns its own bounded queue.
-type Sink interface {
-	Topology(detector.Topology)
-	Step(s detector.Step, window int64)
-	Settled(w detector.SettledWindow, verdicts []detector.Verdict)
-}
+// Sink receives the pipeline's results, from the pipeline's owner
+// goroutine (detector.Sink says in which order).
+type Sink = detector.Sink
 
 // Duty is the part of the agent's duty-cycle controller that the pipeline
 // informs: which ranks' steps had device records, which windows look slow,

@@ -115,13 +115,9 @@ func runAggregate(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	var aggSinks []aggregate.Sink
-	for _, s := range sinks.list() {
-		aggSinks = append(aggSinks, s)
-	}
 	agg, err := aggregate.New(aggregate.Config{
 		Detector:        det,
-		Sinks:           aggSinks,
+		Sinks:           sinks.list(),
 		MaxHosts:        c.Int("max-hosts"),
 		MaxRanks:        c.Int("max-ranks"),
 		MaxRanksPerHost: c.Int("max-ranks-per-host"),

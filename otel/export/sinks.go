@@ -2,9 +2,9 @@ package export
 
 import "github.com/slowrank/slowrank/detector"
 
-// The sinks: the agent's (agent.Sink) and the aggregator's (aggregate.Sink)
-// view of the outputs here. Both interfaces are the same three methods,
-// Topology, Step (with the fact's window) and Settled, and both merge a
+// The sinks of detector.Sink, which the agent (agent.Sink) and the
+// aggregator (aggregate.Sink) both take: three methods, Topology, Step
+// (with the fact's window) and Settled; both merge a
 // sink's Counters into their own (agent.CounterSource), so every loss shows
 // in the metrics and in `slowrank status`. One implementation serves
 // `slowrank agent`, `slowrank aggregate` and the benchmarks.
