@@ -409,12 +409,9 @@ func TestReplayTrainerEpilogueLate(t *testing.T) {
 // iterations) with the held ones merged, reported after the step up to the
 // burst (262 facts for 260 iterations). A boundary that would close a step
 // shorter than the pace after held ones is held too, and dropped with them
-// at the end of the lock. And delayed-wakeup: the burst's first group took
-// 4 ms instead of 0.3 (the trainer's wake-up after the 200 ms step, on a
-// loaded host), a step of its own before any was held; a step under half
-// the pace is held as well.
+// at the end of the lock.
 func TestReplayTrainerEpiloguePreempted(t *testing.T) {
-	for _, f := range []string{"preempted-early", "preempted-long", "preempted-longer", "delayed-wakeup"} {
+	for _, f := range []string{"preempted-early", "preempted-long", "preempted-longer"} {
 		t.Run(f, func(t *testing.T) {
 			replayTrainerFile(t, "testdata/trainer-epilogue-"+f+"-2ranks.records.gz", 1)
 		})

@@ -38,9 +38,7 @@ import "slices"
 // paceRegime short ones, a boundary of normal length is held as well when
 // the step it would close, the held ones merged, is still shorter than
 // the pace (a preemption of 2 to 11 ms among a burst's 0.3 ms groups at
-// the end of training), and so is one whose step is under half the pace
-// when none is held (the burst's first group, delayed): reported one
-// boundary late if an iteration's end follows, dropped with a burst. At
+// the end of training). At
 // most maxHeld boundaries are held; beyond that they are settled as a
 // burst.
 //
@@ -158,10 +156,7 @@ func (d *seqDet) hold(t int64) bool {
 	// Held as one of normal length; the end of the lock drops it with the
 	// burst, and a boundary that ends an iteration settles it (reported,
 	// one boundary late).
-	// Without held ones, a step under half the pace is held the same way:
-	// the burst's first group, delayed 4 ms on a loaded host (the
-	// process's wake-up after the 200 ms step before it).
-	brief := ok && (ps.short > 0 && t-ps.open < p || (t-ps.open)*groupRatio < p)
+	brief := ok && ps.short > 0 && t-ps.open < p
 	switch {
 	case normal && (ps.short < paceRegime && !brief || ps.normals == paceNormal):
 		// A burst ends: merged into the step that t closes.
