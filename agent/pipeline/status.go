@@ -129,8 +129,15 @@ func (p *Pipeline) Counters() map[string]int64 {
 		// end-of-training calls): merged into the next step or dropped.
 		"correlate_burst_steps": int64(t.BurstSteps),
 	}
+	// Counters, not gauges: the retired detectors' counts and those of the
+	// one retiring during a swap are included, so that a detector change
+	// never takes a count back (Prometheus would read a reset).
+	sums := p.Summaries()
+	if p.swap.old != nil {
+		sums = append(sums, p.swap.old.Summaries()...)
+	}
 	var late, dup, evicted, rejected int64
-	for _, s := range p.det.Summaries() {
+	for _, s := range sums {
 		late += s.Late
 		dup += s.Duplicates
 		evicted += s.Evicted

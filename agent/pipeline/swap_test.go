@@ -181,3 +181,42 @@ func TestNextWindowStartIsTheFirstInstantOfTheNextWindow(t *testing.T) {
 		}
 	}
 }
+
+// The detector_* counters are counters: a detector change (the old
+// detector retiring after its last window) never takes a count back.
+// Before, they counted the current detector only and fell to 0 at a swap.
+func TestDetectorCountersNeverGoBackAcrossASwap(t *testing.T) {
+	cfg := detector.DefaultConfig()
+	cfg.Window = time.Second
+	cfg.Lateness = 200 * time.Millisecond
+	det, err := detector.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := New(Config{Correlator: correlate.New(correlate.Config{}), Detector: det, Sinks: []Sink{&settleSink{}}})
+	const base, stepNS = int64(1_000_000_000_000), int64(100 * time.Millisecond)
+	last := map[string]int64{}
+	for i := int64(1); i <= 60; i++ {
+		end := base + i*stepNS
+		s := detector.Step{Kind: detector.KindStep, Job: "j", Rank: 0, Step: i, Host: "h",
+			StartNS: end - stepNS, EndNS: end, Phases: map[string]float64{"step": 100, "host": 20}}
+		p.deliver([]detector.Step{s, s}, nil) // every step twice: a duplicate each
+		p.Tick(end)
+		if i == 20 {
+			nc := cfg
+			nc.Window = 2 * time.Second
+			if err := p.SwapDetector(nc, end); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for k, v := range p.Counters() {
+			if v < last[k] {
+				t.Fatalf("step %d: %s went from %d to %d", i, k, last[k], v)
+			}
+			last[k] = v
+		}
+	}
+	if last["detector_duplicates"] != 60 {
+		t.Errorf("detector_duplicates = %d, want 60 (one per step)", last["detector_duplicates"])
+	}
+}
