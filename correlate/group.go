@@ -525,34 +525,34 @@ func (d *seqDet) knownGroup(cyc []int32) int64 {
 // 1.8 ms steps did (3 facts: TestReplayTrainerSpeedup's keep-sync-clock
 // replays).
 func (d *seqDet) regular() bool {
-	if d.nStep < regularN+1 {
+	var ds [regularN]int64
+	if !d.latestSteps(ds[:]) {
 		return false
 	}
-	var ds [regularN]int64
-	for i := range regularN {
-		a := d.stepT[(d.nStep-1-i)%len(d.stepT)]
-		b := d.stepT[(d.nStep-2-i)%len(d.stepT)]
-		ds[i] = a - b
-	}
-	slices.Sort(ds[:])
 	return ds[0]*groupRatio >= ds[regularN-1-regularOut]
 }
 
 // steady reports whether the latest steadyN steps agree within groupRatio;
 // thr is half their median: the shorter steps before them are init-time.
 func (d *seqDet) steady() (thr int64, ok bool) {
-	if d.nStep < steadyN+1 {
-		return 0, false
-	}
 	var ds [steadyN]int64
-	for i := range steadyN {
-		a := d.stepT[(d.nStep-1-i)%len(d.stepT)]
-		b := d.stepT[(d.nStep-2-i)%len(d.stepT)]
-		ds[i] = a - b
-	}
-	slices.Sort(ds[:])
-	if ds[0]*groupRatio < ds[steadyN-1] {
+	if !d.latestSteps(ds[:]) || ds[0]*groupRatio < ds[steadyN-1] {
 		return 0, false
 	}
 	return ds[steadyN/2] / 2, true
+}
+
+// latestSteps fills ds with the durations of the latest len(ds) steps
+// (stepT holds len(ds)+1 boundaries at least), sorted; false until there
+// are len(ds)+1 boundaries.
+func (d *seqDet) latestSteps(ds []int64) bool {
+	n := len(ds)
+	if d.nStep < n+1 {
+		return false
+	}
+	for i := range n {
+		ds[i] = d.stepT[(d.nStep-1-i)%len(d.stepT)] - d.stepT[(d.nStep-2-i)%len(d.stepT)]
+	}
+	slices.Sort(ds)
+	return true
 }
