@@ -114,16 +114,20 @@ while ((SECONDS - t0 < WARM_MAX)); do
 done
 agent_stop "$AGENT_PID" 30
 AGENT_PID=
-echo "warm-up agent: $((SECONDS - t0)) s, stopped in ${AGENT_STOP_MS} ms; $(grep 'cost estimate' "$OUT/$NAME-warm-agent.log" | sed 's/^time=[^ ]* //' | head -1)"
+echo "warm-up agent: $((SECONDS - t0)) s, stopped in ${AGENT_STOP_MS} ms; $(grep 'msg=overhead' "$OUT/$NAME-warm-agent.log" | sed 's/^time=[^ ]* //' | tail -1)"
 WARM_S=$((SECONDS - t0)) STOP_MS=$AGENT_STOP_MS "$PYA" - "$OUT/$NAME-warm-agent.log" "$OUT/$NAME-warm.json" <<'PY'
 import json, os, re, sys
 log, out = sys.argv[1], sys.argv[2]
 m = None
 for line in open(log, errors="replace"):
-    m = re.search(r'cost estimate".*cost=([0-9.]+) measured=(\w+) share=([0-9.]+)', line) or m
+    # the agent's periodic "overhead" line: ... cost=C cost_ci=... pairs=N measured=B share=S ...
+    m = re.search(r'msg=overhead .*\bcost=([0-9.]+) .*\bpairs=(\d+) measured=(\w+) share=([0-9.]+)', line) or m
 res = {"seconds": int(os.environ["WARM_S"]), "stop_ms": int(os.environ["STOP_MS"])}
 if m:
-    res.update(cost=float(m.group(1)), measured=m.group(2) == "true", share=float(m.group(3)))
+    res.update(cost=float(m.group(1)), pairs=int(m.group(2)), measured=m.group(3) == "true", share=float(m.group(4)))
+else:
+    res["error"] = "no overhead line in the warm-up agent's log: ON agents run on their own estimate"
+    print("c1matrix.sh: " + res["error"], file=sys.stderr)
 json.dump(res, open(out, "w"))
 print(json.dumps(res))
 PY
