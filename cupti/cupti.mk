@@ -145,6 +145,8 @@ $(CUPTI_TEST_OUT)/$(1)/test_stress: $(CUPTI_STRESS_DEPS) $(CUPTI_DIR)/cupti.mk
 	$(CUPTI_CC) $(CUPTI_CFLAGS) -Wno-tsan $(2) -fvisibility=default -shared -o $(CUPTI_TEST_OUT)/$(1)/libcupti.so \
 		$(CUPTI_FAKE_SRC) -lpthread
 	$(CUPTI_CC) $(CUPTI_CFLAGS) -Wno-tsan $(2) -o $$@ $(CUPTI_DIR)/test_stress.c -ldl -lpthread
+$(CUPTI_TEST_OUT)/$(1)/test_drain: $(CUPTI_TEST_OUT)/$(1)/test_stress $(CUPTI_DIR)/test_drain.c
+	$(CUPTI_CC) $(CUPTI_CFLAGS) -Wno-tsan $(2) -o $$@ $(CUPTI_DIR)/test_drain.c -ldl -lpthread
 endef
 CUPTI_SAN_asan := -fsanitize=address,undefined -fno-omit-frame-pointer
 CUPTI_SAN_tsan := -fsanitize=thread
@@ -158,7 +160,14 @@ $(eval $(call cupti_stress_build,plain,))
 cupti-stress-plain: $(CUPTI_TEST_OUT)/plain/test_stress
 
 .PHONY: cupti-stress
-cupti-stress: $(CUPTI_TEST_OUT)/asan/test_stress $(CUPTI_TEST_OUT)/tsan/test_stress
+cupti-stress: $(CUPTI_TEST_OUT)/asan/test_stress $(CUPTI_TEST_OUT)/tsan/test_stress \
+		$(CUPTI_TEST_OUT)/asan/test_drain $(CUPTI_TEST_OUT)/tsan/test_drain
+	ASAN_OPTIONS=abort_on_error=1:detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+		timeout 60 $(CUPTI_TEST_OUT)/asan/test_drain $(CUPTI_TEST_OUT)/asan/libslowrank_cupti.so \
+		$(CUPTI_TEST_OUT)/asan/libcupti.so
+	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+		timeout 60 $(CUPTI_TEST_OUT)/tsan/test_drain $(CUPTI_TEST_OUT)/tsan/libslowrank_cupti.so \
+		$(CUPTI_TEST_OUT)/tsan/libcupti.so
 	ASAN_OPTIONS=abort_on_error=1:detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 		timeout 120 $(CUPTI_TEST_OUT)/asan/test_stress $(CUPTI_TEST_OUT)/asan/libslowrank_cupti.so \
 		$(CUPTI_TEST_OUT)/asan/libcupti.so $(STRESS_SECONDS)

@@ -147,6 +147,12 @@ static const CUpti_ActivityKind sr_kinds[] = {
 #define SR_CALIB_NS (1000ull * 1000000ull)
 #define SR_EXIT_WAIT_NS (300ull * 1000000ull)
 #define SR_HAND_BACK_NS (50ull * 1000000ull)
+/* After collection goes off, the records of work the host had queued ahead
+ * of the GPU complete only once that work has run (a whole step and more on
+ * a GPU-bound job): buffers are taken back by normal flushes until none is
+ * outstanding, and by force (their incomplete records lost, counted) only
+ * once this long has passed since the disable. */
+#define SR_DRAIN_MAX_NS (3000ull * 1000000ull)
 #define SR_SUSPECT_NS (500ull * 1000000ull)
 #define SR_ON_POLL_NS (2ull * 1000000ull)
 /* Collection time after a (re)registration in which CUPTI must ask for a
@@ -933,9 +939,9 @@ static void collection_off(int reason, uint64_t now)
 	/* Another client starting right now would have lost its kinds: look
 	 * for the agent's yield often for a while, to give them back at once. */
 	fast_poll_until(g.last_disable_ns + 20ull * 1000000ull);
-	/* Once the records in flight have completed, take every buffer back
-	 * (forced flush): a client that starts while collection is off then
-	 * finds no buffer of ours in CUPTI to write its first records into. */
+	/* Once the records in flight have completed, take every buffer back:
+	 * a client that starts while collection is off then finds no buffer
+	 * of ours in CUPTI to write its first records into (hand_back_due). */
 	g.hand_back_at = g.last_disable_ns + SR_HAND_BACK_NS;
 	/* And close CUPTI's current buffer now: records that a client starting
 	 * meanwhile makes go to a buffer of its own, not into ours. */
@@ -1490,6 +1496,19 @@ static int no_buffers_since_setup(uint64_t now)
 	return on >= SR_NO_BUFFER_NS;
 }
 
+/* Whether the buffers still held after collection went off are to be
+ * taken back now. A forced flush returns the records of work still queued
+ * on the GPU without timestamps, so it waits until normal flushes (every
+ * SR_FLUSH_NS while buffers are outstanding) have returned every buffer,
+ * or until SR_DRAIN_MAX_NS after the disable for a buffer that never
+ * completes (an empty current buffer, a hung kernel). */
+static int hand_back_due(uint64_t now)
+{
+	if (g.hand_back_at == 0 || now < g.hand_back_at)
+		return 0;
+	return outstanding_buffers() == 0 || now - g.last_disable_ns >= SR_DRAIN_MAX_NS;
+}
+
 /* One poll while attached; *wake gets the time to the next boundary. */
 static void attached_tick(uint64_t now, uint64_t *wake)
 {
@@ -1531,8 +1550,9 @@ static void attached_tick(uint64_t now, uint64_t *wake)
 	}
 	if (!g.refused)
 		set_state(g.on ? SLOWRANK_STATE_ON : SLOWRANK_STATE_OFF_PHASE);
-	if (!g.on && g.hand_back_at != 0 && now >= g.hand_back_at) {
-		flush(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+	if (!g.on && hand_back_due(now)) {
+		if (outstanding_buffers() > 0)
+			flush(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
 		g.hand_back_at = 0;
 		g.last_flush = now;
 	} else if ((g.on || outstanding_buffers() > 0) && now - g.last_flush >= SR_FLUSH_NS) {
