@@ -184,7 +184,9 @@ func New(cfg Config) (*Agent, error) {
 	var duty *Duty
 	if cfg.Duty.Period > cfg.Detector.Window {
 		// Every window needs some covered steps, or the device phases of
-		// the windows without any are not judged and streaks break.
+		// the windows without any are not judged and streaks break. (When
+		// the budget leaves blocks too short to hold a few steps, the
+		// plan doubles the period anyway: Duty.period.)
 		cfg.Duty.Period = cfg.Detector.Window
 	}
 	if cfg.DeviceCollection {

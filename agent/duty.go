@@ -61,6 +61,14 @@ type DutyConfig struct {
 	// PairTolerance drops a pair whose off steps before and after the
 	// on-block differ by more than this (the job's own step time moved).
 	PairTolerance float64
+	// MinOnSteps is the number of whole steps an on-block must hold: a
+	// shorter one gives no covered step (correlate marks a step gpu only
+	// when collection was on for all of it) and no pair for the estimate.
+	// When the share would make the blocks shorter, the period is doubled
+	// (up to MaxPeriod) and the blocks grow with it at the same share.
+	MinOnSteps int
+	// MaxPeriod bounds that doubling.
+	MaxPeriod time.Duration
 }
 
 // DefaultDutyConfig returns a budget of 0.3 % over an hour, a quarter of it
@@ -72,6 +80,7 @@ func DefaultDutyConfig() DutyConfig {
 		PriorCost: 0.03, Escalation: 20 * time.Second, EscalationReserve: 0.25,
 		Horizon: time.Hour, UprobeCost: 6 * time.Microsecond, LibraryCost: 0.0001,
 		MinPairs: 10, PairSteps: 8, PairTolerance: 0.02,
+		MinOnSteps: 4, MaxPeriod: 16 * time.Minute,
 	}
 }
 
@@ -132,6 +141,9 @@ const (
 	maxOnSteps = 256
 	// maxExcluded bounds the suspicious spans kept.
 	maxExcluded = 64
+	// stepWindow is how many recent steps (all ranks) the step time that
+	// sizes the on-blocks is the median of.
+	stepWindow = 16
 	// trimFraction is trimmed from each end of the pair ratios: a stall of
 	// the job that falls into one on-block must not read as cost.
 	trimFraction = 0.1
@@ -159,6 +171,11 @@ const (
 type Duty struct {
 	cfg   DutyConfig
 	ranks map[int]*rankPairing
+	// steps are the latest step times in ms (a ring of stepWindow).
+	steps  []float64
+	stepAt int
+	// lastPeriod is the period of the last plan.
+	lastPeriod time.Duration
 	// clusters are the recent paired blocks, oldest first.
 	clusters []pairCluster
 	excluded []span
@@ -240,6 +257,12 @@ func (d *Duty) ObserveStep(rank int, endNS int64, stepMS float64, gpuOn bool) {
 	d.activity++
 	if !(stepMS > 0) {
 		return
+	}
+	if len(d.steps) < stepWindow {
+		d.steps = append(d.steps, stepMS)
+	} else {
+		d.steps[d.stepAt] = stepMS
+		d.stepAt = (d.stepAt + 1) % stepWindow
 	}
 	p := d.ranks[rank]
 	if p == nil {
@@ -519,10 +542,38 @@ func (d *Duty) Plan(now int64) DutyPlan {
 	}
 	share = max(0, d.cfg.MinShare, min(d.cfg.MaxShare, share))
 	d.share = share
-	p := DutyPlan{OnShare: share, Period: d.cfg.Period, Cost: est.Cost, Measured: est.Measured, Overhead: d.overhead(now, est, s)}
+	p := DutyPlan{OnShare: share, Period: d.period(share), Cost: est.Cost, Measured: est.Measured, Overhead: d.overhead(now, est, s)}
 	if now < d.escUntil {
 		p.Escalate, p.EscalatedUntil = true, d.escUntil
 	}
+	return p
+}
+
+// period is the configured period, doubled until an on-block at share
+// holds MinOnSteps whole steps of the recent step time (plus one, for the
+// steps the block's edges cut), or until MaxPeriod. Doubling rather than
+// fitting keeps the periods of hosts with slightly different step times
+// equal, so that their blocks still cover the same steps.
+//
+// Half the period in force is taken only when its blocks would hold a
+// quarter more than needed, so that a share or a step time
+// hovering at a doubling's edge does not move the phase back and forth.
+func (d *Duty) period(share float64) time.Duration {
+	p := d.cfg.Period
+	if share <= 0 || share >= 1 || len(d.steps) == 0 || d.cfg.MinOnSteps <= 0 || p <= 0 {
+		d.lastPeriod = p
+		return p
+	}
+	step := time.Duration(median(slices.Clone(d.steps)) * 1e6)
+	need := time.Duration(d.cfg.MinOnSteps+1) * step
+	block := func(p time.Duration) time.Duration { return time.Duration(float64(p) * share) }
+	for block(p) < need && 2*p <= d.cfg.MaxPeriod {
+		p *= 2
+	}
+	if d.lastPeriod == 2*p && 2*p <= d.cfg.MaxPeriod && block(p) < need*5/4 {
+		p *= 2
+	}
+	d.lastPeriod = p
 	return p
 }
 

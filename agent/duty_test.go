@@ -412,3 +412,79 @@ func TestDutySpendWithinBudget(t *testing.T) {
 		})
 	}
 }
+
+// TestDutyOnBlocksHoldWholeSteps: when the share leaves blocks shorter than
+// MinOnSteps+1 steps, the period doubles until they hold them (a block
+// shorter than a step covers no step and pairs nothing); a share that
+// allows them keeps the configured period.
+func TestDutyOnBlocksHoldWholeSteps(t *testing.T) {
+	cfg := DefaultDutyConfig()
+	for _, tc := range []struct {
+		name   string
+		stepMS float64
+		traps  float64 // per second and process
+		want   time.Duration
+	}{
+		{"short steps, no traps: the configured period", 57, 0, 10 * time.Second},
+		{"dense 82 ms steps, 300 traps/s", 82, 300, 40 * time.Second},
+		{"GPU-bound 248 ms steps, 300 traps/s", 248, 300, 160 * time.Second},
+		{"2 s steps, 300 traps/s: at most MaxPeriod", 2000, 300, 640 * time.Second},
+		{"traps beyond the budget: no share, the configured period", 248, 600, 10 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := NewDuty(cfg)
+			var p DutyPlan
+			for i := int64(0); i <= 120; i++ {
+				now := simStart + i*int64(time.Second)
+				d.ObserveStep(0, now, tc.stepMS, false)
+				d.ObserveTraps(now, tc.traps)
+				p = d.Plan(now)
+			}
+			// The smallest doubling that holds the steps, or the one
+			// above it that a share falling through while the ledger
+			// filled left in force (hysteresis).
+			if p.Period != tc.want && (p.Period != 2*tc.want || 2*tc.want > cfg.MaxPeriod) {
+				t.Fatalf("period %s, want %s (share %.4f)", p.Period, tc.want, p.OnShare)
+			}
+			if block := time.Duration(float64(p.Period) * p.OnShare); p.OnShare > 0 && p.Period < cfg.MaxPeriod/2 &&
+				block < time.Duration(float64(cfg.MinOnSteps+1)*tc.stepMS*1e6) {
+				t.Fatalf("on-block %s holds fewer than %d steps of %g ms", block, cfg.MinOnSteps+1, tc.stepMS)
+			}
+		})
+	}
+}
+
+// TestDutyMeasuresGPUBoundJobs: a job of 248 ms steps whose uprobes take most
+// of the budget (the H200's GPU-bound shape: 0.8 % on-share) gets its cost
+// measured within 40 minutes; with the fixed 10-s period its 80-ms blocks
+// never held a whole step.
+func TestDutyMeasuresGPUBoundJobs(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		minSteps int
+		measured bool
+	}{
+		{"blocks sized in steps", DefaultDutyConfig().MinOnSteps, true},
+		{"fixed period (MinOnSteps 0)", 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultDutyConfig()
+			cfg.MinOnSteps = tc.minSteps
+			s := newDutySim(cfg, 3)
+			s.ranks, s.baseMS, s.cost = 1, 248, 0.01
+			s.traps = func(int64) float64 { return 300 }
+			s.run(40 * time.Minute)
+			e := s.d.Estimate()
+			if e.Measured != tc.measured {
+				t.Fatalf("estimate %+v (period %s, share %.4f, drops %+v), want measured %v", e, s.plan.Period,
+					s.plan.OnShare, s.d.drops, tc.measured)
+			}
+			if tc.measured && !(e.Low <= s.cost && s.cost <= e.High) {
+				t.Fatalf("estimate %+v misses the injected cost %g", e, s.cost)
+			}
+			if o := s.d.Plan(s.now).Overhead; o.Total > cfg.Budget*1.001 {
+				t.Fatalf("ledger spent %.5f, budget %g", o.Total, cfg.Budget)
+			}
+		})
+	}
+}

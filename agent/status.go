@@ -15,24 +15,27 @@ type RankView = pipeline.RankView
 // Status is a snapshot of what a running agent is doing: the live view and
 // `slowrank status` show it.
 type Status struct {
-	Uptime      time.Duration      `json:"uptime_ns"`
-	Processes   int                `json:"processes"`
-	Attached    int                `json:"libraries_attached"`
-	Events      int64              `json:"events"`
-	Lost        int64              `json:"lost"`
-	Windows     int64              `json:"windows"`
-	Facts       int64              `json:"facts"`
-	Verdicts    int64              `json:"verdicts"`
-	Uprobes     string             `json:"uprobes"` // "uprobe_multi" or "perf_event" links
-	DeviceState string             `json:"device_collection"`
-	DutyShare   float64            `json:"duty_share"`
-	DutyCost    float64            `json:"duty_cost_estimate"`
-	Ranks       []RankView         `json:"ranks"`
-	Alerts      []detector.Verdict `json:"alerts"`
-	Recent      []detector.Verdict `json:"recent_verdicts"`
-	Procs       []ProcessView      `json:"process_list"`
-	Counters    map[string]int64   `json:"counters"`
-	Overhead    *Overhead          `json:"overhead,omitempty"` // cost estimate and budget ledger (duty.go)
+	Uptime      time.Duration `json:"uptime_ns"`
+	Processes   int           `json:"processes"`
+	Attached    int           `json:"libraries_attached"`
+	Events      int64         `json:"events"`
+	Lost        int64         `json:"lost"`
+	Windows     int64         `json:"windows"`
+	Facts       int64         `json:"facts"`
+	Verdicts    int64         `json:"verdicts"`
+	Uprobes     string        `json:"uprobes"` // "uprobe_multi" or "perf_event" links
+	DeviceState string        `json:"device_collection"`
+	DutyShare   float64       `json:"duty_share"`
+	DutyCost    float64       `json:"duty_cost_estimate"`
+	// DutyPeriodNS is the planned period: the configured one, doubled while
+	// the share would leave on-blocks shorter than a few steps.
+	DutyPeriodNS int64              `json:"duty_period_ns"`
+	Ranks        []RankView         `json:"ranks"`
+	Alerts       []detector.Verdict `json:"alerts"`
+	Recent       []detector.Verdict `json:"recent_verdicts"`
+	Procs        []ProcessView      `json:"process_list"`
+	Counters     map[string]int64   `json:"counters"`
+	Overhead     *Overhead          `json:"overhead,omitempty"` // cost estimate and budget ledger (duty.go)
 }
 
 // StatusReport is the body of GET /status: the agent's Status, its
@@ -107,7 +110,7 @@ func (a *Agent) Status() Status {
 	} else if injected == 0 {
 		st.DeviceState = "no-lib"
 	} else if d := a.dutyPlan(); d != nil {
-		st.DutyShare, st.DutyCost = d.OnShare, d.Cost
+		st.DutyShare, st.DutyCost, st.DutyPeriodNS = d.OnShare, d.Cost, int64(d.Period)
 		st.DeviceState = "duty"
 		if d.Escalate {
 			st.DeviceState = "escalated"

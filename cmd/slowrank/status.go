@@ -403,6 +403,9 @@ func writeStatus(w io.Writer, rep agent.StatusReport, where string, nVerdicts in
 		dev = "off: no process loaded libslowrank_cupti.so"
 	case "duty", "escalated":
 		dev = fmt.Sprintf("%s, on %.1f%% of the time, cost estimate %.2f%%", dev, rep.DutyShare*100, rep.DutyCost*100)
+		if p := time.Duration(rep.DutyPeriodNS); p > 0 && rep.DutyShare > 0 && rep.DutyShare < 1 {
+			dev += fmt.Sprintf(" (blocks of %s every %s)", time.Duration(float64(p)*rep.DutyShare).Round(time.Millisecond), p)
+		}
 	}
 	fmt.Fprintf(w, "device     %s\n", dev)
 	if o := rep.Overhead; o != nil {
