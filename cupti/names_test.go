@@ -1,0 +1,230 @@
+package cupti
+
+import (
+	"fmt"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestEnumNames pins the String() of every enum of the package: the names
+// reach the status JSON and `slowrank doctor` (State), the agent's counter
+// names cupti_lib_* and so the self-metrics (Stat), and the ops of the
+// NCCL plugin's collectives (NCCLFunc), so a renamed or reordered constant
+// must not change them. The NCCL datatypes, algorithms and protocols are
+// pinned by their wire values (SLOWRANK_NCCL_DT_*, _ALGO_*, _PROTO_*).
+func TestEnumNames(t *testing.T) {
+	for _, c := range []struct {
+		got  fmt.Stringer
+		want string
+	}{
+		{ClassOther, "other"},
+		{ClassCommunication, "communication"},
+		{ClassAttention, "attention"},
+		{ClassGEMM, "gemm"},
+		{ClassMoE, "moe"},
+		{ClassCopy, "copy"},
+		{Class(6), "class(6)"},
+		{Class(255), "class(255)"},
+
+		{ClockMonotonicCallback, "monotonic_callback"},
+		{ClockCalibrated, "calibrated"},
+		{ClockUnknown, "unknown"},
+		{ClockSource(3), "clock(3)"},
+		{ClockSource(65535), "clock(65535)"},
+
+		{ReasonDuty, "duty"},
+		{ReasonEscalation, "escalation"},
+		{ReasonAttach, "attach"},
+		{ReasonExit, "exit"},
+		{ReasonError, "error"},
+		{ReasonYield, "yield"},
+		{ReasonLease, "lease"},
+		{Reason(7), "reason(7)"},
+		{Reason(255), "reason(255)"},
+
+		{DutyOff, "off"},
+		{DutyAlways, "always"},
+		{DutyTime, "time"},
+		{DutySteps, "steps"},
+		{DutyMode(4), "mode(4)"},
+		{DutyMode(4000000000), "mode(4000000000)"},
+
+		{StateInit, "init"},
+		{StateIdle, "idle"},
+		{StateOn, "on"},
+		{StateOffPhase, "off_phase"},
+		{StateUnavailable, "unavailable"},
+		{StateRefused, "refused"},
+		{StateDisabled, "disabled"},
+		{StateYielded, "yielded"},
+		{State(8), "state(8)"},
+		{State(4000000000), "state(4000000000)"},
+
+		{StatRecordsSeen, "records_seen"},
+		{StatKernels, "kernels"},
+		{StatMemcpys, "memcpys"},
+		{StatMemsets, "memsets"},
+		{StatUnknownKinds, "unknown_kinds"},
+		{StatBadRecords, "bad_records"},
+		{StatNames, "names"},
+		{StatNamesOverflow, "names_overflow"},
+		{StatBuffersRequested, "buffers_requested"},
+		{StatBuffersRefused, "buffers_refused"},
+		{StatBuffersCompleted, "buffers_completed"},
+		{StatBatches, "batches"},
+		{StatBatchBytes, "batch_bytes"},
+		{StatFlushes, "flushes"},
+		{StatEnables, "enables"},
+		{StatAttaches, "attaches"},
+		{StatCUPTIErrors, "cupti_errors"},
+		{StatOnNs, "on_ns"},
+		{StatDiscardedDetached, "discarded_detached"},
+		{StatYields, "yields"},
+		{StatYieldedNs, "yielded_ns"},
+		{StatBuffersOrphaned, "buffers_orphaned"},
+		{StatForeignClock, "foreign_clock"},
+		{StatLeaseExpired, "lease_expired"},
+		{StatControlRejected, "control_rejected"},
+		{StatReenabled, "reenabled"},
+		{StatSetups, "setups"},
+		{StatClockConverted, "clock_converted"},
+		{StatHandbacks, "handbacks"},
+		{StatForwarded, "forwarded"},
+		{StatCallbacksTaken, "callbacks_taken"},
+		{StatHandbackRejected, "handback_rejected"},
+		{StatNCCLEvents, "nccl_events"},
+		{StatNCCLColls, "nccl_colls"},
+		{StatNCCLKernels, "nccl_kernels"},
+		{StatNCCLRingFull, "nccl_ring_full"},
+		{StatNCCLDiscarded, "nccl_discarded"},
+		{StatNCCLBadHandles, "nccl_bad_handles"},
+		{StatNCCLIncomplete, "nccl_incomplete"},
+		{StatNCCLComms, "nccl_comms"},
+		{StatNCCLCommOverflow, "nccl_comm_overflow"},
+		{StatNCCLClockSuspect, "nccl_clock_suspect"},
+		{StatNCCLUnknownEvents, "nccl_unknown_events"},
+		{StatNCCLAPILost, "nccl_api_lost"},
+		{StatNCCLClockClamped, "nccl_clock_clamped"},
+		{Stat(45), "stat(45)"},
+		{Stat(-1), "stat(-1)"},
+
+		{NCCLFuncUnknown, "unknown"},
+		{NCCLFuncBroadcast, "broadcast"},
+		{NCCLFuncReduce, "reduce"},
+		{NCCLFuncAllGather, "all_gather"},
+		{NCCLFuncReduceScatter, "reduce_scatter"},
+		{NCCLFuncAllReduce, "all_reduce"},
+		{NCCLFuncSendRecv, "send_recv"},
+		{NCCLFuncSend, "send"},
+		{NCCLFuncRecv, "recv"},
+		{NCCLFuncAllToAll, "all_to_all"},
+		{NCCLFuncGather, "gather"},
+		{NCCLFuncScatter, "scatter"},
+		{NCCLFunc(12), "func(12)"},
+		{NCCLFunc(200), "func(200)"},
+
+		{NCCLDatatype(0), "unknown"},
+		{NCCLDatatype(1), "int8"},
+		{NCCLDatatype(2), "uint8"},
+		{NCCLDatatype(3), "int32"},
+		{NCCLDatatype(4), "uint32"},
+		{NCCLDatatype(5), "int64"},
+		{NCCLDatatype(6), "uint64"},
+		{NCCLDatatype(7), "float16"},
+		{NCCLDatatype(8), "float32"},
+		{NCCLDatatype(9), "float64"},
+		{NCCLDatatype(10), "bfloat16"},
+		{NCCLDatatype(11), "float8e4m3"},
+		{NCCLDatatype(12), "float8e5m2"},
+		{NCCLDatatype(13), "datatype(13)"},
+		{NCCLDatatype(99), "datatype(99)"},
+
+		{NCCLAlgo(0), "unknown"},
+		{NCCLAlgo(1), "tree"},
+		{NCCLAlgo(2), "ring"},
+		{NCCLAlgo(3), "collnet_direct"},
+		{NCCLAlgo(4), "collnet_chain"},
+		{NCCLAlgo(5), "nvls"},
+		{NCCLAlgo(6), "nvls_tree"},
+		{NCCLAlgo(7), "pat"},
+		{NCCLAlgo(8), "algo(8)"},
+
+		{NCCLProto(0), "unknown"},
+		{NCCLProto(1), "ll"},
+		{NCCLProto(2), "ll128"},
+		{NCCLProto(3), "simple"},
+		{NCCLProto(4), "proto(4)"},
+		{NCCLProto(9), "proto(9)"},
+	} {
+		if s := c.got.String(); s != c.want {
+			t.Errorf("%T %d: String() = %q, want %q", c.got, c.got, s, c.want)
+		}
+	}
+}
+
+// TestEnumNamesMatchHeader ties the names to slowrank_abi.h: every
+// SLOWRANK_<ENUM>_<NAME> value prints NAME (lower case, underscores aside),
+// the values run from 0 without a gap, and where the header has a _COUNT
+// the value after the last has no name (Stat indexes the counters, so its
+// names must cover exactly SLOWRANK_STAT_COUNT).
+func TestEnumNamesMatchHeader(t *testing.T) {
+	h, err := os.ReadFile("slowrank_abi.h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defs := regexp.MustCompile(`(?m)^#define (SLOWRANK_\w+?)\s+(\d+)\b`).FindAllStringSubmatch(string(h), -1)
+	fold := func(s string) string { return strings.ToLower(strings.ReplaceAll(s, "_", "")) }
+	for _, e := range []struct {
+		prefix string
+		name   func(v int) string
+	}{
+		{"SLOWRANK_CLASS_", func(v int) string { return Class(v).String() }},
+		{"SLOWRANK_CLOCK_", func(v int) string { return ClockSource(v).String() }},
+		{"SLOWRANK_REASON_", func(v int) string { return Reason(v).String() }},
+		{"SLOWRANK_DUTY_", func(v int) string { return DutyMode(v).String() }},
+		{"SLOWRANK_STATE_", func(v int) string { return State(v).String() }},
+		{"SLOWRANK_STAT_", func(v int) string { return Stat(v).String() }},
+		{"SLOWRANK_NCCL_FUNC_", func(v int) string { return NCCLFunc(v).String() }},
+		{"SLOWRANK_NCCL_DT_", func(v int) string { return NCCLDatatype(v).String() }},
+		{"SLOWRANK_NCCL_ALGO_", func(v int) string { return NCCLAlgo(v).String() }},
+		{"SLOWRANK_NCCL_PROTO_", func(v int) string { return NCCLProto(v).String() }},
+	} {
+		seen := map[int]bool{}
+		count := -1
+		for _, d := range defs {
+			name, ok := strings.CutPrefix(d[1], e.prefix)
+			if !ok {
+				continue
+			}
+			v, err := strconv.Atoi(d[2])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if name == "COUNT" {
+				count = v
+				continue
+			}
+			seen[v] = true
+			if got := e.name(v); fold(got) != fold(name) {
+				t.Errorf("%s%s = %d: String() = %q", e.prefix, name, v, got)
+			}
+		}
+		if len(seen) == 0 {
+			t.Errorf("%s: no values in slowrank_abi.h", e.prefix)
+		}
+		for v := range len(seen) {
+			if !seen[v] {
+				t.Errorf("%s: no value %d", e.prefix, v)
+			}
+		}
+		if count >= 0 && count != len(seen) {
+			t.Errorf("%sCOUNT = %d, %d values", e.prefix, count, len(seen))
+		}
+		if got := e.name(len(seen)); !strings.HasSuffix(got, "("+strconv.Itoa(len(seen))+")") {
+			t.Errorf("%s: %d, past the last value, has a name: %q", e.prefix, len(seen), got)
+		}
+	}
+}
