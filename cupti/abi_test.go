@@ -74,9 +74,9 @@ var abiConsts = map[string]int64{
 	"SLOWRANK_STAT_NCCL_CLOCK_SUSPECT":  int64(StatNCCLClockSuspect),
 	"SLOWRANK_NCCL_FUNC_ALLREDUCE":      int64(NCCLFuncAllReduce),
 	"SLOWRANK_NCCL_FUNC_SCATTER":        int64(NCCLFuncScatter),
-	"SLOWRANK_NCCL_DT_BFLOAT16":         10,
-	"SLOWRANK_NCCL_ALGO_PAT":            7,
-	"SLOWRANK_NCCL_PROTO_SIMPLE":        3,
+	"SLOWRANK_NCCL_DT_BFLOAT16":         int64(NCCLDatatypeBfloat16),
+	"SLOWRANK_NCCL_ALGO_PAT":            int64(NCCLAlgoPAT),
+	"SLOWRANK_NCCL_PROTO_SIMPLE":        int64(NCCLProtoSimple),
 }
 
 func cName(goName string) string {

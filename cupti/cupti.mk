@@ -8,7 +8,8 @@
 #   make cupti-test      C unit tests (converter, dlopen + InitializeInjection,
 #                        the NCCL plugin, its ABI against NCCL's headers)
 #   make cupti-test-tsan test_inject against a ThreadSanitizer build of the library
-#   make cupti-generate  regenerate cupti/abi_defs.go from slowrank_abi.h
+#   make cupti-generate  regenerate cupti/abi_defs.go from slowrank_abi.h and
+#                        the stringer output cupti/*_string.go
 #   make cupti-clean
 #
 # Headers: a CUDA toolkit under $(CUDA_HOME) when it has cupti.h (the GPU
@@ -178,7 +179,9 @@ cupti-stress: $(CUPTI_TEST_OUT)/asan/test_stress $(CUPTI_TEST_OUT)/tsan/test_str
 		timeout 180 $(CUPTI_TEST_OUT)/tsan/test_stress $(CUPTI_TEST_OUT)/tsan/libslowrank_cupti.so \
 		$(CUPTI_TEST_OUT)/tsan/libcupti.so $(STRESS_SECONDS)
 
-# The Go mirror of slowrank_abi.h (also part of `go generate ./...`).
+# The Go mirror of slowrank_abi.h and the enums' String() methods: every
+# //go:generate line of the package (cgo -godefs, stringer; also part of
+# `go generate ./...`). check-generated runs it and fails on a diff.
 cupti-generate:
 	cd $(CUPTI_DIR) && $(GO) generate ./
 

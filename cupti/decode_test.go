@@ -1,7 +1,6 @@
 package cupti
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -322,22 +321,6 @@ func TestConverterBatches(t *testing.T) {
 	}
 	if kernels < 3000 {
 		t.Errorf("%d kernels", kernels)
-	}
-}
-
-func TestClassString(t *testing.T) {
-	for c, want := range map[Class]string{ClassOther: "other", ClassCommunication: "communication",
-		ClassAttention: "attention", ClassGEMM: "gemm", ClassMoE: "moe", ClassCopy: "copy", 9: "class(9)"} {
-		if c.String() != want {
-			t.Errorf("%d: %q", c, c.String())
-		}
-	}
-	if StateRefused.String() != "refused" || DutySteps.String() != "steps" || ReasonExit.String() != "exit" ||
-		StatOnNs.String() != "on_ns" || ClockCalibrated.String() != "calibrated" {
-		t.Error("String methods")
-	}
-	if !bytes.Equal([]byte(State(99).String()), []byte("state(99)")) {
-		t.Error("unknown state")
 	}
 }
 

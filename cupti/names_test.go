@@ -13,8 +13,9 @@ import (
 // reach the status JSON and `slowrank doctor` (State), the agent's counter
 // names cupti_lib_* and so the self-metrics (Stat), and the ops of the
 // NCCL plugin's collectives (NCCLFunc), so a renamed or reordered constant
-// must not change them. The NCCL datatypes, algorithms and protocols are
-// pinned by their wire values (SLOWRANK_NCCL_DT_*, _ALGO_*, _PROTO_*).
+// must not change them. Out-of-range values have stringer's Type(N) form,
+// as in bpf/ (the hand-written methods printed type(N) in lower case: no
+// consumer parses either).
 func TestEnumNames(t *testing.T) {
 	for _, c := range []struct {
 		got  fmt.Stringer
@@ -26,14 +27,14 @@ func TestEnumNames(t *testing.T) {
 		{ClassGEMM, "gemm"},
 		{ClassMoE, "moe"},
 		{ClassCopy, "copy"},
-		{Class(6), "class(6)"},
-		{Class(255), "class(255)"},
+		{Class(6), "Class(6)"},
+		{Class(255), "Class(255)"},
 
 		{ClockMonotonicCallback, "monotonic_callback"},
 		{ClockCalibrated, "calibrated"},
 		{ClockUnknown, "unknown"},
-		{ClockSource(3), "clock(3)"},
-		{ClockSource(65535), "clock(65535)"},
+		{ClockSource(3), "ClockSource(3)"},
+		{ClockSource(65535), "ClockSource(65535)"},
 
 		{ReasonDuty, "duty"},
 		{ReasonEscalation, "escalation"},
@@ -42,15 +43,15 @@ func TestEnumNames(t *testing.T) {
 		{ReasonError, "error"},
 		{ReasonYield, "yield"},
 		{ReasonLease, "lease"},
-		{Reason(7), "reason(7)"},
-		{Reason(255), "reason(255)"},
+		{Reason(7), "Reason(7)"},
+		{Reason(255), "Reason(255)"},
 
 		{DutyOff, "off"},
 		{DutyAlways, "always"},
 		{DutyTime, "time"},
 		{DutySteps, "steps"},
-		{DutyMode(4), "mode(4)"},
-		{DutyMode(4000000000), "mode(4000000000)"},
+		{DutyMode(4), "DutyMode(4)"},
+		{DutyMode(4000000000), "DutyMode(4000000000)"},
 
 		{StateInit, "init"},
 		{StateIdle, "idle"},
@@ -60,8 +61,8 @@ func TestEnumNames(t *testing.T) {
 		{StateRefused, "refused"},
 		{StateDisabled, "disabled"},
 		{StateYielded, "yielded"},
-		{State(8), "state(8)"},
-		{State(4000000000), "state(4000000000)"},
+		{State(8), "State(8)"},
+		{State(4000000000), "State(4000000000)"},
 
 		{StatRecordsSeen, "records_seen"},
 		{StatKernels, "kernels"},
@@ -108,8 +109,8 @@ func TestEnumNames(t *testing.T) {
 		{StatNCCLUnknownEvents, "nccl_unknown_events"},
 		{StatNCCLAPILost, "nccl_api_lost"},
 		{StatNCCLClockClamped, "nccl_clock_clamped"},
-		{Stat(45), "stat(45)"},
-		{Stat(-1), "stat(-1)"},
+		{Stat(45), "Stat(45)"},
+		{Stat(-1), "Stat(-1)"},
 
 		{NCCLFuncUnknown, "unknown"},
 		{NCCLFuncBroadcast, "broadcast"},
@@ -123,41 +124,41 @@ func TestEnumNames(t *testing.T) {
 		{NCCLFuncAllToAll, "all_to_all"},
 		{NCCLFuncGather, "gather"},
 		{NCCLFuncScatter, "scatter"},
-		{NCCLFunc(12), "func(12)"},
-		{NCCLFunc(200), "func(200)"},
+		{NCCLFunc(12), "NCCLFunc(12)"},
+		{NCCLFunc(200), "NCCLFunc(200)"},
 
-		{NCCLDatatype(0), "unknown"},
-		{NCCLDatatype(1), "int8"},
-		{NCCLDatatype(2), "uint8"},
-		{NCCLDatatype(3), "int32"},
-		{NCCLDatatype(4), "uint32"},
-		{NCCLDatatype(5), "int64"},
-		{NCCLDatatype(6), "uint64"},
-		{NCCLDatatype(7), "float16"},
-		{NCCLDatatype(8), "float32"},
-		{NCCLDatatype(9), "float64"},
-		{NCCLDatatype(10), "bfloat16"},
-		{NCCLDatatype(11), "float8e4m3"},
-		{NCCLDatatype(12), "float8e5m2"},
-		{NCCLDatatype(13), "datatype(13)"},
-		{NCCLDatatype(99), "datatype(99)"},
+		{NCCLDatatypeUnknown, "unknown"},
+		{NCCLDatatypeInt8, "int8"},
+		{NCCLDatatypeUint8, "uint8"},
+		{NCCLDatatypeInt32, "int32"},
+		{NCCLDatatypeUint32, "uint32"},
+		{NCCLDatatypeInt64, "int64"},
+		{NCCLDatatypeUint64, "uint64"},
+		{NCCLDatatypeFloat16, "float16"},
+		{NCCLDatatypeFloat32, "float32"},
+		{NCCLDatatypeFloat64, "float64"},
+		{NCCLDatatypeBfloat16, "bfloat16"},
+		{NCCLDatatypeFloat8e4m3, "float8e4m3"},
+		{NCCLDatatypeFloat8e5m2, "float8e5m2"},
+		{NCCLDatatype(13), "NCCLDatatype(13)"},
+		{NCCLDatatype(99), "NCCLDatatype(99)"},
 
-		{NCCLAlgo(0), "unknown"},
-		{NCCLAlgo(1), "tree"},
-		{NCCLAlgo(2), "ring"},
-		{NCCLAlgo(3), "collnet_direct"},
-		{NCCLAlgo(4), "collnet_chain"},
-		{NCCLAlgo(5), "nvls"},
-		{NCCLAlgo(6), "nvls_tree"},
-		{NCCLAlgo(7), "pat"},
-		{NCCLAlgo(8), "algo(8)"},
+		{NCCLAlgoUnknown, "unknown"},
+		{NCCLAlgoTree, "tree"},
+		{NCCLAlgoRing, "ring"},
+		{NCCLAlgoCollNetDirect, "collnet_direct"},
+		{NCCLAlgoCollNetChain, "collnet_chain"},
+		{NCCLAlgoNVLS, "nvls"},
+		{NCCLAlgoNVLSTree, "nvls_tree"},
+		{NCCLAlgoPAT, "pat"},
+		{NCCLAlgo(8), "NCCLAlgo(8)"},
 
-		{NCCLProto(0), "unknown"},
-		{NCCLProto(1), "ll"},
-		{NCCLProto(2), "ll128"},
-		{NCCLProto(3), "simple"},
-		{NCCLProto(4), "proto(4)"},
-		{NCCLProto(9), "proto(9)"},
+		{NCCLProtoUnknown, "unknown"},
+		{NCCLProtoLL, "ll"},
+		{NCCLProtoLL128, "ll128"},
+		{NCCLProtoSimple, "simple"},
+		{NCCLProto(4), "NCCLProto(4)"},
+		{NCCLProto(9), "NCCLProto(9)"},
 	} {
 		if s := c.got.String(); s != c.want {
 			t.Errorf("%T %d: String() = %q, want %q", c.got, c.got, s, c.want)
@@ -225,6 +226,29 @@ func TestEnumNamesMatchHeader(t *testing.T) {
 		}
 		if got := e.name(len(seen)); !strings.HasSuffix(got, "("+strconv.Itoa(len(seen))+")") {
 			t.Errorf("%s: %d, past the last value, has a name: %q", e.prefix, len(seen), got)
+		}
+	}
+}
+
+// TestEnumNamesCoverCounts checks the Go side of the same tie: each enum
+// with a _COUNT in abi_defs.go has a name for the value below it and none
+// for the count (Stats.Counters has NumStats entries, all named).
+func TestEnumNamesCoverCounts(t *testing.T) {
+	for _, e := range []struct {
+		last, count fmt.Stringer
+	}{
+		{Class(numClasses - 1), Class(numClasses)},
+		{Stat(NumStats - 1), Stat(NumStats)},
+		{NCCLFunc(numNCCLFuncs - 1), NCCLFunc(numNCCLFuncs)},
+		{NCCLDatatype(numNCCLDatatypes - 1), NCCLDatatype(numNCCLDatatypes)},
+		{NCCLAlgo(numNCCLAlgos - 1), NCCLAlgo(numNCCLAlgos)},
+		{NCCLProto(numNCCLProtos - 1), NCCLProto(numNCCLProtos)},
+	} {
+		if s := e.last.String(); strings.HasSuffix(s, ")") {
+			t.Errorf("%T %d, the last before the count, has no name: %q", e.last, e.last, s)
+		}
+		if s, want := e.count.String(), strings.TrimPrefix(fmt.Sprintf("%T(%d)", e.count, e.count), "cupti."); s != want {
+			t.Errorf("%T %d, the count, has a name: %q", e.count, e.count, s)
 		}
 	}
 }

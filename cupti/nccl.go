@@ -1,56 +1,60 @@
 package cupti
 
-import (
-	"strconv"
-	"unsafe"
-)
+import "unsafe"
 
 // The NCCL profiler plugin's records (slowrank_nccl.c; SLOWRANK_REC_NCCL_*
 // in slowrank_abi.h). They travel in the same batches as the CUPTI records.
 // All times are CLOCK_MONOTONIC ns; 0 means absent.
 
 // NCCLFunc is the operation (SLOWRANK_NCCL_FUNC_*).
+//
+//go:generate go run golang.org/x/tools/cmd/stringer@v0.52.0 -type NCCLFunc -linecomment
 type NCCLFunc uint8
 
-// NCCL operations.
+// NCCL operations. The line comments are the String() names (stringer
+// -linecomment, ncclfunc_string.go). correlate.OpSendRecv is "nccl_" and
+// its name, as is the op the agent gives any operation without a uprobe op
+// of its own (agent/convert_nccl.go).
 const (
-	NCCLFuncUnknown NCCLFunc = iota
-	NCCLFuncBroadcast
-	NCCLFuncReduce
-	NCCLFuncAllGather
-	NCCLFuncReduceScatter
-	NCCLFuncAllReduce
-	NCCLFuncSendRecv
-	NCCLFuncSend
-	NCCLFuncRecv
-	NCCLFuncAllToAll
-	NCCLFuncGather
-	NCCLFuncScatter
+	NCCLFuncUnknown       NCCLFunc = iota // unknown
+	NCCLFuncBroadcast                     // broadcast
+	NCCLFuncReduce                        // reduce
+	NCCLFuncAllGather                     // all_gather
+	NCCLFuncReduceScatter                 // reduce_scatter
+	NCCLFuncAllReduce                     // all_reduce
+	NCCLFuncSendRecv                      // send_recv
+	NCCLFuncSend                          // send
+	NCCLFuncRecv                          // recv
+	NCCLFuncAllToAll                      // all_to_all
+	NCCLFuncGather                        // gather
+	NCCLFuncScatter                       // scatter
 )
 
-var ncclFuncNames = [numNCCLFuncs]string{"unknown", "broadcast", "reduce", "all_gather", "reduce_scatter",
-	"all_reduce", "send_recv", "send", "recv", "all_to_all", "gather", "scatter"}
-
-func (f NCCLFunc) String() string {
-	if int(f) < len(ncclFuncNames) {
-		return ncclFuncNames[f]
-	}
-	return "func(" + strconv.Itoa(int(f)) + ")"
-}
-
-// NCCLDatatype is the element type (SLOWRANK_NCCL_DT_*).
+// NCCLDatatype is the element type (SLOWRANK_NCCL_DT_*): NCCL's
+// ncclDataType_t plus one, 0 meaning unknown.
+//
+//go:generate go run golang.org/x/tools/cmd/stringer@v0.52.0 -type NCCLDatatype -linecomment
 type NCCLDatatype uint8
 
-var ncclDatatypeNames = [numNCCLDatatypes]string{"unknown", "int8", "uint8", "int32", "uint32", "int64", "uint64",
-	"float16", "float32", "float64", "bfloat16", "float8e4m3", "float8e5m2"}
-var ncclDatatypeSizes = [numNCCLDatatypes]uint64{0, 1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1}
+// NCCL element types. The line comments are the String() names (stringer
+// -linecomment, nccldatatype_string.go).
+const (
+	NCCLDatatypeUnknown    NCCLDatatype = iota // unknown
+	NCCLDatatypeInt8                           // int8
+	NCCLDatatypeUint8                          // uint8
+	NCCLDatatypeInt32                          // int32
+	NCCLDatatypeUint32                         // uint32
+	NCCLDatatypeInt64                          // int64
+	NCCLDatatypeUint64                         // uint64
+	NCCLDatatypeFloat16                        // float16
+	NCCLDatatypeFloat32                        // float32
+	NCCLDatatypeFloat64                        // float64
+	NCCLDatatypeBfloat16                       // bfloat16
+	NCCLDatatypeFloat8e4m3                     // float8e4m3
+	NCCLDatatypeFloat8e5m2                     // float8e5m2
+)
 
-func (d NCCLDatatype) String() string {
-	if int(d) < len(ncclDatatypeNames) {
-		return ncclDatatypeNames[d]
-	}
-	return "datatype(" + strconv.Itoa(int(d)) + ")"
-}
+var ncclDatatypeSizes = [numNCCLDatatypes]uint64{0, 1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1}
 
 // Size is the element size in bytes, 0 when unknown.
 func (d NCCLDatatype) Size() uint64 {
@@ -61,28 +65,36 @@ func (d NCCLDatatype) Size() uint64 {
 }
 
 // NCCLAlgo is the algorithm NCCL chose (SLOWRANK_NCCL_ALGO_*).
+//
+//go:generate go run golang.org/x/tools/cmd/stringer@v0.52.0 -type NCCLAlgo -linecomment
 type NCCLAlgo uint8
 
-var ncclAlgoNames = [numNCCLAlgos]string{"unknown", "tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat"}
-
-func (a NCCLAlgo) String() string {
-	if int(a) < len(ncclAlgoNames) {
-		return ncclAlgoNames[a]
-	}
-	return "algo(" + strconv.Itoa(int(a)) + ")"
-}
+// NCCL algorithms. The line comments are the String() names (stringer
+// -linecomment, ncclalgo_string.go).
+const (
+	NCCLAlgoUnknown       NCCLAlgo = iota // unknown
+	NCCLAlgoTree                          // tree
+	NCCLAlgoRing                          // ring
+	NCCLAlgoCollNetDirect                 // collnet_direct
+	NCCLAlgoCollNetChain                  // collnet_chain
+	NCCLAlgoNVLS                          // nvls
+	NCCLAlgoNVLSTree                      // nvls_tree
+	NCCLAlgoPAT                           // pat
+)
 
 // NCCLProto is the protocol NCCL chose (SLOWRANK_NCCL_PROTO_*).
+//
+//go:generate go run golang.org/x/tools/cmd/stringer@v0.52.0 -type NCCLProto -linecomment
 type NCCLProto uint8
 
-var ncclProtoNames = [numNCCLProtos]string{"unknown", "ll", "ll128", "simple"}
-
-func (p NCCLProto) String() string {
-	if int(p) < len(ncclProtoNames) {
-		return ncclProtoNames[p]
-	}
-	return "proto(" + strconv.Itoa(int(p)) + ")"
-}
+// NCCL protocols. The line comments are the String() names (stringer
+// -linecomment, ncclproto_string.go).
+const (
+	NCCLProtoUnknown NCCLProto = iota // unknown
+	NCCLProtoLL                       // ll
+	NCCLProtoLL128                    // ll128
+	NCCLProtoSimple                   // simple
+)
 
 // NCCLComm is a communicator, sent at its init, again at every attach epoch
 // (Resent) and at its finalize (Finalized, FinalizeNs).

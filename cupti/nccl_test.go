@@ -60,24 +60,6 @@ func TestNCCLRecordSizes(t *testing.T) {
 	}
 }
 
-func TestNCCLEnumStrings(t *testing.T) {
-	cases := []struct{ got, want string }{
-		{NCCLFuncAllReduce.String(), "all_reduce"}, {NCCLFuncScatter.String(), "scatter"},
-		{NCCLFunc(200).String(), "func(200)"}, {NCCLDatatype(10).String(), "bfloat16"},
-		{NCCLDatatype(99).String(), "datatype(99)"}, {NCCLAlgo(2).String(), "ring"},
-		{NCCLProto(3).String(), "simple"}, {NCCLProto(9).String(), "proto(9)"},
-		{StatNCCLUnknownEvents.String(), "nccl_unknown_events"}, {StatNCCLEvents.String(), "nccl_events"},
-	}
-	for _, c := range cases {
-		if c.got != c.want {
-			t.Errorf("%q, want %q", c.got, c.want)
-		}
-	}
-	if len(statNames) != int(NumStats) {
-		t.Errorf("%d stat names for %d counters", len(statNames), NumStats)
-	}
-}
-
 // TestNCCLPluginBatches decodes batches that the real library emitted as
 // NCCL's profiler plugin, driven by the fake NCCL (cupti/test_nccl.c, v5
 // scenario, saved with TEST_NCCL_SAVE): 4 comms on 4 threads, GPU times
