@@ -109,7 +109,8 @@ func TestEnumNames(t *testing.T) {
 		{StatNCCLUnknownEvents, "nccl_unknown_events"},
 		{StatNCCLAPILost, "nccl_api_lost"},
 		{StatNCCLClockClamped, "nccl_clock_clamped"},
-		{Stat(45), "Stat(45)"},
+		{StatIncompleteRecords, "incomplete_records"},
+		{Stat(46), "Stat(46)"},
 		{Stat(-1), "Stat(-1)"},
 
 		{NCCLFuncUnknown, "unknown"},

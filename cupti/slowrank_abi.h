@@ -165,7 +165,7 @@ struct slowrank_name_record {
 #define SLOWRANK_STAT_MEMCPYS             2
 #define SLOWRANK_STAT_MEMSETS             3
 #define SLOWRANK_STAT_UNKNOWN_KINDS       4  /* CUPTI records of kinds the library does not convert */
-#define SLOWRANK_STAT_BAD_RECORDS         5  /* truncated or without valid timestamps */
+#define SLOWRANK_STAT_BAD_RECORDS         5  /* truncated, or ending before they start */
 #define SLOWRANK_STAT_NAMES               6  /* distinct names interned */
 #define SLOWRANK_STAT_NAMES_OVERFLOW      7  /* kernels whose name did not fit the table (name_id 0) */
 #define SLOWRANK_STAT_BUFFERS_REQUESTED   8
@@ -206,7 +206,8 @@ struct slowrank_name_record {
 #define SLOWRANK_STAT_NCCL_UNKNOWN_EVENTS 42 /* events of types the library does not record (asked for none) */
 #define SLOWRANK_STAT_NCCL_API_LOST       43 /* v5/v6 operations recorded without API times: their CollApi/P2pApi slot was reused first */
 #define SLOWRANK_STAT_NCCL_CLOCK_CLAMPED  44 /* kernel records whose GPU end lay after host_seen_ns by less than the slack: clamped */
-#define SLOWRANK_STAT_COUNT               45
+#define SLOWRANK_STAT_INCOMPLETE_RECORDS  45 /* records without timestamps: their work had not run when a forced flush returned them */
+#define SLOWRANK_STAT_COUNT               46
 
 struct slowrank_stats_record {
 	uint16_t kind;     /* 0 SLOWRANK_REC_STATS */

@@ -482,11 +482,15 @@ static int other_clock(const struct slowrank_conv *c, uint64_t s, uint64_t e, ui
 }
 
 /* Maps a CUPTI timestamp pair to CLOCK_MONOTONIC: 1, or 0 when unusable,
- * -1 when outside the plausible window (another client's clock). */
+ * -1 when outside the plausible window (another client's clock), -2 when
+ * CUPTI left a timestamp 0 (a forced flush returned the record before its
+ * work ran). */
 static int map_times(struct slowrank_conv *c, uint64_t s, uint64_t e, uint64_t *os, uint64_t *oe)
 {
 	uint64_t raw_s = s, raw_e = e;
-	if (s == 0 || e == 0 || e < s)
+	if (s == 0 || e == 0)
+		return -2;
+	if (e < s)
 		return 0;
 	if (c->clock_offset != 0) {
 		int64_t ms = (int64_t)s + c->clock_offset;
@@ -513,9 +517,15 @@ static void bad_record(struct slowrank_conv *c)
 	c->lib_dropped++;
 }
 
-/* A record map_times refused: bad (0) or on another clock (-1). */
+/* A record map_times refused: bad (0), on another clock (-1), incomplete
+ * (-2). */
 static void refused_record(struct slowrank_conv *c, int why)
 {
+	if (why == -2) {
+		c->counters[SLOWRANK_STAT_INCOMPLETE_RECORDS]++;
+		c->lib_dropped++;
+		return;
+	}
 	if (why < 0) {
 		c->counters[SLOWRANK_STAT_FOREIGN_CLOCK]++;
 		c->lib_dropped++;

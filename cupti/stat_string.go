@@ -53,11 +53,12 @@ func _() {
 	_ = x[StatNCCLUnknownEvents-42]
 	_ = x[StatNCCLAPILost-43]
 	_ = x[StatNCCLClockClamped-44]
+	_ = x[StatIncompleteRecords-45]
 }
 
-const _Stat_name = "records_seenkernelsmemcpysmemsetsunknown_kindsbad_recordsnamesnames_overflowbuffers_requestedbuffers_refusedbuffers_completedbatchesbatch_bytesflushesenablesattachescupti_errorson_nsdiscarded_detachedyieldsyielded_nsbuffers_orphanedforeign_clocklease_expiredcontrol_rejectedreenabledsetupsclock_convertedhandbacksforwardedcallbacks_takenhandback_rejectednccl_eventsnccl_collsnccl_kernelsnccl_ring_fullnccl_discardednccl_bad_handlesnccl_incompletenccl_commsnccl_comm_overflownccl_clock_suspectnccl_unknown_eventsnccl_api_lostnccl_clock_clamped"
+const _Stat_name = "records_seenkernelsmemcpysmemsetsunknown_kindsbad_recordsnamesnames_overflowbuffers_requestedbuffers_refusedbuffers_completedbatchesbatch_bytesflushesenablesattachescupti_errorson_nsdiscarded_detachedyieldsyielded_nsbuffers_orphanedforeign_clocklease_expiredcontrol_rejectedreenabledsetupsclock_convertedhandbacksforwardedcallbacks_takenhandback_rejectednccl_eventsnccl_collsnccl_kernelsnccl_ring_fullnccl_discardednccl_bad_handlesnccl_incompletenccl_commsnccl_comm_overflownccl_clock_suspectnccl_unknown_eventsnccl_api_lostnccl_clock_clampedincomplete_records"
 
-var _Stat_index = [...]uint16{0, 12, 19, 26, 33, 46, 57, 62, 76, 93, 108, 125, 132, 143, 150, 157, 165, 177, 182, 200, 206, 216, 232, 245, 258, 274, 283, 289, 304, 313, 322, 337, 354, 365, 375, 387, 401, 415, 431, 446, 456, 474, 492, 511, 524, 542}
+var _Stat_index = [...]uint16{0, 12, 19, 26, 33, 46, 57, 62, 76, 93, 108, 125, 132, 143, 150, 157, 165, 177, 182, 200, 206, 216, 232, 245, 258, 274, 283, 289, 304, 313, 322, 337, 354, 365, 375, 387, 401, 415, 431, 446, 456, 474, 492, 511, 524, 542, 560}
 
 func (i Stat) String() string {
 	idx := int(i) - 0

@@ -143,7 +143,7 @@ type Stat int
 //	StatMemcpys            memcpy records emitted
 //	StatMemsets            memset records emitted
 //	StatUnknownKinds       CUPTI records of kinds not converted
-//	StatBadRecords         truncated or without valid timestamps (also in LibDropped)
+//	StatBadRecords         truncated, or ending before they start (also in LibDropped)
 //	StatNames              distinct names interned
 //	StatNamesOverflow      kernels whose name did not fit the library's table
 //	StatBuffersRequested   buffers CUPTI asked for
@@ -186,6 +186,7 @@ type Stat int
 //	StatNCCLUnknownEvents  events of types the plugin does not record
 //	StatNCCLAPILost        v5 operations without API times: the CollApi/P2pApi slot was reused first
 //	StatNCCLClockClamped   kernel records whose GPU end, within the slack after the host saw it, was clamped
+//	StatIncompleteRecords  records without timestamps: a forced flush returned them before their work ran (also in LibDropped)
 const (
 	StatRecordsSeen       Stat = 0  // records_seen
 	StatKernels           Stat = 1  // kernels
@@ -233,6 +234,8 @@ const (
 	StatNCCLUnknownEvents Stat = 42 // nccl_unknown_events
 	StatNCCLAPILost       Stat = 43 // nccl_api_lost
 	StatNCCLClockClamped  Stat = 44 // nccl_clock_clamped
+
+	StatIncompleteRecords Stat = 45 // incomplete_records
 
 	NumStats = numStats // SLOWRANK_STAT_COUNT, the length of Stats.Counters
 )

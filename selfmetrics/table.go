@@ -202,8 +202,9 @@ var Table = []Metric{
 	{Name: "slowrank.cupti.records.unconverted", Kind: Counter, Unit: "{record}", Component: Library,
 		Desc: "CUPTI records of kinds the library does not convert.", Series: []Series{s("cupti_lib_unknown_kinds")}},
 	{Name: "slowrank.cupti.records.dropped", Kind: Counter, Unit: "{record}", Component: Library,
-		Desc: "Records the library dropped, by reason (bad_record: truncated or without valid timestamps; foreign_clock: on another client's clock that could not be mapped).", Series: []Series{
+		Desc: "Records the library dropped, by reason (bad_record: truncated, or ending before they start; incomplete: without timestamps, returned by a forced flush before their work ran; foreign_clock: on another client's clock that could not be mapped).", Series: []Series{
 			s("cupti_lib_bad_records", "reason", "bad_record"),
+			s("cupti_lib_incomplete_records", "reason", "incomplete"),
 			s("cupti_lib_foreign_clock", "reason", "foreign_clock"),
 		}},
 	{Name: "slowrank.cupti.records.detached", Kind: Counter, Unit: "{record}", Component: Library,
