@@ -174,8 +174,8 @@ int main(int argc, char **argv)
 	}
 	double ms = (double)(now_ns() - off_at) / 1e6;
 	sleep_ms(200); /* the batch with the drop's count */
-	printf("test_drain: hung: buffers back %d after %.0f ms (%llu requested, %llu completed), %llu dropped\n",
-	       back, ms, (unsigned long long)c.buffers_requested, (unsigned long long)c.buffers_completed,
+	printf("test_drain: hung: buffers back %d after %.0f ms (%llu requested, %llu completed), %llu dropped\n", back,
+	       ms, (unsigned long long)c.buffers_requested, (unsigned long long)c.buffers_completed,
 	       (unsigned long long)(LD(lib_dropped) - d0));
 	if (!back)
 		FAIL("the library left its buffers in CUPTI for 6 s after collection went off");
