@@ -9,7 +9,7 @@
 #
 # One training process (ext_train.py --shape gpu, library loaded), one agent
 # at default settings (--otel off) for AGENT_S seconds. Reported from the
-# agent's last counters and overhead lines: cupti_lib_bad_records against
+# agent's last counters and overhead lines: cupti_lib_incomplete_records (was counted in cupti_lib_bad_records) against
 # cupti_lib_records_seen, the planned period and share, steps with device
 # records, and the trainer's exit.
 #
@@ -52,7 +52,7 @@ except Exception:
 facts = [json.loads(l) for l in open(d + "/drain-facts.jsonl") if l.strip()]
 steps = [f for f in facts if f.get("kind") == "step" or "step" in f.get("type", "")]
 gpu = sum(1 for f in steps if f.get("gpu"))
-keys = ["cupti_lib_records_seen", "cupti_lib_bad_records", "cupti_lib_kernels", "cupti_lib_enables", "device_records",
+keys = ["cupti_lib_records_seen", "cupti_lib_bad_records", "cupti_lib_incomplete_records", "cupti_lib_kernels", "cupti_lib_enables", "device_records",
         "device_records_dropped", "correlate_dropped_device", "duty_pairs_dropped_short"]
 res = {"trainer_rc": rc, "counters": {k: int(counters[k]) for k in keys if k in counters},
        "duty_share": st.get("duty_share"), "duty_period_ns": st.get("duty_period_ns"),
