@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -56,9 +57,10 @@ func doctorCommand() *cli.Command {
 		Description: "Checks the kernel (version, BTF, uprobes, tracefs, BPF ring buffers, uprobe\n" +
 			"ref_ctr_offset), this process's capabilities, NVML and the GPUs, the CUPTI injection\n" +
 			"library and the CUDA/CUPTI versions, the training processes (environment has RANK)\n" +
-			"and whether they loaded the library, the OTLP endpoint, and a running agent. One line\n" +
-			"per check with a fix. Exit code 0 when everything the agent needs is there, 1\n" +
-			"otherwise. Run it as the agent runs (root) for meaningful answers.",
+			"and whether they loaded the library, the OTLP endpoint, and a running agent (per process\n" +
+			"mapping libnccl, the NCCL capture path it took and whether libnccl's collective uprobes\n" +
+			"are detached). One line per check with a fix. Exit code 0 when everything the agent\n" +
+			"needs is there, 1 otherwise. Run it as the agent runs (root) for meaningful answers.",
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "json", Usage: "print the checks as a JSON array", EnvVars: []string{"SLOWRANK_JSON"}},
 			&cli.StringFlag{Name: "otlp-endpoint", Usage: "OTLP endpoint to test (default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT)"},
@@ -121,7 +123,10 @@ func runDoctor(ctx context.Context, o doctorOptions) []checkResult {
 		checkNVML(),
 	}
 	libPath, lib := checkInjectionLibrary(o.lib)
-	out = append(out, lib, checkCUDA(), checkProcesses(o.envKey, libPath), checkOTLP(ctx, o.otlp), checkAgent(ctx, o.socket))
+	procs, plugins := checkProcesses(o.envKey, libPath)
+	ag, rep := checkAgent(ctx, o.socket)
+	ag.Items = ncclAgentItems(rep, plugins, o.socket)
+	out = append(out, lib, checkCUDA(), procs, checkOTLP(ctx, o.otlp), ag)
 	return out
 }
 
@@ -607,13 +612,16 @@ func ncclCapture(plugin string, st *cupti.NCCLStatus) string {
 // maxListed bounds the per-process lines of the report.
 const maxListed = 16
 
-func checkProcesses(envKey, libPath string) checkResult {
+// checkProcesses also returns NCCL_PROFILER_PLUGIN of each training process
+// that maps libnccl, by PID (ncclAgentItems).
+func checkProcesses(envKey, libPath string) (checkResult, map[int]string) {
 	r := checkResult{Check: "processes"}
+	plugins := map[int]string{}
 	procs, stats, err := agent.Discover("", agent.Selector{EnvKey: envKey})
 	var denied *agent.AccessError
 	if err != nil && !errors.As(err, &denied) {
 		r.Status, r.Detail = checkWarn, fmt.Sprintf("scan /proc: %v", err)
-		return r
+		return r, plugins
 	}
 	sel := fmt.Sprintf("environment has %s", envKey)
 	if len(procs) == 0 {
@@ -625,7 +633,7 @@ func checkProcesses(envKey, libPath string) checkResult {
 				r.Fix = "run doctor as root to see other users' processes"
 			}
 		}
-		return r
+		return r, plugins
 	}
 	injectedEnv, loaded, pluginOnly := 0, 0, 0
 	for i, p := range procs {
@@ -660,6 +668,9 @@ func checkProcesses(envKey, libPath string) checkResult {
 		}
 		if slices.Contains(kinds, agent.KindNCCL.String()) || inj != nil {
 			state += "; " + ncclCapture(p.Identity.ProfilerPlugin, st)
+		}
+		if slices.Contains(kinds, agent.KindNCCL.String()) {
+			plugins[p.PID] = p.Identity.ProfilerPlugin
 		}
 		if lerr != nil {
 			state = fmt.Sprintf("maps unreadable: %v", lerr)
@@ -704,7 +715,7 @@ func checkProcesses(envKey, libPath string) checkResult {
 			r.Fix = "run doctor as root to see other users' processes"
 		}
 	}
-	return r
+	return r, plugins
 }
 
 // deniedNote says which processes' environment could not be read.
@@ -815,11 +826,13 @@ func checkOTLP(ctx context.Context, flag string) checkResult {
 	return r
 }
 
-func checkAgent(ctx context.Context, socket string) checkResult {
+// checkAgent asks the agent at socket for its status (rep, nil when none
+// answered).
+func checkAgent(ctx context.Context, socket string) (checkResult, *agent.StatusReport) {
 	r := checkResult{Check: "agent"}
 	if socket == "" {
 		r.Status, r.Detail = checkInfo, "not asked (no --socket)"
-		return r
+		return r, nil
 	}
 	e := &endpoint{where: socket, base: "http://slowrank-agent", client: newEndpointClient(socket, time.Second)}
 	rep, err := e.status(ctx)
@@ -828,7 +841,7 @@ func checkAgent(ctx context.Context, socket string) checkResult {
 		if errors.Is(err, os.ErrPermission) || strings.Contains(err.Error(), "permission denied") {
 			r.Detail = "cannot ask the agent at " + socket + ": permission denied (root only)"
 		}
-		return r
+		return r, nil
 	}
 	r.Status = checkOK
 	r.Detail = fmt.Sprintf("running (version %s, up %s): %d processes, %d libraries attached, device collection %s",
@@ -838,5 +851,64 @@ func checkAgent(ctx context.Context, socket string) checkResult {
 		r.Detail += "; collection PAUSED"
 		r.Fix = "slowrank control resume"
 	}
-	return r
+	return r, &rep
+}
+
+// ncclAgentItems are the agent check's lines about NCCL: for each process
+// the agent tracks that maps libnccl or sends plugin records, the capture
+// path the agent takes its collectives from (status column NCCL) and the
+// state of its libnccl file's collective uprobes (column COLL: detached
+// once every process mapping the file is on the plugin path). plugins is
+// NCCL_PROFILER_PLUGIN of the training processes doctor read itself, by
+// PID: a process on the uprobes whose variable names another tool's plugin
+// is shown as such. These are the agent's decisions: without an agent
+// (rep nil) a line says where to see them, when a process maps libnccl.
+func ncclAgentItems(rep *agent.StatusReport, plugins map[int]string, socket string) []string {
+	if rep == nil {
+		if len(plugins) == 0 {
+			return nil
+		}
+		ask := "pass the agent's socket with --socket"
+		if socket != "" {
+			ask = "doctor --socket " + socket + " once it answers"
+		}
+		return []string{fmt.Sprintf("NCCL capture path and libnccl collective uprobes of %d processes: the agent decides them; "+
+			"see slowrank status (columns NCCL, COLL) where it runs, or %s", len(plugins), ask)}
+	}
+	var procs []agent.ProcessView
+	for _, p := range rep.Procs {
+		if p.NCCLUprobes != "" || strings.HasPrefix(p.NCCL, "plugin") {
+			procs = append(procs, p)
+		}
+	}
+	sort.Slice(procs, func(i, j int) bool { return procs[i].PID < procs[j].PID })
+	var items []string
+	for i, p := range procs {
+		if i == maxListed {
+			items = append(items, fmt.Sprintf("... and %d more", len(procs)-maxListed))
+			break
+		}
+		path := "NCCL " + cmp.Or(p.NCCL, "uprobes")
+		if v, ok := plugins[p.PID]; ok && !strings.HasPrefix(p.NCCL, "plugin") {
+			switch {
+			case v != "" && !strings.EqualFold(v, "none") && !ourPlugin(v):
+				path += fmt.Sprintf(" (another plugin owns the slot: %s)", v)
+			case ourPlugin(v):
+				path += " (our plugin named, no plugin record reached the agent: --nccl-plugin off, or NCCL has not bound it yet)"
+			}
+		}
+		coll := "libnccl collective uprobes " + p.NCCLUprobes
+		switch p.NCCLUprobes {
+		case "":
+			coll = "libnccl not attached"
+		case "detached":
+			coll += " (every process mapping the file is on the plugin path)"
+		case "attached":
+			if strings.HasPrefix(p.NCCL, "plugin") {
+				coll += " (a process mapping the file is off the plugin path, or a communicator of this one needs them)"
+			}
+		}
+		items = append(items, fmt.Sprintf("pid %d rank %d job %s: %s; %s", p.PID, p.Rank, orDash(p.Job), path, coll))
+	}
+	return items
 }

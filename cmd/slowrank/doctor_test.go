@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/slowrank/slowrank/agent"
 	"github.com/slowrank/slowrank/agent/privilege"
 	"github.com/slowrank/slowrank/cupti"
 )
@@ -206,5 +207,100 @@ func TestLibraryStateOfAPluginOnlyProcessSaysSo(t *testing.T) {
 				t.Errorf("libraryState = %q, want %q", got, tt.want)
 			}
 		})
+	}
+}
+
+// The agent's NCCL decisions per process (its status columns NCCL and
+// COLL) are lines under doctor's agent check; without an agent, one line
+// says where to see them.
+func TestDoctorShowsTheAgentsNCCLCapturePath(t *testing.T) {
+	const job = "ft-2949-1944304736853"
+	f, sock := startFake(t)
+	f.procs = []agent.ProcessView{
+		{PID: 4243, Rank: 1, Job: job, Libraries: []string{"libnccl.so.2"}, NCCL: "uprobes", NCCLUprobes: "attached"},
+		{PID: 4242, Rank: 0, Job: job, Libraries: []string{"libnccl.so.2"}, NCCL: "plugin v5", NCCLUprobes: "detached"},
+		{PID: 4250, Rank: 0, Job: "gloo-job", Libraries: []string{"libtorch_cpu.so"}, NCCL: "uprobes"}, // no libnccl: not listed
+	}
+	want := []string{
+		"pid 4242 rank 0 job " + job + ": NCCL plugin v5; libnccl collective uprobes detached (every process mapping the file is on the plugin path)",
+		"pid 4243 rank 1 job " + job + ": NCCL uprobes; libnccl collective uprobes attached",
+	}
+
+	out, _ := captureRun(t, "doctor", "--json", "--socket", sock)
+	var checks []checkResult
+	if err := json.Unmarshal([]byte(out), &checks); err != nil {
+		t.Fatalf("doctor --json: %v\n%s", err, out)
+	}
+	i := slices.IndexFunc(checks, func(c checkResult) bool { return c.Check == "agent" })
+	if i < 0 || checks[i].Status != checkOK || !slices.Equal(checks[i].Items, want) {
+		t.Fatalf("agent check %+v, want items %q", checks, want)
+	}
+
+	// Text: the agent's line, then one indented line per process.
+	out, _ = captureRun(t, "doctor", "--socket", sock)
+	lines := strings.Split(out, "\n")
+	at := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "[ ok ] agent ") })
+	if at < 0 || at+2 >= len(lines) || lines[at+1] != "                  "+want[0] || lines[at+2] != "                  "+want[1] {
+		t.Fatalf("doctor text lacks the NCCL lines under the agent:\n%s", out)
+	}
+
+	// A process on the uprobes whose NCCL_PROFILER_PLUGIN names another
+	// tool's plugin, or ours without records, says so (doctor read the
+	// variable itself).
+	rep := &agent.StatusReport{Status: agent.Status{Procs: f.procs}}
+	got := ncclAgentItems(rep, map[int]string{4243: "/usr/lib/libnccl-profiler-inspector.so"}, sock)
+	if w := "pid 4243 rank 1 job " + job + ": NCCL uprobes (another plugin owns the slot: /usr/lib/libnccl-profiler-inspector.so); libnccl collective uprobes attached"; len(got) != 2 || got[1] != w {
+		t.Errorf("foreign plugin: %q, want %q second", got, w)
+	}
+	got = ncclAgentItems(rep, map[int]string{4243: "slowrank", 4242: "slowrank"}, sock)
+	if w := "pid 4243 rank 1 job " + job + ": NCCL uprobes (our plugin named, no plugin record reached the agent: --nccl-plugin off, or NCCL has not bound it yet); libnccl collective uprobes attached"; len(got) != 2 || got[1] != w || got[0] != want[0] {
+		t.Errorf("our plugin without records: %q, want %q, %q", got, want[0], w)
+	}
+	rep.Procs = []agent.ProcessView{{PID: 7, Rank: 3, NCCL: "plugin v4"}, {PID: 8, Rank: 0, Job: "j", NCCL: "plugin v6", NCCLUprobes: "attached"}}
+	if got := ncclAgentItems(rep, nil, sock); !slices.Equal(got, []string{"pid 7 rank 3 job -: NCCL plugin v4; libnccl not attached",
+		"pid 8 rank 0 job j: NCCL plugin v6; libnccl collective uprobes attached (a process mapping the file is off the plugin path, or a communicator of this one needs them)"}) {
+		t.Errorf("plugin processes without an attached libnccl, and with its collective uprobes attached: %q", got)
+	}
+	var many []agent.ProcessView
+	for pid := 100; pid < 100+maxListed+3; pid++ {
+		many = append(many, agent.ProcessView{PID: pid, NCCL: "uprobes", NCCLUprobes: "attached"})
+	}
+	rep.Procs = many
+	if got := ncclAgentItems(rep, nil, sock); len(got) != maxListed+1 || got[maxListed] != "... and 3 more" {
+		t.Errorf("%d processes: %d lines, last %q", len(many), len(got), got[len(got)-1])
+	}
+
+	// No agent: where to see it, only when a training process maps libnccl.
+	if got := ncclAgentItems(nil, nil, sock); got != nil {
+		t.Errorf("no agent, no NCCL process: %q, want no line", got)
+	}
+	got = ncclAgentItems(nil, map[int]string{1: "", 2: "slowrank"}, "/run/slowrank/agent.sock")
+	if w := "NCCL capture path and libnccl collective uprobes of 2 processes: the agent decides them; see slowrank status (columns NCCL, COLL) where it runs, or doctor --socket /run/slowrank/agent.sock once it answers"; !slices.Equal(got, []string{w}) {
+		t.Errorf("no agent: %q, want %q", got, w)
+	}
+}
+
+// The NCCL lines are new lines only: every other line of the report stays
+// as it was.
+func TestDoctorNCCLLinesAddLinesOnly(t *testing.T) {
+	checks := []checkResult{
+		{Check: "processes", Status: checkWarn, Detail: "4 found", Items: []string{"pid 1 rank 0 job j: library not loaded"}, Fix: "start the job with ..."},
+		{Check: "agent", Status: checkOK, Detail: "running (version v, up 3s)"},
+	}
+	var before, after strings.Builder
+	writeDoctor(&before, checks)
+	checks[1].Items = []string{"pid 1 rank 0 job j: NCCL plugin v5; libnccl collective uprobes detached"}
+	writeDoctor(&after, checks)
+	var kept []string
+	for _, l := range strings.SplitAfter(after.String(), "\n") {
+		if !strings.Contains(l, "NCCL plugin v5") {
+			kept = append(kept, l)
+		}
+	}
+	if got := strings.Join(kept, ""); got != before.String() {
+		t.Errorf("without the NCCL lines:\n%s\nwant:\n%s", got, before.String())
+	}
+	if !strings.Contains(after.String(), "[ ok ] agent      running (version v, up 3s)\n                  pid 1 rank 0 job j: NCCL plugin v5") {
+		t.Errorf("report:\n%s", after.String())
 	}
 }

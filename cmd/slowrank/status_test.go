@@ -52,6 +52,8 @@ type fakeAgent struct {
 	mu   sync.Mutex
 	cs   agent.ControlState
 	reqs []agent.ControlRequest
+	// procs, when set, replace the status's process list.
+	procs []agent.ProcessView
 }
 
 func (f *fakeAgent) Status() agent.Status {
@@ -63,6 +65,13 @@ func (f *fakeAgent) Status() agent.Status {
 	step := func(r int, host float64) detector.Step {
 		return detector.Step{Job: "ft-2949-1944304736853", Rank: r, Step: 572, Phases: map[string]float64{"step": 52, "host": host, "sync_wait": 31}}
 	}
+	procs := []agent.ProcessView{{PID: 4242, Rank: 0, Job: "ft-2949-1944304736853", Libraries: []string{"libcuda.so.1", "libcudart.so.12", "libnccl.so.2"}},
+		{PID: 4243, Rank: 2, Job: "ft-2949-1944304736853", Libraries: []string{"libnccl.so.2"}, Injected: true}}
+	f.mu.Lock()
+	if f.procs != nil {
+		procs = f.procs
+	}
+	f.mu.Unlock()
 	return agent.Status{
 		Uptime: 33 * time.Second, Processes: 4, Attached: 3, Events: 24110, Windows: 22, Facts: 4764, Verdicts: 17,
 		DeviceState: "no-lib",
@@ -70,10 +79,9 @@ func (f *fakeAgent) Status() agent.Status {
 			{Job: "ft-2949-1944304736853", Rank: 0, Step: step(0, 20.9)},
 			{Job: "ft-2949-1944304736853", Rank: 2, Step: step(2, 33.0), Verdict: &v},
 		},
-		Alerts: []detector.Verdict{v},
-		Recent: []detector.Verdict{c, v},
-		Procs: []agent.ProcessView{{PID: 4242, Rank: 0, Job: "ft-2949-1944304736853", Libraries: []string{"libcuda.so.1", "libcudart.so.12", "libnccl.so.2"}},
-			{PID: 4243, Rank: 2, Job: "ft-2949-1944304736853", Libraries: []string{"libnccl.so.2"}, Injected: true}},
+		Alerts:   []detector.Verdict{v},
+		Recent:   []detector.Verdict{c, v},
+		Procs:    procs,
 		Counters: map[string]int64{"events": 24110, "ringbuf_lost": 0, "attach_errors": 1},
 		Overhead: &agent.Overhead{Budget: 0.003, Cost: agent.CostEstimate{Cost: 0.0245, Low: 0.0205, High: 0.029, Pairs: 64, Measured: true},
 			Device: 0.0016, Uprobes: 0.0009, Library: 0.0001, Total: 0.0026, Training: time.Hour, EscalationsGranted: 4, EscalationsRefused: 110},

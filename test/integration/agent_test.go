@@ -81,8 +81,32 @@ func (j job) run(t *testing.T, window time.Duration, args ...string) (*captureSi
 // runAll is run returning every kind of truth record.
 func (j job) runAll(t *testing.T, window time.Duration, args ...string) (*captureSink, *agent.Agent, map[string][]testutil.TruthRecord) {
 	t.Helper()
-	trainer := testutil.SharedFakeTrainer(t)
-	sink := &captureSink{}
+	sink, a, stop := j.startAgent(t, window)
+	cmd, truth := j.trainer(t, args...)
+	stopPoll := func() {}
+	if j.poll != nil {
+		stopPoll = pollEvery(100*time.Millisecond, func() { j.poll(a) })
+	}
+	out, err := cmd.CombinedOutput()
+	stopPoll()
+	if err != nil {
+		t.Fatalf("fake trainer: %v\n%s", err, out)
+	}
+	if path := dumpPath(t); path != "" {
+		if b, err := os.ReadFile(truth); err == nil {
+			os.WriteFile(path+".truth", b, 0o644)
+		}
+	}
+	stop()
+	return sink, a, testutil.ReadTruth(t, truth)
+}
+
+// startAgent starts the agent in process with j's configuration; stop
+// lets in-flight ring buffer records come through, then stops it (a test
+// that returns without calling it has the agent stopped by its cleanup).
+func (j job) startAgent(t *testing.T, window time.Duration) (sink *captureSink, a *agent.Agent, stop func()) {
+	t.Helper()
+	sink = &captureSink{}
 	cfg := agent.DefaultConfig()
 	cfg.HostName = "it"
 	cfg.ProbeTorch = j.probeTorch
@@ -107,53 +131,54 @@ func (j job) runAll(t *testing.T, window time.Duration, args ...string) (*captur
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { a.Close() })
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
-
-	truth := filepath.Join(t.TempDir(), "truth.jsonl")
-	argv := append([]string{"--ranks", "4", "--truth", truth, "--sleep-before-start", "1500"}, j.args...)
-	cmd := exec.Command(trainer, append(argv, args...)...)
-	cmd.Env = append(append(os.Environ(), j.envKey+"=1"), j.env...)
-	stopPoll := func() {}
-	if j.poll != nil {
-		polled, stop := make(chan struct{}), make(chan struct{})
-		stopPoll = func() { close(stop); <-polled }
-		go func() {
-			defer close(polled)
-			for {
-				select {
-				case <-stop:
-					return
-				case <-time.After(100 * time.Millisecond):
-					j.poll(a)
-				}
-			}
-		}()
-	}
-	out, err := cmd.CombinedOutput()
-	stopPoll()
-	if err != nil {
+	t.Cleanup(func() { cancel(); a.Close() })
+	stop = func() {
+		t.Helper()
+		time.Sleep(300 * time.Millisecond) // in-flight ring buffer records
 		cancel()
-		t.Fatalf("fake trainer: %v\n%s", err, out)
-	}
-	if path := dumpPath(t); path != "" {
-		if b, err := os.ReadFile(truth); err == nil {
-			os.WriteFile(path+".truth", b, 0o644)
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("agent did not stop within 20 s")
 		}
 	}
-	time.Sleep(300 * time.Millisecond) // in-flight ring buffer records
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
+	return sink, a, stop
+}
+
+// trainer is a 4-rank fake trainer with j's marker, environment and
+// arguments and args, writing its ground truth to truth; not started.
+func (j job) trainer(t *testing.T, args ...string) (cmd *exec.Cmd, truth string) {
+	t.Helper()
+	truth = filepath.Join(t.TempDir(), "truth.jsonl")
+	argv := append([]string{"--ranks", "4", "--truth", truth, "--sleep-before-start", "1500"}, j.args...)
+	cmd = exec.Command(testutil.SharedFakeTrainer(t), append(argv, args...)...)
+	cmd.Env = append(append(os.Environ(), j.envKey+"=1"), j.env...)
+	return cmd, truth
+}
+
+// pollEvery calls f every period until the returned stop (idempotent),
+// which waits for a call in progress.
+func pollEvery(period time.Duration, f func()) (stop func()) {
+	polled, quit := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	go func() {
+		defer close(polled)
+		for {
+			select {
+			case <-quit:
+				return
+			case <-time.After(period):
+				f()
+			}
 		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("agent did not stop within 20 s")
-	}
-	return sink, a, testutil.ReadTruth(t, truth)
+	}()
+	return func() { once.Do(func() { close(quit) }); <-polled }
 }
 
 func TestAgentCountsEveryCallAndMatchesGroundTruth(t *testing.T) {
