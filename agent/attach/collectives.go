@@ -56,6 +56,9 @@ func (m *Manager[F, P]) judge(e *entry[F, P]) {
 	var via Library[F]
 	if !off {
 		via = m.needing(e)
+		if e.blindSince == 0 {
+			e.blindSince = m.cfg.Now()
+		}
 	}
 	e.changing = true
 	m.closing.Add(1)
@@ -118,16 +121,30 @@ func (m *Manager[F, P]) changed(e *entry[F, P], off bool, err error) {
 		m.cfg.Log.Warn("re-attach collective probes", "path", e.name, "err", err)
 	case off:
 		e.collOff = true
+		m.countBlind(e) // a user that needed them went before they were made again
 		m.cfg.Sink.Count("nccl_collective_probes_detached", 1)
 		m.cfg.Log.Info("collective probes detached: every process mapping the library reports its collectives through the profiler plugin", "path", e.name)
 	default:
 		e.collOff = false
+		m.countBlind(e)
 		m.cfg.Sink.Count("nccl_collective_probes_reattached", 1)
 		m.cfg.Log.Info("collective probes attached again: a process mapping the library needs them", "path", e.name)
 	}
 	if m.libs[e.file] == e && err == nil {
 		m.judge(e) // the users changed meanwhile
 	}
+}
+
+// countBlind counts the time a user that needed e's closed collective
+// probes waited for them: its collectives in that time were not seen
+// (nccl_collective_blind_ms, per re-attach; nccl_collective_blind_waits).
+func (m *Manager[F, P]) countBlind(e *entry[F, P]) {
+	if e.blindSince == 0 {
+		return
+	}
+	m.cfg.Sink.Count("nccl_collective_blind_ms", max(m.cfg.Now()-e.blindSince, 0)/1_000_000)
+	m.cfg.Sink.Count("nccl_collective_blind_waits", 1)
+	e.blindSince = 0
 }
 
 // CollectivesDetached tells whether file f's collective probes are closed.

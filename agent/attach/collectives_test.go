@@ -18,6 +18,8 @@ func TestCollectiveProbesFollowTheirUsers(t *testing.T) {
 	const (
 		detached   = "nccl_collective_probes_detached"
 		reattached = "nccl_collective_probes_reattached"
+		blind      = "nccl_collective_blind_waits"
+		blindMS    = "nccl_collective_blind_ms"
 	)
 	via := func(pid int) string { return lib(pid, 10).Open }
 	cases := []struct {
@@ -52,7 +54,20 @@ func TestCollectiveProbesFollowTheirUsers(t *testing.T) {
 				h.use(3, 10)
 				h.settle()
 			},
-			want: want{counts: map[string]int64{detached: 1, reattached: 1}, changes: []string{"off", via(3)}},
+			want: want{counts: map[string]int64{detached: 1, reattached: 1, blind: 1}, changes: []string{"off", via(3)}},
+		},
+		{
+			name: "the time a process waited for the closed probes is counted as blind",
+			run: func(h *harness) {
+				h.use(1, 10)
+				h.settle()
+				h.m.SetPlugin(1, true)
+				h.settle()
+				h.use(3, 10)
+				h.now += 250_000_000 // the re-attach took 250 ms
+				h.settle()
+			},
+			want: want{counts: map[string]int64{detached: 1, reattached: 1, blind: 1, blindMS: 250}, changes: []string{"off", via(3)}},
 		},
 		{
 			name: "a plugin process that falls back re-attaches; its return to the plugin detaches again",
@@ -68,7 +83,7 @@ func TestCollectiveProbesFollowTheirUsers(t *testing.T) {
 				h.m.SetPlugin(2, true)
 				h.settle()
 			},
-			want: want{counts: map[string]int64{detached: 2, reattached: 1}, changes: []string{"off", via(2), "off"}, off: true},
+			want: want{counts: map[string]int64{detached: 2, reattached: 1, blind: 1}, changes: []string{"off", via(2), "off"}, off: true},
 		},
 		{
 			name: "the exit of the last process without the plugin detaches",
@@ -92,7 +107,7 @@ func TestCollectiveProbesFollowTheirUsers(t *testing.T) {
 				h.use(3, 10)
 				h.settle()
 			},
-			want: want{counts: map[string]int64{detached: 1, reattached: 1}, changes: []string{"off", via(3)}},
+			want: want{counts: map[string]int64{detached: 1, reattached: 1, blind: 1}, changes: []string{"off", via(3)}},
 		},
 		{
 			name: "a plugin process's exit leaves the collective probes as they are until a user comes",
@@ -109,7 +124,7 @@ func TestCollectiveProbesFollowTheirUsers(t *testing.T) {
 				h.use(2, 10) // within the linger, without the plugin
 				h.settle()
 			},
-			want: want{counts: map[string]int64{detached: 1, reattached: 1, "attachments_reused": 1}, changes: []string{"off", via(2)}},
+			want: want{counts: map[string]int64{detached: 1, reattached: 1, blind: 1, "attachments_reused": 1}, changes: []string{"off", via(2)}},
 		},
 		{
 			name: "a failed re-attach is tried again on the next tick",
@@ -127,7 +142,7 @@ func TestCollectiveProbesFollowTheirUsers(t *testing.T) {
 				h.advance(0)
 				h.settle()
 			},
-			want: want{counts: map[string]int64{detached: 1, reattached: 1, "nccl_collective_reattach_errors": 1},
+			want: want{counts: map[string]int64{detached: 1, reattached: 1, blind: 1, "nccl_collective_reattach_errors": 1},
 				changes: []string{"off", via(2), via(2)}},
 		},
 		{
@@ -143,7 +158,7 @@ func TestCollectiveProbesFollowTheirUsers(t *testing.T) {
 				h.release(2, 10)
 				h.settle()
 			},
-			want: want{counts: map[string]int64{"nccl_collective_detach_errors": 1, reattached: 1}, changes: []string{"off", via(2)}},
+			want: want{counts: map[string]int64{"nccl_collective_detach_errors": 1, reattached: 1, blind: 1}, changes: []string{"off", via(2)}},
 		},
 		{
 			name: "a process's plugin state is per file it maps",

@@ -110,6 +110,10 @@ type entry[F, P comparable] struct {
 	plugin                       map[P]bool
 	collOff, changing, collRetry bool
 	noDetach                     bool
+	// blindSince is when a user that needs the closed collective probes
+	// was first seen (monotonic ns; 0: none waits): its collectives trap
+	// nowhere until they are made again (nccl_collective_blind_ms).
+	blindSince int64
 }
 
 // Timed retries of a failed attach through the processes that already map
