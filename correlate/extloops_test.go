@@ -491,7 +491,15 @@ func TestReplayTrainerEpiloguePreempted(t *testing.T) {
 // and the next group's (402/400 on both ranks); regroup, preemptions that
 // mimicked groups of 4 for 3 groups right after the change of pace, and
 // the regroups to 4 and back to 5 withdrew the tentative lock's steps
-// twice (248/400 on rank 1).
+// twice (248/400 on rank 1); irregular-keeps-sync-clock, a tentative
+// synchronisation clock whose latest 16 steps held 4 preempted ones (4.0
+// to 5.2 ms among 1.8 ms ones) and a logging step, neither steady nor
+// regular, so that the all-gather's communicator, 50 iterations a step,
+// took it over at iteration 249's logging step (3 facts for 400 on both
+// ranks; irregular-keeps-sync-clock2: 5 preempted steps of 3.9 to 8.8 ms
+// and a logging step, at iteration 199, 4 facts): a step that holds more
+// steps of the clock than an iteration holds instances of a cycle is many
+// iterations (spansIterations).
 //
 // --speedup 0.33 (3x longer): the confirmation withdrew the steps shorter
 // than half the latest ones, the first 100 iterations. On a loaded host
@@ -502,7 +510,7 @@ func TestReplayTrainerEpiloguePreempted(t *testing.T) {
 func TestReplayTrainerSpeedup(t *testing.T) {
 	for _, f := range []string{"3", "3-loaded", "3-loaded-preempted-before-logging", "3-loaded-run-preempted",
 		"3-loaded-keeps-sync-clock", "3-loaded-preempted-logging", "3-loaded-preempted-iteration-1", "10", "10-loaded", "10-loaded-preempted-run", "10-loaded-preempted-walk2", "10-loaded-preempted-walk3",
-		"10-loaded-keeps-sync-clock", "10-loaded-preempted-logging", "10-loaded-regroup", "0.33", "0.33-loaded-preempted"} {
+		"10-loaded-keeps-sync-clock", "10-loaded-irregular-keeps-sync-clock", "10-loaded-irregular-keeps-sync-clock2", "10-loaded-preempted-logging", "10-loaded-regroup", "0.33", "0.33-loaded-preempted"} {
 		t.Run("speedup "+f, func(t *testing.T) {
 			replayTrainerFile(t, "testdata/trainer-speedup"+f+"-2ranks.records.gz", 0)
 		})

@@ -116,6 +116,11 @@ func (c *Correlator) takeClock(p *proc, pc *procComm, evs []detEvent) bool {
 			// longer step of that logging iteration (regular).
 			return false
 		}
+		if c.spansIterations(p, pc, evs) {
+			// An irregular one too, when each of pc's steps holds more
+			// of its steps than an iteration holds instances of a cycle.
+			return false
+		}
 	case pc.nranks() > cur.nranks() && (confirmed || !curSettled):
 	case c.quietClock(p, pc, evs):
 		// The job's cycle moved to pc (a process group created mid-run,
@@ -165,6 +170,56 @@ func (c *Correlator) quietClock(p *proc, pc *procComm, evs []detEvent) bool {
 		step = max(step, own)
 	}
 	return last-p.lastEnd > int64(c.cfg.PromoteCycles)*step
+}
+
+// spansIterations reports whether each step of pc that evs report (and
+// its latest), as far back as p remembers its own steps (endsN), holds
+// more than maxGroup steps of p: pc's cycle spans many iterations (the
+// collective of a logging step every N iterations), since an iteration
+// holds at most maxGroup instances of a cycle (group.go), so that p's
+// steps cannot be instances inside one of pc's. A clock that ticks
+// several times per iteration (synchronisations that no grouping
+// resolved) holds a few steps in each of the job's per-iteration
+// collective steps, and gives way.
+func (c *Correlator) spansIterations(p *proc, pc *procComm, evs []detEvent) bool {
+	oldest := int64(math.MaxInt64)
+	for _, e := range p.ends {
+		if e.end != 0 {
+			oldest = min(oldest, e.end)
+		}
+	}
+	judged, all := false, true
+	note := func(from, to int64) {
+		if to < oldest {
+			return // before p's remembered steps
+		}
+		n := 0
+		for _, e := range p.ends {
+			if e.end > from && e.end <= to {
+				n++
+			}
+		}
+		if n <= maxGroup && from < oldest {
+			return // a lower bound only
+		}
+		judged, all = true, all && n > maxGroup
+	}
+	last, lastB := int64(-1), int64(-1)
+	for _, e := range evs {
+		switch e.kind {
+		case evStart:
+			last = e.t
+		case evBoundary:
+			if last >= 0 {
+				note(last, e.t)
+			}
+			last, lastB = e.t, e.t
+		}
+	}
+	if ns, ok := pc.det.latestStep(); ok && lastB >= 0 {
+		note(lastB-ns, lastB)
+	}
+	return judged && all
 }
 
 // coarser reports whether the steps of pc (its latest, or the shortest
