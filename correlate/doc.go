@@ -85,8 +85,8 @@
 // lock is confirmed once steadyN steps agree within a factor of two, and the
 // init-time steps before them (one per parameter copied to the GPU) are
 // withdrawn: those in no run of steadyN+1 steps agreeing within a factor
-// of two that are shorter than half the latest steps or than half the
-// next run's (the iterations of an old pace stay). A cycle that occurs
+// of two that are shorter than half the latest steps or than half each of
+// the next run's (the iterations of an old pace stay). A cycle that occurs
 // several times per iteration (Megatron's "B S B S", the Trainer's five
 // synchronisations) is resolved by timing (see group.go): one instance per
 // iteration holds the forward and backward pass and dominates the others;

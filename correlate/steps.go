@@ -394,11 +394,14 @@ func (c *Correlator) retractGen(p *proc, clock, gen uint32) {
 // init-time step (a synchronisation per parameter copied to the GPU) and
 // reports whether it withdrew any. A step is init-time when it is not in a
 // run itself (a run is steadyN+1 consecutive steps that agree within
-// groupRatio) and shorter than 1/groupRatio of the next steps of a run
-// (the median of up to steadyN+1 of them: the next one alone was
-// iteration 1, preempted to twice the others, so that iteration 0 was
-// withdrawn as init-time, TestReplayTrainerSpeedup's
-// preempted-iteration-1), or, with no run after it, than minNS (half the
+// groupRatio) and shorter than 1/groupRatio of each of the next steps of
+// a run (up to steadyN+1 of them: the next one alone was iteration 1,
+// preempted to twice the others, so that iteration 0 was withdrawn as
+// init-time, TestReplayTrainerSpeedup's preempted-iteration-1; their
+// median was a run of three preempted iterations of 4 ms and two of 2.2
+// and 2.6 ms, so that a 2 ms iteration before them and the 189 before it
+// were withdrawn: TestReplayTrimUnderPreemptions), or, with no run after
+// it, than minNS (half the
 // median of the lock's latest steps: after a 3x slow-down within the
 // first ConfirmSpan, a preempted iteration of the old pace between two
 // runs was shorter than that, and the 31 iterations before it were
@@ -436,7 +439,7 @@ func (c *Correlator) trimGen(p *proc, clock, gen uint32, minNS int64) bool {
 			next = append([]int64{d}, next[:min(len(next), w-1)]...)
 			continue
 		}
-		if len(next) == 0 && d < minNS || len(next) > 0 && d*groupRatio < median(next) {
+		if len(next) == 0 && d < minNS || len(next) > 0 && d*groupRatio < slices.Min(next) {
 			cut = idx[k]
 			break
 		}
@@ -708,12 +711,4 @@ func (c *Correlator) emit(p *proc, s *pendingStep) {
 	st.LastArrival, st.ArrivalLagMS = c.arrivalFields(s)
 	c.steps = append(c.steps, st)
 	p.stats.Steps++
-}
-
-// median is the median of xs (the upper one of an even count); xs is not
-// modified.
-func median(xs []int64) int64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	return s[len(s)/2]
 }
