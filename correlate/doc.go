@@ -75,14 +75,18 @@
 // (after 64 synchronisations) the synchronisation calls themselves are the
 // sequence, keyed by function, not stream; occasional collectives do not
 // stop them, and a communicator whose steps are more than twice as long
-// does not take a confirmed or steady synchronisation clock over (steady:
-// its latest steadyN steps agree within a factor of two, or its latest
-// steadyN+1 but the longest, a logging step's). Its first lock is
-// confirmed once steadyN steps agree within a factor of two, and the
+// does not take a confirmed, steady or regular synchronisation clock over
+// (steady: its latest steadyN steps agree within a factor of two; regular:
+// its latest regularN but the longest regularOut do, logging steps and
+// preemptions), nor any one when each of its steps holds more steps of
+// the clock than an iteration holds instances of a cycle (maxGroup: a
+// logging step's collective every N iterations; a clock of several
+// synchronisations per iteration holds a few and gives way). Its first
+// lock is confirmed once steadyN steps agree within a factor of two, and the
 // init-time steps before them (one per parameter copied to the GPU) are
 // withdrawn: those in no run of steadyN+1 steps agreeing within a factor
-// of two that are shorter than half the latest steps or than half the
-// next run's (the iterations of an old pace stay). A cycle that occurs
+// of two that are shorter than half the latest steps or than half each of
+// the next run's (the iterations of an old pace stay). A cycle that occurs
 // several times per iteration (Megatron's "B S B S", the Trainer's five
 // synchronisations) is resolved by timing (see group.go): one instance per
 // iteration holds the forward and backward pass and dominates the others;

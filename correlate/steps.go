@@ -116,6 +116,11 @@ func (c *Correlator) takeClock(p *proc, pc *procComm, evs []detEvent) bool {
 			// longer step of that logging iteration (regular).
 			return false
 		}
+		if c.spansIterations(p, pc, evs) {
+			// An irregular one too, when each of pc's steps holds more
+			// of its steps than an iteration holds instances of a cycle.
+			return false
+		}
 	case pc.nranks() > cur.nranks() && (confirmed || !curSettled):
 	case c.quietClock(p, pc, evs):
 		// The job's cycle moved to pc (a process group created mid-run,
@@ -165,6 +170,56 @@ func (c *Correlator) quietClock(p *proc, pc *procComm, evs []detEvent) bool {
 		step = max(step, own)
 	}
 	return last-p.lastEnd > int64(c.cfg.PromoteCycles)*step
+}
+
+// spansIterations reports whether each step of pc that evs report (and
+// its latest), as far back as p remembers its own steps (endsN), holds
+// more than maxGroup steps of p: pc's cycle spans many iterations (the
+// collective of a logging step every N iterations), since an iteration
+// holds at most maxGroup instances of a cycle (group.go), so that p's
+// steps cannot be instances inside one of pc's. A clock that ticks
+// several times per iteration (synchronisations that no grouping
+// resolved) holds a few steps in each of the job's per-iteration
+// collective steps, and gives way.
+func (c *Correlator) spansIterations(p *proc, pc *procComm, evs []detEvent) bool {
+	oldest := int64(math.MaxInt64)
+	for _, e := range p.ends {
+		if e.end != 0 {
+			oldest = min(oldest, e.end)
+		}
+	}
+	judged, all := false, true
+	note := func(from, to int64) {
+		if to < oldest {
+			return // before p's remembered steps
+		}
+		n := 0
+		for _, e := range p.ends {
+			if e.end > from && e.end <= to {
+				n++
+			}
+		}
+		if n <= maxGroup && from < oldest {
+			return // a lower bound only
+		}
+		judged, all = true, all && n > maxGroup
+	}
+	last, lastB := int64(-1), int64(-1)
+	for _, e := range evs {
+		switch e.kind {
+		case evStart:
+			last = e.t
+		case evBoundary:
+			if last >= 0 {
+				note(last, e.t)
+			}
+			last, lastB = e.t, e.t
+		}
+	}
+	if ns, ok := pc.det.latestStep(); ok && lastB >= 0 {
+		note(lastB-ns, lastB)
+	}
+	return judged && all
 }
 
 // coarser reports whether the steps of pc (its latest, or the shortest
@@ -339,11 +394,14 @@ func (c *Correlator) retractGen(p *proc, clock, gen uint32) {
 // init-time step (a synchronisation per parameter copied to the GPU) and
 // reports whether it withdrew any. A step is init-time when it is not in a
 // run itself (a run is steadyN+1 consecutive steps that agree within
-// groupRatio) and shorter than 1/groupRatio of the next steps of a run
-// (the median of up to steadyN+1 of them: the next one alone was
-// iteration 1, preempted to twice the others, so that iteration 0 was
-// withdrawn as init-time, TestReplayTrainerSpeedup's
-// preempted-iteration-1), or, with no run after it, than minNS (half the
+// groupRatio) and shorter than 1/groupRatio of each of the next steps of
+// a run (up to steadyN+1 of them: the next one alone was iteration 1,
+// preempted to twice the others, so that iteration 0 was withdrawn as
+// init-time, TestReplayTrainerSpeedup's preempted-iteration-1; their
+// median was a run of three preempted iterations of 4 ms and two of 2.2
+// and 2.6 ms, so that a 2 ms iteration before them and the 189 before it
+// were withdrawn: TestReplayTrimUnderPreemptions), or, with no run after
+// it, than minNS (half the
 // median of the lock's latest steps: after a 3x slow-down within the
 // first ConfirmSpan, a preempted iteration of the old pace between two
 // runs was shorter than that, and the 31 iterations before it were
@@ -381,7 +439,7 @@ func (c *Correlator) trimGen(p *proc, clock, gen uint32, minNS int64) bool {
 			next = append([]int64{d}, next[:min(len(next), w-1)]...)
 			continue
 		}
-		if len(next) == 0 && d < minNS || len(next) > 0 && d*groupRatio < median(next) {
+		if len(next) == 0 && d < minNS || len(next) > 0 && d*groupRatio < slices.Min(next) {
 			cut = idx[k]
 			break
 		}
@@ -653,12 +711,4 @@ func (c *Correlator) emit(p *proc, s *pendingStep) {
 	st.LastArrival, st.ArrivalLagMS = c.arrivalFields(s)
 	c.steps = append(c.steps, st)
 	p.stats.Steps++
-}
-
-// median is the median of xs (the upper one of an even count); xs is not
-// modified.
-func median(xs []int64) int64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	return s[len(s)/2]
 }
