@@ -136,7 +136,8 @@ cupti-test-tsan: $(CUPTI_LIB_SRCS) $(CUPTI_HDRS) $(CUPTI_DIR)/test_inject.c $(CU
 # STRESS_SECONDS per run; STRESS_SEED=N repeats a schedule.
 STRESS_SECONDS ?= 8
 CUPTI_FAKE_SRC := $(CUPTI_ROOT)/test/fakelibs/cupti.c
-CUPTI_STRESS_DEPS := $(CUPTI_LIB_SRCS) $(CUPTI_HDRS) $(CUPTI_DIR)/test_stress.c $(CUPTI_FAKE_SRC) $(CUPTI_HEADER_DEPS)
+CUPTI_STRESS_DEPS := $(CUPTI_LIB_SRCS) $(CUPTI_HDRS) $(CUPTI_DIR)/test_stress.c $(CUPTI_FAKE_SRC) \
+	$(CUPTI_ROOT)/test/fakelibs/fakecupti.h $(CUPTI_HEADER_DEPS)
 
 define cupti_stress_build
 $(CUPTI_TEST_OUT)/$(1)/test_stress: $(CUPTI_STRESS_DEPS) $(CUPTI_DIR)/cupti.mk

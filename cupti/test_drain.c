@@ -24,6 +24,8 @@
 #define _GNU_SOURCE
 #include "slowrank_abi.h"
 
+#include "../test/fakelibs/fakecupti.h"
+
 #include <cupti.h>
 #include <dlfcn.h>
 #include <stdio.h>
@@ -37,14 +39,8 @@
 		exit(1);                               \
 	} while (0)
 
-struct fakecupti_counters {
-	uint64_t launches, records, dropped_no_buffer, dropped_disabled, buffers_requested, buffers_completed,
-		buffers_lost_finalize, buffers_completed_no_callback, subscribe_refused, register_calls, finalize_calls,
-		enable_calls, disable_calls;
-};
-
-static int (*launch)(int, const char *, uint64_t, uint32_t);
-static void (*counters)(struct fakecupti_counters *);
+static fakecupti_launch_fn launch;
+static fakecupti_counters_fn counters;
 static struct slowrank_cupti_control *ctl;
 static uint32_t gen;
 

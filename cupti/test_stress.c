@@ -45,6 +45,8 @@
 #define _GNU_SOURCE
 #include "slowrank_abi.h"
 
+#include "../test/fakelibs/fakecupti.h"
+
 #include <cupti.h>
 #include <dlfcn.h>
 #include <pthread.h>
@@ -65,15 +67,9 @@
 		exit(1);                               \
 	} while (0)
 
-struct fakecupti_counters {
-	uint64_t launches, records, dropped_no_buffer, dropped_disabled, buffers_requested, buffers_completed,
-		buffers_lost_finalize, buffers_completed_no_callback, subscribe_refused, register_calls, finalize_calls,
-		enable_calls, disable_calls;
-};
-
 static struct {
-	int (*launch)(int, const char *, uint64_t, uint32_t);
-	void (*counters)(struct fakecupti_counters *);
+	fakecupti_launch_fn launch;
+	fakecupti_counters_fn counters;
 	CUptiResult (*subscribe)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *);
 	CUptiResult (*reg)(CUpti_BuffersCallbackRequestFunc, CUpti_BuffersCallbackCompleteFunc);
 	CUptiResult (*reg_ts)(CUpti_TimestampCallbackFunc);

@@ -34,6 +34,8 @@
 #define _GNU_SOURCE
 #include <cupti.h>
 
+#include "fakecupti.h"
+
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -59,13 +61,6 @@ struct fc_pending {
   size_t off;
   uint64_t end_mono;
   uint64_t start_ts, dur_ns;
-};
-
-/* Counters for tests (fakecupti_counters). */
-struct fakecupti_counters {
-  uint64_t launches, records, dropped_no_buffer, dropped_disabled, buffers_requested, buffers_completed,
-      buffers_lost_finalize, buffers_completed_no_callback, subscribe_refused, register_calls, finalize_calls,
-      enable_calls, disable_calls;
 };
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
