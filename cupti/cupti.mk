@@ -49,6 +49,7 @@ CUPTI_CFLAGS := -std=c11 $(CUPTI_OPT) $(CUPTI_WARN) -fPIC -fvisibility=hidden \
 	-I$(CUPTI_DIR) $(CUPTI_INCLUDES) $(CUPTI_EXTRA_CFLAGS)
 CUPTI_LIB := $(OUT_DIR)/libslowrank_cupti.so
 CUPTI_LIB_SRCS := $(CUPTI_DIR)/slowrank_cupti.c $(CUPTI_DIR)/slowrank_convert.c $(CUPTI_DIR)/slowrank_nccl.c
+CUPTI_TEST_HDRS := $(CUPTI_DIR)/test_clock.h
 CUPTI_HDRS := $(CUPTI_DIR)/slowrank_abi.h $(CUPTI_DIR)/slowrank_convert.h $(CUPTI_DIR)/slowrank_nccl.h $(CUPTI_DIR)/nccl_profiler.h
 CUPTI_TEST_OUT := $(OUT_DIR)/cupti-test
 # Every build of the library, shipped or sanitized, is never unmapped: NCCL
@@ -106,7 +107,7 @@ $(CUPTI_TEST_OUT)/test_convert: $(CUPTI_DIR)/test_convert.c $(CUPTI_DIR)/slowran
 	@mkdir -p $(CUPTI_TEST_OUT)
 	$(CUPTI_CC) $(CUPTI_CFLAGS) $(CUPTI_TEST_SAN) -o $@ $(CUPTI_DIR)/test_convert.c $(CUPTI_DIR)/slowrank_convert.c
 
-$(CUPTI_TEST_OUT)/test_inject: $(CUPTI_DIR)/test_inject.c $(CUPTI_DIR)/slowrank_abi.h
+$(CUPTI_TEST_OUT)/test_inject: $(CUPTI_DIR)/test_inject.c $(CUPTI_DIR)/slowrank_abi.h $(CUPTI_TEST_HDRS)
 	@mkdir -p $(CUPTI_TEST_OUT)
 	$(CUPTI_CC) -std=c11 $(CUPTI_OPT) $(CUPTI_WARN) -I$(CUPTI_DIR) -o $@ $(CUPTI_DIR)/test_inject.c -ldl -lpthread
 
@@ -120,7 +121,7 @@ cupti-test: $(CUPTI_LIB) $(CUPTI_TEST_OUT)/test_convert $(CUPTI_TEST_OUT)/test_i
 	timeout 300 $(CUPTI_TEST_OUT)/test_nccl $(CUPTI_LIB)
 
 # The runtime (control thread, seqlock, semaphore) under ThreadSanitizer.
-cupti-test-tsan: $(CUPTI_LIB_SRCS) $(CUPTI_HDRS) $(CUPTI_DIR)/test_inject.c $(CUPTI_HEADER_DEPS)
+cupti-test-tsan: $(CUPTI_LIB_SRCS) $(CUPTI_HDRS) $(CUPTI_DIR)/test_inject.c $(CUPTI_TEST_HDRS) $(CUPTI_HEADER_DEPS)
 	@mkdir -p $(CUPTI_TEST_OUT)/tsan
 	$(CUPTI_CC) $(CUPTI_CFLAGS) -Wno-tsan -fsanitize=thread -shared -o $(CUPTI_TEST_OUT)/tsan/libslowrank_cupti.so \
 		$(CUPTI_LIB_SRCS) $(CUPTI_LIB_KEEP) -ldl -lpthread
@@ -136,7 +137,7 @@ cupti-test-tsan: $(CUPTI_LIB_SRCS) $(CUPTI_HDRS) $(CUPTI_DIR)/test_inject.c $(CU
 # STRESS_SECONDS per run; STRESS_SEED=N repeats a schedule.
 STRESS_SECONDS ?= 8
 CUPTI_FAKE_SRC := $(CUPTI_ROOT)/test/fakelibs/cupti.c
-CUPTI_STRESS_DEPS := $(CUPTI_LIB_SRCS) $(CUPTI_HDRS) $(CUPTI_DIR)/test_stress.c $(CUPTI_FAKE_SRC) \
+CUPTI_STRESS_DEPS := $(CUPTI_LIB_SRCS) $(CUPTI_HDRS) $(CUPTI_TEST_HDRS) $(CUPTI_DIR)/test_stress.c $(CUPTI_FAKE_SRC) \
 	$(CUPTI_ROOT)/test/fakelibs/fakecupti.h $(CUPTI_HEADER_DEPS)
 
 define cupti_stress_build
@@ -147,7 +148,7 @@ $(CUPTI_TEST_OUT)/$(1)/test_stress: $(CUPTI_STRESS_DEPS) $(CUPTI_DIR)/cupti.mk
 	$(CUPTI_CC) $(CUPTI_CFLAGS) -Wno-tsan $(2) -fvisibility=default -shared -o $(CUPTI_TEST_OUT)/$(1)/libcupti.so \
 		$(CUPTI_FAKE_SRC) -lpthread
 	$(CUPTI_CC) $(CUPTI_CFLAGS) -Wno-tsan $(2) -o $$@ $(CUPTI_DIR)/test_stress.c -ldl -lpthread
-$(CUPTI_TEST_OUT)/$(1)/test_drain: $(CUPTI_TEST_OUT)/$(1)/test_stress $(CUPTI_DIR)/test_drain.c
+$(CUPTI_TEST_OUT)/$(1)/test_drain: $(CUPTI_TEST_OUT)/$(1)/test_stress $(CUPTI_DIR)/test_drain.c $(CUPTI_TEST_HDRS)
 	$(CUPTI_CC) $(CUPTI_CFLAGS) -Wno-tsan $(2) -o $$@ $(CUPTI_DIR)/test_drain.c -ldl -lpthread
 endef
 CUPTI_SAN_asan := -fsanitize=address,undefined -fno-omit-frame-pointer
@@ -195,7 +196,7 @@ cupti-clean:
 # ASan+UBSan and TSan (cupti-nccl-san). Linked -z nodelete like the real
 # library (CUPTI_LIB_KEEP).
 CUPTI_NCCL_FAKE := $(CUPTI_ROOT)/test/fakelibs/ncclprof.c
-CUPTI_NCCL_TEST_DEPS := $(CUPTI_DIR)/test_nccl.c $(CUPTI_NCCL_FAKE) $(CUPTI_ROOT)/test/fakelibs/ncclprof.h $(CUPTI_HDRS)
+CUPTI_NCCL_TEST_DEPS := $(CUPTI_DIR)/test_nccl.c $(CUPTI_NCCL_FAKE) $(CUPTI_ROOT)/test/fakelibs/ncclprof.h $(CUPTI_HDRS) $(CUPTI_TEST_HDRS)
 
 $(CUPTI_TEST_OUT)/test_nccl: $(CUPTI_NCCL_TEST_DEPS)
 	@mkdir -p $(CUPTI_TEST_OUT)

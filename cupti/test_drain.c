@@ -23,6 +23,7 @@
  */
 #define _GNU_SOURCE
 #include "slowrank_abi.h"
+#include "test_clock.h"
 
 #include "../test/fakelibs/fakecupti.h"
 
@@ -46,20 +47,6 @@ static uint32_t gen;
 
 #define ST(field, v) __atomic_store_n(&ctl->field, (v), __ATOMIC_RELEASE)
 #define LD(field) __atomic_load_n(&ctl->field, __ATOMIC_ACQUIRE)
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static void sleep_ms(uint64_t ms)
-{
-	struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
-	while (nanosleep(&ts, &ts) != 0)
-		;
-}
 
 static void *sym(void *h, const char *name)
 {

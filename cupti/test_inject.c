@@ -17,6 +17,7 @@
  */
 #define _GNU_SOURCE
 #include "slowrank_abi.h"
+#include "test_clock.h"
 
 #include <dlfcn.h>
 #include <signal.h>
@@ -42,13 +43,6 @@ struct syms {
 		fprintf(stderr, "\n");                   \
 		_exit(1);                                \
 	} while (0)
-
-static void sleep_ms(int ms)
-{
-	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-	while (nanosleep(&ts, &ts) != 0)
-		;
-}
 
 static uint32_t load32(const uint32_t *p)
 {

@@ -34,6 +34,7 @@
 #define _GNU_SOURCE
 #include "nccl_profiler.h"
 #include "slowrank_abi.h"
+#include "test_clock.h"
 #include "../test/fakelibs/ncclprof.h"
 
 #include <dlfcn.h>
@@ -55,20 +56,6 @@ static char dump[256];
 		fprintf(stderr, "\n");                   \
 		_exit(1);                                \
 	} while (0)
-
-static uint64_t mono(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static void sleep_ms(int ms)
-{
-	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-	while (nanosleep(&ts, &ts) != 0)
-		;
-}
 
 static int wait_mask(int bits, int ms)
 {
@@ -529,11 +516,11 @@ static void sc_noagent(void)
 	sleep_ms(200);
 	if (fp_mask() != 0)
 		FAIL("mask %#x without an agent", fp_mask());
-	uint64_t t0 = mono();
+	uint64_t t0 = now_ns();
 	for (int i = 0; i < 100000; i++)
 		fp_coll(c, "AllReduce", 16, "ncclFloat32", -1, 2);
-	if (mono() - t0 > 5000000000ull)
-		FAIL("100k collectives took %.1f s with the plugin idle", (double)(mono() - t0) / 1e9);
+	if (now_ns() - t0 > 5000000000ull)
+		FAIL("100k collectives took %.1f s with the plugin idle", (double)(now_ns() - t0) / 1e9);
 	fp_comm_destroy(c);
 	exit(0);
 }
@@ -711,12 +698,12 @@ static void sc_flood(void)
 		FAIL("init");
 	flood_ctx = fx;
 	pthread_t t[4];
-	uint64_t t0 = mono();
+	uint64_t t0 = now_ns();
 	for (int i = 0; i < 4; i++)
 		pthread_create(&t[i], NULL, flood, NULL);
 	for (int i = 0; i < 4; i++)
 		pthread_join(t[i], NULL);
-	double secs = (double)(mono() - t0) / 1e9;
+	double secs = (double)(now_ns() - t0) / 1e9;
 	if (secs > 30)
 		FAIL("flood took %.1f s", secs);
 	void *h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
@@ -1005,8 +992,8 @@ static void sc_toggle(void)
 	struct fp_comm *c = fp_comm_init(7, 2, 0);
 	if (!wait_mask(SR_NCCL_PROFILE_COLL, 2000))
 		FAIL("mask never set");
-	uint64_t t0 = mono();
-	while (mono() - t0 < 900000000ull) {
+	uint64_t t0 = now_ns();
+	while (now_ns() - t0 < 900000000ull) {
 		fp_coll(c, "AllReduce", 16, "ncclFloat32", -1, 2);
 		usleep(200);
 	}

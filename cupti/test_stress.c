@@ -44,6 +44,7 @@
  */
 #define _GNU_SOURCE
 #include "slowrank_abi.h"
+#include "test_clock.h"
 
 #include "../test/fakelibs/fakecupti.h"
 
@@ -85,20 +86,6 @@ static volatile uint16_t *sem;
 static int stop_all; /* atomic */
 #define STOPPED() __atomic_load_n(&stop_all, __ATOMIC_ACQUIRE)
 #define SET_STOP(v) __atomic_store_n(&stop_all, (v), __ATOMIC_RELEASE)
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static void sleep_us(uint64_t us)
-{
-	struct timespec ts = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000L};
-	while (nanosleep(&ts, &ts) != 0)
-		;
-}
 
 /* xorshift64*, one state per thread */
 static uint64_t rnd(uint64_t *s)
