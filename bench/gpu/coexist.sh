@@ -36,6 +36,7 @@ PROF_STEPS=${PROF_STEPS:-13}
 PROF_C_AT=${PROF_C_AT:-100}
 PROF_C_STEPS=${PROF_C_STEPS:-80}
 COEXIST_SHARE=${COEXIST_SHARE-1}
+CO_RUNS=${CO_RUNS:-a b c} # a subset re-runs one case (the analysis then reports the others as missing)
 echo "coexist.sh: 3 runs of ${CO_S} s, windows ${PROF_STEPS}@${PROF_AT} (a, b) and ${PROF_C_STEPS}@${PROF_C_AT} (c), on-share ${COEXIST_SHARE:-default}${DRY:+ (DRY RUN)}"
 if [ -z "${DRY:-}" ] && [ ! -x "$AGENT" ]; then echo "no agent at $AGENT: carry bin/slowrank"; exit 2; fi
 env_info "$OUT/env.txt"
@@ -68,16 +69,23 @@ co_end() {  # co_end NAME: wait for the trainer, then stop the agent if any
   if [ -n "$AGENT_PID" ]; then agent_stop "$AGENT_PID" 30; AGENT_PID=; echo "$1: agent stopped in ${AGENT_STOP_MS} ms (rc $AGENT_RC)"; fi
 }
 
+co_want() { [[ " $CO_RUNS " == *" $1 "* ]]; }
+
 # (a) nothing of slowrank
+if co_want a; then
 ext_start co-a 29620 "" --shape dense --duration "$CO_S" --profile-at "$PROF_AT" --profile-steps "$PROF_STEPS" --profile-out "$OUT/co-a-prof.json"
 co_end co-a
+fi
 
 # (b) agent first, then the trainer, then the window
+if co_want b; then
 co_agent co-b
 ext_start co-b 29621 "$LIB" --shape dense --duration "$CO_S" --profile-at "$PROF_AT" --profile-steps "$PROF_STEPS" --profile-out "$OUT/co-b-prof.json"
 co_end co-b
+fi
 
 # (c) the window first, the agent 1 s into it
+if co_want c; then
 ext_start co-c 29622 "$LIB" --shape dense --duration "$CO_S" --profile-at "$PROF_C_AT" --profile-steps "$PROF_C_STEPS" --profile-out "$OUT/co-c-prof.json"
 if ext_wait_event co-c profiler_start $((CO_S + 120)); then
   sleep 1
@@ -86,6 +94,7 @@ else
   echo "co-c: the profiler window never opened"
 fi
 co_end co-c
+fi
 
 "$PYA" bench/gpu/analyze.py coexist "$OUT" >"$RESULTS/coexist.json" || echo "analyze.py coexist failed"
 (cd "$OUT" && tar czf "$RESULTS/coexist-raw.tgz" --exclude='*.sock' --exclude=console.log .)

@@ -13,6 +13,10 @@
 # cupti_lib_records_seen, the planned period and share, steps with device
 # records, and the trainer's exit.
 #
+# DRAIN_SHARE pins the on-share (default 0.1; empty: the agent's own plan).
+# At defaults on this shape the plan is ~0.8 % of a 320-s period, so an
+# unpinned agent may collect nothing in AGENT_S.
+#
 # Device call (~3 min with the start; carry ["bin/slowrank"]):
 #   AGENT_S=75 bash bench/gpu/drain_check.sh
 # What comes back in $OUT: drain.json, drain-raw.tgz, drain-console.log.
@@ -20,6 +24,7 @@ set -euo pipefail
 # shellcheck source=dnh_begin.sh
 source "$(dirname "$0")/dnh_begin.sh" drain "drain"
 AGENT_S=${AGENT_S:-75}
+DRAIN_SHARE=${DRAIN_SHARE-0.1}
 if [ -z "${DRY:-}" ] && [ ! -x "$AGENT" ]; then echo "no agent at $AGENT: carry bin/slowrank"; exit 2; fi
 env_info "$OUT/env.txt"
 [ -n "${SKIP_BUILD:-}" ] || build_lib
@@ -29,6 +34,13 @@ ext_start drain 29640 "$LIB" --shape "${SHAPE:-gpu}" --duration $((AGENT_S + 120
 ext_wait_steps drain 10 240
 echo "trainer up at t=${SECONDS} s"
 agent_spawn "$OUT/drain-agent.log" --otel off --facts "$OUT/drain-facts.jsonl" --status-socket "$OUT/drain.sock"
+if [ -n "$DRAIN_SHARE" ] && { [ -z "${DRY:-}" ] || [ -n "${DRY_AGENT:-}" ]; }; then
+  for i in $(seq 50); do
+    if "$AGENT" control set --socket "$OUT/drain.sock" --duty-share "$DRAIN_SHARE" >"$OUT/drain-control.log" 2>&1; then break; fi
+    if ((i == 50)); then echo "control set --duty-share $DRAIN_SHARE failed:"; tail -n 3 "$OUT/drain-control.log"; fi
+    sleep 0.1
+  done
+fi
 sleep "$AGENT_S"
 "$AGENT" status --socket "$OUT/drain.sock" --json >"$OUT/drain-status.json" 2>/dev/null || true
 agent_stop "$AGENT_PID" 30

@@ -20,6 +20,23 @@ import sys
 import time
 
 
+def wait_for_start(dist, x):
+    """With START_FILE set, keep the process busy (small all-reduces) until
+    that file exists: the agent needs a few seconds to find the process,
+    attach the library and have the share pinned, and the measured loop
+    takes about one."""
+    path = os.environ.get("START_FILE")
+    if not path:
+        return
+    deadline = time.monotonic() + float(os.environ.get("START_WAIT_S", "60"))
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"no {path} after {os.environ.get('START_WAIT_S', '60')} s")
+        for _ in range(100):
+            dist.all_reduce(x)
+        time.sleep(0.01)
+
+
 def loop(args):
     import torch
     import torch.distributed as dist
@@ -32,6 +49,7 @@ def loop(args):
     for _ in range(2000):
         dist.all_reduce(x)
     torch.cuda.synchronize()
+    wait_for_start(dist, x)
     per = []
     for _ in range(blocks):
         t0 = time.perf_counter_ns()

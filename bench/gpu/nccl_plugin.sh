@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # shellcheck source-path=SCRIPTDIR
-# Issue 20 on the H200 (written without device time: not run yet, no numbers).
+# Issue 20 on the H200. First run (session 10, bench/results/nccl-plugin-*.json):
+# part 1 did not resolve a trap (the 1-KiB loop is GPU-bound, blocks vary
+# 18-32 us per call); part 2 got no data (its loop ended before the agent
+# attached the library; it now waits for that).
 #  1. cost per collective, one run: ROUNDS rounds, each running every mode once
 #     in a rotated order, a tight loop of small all-reduces (world size 1):
 #       neither     injection library loaded, no agent, no plugin
@@ -49,10 +52,22 @@ done
 python3 $PY ratios "$OUT/loop.jsonl" | tee "$RESULTS/nccl-plugin-cost.json"
 
 # 2. clock agreement (CUPTI kernels and plugin kernel channels in one dump)
+# The measured loop takes about a second: it starts only once the agent has
+# attached the library and pinned the share (START_FILE), plus 1 s.
 start_agent clock --status-socket "$OUT/agent.sock" --env-key SLOWRANK_NCCL_BENCH
-( sleep 3; "$AGENT" control set --socket "$OUT/agent.sock" --duty-share 1 >"$OUT/clock-control.log" 2>&1 ) &
+rm -f "$OUT/clock.start"
+(
+  for _ in $(seq 300); do
+    if grep -q 'kind=cupti_inject' "$OUT/clock-agent.log" 2>/dev/null &&
+      "$AGENT" control set --socket "$OUT/agent.sock" --duty-share 1 >"$OUT/clock-control.log" 2>&1; then
+      sleep 1; touch "$OUT/clock.start"; exit 0
+    fi
+    sleep 0.2
+  done
+  echo "clock: the agent never attached the library (clock-agent.log)" >>"$OUT/clock-control.log"
+) &
 MODE=clock PORT=29690 SLOWRANK_NCCL_BENCH=1 RANK=0 CUDA_INJECTION64_PATH=$LIB NCCL_PROFILER_PLUGIN=$LIB \
-  SLOWRANK_CUPTI_DUMP="$OUT/clock.dump" python3 $PY loop 2000 20 >"$OUT/clock-loop.json" 2>"$OUT/clock.err"
+  START_FILE="$OUT/clock.start" SLOWRANK_CUPTI_DUMP="$OUT/clock.dump" python3 $PY loop 2000 20 >"$OUT/clock-loop.json" 2>"$OUT/clock.err"
 stop_agent
 python3 $PY clock "$OUT/clock.dump" | tee "$RESULTS/nccl-plugin-clock.json"
 (cd "$OUT" && tar czf "$RESULTS/nccl-plugin-raw.tgz" --exclude='*.sock' --exclude='*.dump' .)
