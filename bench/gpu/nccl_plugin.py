@@ -1,7 +1,8 @@
-"""Issue 20 on the H200 (not yet run): the NCCL profiler plugin's cost and clock.
+"""Issue 20 on the H200: the NCCL profiler plugin's cost and clock.
 
   loop   a tight loop of small all-reduces on one rank (world size 1; NCCL
-         still enqueues and launches), host ns per call, median of blocks;
+         still enqueues and launches), host ns per call, median of blocks
+         (each block shorter than the launch queue, synchronised after);
          prints one JSON line
   clock  reads a SLOWRANK_CUPTI_DUMP file holding both CUPTI kernel records
          and the plugin's NCCL_KERNEL records and reports, per collective,
