@@ -172,6 +172,30 @@ func TestExternalLoopShapes(t *testing.T) {
 			return loopScript{pre: pre, preNS: end + 1200*ms, n: 160, iter: trainerIter, post: trainerEpilogue()}
 		},
 	}, {
+		// The transformers 5.17 Trainer on the H200 (run4): each
+		// synchronisation a cuStreamSynchronize inside a
+		// cudaStreamSynchronize (two tokens), and a logging step of 400 ms
+		// whose 70 synchronisations are cuStreamSynchronize alone: a cycle
+		// of its own, confirmed after PromoteCycles of them (508 facts for
+		// 200 iterations before holding bursts on a later lock: the known
+		// one-call cycle then matched every synchronisation's first call
+		// before the Trainer's cycle could, three facts per iteration).
+		name: "trainer, nested synchronisations and a logging burst",
+		script: func() loopScript {
+			pre, end := paramCopies(6, 0)
+			return loopScript{pre: nested(pre), preNS: end + 1200*ms, n: 200, iter: func(i int) ([]loopCall, int64) {
+				cs, d := trainerIter(i % 49) // no logging step of trainerIter's
+				cs = nested(cs)
+				if i == 120 {
+					for k := range 70 {
+						cs = append(cs, loopCall{sync: true, op: "cuStreamSynchronize", at: d + 380*ms + int64(k)*200*us, dur: 5 * us})
+					}
+					d += 400 * ms
+				}
+				return cs, d
+			}}
+		},
+	}, {
 		// Megatron-core, its own timers (a device synchronisation at every
 		// start and stop), the grad-norm all-reduce and the interval
 		// timer's barrier (an all-reduce of one element): per iteration two
@@ -329,6 +353,22 @@ func trainerIter(i int) ([]loopCall, int64) {
 		d += 30 * ms
 	}
 	return cs, d
+}
+
+// nested makes each synchronisation of cs a cuStreamSynchronize inside a
+// cudaStreamSynchronize, as the CUDA runtime calls the driver.
+func nested(cs []loopCall) []loopCall {
+	var out []loopCall
+	for _, c := range cs {
+		if !c.sync {
+			out = append(out, c)
+			continue
+		}
+		inner := c
+		inner.op, inner.at, inner.dur = "cuStreamSynchronize", c.at+1*us, max(1, c.dur-2*us)
+		out = append(out, c, inner)
+	}
+	return out
 }
 
 // h200EpilogueUS: the ends of the Trainer's facts after its last iteration
@@ -515,6 +555,21 @@ func TestReplayTrainerSpeedup(t *testing.T) {
 			replayTrainerFile(t, "testdata/trainer-speedup"+f+"-2ranks.records.gz", 0)
 		})
 	}
+}
+
+// The capture records of the transformers 5.17 Trainer at world size 1 on
+// an H200 (bench/gpu/ext_loops.sh, run4: 547 iterations of ~37 ms, one
+// communicator of one rank, the Trainer's nested cudaStreamSynchronize and
+// cuStreamSynchronize), as the agent's pipeline fed them. Iteration 500 is
+// the logging step (466 ms, logging_steps=500), a burst of ~70 short
+// synchronisations: a burst inside a long iteration must neither split it
+// nor move the clock onto the synchronisations inside the iterations after
+// it (712 facts on the H200: 73 for the logging step, 3 for each after).
+// The departure from the cycle drops the logging step's own step (546
+// facts). Iteration 0 (3.1 s) is a step too, although the first instance
+// of iteration 1 (200 ms) holds the end of it (group.go).
+func TestReplayH200TrainerLoggingStepKeepsOneStepPerIteration(t *testing.T) {
+	replayTrainerFile(t, "testdata/h200-trainer-1rank.records.gz", 0)
 }
 
 // The confirmation of a synchronisation clock's first lock withdraws its

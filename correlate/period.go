@@ -221,11 +221,11 @@ func (d *seqDet) reset() {
 	clear(d.runs)
 	d.runsFresh = true
 	if d.locked {
+		d.dropHeld()
 		if d.tentative {
 			d.emit(detEvent{kind: evRetract, gen: d.gen})
 			d.nextIdx = d.genBase
 		} else {
-			d.dropHeld()
 			d.emit(detEvent{kind: evBreak})
 		}
 	}
@@ -352,10 +352,19 @@ func (d *seqDet) cycleDone(t int64) {
 
 // boundary reports the end of a step at t; counts: it counts towards the
 // confirmation of a tentative lock (instances reported at the lock do not).
-// A confirmed lock's boundary far shorter than its recent steps is held
-// instead (pace.go).
+// A boundary far shorter than the recent steps is held instead (pace.go),
+// on a confirmed lock and on a tentative one after a confirmed cycle: held
+// boundaries do not count, so that a burst of another cycle inside an
+// iteration does not hold the PromoteCycles that confirm it (the Trainer's
+// logging step on the H200: some 70 cuStreamSynchronize without the
+// cudaStreamSynchronize around them, 0.2 ms apart in a 466 ms iteration,
+// were a cycle of one call, confirmed 3.4 ms after it began; then a known
+// cycle, it matched the first call of every later synchronisation before
+// the Trainer's cycle could: three facts per iteration). A sequence's
+// first lock holds nothing while tentative: its init-time steps are
+// withdrawn by the confirmation's trim.
 func (d *seqDet) boundary(t int64, counts bool) {
-	if !d.tentative && d.hold(t) {
+	if (!d.tentative || !d.first) && d.hold(t) {
 		return
 	}
 	d.report(t, counts)
@@ -451,8 +460,10 @@ func (d *seqDet) settled() int64 {
 }
 
 // retract withdraws the tentative lock: its steps and indices are
-// forgotten and its tokens are unsettled again.
+// forgotten, with the boundaries it held (a later lock holds, see boundary),
+// and its tokens are unsettled again.
 func (d *seqDet) retract() {
+	d.dropHeld()
 	d.emit(detEvent{kind: evRetract, gen: d.gen})
 	d.nextIdx = d.genBase
 	d.floor = d.genFloor
