@@ -52,12 +52,15 @@
 // layer by layer, barrier storms, checkpoint loads) repeat, but briefly,
 // and make no steps; their calls are counted (InitCalls). A cycle that
 // holds until the process ends, or while the buffers are half full, is
-// released earlier. Later cycles need PromoteCycles (evaluation loops and
-// checkpoints shorter than that are dropped and counted; boundaries held
-// as a burst, below, do not count: a burst of another cycle's calls in an
-// iteration is no new cycle); a departure from the cycle drops the
-// partial iteration, and a known cycle is re-locked
-// after one instance. The first step starts at the synchronisation before
+// released earlier; the first cycle of the synchronisation clock (below)
+// taken after a collective of the process is released only then (after
+// DDP's broadcast, the communicator's cycle is to come; torch.compile's
+// autotuning benchmarks in the first iteration repeat for seconds). Later
+// cycles need PromoteCycles (evaluation loops and checkpoints shorter than
+// that are dropped and counted; boundaries held as a burst, below, do not
+// count: a burst of another cycle's calls in an iteration is no new
+// cycle); a departure from the cycle drops the partial iteration, and a
+// known cycle is re-locked after one instance. The first step starts at the synchronisation before
 // it, or at the communicator's creation when the cycle starts at its first
 // call (within one and a half cycles of it); else the first instance only
 // opens the first step. Each process's step clock is the communicator

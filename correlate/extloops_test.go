@@ -288,6 +288,62 @@ func TestExternalLoopShapes(t *testing.T) {
 			}}
 		},
 	}, {
+		// torch.compile's autotuning on the H200 (run4): after DDP's
+		// broadcast, the compiling iteration benchmarks kernels, groups of
+		// four device synchronisations every 8 ms with pauses of a second,
+		// for longer than ConfirmSpan (151 facts in that iteration); the
+		// first iteration's gradients go in one all-reduce, the next ones
+		// in DDP's buckets.
+		name:    "compile, autotuning in the first iteration",
+		firstAt: 1,
+		script: func() loopScript {
+			pre, end := paramCopies(6, 0)
+			pre = append(pre, loopCall{op: "broadcast", count: 1 << 22, at: end + 100*ms, dur: 2 * ms})
+			return loopScript{pre: pre, preNS: end + 200*ms, n: 300, iter: func(i int) ([]loopCall, int64) {
+				var cs []loopCall
+				off := int64(0)
+				if i == 0 {
+					off = 5 * 1000 * ms
+					for g := range int64(400) {
+						at := off + g*8*ms + g/20*1000*ms
+						for k, d := range []int64{20 * us, 20 * us, 20 * us, 6 * ms} {
+							cs = append(cs, loopCall{sync: true, op: "cudaDeviceSynchronize", at: at + int64(k)*500*us, dur: d})
+						}
+					}
+					off += 400*8*ms + 20*1000*ms
+					cs = append(cs, loopCall{op: "allreduce", count: 14_107_200, at: off + 10*ms, dur: 1 * ms},
+						loopCall{sync: true, at: off + 16*ms, dur: 2 * ms})
+					return cs, off + 18*ms + 300*us
+				}
+				cs = []loopCall{
+					{op: "allreduce", count: 6_553_600, at: 10 * ms, dur: 20 * us},
+					{op: "allreduce", count: 6_553_600, at: 12 * ms, dur: 20 * us},
+					{op: "allreduce", count: 1_000_000, at: 14 * ms, dur: 20 * us},
+					{sync: true, at: 16 * ms, dur: 2 * ms},
+				}
+				return cs, 18*ms + 300*us
+			}}
+		},
+	}, {
+		// Not a loop of the H200 runs: a broadcast at init, then
+		// synchronisations only (a process group that no collective of the
+		// loop uses). The fallback clock's lock on the loop, taken after
+		// that collective, is released at the end (or once the buffers are
+		// half full), not after ConfirmSpan: every iteration is still a
+		// step.
+		name: "init collective, synchronisations only",
+		script: func() loopScript {
+			pre, end := paramCopies(6, 0)
+			pre = append(pre, loopCall{op: "broadcast", count: 1 << 22, at: end + 100*ms, dur: 2 * ms})
+			return loopScript{pre: pre, preNS: end + 200*ms, n: 160, iter: func(i int) ([]loopCall, int64) {
+				cs, d := trainerIter(i % 49)
+				for k := range cs {
+					cs[k].op = "cudaEventSynchronize" // another cycle than the copies'
+				}
+				return cs, d
+			}}
+		},
+	}, {
 		// Not a loop of the H200 runs: DDP whose synchronisations vary per
 		// iteration (data-dependent .item()s). The synchronisation clock is
 		// never steady, so the communicator's cycle takes it over.
@@ -570,6 +626,19 @@ func TestReplayTrainerSpeedup(t *testing.T) {
 // of iteration 1 (200 ms) holds the end of it (group.go).
 func TestReplayH200TrainerLoggingStepKeepsOneStepPerIteration(t *testing.T) {
 	replayTrainerFile(t, "testdata/h200-trainer-1rank.records.gz", 0)
+}
+
+// The capture records of the torch.compile recipe (nanoGPT under DDP) at
+// world size 1 on an H200 (run4: 782 iterations of ~26 ms), after DDP's
+// broadcast of the parameters: iteration 0 compiles for 23.7 s, the last
+// 9.5 s of it autotuning benchmarks, groups of four cudaDeviceSynchronize
+// every ~8 ms with pauses of up to 1.8 s, as periodic as a loop (151 facts
+// in that iteration on the H200). The compiling iteration makes no step:
+// its one all-reduce of all the gradients is no instance of the cycle of
+// DDP's rebuilt buckets, so the first fact is in iteration 1, as in
+// TestExternalLoopShapes/compile.
+func TestReplayH200CompilingIterationMakesNoSteps(t *testing.T) {
+	replayTrainerFileFrom(t, "testdata/h200-compile-1rank.records.gz", 0, 1)
 }
 
 // The confirmation of a synchronisation clock's first lock withdraws its
