@@ -266,6 +266,9 @@ func (c *Correlator) urgent(p *proc) bool {
 
 func (c *Correlator) collective(p *proc, h *HostCall, late bool) {
 	p.everColl = true
+	if p.syncPC != nil {
+		p.syncPC.det.(*seqDet).noteCollective()
+	}
 	pc := c.procComm(p, h.Comm)
 	pc.seq++
 	if g := pc.grp; g != nil {
@@ -319,7 +322,9 @@ func (c *Correlator) sync(p *proc, h *HostCall) {
 	// logging all-gather every 500 iterations; model copies to the GPU
 	// before DDP's first broadcast make no steps: see seqDet.boundary).
 	if p.syncPC == nil {
-		p.syncPC = &procComm{p: p, sync: true, det: newSeqDet(c.par, true)}
+		sd := newSeqDet(c.par, true)
+		sd.sawColl = p.everColl
+		p.syncPC = &procComm{p: p, sync: true, det: sd}
 	}
 	p.syncPC.det.sync(h, c.urgent(p))
 	if p.syncCalls < syncFallbackMin {

@@ -52,10 +52,15 @@
 // layer by layer, barrier storms, checkpoint loads) repeat, but briefly,
 // and make no steps; their calls are counted (InitCalls). A cycle that
 // holds until the process ends, or while the buffers are half full, is
-// released earlier. Later cycles need PromoteCycles (evaluation loops and
-// checkpoints shorter than that are dropped and counted); a departure from
-// the cycle drops the partial iteration, and a known cycle is re-locked
-// after one instance. The first step starts at the synchronisation before
+// released earlier; the first cycle of the synchronisation clock (below)
+// taken after a collective of the process is released only then (after
+// DDP's broadcast, the communicator's cycle is to come; torch.compile's
+// autotuning benchmarks in the first iteration repeat for seconds). Later
+// cycles need PromoteCycles (evaluation loops and checkpoints shorter than
+// that are dropped and counted; boundaries held as a burst, below, do not
+// count: a burst of another cycle's calls in an iteration is no new
+// cycle); a departure from the cycle drops the partial iteration, and a
+// known cycle is re-locked after one instance. The first step starts at the synchronisation before
 // it, or at the communicator's creation when the cycle starts at its first
 // call (within one and a half cycles of it); else the first instance only
 // opens the first step. Each process's step clock is the communicator
@@ -90,14 +95,17 @@
 // several times per iteration (Megatron's "B S B S", the Trainer's five
 // synchronisations) is resolved by timing (see group.go): one instance per
 // iteration holds the forward and backward pass and dominates the others;
-// a step is the m instances that end with it. An iteration with other
-// calls (a logging step) loses the groups' phase; it is found again at an
+// a step is the m instances that end with it, from the first iterations
+// (each dominating, and half as long as the next one at least). An
+// iteration with other calls (a logging step) loses the groups' phase; it
+// is found again at an
 // instance half as long as the dominant ones at least (the median of the
 // latest 3) once the next group holds, or at a new pace: a run of
 // instances at the same position in consecutive groups, the first
 // dominating its group, the others ending a step by the count, that lasts
 // twice the lock's recent steps (iterations that got shorter, which never
-// reach the old dominant duration); all of them end steps. On a confirmed lock, a boundary whose
+// reach the old dominant duration); all of them end steps. On a confirmed
+// lock, or a tentative one after a confirmed cycle, a boundary whose
 // own step is shorter than 1/8 of the median of the latest steps reported
 // is held (see pace.go): a burst of calls inside or after an iteration
 // (the Trainer's end of training) is merged into the next step, or

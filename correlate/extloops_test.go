@@ -172,6 +172,30 @@ func TestExternalLoopShapes(t *testing.T) {
 			return loopScript{pre: pre, preNS: end + 1200*ms, n: 160, iter: trainerIter, post: trainerEpilogue()}
 		},
 	}, {
+		// The transformers 5.17 Trainer on the H200 (run4): each
+		// synchronisation a cuStreamSynchronize inside a
+		// cudaStreamSynchronize (two tokens), and a logging step of 400 ms
+		// whose 70 synchronisations are cuStreamSynchronize alone: a cycle
+		// of its own, confirmed after PromoteCycles of them (508 facts for
+		// 200 iterations before holding bursts on a later lock: the known
+		// one-call cycle then matched every synchronisation's first call
+		// before the Trainer's cycle could, three facts per iteration).
+		name: "trainer, nested synchronisations and a logging burst",
+		script: func() loopScript {
+			pre, end := paramCopies(6, 0)
+			return loopScript{pre: nested(pre), preNS: end + 1200*ms, n: 200, iter: func(i int) ([]loopCall, int64) {
+				cs, d := trainerIter(i % 49) // no logging step of trainerIter's
+				cs = nested(cs)
+				if i == 120 {
+					for k := range 70 {
+						cs = append(cs, loopCall{sync: true, op: "cuStreamSynchronize", at: d + 380*ms + int64(k)*200*us, dur: 5 * us})
+					}
+					d += 400 * ms
+				}
+				return cs, d
+			}}
+		},
+	}, {
 		// Megatron-core, its own timers (a device synchronisation at every
 		// start and stop), the grad-norm all-reduce and the interval
 		// timer's barrier (an all-reduce of one element): per iteration two
@@ -264,6 +288,62 @@ func TestExternalLoopShapes(t *testing.T) {
 			}}
 		},
 	}, {
+		// torch.compile's autotuning on the H200 (run4): after DDP's
+		// broadcast, the compiling iteration benchmarks kernels, groups of
+		// four device synchronisations every 8 ms with pauses of a second,
+		// for longer than ConfirmSpan (151 facts in that iteration); the
+		// first iteration's gradients go in one all-reduce, the next ones
+		// in DDP's buckets.
+		name:    "compile, autotuning in the first iteration",
+		firstAt: 1,
+		script: func() loopScript {
+			pre, end := paramCopies(6, 0)
+			pre = append(pre, loopCall{op: "broadcast", count: 1 << 22, at: end + 100*ms, dur: 2 * ms})
+			return loopScript{pre: pre, preNS: end + 200*ms, n: 300, iter: func(i int) ([]loopCall, int64) {
+				var cs []loopCall
+				off := int64(0)
+				if i == 0 {
+					off = 5 * 1000 * ms
+					for g := range int64(400) {
+						at := off + g*8*ms + g/20*1000*ms
+						for k, d := range []int64{20 * us, 20 * us, 20 * us, 6 * ms} {
+							cs = append(cs, loopCall{sync: true, op: "cudaDeviceSynchronize", at: at + int64(k)*500*us, dur: d})
+						}
+					}
+					off += 400*8*ms + 20*1000*ms
+					cs = append(cs, loopCall{op: "allreduce", count: 14_107_200, at: off + 10*ms, dur: 1 * ms},
+						loopCall{sync: true, at: off + 16*ms, dur: 2 * ms})
+					return cs, off + 18*ms + 300*us
+				}
+				cs = []loopCall{
+					{op: "allreduce", count: 6_553_600, at: 10 * ms, dur: 20 * us},
+					{op: "allreduce", count: 6_553_600, at: 12 * ms, dur: 20 * us},
+					{op: "allreduce", count: 1_000_000, at: 14 * ms, dur: 20 * us},
+					{sync: true, at: 16 * ms, dur: 2 * ms},
+				}
+				return cs, 18*ms + 300*us
+			}}
+		},
+	}, {
+		// Not a loop of the H200 runs: a broadcast at init, then
+		// synchronisations only (a process group that no collective of the
+		// loop uses). The fallback clock's lock on the loop, taken after
+		// that collective, is released at the end (or once the buffers are
+		// half full), not after ConfirmSpan: every iteration is still a
+		// step.
+		name: "init collective, synchronisations only",
+		script: func() loopScript {
+			pre, end := paramCopies(6, 0)
+			pre = append(pre, loopCall{op: "broadcast", count: 1 << 22, at: end + 100*ms, dur: 2 * ms})
+			return loopScript{pre: pre, preNS: end + 200*ms, n: 160, iter: func(i int) ([]loopCall, int64) {
+				cs, d := trainerIter(i % 49)
+				for k := range cs {
+					cs[k].op = "cudaEventSynchronize" // another cycle than the copies'
+				}
+				return cs, d
+			}}
+		},
+	}, {
 		// Not a loop of the H200 runs: DDP whose synchronisations vary per
 		// iteration (data-dependent .item()s). The synchronisation clock is
 		// never steady, so the communicator's cycle takes it over.
@@ -329,6 +409,22 @@ func trainerIter(i int) ([]loopCall, int64) {
 		d += 30 * ms
 	}
 	return cs, d
+}
+
+// nested makes each synchronisation of cs a cuStreamSynchronize inside a
+// cudaStreamSynchronize, as the CUDA runtime calls the driver.
+func nested(cs []loopCall) []loopCall {
+	var out []loopCall
+	for _, c := range cs {
+		if !c.sync {
+			out = append(out, c)
+			continue
+		}
+		inner := c
+		inner.op, inner.at, inner.dur = "cuStreamSynchronize", c.at+1*us, max(1, c.dur-2*us)
+		out = append(out, c, inner)
+	}
+	return out
 }
 
 // h200EpilogueUS: the ends of the Trainer's facts after its last iteration
@@ -517,6 +613,34 @@ func TestReplayTrainerSpeedup(t *testing.T) {
 	}
 }
 
+// The capture records of the transformers 5.17 Trainer at world size 1 on
+// an H200 (bench/gpu/ext_loops.sh, run4: 547 iterations of ~37 ms, one
+// communicator of one rank, the Trainer's nested cudaStreamSynchronize and
+// cuStreamSynchronize), as the agent's pipeline fed them. Iteration 500 is
+// the logging step (466 ms, logging_steps=500), a burst of ~70 short
+// synchronisations: a burst inside a long iteration must neither split it
+// nor move the clock onto the synchronisations inside the iterations after
+// it (712 facts on the H200: 73 for the logging step, 3 for each after).
+// The departure from the cycle drops the logging step's own step (546
+// facts). Iteration 0 (3.1 s) is a step too, although the first instance
+// of iteration 1 (200 ms) holds the end of it (group.go).
+func TestReplayH200TrainerLoggingStepKeepsOneStepPerIteration(t *testing.T) {
+	replayTrainerFile(t, "testdata/h200-trainer-1rank.records.gz", 0)
+}
+
+// The capture records of the torch.compile recipe (nanoGPT under DDP) at
+// world size 1 on an H200 (run4: 782 iterations of ~26 ms), after DDP's
+// broadcast of the parameters: iteration 0 compiles for 23.7 s, the last
+// 9.5 s of it autotuning benchmarks, groups of four cudaDeviceSynchronize
+// every ~8 ms with pauses of up to 1.8 s, as periodic as a loop (151 facts
+// in that iteration on the H200). The compiling iteration makes no step:
+// its one all-reduce of all the gradients is no instance of the cycle of
+// DDP's rebuilt buckets, so the first fact is in iteration 1, as in
+// TestExternalLoopShapes/compile.
+func TestReplayH200CompilingIterationMakesNoSteps(t *testing.T) {
+	replayTrainerFileFrom(t, "testdata/h200-compile-1rank.records.gz", 0, 1)
+}
+
 // The confirmation of a synchronisation clock's first lock withdraws its
 // init-time steps (trimGen) and nothing else: captured from
 // trainer+speedup10 on a loaded host, where rank 1's clock was confirmed
@@ -559,8 +683,14 @@ func TestReplayTrimUnderPreemptions(t *testing.T) {
 }
 
 // replayTrainerFile replays a records file at several agent ticks (see
-// replayTrainerRecords).
+// replayTrainerRecords), the first fact in the first iteration.
 func replayTrainerFile(t *testing.T, path string, after int) {
+	replayTrainerFileFrom(t, path, after, 0)
+}
+
+// replayTrainerFileFrom is replayTrainerFile with the first fact in
+// iteration firstAt.
+func replayTrainerFileFrom(t *testing.T, path string, after, firstAt int) {
 	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
@@ -572,7 +702,7 @@ func replayTrainerFile(t *testing.T, path string, after int) {
 	}
 	for _, tick := range []int64{200e6, 50e6, 1e9} {
 		t.Run(fmt.Sprintf("tick %d ms", tick/1e6), func(t *testing.T) {
-			replayTrainerRecords(t, zr, tick, after)
+			replayTrainerRecords(t, zr, tick, after, firstAt)
 		})
 		if _, err := f.Seek(0, io.SeekStart); err != nil {
 			t.Fatal(err)
@@ -585,12 +715,13 @@ func replayTrainerFile(t *testing.T, path string, after int) {
 
 // replayTrainerRecords feeds the records, advancing event time every tick
 // of it (the agent's ticks), and checks that every rank's steps are its
-// iterations, numbered alike on both ranks, at most after of them after
-// the last iteration.
-func replayTrainerRecords(t *testing.T, r io.Reader, tick int64, after int) {
+// iterations (of every rank with iterations: ranks 0 to n-1), the first
+// in iteration firstAt, numbered alike on all ranks, at most after of them
+// after the last iteration.
+func replayTrainerRecords(t *testing.T, r io.Reader, tick int64, after, firstAt int) {
 	c, steps, iters := feedTrainerRecords(t, r, tick)
 	iterOf := map[int64]map[int]int{}
-	for rank := range 2 {
+	for rank := range len(iters) {
 		its := iters[rank]
 		var mine []detector.Step
 		per := map[int]int{}
@@ -626,7 +757,7 @@ func replayTrainerRecords(t *testing.T, r io.Reader, tick int64, after int) {
 		}
 		msg := fmt.Sprintf("rank %d: %d facts for %d iterations, first in iteration %d, %d outside, %d after the last, %d iterations with several",
 			rank, len(mine), len(its), first, outside, past, dups)
-		if d := len(mine) - len(its); d < -1 || d > 1 || first != 0 || outside > 0 || dups > 0 {
+		if d := len(mine) - len(its); d < -1 || d > 1 || first != firstAt || outside > 0 || dups > 0 {
 			t.Error(msg)
 		} else {
 			t.Log(msg)
@@ -664,7 +795,11 @@ func feedTrainerRecords(t *testing.T, r io.Reader, tick int64) (*Correlator, []d
 		p := pid(rank)
 		switch f[0] {
 		case "r":
-			c.SetRank(RankInfo{PID: p, Rank: rank, LocalRank: rank, WorldSize: 2, Host: "h0", Job: "j1"})
+			world := 2 // the files of the fake trainer's 2 ranks name none
+			if len(f) > 2 {
+				world = int(n[2])
+			}
+			c.SetRank(RankInfo{PID: p, Rank: rank, LocalRank: rank, WorldSize: world, Host: "h0", Job: "j1"})
 		case "c":
 			c.AddCommInit(CommInit{PID: p, Comm: 1, NRanks: int(n[2]), Rank: rank, UniqueIDHash: 0x5eed, AtNS: base})
 		case "i":

@@ -25,9 +25,13 @@ import (
 // withdrawn and a step becomes m instances, ending with the dominant one
 // (the return of the synchronisation that waited for the iteration's GPU
 // work). The first group is the earliest one whose dominant instance
-// reaches as far, and one before it when its last instance dominates the
-// one before it and lasts at least half as long as the others' (the first
-// iteration, whose first instance holds data loading or compilation).
+// reaches as far, and the ones before it, each while its last instance
+// dominates the one before it and lasts at least half as long as the next
+// group's (the first iterations: the first's instances hold data loading
+// or compilation, and the next one's first instance can hold the end of
+// the first: the Trainer's first iteration on the H200, 3.1 s, was lost
+// when its second's first instance of 200 ms dominated only two of the
+// four others).
 //
 // Later groups are cut by count (countEnd); a group whose instance at the
 // count does not dominate its predecessor loses the phase (an iteration
@@ -476,8 +480,7 @@ func (d *seqDet) ungroup(k, n int64) {
 }
 
 // regroup withdraws the lock's steps and reports groups of m instances
-// ending with instance k instead.
-
+// ending with instance k instead, from the first group (see above).
 func (d *seqDet) regroup(m, k int64) {
 	d.emit(detEvent{kind: evRetract, gen: d.gen})
 	d.nextIdx = d.genBase
@@ -491,12 +494,14 @@ func (d *seqDet) regroup(m, k int64) {
 	for e0-m >= d.instFrom && d.reach(e0-m) >= m-1 {
 		e0 -= m
 	}
-	if g := e0 - m; g >= d.instFrom {
+	// The first iterations, each as long as half the next one at least.
+	for g := e0 - m; g >= d.instFrom; g -= m {
 		dg, _ := d.dur(g)
 		de, _ := d.dur(e0)
-		if d.reach(g) >= min(1, g-d.instFrom) && 2*dg >= de {
-			e0 = g // the first iteration
+		if d.reach(g) < min(1, g-d.instFrom) || 2*dg < de {
+			break
 		}
+		e0 = g
 	}
 	d.startStep(d.instAt(max(e0-m, d.instFrom-1)))
 	for e := e0; e <= k; e += m {

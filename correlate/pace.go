@@ -47,11 +47,15 @@ import "slices"
 // steps. The decisions depend on one rank's timing, as the grouping of
 // group.go does; ranks coupled by their collectives see the same burst
 // (the same calls, far below the threshold) and hold alike once their
-// locks are confirmed. A tentative lock holds nothing: its init-time steps
-// are withdrawn or trimmed by confirmation, which hold decisions would
-// change. (So a burst while one member's lock is confirmed and another's
-// is still tentative, within ConfirmSpan of their first locks, would
-// number their later steps apart.)
+// locks are confirmed. A sequence's first lock holds nothing while it is
+// tentative: its init-time steps are withdrawn or trimmed by confirmation,
+// which hold decisions would change. (So a burst while one member's lock
+// is confirmed and another's is still tentative, within ConfirmSpan of
+// their first locks, would number their later steps apart.) A later lock
+// (a new cycle after a confirmed one) holds from its start, against the
+// pace of the steps before it, and its held boundaries do not count
+// towards its PromoteCycles: a burst of another cycle is no new cycle of
+// iterations (seqDet.boundary); its break or retraction drops them.
 
 const (
 	// paceRatio: a held step is shorter than the pace by this factor.

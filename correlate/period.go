@@ -128,6 +128,8 @@ type seqDet struct {
 	since            int    // cycles completed since the lock
 	need             int    // cycles needed to confirm
 	first            bool   // the lock is the sequence's first cycle: it must also hold ConfirmSpan
+	sawColl          bool   // the fallback clock's process made a collective (noteCollective)
+	afterColl        bool   // it had when the lock was taken
 	lockT            int64  // time of the first token of the lock's first instance
 	lockJ            int64  // that token's number
 	colls            uint64 // collective tokens seen
@@ -221,11 +223,11 @@ func (d *seqDet) reset() {
 	clear(d.runs)
 	d.runsFresh = true
 	if d.locked {
+		d.dropHeld()
 		if d.tentative {
 			d.emit(detEvent{kind: evRetract, gen: d.gen})
 			d.nextIdx = d.genBase
 		} else {
-			d.dropHeld()
 			d.emit(detEvent{kind: evBreak})
 		}
 	}
@@ -352,10 +354,19 @@ func (d *seqDet) cycleDone(t int64) {
 
 // boundary reports the end of a step at t; counts: it counts towards the
 // confirmation of a tentative lock (instances reported at the lock do not).
-// A confirmed lock's boundary far shorter than its recent steps is held
-// instead (pace.go).
+// A boundary far shorter than the recent steps is held instead (pace.go),
+// on a confirmed lock and on a tentative one after a confirmed cycle: held
+// boundaries do not count, so that a burst of another cycle inside an
+// iteration does not hold the PromoteCycles that confirm it (the Trainer's
+// logging step on the H200: some 70 cuStreamSynchronize without the
+// cudaStreamSynchronize around them, 0.2 ms apart in a 466 ms iteration,
+// were a cycle of one call, confirmed 3.4 ms after it began; then a known
+// cycle, it matched the first call of every later synchronisation before
+// the Trainer's cycle could: three facts per iteration). A sequence's
+// first lock holds nothing while tentative: its init-time steps are
+// withdrawn by the confirmation's trim.
 func (d *seqDet) boundary(t int64, counts bool) {
-	if !d.tentative && d.hold(t) {
+	if (!d.tentative || !d.first) && d.hold(t) {
 		return
 	}
 	d.report(t, counts)
@@ -395,10 +406,27 @@ func (d *seqDet) report(t int64, counts bool) {
 // confirmed at t: a communicator's first cycle must also have lasted
 // ConfirmSpan of event time (init-time bursts — parameter broadcasts,
 // barrier storms, checkpoint loads — repeat many times but briefly, and
-// are followed by the training cycle), unless the caller's buffers fill up.
+// are followed by the training cycle), unless the caller's buffers fill up;
+// the fallback clock's first cycle taken after a collective waits for them
+// or for the end (noteCollective).
 func (d *seqDet) held(t int64) bool {
-	return !d.first || d.urgent || t-d.lockT >= d.par.confirmSpan
+	return !d.first || d.urgent || t-d.lockT >= d.par.confirmSpan && !d.afterColl
 }
+
+// noteCollective tells the fallback clock that its process made a
+// collective. The clock's first lock taken after one is confirmed only at
+// the end (finish) or while the buffers are half full, not after
+// ConfirmSpan (held): a
+// process that made collectives before (DDP's broadcast of the parameters)
+// has a communicator whose per-iteration collectives will make its steps,
+// and its synchronisations before those start are no iterations but a
+// warm-up, as periodic and as long as a loop: torch.compile's autotuning
+// benchmarks in the first iteration, groups of four device
+// synchronisations every 8 ms for 9 s (151 facts in that iteration on the
+// H200, TestReplayH200CompilingIterationMakesNoSteps). The communicator's
+// lock takes the clock over and withdraws the tentative steps; a process
+// whose collectives never make a cycle gets its steps late, not lost.
+func (d *seqDet) noteCollective() { d.sawColl = true }
 
 func (d *seqDet) confirm() {
 	d.tentative = false
@@ -451,8 +479,10 @@ func (d *seqDet) settled() int64 {
 }
 
 // retract withdraws the tentative lock: its steps and indices are
-// forgotten and its tokens are unsettled again.
+// forgotten, with the boundaries it held (a later lock holds, see boundary),
+// and its tokens are unsettled again.
 func (d *seqDet) retract() {
+	d.dropHeld()
 	d.emit(detEvent{kind: evRetract, gen: d.gen})
 	d.nextIdx = d.genBase
 	d.floor = d.genFloor
@@ -707,6 +737,7 @@ func (d *seqDet) lockAt(cyc []int32, j, n int64, tentative bool) {
 	d.genFloor = d.floor
 	d.since = 0
 	d.first = len(d.known) == 0
+	d.afterColl = d.sawColl
 	d.lockJ, d.lockT = j, d.tAt(j)
 	if tentative {
 		d.need = d.par.confirm
