@@ -44,6 +44,9 @@
 #   python3 bench/gpu/ext_loops_analyze.py summarize bench/results/raw/ext-loops \
 #       --md /tmp/rows.md > bench/results/gpu-ext-loops.json
 #
+# DUMP=1: the agent also writes its capture (--dump-events); its host calls
+# come back as dump-host.jsonl.gz, for replays in correlate
+# (correlate/testdata/dump2records.py --job).
 # Knobs: LOOPS (default: all six, in this order), AGENT_S (20), WARM (10),
 # PROF_STEPS (8), DUTY_SHARE (1 | auto), BUDGET_S (500), SKIP_BUILD=1 (use a
 # carried bin/libslowrank_cupti.so), SKIP_PROF=1 (agent runs only: a rerun of
@@ -147,8 +150,10 @@ PYX
   echo "megatron-core: $(head -1 "$OUT/vendor/MANIFEST")"
 fi
 
+DUMP_FLAGS=()
+if [ -n "${DUMP:-}" ]; then DUMP_FLAGS=(--dump-events "$OUT/dump.jsonl"); fi
 agent_spawn "$OUT/agent.log" --otel off --facts "$OUT/facts.jsonl" --verdicts "$OUT/verdicts.jsonl" \
-  --status-socket "$OUT/agent.sock"
+  --status-socket "$OUT/agent.sock" "${DUMP_FLAGS[@]}"
 if [ -z "${DRY:-}" ] || [ -n "${DRY_AGENT:-}" ]; then
   for _ in $(seq 150); do [ -S "$OUT/agent.sock" ] && break; sleep 0.1; done
   if [ "$DUTY_SHARE" != auto ]; then
@@ -173,6 +178,13 @@ if [ -z "${DRY:-}" ] || [ -n "${DRY_AGENT:-}" ]; then
 fi
 agent_stop "$AGENT_PID" 30
 echo "agent stopped: rc $AGENT_RC after ${AGENT_STOP_MS} ms, t=${SECONDS} s"
+if [ -f "$OUT/dump.jsonl" ]; then
+  # The host calls only: device intervals are ~98 % of the dump and too
+  # large to return; step detection replays need only the host calls.
+  grep -v '"type":"correlate.DeviceInterval"' "$OUT/dump.jsonl" | gzip -9 >"$RESULTS/dump-host.jsonl.gz" || true
+  rm -f "$OUT/dump.jsonl"
+  echo "dump: $(du -h "$RESULTS/dump-host.jsonl.gz" | cut -f1) of host calls in dump-host.jsonl.gz"
+fi
 
 "$PYA" bench/gpu/ext_loops_analyze.py summarize "$OUT" --md "$RESULTS/gpu-ext-loops.md" >"$RESULTS/gpu-ext-loops.json" ||
   echo "analysis failed"
