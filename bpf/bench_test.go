@@ -12,7 +12,7 @@ import (
 )
 
 // BenchmarkProbeCost measures what a probed call costs the traced process,
-// from a tight loop in the child (testdata/fakelib/child.c `bench`):
+// from a tight loop in the child (test/fakelibs/probechild.c `bench`):
 //
 //	entry:  ncclGroupStart, entry-only probe (a marker record)
 //	pair:   cudaStreamSynchronize(no sleep), entry + return (one interval record)
@@ -69,7 +69,7 @@ func BenchmarkProbeCost(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	tl, err := ex.Uprobe("fake_nccl_noop", trivial, nil)
+	tl, err := ex.Uprobe("slowrank_fake_nccl_noop", trivial, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

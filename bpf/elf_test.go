@@ -61,8 +61,8 @@ func TestFuncFileOffsets(t *testing.T) {
 		}
 		checked++
 	}
-	if checked != 15 {
-		t.Errorf("checked %d functions, want 15", checked)
+	if checked != fakeNCCLSymbols {
+		t.Errorf("checked %d functions, want %d", checked, fakeNCCLSymbols)
 	}
 	if !ls.hasSymtab || !ls.hasDynsym {
 		t.Errorf("symtab %v dynsym %v", ls.hasSymtab, ls.hasDynsym)
@@ -75,8 +75,8 @@ func TestSemaphoreOffsets(t *testing.T) {
 		lib  string
 		warn error
 	}{
-		{"libslowrank_cupti.so", nil},
-		{"bss/libslowrank_cupti.so", errRefCtrBSS},
+		{"probe/libslowrank_cupti.so", nil},
+		{"probe/bss/libslowrank_cupti.so", errRefCtrBSS},
 	} {
 		f, ls := openLibSymbols(t, filepath.Join(dir, tc.lib), LibCUPTI)
 		off, ok := ls.objects[CUPTISemaphoreSymbol]
@@ -112,8 +112,8 @@ func TestStrippedLibrary(t *testing.T) {
 	if ls.hasSymtab || !ls.hasDynsym {
 		t.Errorf("stripped: symtab %v dynsym %v", ls.hasSymtab, ls.hasDynsym)
 	}
-	if len(ls.funcs) != 15 {
-		t.Errorf("stripped: %d exported functions found, want 15", len(ls.funcs))
+	if len(ls.funcs) != fakeNCCLSymbols {
+		t.Errorf("stripped: %d exported functions found, want %d", len(ls.funcs), fakeNCCLSymbols)
 	}
 
 	if os.Geteuid() != 0 || CheckSupport() != nil {
@@ -128,7 +128,7 @@ func TestStrippedLibrary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !a.Stripped || a.NoSymbols || a.Attached() != 15 {
+	if !a.Stripped || a.NoSymbols || a.Attached() != fakeNCCLFuncs {
 		t.Errorf("stripped attach: stripped %v nosyms %v attached %d", a.Stripped, a.NoSymbols, a.Attached())
 	}
 	if st, _ := p.Stats(); st.LibrariesStripped != 1 {

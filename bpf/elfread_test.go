@@ -71,8 +71,8 @@ func TestLoadLibSymbolsFindsWhatDebugELFFinds(t *testing.T) {
 		{"libcudart.so.13", LibCUDART},
 		{"libcuda.so.1", LibCUDA},
 		{"libtorch_cpu.so", LibTorch},
-		{"libslowrank_cupti.so", LibCUPTI},
-		{"bss/libslowrank_cupti.so", LibCUPTI},
+		{"probe/libslowrank_cupti.so", LibCUPTI},
+		{"probe/bss/libslowrank_cupti.so", LibCUPTI},
 	} {
 		t.Run(tc.lib, func(t *testing.T) {
 			path := filepath.Join(dir, tc.lib)

@@ -28,6 +28,19 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// What the fakes of test/fakelibs export that the probe table knows; change
+// with the fakes.
+const (
+	// ELF symbols of libnccl.so.2: 16 functions, plus ncclAllToAll (RCCL's
+	// spelling), an alias of ncclAlltoAll.
+	fakeNCCLSymbols = 17
+	fakeNCCLFuncs   = 16 // functions attached (the alias shares an address)
+	fakeNCCLColls   = 9  // the collectives among them (no ncclGather, ncclScatter)
+	// libtorch_cpu.so: 14 c10d::ProcessGroupGloo collectives, c10d::Work::wait
+	// and c10::ivalue::Future::wait.
+	fakeTorchFuncs = 16
+)
+
 // requireBPF skips unless the test can load programs and create uprobes.
 func requireBPF(tb testing.TB) {
 	tb.Helper()
@@ -39,8 +52,9 @@ func requireBPF(tb testing.TB) {
 	}
 }
 
-// fakeLibs compiles testdata/fakelib once per test binary: libraries with the
-// real NCCL/CUDA/torch/CUPTI-injection symbol names and a child program.
+// fakeLibs builds the fake libraries of test/fakelibs once per test binary
+// (target fakelibs-probe: the real NCCL/CUDA/torch/CUPTI-injection symbol
+// names, and probechild) and returns their directory.
 func fakeLibs(tb testing.TB) string {
 	tb.Helper()
 	fakeOnce.Do(func() { fakeDir, fakeErr = buildFakeLibs() })
@@ -50,47 +64,32 @@ func fakeLibs(tb testing.TB) string {
 		}
 		tb.Fatalf("build fake libraries: %v", fakeErr)
 	}
-	return fakeDir
+	return filepath.Join(fakeDir, "fakelibs")
 }
 
 func buildFakeLibs() (string, error) {
-	src, err := filepath.Abs("testdata/fakelib")
-	if err != nil {
-		return "", err
+	for _, tool := range []string{"make", "gcc", "g++"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return "", err
+		}
 	}
 	dir, err := os.MkdirTemp("", "slowrank-bpf-fake-")
 	if err != nil {
 		return "", err
 	}
-	// -fno-ipa-icf: identical bodies must stay separate functions, as in the
-	// real libraries (an ICF thunk would trigger two probes for one call).
-	if err := os.Mkdir(filepath.Join(dir, "bss"), 0o755); err != nil {
-		return "", err
-	}
-	cflags := []string{"-O2", "-g", "-fPIC", "-fno-ipa-icf", "-Wall", "-I", src, "-fno-omit-frame-pointer"}
-	steps := [][]string{
-		{"gcc", "-shared", "-Wl,-soname,libnccl.so.2", "-o", "libnccl.so.2", src + "/nccl.c"},
-		{"gcc", "-shared", "-Wl,-soname,libcudart.so.13", "-o", "libcudart.so.13", src + "/cudart.c"},
-		{"gcc", "-shared", "-Wl,-soname,libcuda.so.1", "-o", "libcuda.so.1", src + "/cuda.c"},
-		{"gcc", "-shared", "-o", "libslowrank_cupti.so", src + "/cupti.c"},
-		{"gcc", "-shared", "-DSEMAPHORE_IN_BSS", "-o", "bss/libslowrank_cupti.so", src + "/cupti.c"},
-		{"g++", "-shared", "-o", "libtorch_cpu.so", src + "/torch.cpp"},
-		{"gcc", "-o", "child", src + "/child.c", "-L.", "-l:libnccl.so.2", "-l:libcudart.so.13",
-			"-l:libcuda.so.1", "-l:libslowrank_cupti.so", "-l:libtorch_cpu.so", "-Wl,-rpath," + dir},
-	}
-	for _, s := range steps {
-		args := append(append([]string{}, cflags...), s[1:]...)
-		cmd := exec.Command(s[0], args...)
-		cmd.Dir = dir
-		if out, err := cmd.CombinedOutput(); err != nil {
-			os.RemoveAll(dir)
-			return "", fmt.Errorf("%s: %w\n%s", strings.Join(cmd.Args, " "), err, out)
-		}
+	// libcudart.so.13: the tests attach a CUDA 13 runtime (the default
+	// build is 12, the trainer's).
+	cmd := exec.Command("make", "-s", "-f", "test/fakelibs/fakelibs.mk", "fakelibs-probe",
+		"OUT_DIR="+dir, "FAKELIBS_CUDART_MAJOR=13")
+	cmd.Dir = ".." // the repository root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		os.RemoveAll(dir)
+		return "", fmt.Errorf("%s: %w\n%s", strings.Join(cmd.Args, " "), err, out)
 	}
 	return dir, nil
 }
 
-// child drives testdata/fakelib/child.c over its stdin/stdout.
+// child drives test/fakelibs/probechild.c over its stdin/stdout.
 type child struct {
 	tb  testing.TB
 	cmd *exec.Cmd
@@ -101,7 +100,7 @@ type child struct {
 
 func startChild(tb testing.TB, dir string, env ...string) *child {
 	tb.Helper()
-	cmd := exec.Command(filepath.Join(dir, "child"))
+	cmd := exec.Command(filepath.Join(dir, "probe", "probechild"))
 	// The fakes are found through the child's DT_RUNPATH; an inherited
 	// LD_LIBRARY_PATH (GPU hosts set one) would win and load the real libcuda.
 	for _, kv := range os.Environ() {
@@ -109,6 +108,8 @@ func startChild(tb testing.TB, dir string, env ...string) *child {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
+	// Echo mode: the child's made-up handles never reach the simulated GPU.
+	cmd.Env = append(cmd.Env, "SLOWRANK_FAKE_ECHO=1")
 	cmd.Env = append(cmd.Env, env...)
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()

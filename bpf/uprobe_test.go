@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// Counts of testdata/fakelib/child.c `run`.
+// Counts of test/fakelibs/probechild.c `run`.
 const (
 	nAllReduce     = 50
 	nReduce        = 7
@@ -43,7 +43,7 @@ func attachAll(t *testing.T, p *Probes, dir string) map[LibKind]*Attachment {
 		LibCUDART: "libcudart.so.13",
 		LibCUDA:   "libcuda.so.1",
 		LibTorch:  "libtorch_cpu.so",
-		LibCUPTI:  "libslowrank_cupti.so",
+		LibCUPTI:  "probe/libslowrank_cupti.so",
 	}
 	out := map[LibKind]*Attachment{}
 	for kind, name := range libs {
@@ -104,11 +104,11 @@ func uprobesEndToEnd(t *testing.T, p *Probes) {
 		t.Fatalf("semaphore before attach = %d, want 0", v)
 	}
 	atts := attachAll(t, p, dir)
-	if got := atts[LibNCCL].Attached(); got != 15 { // every function of the fake
-		t.Errorf("nccl: %d functions attached, want 15: %+v", got, atts[LibNCCL].Results)
+	if got := atts[LibNCCL].Attached(); got != fakeNCCLFuncs { // every function of the fake
+		t.Errorf("nccl: %d functions attached, want %d: %+v", got, fakeNCCLFuncs, atts[LibNCCL].Results)
 	}
-	if got := atts[LibTorch].Attached(); got != 4 { // gloo allreduce, gloo barrier, Work::wait, Future::wait
-		t.Errorf("torch: %d functions attached, want 4", got)
+	if got := atts[LibTorch].Attached(); got != fakeTorchFuncs {
+		t.Errorf("torch: %d functions attached, want %d", got, fakeTorchFuncs)
 	}
 	if a := atts[LibCUPTI]; a.RefCtrOffset == 0 || a.RefCtrErr != nil {
 		t.Errorf("cupti: ref_ctr_offset %#x, err %v", a.RefCtrOffset, a.RefCtrErr)
@@ -131,7 +131,8 @@ func uprobesEndToEnd(t *testing.T, p *Probes) {
 	}
 	c.send("run")
 	var comms [5]uint64
-	var pg, work, future uint64
+	var pg uint64
+	var work, future []uint64 // per torch bucket: Work and Future are per call
 	var syncs = map[string][]time.Duration{}
 	for {
 		line := c.line()
@@ -146,8 +147,11 @@ func uprobesEndToEnd(t *testing.T, p *Probes) {
 			}
 		case "pg":
 			fmt.Sscanf(f[1], "%x", &pg)
-			fmt.Sscanf(f[2], "%x", &work)
-			fmt.Sscanf(f[3], "%x", &future)
+		case "work":
+			var w, fu uint64
+			fmt.Sscanf(f[1], "%x", &w)
+			fmt.Sscanf(f[2], "%x", &fu)
+			work, future = append(work, w), append(future, fu)
 		case "sync":
 			var ns int64
 			fmt.Sscanf(f[2], "%d", &ns)
@@ -324,18 +328,19 @@ func uprobesEndToEnd(t *testing.T, p *Probes) {
 
 	t.Run("torch", func(t *testing.T) {
 		ar, wait, fwait := byProbe[ProbeTorchGlooAllreduce], byProbe[ProbeTorchWorkWait], byProbe[ProbeTorchFutureWait]
-		if len(ar) != nTorch || len(wait) != nTorch || len(fwait) != nTorch {
-			t.Fatalf("torch allreduce/wait/future wait: %d/%d/%d events, want %d", len(ar), len(wait), len(fwait), nTorch)
+		if len(ar) != nTorch || len(wait) != nTorch || len(fwait) != nTorch || len(work) != nTorch || len(future) != nTorch {
+			t.Fatalf("torch allreduce/wait/future wait: %d/%d/%d events, %d/%d reported, want %d",
+				len(ar), len(wait), len(fwait), len(work), len(future), nTorch)
 		}
 		for i := range ar {
 			if s := ar[i].(*TorchEvent).Self; s != pg {
 				t.Errorf("allreduce #%d: self %#x, want pg %#x", i, s, pg)
 			}
-			if s := wait[i].(*TorchEvent).Self; s != work {
-				t.Errorf("wait #%d: self %#x, want work %#x", i, s, work)
+			if s := wait[i].(*TorchEvent).Self; s != work[i] {
+				t.Errorf("wait #%d: self %#x, want work %#x", i, s, work[i])
 			}
-			if s := fwait[i].(*TorchEvent).Self; s != future {
-				t.Errorf("future wait #%d: self %#x, want future %#x", i, s, future)
+			if s := fwait[i].(*TorchEvent).Self; s != future[i] {
+				t.Errorf("future wait #%d: self %#x, want future %#x", i, s, future[i])
 			}
 		}
 	})
@@ -415,9 +420,10 @@ func TestSemaphoreInBSS(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	env := "LD_LIBRARY_PATH=" + filepath.Join(dir, "bss") // DT_RUNPATH yields to it
+	bss := filepath.Join(dir, "probe", "bss")
+	env := "LD_LIBRARY_PATH=" + bss // DT_RUNPATH yields to it
 	early := startChild(t, dir, env)
-	a, err := p.AttachLibrary(filepath.Join(dir, "bss", "libslowrank_cupti.so"), LibCUPTI)
+	a, err := p.AttachLibrary(filepath.Join(bss, "libslowrank_cupti.so"), LibCUPTI)
 	if err != nil {
 		t.Fatal(err)
 	}

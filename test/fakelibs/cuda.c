@@ -4,7 +4,8 @@
  * cuda.c — the driver API of the fake libcuda.so.1 (soname libcuda.so.1).
  * Synchronisation entry points block on the simulated device in fakegpu.c.
  * The fake libcudart never calls these exported cu* functions, so a uprobe
- * on cuStreamSynchronize sees only direct driver-API callers.
+ * on cuStreamSynchronize sees only direct driver-API callers. Under
+ * SLOWRANK_FAKE_ECHO (echo.c) the synchronisation calls only sleep.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -40,6 +41,13 @@ static CUresult map_err(int e) {
   }
 }
 
+/* Echo mode: a synchronisation sleeps the set time, then fails only for a
+ * NULL handle (so that a return probe sees a non-zero code too). */
+static CUresult echo_sync(int valid) {
+  slowrank_fake_echo_nap();
+  return valid ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
 /* The driver must be initialised by cuInit (or implicitly by the runtime). */
 static int ready(void) { return __atomic_load_n(&cu_inited, __ATOMIC_ACQUIRE) || fg_attached(); }
 
@@ -64,11 +72,13 @@ CU_API CUresult cuDeviceGetCount(int *count) {
 }
 
 CU_API CUresult cuCtxSynchronize(void) {
+  if (slowrank_fake_echo()) return echo_sync(1);
   if (!ready()) return CUDA_ERROR_NOT_INITIALIZED;
   return map_err(slowrank_fake_device_sync());
 }
 
 CU_API CUresult cuStreamSynchronize(CUstream hStream) {
+  if (slowrank_fake_echo()) return echo_sync(1);
   if (!ready()) return CUDA_ERROR_NOT_INITIALIZED;
   return map_err(slowrank_fake_stream_sync(hStream));
 }
@@ -79,6 +89,7 @@ CU_API CUresult cuStreamQuery(CUstream hStream) {
 }
 
 CU_API CUresult cuEventSynchronize(CUevent hEvent) {
+  if (slowrank_fake_echo()) return echo_sync(hEvent != NULL);
   if (!ready()) return CUDA_ERROR_NOT_INITIALIZED;
   if (!hEvent) return CUDA_ERROR_INVALID_HANDLE;
   return map_err(slowrank_fake_event_sync(hEvent));

@@ -4,7 +4,8 @@
  * cudart.c — the runtime API of the fake libcudart (soname libcudart.so.12,
  * symbols versioned "libcudart.so.12" like NVIDIA's). Everything is forwarded
  * to the simulated device in libcuda.so.1 through slowrank_fake_* calls, never
- * through the exported cu* symbols (no nested probe hits).
+ * through the exported cu* symbols (no nested probe hits). Under
+ * SLOWRANK_FAKE_ECHO (echo.c) the synchronisation calls only sleep.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -53,6 +54,13 @@ static cudaError_t ret(cudaError_t e) {
 
 static cudaError_t ret_fg(int e) { return ret(map_err(e)); }
 
+/* Echo mode (echo.c): a synchronisation sleeps the set time, then fails
+ * only for a NULL handle (so that a return probe sees a non-zero code). */
+static cudaError_t echo_sync(int valid) {
+  slowrank_fake_echo_nap();
+  return valid ? cudaSuccess : ret(cudaErrorInvalidResourceHandle);
+}
+
 static int device_count(void) {
   const char *v = getenv("SLOWRANK_FAKE_DEVICES");
   int n = v && *v ? atoi(v) : 8;
@@ -81,7 +89,10 @@ RT_API cudaError_t cudaGetDevice(int *device) {
   return cudaSuccess;
 }
 
-RT_API cudaError_t cudaDeviceSynchronize(void) { return ret_fg(slowrank_fake_device_sync()); }
+RT_API cudaError_t cudaDeviceSynchronize(void) {
+  if (slowrank_fake_echo()) return echo_sync(1);
+  return ret_fg(slowrank_fake_device_sync());
+}
 
 RT_API cudaError_t cudaDriverGetVersion(int *driverVersion) {
   if (!driverVersion) return ret(cudaErrorInvalidValue);
@@ -164,7 +175,10 @@ RT_API cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int
 
 RT_API cudaError_t cudaStreamDestroy(cudaStream_t stream) { return ret_fg(slowrank_fake_stream_destroy(stream)); }
 
-RT_API cudaError_t cudaStreamSynchronize(cudaStream_t stream) { return ret_fg(slowrank_fake_stream_sync(stream)); }
+RT_API cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  if (slowrank_fake_echo()) return echo_sync(1);
+  return ret_fg(slowrank_fake_stream_sync(stream));
+}
 
 RT_API cudaError_t cudaStreamQuery(cudaStream_t stream) { return ret_fg(slowrank_fake_stream_query(stream)); }
 
@@ -184,7 +198,10 @@ RT_API cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   return ret_fg(slowrank_fake_event_record(event, stream));
 }
 
-RT_API cudaError_t cudaEventSynchronize(cudaEvent_t event) { return ret_fg(slowrank_fake_event_sync(event)); }
+RT_API cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  if (slowrank_fake_echo()) return echo_sync(event != NULL);
+  return ret_fg(slowrank_fake_event_sync(event));
+}
 
 RT_API cudaError_t cudaEventQuery(cudaEvent_t event) { return ret_fg(slowrank_fake_event_query(event)); }
 

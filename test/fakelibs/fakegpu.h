@@ -97,6 +97,13 @@ FG_API int slowrank_fake_comm_split(int slot, int rank, uint64_t n, int color, i
  * operation (a group); returns as soon as they are queued. */
 FG_API int slowrank_fake_comm_enqueue(struct CUstream_st *s, const struct fg_inst_desc *d, int n);
 
+/* Echo mode (SLOWRANK_FAKE_ECHO, echo.c): the probed entry points return
+ * values derived from their arguments and never reach the simulator; the
+ * synchronisation calls sleep the time set here instead. */
+FG_API int slowrank_fake_echo(void);
+FG_API void slowrank_fake_echo_set_sleep_ns(long ns);
+FG_API void slowrank_fake_echo_nap(void);
+
 /* Inside libcuda.so.1 only: whether this process is attached. */
 __attribute__((visibility("hidden"))) int fg_attached(void);
 

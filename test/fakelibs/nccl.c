@@ -17,6 +17,10 @@
  * that logic is ncclprof.c's, shared with cupti/test_nccl.c. The plugin's
  * work runs inside the user's calls, as NCCL's does; without a plugin each
  * call pays one branch.
+ *
+ * Under SLOWRANK_FAKE_ECHO (echo.c, for the probe tests) the probed entry
+ * points (collectives, groups, comm inits) return at once with values derived
+ * from their arguments and touch neither the simulator nor the plugin.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -389,6 +393,21 @@ static ncclResult_t group_end_impl(void) {
   return r;
 }
 
+/* Echo mode (echo.c): a comm init reports a handle derived from its
+ * arguments (the probe test checks that BPF read them from the right place)
+ * and joins nothing. */
+static ncclResult_t echo_comm(ncclComm_t *out, uintptr_t v) {
+  if (out) *out = (ncclComm_t)v;
+  return ncclSuccess;
+}
+
+/* Not NCCL: an exported function that does nothing, the calibration target
+ * of bpf/bench_test.go (the kernel's uprobe cost alone). Never called by the
+ * fake itself. */
+void slowrank_fake_nccl_noop(void);
+static volatile long noop_calls;
+__attribute__((visibility("default"))) __attribute__((noinline)) void slowrank_fake_nccl_noop(void) { noop_calls++; }
+
 /* ---- API ---- */
 
 NCCL_API(ncclResult_t, ncclGetVersion, int *version);
@@ -438,18 +457,26 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId) {
 
 NCCL_API(ncclResult_t, ncclCommInitRank, ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank);
 ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank) {
+  if (slowrank_fake_echo())
+    return echo_comm(comm, 0xabc000u + (uintptr_t)rank * 0x100 + (unsigned char)commId.internal[5]);
   return init_rank(comm, nranks, (const unsigned char *)commId.internal, rank);
 }
 
 NCCL_API(ncclResult_t, ncclCommInitRankConfig, ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
          ncclConfig_t *config);
 ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank, ncclConfig_t *config) {
+  if (slowrank_fake_echo())
+    return echo_comm(comm, 0xbcd000u + (uintptr_t)rank * 0x100 + (unsigned char)commId.internal[127]);
   (void)config; /* blocking semantics whatever the config says */
   return init_rank(comm, nranks, (const unsigned char *)commId.internal, rank);
 }
 
 NCCL_API(ncclResult_t, ncclCommInitAll, ncclComm_t *comm, int ndev, const int *devlist);
 ncclResult_t ncclCommInitAll(ncclComm_t *comm, int ndev, const int *devlist) {
+  if (slowrank_fake_echo()) {
+    for (int i = 0; comm && i < ndev; i++) echo_comm(&comm[i], 0xcde000u + (uintptr_t)i);
+    return ncclSuccess;
+  }
   if (!comm || ndev < 1 || ndev > FG_MAX_RANKS) return fail(ncclInvalidArgument, "bad ndev");
   int e = slowrank_fake_init();
   if (e != FG_OK) return fail(map_err(e), "init");
@@ -467,6 +494,7 @@ ncclResult_t ncclCommInitAll(ncclComm_t *comm, int ndev, const int *devlist) {
 
 NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config);
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config) {
+  if (slowrank_fake_echo()) return echo_comm(newcomm, (uintptr_t)comm + 0x10000u + (uintptr_t)color);
   (void)config;
   if (!comm_valid(comm) || !newcomm) return fail(ncclInvalidArgument, "bad communicator");
   if (color < 0 && color != NCCL_SPLIT_NOCOLOR) return fail(ncclInvalidArgument, "bad color");
@@ -479,6 +507,18 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
   unsigned char k[NCCL_UNIQUE_ID_BYTES];
   derive_key(k, comm->key, n, color);
   return init_rank(newcomm, nn, k, nr);
+}
+
+/* NCCL 2.23+: the ranks share nId ids to spread the bootstrap; every id
+ * names the same communicator, so the first one is its key here. */
+NCCL_API(ncclResult_t, ncclCommInitRankScalable, ncclComm_t *newcomm, int nranks, int myrank, int nId,
+         ncclUniqueId *commIds, ncclConfig_t *config);
+ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm, int nranks, int myrank, int nId, ncclUniqueId *commIds,
+                                      ncclConfig_t *config) {
+  (void)config; /* blocking semantics whatever the config says */
+  if (slowrank_fake_echo()) return echo_comm(newcomm, 0xdef000u + (uintptr_t)myrank);
+  if (nId < 1 || !commIds) return fail(ncclInvalidArgument, "no unique id");
+  return init_rank(newcomm, nranks, (const unsigned char *)commIds[0].internal, myrank);
 }
 
 NCCL_API(ncclResult_t, ncclCommFinalize, ncclComm_t comm);
@@ -538,6 +578,7 @@ NCCL_API(ncclResult_t, ncclReduce, const void *sendbuff, void *recvbuff, size_t 
          ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                         int root, ncclComm_t comm, cudaStream_t stream) {
+  if (slowrank_fake_echo()) return ncclSuccess;
   (void)sendbuff;
   (void)recvbuff;
   if (check_type(datatype) != ncclSuccess || check_op(op) != ncclSuccess) return ncclInvalidArgument;
@@ -551,6 +592,7 @@ NCCL_API(ncclResult_t, ncclBcast, void *buff, size_t count, ncclDataType_t datat
          cudaStream_t stream);
 ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
                        cudaStream_t stream) {
+  if (slowrank_fake_echo()) return ncclSuccess;
   (void)buff;
   return broadcast_impl(count, datatype, root, comm, stream);
 }
@@ -559,6 +601,7 @@ NCCL_API(ncclResult_t, ncclBroadcast, const void *sendbuff, void *recvbuff, size
          int root, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,
                            ncclComm_t comm, cudaStream_t stream) {
+  if (slowrank_fake_echo()) return ncclSuccess;
   (void)sendbuff;
   (void)recvbuff;
   return broadcast_impl(count, datatype, root, comm, stream);
@@ -568,6 +611,7 @@ NCCL_API(ncclResult_t, ncclAllReduce, const void *sendbuff, void *recvbuff, size
          ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                            ncclComm_t comm, cudaStream_t stream) {
+  if (slowrank_fake_echo()) return (ncclResult_t)(count % 3); /* differs per call */
   (void)sendbuff;
   (void)recvbuff;
   if (check_type(datatype) != ncclSuccess || check_op(op) != ncclSuccess) return ncclInvalidArgument;
@@ -580,6 +624,7 @@ NCCL_API(ncclResult_t, ncclReduceScatter, const void *sendbuff, void *recvbuff, 
          ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount, ncclDataType_t datatype,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  if (slowrank_fake_echo()) return ncclSuccess;
   (void)sendbuff;
   (void)recvbuff;
   if (check_type(datatype) != ncclSuccess || check_op(op) != ncclSuccess) return ncclInvalidArgument;
@@ -592,6 +637,7 @@ NCCL_API(ncclResult_t, ncclAllGather, const void *sendbuff, void *recvbuff, size
          ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream) {
+  if (slowrank_fake_echo()) return ncclSuccess;
   (void)sendbuff;
   (void)recvbuff;
   if (check_type(datatype) != ncclSuccess) return ncclInvalidArgument;
@@ -604,6 +650,7 @@ NCCL_API(ncclResult_t, ncclAlltoAll, const void *sendbuff, void *recvbuff, size_
          ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, ncclComm_t comm,
                           cudaStream_t stream) {
+  if (slowrank_fake_echo()) return ncclSuccess;
   (void)sendbuff;
   (void)recvbuff;
   if (check_type(datatype) != ncclSuccess) return ncclInvalidArgument;
@@ -623,6 +670,7 @@ NCCL_API(ncclResult_t, ncclSend, const void *sendbuff, size_t count, ncclDataTyp
          cudaStream_t stream);
 ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
+  if (slowrank_fake_echo()) return ncclSuccess;
   (void)sendbuff;
   if (check_type(datatype) != ncclSuccess) return ncclInvalidArgument;
   return enqueue(comm, stream, FG_INST_P2P, peer, 1, (double)count * (double)type_size(datatype),
@@ -633,6 +681,7 @@ NCCL_API(ncclResult_t, ncclRecv, void *recvbuff, size_t count, ncclDataType_t da
          cudaStream_t stream);
 ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
+  if (slowrank_fake_echo()) return ncclSuccess;
   (void)recvbuff;
   if (check_type(datatype) != ncclSuccess) return ncclInvalidArgument;
   return enqueue(comm, stream, FG_INST_P2P, peer, 0, (double)count * (double)type_size(datatype),
@@ -641,9 +690,13 @@ ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int
 
 NCCL_API(ncclResult_t, ncclGroupStart, void);
 ncclResult_t ncclGroupStart(void) {
+  if (slowrank_fake_echo()) return ncclSuccess;
   group_start_impl();
   return ncclSuccess;
 }
 
 NCCL_API(ncclResult_t, ncclGroupEnd, void);
-ncclResult_t ncclGroupEnd(void) { return group_end_impl(); }
+ncclResult_t ncclGroupEnd(void) {
+  if (slowrank_fake_echo()) return ncclSuccess;
+  return group_end_impl();
+}

@@ -20,9 +20,14 @@
 // pattern of gloo's CUDA path (its worker thread synchronises the stream
 // of the device-to-host copy once per bucket).
 //
+// Under SLOWRANK_FAKE_ECHO (echo.c, for the probe tests) a process group
+// joins nothing and its collectives and waits return at once: the probes'
+// `this` and argument registers are the same, the simulator is not used.
+//
 // The C entry points slowrank_fake_gloo_* are the "Python binding" the fake
-// trainer calls; they are not part of torch and must never be probed. The
-// probed methods are noinline and called once per user call.
+// trainer (and bpf/'s probe test) calls; they are not part of torch and must
+// never be probed. The probed methods are noinline and called once per user
+// call.
 //
 // Build: test/fakelibs/fakelibs.mk (g++, C++17).
 
@@ -161,7 +166,11 @@ class TORCH_API ProcessGroupGloo {
 
   // Not torch (hidden, so never taken for a probed method).
   HIDDEN int init(int cudaSync);
-  HIDDEN void leave() { slowrank_fake_comm_leave(slot_, rank_); }
+  HIDDEN void leave() {
+    if (!echo()) slowrank_fake_comm_leave(slot_, rank_);
+  }
+  // Echo mode: joined no communicator, has no streams.
+  HIDDEN bool echo() const { return slot_ < 0; }
   // Events for futures: a bounded pool (the simulator has 128 events per
   // process); without a free one a future waits for the whole stream.
   HIDDEN struct CUevent_st* takeEvent();
@@ -224,6 +233,7 @@ int ProcessGroupGloo::init(int cudaSync) {
 }
 
 c10::intrusive_ptr<Work> ProcessGroupGloo::enqueue(double bytesPerRank, int kind, int peer, int isSend) {
+  if (echo()) return c10::intrusive_ptr<Work>(new Work(this));
   const struct fg_params* prm = slowrank_fake_params();
   struct fg_inst_desc d = {};
   d.comm = slot_;
@@ -249,13 +259,14 @@ c10::intrusive_ptr<Work> ProcessGroupGloo::enqueue(double bytesPerRank, int kind
 }
 
 PROBED bool Work::wait(std::chrono::milliseconds) {
+  if (pg_->echo()) return true;
   int e = slowrank_fake_stream_sync(pg_->stream);
   if (e != FG_OK && pg_->err == FG_OK) pg_->err = e;
   return e == FG_OK;
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> Work::getFuture() {
-  struct CUevent_st* ev = pg_->takeEvent();
+  struct CUevent_st* ev = pg_->echo() ? nullptr : pg_->takeEvent();
   if (ev && slowrank_fake_event_record(ev, pg_->stream) != FG_OK) {
     pg_->giveEvent(ev);
     ev = nullptr;
@@ -328,6 +339,7 @@ Future::~Future() {
 }
 
 PROBED void Future::wait() {
+  if (pg_->echo()) return;
   int e = done_ ? slowrank_fake_event_sync(done_) : slowrank_fake_stream_sync(pg_->stream);
   if (e == FG_OK && done_ && pg_->caller) e = slowrank_fake_stream_wait_event(pg_->caller, done_);
   if (e != FG_OK && pg_->err == FG_OK) pg_->err = e;
@@ -344,6 +356,7 @@ using c10d::ProcessGroupGloo;
 // the job pass the same key) and waits for every rank. NULL on failure.
 extern "C" TORCH_API void* slowrank_fake_gloo_new(const char* key, int size, int rank) {
   if (!key || size < 1 || size > FG_MAX_RANKS || rank < 0 || rank >= size) return nullptr;
+  if (slowrank_fake_echo()) return new ProcessGroupGloo(-1, rank, size);
   if (slowrank_fake_init() != FG_OK) return nullptr;
   unsigned char k[FG_KEY_BYTES] = {};
   std::strncpy(reinterpret_cast<char*>(k), "gloo:", sizeof k);
@@ -442,7 +455,25 @@ extern "C" TORCH_API int slowrank_fake_gloo_join(void* p, struct CUstream_st* st
 extern "C" TORCH_API void slowrank_fake_gloo_free(void* p) {
   auto* pg = static_cast<ProcessGroupGloo*>(p);
   if (!pg) return;
-  slowrank_fake_stream_sync(pg->stream);
+  if (!pg->echo()) slowrank_fake_stream_sync(pg->stream);
   pg->leave();
   delete pg;
+}
+
+// slowrank_fake_gloo_probe is one bucket as bpf/'s probe test drives it: an
+// allreduce, Work::wait on its work and c10::ivalue::Future::wait on its
+// future, each probed method called once. It reports the work and future
+// (the `this` of their waits; both are freed on return) and returns 0 or
+// the simulator's error.
+extern "C" TORCH_API int slowrank_fake_gloo_probe(void* p, void** work, void** future) {
+  auto* pg = static_cast<ProcessGroupGloo*>(p);
+  if (!pg || !work || !future) return FG_EINVAL;
+  std::vector<at::Tensor> t(3);
+  c10::intrusive_ptr<c10d::Work> w = pg->allreduce(t, c10d::AllreduceOptions());
+  w->wait(std::chrono::milliseconds(5));
+  c10::intrusive_ptr<c10::ivalue::Future> f = w->getFuture();
+  f->wait();
+  *work = w.get();
+  *future = f.get();
+  return pg->err;
 }
