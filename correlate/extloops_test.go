@@ -603,10 +603,17 @@ func TestReplayTrainerEpiloguePreempted(t *testing.T) {
 // 17–37 ms: no run held them, and iteration 31, shorter than half the new
 // pace's steps, was taken for the model's copies: iterations 0 to 31
 // withdrawn (267/300).
+//
+// 10-loaded-logging-spikes: after logging iteration 299 lost the phase, a
+// 0.69 ms spike among the logging step's 0.13 ms calls (1.27 ms dominant
+// instances) was the candidate step end, confirmed by the count by spikes
+// of 0.44 and 0.66 ms a group and two later (403/400). The first group
+// after a candidate must last as long as the dominant instances (half at
+// least), like the pace the candidate resumes.
 func TestReplayTrainerSpeedup(t *testing.T) {
 	for _, f := range []string{"3", "3-loaded", "3-loaded-preempted-before-logging", "3-loaded-run-preempted",
 		"3-loaded-keeps-sync-clock", "3-loaded-preempted-logging", "3-loaded-preempted-iteration-1", "10", "10-loaded", "10-loaded-preempted-run", "10-loaded-preempted-walk2", "10-loaded-preempted-walk3",
-		"10-loaded-keeps-sync-clock", "10-loaded-irregular-keeps-sync-clock", "10-loaded-irregular-keeps-sync-clock2", "10-loaded-preempted-logging", "10-loaded-regroup", "0.33", "0.33-loaded-preempted"} {
+		"10-loaded-keeps-sync-clock", "10-loaded-irregular-keeps-sync-clock", "10-loaded-irregular-keeps-sync-clock2", "10-loaded-preempted-logging", "10-loaded-regroup", "10-loaded-logging-spikes", "0.33", "0.33-loaded-preempted"} {
 		t.Run("speedup "+f, func(t *testing.T) {
 			replayTrainerFile(t, "testdata/trainer-speedup"+f+"-2ranks.records.gz", 0)
 		})

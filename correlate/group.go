@@ -167,7 +167,14 @@ func (d *seqDet) groupEnd(k int64) (end bool, from int64) {
 			dk, _ := d.dur(k)
 			held := d.countEnd(k, dk, dp)
 			if prev == p {
-				held = held && !briefAfter(dk, dp)
+				// The next iteration is of the pace the candidate resumes:
+				// its dominant instance lasts as long as the dominant ones
+				// did (half at least), as the candidate does; a new pace of
+				// shorter ones is newPace's. A spike among a logging step's
+				// brief calls was confirmed by another a group later that
+				// dominated the briefer calls before it (testdata
+				// trainer-speedup10-loaded-logging-spikes).
+				held = held && !briefAfter(dk, dp) && 2*dk >= d.domDur
 			} else {
 				held = held || d.delayedInGroup(k, dk, dp) // a burst of far shorter groups may follow (pace.go)
 			}
