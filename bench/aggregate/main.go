@@ -34,6 +34,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/slowrank/slowrank/detector"
+	"github.com/slowrank/slowrank/internal/monoclock"
 	"github.com/slowrank/slowrank/otel/wire"
 )
 
@@ -71,12 +72,6 @@ func main() {
 		fmt.Fprintln(os.Stderr, "aggbench:", err)
 		os.Exit(1)
 	}
-}
-
-func monoNow() int64 {
-	var ts unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	return ts.Nano()
 }
 
 // Result is the raw output.
@@ -326,7 +321,7 @@ func worker(ctx context.Context, o options, w, workers, hosts int, world []int, 
 			if ctx.Err() != nil {
 				return
 			}
-			hostNow := monoNow() + h.offset
+			hostNow := monoclock.Now() + h.offset
 			var topos []detector.Topology
 			if time.Now().After(h.topoDue) {
 				t := detector.Topology{Kind: detector.KindTopology, Job: "bench", Version: 1,
@@ -353,7 +348,7 @@ func worker(ctx context.Context, o options, w, workers, hosts int, world []int, 
 			}
 			h.step++
 			ld := wire.EncodeLogs(h.name, topos, steps, nil)
-			wire.StampSent(ld, monoNow()+h.offset)
+			wire.StampSent(ld, monoclock.Now()+h.offset)
 			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			_, err := c.Export(cctx, plogotlp.NewExportRequestFromLogs(ld))
 			cancel()
@@ -382,7 +377,7 @@ func scanVerdicts(path string, offset int64, o options, windows map[int64]*Windo
 	if _, err := f.Seek(offset, io.SeekStart); err != nil {
 		return offset
 	}
-	now := monoNow()
+	now := monoclock.Now()
 	br := bufio.NewReaderSize(f, 1<<20)
 	for {
 		line, err := br.ReadBytes('\n')

@@ -24,25 +24,17 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/slowrank/slowrank/internal/monoclock"
 	collogs "go.opentelemetry.io/proto/otlp/collector/logs/v1"
 	colmetrics "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
 	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	metricspb "go.opentelemetry.io/proto/otlp/metrics/v1"
-	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 )
 
 // maxBody bounds one request body (the agent's batches are far smaller).
 const maxBody = 64 << 20
-
-func monoNow() int64 {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		return 0
-	}
-	return ts.Nano()
-}
 
 // recorder writes JSON lines, one writer for every goroutine.
 type recorder struct {
@@ -588,7 +580,7 @@ func probeMain(args []string) error {
 		}
 	}
 	clock := func() {
-		rec.write(map[string]any{"kind": "clock", "wall_ns": time.Now().UnixNano(), "mono_ns": monoNow()})
+		rec.write(map[string]any{"kind": "clock", "wall_ns": time.Now().UnixNano(), "mono_ns": monoclock.Now()})
 	}
 	clock()
 	var wg sync.WaitGroup

@@ -4,7 +4,7 @@ import (
 	"net"
 	"testing"
 
-	"golang.org/x/sys/unix"
+	"github.com/slowrank/slowrank/internal/monoclock"
 )
 
 // FreeAddr returns a TCP address on 127.0.0.1 ("127.0.0.1:port") that
@@ -20,8 +20,4 @@ func FreeAddr(t testing.TB) string {
 }
 
 // MonoNow reads CLOCK_MONOTONIC, the clock of the agent's step facts.
-func MonoNow() int64 {
-	var ts unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	return ts.Nano()
-}
+func MonoNow() int64 { return monoclock.Now() }
