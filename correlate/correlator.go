@@ -266,9 +266,6 @@ func (c *Correlator) urgent(p *proc) bool {
 
 func (c *Correlator) collective(p *proc, h *HostCall, late bool) {
 	p.everColl = true
-	if p.syncPC != nil {
-		p.syncPC.det.(*seqDet).noteCollective()
-	}
 	pc := c.procComm(p, h.Comm)
 	pc.seq++
 	if g := pc.grp; g != nil {
@@ -323,7 +320,7 @@ func (c *Correlator) sync(p *proc, h *HostCall) {
 	// before DDP's first broadcast make no steps: see seqDet.boundary).
 	if p.syncPC == nil {
 		sd := newSeqDet(c.par, true)
-		sd.sawColl = p.everColl
+		sd.procColl = &p.everColl
 		p.syncPC = &procComm{p: p, sync: true, det: sd}
 	}
 	p.syncPC.det.sync(h, c.urgent(p))

@@ -128,8 +128,8 @@ type seqDet struct {
 	since            int    // cycles completed since the lock
 	need             int    // cycles needed to confirm
 	first            bool   // the lock is the sequence's first cycle: it must also hold ConfirmSpan
-	sawColl          bool   // the fallback clock's process made a collective (noteCollective)
-	afterColl        bool   // it had when the lock was taken
+	procColl         *bool  // the fallback clock's process made a collective (proc.everColl); nil for a communicator
+	afterColl        bool   // it had when the lock was taken (held)
 	lockT            int64  // time of the first token of the lock's first instance
 	lockJ            int64  // that token's number
 	colls            uint64 // collective tokens seen
@@ -406,17 +406,11 @@ func (d *seqDet) report(t int64, counts bool) {
 // confirmed at t: a communicator's first cycle must also have lasted
 // ConfirmSpan of event time (init-time bursts — parameter broadcasts,
 // barrier storms, checkpoint loads — repeat many times but briefly, and
-// are followed by the training cycle), unless the caller's buffers fill up;
-// the fallback clock's first cycle taken after a collective waits for them
-// or for the end (noteCollective).
-func (d *seqDet) held(t int64) bool {
-	return !d.first || d.urgent || t-d.lockT >= d.par.confirmSpan && !d.afterColl
-}
-
-// noteCollective tells the fallback clock that its process made a
-// collective. The clock's first lock taken after one is confirmed only at
-// the end (finish) or while the buffers are half full, not after
-// ConfirmSpan (held): a
+// are followed by the training cycle), unless the caller's buffers fill up.
+//
+// The fallback clock's first lock taken after a collective of its process
+// (afterColl) is confirmed only at the end (finish) or while the buffers
+// are half full, not after ConfirmSpan: a
 // process that made collectives before (DDP's broadcast of the parameters)
 // has a communicator whose per-iteration collectives will make its steps,
 // and its synchronisations before those start are no iterations but a
@@ -426,7 +420,9 @@ func (d *seqDet) held(t int64) bool {
 // H200, TestReplayH200CompilingIterationMakesNoSteps). The communicator's
 // lock takes the clock over and withdraws the tentative steps; a process
 // whose collectives never make a cycle gets its steps late, not lost.
-func (d *seqDet) noteCollective() { d.sawColl = true }
+func (d *seqDet) held(t int64) bool {
+	return !d.first || d.urgent || t-d.lockT >= d.par.confirmSpan && !d.afterColl
+}
 
 func (d *seqDet) confirm() {
 	d.tentative = false
@@ -737,7 +733,7 @@ func (d *seqDet) lockAt(cyc []int32, j, n int64, tentative bool) {
 	d.genFloor = d.floor
 	d.since = 0
 	d.first = len(d.known) == 0
-	d.afterColl = d.sawColl
+	d.afterColl = d.procColl != nil && *d.procColl
 	d.lockJ, d.lockT = j, d.tAt(j)
 	if tentative {
 		d.need = d.par.confirm
