@@ -143,17 +143,11 @@ stop_ms=${AGENT_STOP_MS:-6000}
 pair_est=$((2 * (BLOCK + SETTLE) + stop_ms / 1000 + 3))
 : >"$OUT/$NAME-blocks.jsonl"
 block() {  # block PAIR ARM
-  local p=$1 arm=$2 s e i
+  local p=$1 arm=$2 s e
   if [ "$arm" = on ]; then
     agent_spawn "$OUT/$NAME-p$p-agent.log" "${OTEL_FLAGS[@]}" --facts "$OUT/$NAME-p$p-facts.jsonl" \
       --verdicts "$OUT/$NAME-p$p-verdicts.jsonl" --status-socket "$OUT/$NAME-p$p.sock"
-    if [ -n "$PIN" ] && { [ -z "${DRY:-}" ] || [ -n "${DRY_AGENT:-}" ]; }; then
-      for i in $(seq 30); do
-        if "$AGENT" control set --socket "$OUT/$NAME-p$p.sock" --duty-share "$PIN" >/dev/null 2>&1; then break; fi
-        if ((i == 30)); then echo "pair $p: control set --duty-share $PIN failed"; fi
-        sleep 0.1
-      done
-    fi
+    if [ -n "$PIN" ]; then agent_pin_share "$OUT/$NAME-p$p.sock" "$PIN" "$OUT/$NAME-p$p-control.log" "pair $p" || true; fi
   fi
   sleep "$SETTLE"
   s=$(mono); sleep "$BLOCK"; e=$(mono)

@@ -47,16 +47,12 @@ trap '[ -z "$AGENT_PID" ] || kill -KILL "$AGENT_PID" 2>/dev/null || true; [ -z "
 # co_agent NAME: the agent for run NAME (default settings, OTLP off), its
 # on-share pinned to COEXIST_SHARE; start time in NAME-agent.json.
 co_agent() {
-  local name=$1 t i ok=false
+  local name=$1 t ok=false
   t=$(mono)
   agent_spawn "$OUT/$name-agent.log" --otel off --facts "$OUT/$name-facts.jsonl" --verdicts "$OUT/$name-verdicts.jsonl" \
     --status-socket "$OUT/$name.sock"
   if [ -n "$COEXIST_SHARE" ] && { [ -z "${DRY:-}" ] || [ -n "${DRY_AGENT:-}" ]; }; then
-    for i in $(seq 50); do
-      if "$AGENT" control set --socket "$OUT/$name.sock" --duty-share "$COEXIST_SHARE" >"$OUT/$name-control.log" 2>&1; then ok=true; break; fi
-      sleep 0.1
-    done
-    $ok || { echo "$name: control set --duty-share $COEXIST_SHARE failed:"; tail -n 3 "$OUT/$name-control.log"; }
+    agent_pin_share "$OUT/$name.sock" "$COEXIST_SHARE" "$OUT/$name-control.log" "$name" && ok=true
   fi
   echo "{\"agent_start_ns\":$t,\"share\":\"${COEXIST_SHARE:-default}\",\"pinned\":$ok}" >"$OUT/$name-agent.json"
 }

@@ -90,6 +90,22 @@ ext_finish() {
   wait "$pid" || EXT_RC=$?
 }
 
+# agent_pin_share SOCK SHARE LOG WHAT: pins a just-spawned agent's on-share
+# (`control set --duty-share`), retrying for up to 5 s while its status
+# socket comes up; on failure says so with WHAT and the tail of LOG, and
+# returns 1. A no-op returning 0 in a dry run without the real agent.
+agent_pin_share() {
+  local sock=$1 share=$2 log=$3 what=$4 i
+  if [ -n "${DRY:-}" ] && [ -z "${DRY_AGENT:-}" ]; then return 0; fi
+  for i in $(seq 50); do
+    if "$AGENT" control set --socket "$sock" --duty-share "$share" >"$log" 2>&1; then return 0; fi
+    sleep 0.1
+  done
+  echo "$what: control set --duty-share $share failed:"
+  tail -n 3 "$log"
+  return 1
+}
+
 # agent_spawn LOG [agent flags]: the agent in the background with its
 # defaults and --host-name h200 (AGENT_PID). The caller adds --otel, --facts,
 # --verdicts, --status-socket as it needs.

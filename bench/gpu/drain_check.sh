@@ -34,13 +34,7 @@ ext_start drain 29640 "$LIB" --shape "${SHAPE:-gpu}" --duration $((AGENT_S + 120
 ext_wait_steps drain 10 240
 echo "trainer up at t=${SECONDS} s"
 agent_spawn "$OUT/drain-agent.log" --otel off --facts "$OUT/drain-facts.jsonl" --status-socket "$OUT/drain.sock"
-if [ -n "$DRAIN_SHARE" ] && { [ -z "${DRY:-}" ] || [ -n "${DRY_AGENT:-}" ]; }; then
-  for i in $(seq 50); do
-    if "$AGENT" control set --socket "$OUT/drain.sock" --duty-share "$DRAIN_SHARE" >"$OUT/drain-control.log" 2>&1; then break; fi
-    if ((i == 50)); then echo "control set --duty-share $DRAIN_SHARE failed:"; tail -n 3 "$OUT/drain-control.log"; fi
-    sleep 0.1
-  done
-fi
+if [ -n "$DRAIN_SHARE" ]; then agent_pin_share "$OUT/drain.sock" "$DRAIN_SHARE" "$OUT/drain-control.log" drain || true; fi
 sleep "$AGENT_S"
 "$AGENT" status --socket "$OUT/drain.sock" --json >"$OUT/drain-status.json" 2>/dev/null || true
 agent_stop "$AGENT_PID" 30
