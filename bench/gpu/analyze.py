@@ -891,6 +891,42 @@ def gpu_facts_split(facts, t_start, t_end):
     return out
 
 
+KINETO_WARNING = re.compile(r"(Exceeded max GPU buffer|unknown buffer|CUPTI_ERROR|cupti\w*\(\) failed|Kineto.*(?:WARN|ERROR))", re.I)
+
+
+def kineto_warnings(log_path):
+    """Kineto's and CUPTI's warnings in a training log, by message (numbers masked)."""
+    res = {}
+    if os.path.exists(log_path):
+        with open(log_path, errors="replace") as f:
+            for line in f:
+                if KINETO_WARNING.search(line):
+                    key = re.sub(r"\d+", "N", line.strip())[-120:]
+                    res[key] = res.get(key, 0) + 1
+    return res
+
+
+def rss_summary(path, stop_ns):
+    """A trainer's VmRSS samples (mono ns, kB): MB at the profiler window's end,
+    the most after it, at the last sample, and the growth from the end to the last."""
+    rows = []
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                p = line.split()
+                if len(p) == 2:
+                    rows.append((int(p[0]), int(p[1]) / 1024))
+    if not rows:
+        return None
+    res = {"samples": len(rows), "max_mb": round(max(r for _, r in rows), 1), "last_mb": round(rows[-1][1], 1)}
+    if stop_ns:
+        after = [r for t, r in rows if t >= stop_ns]
+        at = next((r for t, r in rows if t >= stop_ns), rows[-1][1])
+        res.update({"at_window_end_mb": round(at, 1), "max_after_window_mb": round(max(after), 1) if after else None,
+                    "growth_after_window_mb": round(rows[-1][1] - at, 1)})
+    return res
+
+
 def coexist(d):
     runs = {}
     for r in ("a", "b", "c"):
@@ -906,6 +942,8 @@ def coexist(d):
                "fatal_patterns": th["fatal_patterns"], "profiler_error": (ev.get("profiler_error") or {}).get("error")}
         ps, pe = ev.get("profiler_start"), ev.get("profiler_stop")
         run["profiler_window_s"] = round((pe["mono_ns"] - ps["mono_ns"]) / 1e9, 2) if ps and pe else None
+        run["rss"] = rss_summary(os.path.join(d, name + "-rss.txt"), pe and pe["mono_ns"])
+        run["kineto_warnings"] = kineto_warnings(os.path.join(d, name + "-train.log"))
         meta = {}
         try:
             with open(os.path.join(d, name + "-agent.json")) as f:
@@ -969,6 +1007,20 @@ def block_means(blocks, steps):
     return out
 
 
+def arm_deltas(blocks):
+    """Each arm's deltas against the OFF block of the same round (pair), with
+    their bootstrap CI: the budget split's arms (uprobes, full, on)."""
+    rounds = {}
+    for b in blocks:
+        rounds.setdefault(b["pair"], {})[b["arm"]] = b.get("mean_ms")
+    arms = sorted({b["arm"] for b in blocks} - {"off", "a1", "a2"})
+    res = {}
+    for arm in arms:
+        deltas = [100 * (v[arm] / v["off"] - 1) for _, v in sorted(rounds.items()) if v.get(arm) and v.get("off")]
+        res[arm] = ci_summary(deltas)
+    return res
+
+
 def c1m(d, name):
     """C1 of one shape (c1matrix.sh): c1()'s ABBA deltas and bootstrap CI over
     pairs, with the A/A noise of the OFF blocks and of any extra A/A pairs."""
@@ -986,6 +1038,8 @@ def c1m(d, name):
             aa.setdefault(b["pair"], {})[b["arm"]] = b["mean_ms"]
     extra = [100 * (v["a2"] / v["a1"] - 1) for _, v in sorted(aa.items()) if "a1" in v and "a2" in v]
     res["noise_extra_aa"] = ci_summary(extra) if extra else None
+    res["arms"] = arm_deltas(blocks)
+    res["on_status"] = jsonl(os.path.join(d, name + "-on-status.jsonl"))
     offs = [b["mean_ms"] for b in blocks if b["arm"] == "off" and b.get("mean_ms")]
     res["off_step_ms_mean"] = round(statistics.fmean(offs), 3) if offs else None
     res["off_block_cv_pct"] = round(100 * statistics.stdev(offs) / statistics.fmean(offs), 4) if len(offs) >= 2 else None

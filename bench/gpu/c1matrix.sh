@@ -28,12 +28,23 @@
 # the steady state of a long-running agent. ON_SHARE=default: fresh agents on
 # their own estimate; ON_SHARE=<x>: pinned to x.
 #
+# The budget split (issue 15 item 3): ARMS="off uprobes full on" runs rounds
+# of those arms in the order of a Williams square (balanced for the arm
+# before; round i takes row i mod its rows), each arm's delta against the
+# round's OFF block:
+#   uprobes  the agent with --device-collection=false (host uprobes only; the
+#            library never collects: its default is off)
+#   full     the agent with its on-share pinned to 1 (device records always)
+#   on       as above (defaults; per ON_SHARE)
+# The JSON's "arms" gives each arm's deltas, mean and CI, and the agent's own
+# cost estimate at the end of each block ("on_status").
+#   SHAPE=dense ARMS="off uprobes full on" BLOCK=10 SETTLE=4 WARM_MIN=45 bash bench/gpu/c1matrix.sh
 # Device calls (one per shape, each <= 9.5 min; carry ["bin/slowrank","bin/otelcol-mini.xz"]):
 #   SHAPE=dense  bash bench/gpu/c1matrix.sh     (~9 min)
 #   SHAPE=gpu    bash bench/gpu/c1matrix.sh     (~9 min)
 #   SHAPE=launch bash bench/gpu/c1matrix.sh     (~9 min)
 # Knobs: PAIRS (8), BLOCK/SETTLE (per shape below), WARM_MIN/WARM_MAX,
-# AA_PAIRS (0), ON_SHARE (warm), OTLP (1; 0: --otel off), BUDGET (565 s: pairs
+# AA_PAIRS (0), ARMS ("off on": ABBA), ON_SHARE (warm), OTLP (1; 0: --otel off), BUDGET (565 s: pairs
 # that would not fit are not started and the JSON says how many ran),
 # SKIP_BUILD=1.
 # The collector: build it on the development machine, then compress it so
@@ -61,6 +72,11 @@ source "$(dirname "$0")/dnh_begin.sh" c1matrix "$NAME"
 PAIRS=${PAIRS:-8}
 AA_PAIRS=${AA_PAIRS:-0}
 ON_SHARE=${ON_SHARE:-warm}
+ARMS=${ARMS:-off on}
+for a in $ARMS; do
+  case $a in off | on | uprobes | full) ;; *) echo "ARMS: unknown arm $a (off, on, uprobes, full)"; exit 2 ;; esac
+done
+[[ " $ARMS " == *" off "* ]] || { echo "ARMS must include off (every delta is against it)"; exit 2; }
 OTLP=${OTLP:-1}
 BUDGET=${BUDGET:-565}
 RESERVE=${RESERVE:-35}  # trainer stop, analysis, packing
@@ -77,7 +93,7 @@ if [ "$OTLP" = 1 ]; then
   OTEL_FLAGS=()  # the default --otel auto: on, because of the variable below
 fi
 cat >"$OUT/$NAME-design.json" <<JSON
-{"shape":"$SHAPE","order":"ABBA (pair i even: off,on; odd: on,off)","pairs":$PAIRS,"aa_pairs":$AA_PAIRS,"block_s":$BLOCK,"settle_s":$SETTLE,
+{"shape":"$SHAPE","arms":"$ARMS","order":"$( [ "$ARMS" = "off on" ] && echo 'ABBA (pair i even: off,on; odd: on,off)' || echo 'Williams square of the arms, row i mod rows for round i')","pairs":$PAIRS,"aa_pairs":$AA_PAIRS,"block_s":$BLOCK,"settle_s":$SETTLE,
  "warm_min_s":$WARM_MIN,"warm_max_s":$WARM_MAX,"on_share":"$ON_SHARE","otlp":$([ "$OTLP" = 1 ] && echo '"OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 (http/protobuf) to otelcol-mini, debug exporter basic"' || echo '"off"'),
  "model":"ext_train.py --shape $SHAPE (transformers GPT2LMHeadModel, bf16 autocast, AdamW, DDP world size 1 over NCCL), one process",
  "on":"slowrank agent attached (default settings; on-share per on_share)","off":"no agent (library loaded, idle)",
@@ -140,30 +156,58 @@ echo "ON agents: on-share ${PIN:-their own estimate}"
 stop_ms=${AGENT_STOP_MS:-6000}
 
 # 2. ABBA pairs (then A/A pairs)
-pair_est=$((2 * (BLOCK + SETTLE) + stop_ms / 1000 + 3))
+n_arms=$(wc -w <<<"$ARMS")
+pair_est=$((n_arms * (BLOCK + SETTLE) + (n_arms - 1) * (stop_ms / 1000 + 3)))
 : >"$OUT/$NAME-blocks.jsonl"
 block() {  # block PAIR ARM
-  local p=$1 arm=$2 s e
-  if [ "$arm" = on ]; then
-    agent_spawn "$OUT/$NAME-p$p-agent.log" "${OTEL_FLAGS[@]}" --facts "$OUT/$NAME-p$p-facts.jsonl" \
-      --verdicts "$OUT/$NAME-p$p-verdicts.jsonl" --status-socket "$OUT/$NAME-p$p.sock"
-    if [ -n "$PIN" ]; then agent_pin_share "$OUT/$NAME-p$p.sock" "$PIN" "$OUT/$NAME-p$p-control.log" "pair $p" || true; fi
-  fi
+  local p=$1 arm=$2 s e tag=p$1 extra=() pin=
+  case $arm in
+    on) pin=$PIN ;;
+    full) pin=1 tag=p$1-full ;;
+    uprobes) extra=(--device-collection=false) tag=p$1-uprobes ;;
+  esac
+  case $arm in on | full | uprobes)
+    agent_spawn "$OUT/$NAME-$tag-agent.log" "${OTEL_FLAGS[@]}" "${extra[@]}" --facts "$OUT/$NAME-$tag-facts.jsonl" \
+      --verdicts "$OUT/$NAME-$tag-verdicts.jsonl" --status-socket "$OUT/$NAME-$tag.sock"
+    if [ -n "$pin" ]; then agent_pin_share "$OUT/$NAME-$tag.sock" "$pin" "$OUT/$NAME-$tag-control.log" "pair $p $arm" || true; fi
+    ;;
+  esac
   sleep "$SETTLE"
   s=$(mono); sleep "$BLOCK"; e=$(mono)
   echo "{\"pair\":$p,\"arm\":\"$arm\",\"start_ns\":$s,\"end_ns\":$e}" >>"$OUT/$NAME-blocks.jsonl"
-  if [ "$arm" = on ]; then
-    st=$(status_json "$OUT/$NAME-p$p.sock")
-    echo "{\"pair\":$p,\"status\":$st}" >>"$OUT/$NAME-on-status.jsonl"
+  if [ -n "$AGENT_PID" ]; then
+    st=$(status_json "$OUT/$NAME-$tag.sock")
+    echo "{\"pair\":$p,\"arm\":\"$arm\",\"status\":$st}" >>"$OUT/$NAME-on-status.jsonl"
     agent_stop "$AGENT_PID" 30
     AGENT_PID=
   fi
 }
+# round_order P: the arms of round P (ABBA for two arms, else a Williams square row).
+round_order() {
+  "$PYA" - "$1" $ARMS <<'PY'
+import sys
+p, arms = int(sys.argv[1]), sys.argv[2:]
+k = len(arms)
+if k == 2:
+    print(" ".join(arms if p % 2 == 0 else arms[::-1])); sys.exit()
+def row(r):  # Williams: r, r+1, r-1, r+2, r-2, ... (mod k)
+    seq, j = [r], 1
+    while len(seq) < k:
+        seq.append((r + j) % k)
+        if len(seq) < k:
+            seq.append((r - j) % k)
+        j += 1
+    return seq
+rows = [row(r) for r in range(k)]
+if k % 2:
+    rows += [r[::-1] for r in rows]
+print(" ".join(arms[i] for i in rows[p % len(rows)]))
+PY
+}
 done_pairs=0
 for ((p = 0; p < PAIRS; p++)); do
   if ((SECONDS + pair_est + RESERVE > BUDGET)); then echo "pair $p: no time left (t=${SECONDS} s, a pair takes ~${pair_est} s): stopping after $p pairs"; break; fi
-  if ((p % 2 == 0)); then arms="off on"; else arms="on off"; fi
-  for arm in $arms; do block "$p" "$arm"; done
+  for arm in $(round_order "$p"); do block "$p" "$arm"; done
   done_pairs=$((p + 1))
   echo "pair $p done at t=${SECONDS} s"
 done
@@ -214,6 +258,9 @@ print(f'  A/A from OFF blocks: {n["pairs"]} pairs, mean {n["mean_pct"]} %, CI {n
 print(f'  OFF step {r["off_step_ms_mean"]} ms, OFF block CV {r["off_block_cv_pct"]} %, steps per block {r["steps_per_block"]}')
 print(f'  warm-up {r.get("warm")}; OTLP {r.get("otlp")}')
 print(f'  agent counters (sum over ON blocks) {r["agent_counters_sum"]}; problems {r["agent_problems"]}')
+for arm, a in (r.get("arms") or {}).items():
+    if len(r["arms"]) > 1:
+        print(f'  arm {arm:8s}: {a["pairs"]} rounds, mean {a["mean_pct"]} %, 95 % CI {a["ci95_pct"]}, deltas % {a["deltas_pct"]}')
 PY
 cp "$OUT/console.log" "$RESULTS/$NAME-console.log"
 ls -l "$RESULTS"

@@ -17,7 +17,13 @@
 # each run, ratios b/a and c/a (medians; for (c) also over the steps after
 # the agent started), and whether the agent had device records again after
 # the profiler window ended (its facts: steps with "gpu": true after the
-# window's end, CLOCK_MONOTONIC on both sides).
+# window's end, CLOCK_MONOTONIC on both sides). The trainer's resident memory
+# is sampled every RSS_EVERY s (co-NAME-rss.txt: CLOCK_MONOTONIC ns, VmRSS
+# kB) and its log searched for Kineto's buffer warnings: in (c) the library
+# collects up to 30 s without a buffer of its own (the CUDA 13.0 limit,
+# DESIGN.md), and records CUPTI kept for the profiler's callbacks then would
+# grow the user's process; the analysis reports each run's RSS growth after
+# the window against (a)'s.
 #
 # Device call (one, ~5 min; carry ["bin/slowrank"]):
 #   bash bench/gpu/coexist.sh
@@ -36,13 +42,34 @@ PROF_STEPS=${PROF_STEPS:-13}
 PROF_C_AT=${PROF_C_AT:-100}
 PROF_C_STEPS=${PROF_C_STEPS:-80}
 COEXIST_SHARE=${COEXIST_SHARE-1}
+RSS_EVERY=${RSS_EVERY:-1}
 CO_RUNS=${CO_RUNS:-a b c} # a subset re-runs one case (the analysis then reports the others as missing)
 echo "coexist.sh: 3 runs of ${CO_S} s, windows ${PROF_STEPS}@${PROF_AT} (a, b) and ${PROF_C_STEPS}@${PROF_C_AT} (c), on-share ${COEXIST_SHARE:-default}${DRY:+ (DRY RUN)}"
 if [ -z "${DRY:-}" ] && [ ! -x "$AGENT" ]; then echo "no agent at $AGENT: carry bin/slowrank"; exit 2; fi
 env_info "$OUT/env.txt"
 [ -n "${SKIP_BUILD:-}" ] || build_lib
-AGENT_PID= EXT_PID=
-trap '[ -z "$AGENT_PID" ] || kill -KILL "$AGENT_PID" 2>/dev/null || true; [ -z "$EXT_PID" ] || kill -KILL "$EXT_PID" 2>/dev/null || true' EXIT
+AGENT_PID= EXT_PID= RSS_PID=
+trap '[ -z "$AGENT_PID" ] || kill -KILL "$AGENT_PID" 2>/dev/null || true; [ -z "$EXT_PID" ] || kill -KILL "$EXT_PID" 2>/dev/null || true; [ -z "$RSS_PID" ] || kill "$RSS_PID" 2>/dev/null || true' EXIT
+
+# co_rss NAME: sample the trainer's VmRSS until it exits (background).
+co_rss() {
+  local pid=$EXT_PID f="$OUT/$1-rss.txt"
+  "$PYA" - "$pid" "$f" "$RSS_EVERY" <<'PY' &
+import sys, time
+pid, path, every = sys.argv[1], sys.argv[2], float(sys.argv[3])
+with open(path, "w") as out:
+    while True:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                kb = next(int(l.split()[1]) for l in f if l.startswith("VmRSS:"))
+        except (OSError, StopIteration):
+            break
+        out.write(f"{time.monotonic_ns()} {kb}\n")
+        out.flush()
+        time.sleep(every)
+PY
+  RSS_PID=$!
+}
 
 # co_agent NAME: the agent for run NAME (default settings, OTLP off), its
 # on-share pinned to COEXIST_SHARE; start time in NAME-agent.json.
@@ -60,6 +87,7 @@ co_agent() {
 co_end() {  # co_end NAME: wait for the trainer, then stop the agent if any
   ext_finish "$EXT_PID" $((CO_S + 150))
   EXT_PID=
+  if [ -n "$RSS_PID" ]; then wait "$RSS_PID" 2>/dev/null || true; RSS_PID=; fi
   echo "$1: trainer rc $EXT_RC at t=${SECONDS} s"
   echo "$EXT_RC" >"$OUT/$1.rc"
   if [ -n "$AGENT_PID" ]; then agent_stop "$AGENT_PID" 30; AGENT_PID=; echo "$1: agent stopped in ${AGENT_STOP_MS} ms (rc $AGENT_RC)"; fi
@@ -70,6 +98,7 @@ co_want() { [[ " $CO_RUNS " == *" $1 "* ]]; }
 # (a) nothing of slowrank
 if co_want a; then
 ext_start co-a 29620 "" --shape dense --duration "$CO_S" --profile-at "$PROF_AT" --profile-steps "$PROF_STEPS" --profile-out "$OUT/co-a-prof.json"
+co_rss co-a
 co_end co-a
 fi
 
@@ -77,12 +106,14 @@ fi
 if co_want b; then
 co_agent co-b
 ext_start co-b 29621 "$LIB" --shape dense --duration "$CO_S" --profile-at "$PROF_AT" --profile-steps "$PROF_STEPS" --profile-out "$OUT/co-b-prof.json"
+co_rss co-b
 co_end co-b
 fi
 
 # (c) the window first, the agent 1 s into it
 if co_want c; then
 ext_start co-c 29622 "$LIB" --shape dense --duration "$CO_S" --profile-at "$PROF_C_AT" --profile-steps "$PROF_C_STEPS" --profile-out "$OUT/co-c-prof.json"
+co_rss co-c
 if ext_wait_event co-c profiler_start $((CO_S + 120)); then
   sleep 1
   co_agent co-c
@@ -103,6 +134,7 @@ for k, v in r["runs"].items():
     gs = "/".join(str((a.get(x) or {}).get("gpu", "-")) for x in ("before", "during", "after")) if a else "-"
     err = v.get("parse_error") or v.get("profiler_error") or (v.get("fatal_patterns") or "")
     print(f'{k:4s} {str(v["kernels_median"]):>20s} {str(v["kernels_mean"]):>8s} {str(v["profiler_window_s"]):>9s} {gs:>30s}  {err}')
+    print(f'     rss MB: {v.get("rss")}  kineto warnings: {v.get("kineto_warnings")}')
 c = r["runs"]["c"]
 print(f'b/a {r["ratio_b_over_a"]}   c/a {r["ratio_c_over_a"]}   c(after agent start)/a {r["ratio_c_after_agent_over_a"]} '
       f'(before agent: {c.get("kernels_median_before_agent")}, after: {c.get("kernels_median_after_agent")}, {c.get("steps_after_agent")} steps)')
