@@ -294,6 +294,7 @@ loop:
 		o := p.Overhead
 		a.log.Info("overhead", "budget", fmt.Sprintf("%.4f", o.Budget), "spent", fmt.Sprintf("%.4f", o.Total),
 			"device", fmt.Sprintf("%.4f", o.Device), "uprobes", fmt.Sprintf("%.4f", o.Uprobes),
+			"uprobes_hidden", fmt.Sprintf("%.4f", o.UprobesHidden),
 			"cost", fmt.Sprintf("%.4f", o.Cost.Cost), "cost_ci", fmt.Sprintf("[%.4f, %.4f]", o.Cost.Low, o.Cost.High),
 			"pairs", o.Cost.Pairs, "measured", o.Cost.Measured, "share", fmt.Sprintf("%.4f", p.OnShare),
 			"escalations_granted", o.EscalationsGranted, "escalations_refused", o.EscalationsRefused)

@@ -92,12 +92,12 @@ func (s *dutySim) run(d time.Duration) {
 		s.train += float64(dur) / 1e9
 		s.now += dur
 		for r := 0; r < s.ranks; r++ {
-			s.d.ObserveStep(r, s.now, float64(dur)/1e6*(1+0.001*s.rng.NormFloat64()), gpu)
+			s.d.ObserveStep(r, s.now, float64(dur)/1e6*(1+0.001*s.rng.NormFloat64()), 0, gpu)
 		}
 		for s.nextPlan <= s.now {
 			t := s.nextPlan
 			if s.traps != nil {
-				s.d.ObserveTraps(t, s.traps(t))
+				s.d.ObserveTraps(t, Traps{Total: s.traps(t)})
 			}
 			if s.suspect != nil && s.suspect(t) {
 				ok := s.d.Suspect(t, t-int64(5*time.Second), t)
@@ -262,7 +262,7 @@ func TestDutySuspicionDropsItsPairs(t *testing.T) {
 					}
 				}
 				now += int64(ms * 1e6)
-				d.ObserveStep(0, now, ms, on)
+				d.ObserveStep(0, now, ms, 0, on)
 				if i == tc.suspectAt {
 					d.Suspect(now, from, to)
 				}
@@ -363,8 +363,8 @@ func TestDutyUprobeSpendReducesBaseShare(t *testing.T) {
 			var p DutyPlan
 			for i := int64(0); i <= 120; i++ {
 				now := simStart + i*int64(time.Second)
-				d.ObserveStep(0, now, 1000, false)
-				d.ObserveTraps(now, tc.perSecond)
+				d.ObserveStep(0, now, 1000, 0, false)
+				d.ObserveTraps(now, Traps{Total: tc.perSecond})
 				p = d.Plan(now)
 			}
 			if math.Abs(p.OnShare-tc.wantShare) > 1e-9 {
@@ -436,8 +436,8 @@ func TestDutyOnBlocksHoldWholeSteps(t *testing.T) {
 			var p DutyPlan
 			for i := int64(0); i <= 120; i++ {
 				now := simStart + i*int64(time.Second)
-				d.ObserveStep(0, now, tc.stepMS, false)
-				d.ObserveTraps(now, tc.traps)
+				d.ObserveStep(0, now, tc.stepMS, 0, false)
+				d.ObserveTraps(now, Traps{Total: tc.traps})
 				p = d.Plan(now)
 			}
 			// The smallest doubling that holds the steps, or the one
@@ -486,5 +486,83 @@ func TestDutyMeasuresGPUBoundJobs(t *testing.T) {
 				t.Fatalf("ledger spent %.5f, budget %g", o.Total, cfg.Budget)
 			}
 		})
+	}
+}
+
+// TestDutyChargesTrapsTheHostsWaitDoesNotHide: trap time that the host's
+// wait for the device in the same steps covers is not charged; the returns
+// of waits always are, and a few long waits hide nothing.
+func TestDutyChargesTrapsTheHostsWaitDoesNotHide(t *testing.T) {
+	cfg := DefaultDutyConfig()
+	c := cfg.UprobeCost.Seconds()
+	for _, tc := range []struct {
+		name            string
+		stepMS          float64
+		ranks           int
+		slack           func(rank, i int) float64 // ms of the i-th step
+		traps, critical float64             // per second
+		wantSpend       float64             // uprobe spend, fraction of training time
+	}{
+		{"kernel-dense shape: the wait hides all but the waits' returns", 82, 1, func(int, int) float64 { return 30 }, 512, 24, 24 * c},
+		{"no wait: every trap is charged", 82, 1, func(int, int) float64 { return 0 }, 512, 24, 512 * c},
+		{"a wait shorter than the traps: the rest is charged", 10, 1, func(int, int) float64 { return 0.1 }, 5000, 0, 5000*c - 100*0.1e-3},
+		{"one of 8 ranks without a wait: it sets the step, nothing is hidden", 82, 8, func(r, _ int) float64 {
+			if r == 5 {
+				return 0
+			}
+			return 30
+		}, 512, 24, 512 * c},
+		{"a long wait every 8th step hides nothing", 82, 1, func(_, i int) float64 {
+			if i%8 == 0 {
+				return 60
+			}
+			return 0
+		}, 512, 24, 512 * c},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := NewDuty(cfg)
+			var p DutyPlan
+			now, i := simStart, 0
+			for sec := 1; sec <= 120; sec++ {
+				for end := simStart + int64(sec)*int64(time.Second); now+int64(tc.stepMS*1e6) <= end; i++ {
+					now += int64(tc.stepMS * 1e6)
+					for r := range tc.ranks {
+						d.ObserveStep(r, now, tc.stepMS, tc.slack(r, i), false)
+					}
+				}
+				now = simStart + int64(sec)*int64(time.Second)
+				d.ObserveTraps(now, Traps{Total: tc.traps, Critical: tc.critical})
+				p = d.Plan(now)
+			}
+			o := p.Overhead
+			if math.Abs(o.Uprobes-tc.wantSpend) > 0.03*tc.wantSpend+1e-5 {
+				t.Fatalf("uprobe spend %.6f, want %.6f (hidden %.6f)", o.Uprobes, tc.wantSpend, o.UprobesHidden)
+			}
+			if math.Abs(o.Uprobes+o.UprobesHidden-tc.traps*c) > 0.03*tc.traps*c {
+				t.Fatalf("charged %.6f + hidden %.6f, want all %.6f of the traps", o.Uprobes, o.UprobesHidden, tc.traps*c)
+			}
+			if want := max(0, cfg.Budget*(1-cfg.EscalationReserve)-tc.wantSpend-cfg.LibraryCost) / cfg.PriorCost; math.Abs(p.OnShare-want) > 0.05*want+1e-4 {
+				t.Fatalf("share %.4f, want %.4f", p.OnShare, want)
+			}
+		})
+	}
+}
+
+// TestDutyBanksNoWaitForABurstOfTraps: a minute of steps without traps
+// leaves at most one ring of steps' wait to hide a burst in.
+func TestDutyBanksNoWaitForABurstOfTraps(t *testing.T) {
+	d := NewDuty(DefaultDutyConfig())
+	now := simStart
+	for i := 0; i < 60*12; i++ {
+		now += int64(82 * time.Millisecond)
+		d.ObserveStep(0, now, 82, 30, false)
+		if i%12 == 11 {
+			d.ObserveTraps(now, Traps{})
+		}
+	}
+	d.ObserveTraps(now, Traps{Total: 1e5})
+	o := d.Plan(now).Overhead
+	if hidden, most := o.UprobesHidden*o.Training.Seconds(), 0.030*stepWindow; hidden > most*1.0001 {
+		t.Fatalf("hidden %.3f s of the burst, at most %.3f s (one ring of 30-ms waits)", hidden, most)
 	}
 }

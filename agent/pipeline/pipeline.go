@@ -17,7 +17,7 @@ type Sink = detector.Sink
 // informs: which ranks' steps had device records, which windows look slow,
 // which ranks are gone.
 type Duty interface {
-	ObserveStep(rank int, endNS int64, stepMS float64, gpuOn bool)
+	ObserveStep(rank int, endNS int64, stepMS, slackMS float64, gpuOn bool)
 	Suspect(now, from, to int64) bool
 	Forget(rank int)
 }
@@ -218,7 +218,7 @@ func (p *Pipeline) deliver(steps []detector.Step, topos []detector.Topology) {
 		}
 		if p.duty != nil {
 			if ms, ok := st.Phases[detector.PhaseStep]; ok {
-				p.duty.ObserveStep(st.Rank, st.EndNS, ms, st.GPU)
+				p.duty.ObserveStep(st.Rank, st.EndNS, ms, st.Phases[detector.PhaseSyncWait], st.GPU)
 			}
 		}
 		p.noteStep(st)

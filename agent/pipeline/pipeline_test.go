@@ -69,7 +69,7 @@ type fakeDuty struct {
 	forgot    []int
 }
 
-func (d *fakeDuty) ObserveStep(rank int, _ int64, _ float64, _ bool) {
+func (d *fakeDuty) ObserveStep(rank int, _ int64, _, _ float64, _ bool) {
 	d.observed = append(d.observed, rank)
 }
 func (d *fakeDuty) Suspect(_, _, _ int64) bool { d.suspected++; return true }

@@ -537,6 +537,9 @@ func writeOverhead(w io.Writer, o agent.Overhead) {
 	}
 	fmt.Fprintf(w, "overhead   spent %.3f%% of %.3f%% (device %.3f%%, uprobes %.3f%%, lib %.3f%%)\n",
 		o.Total*100, o.Budget*100, o.Device*100, o.Uprobes*100, o.Library*100)
+	if o.UprobesHidden > 0 {
+		fmt.Fprintf(w, "           uprobe traps hidden in the host's wait for the GPU, not charged: %.3f%%\n", o.UprobesHidden*100)
+	}
 	fmt.Fprintf(w, "           over %s of training; escalations %d granted, %d refused\n",
 		o.Training.Round(time.Second), o.EscalationsGranted, o.EscalationsRefused)
 	fmt.Fprintf(w, "           device collection cost %s\n", cost)
