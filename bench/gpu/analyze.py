@@ -906,15 +906,17 @@ def kineto_warnings(log_path):
     return res
 
 
-def rss_summary(path, stop_ns):
-    """A trainer's VmRSS samples (mono ns, kB): MB at the profiler window's end,
-    the most after it, at the last sample, and the growth from the end to the last."""
+def rss_summary(path, stop_ns, until_ns=None):
+    """A trainer's VmRSS samples (mono ns, kB) up to until_ns (the trace's parse
+    after training, which is the analysis's memory, not the job's): MB at the
+    profiler window's end, the most after it, at the last sample, and the
+    growth from the end to the last."""
     rows = []
     if os.path.exists(path):
         with open(path) as f:
             for line in f:
                 p = line.split()
-                if len(p) == 2:
+                if len(p) == 2 and (until_ns is None or int(p[0]) < until_ns):
                     rows.append((int(p[0]), int(p[1]) / 1024))
     if not rows:
         return None
@@ -942,7 +944,8 @@ def coexist(d):
                "fatal_patterns": th["fatal_patterns"], "profiler_error": (ev.get("profiler_error") or {}).get("error")}
         ps, pe = ev.get("profiler_start"), ev.get("profiler_stop")
         run["profiler_window_s"] = round((pe["mono_ns"] - ps["mono_ns"]) / 1e9, 2) if ps and pe else None
-        run["rss"] = rss_summary(os.path.join(d, name + "-rss.txt"), pe and pe["mono_ns"])
+        pp = ev.get("profile_parse")
+        run["rss"] = rss_summary(os.path.join(d, name + "-rss.txt"), pe and pe["mono_ns"], pp and pp["mono_ns"])
         run["kineto_warnings"] = kineto_warnings(os.path.join(d, name + "-train.log"))
         meta = {}
         try:

@@ -179,7 +179,7 @@ def main():
     print(f"ext_train: {args.shape} {shape} {args.dtype} on {dev}, pid {os.getpid()}, "
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters", flush=True)
 
-    prof = None
+    prof = done_prof = None
     prof_res = None
     label = "ext_step#"
     step, finite, last_loss = 0, True, None
@@ -251,22 +251,32 @@ def main():
             try:
                 prof.__exit__(None, None, None)
                 mark("profiler_stop", step=step)
-                prof_res = profile_summary(prof, label, torch)
+                done_prof = prof
             except Exception as ex:
                 mark("profiler_stop", step=step, error=repr(ex))
                 prof_res = {"parse_error": "stop: " + repr(ex), "parse_s": 0}
             prof = None
-            prof_res.update({"profile_at": args.profile_at, "profile_steps": args.profile_steps})
-            if args.profile_out:
-                with open(args.profile_out, "w") as f:
-                    json.dump(prof_res, f)
-                    f.write("\n")
-            print(f"profiler: {prof_res.get('kernels', [])} kernels per step, parse {prof_res['parse_s']} s, "
-                  f"error {prof_res['parse_error']}", flush=True)
-            t_prev = time.monotonic_ns()  # the parse is no step's time
+            t_prev = time.monotonic_ns()  # the profiler's stop is no step's time
     if prof is not None:  # the run ended inside the window
         prof.__exit__(None, None, None)
         mark("profiler_stop", step=step, early=True)
+    if done_prof is not None:
+        # Parsed after training, not at the window's end: the parse of a long
+        # window takes a minute and gigabytes, which would end the run and
+        # hide what the process does after the window (coexist.sh's RSS).
+        mark("profile_parse", step=step)
+        try:
+            prof_res = profile_summary(done_prof, label, torch)
+        except Exception as ex:
+            prof_res = {"parse_error": "parse: " + repr(ex), "parse_s": 0}
+    if prof_res is not None:
+        prof_res.update({"profile_at": args.profile_at, "profile_steps": args.profile_steps})
+        if args.profile_out:
+            with open(args.profile_out, "w") as f:
+                json.dump(prof_res, f)
+                f.write("\n")
+        print(f"profiler: {prof_res.get('kernels', [])} kernels per step, parse {prof_res.get('parse_s')} s, "
+              f"error {prof_res.get('parse_error')}", flush=True)
     out.write(json.dumps({"rank": rank, "final": True, "steps": step, "loss_finite": finite, "last_loss": last_loss,
                           "profiled": prof_res is not None}) + "\n")
     out.close()
