@@ -500,8 +500,8 @@ func TestDutyChargesTrapsTheHostsWaitDoesNotHide(t *testing.T) {
 		stepMS          float64
 		ranks           int
 		slack           func(rank, i int) float64 // ms of the i-th step
-		traps, critical float64             // per second
-		wantSpend       float64             // uprobe spend, fraction of training time
+		traps, critical float64                   // per second
+		wantSpend       float64                   // uprobe spend, fraction of training time
 	}{
 		{"kernel-dense shape: the wait hides all but the waits' returns", 82, 1, func(int, int) float64 { return 30 }, 512, 24, 24 * c},
 		{"no wait: every trap is charged", 82, 1, func(int, int) float64 { return 0 }, 512, 24, 512 * c},
