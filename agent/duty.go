@@ -437,17 +437,18 @@ func (d *Duty) Estimate() CostEstimate {
 func (d *Duty) chargedCost() float64 { return max(d.Estimate().High, 0) }
 
 // Traps are uprobe traps of one training process since the last report.
-// Critical ones delay the step whatever the host's lead: the return of a
-// synchronisation fires after the device finished and before the host can
-// queue more work. The others fire while the host runs ahead of the device;
-// where the host then waits for the device at the step's synchronisation,
-// a trap delays only the host's arrival at that wait, and the step keeps
-// its length as long as the wait is longer than the traps' time. The
-// ledger charges the critical traps, and the others beyond the lower
+// Critical ones delay the step whatever the host's lead: those of a
+// synchronisation (its return fires after the device finished and before
+// the host can queue more work). The others fire while the host runs
+// ahead of the device; where the host then waits for the device at the
+// step's synchronisation, a trap delays only its arrival at that wait, and
+// the step keeps its length while the wait is longer than the traps' time.
+// The ledger charges the critical traps, and the others beyond the lower
 // quartile of the recent steps' waits. On the H200's kernel-dense shape
-// (82 ms steps, 30 ms of sync_wait, ~42 traps) the traps cost nothing
-// measurable (uprobes-only arm of the budget split, bench/results) while
-// the full charge, 0.31 % of step time, took the whole budget.
+// (82 ms steps, 30 ms of sync_wait, ~42 traps a step) the full charge,
+// 0.31 % of step time, took the whole base share, while the traps cost
+// 1.0-1.35 us each in a host-bound loop and the uprobes-only agent's cost
+// was lost in the job's own drift (bench/results/gpu-budget-split-dense.json).
 type Traps struct {
 	Total, Critical float64
 }
@@ -726,7 +727,10 @@ func median(xs []float64) float64 {
 // trapsPerEvent is how many uprobe traps one event of a probe stands for
 // (two for an entry/return pair joined in BPF, one for an entry probe), and
 // criticalPerEvent how many of them delay the step whatever the host's lead
-// (Traps): the return of a call that waits for the device or for a peer.
+// (Traps): both of a call that waits for the device or for a peer. Its
+// return fires when the device is done; its entry may come while the
+// device waits for the host (a data pipeline's synchronisation before the
+// step's work is queued). They are few a step; the many are collectives.
 var trapsPerEvent, criticalPerEvent = func() (t, c [bpf.MaxProbeID]uint64) {
 	for _, s := range bpf.Specs() {
 		if int(s.ID) >= len(t) {
@@ -739,7 +743,7 @@ var trapsPerEvent, criticalPerEvent = func() (t, c [bpf.MaxProbeID]uint64) {
 		t[s.ID] = 2
 		switch s.Class {
 		case bpf.ClassSyncWait, bpf.ClassTorchWorkWait, bpf.ClassTorchFutureWait:
-			c[s.ID] = 1
+			c[s.ID] = 2
 		}
 	}
 	return t, c
