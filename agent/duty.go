@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/slowrank/slowrank/bpf"
+	"github.com/slowrank/slowrank/detector"
 )
 
 // MinDutyPeriod is the shortest duty period: the injection library reads a
@@ -180,9 +181,9 @@ type Duty struct {
 	// steps are the latest step times in ms (a ring of stepWindow).
 	steps  []float64
 	stepAt int
-	// slackCredit is the host's wait for the device, per process, in
-	// seconds, that traps may still hide in (Traps).
-	slackCredit float64
+	// slack is the job's wait for the device by step, that traps hide in
+	// (Traps).
+	slack jobSlack
 	// lastPeriod is the period of the last plan.
 	lastPeriod time.Duration
 	// clusters are the recent paired blocks, oldest first.
@@ -228,10 +229,6 @@ type ledgerBucket struct {
 
 // rankPairing pairs one rank's on-blocks with their neighbouring off steps.
 type rankPairing struct {
-	// slack is the rank's wait for the device in its latest steps, ms (a
-	// ring of stepWindow).
-	slack   []float64
-	slackAt int
 	lastEnd int64
 	off     []offStep // the last PairSteps+1 clean off steps, oldest first
 	inBlock bool      // in an on-block
@@ -265,10 +262,12 @@ func NewDuty(cfg DutyConfig) *Duty {
 	return d
 }
 
-// ObserveStep records one step of a rank: its end (monotonic ns), wall
-// time, the host's wait for the device in it (slackMS: its sync_wait) and
-// whether the whole step had device collection on.
-func (d *Duty) ObserveStep(rank int, endNS int64, stepMS, slackMS float64, gpuOn bool) {
+// ObserveStep records a rank's step fact: its end, wall time, whether the
+// whole step had device collection on (its gpu flag), and the host's wait
+// for the device and the device's idle time in it (Traps).
+func (d *Duty) ObserveStep(st detector.Step) {
+	rank, endNS, gpuOn := st.Rank, st.EndNS, st.GPU
+	stepMS := st.Phases[detector.PhaseStep]
 	d.activity++
 	if !(stepMS > 0) {
 		return
@@ -279,8 +278,7 @@ func (d *Duty) ObserveStep(rank int, endNS int64, stepMS, slackMS float64, gpuOn
 		p = &rankPairing{}
 		d.ranks[rank] = p
 	}
-	p.slack, p.slackAt = pushRing(p.slack, p.slackAt, min(max(slackMS, 0), stepMS))
-	d.slackCredit += d.slackLow() / float64(len(d.ranks))
+	d.slack.observe(st, len(d.ranks))
 	dur := int64(stepMS * 1e6)
 	start := endNS - dur
 	if endNS <= p.lastEnd {
@@ -443,8 +441,9 @@ func (d *Duty) chargedCost() float64 { return max(d.Estimate().High, 0) }
 // ahead of the device; where the host then waits for the device at the
 // step's synchronisation, a trap delays only its arrival at that wait, and
 // the step keeps its length while the wait is longer than the traps' time.
-// The ledger charges the critical traps, and the others beyond the lower
-// quartile of the recent steps' waits. On the H200's kernel-dense shape
+// The ledger charges the critical traps, and the others beyond the host's
+// lead over the device that the steps' waits show (jobSlack). On the
+// H200's kernel-dense shape
 // (82 ms steps, 30 ms of sync_wait, ~42 traps a step) the full charge,
 // 0.31 % of step time, took the whole base share, while the traps cost
 // 1.0-1.35 us each in a host-bound loop and the uprobes-only agent's cost
@@ -456,10 +455,7 @@ type Traps struct {
 // ObserveTraps adds one process's uprobe traps to the ledger.
 func (d *Duty) ObserveTraps(now int64, t Traps) {
 	c := d.cfg.UprobeCost.Seconds()
-	hidden := min(max(t.Total-t.Critical, 0)*c, d.slackCredit)
-	// What is left over carries to the next report, up to one ring of
-	// steps: a long stretch without traps banks nothing for a burst.
-	d.slackCredit = min(d.slackCredit-hidden, d.slackLow()*stepWindow)
+	hidden := d.slack.hide(max(t.Total-t.Critical, 0) * c)
 	if t.Total <= 0 {
 		return
 	}
@@ -467,25 +463,6 @@ func (d *Duty) ObserveTraps(now int64, t Traps) {
 	b := d.bucket(now)
 	b.uprobes += t.Total*c - hidden
 	b.hidden += hidden
-}
-
-// slackLow is the wait, in seconds, that each step of every rank may hide
-// traps in: the least over the ranks (in synchronous training the rank
-// with the least slack sets the step) of the lower quartile of its recent
-// waits (not a step's own wait, so that a few long ones, a checkpoint or a
-// logging step, hide nothing of the steps around them). Each step credits
-// it, per process, to the traps to come.
-func (d *Duty) slackLow() float64 {
-	low := math.Inf(1)
-	for _, p := range d.ranks {
-		if len(p.slack) > 0 {
-			low = min(low, quantile(slices.Clone(p.slack), 0.25))
-		}
-	}
-	if math.IsInf(low, 1) {
-		return 0
-	}
-	return low / 1e3
 }
 
 // pushRing adds x to a ring of stepWindow values.

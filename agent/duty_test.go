@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/slowrank/slowrank/detector"
 )
 
 // dutySim runs a synchronous training job against a Duty: step times with
@@ -30,6 +32,7 @@ type dutySim struct {
 	onSuspect func(t int64, granted bool)
 
 	now      int64
+	steps    int64 // steps run
 	nextPlan int64
 	plan     DutyPlan
 	escFrom  int64 // when the escalating plan was applied
@@ -91,8 +94,9 @@ func (s *dutySim) run(d time.Duration) {
 		s.trueDevice += float64(dur-d0) / 1e9
 		s.train += float64(dur) / 1e9
 		s.now += dur
+		s.steps++
 		for r := 0; r < s.ranks; r++ {
-			s.d.ObserveStep(r, s.now, float64(dur)/1e6*(1+0.001*s.rng.NormFloat64()), 0, gpu)
+			s.d.ObserveStep(stepFact(r, s.steps, s.now, float64(dur)/1e6*(1+0.001*s.rng.NormFloat64()), 0, gpu))
 		}
 		for s.nextPlan <= s.now {
 			t := s.nextPlan
@@ -113,6 +117,13 @@ func (s *dutySim) run(d time.Duration) {
 			s.nextPlan += int64(time.Second)
 		}
 	}
+}
+
+// stepFact is a rank's step fact as the pipeline hands it to the duty
+// cycle: its wall time and the host's wait for the device, in ms.
+func stepFact(rank int, step, end int64, ms, waitMS float64, gpu bool) detector.Step {
+	return detector.Step{Rank: rank, Step: step, EndNS: end, GPU: gpu,
+		Phases: map[string]float64{detector.PhaseStep: ms, detector.PhaseSyncWait: waitMS}}
 }
 
 func TestDutyUsesPriorUntilMeasured(t *testing.T) {
@@ -262,7 +273,7 @@ func TestDutySuspicionDropsItsPairs(t *testing.T) {
 					}
 				}
 				now += int64(ms * 1e6)
-				d.ObserveStep(0, now, ms, 0, on)
+				d.ObserveStep(stepFact(0, int64(i), now, ms, 0, on))
 				if i == tc.suspectAt {
 					d.Suspect(now, from, to)
 				}
@@ -363,7 +374,7 @@ func TestDutyUprobeSpendReducesBaseShare(t *testing.T) {
 			var p DutyPlan
 			for i := int64(0); i <= 120; i++ {
 				now := simStart + i*int64(time.Second)
-				d.ObserveStep(0, now, 1000, 0, false)
+				d.ObserveStep(stepFact(0, i, now, 1000, 0, false))
 				d.ObserveTraps(now, Traps{Total: tc.perSecond})
 				p = d.Plan(now)
 			}
@@ -436,7 +447,7 @@ func TestDutyOnBlocksHoldWholeSteps(t *testing.T) {
 			var p DutyPlan
 			for i := int64(0); i <= 120; i++ {
 				now := simStart + i*int64(time.Second)
-				d.ObserveStep(0, now, tc.stepMS, 0, false)
+				d.ObserveStep(stepFact(0, i, now, tc.stepMS, 0, false))
 				d.ObserveTraps(now, Traps{Total: tc.traps})
 				p = d.Plan(now)
 			}
@@ -499,15 +510,23 @@ func TestDutyChargesTrapsTheHostsWaitDoesNotHide(t *testing.T) {
 		name            string
 		stepMS          float64
 		ranks           int
-		slack           func(rank, i int) float64 // ms of the i-th step
+		slack           func(rank, i int) float64 // ms of the i-th step (< 0: that wait in a collected step whose device idled for 20 %)
 		traps, critical float64                   // per second
 		wantSpend       float64                   // uprobe spend, fraction of training time
 	}{
 		{"kernel-dense shape: the wait hides all but the waits' returns", 82, 1, func(int, int) float64 { return 30 }, 512, 24, 24 * c},
 		{"no wait: every trap is charged", 82, 1, func(int, int) float64 { return 0 }, 512, 24, 512 * c},
-		{"a wait shorter than the traps: the rest is charged", 10, 1, func(int, int) float64 { return 0.1 }, 5000, 0, 5000*c - 100*0.1e-3},
+		{"a wait shorter than the traps: the rest is charged", 10, 1, func(int, int) float64 { return 3 }, 60000, 0, 60000*c - 100*3e-3},
+		{"a wait of a tenth of the step is work queued last: nothing is hidden", 82, 1, func(int, int) float64 { return 8 }, 512, 24, 512 * c},
+		{"the device records show it waiting for the host: nothing is hidden", 82, 1, func(int, int) float64 { return -30 }, 512, 24, 512 * c},
 		{"one of 8 ranks without a wait: it sets the step, nothing is hidden", 82, 8, func(r, _ int) float64 {
 			if r == 5 {
+				return 0
+			}
+			return 30
+		}, 512, 24, 512 * c},
+		{"the last rank to arrive changes every step: nothing is hidden", 82, 4, func(r, i int) float64 {
+			if r == i%4 {
 				return 0
 			}
 			return 30
@@ -527,7 +546,12 @@ func TestDutyChargesTrapsTheHostsWaitDoesNotHide(t *testing.T) {
 				for end := simStart + int64(sec)*int64(time.Second); now+int64(tc.stepMS*1e6) <= end; i++ {
 					now += int64(tc.stepMS * 1e6)
 					for r := range tc.ranks {
-						d.ObserveStep(r, now, tc.stepMS, tc.slack(r, i), false)
+						st := stepFact(r, int64(i), now, tc.stepMS, tc.slack(r, i), false)
+						if w := tc.slack(r, i); w < 0 { // collected: the device idled for 20 % of the step
+							st = stepFact(r, int64(i), now, tc.stepMS, -w, true)
+							st.Phases[detector.PhaseIdle] = 0.2 * tc.stepMS
+						}
+						d.ObserveStep(st)
 					}
 				}
 				now = simStart + int64(sec)*int64(time.Second)
@@ -555,7 +579,7 @@ func TestDutyBanksNoWaitForABurstOfTraps(t *testing.T) {
 	now := simStart
 	for i := 0; i < 60*12; i++ {
 		now += int64(82 * time.Millisecond)
-		d.ObserveStep(0, now, 82, 30, false)
+		d.ObserveStep(stepFact(0, int64(i), now, 82, 30, false))
 		if i%12 == 11 {
 			d.ObserveTraps(now, Traps{})
 		}

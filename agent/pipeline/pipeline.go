@@ -17,7 +17,7 @@ type Sink = detector.Sink
 // informs: which ranks' steps had device records, which windows look slow,
 // which ranks are gone.
 type Duty interface {
-	ObserveStep(rank int, endNS int64, stepMS, slackMS float64, gpuOn bool)
+	ObserveStep(st detector.Step)
 	Suspect(now, from, to int64) bool
 	Forget(rank int)
 }
@@ -217,8 +217,8 @@ func (p *Pipeline) deliver(steps []detector.Step, topos []detector.Topology) {
 			s.Step(st, win)
 		}
 		if p.duty != nil {
-			if ms, ok := st.Phases[detector.PhaseStep]; ok {
-				p.duty.ObserveStep(st.Rank, st.EndNS, ms, st.Phases[detector.PhaseSyncWait], st.GPU)
+			if _, ok := st.Phases[detector.PhaseStep]; ok {
+				p.duty.ObserveStep(st)
 			}
 		}
 		p.noteStep(st)

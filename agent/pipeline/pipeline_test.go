@@ -69,11 +69,9 @@ type fakeDuty struct {
 	forgot    []int
 }
 
-func (d *fakeDuty) ObserveStep(rank int, _ int64, _, _ float64, _ bool) {
-	d.observed = append(d.observed, rank)
-}
-func (d *fakeDuty) Suspect(_, _, _ int64) bool { d.suspected++; return true }
-func (d *fakeDuty) Forget(rank int)            { d.forgot = append(d.forgot, rank) }
+func (d *fakeDuty) ObserveStep(st detector.Step) { d.observed = append(d.observed, st.Rank) }
+func (d *fakeDuty) Suspect(_, _, _ int64) bool   { d.suspected++; return true }
+func (d *fakeDuty) Forget(rank int)              { d.forgot = append(d.forgot, rank) }
 
 // The correlate_* and detector_* metrics exist from the start, under the
 // names the agent has always exported.
