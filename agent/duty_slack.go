@@ -8,16 +8,18 @@ import (
 
 // jobSlack is the host's lead over the device, step by step, that uprobe
 // traps hide in (Traps). A wait at the step's synchronisation says the
-// device still had that much work queued when the host arrived; it says
-// the device had work queued while the host ran (so that a trap delayed no
-// work the device waited for) only when the wait is a large part of the
-// step: a short wait is also what work queued last, after the traps (the
-// step's final all-reduce), looks like. So a step's slack is its least
-// wait over the host's ranks (in synchronous training the rank that
-// arrives last sets the step), counted only when it is at least
-// minLeadShare of the step, and nothing at all while the device records
-// of the latest collected step show the device idle for more than
-// maxIdleShare of it (it waited for the host: a launch-bound job).
+// device still had that much work queued when the host arrived. That the
+// device also had work queued while the host ran, so that a trap delayed
+// nothing the device waited for, the device records say: the device was
+// idle for little of the step (a launch-bound job's device idles between
+// launches; its host has no lead). So a step's slack is its least wait
+// over the host's ranks (in synchronous training the rank that arrives
+// last sets the step), counted while the median idle share of the latest
+// collected steps is at most maxIdleShare, and none while it is more.
+// Before any step was collected, a wait counts only when it is at least
+// minLeadShare of the step: a short wait is also what the work queued last
+// looks like (the step's final all-reduce, which the traps delayed), and
+// the share it buys collects the steps that decide.
 //
 // Each step that every rank reported credits the lower quartile of the
 // latest stepWindow steps' slack (a quartile, not the step's own, so that
@@ -30,9 +32,10 @@ type jobSlack struct {
 	ring    []float64  // the latest complete steps' slack, ms
 	at      int
 	credit  float64 // seconds traps may still hide in, per process
-	// deviceWaits: the latest step with device records had the device
-	// idle for more than maxIdleShare of it.
-	deviceWaits bool
+	// idle is the device's idle share of the latest collected steps (a
+	// ring of stepWindow).
+	idle   []float64
+	idleAt int
 }
 
 type stepWait struct {
@@ -46,8 +49,8 @@ const (
 	maxPendingSteps = 64
 	// minLeadShare is the least wait, as a share of the step, that counts.
 	minLeadShare = 0.25
-	// maxIdleShare is the most device idle time, as a share of the step,
-	// with which waits count.
+	// maxIdleShare is the most device idle time, as a share of the step
+	// (median of the latest collected steps), with which waits count.
 	maxIdleShare = 0.10
 )
 
@@ -55,10 +58,10 @@ const (
 func (s *jobSlack) observe(st detector.Step, ranks int) {
 	stepMS := st.Phases[detector.PhaseStep]
 	if st.GPU {
-		s.deviceWaits = st.Phases[detector.PhaseIdle] > maxIdleShare*stepMS
+		s.idle, s.idleAt = pushRing(s.idle, s.idleAt, st.Phases[detector.PhaseIdle]/stepMS)
 	}
 	ms := min(max(st.Phases[detector.PhaseSyncWait], 0), stepMS)
-	if ms < minLeadShare*stepMS || s.deviceWaits {
+	if known, waits := s.deviceWaits(); waits || !known && ms < minLeadShare*stepMS {
 		ms = 0
 	}
 	i := slices.IndexFunc(s.pending, func(w stepWait) bool { return w.step == st.Step })
@@ -79,6 +82,15 @@ func (s *jobSlack) observe(st detector.Step, ranks int) {
 	s.credit += s.low()
 }
 
+// deviceWaits tells whether device records are known and whether they
+// show the device waiting for the host.
+func (s *jobSlack) deviceWaits() (known, waits bool) {
+	if len(s.idle) == 0 {
+		return false, false
+	}
+	return true, median(slices.Clone(s.idle)) > maxIdleShare
+}
+
 // low is the lower quartile of the recent steps' slack, in seconds.
 func (s *jobSlack) low() float64 { return quantile(slices.Clone(s.ring), 0.25) / 1e3 }
 
@@ -87,7 +99,7 @@ func (s *jobSlack) low() float64 { return quantile(slices.Clone(s.ring), 0.25) /
 func (s *jobSlack) hide(want float64) float64 {
 	hidden := min(want, s.credit)
 	s.credit = min(s.credit-hidden, s.low()*stepWindow)
-	if s.deviceWaits {
+	if _, waits := s.deviceWaits(); waits {
 		s.credit = 0
 	}
 	return hidden

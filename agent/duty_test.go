@@ -501,42 +501,46 @@ func TestDutyMeasuresGPUBoundJobs(t *testing.T) {
 }
 
 // TestDutyChargesTrapsTheHostsWaitDoesNotHide: trap time that the host's
-// wait for the device in the same steps covers is not charged; the returns
-// of waits always are, and a few long waits hide nothing.
+// lead over the device in the same steps covers is not charged; the waits'
+// own traps always are, a few long waits hide nothing, and device records
+// that show the device waiting for the host hide nothing either.
 func TestDutyChargesTrapsTheHostsWaitDoesNotHide(t *testing.T) {
 	cfg := DefaultDutyConfig()
 	c := cfg.UprobeCost.Seconds()
+	every := func(ms float64) func(int, int) float64 { return func(int, int) float64 { return ms } }
 	for _, tc := range []struct {
 		name            string
 		stepMS          float64
 		ranks           int
-		slack           func(rank, i int) float64 // ms of the i-th step (< 0: that wait in a collected step whose device idled for 20 %)
+		wait            func(rank, i int) float64 // sync_wait of the i-th step, ms
+		idle            float64                   // > 0: every step collected, the device idle for this share of it
 		traps, critical float64                   // per second
 		wantSpend       float64                   // uprobe spend, fraction of training time
 	}{
-		{"kernel-dense shape: the wait hides all but the waits' returns", 82, 1, func(int, int) float64 { return 30 }, 512, 24, 24 * c},
-		{"no wait: every trap is charged", 82, 1, func(int, int) float64 { return 0 }, 512, 24, 512 * c},
-		{"a wait shorter than the traps: the rest is charged", 10, 1, func(int, int) float64 { return 3 }, 60000, 0, 60000*c - 100*3e-3},
-		{"a wait of a tenth of the step is work queued last: nothing is hidden", 82, 1, func(int, int) float64 { return 8 }, 512, 24, 512 * c},
-		{"the device records show it waiting for the host: nothing is hidden", 82, 1, func(int, int) float64 { return -30 }, 512, 24, 512 * c},
+		{"kernel-dense shape: the wait hides all but the waits' own traps", 82, 1, every(30), 0, 512, 24, 24 * c},
+		{"no wait: every trap is charged", 82, 1, every(0), 0, 512, 24, 512 * c},
+		{"a wait shorter than the traps: the rest is charged", 10, 1, every(3), 0, 60000, 0, 60000*c - 100*3e-3},
+		{"uncollected, a wait of a tenth of the step may be work queued last: nothing is hidden", 82, 1, every(8), 0, 512, 24, 512 * c},
+		{"collected, the device busy all along: a wait of a tenth of the step hides", 82, 1, every(8), 0.05, 512, 24, 24 * c},
+		{"collected, the device waiting for the host: nothing is hidden", 82, 1, every(30), 0.2, 512, 24, 512 * c},
 		{"one of 8 ranks without a wait: it sets the step, nothing is hidden", 82, 8, func(r, _ int) float64 {
 			if r == 5 {
 				return 0
 			}
 			return 30
-		}, 512, 24, 512 * c},
+		}, 0, 512, 24, 512 * c},
 		{"the last rank to arrive changes every step: nothing is hidden", 82, 4, func(r, i int) float64 {
 			if r == i%4 {
 				return 0
 			}
 			return 30
-		}, 512, 24, 512 * c},
+		}, 0, 512, 24, 512 * c},
 		{"a long wait every 8th step hides nothing", 82, 1, func(_, i int) float64 {
 			if i%8 == 0 {
 				return 60
 			}
 			return 0
-		}, 512, 24, 512 * c},
+		}, 0, 512, 24, 512 * c},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := NewDuty(cfg)
@@ -546,10 +550,9 @@ func TestDutyChargesTrapsTheHostsWaitDoesNotHide(t *testing.T) {
 				for end := simStart + int64(sec)*int64(time.Second); now+int64(tc.stepMS*1e6) <= end; i++ {
 					now += int64(tc.stepMS * 1e6)
 					for r := range tc.ranks {
-						st := stepFact(r, int64(i), now, tc.stepMS, tc.slack(r, i), false)
-						if w := tc.slack(r, i); w < 0 { // collected: the device idled for 20 % of the step
-							st = stepFact(r, int64(i), now, tc.stepMS, -w, true)
-							st.Phases[detector.PhaseIdle] = 0.2 * tc.stepMS
+						st := stepFact(r, int64(i), now, tc.stepMS, tc.wait(r, i), tc.idle > 0)
+						if tc.idle > 0 {
+							st.Phases[detector.PhaseIdle] = tc.idle * tc.stepMS
 						}
 						d.ObserveStep(st)
 					}
