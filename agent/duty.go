@@ -192,12 +192,15 @@ type Duty struct {
 	drops    PairDrops
 
 	// ledger
-	buckets           []ledgerBucket
-	started           bool
-	last              int64 // last advance
-	activity          int   // steps and trap reports since the last advance
-	lastActive        int64
-	share             float64 // on-share in force since the last advance
+	buckets    []ledgerBucket
+	started    bool
+	last       int64 // last advance
+	activity   int   // steps and trap reports since the last advance
+	lastActive int64
+	share      float64 // on-share in force since the last advance
+	// collecting: some process can collect (SetCollecting; true until
+	// told otherwise); device on-time is charged only then.
+	collecting        bool
 	escFrom, escUntil int64
 	granted, refused  int64
 	est               CostEstimate
@@ -254,7 +257,7 @@ type pairing struct {
 
 // NewDuty returns a controller.
 func NewDuty(cfg DutyConfig) *Duty {
-	d := &Duty{cfg: cfg, ranks: map[int]*rankPairing{}, buckets: make([]ledgerBucket, ledgerBuckets)}
+	d := &Duty{cfg: cfg, ranks: map[int]*rankPairing{}, buckets: make([]ledgerBucket, ledgerBuckets), collecting: true}
 	d.bucketLen = max(int64(cfg.Horizon)/ledgerBuckets, 1)
 	for i := range d.buckets {
 		d.buckets[i].idx = math.MinInt64
@@ -521,6 +524,9 @@ func (d *Duty) advance(now int64) {
 		dt := float64(now-d.last) / 1e9
 		esc := float64(max(0, min(now, d.escUntil)-max(d.last, d.escFrom))) / 1e9
 		on := esc + (dt-esc)*d.share
+		if !d.collecting {
+			on = 0
+		}
 		b := d.bucket(now)
 		b.train += dt
 		if d.Estimate().Measured {
@@ -540,6 +546,15 @@ func (d *Duty) recentUprobes(now int64) float64 {
 		return 0
 	}
 	return s.uprobes / s.train
+}
+
+// SetCollecting says whether some tracked process can collect device
+// records (it loaded the injection library and collection is not paused)
+// from now on: the plan's on-time costs the job nothing otherwise, and is
+// charged only while one can. The time up to now is charged as it was.
+func (d *Duty) SetCollecting(now int64, on bool) {
+	d.advance(now)
+	d.collecting = on
 }
 
 // Suspect asks for an escalation: collection fully on for Escalation. The
@@ -744,6 +759,11 @@ func (a *Agent) planDuty(now int64) {
 		critical += (n - a.trapsSeen[id]) * criticalPerEvent[id]
 		a.trapsSeen[id] = n
 	}
+	collecting := false
+	for _, pe := range a.att.procs {
+		collecting = collecting || pe.inject != nil
+	}
+	a.duty.SetCollecting(now, collecting && !a.control.paused)
 	if procs := float64(len(a.att.procs)); procs > 0 {
 		// Ranks issue the same collective sequence: the mean per process
 		// is each one's share.

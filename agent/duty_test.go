@@ -593,3 +593,29 @@ func TestDutyBanksNoWaitForABurstOfTraps(t *testing.T) {
 		t.Fatalf("hidden %.3f s of the burst, at most %.3f s (one ring of 30-ms waits)", hidden, most)
 	}
 }
+
+// TestDutyChargesNoDeviceTimeWithoutACollector: while no process can
+// collect (no injection library, or collection paused) the plan's on-time
+// costs the job nothing and the ledger charges none; from the moment one
+// can, it does.
+func TestDutyChargesNoDeviceTimeWithoutACollector(t *testing.T) {
+	d := NewDuty(DefaultDutyConfig())
+	now, collecting := simStart, false
+	run := func(minutes int) {
+		for i := 0; i < minutes*60; i++ {
+			now += int64(time.Second)
+			d.ObserveStep(stepFact(0, now/int64(time.Second), now, 1000, 0, false))
+			d.SetCollecting(now, collecting)
+			d.Plan(now)
+		}
+	}
+	run(10)
+	if o := d.Plan(now).Overhead; o.Device != 0 {
+		t.Fatalf("device spend %g with no collector, want 0", o.Device)
+	}
+	collecting = true
+	run(10)
+	if o := d.Plan(now).Overhead; !(o.Device > 0) {
+		t.Fatalf("device spend %g with a collector, want > 0 (share %g)", o.Device, d.share)
+	}
+}

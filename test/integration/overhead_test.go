@@ -57,6 +57,10 @@ func TestUprobeChargeFollowsTheHostsWait(t *testing.T) {
 			t.Logf("per step, the least sync_wait of the ranks: median %.3f ms over %d steps", leastWaitMedian(sink.steps), len(sink.steps)/4)
 			t.Logf("ledger over %s of training: uprobes charged %.5f, hidden %.5f, device %.5f, total %.5f",
 				o.Training, o.Uprobes, o.UprobesHidden, o.Device, o.Total)
+			// No process loaded the injection library: device time costs nothing.
+			if o.Device != 0 {
+				t.Errorf("device spend %.5f without an injection library, want 0", o.Device)
+			}
 			if !tc.hidden(o.Uprobes, o.UprobesHidden) {
 				t.Fatalf("uprobes charged %.5f, hidden %.5f: want %s", o.Uprobes, o.UprobesHidden, tc.want)
 			}
