@@ -325,6 +325,27 @@ func (t *attacher) writeDuty(pe *procEntry, d cupti.Duty) error {
 	return nil
 }
 
+// canCollect tells whether the process may collect device records when
+// the plan says so: it loaded the injection library, and the library, as
+// last read, neither lacks CUPTI, was refused or disabled, nor yields to
+// another CUPTI client (not yet read: it may).
+func (pe *procEntry) canCollect() bool {
+	if pe.inject == nil {
+		return false
+	}
+	if !pe.cupti.read {
+		return true
+	}
+	if active, _ := pe.cupti.track.decision(); active {
+		return false
+	}
+	switch pe.cupti.lastBlock.Status.State {
+	case cupti.StateUnavailable, cupti.StateRefused, cupti.StateDisabled, cupti.StateYielded:
+		return false
+	}
+	return true
+}
+
 func (t *attacher) refreshView() {
 	view := make([]ProcessView, 0, len(t.procs))
 	for _, pe := range t.procs {

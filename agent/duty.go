@@ -549,7 +549,7 @@ func (d *Duty) recentUprobes(now int64) float64 {
 }
 
 // SetCollecting says whether some tracked process can collect device
-// records (it loaded the injection library and collection is not paused)
+// records (procEntry.canCollect, and collection is not paused)
 // from now on: the plan's on-time costs the job nothing otherwise, and is
 // charged only while one can. The time up to now is charged as it was.
 func (d *Duty) SetCollecting(now int64, on bool) {
@@ -761,7 +761,7 @@ func (a *Agent) planDuty(now int64) {
 	}
 	collecting := false
 	for _, pe := range a.att.procs {
-		collecting = collecting || pe.inject != nil
+		collecting = collecting || pe.canCollect()
 	}
 	a.duty.SetCollecting(now, collecting && !a.control.paused)
 	if procs := float64(len(a.att.procs)); procs > 0 {

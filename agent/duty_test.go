@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/slowrank/slowrank/cupti"
 	"github.com/slowrank/slowrank/detector"
 )
 
@@ -617,5 +618,37 @@ func TestDutyChargesNoDeviceTimeWithoutACollector(t *testing.T) {
 	run(10)
 	if o := d.Plan(now).Overhead; !(o.Device > 0) {
 		t.Fatalf("device spend %g with a collector, want > 0 (share %g)", o.Device, d.share)
+	}
+}
+
+// TestProcessCanCollect: the processes whose device on-time the ledger
+// charges (SetCollecting): those with the injection library in a state
+// that collects when asked.
+func TestProcessCanCollect(t *testing.T) {
+	lib := &Library{}
+	read := func(s cupti.State) cuptiState {
+		var c cuptiState
+		c.read, c.lastBlock.Status.State = true, s
+		return c
+	}
+	for _, tc := range []struct {
+		name string
+		pe   procEntry
+		want bool
+	}{
+		{"no injection library", procEntry{}, false},
+		{"library not read yet", procEntry{inject: lib}, true},
+		{"collecting", procEntry{inject: lib, cupti: read(cupti.StateOn)}, true},
+		{"off-phase of the duty cycle", procEntry{inject: lib, cupti: read(cupti.StateOffPhase)}, true},
+		{"refused by CUPTI", procEntry{inject: lib, cupti: read(cupti.StateRefused)}, false},
+		{"yielded to another client", procEntry{inject: lib, cupti: read(cupti.StateYielded)}, false},
+		{"no libcupti", procEntry{inject: lib, cupti: read(cupti.StateUnavailable)}, false},
+		{"disabled by the user", procEntry{inject: lib, cupti: read(cupti.StateDisabled)}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.pe.canCollect(); got != tc.want {
+				t.Fatalf("canCollect %v, want %v", got, tc.want)
+			}
+		})
 	}
 }
