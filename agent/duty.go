@@ -446,11 +446,11 @@ func (d *Duty) chargedCost() float64 { return max(d.Estimate().High, 0) }
 // the step keeps its length while the wait is longer than the traps' time.
 // The ledger charges the critical traps, and the others beyond the host's
 // lead over the device that the steps' waits show (jobSlack). On the
-// H200's kernel-dense shape
-// (82 ms steps, 30 ms of sync_wait, ~42 traps a step) the full charge,
-// 0.31 % of step time, took the whole base share, while the traps cost
-// 1.0-1.35 us each in a host-bound loop and the uprobes-only agent's cost
-// was lost in the job's own drift (bench/results/gpu-budget-split-dense.json).
+// H200's kernel-dense shape (82 ms steps, 30 ms of sync_wait, ~42 traps a
+// step) the full charge, 0.31 % of step time, took the whole base share,
+// while the traps cost 1.0-1.35 us each in a host-bound loop and the
+// uprobes-only agent's cost was lost in the job's own drift
+// (bench/results/gpu-budget-split-dense.json).
 type Traps struct {
 	Total, Critical float64
 }
@@ -549,8 +549,8 @@ func (d *Duty) recentUprobes(now int64) float64 {
 }
 
 // SetCollecting says whether some tracked process can collect device
-// records (procEntry.canCollect, and collection is not paused)
-// from now on: the plan's on-time costs the job nothing otherwise, and is
+// records from now on (procEntry.canCollect, and collection is not
+// paused): the plan's on-time costs the job nothing otherwise, and is
 // charged only while one can. The time up to now is charged as it was.
 func (d *Duty) SetCollecting(now int64, on bool) {
 	d.advance(now)
