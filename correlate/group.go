@@ -33,15 +33,27 @@ import (
 // when its second's first instance of 200 ms dominated only two of the
 // four others).
 //
-// Later groups are cut by count (countEnd); a group whose instance at the
-// count does not dominate its predecessor loses the phase (an iteration
-// with extra calls, a logging step), which is found again (groupEnd):
+// Later groups are cut by count (countedEnd): the instance at the count
+// ends a step when it dominates its group, or lasts at least half as long
+// as the dominant instances did while another instance of its group is far
+// shorter. The dominant duration is a low quantile (the domQ+1-th
+// shortest) of the latest domN instances that ended steps: a preemption of
+// the host only lengthens instances, so that stalls do not raise it, and
+// a preempted group (other instances delayed, the end still long) keeps
+// the phase. A group whose instance at the count is brief loses the phase
+// (an iteration with extra calls, a logging step), which is found again
+// (resyncEnd):
 //
+//   - at the count's position (keptRun): the count of calls per iteration
+//     is what the cycle is, and extra calls keep the phase when their
+//     number is a multiple of the group (a preempted group that lost it
+//     keeps it always), once Repeats consecutive groups end a step there
+//     as they would by the count. The evidence is that of many groups, not
+//     of one group's durations, which preemptions make noisy;
 //   - at the next instance that reaches m−1 and lasts at least half as
-//     long as the dominant instances did (the median of the latest domN,
-//     so that one stall of the host does not set it; a spike among the
-//     logging step's calls does not), once the instance a group later
-//     ends a step by the count (the idle time after the logging step's
+//     long as the dominant instances did (a spike among the logging
+//     step's calls does not), once the instances pendGroups groups later
+//     end a step by the count (the idle time after the logging step's
 //     calls is no step's end); the instance a group before it ends a step
 //     too when it agrees with it within groupRatio (firstOfRun: the first
 //     iteration after the irregular calls, whose first instance follows
@@ -69,9 +81,13 @@ const (
 	maxGroup = 16
 	// instRing: instance end times kept (Repeats+1 groups of maxGroup fit).
 	instRing = 256
-	// domN: the dominant duration is the median of this many latest
-	// instances that ended steps of groups.
-	domN = 3
+	// domN, domQ: the dominant duration is the domQ+1-th shortest of the
+	// latest domN instances that ended steps of groups. It was their median
+	// of 3: two stalls of 8 and 10 ms among 1.3 ms iterations on a loaded
+	// 2-core host set it, and the next iterations, each with an instance
+	// delayed, lost the phase for 12 of them (testdata
+	// trainer-speedup10-loaded1).
+	domN, domQ = 8, 2
 	// settledSteps, settledReps: a grouping that made settledSteps steps
 	// is replaced only by one that holds settledReps groups (findGroup).
 	settledSteps, settledReps = 16, 8
@@ -151,75 +167,156 @@ func (d *seqDet) instance(t int64, counts bool) {
 // groupEnd reports whether instance k ends a step of groups; from >= 0
 // is the first of the instances from, from+grp, …, k that end steps.
 func (d *seqDet) groupEnd(k int64) (end bool, from int64) {
-	from = -1
 	switch {
 	case d.resync:
-		// The instance that ends the next step dominates its group and
-		// lasts as long as the dominant instances did (half at least), not
-		// a spike among the many calls of a logging step, and the instance
-		// a group later ends a step by the count (countEnd): the idle time
-		// after a logging step's calls dominates them as well. The group
-		// before it may end a step too (firstOfRun). Or it is shorter, one
-		// of a new pace's run of groups (newPace).
-		if p := d.pend; p >= 0 && k == p+(d.pendHeld+1)*d.grp {
-			prev := k - d.grp
-			dp, _ := d.dur(prev)
-			dk, _ := d.dur(k)
-			held := d.countEnd(k, dk, dp)
-			if prev == p {
-				// The next iteration is of the pace the candidate resumes:
-				// its dominant instance lasts as long as the dominant ones
-				// did (half at least), as the candidate does; a new pace of
-				// shorter ones is newPace's. A spike among a logging step's
-				// brief calls was confirmed by another a group later that
-				// dominated the briefer calls before it (testdata
-				// trainer-speedup10-loaded-logging-spikes).
-				held = held && !briefAfter(dk, dp) && 2*dk >= d.domDur
-			} else {
-				held = held || d.delayedInGroup(k, dk, dp) // a burst of far shorter groups may follow (pace.go)
-			}
-			switch {
-			case !held:
-				d.pend = -1 // and k may be a candidate itself
-			case d.pendHeld+1 < pendGroups:
-				d.pendHeld++
-				return false, from
-			default:
-				d.pend = -1
-				from = d.groupsBefore(d.pendFrom, dk)
-				d.phase(k, dk, false)
-				return true, from
-			}
-		}
-		if d.reach(k) < d.grp-1 && (d.runLast < 0 || k != d.runLast+d.grp) {
-			return false, from
-		}
-		dk, _ := d.dur(k)
-		if from = d.newPace(k); from >= 0 {
-			d.phase(k, dk, true)
-			return true, d.groupsBefore(from, dk)
-		}
-		if d.reach(k) < d.grp-1 {
-			return false, from
-		}
-		if 2*dk >= d.domDur {
-			d.pend, d.pendFrom, d.pendHeld = k, k, 0 // the step's end, once the next groups hold
-			if p := k - d.grp; d.firstOfRun(p, dk) {
-				d.pendFrom = p
-			}
-		}
-		return false, from
+		return d.resyncEnd(k)
 	case (k-d.anchor)%d.grp != 0:
-		return false, from
+		return false, -1
 	}
 	dk, _ := d.dur(k)
-	if !d.countEnd(k, dk, d.domDur) && !d.delayedInGroup(k, dk, d.domDur) {
-		d.resync = true // an iteration with other calls: find the phase again
+	if !d.countedEnd(k, dk, d.domDur) {
+		// An iteration with other calls (a logging step): find the phase
+		// again, at the count's position first (keptRun).
+		d.resync = true
 		d.runFrom, d.runLast, d.pend = -1, -1, -1
-		return false, from
+		d.kept, d.keptFrom, d.keptLast = true, -1, -1
+		return false, -1
 	}
 	d.noteDom(dk, false)
-	return true, from
+	return true, -1
+}
+
+// resyncEnd is groupEnd while the phase is lost.
+func (d *seqDet) resyncEnd(k int64) (end bool, from int64) {
+	dk, _ := d.dur(k)
+	if d.kept && d.grp >= 3 && (k-d.anchor)%d.grp == 0 {
+		if from = d.keptRun(k, dk); from >= 0 {
+			d.phase(k, dk, 2*dk < d.domDur)
+			return true, d.groupsBefore(from, dk)
+		}
+	}
+	if end, from, wait := d.pendEnd(k, dk); end || wait {
+		return end, from
+	}
+	if d.reach(k) < d.grp-1 && (d.runLast < 0 || k != d.runLast+d.grp) {
+		return false, -1
+	}
+	if from = d.newPace(k); from >= 0 {
+		d.phase(k, dk, true)
+		return true, d.groupsBefore(from, dk)
+	}
+	if d.reach(k) >= d.grp-1 && 2*dk >= d.domDur {
+		d.pend, d.pendFrom, d.pendHeld = k, k, 0 // the step's end, once the next groups hold
+		if p := k - d.grp; d.firstOfRun(p, dk) {
+			d.pendFrom = p
+		}
+	}
+	return false, -1
+}
+
+// pendEnd confirms a candidate step end, d.pend: the instance that ends
+// the next step dominates its group and lasts as long as the dominant
+// instances did (half at least), not a spike among the many calls of a
+// logging step, and the instances pendGroups groups later end a step by
+// the count (countEnd): the idle time after a logging step's calls
+// dominates them as well. The group before it may end a step too
+// (firstOfRun). Or it is shorter, one of a new pace's run of groups
+// (newPace). wait: k is one of the groups that the candidate still waits
+// for.
+func (d *seqDet) pendEnd(k, dk int64) (end bool, from int64, wait bool) {
+	p := d.pend
+	if p < 0 || k != p+(d.pendHeld+1)*d.grp {
+		return false, -1, false
+	}
+	prev := k - d.grp
+	dp, _ := d.dur(prev)
+	held := d.countEnd(k, dk, dp)
+	if prev == p {
+		// The next iteration is of the pace the candidate resumes:
+		// its dominant instance lasts as long as the dominant ones
+		// did (half at least), as the candidate does; a new pace of
+		// shorter ones is newPace's. A spike among a logging step's
+		// brief calls was confirmed by another a group later that
+		// dominated the briefer calls before it (testdata
+		// trainer-speedup10-loaded-logging-spikes).
+		held = held && !briefAfter(dk, dp) && 2*dk >= d.domDur
+	} else {
+		held = held || d.delayedInGroup(k, dk, dp) // a burst of far shorter groups may follow (pace.go)
+	}
+	switch {
+	case !held:
+		d.pend = -1 // and k may be a candidate itself
+		return false, -1, false
+	case d.pendHeld+1 < pendGroups:
+		d.pendHeld++
+		return false, -1, true
+	}
+	d.pend = -1
+	from = d.groupsBefore(d.pendFrom, dk)
+	d.phase(k, dk, false)
+	return true, from, false
+}
+
+// countedEnd reports whether instance k at the count (of duration dk), dom
+// the dominant duration, ends a step: it dominates its group (whatever its
+// length: the iterations may get shorter), or lasts as long as the
+// dominant instances did (half at least) while another instance of its
+// group is far shorter (longEnd). A preemption of the host only lengthens
+// instances: the end at the count stays long, though one or more of its
+// group may outlast it (on a loaded 2-core host, two or three instances of
+// one group 1.2 to 4 ms late among 1.3 ms iterations, every few
+// iterations, lost the phase, which was found again 6 to 13 iterations
+// later: testdata trainer-speedup10-loaded1). A logging step's brief calls
+// at the count lose it.
+func (d *seqDet) countedEnd(k, dk, dom int64) bool {
+	return d.reach(k) >= d.grp-1 || d.longEnd(k, dk, dom)
+}
+
+// longEnd reports whether instance k (of duration dk) lasts as long as dom
+// did (half at least) while another instance of its group is shorter than
+// 1/groupRatio of it: not one of a run of alike instances (a CUDA graph's
+// iterations after a grouping of the model's paired copies, which ungroup
+// ends).
+func (d *seqDet) longEnd(k, dk, dom int64) bool {
+	if 2*dk < dom {
+		return false
+	}
+	for i := k - d.grp + 1; i < k; i++ {
+		if di, ok := d.dur(i); ok && di*groupRatio < dk {
+			return true
+		}
+	}
+	return false
+}
+
+// keptRun reports whether instance k (of duration dk), at the position of
+// the count that lost the phase, ends a run of Repeats groups at that
+// position, and returns the run's first instance; else -1. The count of
+// calls per iteration is what the cycle is: an iteration with other calls
+// keeps the phase when their number is a multiple of the group (the fake
+// trainer's 100 synchronisations of a logging step), and a preempted group
+// keeps it always. Each instance of the run ends a step as it would at the
+// count (countedEnd), so that a preemption does not end the run; and the
+// run restarts at an instance more than groupRatio times as long as its
+// first (a spike among a logging step's brief calls that dominated them,
+// the first iteration after them: TestReplayTrainerSpeedup's
+// 3-loaded-preempted-iteration-1). Durations
+// of one group decide nothing: Repeats of them at the count's position do,
+// and the groupsBefore walk carries the phase back over the iterations
+// since the loss.
+func (d *seqDet) keptRun(k, dk int64) int64 {
+	if !d.countedEnd(k, dk, d.domDur) || k <= d.stepInst {
+		d.keptFrom, d.keptLast = -1, -1
+		return -1
+	}
+	if d0, ok := d.dur(d.keptFrom); d.keptLast < 0 || k != d.keptLast+d.grp || !ok || d0*groupRatio < dk {
+		d.keptFrom = k
+	}
+	d.keptLast = k
+	if (d.keptLast-d.keptFrom)/d.grp+1 < int64(d.par.repeats) {
+		return -1
+	}
+	return d.keptFrom
 }
 
 // countEnd reports whether instance k at the count (of duration dk) ends a
@@ -278,15 +375,15 @@ func (d *seqDet) delayedInGroup(k, dk, dom int64) bool {
 // phase notes that instance k, of duration dk, ends a step: the groups'
 // phase and the dominant duration.
 func (d *seqDet) phase(k, dk int64, newPace bool) {
-	d.resync, d.anchor = false, k
+	d.resync, d.anchor, d.kept = false, k, false
 	d.runFrom, d.runLast, d.pend = -1, -1, -1
 	d.noteDom(dk, newPace)
 }
 
 // noteDom notes dk, the duration of an instance that ended a step of
-// groups: the dominant duration is the median of the latest domN of them
-// (one stall of the host does not make the next iterations too short to
-// find the phase again after a logging step); a new pace replaces them.
+// groups: the dominant duration is a low quantile of the latest domN of
+// them (stalls of the host do not make the next iterations too short to
+// keep or find again the phase); a new pace replaces them.
 func (d *seqDet) noteDom(dk int64, newPace bool) {
 	if newPace || d.nDom == 0 {
 		for i := range d.doms {
@@ -297,7 +394,7 @@ func (d *seqDet) noteDom(dk int64, newPace bool) {
 	d.nDom++
 	ds := d.doms
 	slices.Sort(ds[:])
-	d.domDur = ds[domN/2]
+	d.domDur = ds[domQ]
 }
 
 // agrees reports whether durations a and b agree within groupRatio.
@@ -336,7 +433,7 @@ func (d *seqDet) groupsBefore(from, ref int64) int64 {
 	}
 	for e := from - d.grp; e > d.stepInst; e -= d.grp {
 		de, ok := d.dur(e)
-		if !ok || !(d.reach(e) >= d.grp-1 && de*groupRatio >= ref || d.delayedInGroup(e, de, ref)) {
+		if !ok || !d.longEnd(e, de, ref) {
 			break
 		}
 		from = e

@@ -159,6 +159,9 @@ type seqDet struct {
 	pend     int64               // resync: an instance that ends a step if the next group holds, -1 when none
 	pendFrom int64               // the first instance that ends a step with it (firstOfRun)
 	pendHeld int64               // the groups after pend that ended steps by the count so far
+	kept     bool                // resync: the phase was lost by the count, whose position anchor still holds
+	keptFrom int64               // kept: a run of instances at the count's position that end steps, -1 when none
+	keptLast int64               // its latest instance
 	grpOpen  bool                // a step of groups is open
 	stepT    [regularN + 1]int64 // latest boundary times, for steadiness (steadyN+1 of them) and regularity
 	nStep    int
@@ -743,6 +746,7 @@ func (d *seqDet) lockAt(cyc []int32, j, n int64, tentative bool) {
 	}
 	known := d.knownGroup(cyc)
 	d.grp, d.resync, d.grpOpen, d.runFrom, d.runLast, d.pend = known, known > 1, false, -1, -1, -1
+	d.kept = false // a new lock's instances: no count carries over
 	d.stepInst = d.inst - 1
 	// The token before the first instance is a stable start when it is a
 	// synchronisation (for the sync-only clock every token is one), or a
