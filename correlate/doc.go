@@ -100,7 +100,9 @@
 // steps are cut by the count of instances; the instance at the count ends
 // a step when it dominates its group or lasts half as long as the
 // dominant ones at least (a low quantile of the latest 8: preemptions only
-// lengthen) beside a far shorter one of its group. An iteration with
+// lengthen) beside a far shorter one of its group, and its closing call
+// waited as the step ends' do when those wait for the GPU (a preemption
+// of the host between brief calls returns at once). An iteration with
 // other calls (a logging step) loses the groups' phase; it is found again
 // at the count's position once Repeats consecutive groups end steps there
 // (the count of calls per iteration is the cycle: extra calls that are a

@@ -40,9 +40,11 @@ import (
 // shortest) of the latest domN instances that ended steps: a preemption of
 // the host only lengthens instances, so that stalls do not raise it, and
 // a preempted group (other instances delayed, the end still long) keeps
-// the phase. A group whose instance at the count is brief loses the phase
-// (an iteration with extra calls, a logging step), which is found again
-// (resyncEnd):
+// the phase. An instance whose closing call returned at once while the
+// step ends' calls wait for the GPU (waited) is no end either: a
+// preemption of the host between two brief calls. A group whose instance
+// at the count is no end loses the phase (an iteration with extra calls, a
+// logging step), which is found again (resyncEnd):
 //
 //   - at the count's position (keptRun): the count of calls per iteration
 //     is what the cycle is, and extra calls keep the phase when their
@@ -98,6 +100,8 @@ const (
 	// made an iteration's end and its confirmation (402 facts for 400
 	// iterations, TestReplayTrainerSpeedup's 10-loaded-preempted-logging).
 	pendGroups = 2
+	// waitScale: the scale of a wait's share of its instance (waited).
+	waitScale = 1024
 	// steadyN: steps whose durations must agree within groupRatio before
 	// the fallback clock's first lock is confirmed.
 	steadyN = 4
@@ -106,8 +110,10 @@ const (
 	regularN, regularOut = 16, 4
 )
 
-func (d *seqDet) setInstT(k, t int64)  { d.instT[((k%instRing)+instRing)%instRing] = t }
-func (d *seqDet) instAt(k int64) int64 { return d.instT[((k%instRing)+instRing)%instRing] }
+func (d *seqDet) setInstT(k, t int64)    { d.instT[((k%instRing)+instRing)%instRing] = t }
+func (d *seqDet) setInstW(k, w int64)    { d.instW[((k%instRing)+instRing)%instRing] = w }
+func (d *seqDet) instWait(k int64) int64 { return d.instW[((k%instRing)+instRing)%instRing] }
+func (d *seqDet) instAt(k int64) int64   { return d.instT[((k%instRing)+instRing)%instRing] }
 
 // dur is the duration of instance k; ok when its start is known.
 func (d *seqDet) dur(k int64) (int64, bool) {
@@ -137,10 +143,11 @@ func (d *seqDet) reach(k int64) int64 {
 
 // instance notes the end of one instance of the locked cycle at t and
 // reports a step boundary when it ends a step.
-func (d *seqDet) instance(t int64, counts bool) {
+func (d *seqDet) instance(t, w int64, counts bool) {
 	k := d.inst
 	d.inst++
 	d.setInstT(k, t)
+	d.setInstW(k, w)
 	if d.grp <= 1 {
 		d.boundary(t, counts)
 	} else if end, from := d.groupEnd(k); end {
@@ -179,10 +186,10 @@ func (d *seqDet) groupEnd(k int64) (end bool, from int64) {
 		// again, at the count's position first (keptRun).
 		d.resync = true
 		d.runFrom, d.runLast, d.pend = -1, -1, -1
-		d.kept, d.keptFrom, d.keptLast = true, -1, -1
+		d.kept, d.keptFrom, d.keptLast, d.lost = true, -1, -1, k
 		return false, -1
 	}
-	d.noteDom(dk, false)
+	d.noteDom(k, dk, false)
 	return true, -1
 }
 
@@ -205,7 +212,7 @@ func (d *seqDet) resyncEnd(k int64) (end bool, from int64) {
 		d.phase(k, dk, true)
 		return true, d.groupsBefore(from, dk)
 	}
-	if d.reach(k) >= d.grp-1 && 2*dk >= d.domDur {
+	if d.reach(k) >= d.grp-1 && 2*dk >= d.domDur && d.waited(k, dk) {
 		d.pend, d.pendFrom, d.pendHeld = k, k, 0 // the step's end, once the next groups hold
 		if p := k - d.grp; d.firstOfRun(p, dk) {
 			d.pendFrom = p
@@ -269,7 +276,7 @@ func (d *seqDet) pendEnd(k, dk int64) (end bool, from int64, wait bool) {
 // later: testdata trainer-speedup10-loaded1). A logging step's brief calls
 // at the count lose it.
 func (d *seqDet) countedEnd(k, dk, dom int64) bool {
-	return d.reach(k) >= d.grp-1 || d.longEnd(k, dk, dom)
+	return (d.reach(k) >= d.grp-1 || d.longEnd(k, dk, dom)) && d.waited(k, dk)
 }
 
 // longEnd reports whether instance k (of duration dk) lasts as long as dom
@@ -377,24 +384,60 @@ func (d *seqDet) delayedInGroup(k, dk, dom int64) bool {
 func (d *seqDet) phase(k, dk int64, newPace bool) {
 	d.resync, d.anchor, d.kept = false, k, false
 	d.runFrom, d.runLast, d.pend = -1, -1, -1
-	d.noteDom(dk, newPace)
+	d.noteDom(k, dk, newPace)
 }
 
-// noteDom notes dk, the duration of an instance that ended a step of
-// groups: the dominant duration is a low quantile of the latest domN of
-// them (stalls of the host do not make the next iterations too short to
-// keep or find again the phase); a new pace replaces them.
-func (d *seqDet) noteDom(dk int64, newPace bool) {
+// noteDom notes instance k, of duration dk, that ended a step of groups:
+// the dominant duration is a low quantile of the latest domN of them
+// (stalls of the host do not make the next iterations too short to keep
+// or find again the phase), and their waits (waited) the medians; a new
+// pace replaces them.
+func (d *seqDet) noteDom(k, dk int64, newPace bool) {
+	w := [2]int64{d.instWait(k), d.instWait(k) * waitScale / max(dk, 1)}
 	if newPace || d.nDom == 0 {
 		for i := range d.doms {
 			d.doms[i] = dk
 		}
 	}
-	d.doms[d.nDom%domN] = dk
+	if newPace || d.nWait == 0 {
+		for i := range d.waits {
+			d.waits[i] = w
+		}
+	}
+	d.doms[d.nDom%domN], d.waits[d.nWait%domN] = dk, w
 	d.nDom++
+	d.nWait++
 	ds := d.doms
 	slices.Sort(ds[:])
 	d.domDur = ds[domQ]
+	var ws, sh [domN]int64
+	for i, w := range d.waits {
+		ws[i], sh[i] = w[0], w[1]
+	}
+	slices.Sort(ws[:])
+	slices.Sort(sh[:])
+	d.domWait, d.domShare = ws[domN/2], sh[domN/2]
+}
+
+// waited reports whether the call that ended instance k (of duration dk)
+// waited as the steps' ending calls do, when they wait for a good part of
+// their instances (a quarter at least: the iteration's end waits for its
+// GPU work): for more than 1/paceRatio of their median wait, or of its
+// share of the instance (a new pace's waits are shorter in proportion).
+// A preemption of the host between two brief calls makes an instance as
+// long as an iteration's end, whose call returns at once: among a logging
+// step's synchronisations (5 µs against 0.8 ms), such a spike one group
+// before the next iteration's end became a step with it (two facts in one
+// iteration, testdata trainer-speedup10-logging-spike-before-end).
+func (d *seqDet) waited(k, dk int64) bool {
+	if d.nWait == 0 || d.domShare*groupRatio*groupRatio < waitScale {
+		// The steps' ends do not wait (the loop is not the GPU's), or
+		// the lock has none yet: a re-locked cycle's first step end is
+		// found by duration alone (the Trainer's end of training).
+		return true
+	}
+	w := d.instWait(k)
+	return w*paceRatio >= d.domWait || w*waitScale*paceRatio >= d.domShare*max(dk, 1)
 }
 
 // agrees reports whether durations a and b agree within groupRatio.
@@ -433,7 +476,7 @@ func (d *seqDet) groupsBefore(from, ref int64) int64 {
 	}
 	for e := from - d.grp; e > d.stepInst; e -= d.grp {
 		de, ok := d.dur(e)
-		if !ok || !d.longEnd(e, de, ref) {
+		if !ok || !d.longEnd(e, de, ref) || !d.waited(e, de) && e != d.lost {
 			break
 		}
 		from = e
@@ -593,7 +636,7 @@ func (d *seqDet) regroup(m, k int64) {
 	d.grp, d.anchor, d.resync, d.grpOpen, d.stepInst = m, k, false, true, k
 	d.runFrom, d.runLast, d.pend = -1, -1, -1
 	dk, _ := d.dur(k)
-	d.noteDom(dk, true)
+	d.noteDom(k, dk, true)
 	e0 := k
 	for e0-m >= d.instFrom && d.reach(e0-m) >= m-1 {
 		e0 -= m
