@@ -87,8 +87,8 @@ const (
 	// latest domN instances that ended steps of groups. It was their median
 	// of 3: two stalls of 8 and 10 ms among 1.3 ms iterations on a loaded
 	// 2-core host set it, and the next iterations, each with an instance
-	// delayed, lost the phase for 12 of them (testdata
-	// trainer-speedup10-loaded1).
+	// delayed, lost the phase for 12 of them
+	// (testdata/open/trainer-speedup10-loaded1).
 	domN, domQ = 8, 2
 	// settledSteps, settledReps: a grouping that made settledSteps steps
 	// is replaced only by one that holds settledReps groups (findGroup).
@@ -273,8 +273,9 @@ func (d *seqDet) pendEnd(k, dk int64) (end bool, from int64, wait bool) {
 // group may outlast it (on a loaded 2-core host, two or three instances of
 // one group 1.2 to 4 ms late among 1.3 ms iterations, every few
 // iterations, lost the phase, which was found again 6 to 13 iterations
-// later: testdata trainer-speedup10-loaded1). A logging step's brief calls
-// at the count lose it.
+// later: testdata/open/trainer-speedup10-loaded1). A logging step's brief
+// calls at the count lose it, and so does a spike among them whose call
+// returned at once (waited).
 func (d *seqDet) countedEnd(k, dk, dom int64) bool {
 	return (d.reach(k) >= d.grp-1 || d.longEnd(k, dk, dom)) && d.waited(k, dk)
 }
@@ -428,7 +429,7 @@ func (d *seqDet) noteDom(k, dk int64, newPace bool) {
 // long as an iteration's end, whose call returns at once: among a logging
 // step's synchronisations (5 µs against 0.8 ms), such a spike one group
 // before the next iteration's end became a step with it (two facts in one
-// iteration, testdata trainer-speedup10-logging-spike-before-end).
+// iteration: TestReplayTrainerSpeedup's 10-logging-spike-no-wait).
 func (d *seqDet) waited(k, dk int64) bool {
 	if d.nWait == 0 || d.domShare*groupRatio*groupRatio < waitScale {
 		// The steps' ends do not wait (the loop is not the GPU's), or
