@@ -423,8 +423,11 @@ func (d *seqDet) noteDom(k, dk int64, newPace bool) {
 // waited reports whether the call that ended instance k (of duration dk)
 // waited as the steps' ending calls do, when they wait for a good part of
 // their instances (a quarter at least: the iteration's end waits for its
-// GPU work): for more than 1/paceRatio of their median wait, or of its
-// share of the instance (a new pace's waits are shorter in proportion).
+// GPU work): for more than 1/paceRatio of their median wait, or for more
+// than 1/groupRatio² of their median share of the instance (a new pace's
+// waits are shorter in proportion; a spike of 0.67 ms whose call waited
+// 89 µs, 0.13 of it against the ends' 0.63, passed at 1/paceRatio:
+// TestReplayTrainerSpeedup's 10-loaded-spike-brief-wait).
 // A preemption of the host between two brief calls makes an instance as
 // long as an iteration's end, whose call returns at once: among a logging
 // step's synchronisations (5 µs against 0.8 ms), such a spike one group
@@ -438,7 +441,7 @@ func (d *seqDet) waited(k, dk int64) bool {
 		return true
 	}
 	w := d.instWait(k)
-	return w*paceRatio >= d.domWait || w*waitScale*paceRatio >= d.domShare*max(dk, 1)
+	return w*paceRatio >= d.domWait || w*waitScale*groupRatio*groupRatio >= d.domShare*max(dk, 1)
 }
 
 // agrees reports whether durations a and b agree within groupRatio.
