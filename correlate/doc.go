@@ -96,11 +96,18 @@
 // synchronisations) is resolved by timing (see group.go): one instance per
 // iteration holds the forward and backward pass and dominates the others;
 // a step is the m instances that end with it, from the first iterations
-// (each dominating, and half as long as the next one at least). An
-// iteration with other calls (a logging step) loses the groups' phase; it
-// is found again at an
-// instance half as long as the dominant ones at least (the median of the
-// latest 3) once the next group holds, or at a new pace: a run of
+// (each dominating, and half as long as the next one at least). Later
+// steps are cut by the count of instances; the instance at the count ends
+// a step when it dominates its group or lasts half as long as the
+// dominant ones at least (a low quantile of the latest 8: preemptions only
+// lengthen) beside a far shorter one of its group, and its closing call
+// waited as the step ends' do when those wait for the GPU (a preemption
+// of the host between brief calls returns at once). An iteration with
+// other calls (a logging step) loses the groups' phase; it is found again
+// at the count's position once Repeats consecutive groups end steps there
+// (the count of calls per iteration is the cycle: extra calls that are a
+// multiple of the group keep it), at an instance half as long as the
+// dominant ones at least once the next groups hold, or at a new pace: a run of
 // instances at the same position in consecutive groups, the first
 // dominating its group, the others ending a step by the count, that lasts
 // twice the lock's recent steps (iterations that got shorter, which never

@@ -610,10 +610,42 @@ func TestReplayTrainerEpiloguePreempted(t *testing.T) {
 // of 0.44 and 0.66 ms a group and two later (403/400). The first group
 // after a candidate must last as long as the dominant instances (half at
 // least), like the pace the candidate resumes.
+//
+// Live failures of --speedup 10 on a 2-core host, at 64bf568:
+//   - 10-loaded-kept-after-logging: after logging iteration 99 the new
+//     pace's iterations (1.3 ms) were found only as a new pace's run over
+//     twice the lock's 15 ms steps, which preemptions ended every few
+//     iterations (rank 0: 13 iterations without a step); the logging
+//     step's 100 calls are a multiple of the group of 5, and the phase is
+//     found again at the count's position (keptRun). Rank 1: preemptions
+//     5 calls apart among a logging step's calls (0.75 ms each, whose
+//     calls returned at once) made 4 more steps (waited);
+//   - 10-loaded-new-pace-by-count: the same after the speed-up for 56
+//     iterations (rank 0); rank 1, one iteration behind rank 0 at the
+//     confirmation's trim, skipped an index when its next step was aligned
+//     again to rank 0's (steps that stand after a trim are numbered);
+//   - 10-logging-spike-no-wait: a 0.77 ms spike on the 99th logging call,
+//     one group before the real end of iteration 300, whose call waited 6
+//     µs against the iteration ends' 0.8 ms (401/400);
+//   - 10-loaded-preempted-before-logging(2): two instances of a group
+//     delayed (1.9 and 2.6 ms against a 1.34 ms end) lost the phase; the
+//     logging step's end became a candidate never confirmed, and the
+//     iterations up to the logging step were merged (398/400, 397/400).
+//     The end at the count, long beside a far shorter instance of its
+//     group, keeps it (countedEnd);
+//   - 10-loaded-spikes-at-count-no-wait: both ranks' first logging call at
+//     the count 0.75 ms late (401/400 each); 10-loaded-spikes-no-wait: the
+//     same on one rank, a 2.2 ms spike on the 99th logging call on the
+//     other (waited); 10-loaded-spike-brief-wait (a live failure of
+//     1caac3e): a 0.67 ms spike on the 99th logging call whose call waited
+//     89 µs, 0.13 of its instance against the ends' 0.63 (a share above
+//     1/8 of theirs, below 1/4).
 func TestReplayTrainerSpeedup(t *testing.T) {
 	for _, f := range []string{"3", "3-loaded", "3-loaded-preempted-before-logging", "3-loaded-run-preempted",
 		"3-loaded-keeps-sync-clock", "3-loaded-preempted-logging", "3-loaded-preempted-iteration-1", "10", "10-loaded", "10-loaded-preempted-run", "10-loaded-preempted-walk2", "10-loaded-preempted-walk3",
-		"10-loaded-keeps-sync-clock", "10-loaded-irregular-keeps-sync-clock", "10-loaded-irregular-keeps-sync-clock2", "10-loaded-preempted-logging", "10-loaded-regroup", "10-loaded-logging-spikes", "0.33", "0.33-loaded-preempted"} {
+		"10-loaded-keeps-sync-clock", "10-loaded-irregular-keeps-sync-clock", "10-loaded-irregular-keeps-sync-clock2", "10-loaded-preempted-logging", "10-loaded-regroup", "10-loaded-logging-spikes", "10-loaded-kept-after-logging", "10-loaded-new-pace-by-count",
+		"10-logging-spike-no-wait", "10-loaded-preempted-before-logging", "10-loaded-preempted-before-logging2",
+		"10-loaded-spikes-at-count-no-wait", "10-loaded-spikes-no-wait", "10-loaded-spike-brief-wait", "0.33", "0.33-loaded-preempted"} {
 		t.Run("speedup "+f, func(t *testing.T) {
 			replayTrainerFile(t, "testdata/trainer-speedup"+f+"-2ranks.records.gz", 0)
 		})

@@ -33,15 +33,29 @@ import (
 // when its second's first instance of 200 ms dominated only two of the
 // four others).
 //
-// Later groups are cut by count (countEnd); a group whose instance at the
-// count does not dominate its predecessor loses the phase (an iteration
-// with extra calls, a logging step), which is found again (groupEnd):
+// Later groups are cut by count (countedEnd): the instance at the count
+// ends a step when it dominates its group, or lasts at least half as long
+// as the dominant instances did while another instance of its group is far
+// shorter. The dominant duration is a low quantile (the domQ+1-th
+// shortest) of the latest domN instances that ended steps: a preemption of
+// the host only lengthens instances, so that stalls do not raise it, and
+// a preempted group (other instances delayed, the end still long) keeps
+// the phase. An instance whose closing call returned at once while the
+// step ends' calls wait for the GPU (waited) is no end either: a
+// preemption of the host between two brief calls. A group whose instance
+// at the count is no end loses the phase (an iteration with extra calls, a
+// logging step), which is found again (resyncEnd):
 //
+//   - at the count's position (keptRun): the count of calls per iteration
+//     is what the cycle is, and extra calls keep the phase when their
+//     number is a multiple of the group (a preempted group that lost it
+//     keeps it always), once Repeats consecutive groups end a step there
+//     as they would by the count. The evidence is that of many groups, not
+//     of one group's durations, which preemptions make noisy;
 //   - at the next instance that reaches m−1 and lasts at least half as
-//     long as the dominant instances did (the median of the latest domN,
-//     so that one stall of the host does not set it; a spike among the
-//     logging step's calls does not), once the instance a group later
-//     ends a step by the count (the idle time after the logging step's
+//     long as the dominant instances did (a spike among the logging
+//     step's calls does not), once the instances pendGroups groups later
+//     end a step by the count (the idle time after the logging step's
 //     calls is no step's end); the instance a group before it ends a step
 //     too when it agrees with it within groupRatio (firstOfRun: the first
 //     iteration after the irregular calls, whose first instance follows
@@ -69,9 +83,13 @@ const (
 	maxGroup = 16
 	// instRing: instance end times kept (Repeats+1 groups of maxGroup fit).
 	instRing = 256
-	// domN: the dominant duration is the median of this many latest
-	// instances that ended steps of groups.
-	domN = 3
+	// domN, domQ: the dominant duration is the domQ+1-th shortest of the
+	// latest domN instances that ended steps of groups. It was their median
+	// of 3: two stalls of 8 and 10 ms among 1.3 ms iterations on a loaded
+	// 2-core host set it, and the next iterations, each with an instance
+	// delayed, lost the phase for 12 of them
+	// (testdata/open/trainer-speedup10-loaded1).
+	domN, domQ = 8, 2
 	// settledSteps, settledReps: a grouping that made settledSteps steps
 	// is replaced only by one that holds settledReps groups (findGroup).
 	settledSteps, settledReps = 16, 8
@@ -82,6 +100,8 @@ const (
 	// made an iteration's end and its confirmation (402 facts for 400
 	// iterations, TestReplayTrainerSpeedup's 10-loaded-preempted-logging).
 	pendGroups = 2
+	// waitScale: the scale of a wait's share of its instance (waited).
+	waitScale = 1024
 	// steadyN: steps whose durations must agree within groupRatio before
 	// the fallback clock's first lock is confirmed.
 	steadyN = 4
@@ -90,8 +110,10 @@ const (
 	regularN, regularOut = 16, 4
 )
 
-func (d *seqDet) setInstT(k, t int64)  { d.instT[((k%instRing)+instRing)%instRing] = t }
-func (d *seqDet) instAt(k int64) int64 { return d.instT[((k%instRing)+instRing)%instRing] }
+func (d *seqDet) setInstT(k, t int64)    { d.instT[((k%instRing)+instRing)%instRing] = t }
+func (d *seqDet) setInstW(k, w int64)    { d.instW[((k%instRing)+instRing)%instRing] = w }
+func (d *seqDet) instWait(k int64) int64 { return d.instW[((k%instRing)+instRing)%instRing] }
+func (d *seqDet) instAt(k int64) int64   { return d.instT[((k%instRing)+instRing)%instRing] }
 
 // dur is the duration of instance k; ok when its start is known.
 func (d *seqDet) dur(k int64) (int64, bool) {
@@ -121,10 +143,11 @@ func (d *seqDet) reach(k int64) int64 {
 
 // instance notes the end of one instance of the locked cycle at t and
 // reports a step boundary when it ends a step.
-func (d *seqDet) instance(t int64, counts bool) {
+func (d *seqDet) instance(t, w int64, counts bool) {
 	k := d.inst
 	d.inst++
 	d.setInstT(k, t)
+	d.setInstW(k, w)
 	if d.grp <= 1 {
 		d.boundary(t, counts)
 	} else if end, from := d.groupEnd(k); end {
@@ -151,75 +174,157 @@ func (d *seqDet) instance(t int64, counts bool) {
 // groupEnd reports whether instance k ends a step of groups; from >= 0
 // is the first of the instances from, from+grp, …, k that end steps.
 func (d *seqDet) groupEnd(k int64) (end bool, from int64) {
-	from = -1
 	switch {
 	case d.resync:
-		// The instance that ends the next step dominates its group and
-		// lasts as long as the dominant instances did (half at least), not
-		// a spike among the many calls of a logging step, and the instance
-		// a group later ends a step by the count (countEnd): the idle time
-		// after a logging step's calls dominates them as well. The group
-		// before it may end a step too (firstOfRun). Or it is shorter, one
-		// of a new pace's run of groups (newPace).
-		if p := d.pend; p >= 0 && k == p+(d.pendHeld+1)*d.grp {
-			prev := k - d.grp
-			dp, _ := d.dur(prev)
-			dk, _ := d.dur(k)
-			held := d.countEnd(k, dk, dp)
-			if prev == p {
-				// The next iteration is of the pace the candidate resumes:
-				// its dominant instance lasts as long as the dominant ones
-				// did (half at least), as the candidate does; a new pace of
-				// shorter ones is newPace's. A spike among a logging step's
-				// brief calls was confirmed by another a group later that
-				// dominated the briefer calls before it (testdata
-				// trainer-speedup10-loaded-logging-spikes).
-				held = held && !briefAfter(dk, dp) && 2*dk >= d.domDur
-			} else {
-				held = held || d.delayedInGroup(k, dk, dp) // a burst of far shorter groups may follow (pace.go)
-			}
-			switch {
-			case !held:
-				d.pend = -1 // and k may be a candidate itself
-			case d.pendHeld+1 < pendGroups:
-				d.pendHeld++
-				return false, from
-			default:
-				d.pend = -1
-				from = d.groupsBefore(d.pendFrom, dk)
-				d.phase(k, dk, false)
-				return true, from
-			}
-		}
-		if d.reach(k) < d.grp-1 && (d.runLast < 0 || k != d.runLast+d.grp) {
-			return false, from
-		}
-		dk, _ := d.dur(k)
-		if from = d.newPace(k); from >= 0 {
-			d.phase(k, dk, true)
-			return true, d.groupsBefore(from, dk)
-		}
-		if d.reach(k) < d.grp-1 {
-			return false, from
-		}
-		if 2*dk >= d.domDur {
-			d.pend, d.pendFrom, d.pendHeld = k, k, 0 // the step's end, once the next groups hold
-			if p := k - d.grp; d.firstOfRun(p, dk) {
-				d.pendFrom = p
-			}
-		}
-		return false, from
+		return d.resyncEnd(k)
 	case (k-d.anchor)%d.grp != 0:
-		return false, from
+		return false, -1
 	}
 	dk, _ := d.dur(k)
-	if !d.countEnd(k, dk, d.domDur) && !d.delayedInGroup(k, dk, d.domDur) {
-		d.resync = true // an iteration with other calls: find the phase again
+	if !d.countedEnd(k, dk, d.domDur) {
+		// An iteration with other calls (a logging step): find the phase
+		// again, at the count's position first (keptRun).
+		d.resync = true
 		d.runFrom, d.runLast, d.pend = -1, -1, -1
-		return false, from
+		d.kept, d.keptFrom, d.keptLast, d.lost = true, -1, -1, k
+		return false, -1
 	}
-	d.noteDom(dk, false)
-	return true, from
+	d.noteDom(k, dk, false)
+	return true, -1
+}
+
+// resyncEnd is groupEnd while the phase is lost.
+func (d *seqDet) resyncEnd(k int64) (end bool, from int64) {
+	dk, _ := d.dur(k)
+	if d.kept && d.grp >= 3 && (k-d.anchor)%d.grp == 0 {
+		if from = d.keptRun(k, dk); from >= 0 {
+			d.phase(k, dk, 2*dk < d.domDur)
+			return true, d.groupsBefore(from, dk)
+		}
+	}
+	if end, from, wait := d.pendEnd(k, dk); end || wait {
+		return end, from
+	}
+	if d.reach(k) < d.grp-1 && (d.runLast < 0 || k != d.runLast+d.grp) {
+		return false, -1
+	}
+	if from = d.newPace(k); from >= 0 {
+		d.phase(k, dk, true)
+		return true, d.groupsBefore(from, dk)
+	}
+	if d.reach(k) >= d.grp-1 && 2*dk >= d.domDur && d.waited(k, dk) {
+		d.pend, d.pendFrom, d.pendHeld = k, k, 0 // the step's end, once the next groups hold
+		if p := k - d.grp; d.firstOfRun(p, dk) {
+			d.pendFrom = p
+		}
+	}
+	return false, -1
+}
+
+// pendEnd confirms a candidate step end, d.pend: the instance that ends
+// the next step dominates its group and lasts as long as the dominant
+// instances did (half at least), not a spike among the many calls of a
+// logging step, and the instances pendGroups groups later end a step by
+// the count (countEnd): the idle time after a logging step's calls
+// dominates them as well. The group before it may end a step too
+// (firstOfRun). Or it is shorter, one of a new pace's run of groups
+// (newPace). wait: k is one of the groups that the candidate still waits
+// for.
+func (d *seqDet) pendEnd(k, dk int64) (end bool, from int64, wait bool) {
+	p := d.pend
+	if p < 0 || k != p+(d.pendHeld+1)*d.grp {
+		return false, -1, false
+	}
+	prev := k - d.grp
+	dp, _ := d.dur(prev)
+	held := d.countEnd(k, dk, dp)
+	if prev == p {
+		// The next iteration is of the pace the candidate resumes:
+		// its dominant instance lasts as long as the dominant ones
+		// did (half at least), as the candidate does; a new pace of
+		// shorter ones is newPace's. A spike among a logging step's
+		// brief calls was confirmed by another a group later that
+		// dominated the briefer calls before it (testdata
+		// trainer-speedup10-loaded-logging-spikes).
+		held = held && !briefAfter(dk, dp) && 2*dk >= d.domDur
+	} else {
+		held = held || d.delayedInGroup(k, dk, dp) // a burst of far shorter groups may follow (pace.go)
+	}
+	switch {
+	case !held:
+		d.pend = -1 // and k may be a candidate itself
+		return false, -1, false
+	case d.pendHeld+1 < pendGroups:
+		d.pendHeld++
+		return false, -1, true
+	}
+	d.pend = -1
+	from = d.groupsBefore(d.pendFrom, dk)
+	d.phase(k, dk, false)
+	return true, from, false
+}
+
+// countedEnd reports whether instance k at the count (of duration dk), dom
+// the dominant duration, ends a step: it dominates its group (whatever its
+// length: the iterations may get shorter), or lasts as long as the
+// dominant instances did (half at least) while another instance of its
+// group is far shorter (longEnd). A preemption of the host only lengthens
+// instances: the end at the count stays long, though one or more of its
+// group may outlast it (on a loaded 2-core host, two or three instances of
+// one group 1.2 to 4 ms late among 1.3 ms iterations, every few
+// iterations, lost the phase, which was found again 6 to 13 iterations
+// later: testdata/open/trainer-speedup10-loaded1). A logging step's brief
+// calls at the count lose it, and so does a spike among them whose call
+// returned at once (waited).
+func (d *seqDet) countedEnd(k, dk, dom int64) bool {
+	return (d.reach(k) >= d.grp-1 || d.longEnd(k, dk, dom)) && d.waited(k, dk)
+}
+
+// longEnd reports whether instance k (of duration dk) lasts as long as dom
+// did (half at least) while another instance of its group is shorter than
+// 1/groupRatio of it: not one of a run of alike instances (a CUDA graph's
+// iterations after a grouping of the model's paired copies, which ungroup
+// ends).
+func (d *seqDet) longEnd(k, dk, dom int64) bool {
+	if 2*dk < dom {
+		return false
+	}
+	for i := k - d.grp + 1; i < k; i++ {
+		if di, ok := d.dur(i); ok && di*groupRatio < dk {
+			return true
+		}
+	}
+	return false
+}
+
+// keptRun reports whether instance k (of duration dk), at the position of
+// the count that lost the phase, ends a run of Repeats groups at that
+// position, and returns the run's first instance; else -1. The count of
+// calls per iteration is what the cycle is: an iteration with other calls
+// keeps the phase when their number is a multiple of the group (the fake
+// trainer's 100 synchronisations of a logging step), and a preempted group
+// keeps it always. Each instance of the run ends a step as it would at the
+// count (countedEnd), so that a preemption does not end the run; and the
+// run restarts at an instance more than groupRatio times as long as its
+// first (a spike among a logging step's brief calls that dominated them,
+// the first iteration after them: TestReplayTrainerSpeedup's
+// 3-loaded-preempted-iteration-1). Durations
+// of one group decide nothing: Repeats of them at the count's position do,
+// and the groupsBefore walk carries the phase back over the iterations
+// since the loss.
+func (d *seqDet) keptRun(k, dk int64) int64 {
+	if !d.countedEnd(k, dk, d.domDur) || k <= d.stepInst {
+		d.keptFrom, d.keptLast = -1, -1
+		return -1
+	}
+	if d0, ok := d.dur(d.keptFrom); d.keptLast < 0 || k != d.keptLast+d.grp || !ok || d0*groupRatio < dk {
+		d.keptFrom = k
+	}
+	d.keptLast = k
+	if (d.keptLast-d.keptFrom)/d.grp+1 < int64(d.par.repeats) {
+		return -1
+	}
+	return d.keptFrom
 }
 
 // countEnd reports whether instance k at the count (of duration dk) ends a
@@ -278,26 +383,65 @@ func (d *seqDet) delayedInGroup(k, dk, dom int64) bool {
 // phase notes that instance k, of duration dk, ends a step: the groups'
 // phase and the dominant duration.
 func (d *seqDet) phase(k, dk int64, newPace bool) {
-	d.resync, d.anchor = false, k
+	d.resync, d.anchor, d.kept = false, k, false
 	d.runFrom, d.runLast, d.pend = -1, -1, -1
-	d.noteDom(dk, newPace)
+	d.noteDom(k, dk, newPace)
 }
 
-// noteDom notes dk, the duration of an instance that ended a step of
-// groups: the dominant duration is the median of the latest domN of them
-// (one stall of the host does not make the next iterations too short to
-// find the phase again after a logging step); a new pace replaces them.
-func (d *seqDet) noteDom(dk int64, newPace bool) {
+// noteDom notes instance k, of duration dk, that ended a step of groups:
+// the dominant duration is a low quantile of the latest domN of them
+// (stalls of the host do not make the next iterations too short to keep
+// or find again the phase), and their waits (waited) the medians; a new
+// pace replaces them.
+func (d *seqDet) noteDom(k, dk int64, newPace bool) {
+	w := [2]int64{d.instWait(k), d.instWait(k) * waitScale / max(dk, 1)}
 	if newPace || d.nDom == 0 {
 		for i := range d.doms {
 			d.doms[i] = dk
 		}
 	}
-	d.doms[d.nDom%domN] = dk
+	if newPace || d.nWait == 0 {
+		for i := range d.waits {
+			d.waits[i] = w
+		}
+	}
+	d.doms[d.nDom%domN], d.waits[d.nWait%domN] = dk, w
 	d.nDom++
+	d.nWait++
 	ds := d.doms
 	slices.Sort(ds[:])
-	d.domDur = ds[domN/2]
+	d.domDur = ds[domQ]
+	var ws, sh [domN]int64
+	for i, w := range d.waits {
+		ws[i], sh[i] = w[0], w[1]
+	}
+	slices.Sort(ws[:])
+	slices.Sort(sh[:])
+	d.domWait, d.domShare = ws[domN/2], sh[domN/2]
+}
+
+// waited reports whether the call that ended instance k (of duration dk)
+// waited as the steps' ending calls do, when they wait for a good part of
+// their instances (a quarter at least: the iteration's end waits for its
+// GPU work): for more than 1/paceRatio of their median wait, or for more
+// than 1/groupRatio² of their median share of the instance (a new pace's
+// waits are shorter in proportion; a spike of 0.67 ms whose call waited
+// 89 µs, 0.13 of it against the ends' 0.63, passed at 1/paceRatio:
+// TestReplayTrainerSpeedup's 10-loaded-spike-brief-wait).
+// A preemption of the host between two brief calls makes an instance as
+// long as an iteration's end, whose call returns at once: among a logging
+// step's synchronisations (5 µs against 0.8 ms), such a spike one group
+// before the next iteration's end became a step with it (two facts in one
+// iteration: TestReplayTrainerSpeedup's 10-logging-spike-no-wait).
+func (d *seqDet) waited(k, dk int64) bool {
+	if d.nWait == 0 || d.domShare*groupRatio*groupRatio < waitScale {
+		// The steps' ends do not wait (the loop is not the GPU's), or
+		// the lock has none yet: a re-locked cycle's first step end is
+		// found by duration alone (the Trainer's end of training).
+		return true
+	}
+	w := d.instWait(k)
+	return w*paceRatio >= d.domWait || w*waitScale*groupRatio*groupRatio >= d.domShare*max(dk, 1)
 }
 
 // agrees reports whether durations a and b agree within groupRatio.
@@ -336,7 +480,7 @@ func (d *seqDet) groupsBefore(from, ref int64) int64 {
 	}
 	for e := from - d.grp; e > d.stepInst; e -= d.grp {
 		de, ok := d.dur(e)
-		if !ok || !(d.reach(e) >= d.grp-1 && de*groupRatio >= ref || d.delayedInGroup(e, de, ref)) {
+		if !ok || !d.longEnd(e, de, ref) || !d.waited(e, de) && e != d.lost {
 			break
 		}
 		from = e
@@ -496,7 +640,7 @@ func (d *seqDet) regroup(m, k int64) {
 	d.grp, d.anchor, d.resync, d.grpOpen, d.stepInst = m, k, false, true, k
 	d.runFrom, d.runLast, d.pend = -1, -1, -1
 	dk, _ := d.dur(k)
-	d.noteDom(dk, true)
+	d.noteDom(k, dk, true)
 	e0 := k
 	for e0-m >= d.instFrom && d.reach(e0-m) >= m-1 {
 		e0 -= m

@@ -110,6 +110,7 @@ type seqDet struct {
 
 	ids  []int32 // ring of the latest tokens, indexed by absolute token number & mask
 	ts   []int64 // token times
+	ws   []int64 // token calls' durations (a synchronisation's wait)
 	mask int64
 	max  int   // ring capacity when fully grown
 	n    int64 // tokens seen
@@ -146,11 +147,16 @@ type seqDet struct {
 	inst     int64           // cycle instances completed
 	instFrom int64           // first instance of the lock whose duration is known
 	instT    [instRing]int64 // end of instance k at k%instRing (instFrom-1: the lock's start)
+	instW    [instRing]int64 // the duration of the call that ended instance k (its wait)
 	grp      int64           // instances per step; <= 1: one
 	anchor   int64           // an instance that ends a step
 	resync   bool            // the groups' phase is unknown: wait for a dominant instance
-	domDur   int64           // the dominant duration: the median of doms
+	domDur   int64           // the dominant duration: a low quantile of doms
 	doms     [domN]int64     // the latest instances that ended steps of groups, a ring
+	domWait  int64           // the median wait of their ending calls
+	domShare int64           // the median of their waits' shares of them, per waitScale
+	waits    [domN][2]int64  // those waits and shares, a ring
+	nWait    int             // waits noted since the lock
 	nDom     int
 	runFrom  int64               // resync: a run of shorter dominant instances (a new pace?), -1 when none
 	runLast  int64               // its latest instance
@@ -159,6 +165,10 @@ type seqDet struct {
 	pend     int64               // resync: an instance that ends a step if the next group holds, -1 when none
 	pendFrom int64               // the first instance that ends a step with it (firstOfRun)
 	pendHeld int64               // the groups after pend that ended steps by the count so far
+	kept     bool                // resync: the phase was lost by the count, whose position anchor still holds
+	keptFrom int64               // kept: a run of instances at the count's position that end steps, -1 when none
+	keptLast int64               // its latest instance
+	lost     int64               // the instance at the count that lost the phase
 	grpOpen  bool                // a step of groups is open
 	stepT    [regularN + 1]int64 // latest boundary times, for steadiness (steadyN+1 of them) and regularity
 	nStep    int
@@ -185,6 +195,7 @@ func newSeqDet(par detParams, syncOnly bool) *seqDet {
 	}
 	d.ids = make([]int32, size)
 	d.ts = make([]int64, size)
+	d.ws = make([]int64, size)
 	d.mask = int64(size - 1)
 	d.runs = make([]int32, par.maxPeriod+1)
 	d.runsFresh = true
@@ -254,9 +265,11 @@ func (d *seqDet) grow() {
 	nl := len(d.ids) * 2
 	ids := make([]int32, nl)
 	ts := make([]int64, nl)
+	ws := make([]int64, nl)
 	copy(ids, d.ids)
 	copy(ts, d.ts)
-	d.ids, d.ts, d.mask = ids, ts, int64(nl-1)
+	copy(ws, d.ws)
+	d.ids, d.ts, d.ws, d.mask = ids, ts, ws, int64(nl-1)
 }
 
 // hasKnown reports whether a cycle has been confirmed on this sequence.
@@ -266,7 +279,7 @@ func (d *seqDet) hasKnown() bool { return len(d.known) > 0 }
 func (d *seqDet) collective(h *HostCall, urgent bool) {
 	d.collSinceS = true
 	d.urgent = urgent
-	d.push(d.intern(sigKey{op: h.Op, count: h.Count, dtype: h.Datatype}), h.EndNS)
+	d.push(d.intern(sigKey{op: h.Op, count: h.Count, dtype: h.Datatype}), h.EndNS, h.EndNS-h.StartNS)
 }
 
 // sync pushes S for the first synchronisation after a collective; on the
@@ -278,11 +291,11 @@ func (d *seqDet) sync(h *HostCall, urgent bool) {
 	switch {
 	case d.syncOnly:
 		d.urgent = urgent
-		d.push(d.intern(sigKey{op: h.Op}), h.EndNS)
+		d.push(d.intern(sigKey{op: h.Op}), h.EndNS, h.EndNS-h.StartNS)
 	case d.collSinceS:
 		d.collSinceS = false
 		d.urgent = urgent
-		d.push(tokS, h.EndNS)
+		d.push(tokS, h.EndNS, h.EndNS-h.StartNS)
 	}
 }
 
@@ -297,8 +310,9 @@ func (d *seqDet) latestStep() (int64, bool) {
 	return d.stepT[(d.nStep-1)%len(d.stepT)] - d.stepT[(d.nStep-2)%len(d.stepT)], true
 }
 
-// push appends one token at time t and runs the detector.
-func (d *seqDet) push(id int32, t int64) {
+// push appends one token, of a call that ended at t after w, and runs the
+// detector.
+func (d *seqDet) push(id int32, t, w int64) {
 	if id == tokS && d.locked && d.noS {
 		// A cycle without synchronisations (DDP buckets, no .item()) keeps
 		// its lock through an occasional one (logging every N iterations):
@@ -309,6 +323,7 @@ func (d *seqDet) push(id int32, t int64) {
 	n := d.n
 	d.ids[n&d.mask] = id
 	d.ts[n&d.mask] = t
+	d.ws[n&d.mask] = w
 	d.n++
 	if n == 0 {
 		d.firstT = t
@@ -323,7 +338,7 @@ func (d *seqDet) push(id int32, t int64) {
 			d.pos++
 			if d.pos == len(d.cycle) {
 				d.pos = 0
-				d.cycleDone(t)
+				d.cycleDone(t, w)
 			}
 			if d.tentative {
 				d.stepKnown(id, n)
@@ -347,9 +362,9 @@ func (d *seqDet) push(id int32, t int64) {
 	d.search(n, best, bestRun)
 }
 
-func (d *seqDet) cycleDone(t int64) {
+func (d *seqDet) cycleDone(t, w int64) {
 	d.floor = d.n
-	d.instance(t, true)
+	d.instance(t, w, true)
 }
 
 // boundary reports the end of a step at t; counts: it counts towards the
@@ -743,6 +758,8 @@ func (d *seqDet) lockAt(cyc []int32, j, n int64, tentative bool) {
 	}
 	known := d.knownGroup(cyc)
 	d.grp, d.resync, d.grpOpen, d.runFrom, d.runLast, d.pend = known, known > 1, false, -1, -1, -1
+	d.kept = false // a new lock's instances: no count carries over
+	d.nWait = 0    // nor do the waits of another lock's calls (waited)
 	d.stepInst = d.inst - 1
 	// The token before the first instance is a stable start when it is a
 	// synchronisation (for the sync-only clock every token is one), or a
@@ -775,7 +792,7 @@ func (d *seqDet) lockAt(cyc []int32, j, n int64, tentative bool) {
 		if cnt++; cnt == p {
 			cnt = 0
 			d.floor = e + 1
-			d.instance(d.tAt(e), false)
+			d.instance(d.tAt(e), d.ws[e&d.mask], false)
 		}
 	}
 	d.pos = int(cnt)

@@ -18,7 +18,7 @@ func TestInternPredictionMatchesMap(t *testing.T) {
 		if want, ok := d.sigs[key(i)]; !ok || want != id || d.keys[id-1] != key(i) {
 			t.Fatalf("call %d: intern gave %d, map has %d (%v)", n, id, want, ok)
 		}
-		d.push(id, int64(n)*1000)
+		d.push(id, int64(n)*1000, 0)
 		d.events = d.events[:0]
 		n++
 	}

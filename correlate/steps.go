@@ -329,9 +329,14 @@ func (c *Correlator) apply(p *proc, evs []detEvent) {
 				p.align, p.idxOffset = true, p.alignOff
 			}
 		case evTrim:
-			if c.trimGen(p, p.clockSerial, e.gen, e.t) && !p.clockConfirmed && p.hasInfo {
+			if c.trimGen(p, p.clockSerial, e.gen, e.t) && !p.clockConfirmed && p.hasInfo && !standing(p, p.clockSerial, e.gen) {
 				// The lock's first steps, the aligned one among them, were
-				// withdrawn: align the next one, as after a retract.
+				// withdrawn: align the next one, as after a retract. Steps
+				// that stand after the trim are consecutive iterations,
+				// numbered: the next one continues them (aligned again to a
+				// peer's step within a quarter of a step, an uncoupled
+				// rank one iteration behind its peer skipped an index:
+				// testdata trainer-speedup10-loaded-new-pace-by-count).
 				p.align, p.idxOffset = true, p.alignOff
 			}
 		case evBurst:
@@ -460,6 +465,17 @@ func (c *Correlator) trimGen(p *proc, clock, gen uint32, minNS int64) bool {
 	}
 	c.rewind(p)
 	return true
+}
+
+// standing reports whether a tentative step of the lock gen of clock is
+// pending.
+func standing(p *proc, clock, gen uint32) bool {
+	for _, s := range p.pending {
+		if s.tentative && s.clock == clock && s.gen == gen {
+			return true
+		}
+	}
+	return false
 }
 
 // dropTentative withdraws every tentative step of p.
