@@ -62,13 +62,21 @@ func TestGroupPhaseKept(t *testing.T) {
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			c := New(Config{})
-			c.SetRank(RankInfo{PID: pid(0), Rank: 0, WorldSize: 1, Host: "h0", Job: "j1"})
-			pre, end := paramCopies(6, 0)
-			starts, ends := feedLoop(c, pid(0), loopScript{pre: pre, preNS: end + 1200*ms, n: 600, iter: tc.iter})
+			c, starts, ends := runTrainerLoop(1200*ms, 600, tc.iter)
 			checkDominantEnds(t, checkIterations(t, c, starts, ends, 0, 0), starts, ends, tc.iter)
 		})
 	}
+}
+
+// runTrainerLoop feeds one rank's Trainer loop to a new correlator: the
+// model's copy to the GPU, gap later the n iterations of iter. It returns
+// the correlator and the iterations' starts and ends.
+func runTrainerLoop(gap int64, n int, iter func(i int) ([]loopCall, int64)) (c *Correlator, starts, ends []int64) {
+	c = New(Config{})
+	c.SetRank(RankInfo{PID: pid(0), Rank: 0, WorldSize: 1, Host: "h0", Job: "j1"})
+	pre, end := paramCopies(6, 0)
+	starts, ends = feedLoop(c, pid(0), loopScript{pre: pre, preNS: end + gap, n: n, iter: iter})
+	return c, starts, ends
 }
 
 // checkDominantEnds checks that every step ends with the return of its
@@ -151,11 +159,9 @@ func TestGroupPaceChange(t *testing.T) {
 			}
 			name += []string{", logging steps of full length", ", logging steps of the new length", ", no logging steps"}[log]
 			t.Run(name, func(t *testing.T) {
-				c := New(Config{})
-				c.SetRank(RankInfo{PID: pid(0), Rank: 0, WorldSize: 1, Host: "h0", Job: "j1"})
-				pre, end := paramCopies(6, 0)
-				starts, ends := feedLoop(c, pid(0), loopScript{pre: pre, preNS: end + 1200*ms, n: 1200, iter: trainerPaced(1, 100, f, log)})
-				checkDominantEnds(t, checkIterations(t, c, starts, ends, 0, 0), starts, ends, trainerPaced(1, 100, f, log))
+				iter := trainerPaced(1, 100, f, log)
+				c, starts, ends := runTrainerLoop(1200*ms, 1200, iter)
+				checkDominantEnds(t, checkIterations(t, c, starts, ends, 0, 0), starts, ends, iter)
 				t.Logf("BurstSteps %d", burstSteps(c))
 			})
 		}

@@ -28,6 +28,20 @@ func delayFrom(cs []loopCall, from, by int64) {
 	}
 }
 
+// loggingSpike is fastTrainerIter with a preemption of 1.2 ms (as long as
+// an iteration's end) before synchronisation k of every logging step after
+// the speed-up.
+func loggingSpike(k int64) func(i int) ([]loopCall, int64) {
+	return func(i int) ([]loopCall, int64) {
+		cs, d := fastTrainerIter(i)
+		if i >= 100 && i%50 == 49 {
+			delayFrom(cs, 14*ms+k*88*us, 1200*us)
+			d += 1200 * us
+		}
+		return cs, d
+	}
+}
+
 // TestGroupPhaseKeptUnderPreemptions: the phase of groups of five
 // synchronisations (the Trainer's, 1.3 ms iterations after a 10x
 // speed-up) is kept by the count of calls per iteration through what a
@@ -64,33 +78,16 @@ func TestGroupPhaseKeptUnderPreemptions(t *testing.T) {
 		// its instance as long as an iteration's end, one group before the
 		// next iteration's end, and its call returns at once
 		name: "a spike without a wait one group before the next end",
-		iter: func(i int) ([]loopCall, int64) {
-			cs, d := fastTrainerIter(i)
-			if i >= 100 && i%50 == 49 {
-				delayFrom(cs, 14*ms+98*88*us, 1200*us)
-				d += 1200 * us
-			}
-			return cs, d
-		},
+		iter: loggingSpike(98),
 	}, {
 		// the first logging synchronisation at the count delayed as long
 		// as an iteration's end
 		name: "a spike without a wait at the count in a logging step",
-		iter: func(i int) ([]loopCall, int64) {
-			cs, d := fastTrainerIter(i)
-			if i >= 100 && i%50 == 49 {
-				delayFrom(cs, 14*ms+3*88*us, 1200*us)
-				d += 1200 * us
-			}
-			return cs, d
-		},
+		iter: loggingSpike(3),
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			c := New(Config{})
-			c.SetRank(RankInfo{PID: pid(0), Rank: 0, WorldSize: 1, Host: "h0", Job: "j1"})
-			pre, end := paramCopies(6, 0)
-			starts, ends := feedLoop(c, pid(0), loopScript{pre: pre, preNS: end + 100*ms, n: 400, iter: tc.iter})
+			c, starts, ends := runTrainerLoop(100*ms, 400, tc.iter)
 			checkIterations(t, c, starts, ends, 0, 0)
 		})
 	}
