@@ -10,7 +10,7 @@ export OUT_DIR CUDA_HOME
 # go-nvml declares deprecated NVML calls; its cgo build would warn on each.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build test golangci-lint c-format c-format-check e2e-tools demo-sim unit-test race-test fuzz-test helm-check rules-test lint generate go-generate check-generated demo bench clean help
+.PHONY: all build test golangci-lint c-format c-format-check e2e-tools demo-sim unit-test race-test fuzz-test helm-check rules-test bench-selftest lint generate go-generate check-generated demo bench clean help
 
 all: build
 
@@ -93,7 +93,10 @@ rules-test: ## check and unit-test the Prometheus alert rules (promtool, Debian'
 	cmp deploy/prometheus/slowrank-rules.yaml deploy/helm/slowrank/files/slowrank-rules.yaml || \
 	  { echo "deploy/helm/slowrank/files/slowrank-rules.yaml differs: cp deploy/prometheus/slowrank-rules.yaml deploy/helm/slowrank/files/"; exit 1; }
 
-test: lint build fakelibs cupti-test cupti-test-tsan cupti-stress cupti-nccl-san e2e-tools unit-test fuzz-test helm-check rules-test ## everything CI runs
+test: lint build fakelibs cupti-test cupti-test-tsan cupti-stress cupti-nccl-san e2e-tools unit-test fuzz-test helm-check rules-test bench-selftest ## everything CI runs
+
+bench-selftest: ## the GPU benches' analysis (bench/gpu/analyze.py: statistics, plans, parsers) on synthetic data; standard-library Python
+	python3 bench/gpu/analyze.py selftest
 
 demo: build fakelibs ## the agent on a 4-rank fake job with one slow rank (root)
 	test/demo/demo.sh

@@ -52,8 +52,13 @@
 #   (cd bench/otelcol-mini && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o ../../bin/otelcol-mini .)
 #   xz -9 -k -f bin/otelcol-mini          # carry bin/otelcol-mini.xz
 # (bin/otelcol-mini itself works too when the carry has room.)
+# The GPU's SM clock is sampled every 200 ms through the run (gpu_sampler_start
+# in dnh_common.sh; the same in every block): the JSON's "gpu_clock" gives the
+# clock per block and the pairs adjusted for it (ANCOVA on the pair
+# differences, analyze.py clock_adjusted), so that the job's own drift with
+# the GPU's clock does not swamp a 0.3 % effect.
 # What comes back in $OUT (3 files): c1-SHAPE.json (analyze.py c1m: pairs,
-# deltas, mean, CI, noise, steps per block, warm-up, OTLP counts),
+# deltas, mean, CI, noise, steps per block, warm-up, OTLP counts, GPU clock),
 # c1-SHAPE-raw.tgz (steps, blocks, agent logs, collector log tail, training
 # log tail), c1-SHAPE-console.log.
 # DRY=1 [DRY_AGENT=1] SHAPE=dense PAIRS=2 BLOCK=3 SETTLE=1 WARM_MIN=4 WARM_MAX=6 bash bench/gpu/c1matrix.sh
@@ -85,7 +90,7 @@ echo "c1matrix.sh: shape $SHAPE, $PAIRS ABBA pairs (+$AA_PAIRS A/A) of ${BLOCK} 
 env_info "$OUT/env.txt"
 [ -n "${SKIP_BUILD:-}" ] || build_lib
 AGENT_PID= EXT_PID= COL_PID=
-trap '[ -z "$AGENT_PID" ] || kill -KILL "$AGENT_PID" 2>/dev/null || true; [ -z "$EXT_PID" ] || kill -KILL "$EXT_PID" 2>/dev/null || true; collector_stop' EXIT
+trap '[ -z "$AGENT_PID" ] || kill -KILL "$AGENT_PID" 2>/dev/null || true; [ -z "$EXT_PID" ] || kill -KILL "$EXT_PID" 2>/dev/null || true; collector_stop; gpu_sampler_stop' EXIT
 
 OTEL_FLAGS=(--otel off)
 if [ "$OTLP" = 1 ]; then
@@ -104,17 +109,20 @@ JSON
 ext_start "$NAME" 29630 "$LIB" --shape "$SHAPE" --duration "$BUDGET" --stop-file "$OUT/$NAME.stop"
 ext_wait_steps "$NAME" 20 240
 echo "trainer up at t=${SECONDS} s: $(tail -n 1 "$OUT/$NAME/rank0.jsonl" | cut -c1-120)"
+gpu_sampler_start "$OUT/$NAME-gpu.jsonl"
 if [ "$OTLP" = 1 ]; then export OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318; fi
 
 # status_json SOCKET: duty share, cost estimate, uptime of a running agent (one line of JSON).
 status_json() {
-  "$AGENT" status --socket "$1" --json 2>/dev/null | "$PYA" -c 'import json, sys
+  local raw
+  raw=$("$AGENT" status --socket "$1" --json 2>/dev/null) || raw='{}'
+  "$PYA" -c 'import json, sys
 try:
     s = json.load(sys.stdin)
 except Exception:
     print("{}"); sys.exit()
 print(json.dumps({"uptime_s": round(s.get("uptime_ns", 0) / 1e9, 1), "share": s.get("duty_share"), "cost": s.get("duty_cost_estimate"),
-                  "state": s.get("device_collection"), "processes": s.get("processes")}))' || echo '{}'
+                  "state": s.get("device_collection"), "processes": s.get("processes")}))' <<<"$raw" || echo '{}'
 }
 
 # 1. warm-up agent: >= WARM_MIN s and until its cost estimate is measured (<= WARM_MAX s)
@@ -224,6 +232,7 @@ ext_finish "$EXT_PID" 60
 EXT_PID=
 echo "trainer rc $EXT_RC at t=${SECONDS} s"
 collector_stop
+gpu_sampler_stop
 "$PYA" - "$OUT" "$NAME" "$EXT_RC" "$done_pairs" <<'PY'
 import json, os, re, sys
 d, name, rc, pairs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -261,6 +270,14 @@ print(f'  agent counters (sum over ON blocks) {r["agent_counters_sum"]}; problem
 for arm, a in (r.get("arms") or {}).items():
     if len(r["arms"]) > 1:
         print(f'  arm {arm:8s}: {a["pairs"]} rounds, mean {a["mean_pct"]} %, 95 % CI {a["ci95_pct"]}, deltas % {a["deltas_pct"]}')
+g = r.get("gpu_clock")
+if g:
+    print(f'  GPU SM clock {g["sm_mhz_range"]} MHz over {g["samples"]} samples; OFF blocks ln(step) ~ ln(clock): {g.get("off_blocks_fit")}')
+    for arm, a in g["arms"].items():
+        print(f'  clock-adjusted {arm}: {a["pairs"]} pairs, effect {a["effect_pct"]} %, 95 % CI {a["ci95_pct"]}, slope {a["slope"]}, r2 {a["r2"]}')
+    if g.get("aa_off_blocks"):
+        a = g["aa_off_blocks"]
+        print(f'  clock-adjusted A/A: {a["pairs"]} pairs, effect {a["effect_pct"]} %, 95 % CI {a["ci95_pct"]}')
 PY
 cp "$OUT/console.log" "$RESULTS/$NAME-console.log"
 ls -l "$RESULTS"

@@ -212,3 +212,42 @@ env_info() {
     "$AGENT" --version 2>/dev/null || true
   } >"$1" 2>&1
 }
+
+# gpu_sampler_start FILE: the GPU's SM clock, memory clock, power, temperature
+# and utilisation every GPU_SAMPLE_MS (200) ms through nvidia-smi (NVML, as
+# dcgm-exporter reads them), each line stamped with CLOCK_MONOTONIC on
+# receipt: {"mono_ns", "sm_mhz", "mem_mhz", "power_w", "temp_c", "util_pct",
+# "reasons"} per line of FILE. The same sampler runs in every block, so it
+# adds no difference between arms; it gives c1m a covariate for the job's own
+# drift (the GPU's clock moves with power and temperature). Sets SAMPLER_PID;
+# without nvidia-smi (DRY) it writes nothing and returns 0.
+gpu_sampler_start() {
+  SAMPLER_PID=
+  command -v nvidia-smi >/dev/null 2>&1 || { echo "no nvidia-smi: no GPU clock samples"; return 0; }
+  local q=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu
+  if nvidia-smi --query-gpu=clocks_event_reasons.active --format=csv,noheader >/dev/null 2>&1; then
+    q=$q,clocks_event_reasons.active
+  fi
+  # nvidia-smi's pid in SAMPLER_PID: the stamping python ends at its EOF.
+  nvidia-smi -i "${GPU_INDEX:-0}" --query-gpu="$q" --format=csv,noheader,nounits -lms "${GPU_SAMPLE_MS:-200}" 2>/dev/null > >(
+    "$PYA" -u -c 'import json, sys, time
+def num(v):
+    try:
+        return float(v)
+    except ValueError:
+        return None
+with open(sys.argv[1], "w", buffering=1) as out:
+    for line in sys.stdin:
+        f = [x.strip() for x in line.split(",")]
+        if len(f) < 6:
+            continue
+        out.write(json.dumps({"mono_ns": time.monotonic_ns(), "sm_mhz": num(f[1]), "mem_mhz": num(f[2]), "power_w": num(f[3]),
+                              "temp_c": num(f[4]), "util_pct": num(f[5]), "reasons": f[6] if len(f) > 6 else None}) + "\n")' "$1") &
+  SAMPLER_PID=$!
+}
+
+gpu_sampler_stop() {
+  if [ -n "${SAMPLER_PID:-}" ]; then
+    kill -TERM "$SAMPLER_PID" 2>/dev/null || true; wait "$SAMPLER_PID" 2>/dev/null || true; SAMPLER_PID=
+  fi
+}
