@@ -37,7 +37,9 @@ chmod 700 "$tmp"
 trap 'kill $apid 2>/dev/null; kill -- -$tpid 2>/dev/null; wait 2>/dev/null; rm -rf "$tmp"' EXIT
 sock=$tmp/agent.sock
 
-SLOWRANK_CPU_MARK=1 SLOWRANK_FAKE_JOB=cpu-$$ setsid "$TRAINER" --ranks "$RANKS" \
+# LD_LIBRARY_PATH unset: on GPU hosts it names the real libcuda.so.1, which
+# the loader prefers to the fake trainer's RUNPATH.
+SLOWRANK_CPU_MARK=1 SLOWRANK_FAKE_JOB=cpu-$$ setsid env -u LD_LIBRARY_PATH -u LD_PRELOAD "$TRAINER" --ranks "$RANKS" \
   --duration $((WARMUP + MEASURE + 10)) --buckets "$BUCKETS" --step-ms "$STEP_MS" --gpu-ms "$GPU_MS" \
   --bucket-mb "$BUCKET_MB" --kernels 1 --sleep-before-start 1500 >"$tmp/trainer.out" 2>&1 &
 tpid=$!

@@ -7,6 +7,11 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT" || exit 2
 AGENT=${AGENT:-$ROOT/bin/slowrank}
 TRAINER=${TRAINER:-$ROOT/bin/fakelibs/faketrainer}
+# What the fake trainer runs under: GPU hosts set LD_LIBRARY_PATH to the
+# driver's libraries, which the loader searches before the trainer's RUNPATH;
+# with the real libcuda.so.1 bound the fake job refuses to start (an H200 run
+# of this bench once measured 16 jobs that never ran).
+FAKE_ENV=(env -u LD_LIBRARY_PATH -u LD_PRELOAD -u CUDA_INJECTION64_PATH -u NCCL_PROFILER_PLUGIN)
 PROBE=${PROBE:-$ROOT/bin/latency-probe}
 TOOLS_BIN=${SLOWRANK_TOOLS_BIN:-$ROOT/.cache/tools/bin}
 PYTHON=$(command -v python3 || true)
@@ -164,6 +169,26 @@ start_agent() {
   local _i
   for _i in $(seq 100); do [ -S "$WORK/agent.sock" ] && return 0; kill -0 "$AGENT_PID" 2>/dev/null || break; sleep 0.1; done
   echo "agent did not start:" >&2
+  tail -n 20 "$WORK/agent.log" >&2
+  return 1
+}
+
+# first_job_runs JOB PID: the first fake job must be running and watched
+# within 15 s, or the run stops here with the trainer's and the agent's
+# last lines (a run whose jobs never ran or were never seen measures
+# nothing, however long it goes on).
+first_job_runs() {
+  local job=$1 pid=$2 _i
+  for _i in $(seq 150); do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      echo "the first fake job ($job) exited at once:" >&2
+      tail -n 20 "$WORK/trainer-$job.log" >&2
+      return 1
+    fi
+    if grep -q "training process found.*job=$job" "$WORK/agent.log"; then return 0; fi
+    sleep 0.1
+  done
+  echo "the agent did not find the first fake job ($job) in 15 s; its log:" >&2
   tail -n 20 "$WORK/agent.log" >&2
   return 1
 }

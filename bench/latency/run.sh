@@ -103,16 +103,18 @@ for i in $(seq "$JOBS"); do
   job=lat-$run_id-$i
   rank=$((i % RANKS))
   from=$((base_step + RANDOM % per_win))
-  SLOWRANK_LAT_MARK=1 SLOWRANK_FAKE_JOB=$job setsid "$TRAINER" --ranks "$RANKS" --duration "$JOB_S" \
+  SLOWRANK_LAT_MARK=1 SLOWRANK_FAKE_JOB=$job setsid "${FAKE_ENV[@]}" "$TRAINER" --ranks "$RANKS" --duration "$JOB_S" \
     --step-ms "$STEP_MS" --gpu-ms "$GPU_MS" --slow-rank "$rank" --slow-from-step "$from" \
     --slow-host-ms "$SLOW_HOST_MS" --seed "$i" --sleep-before-start 1500 --truth "$WORK/truth-$job.jsonl" \
     >"$WORK/trainer-$job.log" 2>&1 &
   TRAINER_PIDS+=($!)
   echo "{\"kind\":\"job\",\"job\":\"$job\",\"ranks\":$RANKS,\"slow_rank\":$rank,\"slow_from_step\":$from,\"slow_host_ms\":$SLOW_HOST_MS}" >>"$WORK/jobs.jsonl"
   echo "t=${SECONDS}s job $job: rank $rank slowed from step $from"
+  if [ "$i" = 1 ]; then first_job_runs "$job" "${TRAINER_PIDS[0]}" || exit 1; fi
   [ "$i" = "$JOBS" ] || sleep "$EVERY"
 done
-for p in "${TRAINER_PIDS[@]}"; do wait "$p" || echo "trainer $p exited $?"; done
+failed=0
+for p in "${TRAINER_PIDS[@]}"; do wait "$p" || { echo "trainer $p exited $?"; failed=$((failed + 1)); }; done
 TRAINER_PIDS=()
 echo "t=${SECONDS}s jobs done; settling ${SETTLE}s"
 sleep "$SETTLE"
@@ -130,8 +132,10 @@ cat >"$WORK/config.json" <<JSON
 JSON
 rm -rf "$RAW"
 keep_raw "$RAW" "$WORK/config.json" "$WORK/jobs.jsonl" "$WORK/truth.jsonl" "$WORK/probe.jsonl" "$WORK/agent.log" "$WORK/otelcol.log"
+[ "$failed" = 0 ] || keep_raw "$RAW" "$WORK"/trainer-*.log
 out=$RESULTS/latency.json
 [ -z "${SHORT:-}" ] || out=$RESULTS/latency-short.json
 mkdir -p "$RESULTS"
 "$PROBE" summarize --raw "$RAW" --out "$out"
 echo "summary: $out; raw: $RAW; work (not removed): $WORK"
+[ "$failed" = 0 ] || { echo "$failed of $JOBS fake jobs failed: their logs are in $RAW" >&2; exit 1; }

@@ -62,7 +62,7 @@ run_job() { # PHASE SECONDS [trainer flags]
   shift 2
   echo "{\"kind\":\"job\",\"job\":\"$job\",\"ranks\":$RANKS,\"phase\":\"$phase\"$([ $# -gt 0 ] && echo ",\"slow_rank\":2,\"slow_from_step\":$from")}" >>"$WORK/jobs.jsonl"
   echo "t=${SECONDS}s job $job ($phase, ${secs}s)"
-  SLOWRANK_VOL_MARK=1 SLOWRANK_FAKE_JOB=$job setsid "$TRAINER" --ranks "$RANKS" --duration "$secs" \
+  SLOWRANK_VOL_MARK=1 SLOWRANK_FAKE_JOB=$job setsid "${FAKE_ENV[@]}" "$TRAINER" --ranks "$RANKS" --duration "$secs" \
     --step-ms 20 --gpu-ms 30 --sleep-before-start 1500 --truth "$WORK/truth-$job.jsonl" "$@" >"$WORK/trainer-$job.log" 2>&1 &
   TRAINER_PIDS=($!)
   wait "${TRAINER_PIDS[0]}" || echo "trainer exited $?"

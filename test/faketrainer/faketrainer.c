@@ -1837,7 +1837,28 @@ static int launcher_main(char **argv) {
   return rc;
 }
 
+/* The fake libraries found beside this binary, or a clear error: GPU hosts
+ * set LD_LIBRARY_PATH to the driver's libraries, and the loader searches it
+ * before our DT_RUNPATH, so the real libcuda.so.1 would be bound and the
+ * fake libcudart die at its first call ("undefined symbol
+ * slowrank_fake_init", exit 127). A bench on such a host then measures
+ * nothing. */
+static int check_fake_libs(void) {
+  if (dlsym(RTLD_DEFAULT, "slowrank_fake_init") != NULL) return 0;
+  Dl_info info;
+  void *cu = dlsym(RTLD_DEFAULT, "cuInit");
+  const char *from = cu && dladdr(cu, &info) && info.dli_fname ? info.dli_fname : "?";
+  const char *llp = getenv("LD_LIBRARY_PATH");
+  fprintf(stderr,
+          "faketrainer: libcuda.so.1 came from %s, not the fake libraries beside this binary "
+          "(LD_LIBRARY_PATH=%s is searched before its RUNPATH); run it with LD_LIBRARY_PATH unset "
+          "or pointing at fake libraries\n",
+          from, llp ? llp : "");
+  return -1;
+}
+
 int main(int argc, char **argv) {
+  if (check_fake_libs() != 0) return EXIT_USAGE;
   if (parse_opts(argc, argv) != 0) return EXIT_USAGE;
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (getenv("RANK") && *getenv("RANK")) return rank_main(argv);

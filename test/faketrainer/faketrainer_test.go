@@ -605,3 +605,36 @@ func TestTorchSymbols(t *testing.T) {
 		}
 	}
 }
+
+// TestForeignLibcudaIsRefusedWithTheReason: on GPU hosts LD_LIBRARY_PATH
+// points at the driver's libcuda.so.1, which the loader prefers to the
+// trainer's RUNPATH; the fake libraries would then die at their first call
+// (exit 127, "undefined symbol"). The trainer must refuse at once and say
+// which library it got and why.
+func TestForeignLibcudaIsRefusedWithTheReason(t *testing.T) {
+	if binDir == "" {
+		t.Skip(skip)
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "cuda.c")
+	if err := os.WriteFile(src, []byte("int cuInit(unsigned int flags) { (void)flags; return 0; }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("gcc", "-shared", "-fPIC", "-o", filepath.Join(dir, "libcuda.so.1"), src).CombinedOutput(); err != nil {
+		t.Fatalf("build a stand-in for the driver's libcuda: %v\n%s", err, out)
+	}
+	cmd := exec.Command(filepath.Join(binDir, "faketrainer"), "--ranks", "1", "--steps", "3")
+	cmd.Env = append(cleanEnv(), "LD_LIBRARY_PATH="+dir)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	var exitErr *exec.ExitError
+	if !errors.As(err, &exitErr) || exitErr.ExitCode() != 2 {
+		t.Fatalf("exit %v, want status 2 (usage)\nstderr:\n%s", err, stderr.String())
+	}
+	for _, want := range []string{filepath.Join(dir, "libcuda.so.1"), "LD_LIBRARY_PATH"} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("stderr does not name %q:\n%s", want, stderr.String())
+		}
+	}
+}
