@@ -20,7 +20,13 @@
 #  2. clock agreement: the agent attached at full duty with the plugin loaded;
 #     the library dumps its batches; plugin GPU start/end per collective minus
 #     the overlapping CUPTI NCCL kernel's -> nccl-plugin-clock.json.
-# Knobs: ROUNDS (5), CALLS (500 per block), BLOCKS (100). A block is timed on
+#  Both need two ranks on two GPUs (WORLD, default 2 where the machine has
+#  them): at world size 1 NCCL runs a collective as ncclLaunchOneRank (an
+#  in-place sum is a no-op), so no kernel runs and the plugin sees no Coll or
+#  KernelCh event. Session 12's run (1 GPU) showed it: 324 device records,
+#  all copies and sets; 0 CUPTI NCCL kernels and 0 plugin kernels. At world
+#  size 1 the cost figures say so ("note") and part 2 is skipped.
+# Knobs: ROUNDS (5), CALLS (500 per block), BLOCKS (100), WORLD. A block is timed on
 # the host only and synchronised after: it must stay shorter than CUDA's
 # launch queue, or the host waits for the GPU (each 1-KiB all-reduce takes
 # ~20 us there) and a trap of a few us does not show (the first run's
@@ -35,17 +41,34 @@ ROUNDS=${ROUNDS:-5}; CALLS=${CALLS:-500}; BLOCKS=${BLOCKS:-100}
 build_lib
 PY=bench/gpu/nccl_plugin.py
 : >"$OUT/loop.jsonl"
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+WORLD=${WORLD:-$((gpus >= 2 ? 2 : 1))}
+echo "nccl_plugin: world size $WORLD ($gpus GPUs)"
+
+# on_ranks VAR=VALUE... CMD...: CMD on WORLD ranks (RANK, LOCAL_RANK and
+# WORLD_SIZE set; one GPU each; @RANK@ in an argument becomes the rank);
+# rank 0's output is this function's.
+on_ranks() {
+  local r rc=0 pids=()
+  for ((r = 1; r < WORLD; r++)); do
+    env RANK=$r LOCAL_RANK=$r WORLD_SIZE="$WORLD" "${@//@RANK@/$r}" >/dev/null &
+    pids+=($!)
+  done
+  env RANK=0 LOCAL_RANK=0 WORLD_SIZE="$WORLD" "${@//@RANK@/0}" || rc=$?
+  for r in "${pids[@]}"; do wait "$r" || rc=1; done
+  return $rc
+}
 
 run_mode() { # MODE PORT
   local mode=$1 port=$2
   case $mode in
-    neither) MODE=$mode PORT=$port CUDA_INJECTION64_PATH=$LIB python3 $PY loop "$CALLS" "$BLOCKS" ;;
+    neither) on_ranks MODE=$mode PORT=$port CUDA_INJECTION64_PATH=$LIB python3 $PY loop "$CALLS" "$BLOCKS" ;;
     uprobe) start_agent "u$port" --status-socket "$OUT/agent-$port.sock" --env-key SLOWRANK_NCCL_BENCH
-      MODE=$mode PORT=$port SLOWRANK_NCCL_BENCH=1 RANK=0 CUDA_INJECTION64_PATH=$LIB python3 $PY loop "$CALLS" "$BLOCKS"
+      on_ranks MODE=$mode PORT=$port SLOWRANK_NCCL_BENCH=1 CUDA_INJECTION64_PATH=$LIB python3 $PY loop "$CALLS" "$BLOCKS"
       stop_agent ;;
-    plugin) MODE=$mode PORT=$port CUDA_INJECTION64_PATH=$LIB NCCL_PROFILER_PLUGIN=$LIB SLOWRANK_CUPTI_FORCE_ATTACH=1 \
+    plugin) on_ranks MODE=$mode PORT=$port CUDA_INJECTION64_PATH=$LIB NCCL_PROFILER_PLUGIN=$LIB SLOWRANK_CUPTI_FORCE_ATTACH=1 \
       SLOWRANK_CUPTI_MODE=off python3 $PY loop "$CALLS" "$BLOCKS" ;;
-    plugin_kch) MODE=$mode PORT=$port CUDA_INJECTION64_PATH=$LIB NCCL_PROFILER_PLUGIN=$LIB SLOWRANK_CUPTI_FORCE_ATTACH=1 \
+    plugin_kch) on_ranks MODE=$mode PORT=$port CUDA_INJECTION64_PATH=$LIB NCCL_PROFILER_PLUGIN=$LIB SLOWRANK_CUPTI_FORCE_ATTACH=1 \
       SLOWRANK_CUPTI_MODE=always python3 $PY loop "$CALLS" "$BLOCKS" ;;
   esac
 }
@@ -64,6 +87,12 @@ python3 $PY ratios "$OUT/loop.jsonl" | tee "$RESULTS/nccl-plugin-cost.json"
 # library was attached, with no kernel record in the dump.
 # The measured loop takes about a second: it starts only once the agent has
 # attached the library and pinned the share (START_FILE), plus 1 s.
+if [ "$WORLD" -lt 2 ]; then
+  echo '{"skipped": "world size 1: no collective kernel runs (ncclLaunchOneRank), so neither CUPTI nor the plugin has one to compare; needs two GPUs"}' |
+    tee "$RESULTS/nccl-plugin-clock.json"
+  (cd "$OUT" && tar czf "$RESULTS/nccl-plugin-raw.tgz" --exclude='*.sock' --exclude='*.dump' .)
+  exit 0
+fi
 start_agent clock --status-socket "$OUT/agent.sock" --env-key SLOWRANK_NCCL_BENCH
 rm -f "$OUT/clock.start"
 (
@@ -76,8 +105,9 @@ rm -f "$OUT/clock.start"
   done
   echo "clock: the agent never attached the library (clock-agent.log)" >>"$OUT/clock-control.log"
 ) &
-MODE=clock PORT=29690 SLOWRANK_NCCL_BENCH=1 RANK=0 CUDA_INJECTION64_PATH=$LIB NCCL_PROFILER_PLUGIN=$LIB \
-  START_FILE="$OUT/clock.start" SLOWRANK_CUPTI_DUMP="$OUT/clock.dump" python3 $PY loop 2000 150 >"$OUT/clock-loop.json" 2>"$OUT/clock.err"
+# A dump per rank: each pairs its own CUPTI and plugin kernels.
+on_ranks MODE=clock PORT=29690 SLOWRANK_NCCL_BENCH=1 CUDA_INJECTION64_PATH=$LIB NCCL_PROFILER_PLUGIN=$LIB \
+  START_FILE="$OUT/clock.start" SLOWRANK_CUPTI_DUMP="$OUT/clock-@RANK@.dump" python3 $PY loop 2000 150 >"$OUT/clock-loop.json" 2>"$OUT/clock.err"
 stop_agent
-python3 $PY clock "$OUT/clock.dump" | tee "$RESULTS/nccl-plugin-clock.json"
+python3 $PY clock "$OUT"/clock-*.dump | tee "$RESULTS/nccl-plugin-clock.json"
 (cd "$OUT" && tar czf "$RESULTS/nccl-plugin-raw.tgz" --exclude='*.sock' --exclude='*.dump' .)

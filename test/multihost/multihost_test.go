@@ -177,6 +177,20 @@ func waitUntil(t *testing.T, what string, limit time.Duration, cond func() bool)
 
 func only(m map[string]int, state string) bool { return len(m) == 1 && m[state] > 0 }
 
+// unexpected lists rank's verdicts in [from, to] whose state is not want,
+// with phase and reason: what a failure must show to be diagnosed.
+func unexpected(vs []detector.Verdict, rank int, want string, from, to int64) string {
+	var b strings.Builder
+	for _, v := range vs {
+		if v.Rank != rank || v.State == want || v.WindowStartNS < from || v.WindowEndNS > to {
+			continue
+		}
+		fmt.Fprintf(&b, "\n\twindow %d %s %s %+.1f%% ref rank %d of %d: %s", v.Window, v.State, v.Phase,
+			100*v.Deviation, v.ReferenceRank, v.ComparableCount, v.Reason)
+	}
+	return b.String()
+}
+
 func TestSlowRankAcrossHostsAndSilentHost(t *testing.T) {
 	requirements(t)
 	testStart := time.Now()
@@ -246,26 +260,24 @@ func TestSlowRankAcrossHostsAndSilentHost(t *testing.T) {
 	run(t, "ip", "-n", n.agg(), "link", "set", n.aggLink(cutHost), "up")
 	// Windows wholly inside the cut and settled before the heal.
 	var during map[int]map[string]int
+	var cutVerdicts []detector.Verdict
 	waitUntil(t, "the windows of the cut to settle", 10*time.Second, func() bool {
-		vs, _ := verdicts(t, vpath)
 		var nw int
-		during, nw = states(vs, tCut, tHeal-int64(lateness))
+		cutVerdicts, _ = verdicts(t, vpath)
+		during, nw = states(cutVerdicts, tCut, tHeal-int64(lateness))
 		return nw >= 3
 	})
 	for r := range hosts * ranksPerHost {
+		want, who := detector.StateOK, ""
 		switch {
 		case r/ranksPerHost == cutHost:
-			if !only(during[r], detector.StateUncertain) {
-				t.Errorf("rank %d (cut host) during the cut: %v, want only uncertain", r, during[r])
-			}
+			want, who = detector.StateUncertain, " (cut host)"
 		case r == slowRank:
-			if !only(during[r], detector.StateStraggler) {
-				t.Errorf("rank %d (the straggler) during the cut: %v, want only straggler", r, during[r])
-			}
-		default:
-			if !only(during[r], detector.StateOK) {
-				t.Errorf("rank %d during the cut: %v, want only ok", r, during[r])
-			}
+			want, who = detector.StateStraggler, " (the straggler)"
+		}
+		if !only(during[r], want) {
+			t.Errorf("rank %d%s during the cut: %v, want only %s:%s", r, who, during[r], want,
+				unexpected(cutVerdicts, r, want, tCut, tHeal-int64(lateness)))
 		}
 	}
 
