@@ -177,6 +177,12 @@ func waitUntil(t *testing.T, what string, limit time.Duration, cond func() bool)
 
 func only(m map[string]int, state string) bool { return len(m) == 1 && m[state] > 0 }
 
+// healthyButNoisy: judged in every window (ok), with at most one window a
+// candidate: what a healthy rank may show on a loaded machine.
+func healthyButNoisy(m map[string]int) bool {
+	return len(m) == 2 && m[detector.StateOK] > 0 && m[detector.StateCandidate] == 1
+}
+
 // unexpected lists rank's verdicts in [from, to] whose state is not want,
 // with phase and reason: what a failure must show to be diagnosed.
 func unexpected(vs []detector.Verdict, rank int, want string, from, to int64) string {
@@ -274,6 +280,15 @@ func TestSlowRankAcrossHostsAndSilentHost(t *testing.T) {
 			want, who = detector.StateUncertain, " (cut host)"
 		case r == slowRank:
 			want, who = detector.StateStraggler, " (the straggler)"
+		}
+		if want == detector.StateOK && healthyButNoisy(during[r]) {
+			// Six ranks, three agents and the aggregator on CI's two
+			// loaded cores: a healthy rank's host median can sit 5 %
+			// above its peers' for one window (twice in CI's runs so far).
+			// That is a candidate, never an alert (the summary below
+			// names rank 3 only); say what it was.
+			t.Logf("rank %d during the cut: %v:%s", r, during[r], unexpected(cutVerdicts, r, want, tCut, tHeal-int64(lateness)))
+			continue
 		}
 		if !only(during[r], want) {
 			t.Errorf("rank %d%s during the cut: %v, want only %s:%s", r, who, during[r], want,
