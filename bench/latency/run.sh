@@ -51,7 +51,9 @@
 # (xz -9 -c .cache/tools/bin/otelcol > bin/otelcol.xz, the same for jaeger)
 # in place of bin/otelcol-mini.xz: with slowrank.xz, latency-probe.xz and
 # fakelibs about 46 MB (xz -6 sizes: 13.9 + 3.9 + 0.8 + 9.6 + 17.4 MB).
-# Checked here: MINI=1 SHORT=1 with only the three .xz files in bin/.
+# Checked here: MINI=1 SHORT=1 with only the three .xz files in bin/, and
+# with LD_LIBRARY_PATH naming a stand-in libcuda.so.1 as GPU hosts do (the
+# fake job runs with it unset: the first H200 run lost all 16 jobs to it).
 # Results go to $OUT (latency.json, raw/latency/).
 # Knobs: JOBS (16), EVERY (13 s), JOB_S (58 s), RANKS (4), STEP_MS (20),
 # GPU_MS (30), SLOW_HOST_MS (12), SEED (1), WINDOW (agent default 5s),
