@@ -153,10 +153,11 @@ func trainer(t *testing.T, env []string, args ...string) run {
 }
 
 // cleanEnv drops the launcher variables so that the trainer starts in
-// launcher mode whatever the environment of the test.
+// launcher mode whatever the environment of the test, and the loader's
+// (GPU hosts set LD_LIBRARY_PATH to the driver's libcuda.so.1).
 func cleanEnv() []string {
 	drop := []string{"RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "LOCAL_WORLD_SIZE=", "GROUP_RANK=", "MASTER_ADDR=",
-		"MASTER_PORT=", "TORCHELASTIC_RUN_ID=", "SLOWRANK_FAKE_"}
+		"MASTER_PORT=", "TORCHELASTIC_RUN_ID=", "SLOWRANK_FAKE_", "LD_LIBRARY_PATH=", "LD_PRELOAD="}
 	var env []string
 	for _, kv := range os.Environ() {
 		if !slices.ContainsFunc(drop, func(p string) bool { return strings.HasPrefix(kv, p) }) {
