@@ -25,13 +25,14 @@ import (
 // withdrawn and a step becomes m instances, ending with the dominant one
 // (the return of the synchronisation that waited for the iteration's GPU
 // work). The first group is the earliest one whose dominant instance
-// reaches as far, and the ones before it, each while its last instance
-// dominates the one before it and lasts at least half as long as the next
-// group's (the first iterations: the first's instances hold data loading
-// or compilation, and the next one's first instance can hold the end of
-// the first: the Trainer's first iteration on the H200, 3.1 s, was lost
-// when its second's first instance of 200 ms dominated only two of the
-// four others).
+// reaches as far and is not init-time (initGroup), and the ones before it,
+// each while its last instance dominates the one before it (or would but
+// for one instance of its group that a preemption delayed) and lasts at
+// least half as long as the next group's (the first iterations: the
+// first's instances hold data loading or compilation, and the next one's
+// first instance can hold the end of the first: the Trainer's first
+// iteration on the H200, 3.1 s, was lost when its second's first instance
+// of 200 ms dominated only two of the four others).
 //
 // Later groups are cut by count (countedEnd): the instance at the count
 // ends a step when it dominates its group, or lasts at least half as long
@@ -642,22 +643,74 @@ func (d *seqDet) regroup(m, k int64) {
 	dk, _ := d.dur(k)
 	d.noteDom(k, dk, true)
 	e0 := k
-	for e0-m >= d.instFrom && d.reach(e0-m) >= m-1 {
+	for e0-m >= d.instFrom && d.reach(e0-m) >= m-1 && !d.initGroup(e0-m, k) {
 		e0 -= m
 	}
 	// The first iterations, each as long as half the next one at least.
-	for g := e0 - m; g >= d.instFrom; g -= m {
-		dg, _ := d.dur(g)
-		de, _ := d.dur(e0)
-		if d.reach(g) < min(1, g-d.instFrom) || 2*dg < de {
-			break
-		}
+	for g := e0 - m; g >= d.instFrom && d.firstIteration(g, e0); g -= m {
 		e0 = g
 	}
 	d.startStep(d.instAt(max(e0-m, d.instFrom-1)))
 	for e := e0; e <= k; e += m {
 		d.boundary(d.instAt(e), false)
 	}
+}
+
+// initGroup reports whether the group ending with instance g, which
+// reaches as far as the regroup's groups up to k, is init-time (the
+// model's copy to the GPU, a synchronisation per tensor) by trimGen's
+// rule, which the confirmation of the fallback clock's first lock applies
+// to its steps: shorter than 1/groupRatio of each of the next groups (up
+// to steadyN+1 of them) and ending no run of steadyN+1 groups that agree
+// within groupRatio (a change of pace). Reported as a step and withdrawn
+// at the confirmation, it took an index all the same: on one rank of the
+// fake trainer the last copies happened to make a group (four brief ones,
+// then one of 1 ms before iterations of 11 ms), on the other not, and step
+// k was iteration k−1 on the first (TestReplayTrainerSpeedup's
+// 10-loaded-preempted-first-iterations).
+func (d *seqDet) initGroup(g, k int64) bool {
+	dg, _ := d.dur(g)
+	n := 0
+	for e := g + d.grp; e <= k && n <= steadyN; e += d.grp {
+		if de, _ := d.dur(e); dg*groupRatio >= de {
+			return false
+		}
+		n++
+	}
+	return n > 0 && !d.endsRun(g)
+}
+
+// endsRun reports whether the groups ending with instances g−steadyN·grp,
+// …, g each reach grp−1 and agree within groupRatio.
+func (d *seqDet) endsRun(g int64) bool {
+	lo, hi := int64(math.MaxInt64), int64(0)
+	for j := int64(0); j <= steadyN; j++ {
+		e := g - j*d.grp
+		de, ok := d.dur(e)
+		if !ok || d.reach(e) < d.grp-1 {
+			return false
+		}
+		lo, hi = min(lo, de), max(hi, de)
+	}
+	return lo*groupRatio >= hi
+}
+
+// firstIteration reports whether instance g, a group before e, the first
+// instance of a regroup that ends a step, ends a step too: it lasts half
+// as long as e at least and dominates the instance before it (the first
+// instance, whose predecessor is unknown, need not), or would dominate
+// it but for one other instance of its group that a preemption of the
+// host delayed (delayedInGroup, as at the count). On a loaded 2-core host
+// rank 1's iteration 1 had its third call 5.9 ms late, beside an 11.3 ms
+// end: the walk stopped there and iterations 0 and 1 made no step
+// (TestReplayTrainerSpeedup's 10-loaded-preempted-first-iterations).
+func (d *seqDet) firstIteration(g, e int64) bool {
+	dg, _ := d.dur(g)
+	de, _ := d.dur(e)
+	if 2*dg < de {
+		return false
+	}
+	return d.reach(g) >= min(1, g-d.instFrom) || d.delayedInGroup(g, dg, de)
 }
 
 // knownGroup is the instances per step of a confirmed cycle (0: unknown).
