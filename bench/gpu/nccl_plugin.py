@@ -127,14 +127,17 @@ def clock(args):
     """The dumps of all ranks (one file each), paired per process."""
     nc = np_ = 0
     ds, de, lag, offsets = [], [], [], []
+    missing = [path for path in args if not os.path.exists(path)]
     for path in args:
+        if path in missing:
+            continue
         c, p, a, b, l, off = pair_kernels(path)
         nc, np_ = nc + c, np_ + p
         ds, de, lag = ds + a, de + b, lag + l
         offsets.append(off)
     q = lambda v: {"n": len(v), "median": statistics.median(v) if v else None,
                    "p5": sorted(v)[len(v) // 20] if v else None, "p95": sorted(v)[len(v) * 19 // 20] if v else None}
-    print(json.dumps({"dumps": len(args), "cupti_nccl_kernels": nc, "plugin_kernels": np_,
+    print(json.dumps({"dumps": len(args) - len(missing), "missing_dumps": missing, "cupti_nccl_kernels": nc, "plugin_kernels": np_,
                       "start_minus_cupti_ns": q(ds), "end_minus_cupti_ns": q(de), "host_seen_lag_ns": q(lag),
                       "clock_offset_ns": offsets}))
 
