@@ -209,35 +209,20 @@ func TestExternalLoopShapes(t *testing.T) {
 	}, {
 		// Lightning, DDP strategy: the bucket all-reduces of the backward
 		// pass and no synchronisation, except one every 100 iterations.
-		name: "lightning",
-		script: func() loopScript {
-			return loopScript{
-				pre:   []loopCall{{op: "broadcast", count: 1 << 20, at: 1 * ms, dur: 1 * ms}, {sync: true, at: 3 * ms, dur: 100 * us}},
-				preNS: 10 * ms, n: 400, iter: func(i int) ([]loopCall, int64) {
-					var cs []loopCall
-					for k := range 22 {
-						cnt := uint64(6_553_600)
-						if k == 0 {
-							cnt = 262_144
-						} else if k == 21 {
-							cnt = 1_234_567
-						}
-						cs = append(cs, loopCall{op: "allreduce", count: cnt, at: 5*ms + int64(k)*500*us, dur: 15 * us})
-					}
-					d := 20 * ms
-					if i == 0 {
-						for k := range cs {
-							cs[k].at += 1800 * ms
-						}
-						d += 1800 * ms
-					}
-					if i%100 == 99 {
-						cs = append(cs, loopCall{sync: true, at: 17 * ms, dur: 18 * ms})
-						d += 20 * ms
-					}
-					return cs, d
-				}}
-		},
+		name:   "lightning",
+		script: func() loopScript { return lightningScript(false) },
+	}, {
+		// The same with iteration 0's buckets other than the later ones
+		// (DDP rebuilds its buckets after iteration 0): the cycle, locked
+		// from iteration 1, has no synchronisation before it, so it is cut
+		// one call into each iteration (the largest rotation), and each fact
+		// ends in the next iteration. The first, from the synchronisation
+		// after the broadcast, holds iteration 0 (897 facts, the first in
+		// iteration 3, before the lock started at the partial instance's
+		// end and took the iteration before it).
+		name:    "lightning, buckets rebuilt after iteration 0",
+		firstAt: 1,
+		script:  func() loopScript { return lightningScript(true) },
 	}, {
 		// A CUDA graph of the whole step: three eager warm-up iterations on
 		// a side stream (loss.item() synchronises it), the capture (no
@@ -389,6 +374,45 @@ func TestExternalLoopShapes(t *testing.T) {
 // (.item() of the batch's token count, the nan check after backward, the
 // grad norm, ...); a logging step every 50 with an all-gather and a
 // hundred small synchronisations.
+// lightningScript: Lightning's DDP loop, 22 bucket all-reduces per
+// iteration and a synchronisation every 100; rebuilt: iteration 0 has 26
+// buckets of other sizes (before DDP rebuilds them).
+func lightningScript(rebuilt bool) loopScript {
+	return loopScript{
+		pre:   []loopCall{{op: "broadcast", count: 1 << 20, at: 1 * ms, dur: 1 * ms}, {sync: true, at: 3 * ms, dur: 100 * us}},
+		preNS: 10 * ms, n: 400, iter: func(i int) ([]loopCall, int64) {
+			buckets := 22
+			if rebuilt && i == 0 {
+				buckets = 26
+			}
+			var cs []loopCall
+			for k := range buckets {
+				cnt := uint64(6_553_600)
+				switch {
+				case rebuilt && i == 0:
+					cnt = uint64(5_000_000 + k*1000)
+				case k == 0:
+					cnt = 262_144
+				case k == 21:
+					cnt = 1_234_567
+				}
+				cs = append(cs, loopCall{op: "allreduce", count: cnt, at: 5*ms + int64(k)*500*us, dur: 15 * us})
+			}
+			d := 20 * ms
+			if i == 0 {
+				for k := range cs {
+					cs[k].at += 1800 * ms
+				}
+				d += 1800 * ms
+			}
+			if i%100 == 99 {
+				cs = append(cs, loopCall{sync: true, at: 17 * ms, dur: 18 * ms})
+				d += 20 * ms
+			}
+			return cs, d
+		}}
+}
+
 func trainerIter(i int) ([]loopCall, int64) {
 	cs := []loopCall{
 		{sync: true, at: 200 * us, dur: 6 * us}, {sync: true, at: 240 * us, dur: 6 * us},

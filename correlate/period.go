@@ -772,13 +772,22 @@ func (d *seqDet) lockAt(cyc []int32, j, n int64, tentative bool) {
 		startT = d.tAt(j - 1)
 	case j == 0 && d.creationStarts(p, n):
 		startT = d.createdAt
+	case d.endsPartialInstance(j, cyc):
+		startT = d.tAt(j - 1)
 	default:
 		e := d.skipS(j, p) - 1
 		startT = d.tAt(e)
 		j = e + 1 // the first instance only opens the first step
 	}
 	if d.grp <= 1 {
-		d.startStep(startT)
+		if s, ok := d.firstIterationStart(j); ok {
+			// The iteration before the first instance: from the latest
+			// synchronisation to the call that ends it.
+			d.startStep(s)
+			d.report(startT, false)
+		} else {
+			d.startStep(startT)
+		}
 	}
 	d.nStep = 0
 	d.instFrom = d.inst
@@ -802,6 +811,35 @@ func (d *seqDet) lockAt(cyc []int32, j, n int64, tentative bool) {
 	for _, k := range d.known {
 		k.state = 0
 	}
+}
+
+// endsPartialInstance reports whether, on a communicator's first lock, the
+// token before the first instance at j is the cycle's own last call: an
+// iteration whose calls differ only before it (DDP rebuilds its buckets
+// after iteration 0) still ends with the call that ends every later one,
+// a boundary of the same phase. Without this the first instance only
+// opened the first step, and its iteration had none.
+func (d *seqDet) endsPartialInstance(j int64, cyc []int32) bool {
+	return !d.confirmedOnce && len(d.known) == 0 && !d.syncOnly && j-1 >= d.oldest() && j-1 >= 0 &&
+		d.at(j-1) == cyc[len(cyc)-1]
+}
+
+// firstIterationStart: when the lock starts at a partial instance's end
+// (endsPartialInstance) and a synchronisation precedes it with only
+// collectives between, the time of that synchronisation: the first
+// iteration, whose calls were another cycle's, runs from there (DDP's
+// iteration 0 before the buckets are rebuilt, after the init-time
+// broadcast's synchronisation).
+func (d *seqDet) firstIterationStart(j int64) (int64, bool) {
+	if d.nextIdx != 0 || j-1 < 0 || d.at(j-1) == tokS || !d.endsPartialInstance(j, d.cycle) {
+		return 0, false
+	}
+	for i := j - 2; i >= d.oldest() && i >= 0; i-- {
+		if d.at(i) == tokS {
+			return d.tAt(i), true
+		}
+	}
+	return 0, false
 }
 
 // skipS returns the token after the p tokens of the cycle from j (S
