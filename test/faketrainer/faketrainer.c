@@ -167,7 +167,8 @@ static void usage(FILE *f) {
           "  --step-ms MS           host work per step (default 10)\n"
           "  --gpu-ms MS            device compute per step (default 20)\n"
           "  --buckets N            gradient buckets = ncclAllReduce calls per step (default 4, at most 4096)\n"
-          "  --warmup-buckets N     buckets of step 0 only (DDP before its bucket rebuild; default --buckets)\n"
+          "  --warmup-buckets N     buckets of step 0 only (DDP before its bucket rebuild; default --buckets;\n"
+          "                         with --loop-shape too)\n"
           "  --init-bursts          before step 0: a parameter broadcast (ncclBroadcast per parameter, sizes\n"
           "                         repeating layer by layer, each followed by a stream synchronisation)\n"
           "                         and a barrier storm (1-element ncclAllReduce + synchronisation, 40 times),\n"
@@ -1174,6 +1175,7 @@ static void fwd_bwd(struct rank_ctx *c, uint64_t *rng, double host, double gpu, 
   host_work(jittered(rng, host * 0.3));
   launch(fwd_kernel, jittered(rng, gpu * 0.3), s);
   int nb = buckets && O.buckets > 0 ? O.buckets : 1;
+  if (buckets && g_cur_step == 0 && O.warmup_buckets > 0) nb = O.warmup_buckets; /* before DDP's rebuild */
   for (int b = 0; b < nb; b++) {
     host_work(jittered(rng, host * 0.3 / nb));
     launch(bwd_kernel, jittered(rng, gpu * 0.6 / nb), s);

@@ -112,7 +112,7 @@ func TestInitBurstsAreNoSteps(t *testing.T) {
 // iteration on both.
 func TestLoopShapesAreIterations(t *testing.T) {
 	testutil.RequireAgent(t, "to attach uprobes")
-	for _, shape := range []string{"trainer", "trainer+epilogue", "trainer+speedup", "trainer+speedup10", "trainer+slowdown", "megatron", "lightning", "cudagraph", "compile"} {
+	for _, shape := range []string{"trainer", "trainer+epilogue", "trainer+speedup", "trainer+speedup10", "trainer+slowdown", "megatron", "lightning", "lightning+rebuilt", "cudagraph", "compile"} {
 		t.Run(shape, func(t *testing.T) {
 			steps, extra, firstAt, after := 260, []string(nil), int64(0), 0
 			loop := shape
@@ -139,11 +139,22 @@ func TestLoopShapesAreIterations(t *testing.T) {
 				// "compile" case of correlate's TestExternalLoopShapes).
 				firstAt = 1
 			}
-			if shape == "lightning" {
+			if shape == "lightning" || shape == "lightning+rebuilt" {
 				// A cycle without synchronisations is locked after ConfirmSpan
 				// (2 s) without one: Lightning on the H200 synchronised every
 				// 100 iterations of 22 ms. The fake's are ~6 ms.
-				steps, extra = 500, []string{"--log-every", "400"}
+				loop, steps, extra = "lightning", 500, []string{"--log-every", "400"}
+			}
+			if shape == "lightning+rebuilt" {
+				// Iteration 0 all-reduces 5 buckets, the later ones 3 (DDP
+				// rebuilds its buckets after iteration 0). Its last call is
+				// outside the cycle, so the first lock starts after it, as
+				// after an init-time call: iteration 0 makes no fact (the
+				// calls before could be init-time ones; a step from the
+				// synchronisation before them would make those a step). The
+				// case where iteration 0 ends with the cycle's own last call
+				// is correlate's "lightning, buckets rebuilt after iteration 0".
+				extra, firstAt = append(extra, "--warmup-buckets", "5"), 1
 			}
 			sink, a, truth := ncclJob.runAll(t, 2*time.Second, append([]string{"--ranks", "2", "--steps", fmt.Sprint(steps),
 				"--step-ms", "8", "--gpu-ms", "12", "--buckets", "3", "--loop-shape", loop}, extra...)...)
