@@ -400,9 +400,7 @@ func lightningScript(rebuilt bool) loopScript {
 			}
 			d := 20 * ms
 			if i == 0 {
-				for k := range cs {
-					cs[k].at += 1800 * ms
-				}
+				delayFrom(cs, 0, 1800*ms)
 				d += 1800 * ms
 			}
 			if i%100 == 99 {
@@ -420,9 +418,7 @@ func trainerIter(i int) ([]loopCall, int64) {
 		{sync: true, at: 33100 * us, dur: 10 * us}}
 	d := 37 * ms
 	if i == 0 {
-		for k := range cs {
-			cs[k].at += 500 * ms
-		}
+		delayFrom(cs, 0, 500*ms)
 		d += 500 * ms
 	}
 	if i%50 == 49 {
