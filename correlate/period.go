@@ -767,20 +767,21 @@ func (d *seqDet) lockAt(cyc []int32, j, n int64, tentative bool) {
 	// init-time call: the first iteration starts after it); so is the
 	// communicator's creation before its first call.
 	var startT int64
+	partial := false // the token before j ends a partial instance
 	switch {
 	case j-1 >= d.oldest() && j-1 >= 0 && (d.syncOnly || d.at(j-1) == tokS || d.initBefore(j, p)):
 		startT = d.tAt(j - 1)
 	case j == 0 && d.creationStarts(p, n):
 		startT = d.createdAt
 	case d.endsPartialInstance(j, cyc):
-		startT = d.tAt(j - 1)
+		startT, partial = d.tAt(j-1), true
 	default:
 		e := d.skipS(j, p) - 1
 		startT = d.tAt(e)
 		j = e + 1 // the first instance only opens the first step
 	}
 	if d.grp <= 1 {
-		if s, ok := d.firstIterationStart(j); ok {
+		if s, ok := d.firstIterationStart(j, partial); ok {
 			// The iteration before the first instance: from the latest
 			// synchronisation to the call that ends it.
 			d.startStep(s)
@@ -825,13 +826,13 @@ func (d *seqDet) endsPartialInstance(j int64, cyc []int32) bool {
 }
 
 // firstIterationStart: when the lock starts at a partial instance's end
-// (endsPartialInstance) and a synchronisation precedes it with only
-// collectives between, the time of that synchronisation: the first
-// iteration, whose calls were another cycle's, runs from there (DDP's
-// iteration 0 before the buckets are rebuilt, after the init-time
-// broadcast's synchronisation).
-func (d *seqDet) firstIterationStart(j int64) (int64, bool) {
-	if d.nextIdx != 0 || j-1 < 0 || d.at(j-1) == tokS || !d.endsPartialInstance(j, d.cycle) {
+// (partial: endsPartialInstance chose the start) and a synchronisation
+// precedes it with only collectives between, the time of that
+// synchronisation: the first iteration, whose calls were another cycle's,
+// runs from there (DDP's iteration 0 before the buckets are rebuilt, after
+// the init-time broadcast's synchronisation).
+func (d *seqDet) firstIterationStart(j int64, partial bool) (int64, bool) {
+	if !partial || d.nextIdx != 0 {
 		return 0, false
 	}
 	for i := j - 2; i >= d.oldest() && i >= 0; i-- {
