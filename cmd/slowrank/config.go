@@ -160,6 +160,11 @@ func parseConfig(data []byte, sections func(string) bool) ([]configEntry, error)
 				}
 				e.values = []string{v.Value}
 			case yaml.SequenceNode:
+				if len(v.Content) == 0 {
+					// An empty list would set nothing yet look like it
+					// clears the flag: say so rather than keep the default.
+					return &configError{line: v.Line, key: full, msg: "empty list: it sets nothing; remove the key to keep the default"}
+				}
 				for _, it := range v.Content {
 					if it.Kind != yaml.ScalarNode || it.Tag == "!!null" {
 						return &configError{line: it.Line, key: full, msg: "list items must be plain values"}

@@ -85,6 +85,7 @@ func TestInvalidInputExitsTwo(t *testing.T) {
 		{"config not a mapping", []string{"replay", "--config", cfg("list.yaml", "- window\n")}, nil, []string{"list.yaml", "line 1", "mapping"}},
 		{"config duplicate key", []string{"replay", "--config", cfg("dup.yaml", "window: 5s\nwindow: 6s\n")}, nil, []string{"dup.yaml", "line 2", "duplicate"}},
 		{"config list for a single flag", []string{"replay", "--config", cfg("list1.yaml", "window: [5s, 6s]\n")}, nil, []string{"list1.yaml", "line 1", "window", "one value"}},
+		{"config empty list", []string{"agent", "--config", cfg("empty.yaml", "agent:\n  pid: []\n")}, nil, []string{"empty.yaml", "line 2", "agent.pid", "empty list"}},
 		{"config nested value", []string{"replay", "--config", cfg("nested.yaml", "window:\n  a: 1\n")}, nil, []string{"nested.yaml", "line 2", "window"}},
 		{"config from env", []string{"replay"}, map[string]string{"SLOWRANK_CONFIG": cfg("env.yaml", "consecutive: many\n")}, []string{"env.yaml", "line 1", "consecutive"}},
 		{"config validated values", []string{"replay", "--config", cfg("invalid.yaml", "threshold: -3\n"), "--input", "$DIR/x"}, nil, []string{"threshold"}},
@@ -176,7 +177,7 @@ func FuzzParseConfig(f *testing.F) {
 		"window: 5s\n", "agent:\n  pid: [1, 2]\n  facts: /x\n", `{"replay": {"threshold": 0.1}}`,
 		"- a\n- b\n", "a: &x 1\nb: *x\n", "window: [1, [2]]\n", "agent: 3\n", "? [a]\n: b\n",
 		"window: !!binary aGVsbG8=\n", "\xff\xfe", "a: b: c\n", "agent:\n  agent:\n    window: 1s\n",
-		"%YAML 1.2\n---\nwindow: 1s\n...\n", "window: 1s\n---\nfloor: 1ms\n", "",
+		"%YAML 1.2\n---\nwindow: 1s\n...\n", "window: 1s\n---\nfloor: 1ms\n", "", "agent:\n  pid: []\n",
 	} {
 		f.Add([]byte(s))
 	}
