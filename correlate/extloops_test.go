@@ -669,14 +669,21 @@ func TestReplayTrainerEpiloguePreempted(t *testing.T) {
 //     regroup began with a group of the model's copies (four brief ones,
 //     then one of 1 ms), which the confirmation withdrew as init-time but
 //     whose index stood; rank 1's copies made no group. The regroup now
-//     skips such a group by the trim's rule (initGroup).
+//     skips such a group by the trim's rule (initGroup);
+//   - 10-loaded-aligned-to-withdrawn (open/'s loaded1): 400 facts on both
+//     ranks, but step k was iteration k−2 on rank 0 (398 indices apart):
+//     its first step took index 2 from a tentative step of rank 1's
+//     one-instance lock that ended 1.8 ms before it, which rank 1's
+//     regroup withdrew right after; rank 1's first step matched no peer
+//     and counted from 0. A step aligned to a peer's tentative step that
+//     its lock withdraws takes its own count (unanchor).
 func TestReplayTrainerSpeedup(t *testing.T) {
 	for _, f := range []string{"3", "3-loaded", "3-loaded-preempted-before-logging", "3-loaded-run-preempted",
 		"3-loaded-keeps-sync-clock", "3-loaded-preempted-logging", "3-loaded-preempted-iteration-1", "10", "10-loaded", "10-loaded-preempted-run", "10-loaded-preempted-walk2", "10-loaded-preempted-walk3",
 		"10-loaded-keeps-sync-clock", "10-loaded-irregular-keeps-sync-clock", "10-loaded-irregular-keeps-sync-clock2", "10-loaded-preempted-logging", "10-loaded-regroup", "10-loaded-logging-spikes", "10-loaded-kept-after-logging", "10-loaded-new-pace-by-count",
 		"10-logging-spike-no-wait", "10-loaded-preempted-before-logging", "10-loaded-preempted-before-logging2",
 		"10-loaded-spikes-at-count-no-wait", "10-loaded-spikes-no-wait", "10-loaded-spike-brief-wait",
-		"10-loaded-preempted-first-iterations", "0.33", "0.33-loaded-preempted"} {
+		"10-loaded-preempted-first-iterations", "10-loaded-aligned-to-withdrawn", "0.33", "0.33-loaded-preempted"} {
 		t.Run("speedup "+f, func(t *testing.T) {
 			replayTrainerFile(t, "testdata/trainer-speedup"+f+"-2ranks.records.gz", 0)
 		})

@@ -89,7 +89,7 @@ const (
 	// of 3: two stalls of 8 and 10 ms among 1.3 ms iterations on a loaded
 	// 2-core host set it, and the next iterations, each with an instance
 	// delayed, lost the phase for 12 of them
-	// (testdata/open/trainer-speedup10-loaded1).
+	// (testdata/trainer-speedup10-loaded-aligned-to-withdrawn).
 	domN, domQ = 8, 2
 	// settledSteps, settledReps: a grouping that made settledSteps steps
 	// is replaced only by one that holds settledReps groups (findGroup).
@@ -274,9 +274,9 @@ func (d *seqDet) pendEnd(k, dk int64) (end bool, from int64, wait bool) {
 // group may outlast it (on a loaded 2-core host, two or three instances of
 // one group 1.2 to 4 ms late among 1.3 ms iterations, every few
 // iterations, lost the phase, which was found again 6 to 13 iterations
-// later: testdata/open/trainer-speedup10-loaded1). A logging step's brief
-// calls at the count lose it, and so does a spike among them whose call
-// returned at once (waited).
+// later: testdata/trainer-speedup10-loaded-aligned-to-withdrawn). A
+// logging step's brief calls at the count lose it, and so does a spike
+// among them whose call returned at once (waited).
 func (d *seqDet) countedEnd(k, dk, dom int64) bool {
 	return (d.reach(k) >= d.grp-1 || d.longEnd(k, dk, dom)) && d.waited(k, dk)
 }
