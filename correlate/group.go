@@ -285,17 +285,34 @@ func (d *seqDet) countedEnd(k, dk, dom int64) bool {
 // did (half at least) while another instance of its group is shorter than
 // 1/groupRatio of it: not one of a run of alike instances (a CUDA graph's
 // iterations after a grouping of the model's paired copies, which ungroup
-// ends).
+// ends). Its call waited as an iteration's end does, for the iteration's
+// GPU work: no two other calls of its group waited more than groupRatio
+// times as long (one may: a preemption of the host inside the call right
+// after the previous end, which then lasts its whole instance). On a loaded
+// host the count after a logging iteration's end fell on its first logging
+// call, 1.02 ms after the call before it and itself 224 µs long (the
+// logging calls take 3 µs), after the grad-norm and all-gather
+// synchronisations, which waited 2.5 and 1.9 ms: two facts in that
+// iteration (TestReplayTrainerSpeedup's 10-loaded-logging-after-waits).
 func (d *seqDet) longEnd(k, dk, dom int64) bool {
 	if 2*dk < dom {
 		return false
 	}
+	short, waitedMore := false, 0
+	w := d.instWait(k)
 	for i := k - d.grp + 1; i < k; i++ {
-		if di, ok := d.dur(i); ok && di*groupRatio < dk {
-			return true
+		di, ok := d.dur(i)
+		if !ok {
+			continue
+		}
+		if di*groupRatio < dk {
+			short = true
+		}
+		if d.instWait(i) > w*groupRatio {
+			waitedMore++
 		}
 	}
-	return false
+	return short && waitedMore < 2
 }
 
 // keptRun reports whether instance k (of duration dk), at the position of
