@@ -93,9 +93,12 @@ type proc struct {
 	// step that ends at the same time (alignToPeers), since the call count
 	// of the clock's communicator depends on what the recording saw. It is
 	// armed again (idxOffset back to alignOff) when that step is withdrawn
-	// before any step of the clock was confirmed.
+	// before any step of the clock was confirmed; when the peer's step it
+	// took its index from was tentative (anchor) and is withdrawn first,
+	// the steps take p's own count instead (unanchor).
 	align          bool
 	alignOff       int64
+	anchor         alignAnchor
 	clockConfirmed bool
 	ends           [endsN]stepEnd // latest closed steps, by index % endsN
 	markerMode     bool
@@ -134,6 +137,19 @@ type proc struct {
 const endsN = 64
 
 type stepEnd struct{ idx, end int64 }
+
+// alignAnchor is a first alignment to a peer's tentative step (alignToPeers),
+// kept while the aligned process's clock is not confirmed: withdrawn with
+// its lock, the step no longer numbers p's steps (unanchor).
+type alignAnchor struct {
+	ok         bool
+	pid        uint32 // the peer
+	clock, gen uint32 // the peer's clock serial and lock of its step
+	idx        int64  // the peer's step's index
+	serial     uint32 // p's clock serial at the alignment
+	at         int64  // the index p's step took from it
+	own        int64  // the index p's step had without a peer
+}
 
 // syncFallbackMin is how many synchronisations a process without any
 // collective must make before they become its step clock.

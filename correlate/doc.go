@@ -70,7 +70,9 @@
 // clock. The first step under each clock takes the index of a peer's step
 // of the same job that ends within a quarter of a step of it (the first
 // process to close a step numbers it), so that step k is the same
-// iteration on every rank of a host whatever each one's call count. A
+// iteration on every rank of a host whatever each one's call count; a
+// peer's tentative step that its lock withdraws numbers nothing (the
+// steps aligned to it take their own count while unconfirmed). A
 // cycle without synchronisations is accepted after NoSyncMinCalls calls or
 // ConfirmSpan of event time without one, and keeps its lock through an
 // occasional one (logging every N iterations); the first lock of a

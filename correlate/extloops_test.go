@@ -669,14 +669,29 @@ func TestReplayTrainerEpiloguePreempted(t *testing.T) {
 //     regroup began with a group of the model's copies (four brief ones,
 //     then one of 1 ms), which the confirmation withdrew as init-time but
 //     whose index stood; rank 1's copies made no group. The regroup now
-//     skips such a group by the trim's rule (initGroup).
+//     skips such a group by the trim's rule (initGroup);
+//   - 10-loaded-aligned-to-withdrawn (open/'s loaded1): 400 facts on both
+//     ranks, but step k was iteration k−2 on rank 0 (398 indices apart):
+//     its first step took index 2 from a tentative step of rank 1's
+//     one-instance lock that ended 1.8 ms before it, which rank 1's
+//     regroup withdrew right after; rank 1's first step matched no peer
+//     and counted from 0. A step aligned to a peer's tentative step that
+//     its lock withdraws takes its own count (unanchor);
+//   - 10-loaded-logging-after-waits (open/'s loaded3): rank 1's count
+//     after its last iteration's end (a logging step) fell on the first
+//     logging call, 1.02 ms after the call before it and 224 µs long, in a
+//     group with the grad-norm and all-gather synchronisations (2.53 and
+//     2.96 ms, their calls waiting 2.51 and 1.89 ms); long beside a 0.17
+//     ms instance, it was taken by longEnd (401/400). An end whose group
+//     has two calls that waited more than twice as long is no iteration's
+//     end.
 func TestReplayTrainerSpeedup(t *testing.T) {
 	for _, f := range []string{"3", "3-loaded", "3-loaded-preempted-before-logging", "3-loaded-run-preempted",
 		"3-loaded-keeps-sync-clock", "3-loaded-preempted-logging", "3-loaded-preempted-iteration-1", "10", "10-loaded", "10-loaded-preempted-run", "10-loaded-preempted-walk2", "10-loaded-preempted-walk3",
 		"10-loaded-keeps-sync-clock", "10-loaded-irregular-keeps-sync-clock", "10-loaded-irregular-keeps-sync-clock2", "10-loaded-preempted-logging", "10-loaded-regroup", "10-loaded-logging-spikes", "10-loaded-kept-after-logging", "10-loaded-new-pace-by-count",
 		"10-logging-spike-no-wait", "10-loaded-preempted-before-logging", "10-loaded-preempted-before-logging2",
 		"10-loaded-spikes-at-count-no-wait", "10-loaded-spikes-no-wait", "10-loaded-spike-brief-wait",
-		"10-loaded-preempted-first-iterations", "0.33", "0.33-loaded-preempted"} {
+		"10-loaded-preempted-first-iterations", "10-loaded-aligned-to-withdrawn", "10-loaded-logging-after-waits", "0.33", "0.33-loaded-preempted"} {
 		t.Run("speedup "+f, func(t *testing.T) {
 			replayTrainerFile(t, "testdata/trainer-speedup"+f+"-2ranks.records.gz", 0)
 		})

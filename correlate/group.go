@@ -89,7 +89,7 @@ const (
 	// of 3: two stalls of 8 and 10 ms among 1.3 ms iterations on a loaded
 	// 2-core host set it, and the next iterations, each with an instance
 	// delayed, lost the phase for 12 of them
-	// (testdata/open/trainer-speedup10-loaded1).
+	// (testdata/trainer-speedup10-loaded-aligned-to-withdrawn).
 	domN, domQ = 8, 2
 	// settledSteps, settledReps: a grouping that made settledSteps steps
 	// is replaced only by one that holds settledReps groups (findGroup).
@@ -274,9 +274,9 @@ func (d *seqDet) pendEnd(k, dk int64) (end bool, from int64, wait bool) {
 // group may outlast it (on a loaded 2-core host, two or three instances of
 // one group 1.2 to 4 ms late among 1.3 ms iterations, every few
 // iterations, lost the phase, which was found again 6 to 13 iterations
-// later: testdata/open/trainer-speedup10-loaded1). A logging step's brief
-// calls at the count lose it, and so does a spike among them whose call
-// returned at once (waited).
+// later: testdata/trainer-speedup10-loaded-aligned-to-withdrawn). A
+// logging step's brief calls at the count lose it, and so does a spike
+// among them whose call returned at once (waited).
 func (d *seqDet) countedEnd(k, dk, dom int64) bool {
 	return (d.reach(k) >= d.grp-1 || d.longEnd(k, dk, dom)) && d.waited(k, dk)
 }
@@ -285,17 +285,34 @@ func (d *seqDet) countedEnd(k, dk, dom int64) bool {
 // did (half at least) while another instance of its group is shorter than
 // 1/groupRatio of it: not one of a run of alike instances (a CUDA graph's
 // iterations after a grouping of the model's paired copies, which ungroup
-// ends).
+// ends). Its call waited as an iteration's end does, for the iteration's
+// GPU work: no two other calls of its group waited more than groupRatio
+// times as long (one may: a preemption of the host inside the call right
+// after the previous end, which then lasts its whole instance). On a loaded
+// host the count after a logging iteration's end fell on its first logging
+// call, 1.02 ms after the call before it and itself 224 µs long (the
+// logging calls take 3 µs), after the grad-norm and all-gather
+// synchronisations, which waited 2.5 and 1.9 ms: two facts in that
+// iteration (TestReplayTrainerSpeedup's 10-loaded-logging-after-waits).
 func (d *seqDet) longEnd(k, dk, dom int64) bool {
 	if 2*dk < dom {
 		return false
 	}
+	short, waitedMore := false, 0
+	w := d.instWait(k)
 	for i := k - d.grp + 1; i < k; i++ {
-		if di, ok := d.dur(i); ok && di*groupRatio < dk {
-			return true
+		di, ok := d.dur(i)
+		if !ok {
+			continue
+		}
+		if di*groupRatio < dk {
+			short = true
+		}
+		if d.instWait(i) > w*groupRatio {
+			waitedMore++
 		}
 	}
-	return false
+	return short && waitedMore < 2
 }
 
 // keptRun reports whether instance k (of duration dk), at the position of

@@ -146,7 +146,7 @@ func (c *Correlator) takeClock(p *proc, pc *procComm, evs []detEvent) bool {
 	p.clockIdle = 0
 	p.switched = true
 	p.haveOpen = false
-	p.align, p.alignOff, p.clockConfirmed = !pc.sync, p.idxOffset, false
+	p.align, p.alignOff, p.clockConfirmed, p.anchor = !pc.sync, p.idxOffset, false, alignAnchor{}
 	return true
 }
 
@@ -259,10 +259,13 @@ func (c *Correlator) coarser(p *proc, pc *procComm, evs []detEvent) bool {
 // iteration together. The first process of a job to close a step numbers
 // it, the others follow. The closest end wins, ties to the lowest pid, so
 // that the result does not depend on map order. ok is false without a
-// match.
-func (c *Correlator) alignToPeers(p *proc, end, dur int64) (idx int64, ok bool) {
+// match; a is the match when it is a tentative step (its lock may still
+// be withdrawn, see unanchor).
+func (c *Correlator) alignToPeers(p *proc, end, dur int64) (idx int64, a alignAnchor, ok bool) {
 	tol := dur / 4
 	best, bestPID := int64(-1), uint32(0)
+	var from *proc
+	var fromEnd int64
 	for _, q := range c.procs {
 		if q == p || !q.hasInfo || q.info.Job != p.info.Job || q.clock == nil {
 			continue
@@ -278,10 +281,91 @@ func (c *Correlator) alignToPeers(p *proc, end, dur int64) (idx int64, ok bool) 
 			if d > tol || (best >= 0 && (d > best || d == best && q.pid > bestPID)) {
 				continue
 			}
-			best, bestPID, idx, ok = d, q.pid, e.idx, true
+			best, bestPID, idx, ok, from, fromEnd = d, q.pid, e.idx, true, q, e.end
 		}
 	}
-	return idx, ok
+	if ok {
+		for _, s := range from.pending {
+			if s.idx == idx && s.end == fromEnd && s.tentative {
+				a = alignAnchor{ok: true, pid: from.pid, clock: s.clock, gen: s.gen, idx: idx}
+			}
+		}
+	}
+	return idx, a, ok
+}
+
+// unanchor follows the withdrawal of tentative steps of q (a retract, a
+// trim, a change of clock): a process whose first alignment took its
+// index from one of them (anchor) and whose clock is not confirmed yet
+// numbers its steps from the aligned one by its own count, the index it
+// had without a peer, as if it had closed that step first: the peer's
+// index is of a cut that its lock withdrew. Rank 0 of the fake trainer
+// took index 2 from a tentative step of rank 1's one-instance lock, 1.8 ms
+// before its own first iteration's end, which rank 1's regroup withdrew
+// right after; rank 1's own first step matched no peer and counted from
+// 0: step k was iteration k−2 on rank 0 (TestReplayTrainerSpeedup's
+// 10-loaded-aligned-to-withdrawn). Processes aligned to the renumbered steps
+// follow them (renumber).
+func (c *Correlator) unanchor(q *proc) {
+	for _, p := range c.procs {
+		a := p.anchor
+		if !a.ok || a.pid != q.pid || p == q {
+			continue
+		}
+		if !c.pendingStep(q, a) {
+			p.anchor = alignAnchor{}
+			if !p.clockConfirmed && p.clockSerial == a.serial && a.own != a.at {
+				c.renumber(p, a.at, a.own-a.at, len(c.procs))
+			}
+		}
+	}
+}
+
+// pendingStep reports whether the step of anchor a is a pending step of q.
+func (c *Correlator) pendingStep(q *proc, a alignAnchor) bool {
+	for _, s := range q.pending {
+		if s.idx == a.idx && s.clock == a.clock && s.gen == a.gen {
+			return true
+		}
+	}
+	return false
+}
+
+// renumber moves the indices of p's steps under its clock from index from
+// on by d, and those of the processes aligned to them (up to depth of them
+// in a chain).
+func (c *Correlator) renumber(p *proc, from, d int64, depth int) {
+	if depth <= 0 {
+		return
+	}
+	var moved []int64
+	for _, s := range p.pending {
+		if s.clock == p.clockSerial && s.idx >= from {
+			moved = append(moved, s.idx)
+			s.idx += d
+		}
+	}
+	p.idxOffset += d
+	if p.lastIdx >= from {
+		p.lastIdx += d
+	}
+	var ends []stepEnd
+	for i, e := range p.ends {
+		if e.end != 0 && e.idx >= from {
+			ends = append(ends, e)
+			p.ends[i] = stepEnd{}
+		}
+	}
+	for _, e := range ends {
+		p.ends[uint64(e.idx+d)%endsN] = stepEnd{idx: e.idx + d, end: e.end}
+	}
+	for _, r := range c.procs {
+		if a := &r.anchor; a.ok && r != p && a.pid == p.pid && a.clock == p.clockSerial && slices.Contains(moved, a.idx) {
+			a.idx += d
+			c.renumber(r, a.at, d, depth-1) // r's clock is not confirmed: r would hold no anchor
+			a.at += d
+		}
+	}
 }
 
 func (c *Correlator) apply(p *proc, evs []detEvent) {
@@ -292,15 +376,24 @@ func (c *Correlator) apply(p *proc, evs []detEvent) {
 		case evBoundary:
 			p.clockIdle = 0
 			if !e.tentative {
-				p.clockConfirmed = true
+				p.clockConfirmed, p.anchor = true, alignAnchor{}
 			}
 			if p.haveOpen && e.t > p.openStart {
 				idx := e.idx + p.idxOffset
 				realign := false
+				var anchor alignAnchor
 				if p.align && p.hasInfo {
-					if peer, ok := c.alignToPeers(p, e.t, e.t-p.openStart); ok && peer > p.lastIdx {
+					own := idx
+					if own <= p.lastIdx && (p.switched || e.t > p.lastEnd) {
+						own = p.lastIdx + 1 // as below
+					}
+					if peer, a, ok := c.alignToPeers(p, e.t, e.t-p.openStart); ok && peer > p.lastIdx {
 						p.idxOffset += peer - idx
 						idx = peer
+						if a.ok && e.tentative && own > p.lastIdx {
+							a.serial, a.at, a.own = p.clockSerial, peer, own
+							anchor = a
+						}
 					}
 					p.align, realign = false, true
 				}
@@ -316,6 +409,9 @@ func (c *Correlator) apply(p *proc, evs []detEvent) {
 				if idx > p.lastIdx {
 					p.switched = false
 					c.closeStep(p, p.openStart, e.t, idx, e.gen, e.tentative)
+					if anchor.ok {
+						p.anchor = anchor
+					}
 				}
 			}
 			p.open(e.t)
@@ -326,7 +422,7 @@ func (c *Correlator) apply(p *proc, evs []detEvent) {
 			p.haveOpen = false
 			if !p.clockConfirmed && p.hasInfo {
 				// The aligned step was withdrawn: align the next one.
-				p.align, p.idxOffset = true, p.alignOff
+				p.align, p.idxOffset, p.anchor = true, p.alignOff, alignAnchor{}
 			}
 		case evTrim:
 			if c.trimGen(p, p.clockSerial, e.gen, e.t) && !p.clockConfirmed && p.hasInfo && !standing(p, p.clockSerial, e.gen) {
@@ -337,15 +433,20 @@ func (c *Correlator) apply(p *proc, evs []detEvent) {
 				// peer's step within a quarter of a step, an uncoupled
 				// rank one iteration behind its peer skipped an index:
 				// testdata trainer-speedup10-loaded-new-pace-by-count).
-				p.align, p.idxOffset = true, p.alignOff
+				p.align, p.idxOffset, p.anchor = true, p.alignOff, alignAnchor{}
 			}
 		case evBurst:
 			p.stats.BurstSteps += uint64(e.idx)
 		case evConfirm:
-			p.clockConfirmed = true
+			p.clockConfirmed, p.anchor = true, alignAnchor{}
 			for _, s := range p.pending {
 				if s.clock == p.clockSerial && s.gen == e.gen {
 					s.tentative = false
+				}
+			}
+			for _, q := range c.procs {
+				if a := q.anchor; a.ok && a.pid == p.pid && a.clock == p.clockSerial && a.gen == e.gen {
+					q.anchor = alignAnchor{} // the peer's step stands
 				}
 			}
 		}
@@ -501,6 +602,7 @@ func (c *Correlator) rewind(p *proc) {
 			p.ends[i] = stepEnd{} // withdrawn: no peer aligns to it
 		}
 	}
+	c.unanchor(p)
 }
 
 // pump settles due steps: first every process measures its due steps, then
