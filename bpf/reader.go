@@ -22,16 +22,18 @@ var ErrFlushed = ringbuf.ErrFlushed
 // from one goroutine at a time; Close and SetDeadline may be called from any
 // goroutine.
 type Reader struct {
-	p        *Probes
-	rd       *ringbuf.Reader
-	rec      ringbuf.Record
-	scratch  scratch       // Next's events
-	renew    atomic.Bool   // set a new ReadInto deadline before the next read
-	wait     time.Duration // the next poll wait (backOff)
-	got      bool          // a record was read since the last poll tick
-	once     sync.Once
-	cerr     error
-	deadline atomic.Int64 // unix ns, 0 = none
+	p       *Probes
+	rd      *ringbuf.Reader
+	rec     ringbuf.Record
+	scratch scratch       // Next's events
+	renew   atomic.Bool   // set a new ReadInto deadline before the next read
+	wait    time.Duration // the next poll wait (backOff)
+	got     bool          // a record was read since the last poll tick
+	once    sync.Once
+	cerr    error
+	// deadline is the user's deadline as monotonic ns since clockBase
+	// (time.Since(clockBase) compares with it), 0 = none.
+	deadline atomic.Int64
 
 	decoded   atomic.Uint64
 	malformed atomic.Uint64
@@ -77,8 +79,8 @@ func (r *Reader) read1(s *scratch) (Event, error) {
 		// once, and the loop renews it.
 		if r.renew.Swap(false) {
 			dl := time.Now().Add(r.wait)
-			if user := r.deadline.Load(); user != 0 && user < dl.UnixNano() {
-				dl = time.Unix(0, user)
+			if user := r.deadline.Load(); user != 0 && user < int64(dl.Sub(clockBase)) {
+				dl = clockBase.Add(time.Duration(user))
 			}
 			r.rd.SetDeadline(dl)
 		}
@@ -86,7 +88,7 @@ func (r *Reader) read1(s *scratch) (Event, error) {
 		switch {
 		case err == nil:
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			if user := r.deadline.Load(); user != 0 && time.Now().UnixNano() >= user {
+			if user := r.deadline.Load(); user != 0 && int64(time.Since(clockBase)) >= user {
 				return nil, fmt.Errorf("read ring buffer: %w", err)
 			}
 			r.renew.Store(true)
@@ -135,9 +137,16 @@ func (r *Reader) SetDeadline(t time.Time) {
 		r.renew.Store(true)
 		return
 	}
-	r.deadline.Store(max(t.UnixNano(), 1))
+	r.deadline.Store(max(int64(t.Sub(clockBase)), 1))
 	r.renew.Store(true)
 }
+
+// clockBase is what Reader deadlines are kept relative to: a time with a
+// monotonic reading, so that a deadline from time.Now().Add expires by the
+// monotonic clock like the caller's time.Since, not by the wall clock, which
+// NTP or a VM's clock may run faster or slower (TestReadDeadline saw a 100 ms
+// deadline end after 99.5 ms of monotonic time).
+var clockBase = time.Now()
 
 // Flush makes Read return every record already in the ring buffer without
 // waiting, then ErrFlushed once. Use it to drain on shutdown after detaching.
