@@ -22,6 +22,11 @@ Do no harm (issue 15; bench/gpu/stress.sh, coexist.sh, c1matrix.sh, idle_lib.sh)
   analyze.py coexist DIR          kernel events per profiled step with and without slowrank
   analyze.py c1m DIR NAME         C1 of one shape: ABBA deltas, bootstrap CI, A/A noise
   analyze.py idle DIR             idle library vs none: turn-taking processes, ABBA
+Exposure on one GPU (issue 16 item 1; bench/gpu/host_exposure.sh):
+  analyze.py host-exposure DIR [WINDOW_S CONSECUTIVE LATENESS_S]
+                                  per run DIR/hx-* (start and end host stall): step time from the
+                                  ground truth, the stalled rank's GPU idle and collective waits
+                                  against its peers', the verdicts after the injection, pass/fail
   analyze.py selftest             the pure functions above on synthetic data
 Where the agent's output is absent (a CPU dry run, or the agent failed), the
 summaries say so under "agent" instead of failing.
@@ -1177,6 +1182,185 @@ def idle(d):
             "processes": health, "design": design}
 
 
+# --- exposure of a host stall on one GPU (bench/gpu/host_exposure.sh) --------
+
+HX_PHASES = ("step", "host", "sync_wait", "coll_wait", "idle", "compute")
+
+
+def hx_truth(truth, inj_ns, skip_s=5.0, settle_s=1.0):
+    """Ground truth around the injection: every rank's median step time
+    before it (after the first skip_s s of the loop) and after it (from
+    settle_s s on), and per rank the wait in the end-of-step synchronisation
+    (sync_ms: the GPU queue left when the host reached it)."""
+    steps = [s for r in truth.values() for s in r["steps"]]
+    if not steps or inj_ns is None:
+        return {"steps": len(steps)}
+    t0 = min(s["start_ns"] for s in steps) + skip_s * 1e9
+    pre = [s for s in steps if t0 <= s["start_ns"] < inj_ns]
+    post = [s for s in steps if s["start_ns"] >= inj_ns + settle_s * 1e9]
+    b, a = median_or_none([s["step_ms"] for s in pre]), median_or_none([s["step_ms"] for s in post])
+    res = {"steps_before": len(pre), "steps_after": len(post), "step_ms_before": b, "step_ms_after": a,
+           "step_rise_ms": round(a - b, 3) if a is not None and b is not None else None,
+           "step_rise_pct": round(100 * (a / b - 1), 2) if a is not None and b else None}
+    sync = {}
+    for rank, r in sorted(truth.items()):
+        xs = [(s["start_ns"], s["sync_ms"]) for s in r["steps"] if "sync_ms" in s]
+        if xs:
+            sync[rank] = {"before": median_or_none([v for t, v in xs if t0 <= t < inj_ns]),
+                          "after": median_or_none([v for t, v in xs if t >= inj_ns + settle_s * 1e9])}
+    if sync:
+        res["sync_ms"] = sync
+    return res
+
+
+def hx_phases(facts, inj_ns, rank, settle_s=1.0):
+    """The agent's per-phase medians, before and after the injection, of the
+    stalled rank and the median over its peers; the device-record steps."""
+    split = inj_ns + settle_s * 1e9
+    res = {}
+    for ph in HX_PHASES:
+        pre, post = {}, {}
+        for f in facts:
+            if f.get("kind") == "step" and ph in (f.get("phases") or {}):
+                if f["end_ns"] < inj_ns:
+                    pre.setdefault(f["rank"], []).append(f["phases"][ph])
+                elif f["end_ns"] >= split:
+                    post.setdefault(f["rank"], []).append(f["phases"][ph])
+        if not pre and not post:
+            continue
+        row = {}
+        for when, d in (("before", pre), ("after", post)):
+            row["rank_" + when] = median_or_none(d.get(rank, []))
+            peers = [statistics.median(v) for r, v in d.items() if r != rank and v]
+            row["peers_" + when] = median_or_none(peers)
+        for who in ("rank", "peers"):
+            b, a = row[who + "_before"], row[who + "_after"]
+            row[who + "_change"] = round(a - b, 3) if a is not None and b is not None else None
+        res[ph] = row
+    gpu = {}
+    for f in facts:
+        if f.get("kind") == "step" and f["end_ns"] >= split:
+            g = gpu.setdefault(f["rank"], [0, 0])
+            g[0] += 1
+            g[1] += 1 if f.get("gpu") else 0
+    res["device_record_steps_after"] = {r: {"steps": n, "with_device_records": k} for r, (n, k) in sorted(gpu.items())}
+    return res
+
+
+def hx_judge(mode, host_rank, inj, verdicts, logged, window_s=5.0, consecutive=3, lateness_s=2.0):
+    """Pass/fail of one run from the agent's verdicts after the injection.
+    start: the first host straggler after the injection is host_rank, no other
+    rank gets a host alert, and it comes within (consecutive + 1) windows (the
+    injection falls inside a window) plus the lateness allowance; end: no host
+    straggler at all, and at least one of host_rank's host deviations shown
+    hidden (an ok verdict with exposure.exposed false, --emit-ok)."""
+    inj_ns, inj_wall = inj["mono_ns"], inj["wall"]
+    after = [v for v in verdicts if v.get("window_end_ns", 0) > inj_ns]
+    mine = [v for v in after if v.get("rank") == host_rank and v.get("phase") == "host"]
+    host_alerts = [v for v in after if v.get("phase") == "host" and v.get("state") == "straggler"]
+    alert_ranks = sorted({v["rank"] for v in host_alerts})
+    hidden = [v for v in mine if v.get("state") == "ok" and (v.get("exposure") or {}).get("exposed") is False]
+    exposed = [v for v in mine if (v.get("exposure") or {}).get("exposed") is True]
+    limit_s = (consecutive + 1) * window_s + lateness_s
+    res = {"mode": mode, "host_rank": host_rank, "limit_s": limit_s,
+           "host_verdicts_of_rank": len(mine), "states": {},
+           "exposed_windows": len(exposed), "hidden_windows": len(hidden),
+           "host_alert_ranks": alert_ranks,
+           "other_alerts": sorted({(v["rank"], v["phase"]) for v in after if v.get("state") == "straggler"
+                                   and v.get("phase") != "host"})}
+    for v in mine:
+        res["states"][v["state"]] = res["states"].get(v["state"], 0) + 1
+    ev = {}
+    for v in mine:
+        e = (v.get("exposure") or {}).get("evidence")
+        if e:
+            ev[e] = ev.get(e, 0) + 1
+    res["exposure_evidence"] = ev
+    first = next((v for v in mine if v.get("state") == "straggler"), None)
+    sample = first or (exposed[0] if exposed else (hidden[0] if hidden else (mine[0] if mine else None)))
+    if sample:
+        res["sample_verdict"] = {k: sample.get(k) for k in ("window", "state", "deviation", "value_ms", "reference_ms",
+                                                             "reference_rank", "hint", "reason", "exposure")}
+    if first:
+        res["alert_window_end_after_s"] = round((first["window_end_ns"] - inj_ns) / 1e9, 2)
+    logs = [l for l in logged if l["rank"] == host_rank and l["phase"] == "host" and l["wall"] >= inj_wall]
+    if logs:
+        res["alert_logged_after_s"] = round(logs[0]["wall"] - inj_wall, 2)
+    if mode == "start":
+        t = res.get("alert_logged_after_s", res.get("alert_window_end_after_s"))
+        res["in_time"] = t is not None and t <= limit_s
+        res["pass"] = bool(first) and alert_ranks == [host_rank] and res["in_time"]
+        res["criterion"] = (f"rank {host_rank} / host straggler within {limit_s:g} s of the injection, "
+                            "no other rank's host alert")
+    else:
+        res["pass"] = not host_alerts and bool(hidden)
+        res["criterion"] = f"no host straggler after the injection; rank {host_rank}'s host deviation shown hidden"
+    return res
+
+
+def hx_run(d, name, window_s=5.0, consecutive=3, lateness_s=2.0):
+    run_dir = os.path.join(d, name)
+    truth = mg_truth(run_dir)
+    agent, paths = mg_agent(d, name)
+    injs = {r: v["injection"] for r, v in truth.items() if v["injection"]}
+    stalled = [r for r, i in injs.items() if i.get("slow_host_ms")]
+    res = {"agent": agent, "training": mg_training(truth)}
+    if not stalled:
+        res["note"] = "no rank wrote an injection_start with slow_host_ms (the run ended before the injection?)"
+        res["pass"] = False
+        return res
+    rank = stalled[0]
+    inj = injs[rank]
+    mode = inj.get("slow_host_at") or "end"
+    tails = [row for p in glob.glob(os.path.join(run_dir, "rank*.jsonl")) for row in jsonl(p) if row.get("tail_gpu")]
+    res.update({"mode": mode, "host_rank": rank, "host_ms": inj["slow_host_ms"], "injection_step": inj["step"],
+                "tail_gpu": {"ms": tails[0]["tail_gpu_ms"], "iters": tails[0]["iters"],
+                             "matmul_ms": sorted(t["matmul_ms"] for t in tails)} if tails else None,
+                "truth": hx_truth(truth, inj["mono_ns"])})
+    tr = res["truth"]
+    if tr.get("step_rise_ms") is not None:
+        # As designed: start lengthens the step by about the stall, end hides.
+        rise, ms = tr["step_rise_ms"], inj["slow_host_ms"]
+        tr["as_designed"] = rise >= 0.5 * ms if mode == "start" else rise < 0.25 * ms
+    facts = jsonl(paths["facts.jsonl"])
+    verdicts = jsonl(paths["verdicts.jsonl"])
+    summ = [v for v in verdicts if v.get("kind") == "summary"]
+    verdicts = [v for v in verdicts if v.get("kind") == "verdict"]
+    if facts:
+        res["facts"] = facts_summary(paths["facts.jsonl"])
+        res["agent_phases"] = hx_phases(facts, inj["mono_ns"], rank)
+    if summ:
+        res["summary"] = {k: summ[-1].get(k) for k in ("stragglers", "worst_rank", "worst_phase", "windows",
+                                                        "alerts", "hidden_deviations")}
+    if not verdicts and not summ:
+        res["pass"] = False
+        res["note"] = agent.get("note", "no verdicts from the agent")
+        return res
+    j = hx_judge(mode, rank, inj, verdicts, straggler_log(paths["agent.log"]), window_s, consecutive, lateness_s)
+    res["judgement"] = j
+    res["pass"] = j["pass"]
+    if "as_designed" in tr:
+        # Whatever the design: the agent alerted if and only if the steps got longer.
+        rose = tr["step_rise_ms"] >= max(1.0, 0.05 * (tr["step_ms_before"] or 0))
+        res["judged_by_truth"] = bool(j["host_alert_ranks"] == [rank]) == rose
+    return res
+
+
+def host_exposure(d, window_s=5.0, consecutive=3, lateness_s=2.0):
+    window_s, consecutive, lateness_s = float(window_s), int(consecutive), float(lateness_s)
+    names = sorted(os.path.basename(os.path.dirname(p)) for p in glob.glob(os.path.join(d, "hx-*", "rank0.jsonl")))
+    res = {"runs": {n: hx_run(d, n, window_s, consecutive, lateness_s) for n in names},
+           "window_s": window_s, "consecutive": consecutive, "lateness_s": lateness_s}
+    plan = os.path.join(d, "plan.jsonl")
+    if os.path.exists(plan):
+        res["plan"] = jsonl(plan)
+    res["pass"] = bool(names) and all(r.get("pass") for r in res["runs"].values())
+    res["modes"] = {n: r.get("mode") for n, r in res["runs"].items()}
+    if not names:
+        res["note"] = "no run folder hx-*/rank0.jsonl"
+    return res
+
+
 def selftest():
     import importlib.util
     import shutil
@@ -1350,6 +1534,32 @@ def selftest():
     check("clock: CI narrower than raw", adj["ci95_pct"][1] - adj["ci95_pct"][0] < (raw["ci95_pct"][1] - raw["ci95_pct"][0]) / 4)
     flat = clock_adjusted([(100.3, 100.0, 1800, 1800), (100.1, 100.0, 1800, 1800), (100.2, 100.0, 1800, 1800)], n=500)
     check("clock: flat clock gives the mean", flat["slope"] == 0 and abs(flat["effect_pct"] - 0.2) < 0.001)
+    # hx_judge / hx_truth: an exposed start stall and a hidden end stall.
+    inj = {"mono_ns": 100 * 10**9, "wall": 1000.0}
+
+    def hv(w, state, rank=1, phase="host", exposed=None):
+        v = {"kind": "verdict", "window": w, "window_end_ns": (100 + 5 * w) * 10**9, "rank": rank, "phase": phase,
+             "state": state}
+        if exposed is not None:
+            v["exposure"] = {"evidence": "victim_wait", "exposed": exposed}
+        return v
+    vs = [hv(-1, "ok"), hv(1, "candidate", exposed=True), hv(2, "candidate", exposed=True),
+          hv(3, "straggler", exposed=True), hv(3, "straggler", rank=2, phase="compute")]
+    j = hx_judge("start", 1, inj, vs, [{"wall": 1016.5, "rank": 1, "phase": "host", "hint": ""}])
+    check("hx start pass", j["pass"] and j["alert_logged_after_s"] == 16.5 and j["exposed_windows"] == 3
+          and j["other_alerts"] == [(2, "compute")] and j["exposure_evidence"] == {"victim_wait": 3})
+    check("hx start late", not hx_judge("start", 1, inj, vs, [{"wall": 1030.0, "rank": 1, "phase": "host", "hint": ""}])["pass"])
+    check("hx start wrong rank", not hx_judge("start", 1, inj, vs + [hv(4, "straggler", rank=3)], [])["pass"])
+    hidden = [hv(1, "ok", exposed=False), hv(2, "ok", exposed=False)]
+    j = hx_judge("end", 1, inj, hidden, [])
+    check("hx end pass", j["pass"] and j["hidden_windows"] == 2 and j["host_alert_ranks"] == [])
+    check("hx end alert fails", not hx_judge("end", 1, inj, hidden + [hv(4, "straggler")], [])["pass"])
+    check("hx end nothing seen fails", not hx_judge("end", 1, inj, [hv(2, "uncertain")], [])["pass"])
+    steps = {r: {"steps": [{"step": i, "start_ns": i * 10**8, "step_ms": 100.0 + (15 if i >= 1000 and r == 1 else 0),
+                            "sync_ms": 40.0 - (15 if i >= 1000 and r == 1 else 0)} for i in range(1500)]} for r in range(4)}
+    t = hx_truth(steps, inj["mono_ns"])
+    check("hx truth", t["step_ms_before"] == 100.0 and t["sync_ms"][1] == {"before": 40.0, "after": 25.0}
+          and t["sync_ms"][0]["after"] == 40.0 and t["steps_before"] == 4 * 950)
     print(f"{passed[0]} passed, {len(failed)} failed")
     return {"passed": passed[0], "failed": failed}
 
@@ -1365,6 +1575,9 @@ def main(argv):
         extra = [int(x) for x in rest[4:6]]
         res = stress_plan(seed, budget, stop_s, drain, *extra)
         print(json.dumps(res, indent=1))
+        return
+    if kind == "host-exposure":
+        print(json.dumps(host_exposure(*rest), indent=1, default=list))
         return
     if kind in ("stress", "coexist", "c1m", "idle"):
         res = {"stress": stress, "coexist": coexist, "c1m": c1m, "idle": idle}[kind](*rest)

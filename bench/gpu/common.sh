@@ -41,11 +41,16 @@ train() {
 
 # DRY=1: a CPU dry run of the scripts (bench/gpu/multigpu.sh) on a machine
 # without a GPU: no injection library, no agent; train.py runs CPU gloo ranks.
+# DRY_AGENT=1 keeps the real agent (bench/gpu/host_exposure.sh): the script
+# must then select its dry trainer by a private --env-key, so that the agent
+# never attaches to other processes of a shared machine.
 if [ -n "${DRY:-}" ]; then
   LIB=
   build_lib() { echo "dry run: no injection library"; }
-  start_agent() { AGENT_PID=; echo "dry run: no agent for $1" >"$OUT/$1-agent.log"; }
-  stop_agent() { :; }
+  if [ -z "${DRY_AGENT:-}" ]; then
+    start_agent() { AGENT_PID=; echo "dry run: no agent for $1" >"$OUT/$1-agent.log"; }
+    stop_agent() { :; }
+  fi
 fi
 
 pack() {

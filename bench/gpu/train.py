@@ -17,24 +17,38 @@ Three forms:
     (rank 0 announces a stop step; no per-step collective, no extra device
     synchronisation). --device cpu --backend gloo runs the same code on CPU
     ranks with a tiny model: a dry run of launching, groups, injections, step
-    loop, stop logic and output files on a machine without a GPU.
+    loop, stop logic and output files on a machine without a GPU (both
+    the --multi-gpu form and the one-GPU gloo form).
 
 Each rank writes one JSON line per step to --out-dir/rank<R>.jsonl with its own
 ground truth (step, wall ms measured around the step's end-of-step
-synchronisation, loss) and, at the end, a SHA-256 of its parameters. In
---multi-gpu mode rank 0 also writes --out-dir/layout.json (world, TP and DP
-groups in global ranks, versions, arguments) and every rank begins its file
-with a "meta" line (local rank, TP/DP index, device, pid).
+synchronisation, loss; one GPU: also sync_ms, the wait in that
+synchronisation, i.e. the GPU queue left at the end of the step) and, at
+the end, a SHA-256 of its parameters. In --multi-gpu mode rank 0 also
+writes --out-dir/layout.json (world, TP and DP groups in global ranks,
+versions, arguments) and every rank begins its file with a "meta" line
+(local rank, TP/DP index, device, pid).
 
 Injections (for localisation experiments):
   --slow-gpu-rank R --slow-gpu-factor F --slow-from S : extra GPU matmuls on
       rank R from step S, sized to add about (F-1) of its compute;
   --slow-host-rank R --slow-host-ms M --slow-from S   : a host sleep per step;
-      --slow-host-at start|end (--multi-gpu) puts it before the forward pass
-      (the GPU idles: the job slows) or after the optimizer step (the GPU
-      still works: hidden unless longer than its queue).
-  --slow-from-s T : (--multi-gpu) start the injection T seconds after the
-      injected rank's first step instead of at a step number.
+      --slow-host-at start|end puts it before the forward pass (the GPU
+      idles: the job slows) or after the optimizer step, before the
+      end-of-step synchronisation (the GPU still works: hidden unless
+      longer than its queue; the default).
+  --slow-from-s T : start the injection T seconds after the loop began
+      instead of at a step number (one GPU: each rank on its own clock, so
+      each writes its injection_start at its own step).
+  --tail-gpu-ms M : (one GPU, gloo) GPU matmuls queued after the optimizer
+      step on every rank, about M ms with the ranks sharing the GPU. gloo's
+      blocking all-reduce copies each bucket to the host, so the host waits
+      for the backward there and only the optimizer step is left queued at
+      the end of the step: too little for a host stall to hide behind
+      (bench/gpu/c3c2.sh's 20 ms end stall lengthened every step by 22 ms).
+      An NCCL job queues its whole backward behind the host; the tail
+      stands in for that queue (bench/gpu/host_exposure.sh). Every rank runs
+      the same number (agreed on at start), so workloads stay comparable.
   --slow-gpu-mode contend : (--multi-gpu) instead of extra kernels in the
       training process (which change its kernel mix, so its workload
       fingerprint, so the detector rightly finds no comparable peer), a
@@ -106,7 +120,13 @@ def param_hash(model):
 
 
 def run(rank, world, args):
-    torch.cuda.set_device(0)
+    if args.device == "cuda":
+        torch.cuda.set_device(0)
+        dev = torch.device("cuda", 0)
+    else:
+        dev = torch.device("cpu")
+        torch.set_num_threads(args.cpu_threads)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     dist.init_process_group(args.backend, rank=rank, world_size=world)
     if args.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -119,7 +139,6 @@ def run(rank, world, args):
         torch.backends.cuda.enable_flash_sdp(False)
         torch.backends.cuda.enable_math_sdp(True)
     torch.manual_seed(args.seed)
-    dev = torch.device("cuda", 0)
     model = GPT(args.vocab, args.dim, args.layers, args.heads, args.seq).to(dev)
     # Same initial parameters on every rank (as DDP broadcasts them).
     for p in model.parameters():
@@ -131,12 +150,21 @@ def run(rank, world, args):
     if args.slow_gpu_rank == rank:
         n = args.slow_gpu_size
         extra = (torch.randn(n, n, device=dev), torch.randn(n, n, device=dev))
-    ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    out = open(os.path.join(args.out_dir, f"rank{rank}.jsonl"), "w", buffering=1)
+    tail = tail_iters = None
+    if args.tail_gpu_ms > 0:
+        tail, tail_iters, per = calibrate_tail(args, dev, sync)
+        out.write(json.dumps({"rank": rank, "tail_gpu": True, "tail_gpu_ms": args.tail_gpu_ms, "iters": tail_iters,
+                              "matmul_ms": round(per, 4), "size": args.tail_gpu_size}) + "\n")
+    timing = dev.type == "cuda"
+    if timing:
+        ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     fb_ms = []  # forward+backward GPU time of early steps, to size the GPU injection
     slow_iters = args.slow_gpu_iters
-    out = open(os.path.join(args.out_dir, f"rank{rank}.jsonl"), "w", buffering=1)
-    deadline = time.monotonic() + args.duration if args.duration > 0 else None
+    loop_t0 = time.monotonic()
+    deadline = loop_t0 + args.duration if args.duration > 0 else None
     step = 0
+    slow = False
     stop = torch.zeros(1, device=dev)
     while True:
         if deadline is None and step >= args.steps:
@@ -148,21 +176,28 @@ def run(rank, world, args):
             if stop.item() > 0:
                 break
         t0 = time.monotonic_ns()
-        slow = step >= args.slow_from
-        if slow and step == args.slow_from:
+        # --slow-from S: every rank at step S (one record per rank); --slow-from-s T:
+        # each rank on its own clock, T s after its loop began.
+        if not slow and (step >= args.slow_from or
+                         (args.slow_from_s >= 0 and time.monotonic() - loop_t0 >= args.slow_from_s)):
+            slow = True
             if extra is not None and args.slow_gpu_frac > 0 and fb_ms:
                 # Size the extra work to slow_gpu_frac of this rank's compute.
-                torch.cuda.synchronize()
+                sync()
                 a0 = time.perf_counter()
                 for _ in range(20):
                     extra[0].copy_(extra[0] @ extra[1] * 1e-3)
-                torch.cuda.synchronize()
+                sync()
                 per = (time.perf_counter() - a0) * 1e3 / 20
                 fb = sorted(fb_ms)[len(fb_ms) // 2]
                 slow_iters = max(1, round(args.slow_gpu_frac * fb / per))
             out.write(json.dumps({"rank": rank, "injection_start": True, "step": step, "mono_ns": time.monotonic_ns(),
-                                  "wall": time.time(), "slow_gpu_iters": slow_iters if extra is not None else 0}) + "\n")
-        measure = 5 <= step < 25 and extra is not None
+                                  "wall": time.time(), "slow_gpu_iters": slow_iters if extra is not None else 0,
+                                  "slow_host_ms": args.slow_host_ms if args.slow_host_rank == rank else 0,
+                                  "slow_host_at": args.slow_host_at if args.slow_host_rank == rank else None}) + "\n")
+        if args.slow_host_rank == rank and slow and args.slow_host_at == "start":
+            time.sleep(args.slow_host_ms / 1e3)  # like a data loader stall: the GPU has nothing queued
+        measure = timing and 5 <= step < 25 and extra is not None
         if measure:
             ev0.record()
         idx = torch.randint(0, args.vocab, (args.batch, args.seq), device=dev, generator=g)
@@ -188,17 +223,44 @@ def run(rank, world, args):
                 x.copy_(flat[off:off + x.numel()].view_as(x))
                 off += x.numel()
         opt.step()
-        if args.slow_host_rank == rank and slow:
-            time.sleep(args.slow_host_ms / 1e3)
-        torch.cuda.synchronize()  # the timer's native effect: a device synchronisation
+        if tail is not None:
+            # GPU work queued behind the host (see --tail-gpu-ms).
+            for _ in range(tail_iters):
+                tail[0].copy_(tail[0] @ tail[1] * 1e-3)
+        if args.slow_host_rank == rank and slow and args.slow_host_at == "end":
+            time.sleep(args.slow_host_ms / 1e3)  # while the GPU still works: hidden unless longer than its queue
+        ts = time.monotonic_ns()
+        sync()  # the timer's native effect: a device synchronisation
         t1 = time.monotonic_ns()
         out.write(json.dumps({"rank": rank, "step": step, "start_ns": t0, "end_ns": t1,
-                              "step_ms": (t1 - t0) / 1e6, "loss": loss.item()}) + "\n")
+                              "step_ms": (t1 - t0) / 1e6, "sync_ms": (t1 - ts) / 1e6, "loss": loss.item()}) + "\n")
         step += 1
     out.write(json.dumps({"rank": rank, "final": True, "steps": step, "param_sha256": param_hash(model)}) + "\n")
     out.close()
     dist.barrier()
     dist.destroy_process_group()
+
+
+def calibrate_tail(args, dev, sync):
+    """Matmuls for --tail-gpu-ms: timed on every rank at once (the ranks share
+    the GPU in the step too), the count agreed on as the largest over the
+    ranks (equal kernel counts: equal workload fingerprints)."""
+    n = args.tail_gpu_size
+    tg = torch.Generator(device=dev)
+    tg.manual_seed(args.seed + 3000)
+    tail = (torch.randn(n, n, device=dev, generator=tg), torch.randn(n, n, device=dev, generator=tg))
+    for _ in range(3):  # cuBLAS handle and kernel selection
+        tail[0].copy_(tail[0] @ tail[1] * 1e-3)
+    sync()
+    dist.barrier()
+    a0 = time.perf_counter()
+    for _ in range(20):
+        tail[0].copy_(tail[0] @ tail[1] * 1e-3)
+    sync()
+    per = (time.perf_counter() - a0) * 1e3 / 20
+    iters = torch.tensor([max(1, round(args.tail_gpu_ms / per))], device=dev)
+    dist.all_reduce(iters, op=dist.ReduceOp.MAX)
+    return tail, int(iters.item()), per
 
 
 
@@ -606,7 +668,7 @@ def main():
     ap.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
     ap.add_argument("--multi-gpu", action="store_true", help="one rank per device (cuda:LOCAL_RANK), TP x DP with DDP")
     ap.add_argument("--tp", type=int, default=1, help="(--multi-gpu) tensor-parallel group size; DP = ranks / tp")
-    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="(--multi-gpu) cpu: dry run with gloo")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: dry run with gloo")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--duration", type=float, default=0, help="seconds; overrides --steps")
     ap.add_argument("--dim", type=int, default=1024)
@@ -620,7 +682,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--slow-from", type=int, default=1 << 30)
-    ap.add_argument("--slow-from-s", type=float, default=-1, help="(--multi-gpu) start the injection after this many seconds")
+    ap.add_argument("--slow-from-s", type=float, default=-1, help="start the injection after this many seconds of the loop")
     ap.add_argument("--slow-gpu-rank", type=int, default=-1)
     ap.add_argument("--slow-gpu-size", type=int, default=2048)
     ap.add_argument("--slow-gpu-iters", type=int, default=4)
@@ -630,8 +692,12 @@ def main():
     ap.add_argument("--slow-host-rank", type=int, default=-1)
     ap.add_argument("--slow-host-ms", type=float, default=0)
     ap.add_argument("--slow-host-at", choices=("start", "end"), default="end",
-                    help="(--multi-gpu) where the host stall sits: start of the step (GPU idle: the job slows) or "
+                    help="where the host stall sits: start of the step (GPU idle: the job slows) or "
                          "after optimizer.step (GPU still busy: hidden unless longer than its queued work)")
+    ap.add_argument("--tail-gpu-ms", type=float, default=0,
+                    help="(one GPU, gloo) every rank queues about this many ms of GPU matmuls after optimizer.step, "
+                         "timed with all ranks sharing the GPU: the queue an end-of-step host stall can hide behind")
+    ap.add_argument("--tail-gpu-size", type=int, default=2048, help="matrix size of the --tail-gpu-ms matmuls")
     ap.add_argument("--stop-file", help="(--multi-gpu) stop early once this file exists (checked by rank 0 every step)")
     ap.add_argument("--stop-margin", type=int, default=10, help="(--multi-gpu) steps between rank 0's stop decision and the stop")
     ap.add_argument("--store-timeout", type=float, default=300, help="(--multi-gpu) seconds for store and collectives")
@@ -640,8 +706,6 @@ def main():
     ap.add_argument("--port", type=int, default=29511)
     ap.add_argument("--out-dir", default=".")
     args = ap.parse_args()
-    if args.device == "cpu" and not args.multi_gpu:
-        ap.error("--device cpu needs --multi-gpu")
     if args.device == "cpu" and args.backend != "gloo":
         ap.error("--device cpu needs --backend gloo")
     os.makedirs(args.out_dir, exist_ok=True)
