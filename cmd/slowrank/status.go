@@ -48,26 +48,44 @@ func checkStatusServerFlags(c *cli.Context) error {
 }
 
 // startStatusServer serves the agent's local endpoint. The endpoint is an
-// aid, not the agent's job: when it cannot listen (another agent holds the
-// socket, say), the agent runs on without it and says so. The returned
+// aid, not the agent's job: when it cannot listen, the agent runs on
+// without it and says so; a socket that another listener holds (an agent
+// still exiting) is waited for in the background (the server logs that it
+// waits, and when it listens). srv is nil without an endpoint; the returned
 // close function is never nil.
-func startStatusServer(c *cli.Context, a *agent.Agent, sinks *sinkSet) func() {
+func startStatusServer(c *cli.Context, a *agent.Agent, sinks *sinkSet) (srv *localapi.Server, closeStatus func()) {
 	cfg := localapi.ServerConfig{
 		Socket: c.String("status-socket"), Addr: c.String("status-addr"), AllowRemote: c.Bool("status-allow-remote"),
 		Metrics: sinks.metrics, Logger: slog.Default(),
 	}
 	if cfg.Socket == "" && cfg.Addr == "" {
-		return func() {}
+		return nil, func() {}
 	}
 	srv, err := localapi.NewServer(agent.LocalAPI(a, version, sinks.health(c)), cfg)
 	if err != nil {
 		slog.Warn("local status endpoint unavailable; the agent runs without it", "err", err)
-		return func() {}
+		return nil, func() {}
 	}
-	slog.Info("local status endpoint", "listen", strings.Join(srv.Addrs(), " "))
-	return func() {
+	if addrs := srv.Addrs(); len(addrs) > 0 {
+		slog.Info("local status endpoint", "listen", strings.Join(addrs, " "), "waiting_for_socket", srv.Waiting())
+	}
+	return srv, func() {
 		if err := srv.Close(); err != nil {
 			slog.Warn("closing the status endpoint", "err", err)
+		}
+	}
+}
+
+// observeAgent reports the agent's self-metrics and, with srv, the status
+// endpoint's.
+func observeAgent(a *agent.Agent, srv *localapi.Server) func(func(string, float64, ...string)) {
+	if srv == nil {
+		return a.Observe
+	}
+	return func(obs func(string, float64, ...string)) {
+		a.Observe(obs)
+		for k, v := range srv.Counters() {
+			obs(k, float64(v))
 		}
 	}
 }
