@@ -210,16 +210,30 @@ func newEndpointClient(sock string, timeout time.Duration) *http.Client {
 	return &http.Client{Timeout: timeout, Transport: tr}
 }
 
-// explain turns a connection failure into what the operator should do.
+// explain turns a connection failure into what the operator should do;
+// the failure stays in the chain for errors.Is.
 func (e *endpoint) explain(err error) error {
+	var ne net.Error
 	switch {
 	case errors.Is(err, os.ErrNotExist), errors.Is(err, syscall.ECONNREFUSED):
-		return fmt.Errorf("no agent answers at %s: start it (slowrank agent, systemctl start slowrank-agent) or pass --socket/--addr", e.where)
+		return &explained{fmt.Sprintf("no agent answers at %s: start it (slowrank agent, systemctl start slowrank-agent) or pass --socket/--addr", e.where), err}
 	case errors.Is(err, os.ErrPermission), errors.Is(err, syscall.EACCES):
-		return fmt.Errorf("permission denied on %s: the socket is root's (mode 0600): run with sudo", e.where)
+		return &explained{fmt.Sprintf("permission denied on %s: the socket is root's (mode 0600): run with sudo", e.where), err}
+	case errors.As(err, &ne) && ne.Timeout():
+		return &explained{fmt.Sprintf("%s accepts connections but no agent answered in time: an agent still exiting "+
+			"(a killed agent's exit can take seconds) or one that is stuck; a new agent takes the socket once it is gone", e.where), err}
 	}
 	return fmt.Errorf("ask the agent at %s: %w", e.where, err)
 }
+
+// explained is explain's answer: its message, and the failure it explains.
+type explained struct {
+	msg string
+	err error
+}
+
+func (x *explained) Error() string { return x.msg }
+func (x *explained) Unwrap() error { return x.err }
 
 func (e *endpoint) status(ctx context.Context) (agent.StatusReport, error) {
 	var rep agent.StatusReport
