@@ -12,9 +12,11 @@ import (
 	"net/http/pprof"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -64,9 +66,17 @@ type ServerConfig struct {
 	// Socket is the Unix socket path ("" for none). Its directory is
 	// created 0750 when missing and must not be writable by others; the
 	// socket is created 0600 (bound in a private directory, then renamed
-	// into place). A stale socket is replaced; a live one (another agent)
-	// or anything that is not a socket is an error.
+	// into place). A stale socket (nothing listens: the kernel refuses the
+	// connection) is replaced. A socket that another listener holds (an
+	// agent still running, or one still exiting) is not: the server serves
+	// its TCP address at once and tries the socket again every
+	// RetryInterval, taking it once the holder is gone. Anything that is
+	// not a socket is an error.
 	Socket string
+	// RetryInterval is how often the socket is tried again while another
+	// listener holds it, and how often the server checks that the path is
+	// still its own socket (default 1 s).
+	RetryInterval time.Duration
 	// Addr is an optional TCP address (host:port). Only loopback addresses
 	// are accepted unless AllowRemote. TCP serves GET /status and
 	// GET /metrics only: POST /control is accepted on the Unix socket,
@@ -83,24 +93,46 @@ type ServerConfig struct {
 
 // Server is the agent's local HTTP endpoint: GET /status (the Backend's
 // report as JSON), GET /metrics (Prometheus text format), POST /control
-// (a JSON request). Close it once.
+// (a JSON request). Close it (a second Close does nothing more).
 type Server struct {
 	cfg  ServerConfig
 	h    func(control bool) http.Handler
 	log  *slog.Logger
-	srvs []*http.Server
+	srvs []*http.Server // TCP
 	lns  []net.Listener
-	wg   sync.WaitGroup
+	wg   sync.WaitGroup // serving goroutines
 
-	sockInfo os.FileInfo // the socket we created, to remove only ours
-	addrs    []string
+	// The Unix socket: sock is owned by the keeper goroutine until stop is
+	// closed and it returns (keeper.Wait), then by Close.
+	sock     *socketServe
+	stop     chan struct{}
+	stopOnce sync.Once
+	keeper   sync.WaitGroup
+
+	mu    sync.Mutex // guards addrs
+	addrs []string
+
+	retries, takeovers, lost atomic.Int64
+	waiting                  atomic.Bool
+}
+
+// socketServe is the Unix socket while the server holds it.
+type socketServe struct {
+	hs   *http.Server
+	info os.FileInfo // the socket we created, to remove only ours
 }
 
 // ErrRemoteAddress reports a non-loopback TCP address without AllowRemote.
 var ErrRemoteAddress = errors.New("refusing a non-loopback status address (allow it explicitly)")
 
+// ErrSocketInUse reports a socket path that another listener holds: a
+// connection to it was not refused.
+var ErrSocketInUse = errors.New("status socket in use")
+
 // NewServer listens on the configured socket and address and serves b
-// until Close. On error, whatever it opened is closed.
+// until Close. A socket that another listener holds is no error: the
+// server waits for it in the background (see ServerConfig.Socket) and says
+// so in its log. On error, whatever it opened is closed.
 func NewServer[R, C any](b Backend[R, C], cfg ServerConfig) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -108,18 +140,23 @@ func NewServer[R, C any](b Backend[R, C], cfg ServerConfig) (*Server, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 3 * time.Second
 	}
+	if cfg.RetryInterval <= 0 {
+		cfg.RetryInterval = time.Second
+	}
 	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "server")}
 	s.h = func(control bool) http.Handler {
 		return NewHandler(b, HandlerConfig{Control: control, Timeout: cfg.Timeout, Metrics: cfg.Metrics})
 	}
 	if cfg.Socket != "" {
-		ln, info, err := listenUnix(cfg.Socket)
-		if err != nil {
+		ln, info, replaced, err := listenUnix(cfg.Socket)
+		switch {
+		case err == nil:
+			s.holdSocket(ln, info, replaced)
+		case errors.Is(err, ErrSocketInUse):
+			s.startWaiting(err)
+		default:
 			return nil, err
 		}
-		s.sockInfo = info
-		s.serve(ln, true)
-		s.addrs = append(s.addrs, "unix:"+cfg.Socket)
 	}
 	if cfg.Addr != "" {
 		ln, err := listenTCP(cfg.Addr, cfg.AllowRemote)
@@ -127,16 +164,121 @@ func NewServer[R, C any](b Backend[R, C], cfg ServerConfig) (*Server, error) {
 			s.Close()
 			return nil, err
 		}
-		s.serve(ln, false)
-		s.addrs = append(s.addrs, "http://"+ln.Addr().String())
+		s.srvs = append(s.srvs, s.serve(ln, false))
+		s.lns = append(s.lns, ln)
+		s.addAddr("http://" + ln.Addr().String())
+	}
+	if cfg.Socket != "" {
+		s.stop = make(chan struct{})
+		s.keeper.Add(1)
+		go s.keep()
 	}
 	return s, nil
 }
 
-// Addrs lists where the server listens ("unix:PATH", "http://HOST:PORT").
-func (s *Server) Addrs() []string { return append([]string(nil), s.addrs...) }
+// Addrs lists where the server listens now ("unix:PATH",
+// "http://HOST:PORT"): the socket only while the server holds it.
+func (s *Server) Addrs() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.addrs...)
+}
 
-func (s *Server) serve(ln net.Listener, control bool) {
+// Waiting reports whether the server is waiting for its socket (another
+// listener holds it, or it could not be made again).
+func (s *Server) Waiting() bool { return s.waiting.Load() }
+
+// Counters are the server's self-metrics, keyed as selfmetrics.Table
+// declares them: attempts at a socket that another listener held, stale
+// sockets replaced, sockets found removed or replaced under the server,
+// and 1 while it waits for its socket. Safe from any goroutine.
+func (s *Server) Counters() map[string]int64 {
+	var w int64
+	if s.waiting.Load() {
+		w = 1
+	}
+	return map[string]int64{
+		"status_socket_retries":   s.retries.Load(),
+		"status_socket_takeovers": s.takeovers.Load(),
+		"status_socket_lost":      s.lost.Load(),
+		"status_socket_waiting":   w,
+	}
+}
+
+func (s *Server) addAddr(a string) {
+	s.mu.Lock()
+	s.addrs = append(s.addrs, a)
+	s.mu.Unlock()
+}
+
+func (s *Server) dropAddr(a string) {
+	s.mu.Lock()
+	s.addrs = slices.DeleteFunc(s.addrs, func(x string) bool { return x == a })
+	s.mu.Unlock()
+}
+
+// holdSocket serves ln, the socket now at the configured path.
+func (s *Server) holdSocket(ln net.Listener, info os.FileInfo, replaced bool) {
+	if replaced {
+		s.takeovers.Add(1)
+	}
+	s.sock = &socketServe{hs: s.serve(ln, true), info: info}
+	s.addAddr("unix:" + s.cfg.Socket)
+}
+
+// startWaiting logs, once per wait, why the server runs without its
+// socket.
+func (s *Server) startWaiting(err error) {
+	s.retries.Add(1)
+	if s.waiting.Swap(true) {
+		return
+	}
+	s.log.Warn("status socket unavailable: serving without it, trying again until its owner is gone",
+		"socket", s.cfg.Socket, "every", s.cfg.RetryInterval, "err", err)
+}
+
+// keep runs until stop: while the server waits for its socket it tries to
+// listen every RetryInterval; while it holds it, it checks that the path
+// is still its socket (an exiting agent's Close, or a person, may have
+// removed it) and makes it again when not.
+func (s *Server) keep() {
+	defer s.keeper.Done()
+	t := time.NewTicker(s.cfg.RetryInterval)
+	defer t.Stop()
+	since := time.Now()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+		if s.sock != nil {
+			fi, err := os.Lstat(s.cfg.Socket)
+			if err == nil && os.SameFile(fi, s.sock.info) {
+				continue
+			}
+			s.lost.Add(1)
+			s.log.Warn("status socket removed or replaced under the agent: making it again", "socket", s.cfg.Socket)
+			s.sock.hs.Close()
+			s.sock = nil
+			s.dropAddr("unix:" + s.cfg.Socket)
+			since = time.Now()
+		}
+		ln, info, replaced, err := listenUnix(s.cfg.Socket)
+		if err != nil {
+			s.log.Debug("status socket still unavailable", "socket", s.cfg.Socket, "err", err)
+			s.startWaiting(err)
+			continue
+		}
+		s.holdSocket(ln, info, replaced)
+		if s.waiting.Swap(false) {
+			s.log.Info("status socket listening after waiting for it", "socket", s.cfg.Socket,
+				"waited", time.Since(since).Round(time.Millisecond), "replaced_stale", replaced)
+		}
+	}
+}
+
+func (s *Server) serve(ln net.Listener, control bool) *http.Server {
 	hs := &http.Server{
 		Handler:           s.h(control),
 		ReadHeaderTimeout: 5 * time.Second,
@@ -146,8 +288,6 @@ func (s *Server) serve(ln net.Listener, control bool) {
 		MaxHeaderBytes:    16 << 10,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 	}
-	s.srvs = append(s.srvs, hs)
-	s.lns = append(s.lns, ln)
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -155,15 +295,25 @@ func (s *Server) serve(ln net.Listener, control bool) {
 			s.log.Warn("status endpoint stopped", "addr", ln.Addr(), "err", err)
 		}
 	}()
+	return hs
 }
 
-// Close stops serving (in-flight requests get 2 s) and removes the socket
-// file when it is still the one this server created.
+// Close stops trying for the socket, stops serving (in-flight requests
+// get 2 s) and removes the socket file when it is still the one this
+// server created.
 func (s *Server) Close() error {
+	if s.stop != nil {
+		s.stopOnce.Do(func() { close(s.stop) })
+		s.keeper.Wait()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	var errs []error
-	for _, hs := range s.srvs {
+	srvs := s.srvs
+	if s.sock != nil {
+		srvs = append([]*http.Server{s.sock.hs}, srvs...)
+	}
+	for _, hs := range srvs {
 		if err := hs.Shutdown(ctx); err != nil {
 			hs.Close()
 		}
@@ -172,13 +322,13 @@ func (s *Server) Close() error {
 		ln.Close() // already closed by Shutdown when it ran: ignore
 	}
 	s.wg.Wait()
-	if s.sockInfo != nil {
-		if fi, err := os.Lstat(s.cfg.Socket); err == nil && os.SameFile(fi, s.sockInfo) {
+	if s.sock != nil {
+		if fi, err := os.Lstat(s.cfg.Socket); err == nil && os.SameFile(fi, s.sock.info) {
 			if err := os.Remove(s.cfg.Socket); err != nil {
 				errs = append(errs, fmt.Errorf("remove socket: %w", err))
 			}
 		}
-		s.sockInfo = nil
+		s.sock = nil
 	}
 	return errors.Join(errs...)
 }
@@ -186,23 +336,45 @@ func (s *Server) Close() error {
 // listenUnix creates the socket at path with mode 0600 from the start: it
 // binds in a fresh private directory next to it, sets the mode, then
 // renames it into place (so no other user ever sees it with a wider mode).
-func listenUnix(path string) (net.Listener, os.FileInfo, error) {
+// replaced says that it replaced a stale socket. A socket that another
+// listener holds is an error wrapping ErrSocketInUse.
+func listenUnix(path string) (ln net.Listener, fi os.FileInfo, replaced bool, err error) {
 	dir := filepath.Dir(path)
 	if err := ensurePrivateDir(dir); err != nil {
-		return nil, nil, err
+		return nil, nil, false, err
 	}
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode().Type() != os.ModeSocket {
-			return nil, nil, fmt.Errorf("status socket %s exists and is not a socket: refusing to replace it", path)
+			return nil, nil, false, fmt.Errorf("status socket %s exists and is not a socket: refusing to replace it", path)
 		}
-		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c, err := net.DialTimeout("unix", path, time.Second)
+		if err == nil {
 			c.Close()
-			return nil, nil, fmt.Errorf("status socket %s is in use: is another agent running?", path)
+			return nil, nil, false, fmt.Errorf("%w: %s accepts connections: another agent runs, or one is still exiting", ErrSocketInUse, path)
+		}
+		if !staleDial(err) {
+			return nil, nil, false, fmt.Errorf("%w: %s: %w", ErrSocketInUse, path, err)
 		}
 		// Stale (a previous agent died): replaced by the rename below.
+		replaced = true
 	} else if !errors.Is(err, os.ErrNotExist) {
-		return nil, nil, fmt.Errorf("stat status socket: %w", err)
+		return nil, nil, false, fmt.Errorf("stat status socket: %w", err)
 	}
+	ln, fi, err = bindUnix(dir, path)
+	return ln, fi, replaced && err == nil, err
+}
+
+// staleDial reports whether err, from dialling a socket, says that nothing
+// listens there: the kernel refused the connection, or the socket is gone.
+// Any other failure (a full backlog, a timeout) may be a live listener's,
+// which is never replaced.
+func staleDial(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT)
+}
+
+// bindUnix is listenUnix's creation of the socket: bound in a fresh
+// private directory in dir, chmod 0600, renamed to path.
+func bindUnix(dir, path string) (net.Listener, os.FileInfo, error) {
 	tmpDir, err := os.MkdirTemp(dir, ".slowrank-sock-")
 	if err != nil {
 		return nil, nil, fmt.Errorf("create status socket: %w", err)

@@ -9,8 +9,10 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -257,9 +259,17 @@ func TestServerUnixSocket(t *testing.T) {
 	}
 	resp.Body.Close()
 
-	// A second server on the same socket: refused while the first lives.
-	if _, err := NewServer(f, ServerConfig{Socket: sock}); err == nil || !strings.Contains(err.Error(), "in use") {
-		t.Fatalf("second server: %v", err)
+	// A second server on the same socket waits while the first lives, and
+	// its Close leaves the first's socket alone.
+	s2, err := NewServer(f, ServerConfig{Socket: sock})
+	if err != nil || !s2.Waiting() || len(s2.Addrs()) != 0 {
+		t.Fatalf("second server: %v (waiting %v, addrs %v)", err, s2 != nil && s2.Waiting(), s2.Addrs())
+	}
+	if err := s2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Lstat(sock); err != nil || !os.SameFile(fi, s.sock.info) {
+		t.Fatalf("the waiting server's Close touched the first's socket: %v", err)
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
@@ -309,5 +319,246 @@ func TestServerSocketSafety(t *testing.T) {
 	}
 	if _, err := NewServer(f, ServerConfig{Addr: "0.0.0.0:0"}); !errors.Is(err, ErrRemoteAddress) {
 		t.Fatalf("remote address: %v", err)
+	}
+}
+
+// shortSocket is a socket path in a fresh directory short enough for
+// sun_path (108 bytes) with listenUnix's private directory inside it,
+// which a subtest's t.TempDir is not.
+func shortSocket(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "sr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return filepath.Join(dir, "agent.sock")
+}
+
+// holdSocket makes a listener at path that is not a Server: what an
+// exiting agent's socket is to a new agent. With accept, it accepts
+// connections and never answers them; without, they wait in its backlog.
+// unlink: its close removes the path (else it leaves a stale socket).
+// Closing the returned function closes it and what it accepted.
+func holdSocket(t *testing.T, path string, accept, unlink bool) (closeHolder func()) {
+	t.Helper()
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.SetUnlinkOnClose(unlink)
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+		wg    sync.WaitGroup
+	)
+	if accept {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				mu.Lock()
+				conns = append(conns, c)
+				mu.Unlock()
+			}
+		}()
+	}
+	var once sync.Once
+	closeHolder = func() {
+		once.Do(func() {
+			ln.Close()
+			wg.Wait()
+			mu.Lock()
+			for _, c := range conns {
+				c.Close()
+			}
+			mu.Unlock()
+		})
+	}
+	t.Cleanup(closeHolder)
+	return closeHolder
+}
+
+// getStatus asks for /status over the socket at path, waiting at most d.
+func getStatus(path string, d time.Duration) (int, error) {
+	c := unixClient(path)
+	c.Timeout = d
+	resp, err := c.Get("http://agent/status")
+	if err != nil {
+		return 0, err
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// TestServerTakesSocketOnceHolderGoes: a server started while another
+// listener holds its path (an agent still exiting: it accepts, or lets
+// connections queue, and never answers) serves nothing there while the
+// holder lives and answers there within seconds once it is gone.
+func TestServerTakesSocketOnceHolderGoes(t *testing.T) {
+	for _, tt := range []struct {
+		name          string
+		accept        bool
+		unlink        bool
+		wantTakeovers int64
+	}{
+		{"silent holder that leaves a stale socket", true, false, 1},
+		{"holder that never accepts and leaves a stale socket", false, false, 1},
+		{"silent holder that removes its socket", true, true, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			sock := shortSocket(t)
+			closeHolder := holdSocket(t, sock, tt.accept, tt.unlink)
+			held, err := os.Lstat(sock)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := NewServer(&fakeBackend{}, ServerConfig{Socket: sock, Addr: "127.0.0.1:0", RetryInterval: 20 * time.Millisecond})
+			if err != nil {
+				t.Fatalf("NewServer with the socket held: %v", err)
+			}
+			defer s.Close()
+			if !s.Waiting() || len(s.Addrs()) != 1 || !strings.HasPrefix(s.Addrs()[0], "http://") {
+				t.Fatalf("waiting %v, addrs %v: want waiting, serving TCP only", s.Waiting(), s.Addrs())
+			}
+			time.Sleep(200 * time.Millisecond)
+			if fi, err := os.Lstat(sock); err != nil || !os.SameFile(fi, held) {
+				t.Fatalf("the holder's socket was replaced while it lived (%v)", err)
+			}
+			if code, err := getStatus(sock, 100*time.Millisecond); err == nil {
+				t.Fatalf("the holder answered %d", code)
+			}
+			if n := s.Counters()["status_socket_retries"]; n < 3 {
+				t.Errorf("%d retries in 200 ms at 20 ms", n)
+			}
+
+			closeHolder()
+			gone := time.Now()
+			for {
+				// The socket answers from its bind on; the server's state
+				// follows a moment later.
+				code, err := getStatus(sock, 200*time.Millisecond)
+				if err == nil && code == http.StatusOK && !s.Waiting() {
+					break
+				}
+				if time.Since(gone) > 5*time.Second {
+					t.Fatalf("no answer on the socket 5 s after its holder closed: %d %v", code, err)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			c := s.Counters()
+			if s.Waiting() || c["status_socket_waiting"] != 0 || c["status_socket_takeovers"] != tt.wantTakeovers || c["status_socket_lost"] != 0 {
+				t.Errorf("after the takeover: waiting %v, counters %v, want %d takeovers", s.Waiting(), c, tt.wantTakeovers)
+			}
+			if !slices.Contains(s.Addrs(), "unix:"+sock) {
+				t.Errorf("addrs %v lack the socket", s.Addrs())
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Lstat(sock); !os.IsNotExist(err) {
+				t.Fatalf("socket left behind: %v", err)
+			}
+		})
+	}
+}
+
+// TestServerLeavesLiveSocketAlone: a live agent's socket is never taken
+// over while it answers, even when its answers wait for its main goroutine.
+func TestServerLeavesLiveSocketAlone(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		busy bool
+	}{
+		{"answering agent", false},
+		{"agent whose reports wait for its main goroutine", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			sock := shortSocket(t)
+			live := &fakeBackend{blocked: tt.busy}
+			s1, err := NewServer(live, ServerConfig{Socket: sock})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s1.Close()
+			s2, err := NewServer(&fakeBackend{}, ServerConfig{Socket: sock, RetryInterval: 10 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// While the second server retries, the live one keeps answering
+			// at the path and the path stays its socket.
+			if code, err := getStatus(sock, 3*time.Second); err != nil || code != http.StatusOK {
+				t.Fatalf("the live agent's status: %d %v", code, err)
+			}
+			time.Sleep(300 * time.Millisecond)
+			if fi, err := os.Lstat(sock); err != nil || !os.SameFile(fi, s1.sock.info) {
+				t.Fatalf("the live agent's socket was replaced (%v)", err)
+			}
+			c := s2.Counters()
+			if !s2.Waiting() || c["status_socket_retries"] < 10 || c["status_socket_takeovers"] != 0 || c["status_socket_waiting"] != 1 {
+				t.Errorf("second server: waiting %v, counters %v", s2.Waiting(), c)
+			}
+			if err := s2.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if code, err := getStatus(sock, 3*time.Second); err != nil || code != http.StatusOK {
+				t.Fatalf("the live agent's status after the second server closed: %d %v", code, err)
+			}
+		})
+	}
+}
+
+// TestServerRemakesRemovedSocket: a socket removed under the server (an
+// exiting agent's Close racing the takeover, or a person) is made again.
+func TestServerRemakesRemovedSocket(t *testing.T) {
+	sock := shortSocket(t)
+	s, err := NewServer(&fakeBackend{}, ServerConfig{Socket: sock, RetryInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := os.Remove(sock); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for {
+		code, err := getStatus(sock, 200*time.Millisecond)
+		if err == nil && code == http.StatusOK {
+			break
+		}
+		if time.Since(start) > 5*time.Second {
+			t.Fatalf("no answer 5 s after the socket was removed: %d %v", code, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if c := s.Counters(); c["status_socket_lost"] != 1 || c["status_socket_takeovers"] != 0 || s.Waiting() {
+		t.Errorf("counters %v, waiting %v", c, s.Waiting())
+	}
+}
+
+// TestStaleDial: only a refused connection or a missing socket is stale;
+// a full backlog or a timeout may be a live agent's.
+func TestStaleDial(t *testing.T) {
+	op := func(err error) error {
+		return &net.OpError{Op: "dial", Net: "unix", Err: os.NewSyscallError("connect", err)}
+	}
+	for _, tt := range []struct {
+		name  string
+		err   error
+		stale bool
+	}{
+		{"refused", op(syscall.ECONNREFUSED), true},
+		{"removed meanwhile", op(syscall.ENOENT), true},
+		{"backlog full", op(syscall.EAGAIN), false},
+		{"timeout", &net.OpError{Op: "dial", Net: "unix", Err: os.ErrDeadlineExceeded}, false},
+	} {
+		if got := staleDial(tt.err); got != tt.stale {
+			t.Errorf("%s: staleDial(%v) = %v, want %v", tt.name, tt.err, got, tt.stale)
+		}
 	}
 }

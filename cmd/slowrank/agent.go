@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os"
 	"os/signal"
@@ -195,9 +196,9 @@ func runAgent(c *cli.Context) error {
 		return agentStartError(err)
 	}
 	defer a.Close()
-	sinks.self.set(a.Observe)
-	closeStatus := startStatusServer(c, a, sinks) // status.go: local endpoint
+	statusSrv, closeStatus := startStatusServer(c, a, sinks) // status.go: local endpoint
 	defer closeStatus()
+	sinks.self.set(observeAgent(a, statusSrv))
 
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -223,7 +224,11 @@ func runAgent(c *cli.Context) error {
 	if err := closeSinks(shutdownCtx, summaries); err != nil {
 		log.Warn("closing outputs", "err", err)
 	}
-	logCounters(log, a.Counters(), cfg.Sinks) // config.go: every loss, in one line
+	counters := a.Counters()
+	if statusSrv != nil {
+		maps.Copy(counters, statusSrv.Counters())
+	}
+	logCounters(log, counters, cfg.Sinks) // config.go: every loss, in one line
 	for _, s := range summaries {
 		log.Info("summary", "job", s.Job, "stragglers", s.Stragglers, "windows", s.Windows, "facts", s.Facts)
 	}

@@ -18,6 +18,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -834,13 +835,13 @@ func checkAgent(ctx context.Context, socket string) (checkResult, *agent.StatusR
 		r.Status, r.Detail = checkInfo, "not asked (no --socket)"
 		return r, nil
 	}
-	e := &endpoint{where: socket, base: "http://slowrank-agent", client: newEndpointClient(socket, time.Second)}
+	// A live agent answers within 1 s even when its main goroutine is busy
+	// (the handler bounds the report): 2 s tells it from one that does not
+	// answer.
+	e := &endpoint{where: socket, base: "http://slowrank-agent", client: newEndpointClient(socket, 2*time.Second)}
 	rep, err := e.status(ctx)
 	if err != nil {
-		r.Status, r.Detail = checkInfo, "no agent answers at "+socket
-		if errors.Is(err, os.ErrPermission) || strings.Contains(err.Error(), "permission denied") {
-			r.Detail = "cannot ask the agent at " + socket + ": permission denied (root only)"
-		}
+		r.Status, r.Detail, r.Fix = agentUnanswered(socket, err)
 		return r, nil
 	}
 	r.Status = checkOK
@@ -852,6 +853,24 @@ func checkAgent(ctx context.Context, socket string) (checkResult, *agent.StatusR
 		r.Fix = "slowrank control resume"
 	}
 	return r, &rep
+}
+
+// agentUnanswered says what a failed status request to the agent's socket
+// means. A socket that accepts but does not answer is a warning: an agent
+// still exiting (a new agent waits for the socket meanwhile, see
+// localapi.ServerConfig.Socket) or a stuck one.
+func agentUnanswered(socket string, err error) (status, detail, fix string) {
+	var ne net.Error
+	switch {
+	case errors.Is(err, os.ErrPermission) || strings.Contains(err.Error(), "permission denied"):
+		return checkInfo, "cannot ask the agent at " + socket + ": permission denied (root only)", ""
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return checkInfo, "no agent answers at " + socket + ": a stale socket, nothing listens (the agent that made it is gone; the next agent replaces it)", ""
+	case errors.As(err, &ne) && ne.Timeout():
+		return checkWarn, "no agent answers at " + socket + ": it accepts connections but no status came within 2 s: " +
+			"an agent still exiting (a new agent waits and takes the socket once it is gone; its log says \"status socket unavailable\") or one that is stuck", "if it lasts, find the process that holds it: ss -xlp | grep " + socket
+	}
+	return checkInfo, "no agent answers at " + socket, ""
 }
 
 // ncclAgentItems are the agent check's lines about NCCL: for each process

@@ -2,6 +2,9 @@ package main
 
 import (
 	"encoding/json"
+	"net"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -302,5 +305,48 @@ func TestDoctorNCCLLinesAddLinesOnly(t *testing.T) {
 	}
 	if !strings.Contains(after.String(), "[ ok ] agent      running (version v, up 3s)\n                  pid 1 rank 0 job j: NCCL plugin v5") {
 		t.Errorf("report:\n%s", after.String())
+	}
+}
+
+// TestCheckAgentSocket: what the agent check says for each state of the
+// socket: an answering agent, none, a stale socket, and a socket that
+// accepts and never answers (an agent still exiting, or stuck).
+func TestCheckAgentSocket(t *testing.T) {
+	dir, err := os.MkdirTemp("", "sr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	_, live := startFake(t)
+
+	stale := filepath.Join(dir, "stale.sock")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: stale, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.SetUnlinkOnClose(false)
+	ln.Close()
+
+	silent := filepath.Join(dir, "silent.sock")
+	sl, err := net.Listen("unix", silent) // accepts into its backlog, never answers
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sl.Close()
+
+	for _, tt := range []struct {
+		name, socket, status, want string
+	}{
+		{"answering agent", live, checkOK, "running (version test"},
+		{"no socket", filepath.Join(dir, "none.sock"), checkInfo, "no agent answers at"},
+		{"stale socket", stale, checkInfo, "a stale socket, nothing listens"},
+		{"socket that never answers", silent, checkWarn, "accepts connections but no status came within 2 s"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r, _ := checkAgent(t.Context(), tt.socket)
+			if r.Status != tt.status || !strings.Contains(r.Detail, tt.want) {
+				t.Errorf("checkAgent(%s) = %s %q, want %s containing %q", tt.name, r.Status, r.Detail, tt.status, tt.want)
+			}
+		})
 	}
 }

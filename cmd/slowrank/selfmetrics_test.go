@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/slowrank/slowrank/agent"
+	"github.com/slowrank/slowrank/agent/localapi"
 	"github.com/slowrank/slowrank/aggregate"
 	"github.com/slowrank/slowrank/detector"
 	"github.com/slowrank/slowrank/selfmetrics"
@@ -22,6 +24,21 @@ func TestSelfMetricKeysDeclared(t *testing.T) {
 	}
 	defer srv.Shutdown(t.Context())
 	for k := range aggregateCounters(agg, srv) {
+		if _, s, ok := selfmetrics.Lookup(k); !ok || strings.HasSuffix(s.Key, "*") {
+			t.Errorf("counter %q is not declared in selfmetrics.Table", k)
+		}
+	}
+}
+
+// TestStatusServerKeysDeclared: the status endpoint's counters, which the
+// agent's self-metrics carry (observeAgent), are declared.
+func TestStatusServerKeysDeclared(t *testing.T) {
+	srv, err := localapi.NewServer[agent.ControlRequest, agent.ControlState](nil, localapi.ServerConfig{Addr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	for k := range srv.Counters() {
 		if _, s, ok := selfmetrics.Lookup(k); !ok || strings.HasSuffix(s.Key, "*") {
 			t.Errorf("counter %q is not declared in selfmetrics.Table", k)
 		}

@@ -48,26 +48,44 @@ func checkStatusServerFlags(c *cli.Context) error {
 }
 
 // startStatusServer serves the agent's local endpoint. The endpoint is an
-// aid, not the agent's job: when it cannot listen (another agent holds the
-// socket, say), the agent runs on without it and says so. The returned
+// aid, not the agent's job: when it cannot listen, the agent runs on
+// without it and says so; a socket that another listener holds (an agent
+// still exiting) is waited for in the background (the server logs that it
+// waits, and when it listens). srv is nil without an endpoint; the returned
 // close function is never nil.
-func startStatusServer(c *cli.Context, a *agent.Agent, sinks *sinkSet) func() {
+func startStatusServer(c *cli.Context, a *agent.Agent, sinks *sinkSet) (srv *localapi.Server, closeStatus func()) {
 	cfg := localapi.ServerConfig{
 		Socket: c.String("status-socket"), Addr: c.String("status-addr"), AllowRemote: c.Bool("status-allow-remote"),
 		Metrics: sinks.metrics, Logger: slog.Default(),
 	}
 	if cfg.Socket == "" && cfg.Addr == "" {
-		return func() {}
+		return nil, func() {}
 	}
 	srv, err := localapi.NewServer(agent.LocalAPI(a, version, sinks.health(c)), cfg)
 	if err != nil {
 		slog.Warn("local status endpoint unavailable; the agent runs without it", "err", err)
-		return func() {}
+		return nil, func() {}
 	}
-	slog.Info("local status endpoint", "listen", strings.Join(srv.Addrs(), " "))
-	return func() {
+	if addrs := srv.Addrs(); len(addrs) > 0 {
+		slog.Info("local status endpoint", "listen", strings.Join(addrs, " "), "waiting_for_socket", srv.Waiting())
+	}
+	return srv, func() {
 		if err := srv.Close(); err != nil {
 			slog.Warn("closing the status endpoint", "err", err)
+		}
+	}
+}
+
+// observeAgent reports the agent's self-metrics and, with srv, the status
+// endpoint's.
+func observeAgent(a *agent.Agent, srv *localapi.Server) func(func(string, float64, ...string)) {
+	if srv == nil {
+		return a.Observe
+	}
+	return func(obs func(string, float64, ...string)) {
+		a.Observe(obs)
+		for k, v := range srv.Counters() {
+			obs(k, float64(v))
 		}
 	}
 }
@@ -192,16 +210,30 @@ func newEndpointClient(sock string, timeout time.Duration) *http.Client {
 	return &http.Client{Timeout: timeout, Transport: tr}
 }
 
-// explain turns a connection failure into what the operator should do.
+// explain turns a connection failure into what the operator should do;
+// the failure stays in the chain for errors.Is.
 func (e *endpoint) explain(err error) error {
+	var ne net.Error
 	switch {
 	case errors.Is(err, os.ErrNotExist), errors.Is(err, syscall.ECONNREFUSED):
-		return fmt.Errorf("no agent answers at %s: start it (slowrank agent, systemctl start slowrank-agent) or pass --socket/--addr", e.where)
+		return &explained{fmt.Sprintf("no agent answers at %s: start it (slowrank agent, systemctl start slowrank-agent) or pass --socket/--addr", e.where), err}
 	case errors.Is(err, os.ErrPermission), errors.Is(err, syscall.EACCES):
-		return fmt.Errorf("permission denied on %s: the socket is root's (mode 0600): run with sudo", e.where)
+		return &explained{fmt.Sprintf("permission denied on %s: the socket is root's (mode 0600): run with sudo", e.where), err}
+	case errors.As(err, &ne) && ne.Timeout():
+		return &explained{fmt.Sprintf("%s accepts connections but no agent answered in time: an agent still exiting "+
+			"(a killed agent's exit can take seconds) or one that is stuck; a new agent takes the socket once it is gone", e.where), err}
 	}
 	return fmt.Errorf("ask the agent at %s: %w", e.where, err)
 }
+
+// explained is explain's answer: its message, and the failure it explains.
+type explained struct {
+	msg string
+	err error
+}
+
+func (x *explained) Error() string { return x.msg }
+func (x *explained) Unwrap() error { return x.err }
 
 func (e *endpoint) status(ctx context.Context) (agent.StatusReport, error) {
 	var rep agent.StatusReport
