@@ -78,7 +78,7 @@ type Probes struct {
 	log      *slog.Logger
 	ncpu     int
 	poll     time.Duration
-	// multi: programs are loaded for uprobe_multi links (see useUprobeMulti).
+	// multi: the shared programs are loaded, for uprobe_multi links (see selectPrograms).
 	multi bool
 
 	mu          sync.Mutex
