@@ -3,9 +3,9 @@ package bpf
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 
-	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 )
 
@@ -62,10 +62,14 @@ type Attachment struct {
 	closed bool
 }
 
-// probeLinks are the uprobes of one function.
+// probeLinks are the uprobes of functions of one class: with uprobe_multi,
+// one link per direction carries every function of the class in the library
+// (or, where that link failed, one function); with perf-event uprobes, one
+// function.
 type probeLinks struct {
-	fn         resolved
-	entry, ret link.Link // ret is nil for entry-only probes
+	class      ProbeClass
+	fns        []resolved
+	entry, ret link.Link // ret is nil when no function has a return probe
 }
 
 // Attached is the number of functions with live uprobes.
@@ -125,7 +129,7 @@ func closeProbes(links []probeLinks) error {
 // closeLinks closes uprobe links concurrently. Each close waits for kernel
 // grace periods; concurrent uprobe_multi closes share them (perf-event
 // uprobes are torn down one after another whatever we do, see
-// useUprobeMulti).
+// selectPrograms).
 func closeLinks(links []link.Link) error {
 	var (
 		wg   sync.WaitGroup
@@ -179,25 +183,32 @@ func (p *Probes) AttachLibrary(path string, kind LibKind) (*Attachment, error) {
 
 	a := &Attachment{Path: path, Kind: kind, Stripped: !ls.hasSymtab, NoSymbols: !ls.hasSymtab && !ls.hasDynsym, p: p}
 	found, missing := resolve(kindSpecs, ls)
-	seen := map[uint64]bool{}
-	var firstErr error
+	a.Results = make([]SymbolResult, 0, len(found)+len(missing))
+	var todo []resolved
+	at := map[uint64]int{} // offset -> index of its result
 	for _, r := range found {
 		res := SymbolResult{Spec: r.spec, ELFName: r.elfName, Offset: r.offset}
-		switch {
-		case seen[r.offset]:
+		if _, dup := at[r.offset]; dup {
 			res.Status = StatusDuplicate
-		default:
-			seen[r.offset] = true
-			if err := a.attachOne(ex, r, ls); err != nil {
-				res.Status, res.Err = StatusFailed, err
-				if firstErr == nil {
-					firstErr = err
-				}
-			} else {
-				res.Status = StatusAttached
-			}
+		} else {
+			at[r.offset] = len(a.Results)
+			todo = append(todo, r)
 		}
 		a.Results = append(a.Results, res)
+	}
+	made, errs := p.attachClasses(ex, path, todo, a.refCtrs(todo, ls))
+	a.links = made
+	var firstErr error
+	for _, r := range todo {
+		res := &a.Results[at[r.offset]]
+		if err := errs[r.offset]; err != nil {
+			res.Status, res.Err = StatusFailed, err
+			if firstErr == nil {
+				firstErr = err
+			}
+		} else {
+			res.Status = StatusAttached
+		}
 	}
 	for _, s := range missing {
 		a.Results = append(a.Results, SymbolResult{Spec: s, Status: StatusMissing})
@@ -245,16 +256,18 @@ func (p *Probes) AttachLibrary(path string, kind LibKind) (*Attachment, error) {
 	return a, nil
 }
 
-// attachOne creates the return (if any) and then the entry uprobe of one
-// resolved function. Return first: a uretprobe only fires for calls that
-// entered after it existed, so no entry is ever left without its return
-// (a call racing the attach shows up as MissingEntry, never as a stale entry).
-func (a *Attachment) attachOne(ex *link.Executable, r resolved, ls *libSymbols) error {
-	var refCtr uint64
-	if r.spec.RefCtr != "" {
+// refCtrs are the reference counter offsets of the functions of fns whose
+// spec names one (the CUPTI probe's semaphore), by function offset; it
+// records the offset, or why it is unusable, in a.
+func (a *Attachment) refCtrs(fns []resolved, ls *libSymbols) map[uint64]uint64 {
+	out := map[uint64]uint64{}
+	for _, r := range fns {
+		if r.spec.RefCtr == "" {
+			continue
+		}
 		off, ok := ls.objects[r.spec.RefCtr]
 		if ok {
-			refCtr = off
+			out[r.offset] = off
 			a.RefCtrOffset = off
 		}
 		a.RefCtrErr = ls.objErrs[r.spec.RefCtr]
@@ -265,35 +278,144 @@ func (a *Attachment) attachOne(ex *link.Executable, r resolved, ls *libSymbols) 
 			a.p.log.Warn("uprobe reference counter unusable or unreliable", "path", a.Path, "err", a.RefCtrErr)
 		}
 	}
-	pl, err := a.p.probeLinks(ex, r, refCtr)
-	if err != nil {
-		return err
-	}
-	a.mu.Lock()
-	a.links = append(a.links, pl)
-	a.mu.Unlock()
-	return nil
+	return out
 }
 
-// probeLinks creates the return (if any) and then the entry uprobe of r.
-func (p *Probes) probeLinks(ex *link.Executable, r resolved, refCtr uint64) (probeLinks, error) {
-	pl := probeLinks{fn: r}
+// attachClasses makes the uprobes of fns, class by class (attachClass), in
+// the order of their first function. refCtrs are the reference counters by
+// function offset. It returns the links made and, by function offset, the
+// error of each function it could not attach.
+func (p *Probes) attachClasses(ex *link.Executable, path string, fns []resolved, refCtrs map[uint64]uint64) ([]probeLinks, map[uint64]error) {
+	var classes []ProbeClass
+	byClass := map[ProbeClass][]resolved{}
+	for _, r := range fns {
+		c := r.spec.Class
+		if _, ok := byClass[c]; !ok {
+			classes = append(classes, c)
+		}
+		byClass[c] = append(byClass[c], r)
+	}
+	var made []probeLinks
+	errs := map[uint64]error{}
+	for _, c := range classes {
+		m, e := p.attachClass(ex, path, c, byClass[c], refCtrs)
+		made = append(made, m...)
+		maps.Copy(errs, e)
+	}
+	return made, errs
+}
+
+// attachClass makes the uprobes of fns, all of class: with uprobe_multi, one
+// link per direction for all of them, and where that fails, one per
+// function (a function that cannot be probed, or a file another agent is
+// registering uprobes on, does not take the others down); with perf-event
+// uprobes, one per function. It returns the links made and the errors of the
+// functions not attached, by offset.
+func (p *Probes) attachClass(ex *link.Executable, path string, class ProbeClass, fns []resolved, refCtrs map[uint64]uint64) ([]probeLinks, map[uint64]error) {
+	errs := map[uint64]error{}
+	if p.multi && len(fns) > 1 {
+		pl, err := p.multiLinks(ex, class, fns, refCtrs)
+		if err == nil {
+			return []probeLinks{pl}, errs
+		}
+		p.log.Warn("shared uprobe link failed: attaching the class function by function",
+			"path", path, "class", class.String(), "functions", len(fns), "err", err)
+	}
+	var made []probeLinks
+	for _, r := range fns {
+		var pl probeLinks
+		var err error
+		if p.multi {
+			pl, err = p.multiLinks(ex, class, []resolved{r}, refCtrs)
+		} else {
+			pl, err = p.singleLinks(ex, r, refCtrs[r.offset])
+		}
+		if err != nil {
+			errs[r.offset] = err
+			continue
+		}
+		made = append(made, pl)
+	}
+	return made, errs
+}
+
+// multiLinks creates the uprobe_multi links of fns, all of class: the
+// return link (of the functions with a return probe) and then the entry
+// link, each running the class's shared program (multiPrograms) with one
+// attach cookie per function (multiCookie). Return first: a uretprobe only
+// fires for calls that entered after it existed, so no entry is ever left
+// without its return (a call racing the attach shows up as MissingEntry,
+// never as a stale entry).
+func (p *Probes) multiLinks(ex *link.Executable, class ProbeClass, fns []resolved, refCtrs map[uint64]uint64) (probeLinks, error) {
+	pl := probeLinks{class: class, fns: fns}
+	progs := multiPrograms[class]
+	entry := p.coll.Programs[progs.entry]
+	if entry == nil {
+		return pl, fmt.Errorf("no shared entry program for class %v in bpf object", class)
+	}
+	what := "uprobe_multi link of " + fns[0].elfName
+	if len(fns) > 1 {
+		what = fmt.Sprintf("uprobe_multi link of %d %v functions", len(fns), class)
+	}
+	var entryOpts, retOpts link.UprobeMultiOptions
+	withRefCtr := false
+	for _, r := range fns {
+		cookie := multiCookie(r.spec)
+		entryOpts.Addresses = append(entryOpts.Addresses, r.offset)
+		entryOpts.Cookies = append(entryOpts.Cookies, cookie)
+		entryOpts.RefCtrOffsets = append(entryOpts.RefCtrOffsets, refCtrs[r.offset])
+		withRefCtr = withRefCtr || refCtrs[r.offset] != 0
+		if r.spec.Return != "" {
+			retOpts.Addresses = append(retOpts.Addresses, r.offset)
+			retOpts.Cookies = append(retOpts.Cookies, cookie)
+		}
+	}
+	if !withRefCtr {
+		entryOpts.RefCtrOffsets = nil
+	}
+	if len(retOpts.Addresses) > 0 {
+		ret := p.coll.Programs[progs.ret]
+		if ret == nil {
+			return pl, fmt.Errorf("no shared return program for class %v in bpf object", class)
+		}
+		l, err := ex.UretprobeMulti(nil, ret, &retOpts)
+		if err != nil {
+			return pl, classify("return "+what, err)
+		}
+		pl.ret = l
+	}
+	l, err := ex.UprobeMulti(nil, entry, &entryOpts)
+	if err != nil {
+		if pl.ret != nil {
+			pl.ret.Close()
+		}
+		return pl, classify(what, err)
+	}
+	pl.entry = l
+	return pl, nil
+}
+
+// singleLinks creates the perf-event uprobes of r, running its own programs:
+// the return probe (if any) and then the entry probe, for the reason
+// multiLinks gives. refCtr is the semaphore's file offset, 0 for none.
+func (p *Probes) singleLinks(ex *link.Executable, r resolved, refCtr uint64) (probeLinks, error) {
+	pl := probeLinks{class: r.spec.Class, fns: []resolved{r}}
 	entry := p.coll.Programs[r.spec.Entry]
 	if entry == nil {
 		return pl, fmt.Errorf("program %q not in bpf object", r.spec.Entry)
 	}
-	var ret *ebpf.Program
 	if r.spec.Return != "" {
-		if ret = p.coll.Programs[r.spec.Return]; ret == nil {
+		ret := p.coll.Programs[r.spec.Return]
+		if ret == nil {
 			return pl, fmt.Errorf("program %q not in bpf object", r.spec.Return)
 		}
-		rl, err := p.uprobe(ex, r, ret, true, 0)
+		rl, err := ex.Uretprobe(r.elfName, ret, &link.UprobeOptions{Address: r.offset})
 		if err != nil {
 			return pl, classify("uretprobe "+r.elfName, err)
 		}
 		pl.ret = rl
 	}
-	l, err := p.uprobe(ex, r, entry, false, refCtr)
+	l, err := ex.Uprobe(r.elfName, entry, &link.UprobeOptions{Address: r.offset, RefCtrOffset: refCtr})
 	if err != nil {
 		if pl.ret != nil {
 			pl.ret.Close()
@@ -302,25 +424,4 @@ func (p *Probes) probeLinks(ex *link.Executable, r resolved, refCtr uint64) (pro
 	}
 	pl.entry = l
 	return pl, nil
-}
-
-// uprobe creates one entry or return probe at the resolved function: a
-// uprobe_multi link of one address where the programs were loaded for it,
-// else a perf-event uprobe. refCtr is the semaphore's file offset, 0 for none.
-func (p *Probes) uprobe(ex *link.Executable, r resolved, prog *ebpf.Program, ret bool, refCtr uint64) (link.Link, error) {
-	if !p.multi {
-		opts := &link.UprobeOptions{Address: r.offset, RefCtrOffset: refCtr}
-		if ret {
-			return ex.Uretprobe(r.elfName, prog, opts)
-		}
-		return ex.Uprobe(r.elfName, prog, opts)
-	}
-	opts := &link.UprobeMultiOptions{Addresses: []uint64{r.offset}}
-	if refCtr != 0 {
-		opts.RefCtrOffsets = []uint64{refCtr}
-	}
-	if ret {
-		return ex.UretprobeMulti(nil, prog, opts)
-	}
-	return ex.UprobeMulti(nil, prog, opts)
 }

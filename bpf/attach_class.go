@@ -15,28 +15,34 @@ import (
 // the file. The functions stay resolved, so making them again reads no ELF.
 
 // DetachClass closes the uprobes of the attachment's functions of class and
-// returns how many functions it closed (0 when none is attached). Like
+// returns how many functions it closed (0 when none is attached). With
+// uprobe_multi the class is its own links (one per direction, or one per
+// function where the shared one failed), so nothing else is touched. Like
 // Close it waits for kernel grace periods.
 func (a *Attachment) DetachClass(class ProbeClass) (int, error) {
 	a.mu.Lock()
 	var off, kept []probeLinks
+	n := 0
 	for _, l := range a.links {
-		if l.fn.spec.Class == class {
+		if l.class == class {
 			off = append(off, l)
-			a.parked = append(a.parked, l.fn)
+			a.parked = append(a.parked, l.fns...)
+			n += len(l.fns)
 		} else {
 			kept = append(kept, l)
 		}
 	}
 	a.links = kept
 	a.mu.Unlock()
-	return len(off), closeProbes(off)
+	return n, closeProbes(off)
 }
 
 // ReattachClass makes again the uprobes DetachClass closed for class,
 // opening the library through path (any path of the same file: the one the
-// attachment was made through may have belonged to a process that exited).
-// It returns how many functions it attached; a function that fails stays
+// attachment was made through may have belonged to a process that exited),
+// as AttachLibrary made them: one shared link per direction where the
+// kernel has uprobe_multi, function by function where that fails. It
+// returns how many functions it attached; a function that fails stays
 // parked for the next call.
 func (a *Attachment) ReattachClass(class ProbeClass, path string) (int, error) {
 	a.mu.Lock()
@@ -58,16 +64,14 @@ func (a *Attachment) ReattachClass(class ProbeClass, path string) (int, error) {
 		a.park(todo)
 		return 0, fmt.Errorf("open executable: %w", err)
 	}
-	var made []probeLinks
+	// No reference counter: it is the CUPTI probe's, never parked.
+	made, failed := a.p.attachClass(ex, path, class, todo, nil)
 	var errs []error
 	for _, r := range todo {
-		pl, err := a.p.probeLinks(ex, r, 0) // the reference counter is the CUPTI probe's, never parked
-		if err != nil {
+		if err := failed[r.offset]; err != nil {
 			errs = append(errs, err)
 			a.park([]resolved{r})
-			continue
 		}
-		made = append(made, pl)
 	}
 	a.mu.Lock()
 	closed := a.closed
@@ -78,7 +82,7 @@ func (a *Attachment) ReattachClass(class ProbeClass, path string) (int, error) {
 	if closed { // Close ran meanwhile: nobody owns these any more
 		return 0, errors.Join(append(errs, closeProbes(made))...)
 	}
-	return len(made), errors.Join(errs...)
+	return len(todo) - len(failed), errors.Join(errs...)
 }
 
 // Detached tells how many functions of class DetachClass closed and

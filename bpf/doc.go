@@ -16,6 +16,18 @@
 // and tid and CLOCK_MONOTONIC times (bpf_ktime_get_ns). Only processes added
 // with Track are recorded. Probes are data: see Specs.
 //
+// # Links
+//
+// Where the kernel has uprobe_multi links (6.6+), a library gets one link per
+// probe class and direction (entry, return) carrying all the class's
+// functions; shared programs (multi_*) read each function's probe id and
+// argument layout from its attach cookie. A class whose shared link cannot
+// be made is attached function by function. Elsewhere, or with
+// Options.SingleUprobes, each function gets perf-event uprobes running its
+// own programs. Few links matter when the agent dies: the kernel releases a
+// dead process's links one after another, each after a few RCU grace
+// periods (docs/internals.md, "A killed agent").
+//
 // # Life cycle and close order
 //
 //	p, _ := Load(Options{})              // programs, maps
@@ -44,7 +56,7 @@
 // x86-64 (arguments are read per the SysV ABI). Linux 5.8+ for the BPF ring
 // buffer (and bpf_probe_read_user, 5.5+), uprobes (CONFIG_UPROBE_EVENTS;
 // perf uprobe PMU or tracefs), uprobe ref_ctr_offset (4.20+) for the CUPTI
-// semaphore. Root, or CAP_BPF + CAP_PERFMON (+ CAP_SYS_RESOURCE before
+// semaphore; uprobe_multi links and attach cookies (6.6+) where used. Root, or CAP_BPF + CAP_PERFMON (+ CAP_SYS_RESOURCE before
 // 5.11). Missing support is reported as ErrNotSupported, missing privileges
 // as ErrPermission; CheckSupport says which.
 //

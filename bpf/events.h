@@ -111,6 +111,40 @@ enum sr_probe_id {
 	SR_PROBE_CUPTI_FINALIZE = 216,
 };
 
+/* How a probe's programs read its arguments and which record they emit: one
+ * value per argument layout of the probe table (bpf/probes.go, ProbeSpec.Layout).
+ * The per-function programs of perf-event uprobes have it compiled in; the
+ * shared programs of uprobe_multi links (multi_*) read it from the attach
+ * cookie, which carries the probe id in its low 32 bits and the layout from
+ * bit SR_COOKIE_LAYOUT_SHIFT. */
+enum sr_layout {
+	/* collectives (SR_EV_COLL) */
+	SR_LAYOUT_COLL_OP7 = 1,     /* (send, recv, count, datatype, op, comm, stream) */
+	SR_LAYOUT_COLL_ROOT7 = 2,   /* (send, recv, count, datatype, root, comm, stream) */
+	SR_LAYOUT_COLL_REDUCE8 = 3, /* (send, recv, count, datatype, op, root, comm, stream) */
+	SR_LAYOUT_COLL_PLAIN6 = 4,  /* (send, recv, count, datatype, comm, stream) */
+	SR_LAYOUT_COLL_PEER6 = 5,   /* (buf, count, datatype, peer, comm, stream) */
+	/* group markers (SR_EV_GROUP) */
+	SR_LAYOUT_GROUP_START = 10, /* entry only: a marker */
+	SR_LAYOUT_GROUP_END = 11,   /* interval with a return code */
+	/* communicator init (SR_EV_COMM_INIT) */
+	SR_LAYOUT_INIT_RANK = 20,     /* (comm*, nranks, ncclUniqueId by value, rank[, config]) */
+	SR_LAYOUT_INIT_SCALABLE = 21, /* (comm*, nranks, rank, nId, ncclUniqueId *ids, config) */
+	SR_LAYOUT_INIT_ALL = 22,      /* (comm*, ndev, devlist) */
+	SR_LAYOUT_SPLIT = 23,         /* (comm, color, key, newcomm*, config) */
+	/* synchronisation waits (SR_EV_SYNC) */
+	SR_LAYOUT_SYNC = 30,        /* no argument read */
+	SR_LAYOUT_SYNC_HANDLE = 31, /* the stream or event in rdi */
+	/* torch c10d (SR_EV_TORCH) */
+	SR_LAYOUT_TORCH = 40, /* rdi and rsi */
+	/* the injection library's batches (SR_EV_BATCH) */
+	SR_LAYOUT_CUPTI_EMIT = 50, /* (batch*, len), entry only */
+	/* libcupti calls (SR_EV_CUPTI_CALL) */
+	SR_LAYOUT_CUPTI_CALL = 60, /* rdi and rsi, entry only */
+};
+
+#define SR_COOKIE_LAYOUT_SHIFT 32
+
 /* Indexes of the per-CPU `counters` array. */
 enum sr_counter {
 	SR_CNT_EVENTS = 0,            /* records submitted to the ring buffer */

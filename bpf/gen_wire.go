@@ -3,6 +3,7 @@
 // gen_wire writes wire_gen.go from bpf2go's output (slowrank_x86_bpfel.go),
 // so that events.h is the one source of truth for the Go side:
 //   - the ProbeID constants, one per SR_PROBE_* value of enum sr_probe_id;
+//   - the Layout constants, one per SR_LAYOUT_* value of enum sr_layout;
 //   - the record structs (struct sr_*_event), renamed slowrankSrX -> wireX,
 //     whose field offsets decode.go reads at.
 //
@@ -13,8 +14,9 @@
 // Run by go generate after bpf2go (gen.go); `make check-generated` fails
 // when it is stale.
 //
-// Names: SR_PROBE_NCCL_ALL_REDUCE -> ProbeNCCLAllReduce. NCCL, CUDA and
-// CUPTI stay upper case, every other word is capitalised (CU -> Cu).
+// Names: SR_PROBE_NCCL_ALL_REDUCE -> ProbeNCCLAllReduce, SR_LAYOUT_COLL_OP7 ->
+// LayoutCollOp7. NCCL, CUDA and CUPTI stay upper case, every other word is
+// capitalised (CU -> Cu).
 package main
 
 import (
@@ -30,11 +32,27 @@ import (
 )
 
 const (
-	input    = "slowrank_x86_bpfel.go"
-	output   = "wire_gen.go"
-	enumType = "slowrankSrProbeId"
-	prefix   = enumType + "SR_PROBE_"
+	input  = "slowrank_x86_bpfel.go"
+	output = "wire_gen.go"
 )
+
+// enum is a C enum of events.h copied as Go constants.
+type enum struct {
+	cType  string // bpf2go's type name
+	cPfx   string // the C names' prefix
+	goType string
+	goPfx  string
+	doc    string
+}
+
+var enums = []enum{
+	{"slowrankSrProbeId", "SR_PROBE_", "ProbeID", "Probe",
+		"// Probe ids: enum sr_probe_id of events.h. The numbers are ABI shared with\n" +
+			"// slowrank.bpf.c; add a probe there and run `make bpf-generate`.\n"},
+	{"slowrankSrLayout", "SR_LAYOUT_", "Layout", "Layout",
+		"// Argument layouts: enum sr_layout of events.h, what a probe's programs\n" +
+			"// read (ProbeSpec.Layout; the attach cookie of the multi_* programs).\n"},
+}
 
 // records are the struct types copied, in this order.
 var records = []string{
@@ -44,9 +62,9 @@ var records = []string{
 
 var acronyms = map[string]bool{"NCCL": true, "CUDA": true, "CUPTI": true}
 
-func goName(cName string) string {
+func goName(goPfx, cName string) string {
 	var b strings.Builder
-	b.WriteString("Probe")
+	b.WriteString(goPfx)
 	for _, w := range strings.Split(cName, "_") {
 		if acronyms[w] {
 			b.WriteString(w)
@@ -94,10 +112,24 @@ func main() {
 		}
 		out.WriteString(src + "\n\n")
 	}
-	out.WriteString("// Probe ids: enum sr_probe_id of events.h. The numbers are ABI shared with\n")
-	out.WriteString("// slowrank.bpf.c; add a probe there and run `make bpf-generate`.\n")
+	for _, e := range enums {
+		writeEnum(&out, f, e)
+	}
+	src, err := format.Source(out.Bytes())
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := os.WriteFile(output, src, 0o644); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// writeEnum writes the constants of e found in f.
+func writeEnum(out *bytes.Buffer, f *ast.File, e enum) {
+	out.WriteString("\n" + e.doc)
 	out.WriteString("const (\n")
 	n := 0
+	prefix := e.cType + e.cPfx
 	for _, d := range f.Decls {
 		g, ok := d.(*ast.GenDecl)
 		if !ok || g.Tok != token.CONST {
@@ -105,7 +137,7 @@ func main() {
 		}
 		for _, s := range g.Specs {
 			v := s.(*ast.ValueSpec)
-			if t, ok := v.Type.(*ast.Ident); !ok || t.Name != enumType {
+			if t, ok := v.Type.(*ast.Ident); !ok || t.Name != e.cType {
 				continue
 			}
 			name := v.Names[0].Name
@@ -114,19 +146,12 @@ func main() {
 				log.Fatalf("%s: unexpected constant %s", input, name)
 			}
 			cName := strings.TrimPrefix(name, prefix)
-			fmt.Fprintf(&out, "\t%s ProbeID = %s // SR_PROBE_%s\n", goName(cName), lit.Value, cName)
+			fmt.Fprintf(out, "\t%s %s = %s // %s%s\n", goName(e.goPfx, cName), e.goType, lit.Value, e.cPfx, cName)
 			n++
 		}
 	}
 	out.WriteString(")\n")
 	if n == 0 {
-		log.Fatalf("%s: no %s constants (is sr_probe_id still a -type of bpf2go?)", input, enumType)
-	}
-	src, err := format.Source(out.Bytes())
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := os.WriteFile(output, src, 0o644); err != nil {
-		log.Fatal(err)
+		log.Fatalf("%s: no %s constants (is it still a -type of bpf2go?)", input, e.cType)
 	}
 }

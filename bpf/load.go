@@ -78,7 +78,7 @@ type Probes struct {
 	log      *slog.Logger
 	ncpu     int
 	poll     time.Duration
-	// multi: programs are loaded for uprobe_multi links (see useUprobeMulti).
+	// multi: the shared programs are loaded, for uprobe_multi links (see selectPrograms).
 	multi bool
 
 	mu          sync.Mutex
@@ -177,9 +177,7 @@ func Load(opts Options) (*Probes, error) {
 		return nil, classify("remove memlock rlimit", err)
 	}
 	multi := !opts.SingleUprobes && CheckUprobeMultiSupport() == nil
-	if multi {
-		useUprobeMulti(spec)
-	}
+	selectPrograms(spec, multi)
 	coll, err := ebpf.NewCollection(spec)
 	if err != nil {
 		if serr := CheckSupport(); serr != nil {
@@ -210,20 +208,37 @@ func Load(opts Options) (*Probes, error) {
 	}, nil
 }
 
-// useUprobeMulti loads every uprobe program for uprobe_multi links. The
-// programs stay the same (same context, same helpers); only the attach type
-// changes, and with it how a link is destroyed: a perf-event uprobe waits
+// selectPrograms keeps the programs of one kind of uprobe link. With
+// uprobe_multi (multi), the shared multi_* programs, one per record type and
+// direction: one link per library, probe class and direction carries all the
+// class's functions, each with its probe id and argument layout in its
+// attach cookie. Otherwise the per-function programs of perf-event uprobes,
+// which kernels without uprobe_multi can load.
+//
+// Why uprobe_multi, and why one link per class: a perf-event uprobe waits
 // for its own grace periods, and the kernel runs those teardowns one after
 // another even when they are closed concurrently (6.5 s for the 37 functions
 // of the fake libraries on 6.18; up to 24 s seen for a real training
-// process), while a uprobe_multi link unregisters all its addresses and
-// then waits once (0.67 s for the same libraries).
-func useUprobeMulti(spec *ebpf.CollectionSpec) {
-	for _, ps := range spec.Programs {
-		if ps.Type == ebpf.Kprobe && (strings.HasPrefix(ps.SectionName, "uprobe") || strings.HasPrefix(ps.SectionName, "uretprobe")) {
-			ps.AttachType = ebpf.AttachTraceUprobeMulti
+// process), while a uprobe_multi link unregisters all its addresses and then
+// waits once. And a process that dies (a SIGKILLed agent) has the kernel
+// release its links one after another, about 50 ms each: about 2.3 s for
+// the 43 per-function links of the fake job, about 0.5 s for its 10
+// per-class ones (docs/internals.md, "A killed agent").
+func selectPrograms(spec *ebpf.CollectionSpec, multi bool) {
+	for name, ps := range spec.Programs {
+		if ps.Type != ebpf.Kprobe {
+			continue
+		}
+		if isMultiSection(ps.SectionName) != multi {
+			delete(spec.Programs, name)
 		}
 	}
+}
+
+// isMultiSection reports whether a program's section makes it a uprobe_multi
+// program (libbpf's "uprobe.multi" and "uretprobe.multi").
+func isMultiSection(sec string) bool {
+	return strings.HasPrefix(sec, "uprobe.multi") || strings.HasPrefix(sec, "uretprobe.multi")
 }
 
 // UprobeMulti reports whether the probes attach through uprobe_multi links.

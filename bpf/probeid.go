@@ -6,6 +6,24 @@ import "fmt"
 // The constants are generated from the C enum (wire_gen.go).
 type ProbeID uint32
 
+// Layout says how a probe's programs read the function's arguments and which
+// record they emit (enum sr_layout in events.h). The constants are generated
+// from the C enum (wire_gen.go).
+type Layout uint32
+
+// cookieLayoutShift is SR_COOKIE_LAYOUT_SHIFT of events.h: an attach cookie
+// carries the probe id below it and the layout from it.
+const cookieLayoutShift = 32
+
+// multiCookie is the attach cookie the multi_* programs read for a function
+// of spec s.
+func multiCookie(s ProbeSpec) uint64 { return uint64(s.ID) | uint64(s.Layout)<<cookieLayoutShift }
+
+// decodeCookie is what the multi_* programs read from cookie.
+func decodeCookie(cookie uint64) (ProbeID, Layout) {
+	return ProbeID(uint32(cookie)), Layout(cookie >> cookieLayoutShift)
+}
+
 // MaxProbeID bounds the probe ids (events.h): tables indexed by id, here and
 // in the agent, have this many entries.
 const MaxProbeID = 256

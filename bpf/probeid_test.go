@@ -13,6 +13,9 @@ var macroEvents = map[string]EventType{
 	"TORCH_PROBE": EventTorch, "CUPTI_CALL_PROBE": EventCUPTICall,
 }
 
+// The layout of the shape macros that take none.
+var macroLayouts = map[string]Layout{"TORCH_PROBE": LayoutTorch, "CUPTI_CALL_PROBE": LayoutCUPTICall}
+
 // TestSpecClassesMatchPrograms: a spec's class says which record type its
 // programs emit (the decoder refuses any other), so it must agree with the
 // shape macro that generates the program and the id the macro is given.
@@ -35,9 +38,14 @@ func TestSpecClassesMatchPrograms(t *testing.T) {
 	for _, s := range specs {
 		byEntry[s.Entry] = s
 	}
-	lines := regexp.MustCompile(`(?m)^([A-Z_]+_PROBE)\((\w+), (SR_PROBE_\w+)[,)]`).FindAllSubmatch(src, -1)
-	if len(lines) < 50 {
-		t.Fatalf("%d probe macro lines in slowrank.bpf.c: the pattern no longer matches", len(lines))
+	layouts := map[string]Layout{}
+	for _, m := range regexp.MustCompile(`(?m)^\s*(SR_LAYOUT_\w+) = (\d+),`).FindAllSubmatch(hdr, -1) {
+		v, _ := strconv.Atoi(string(m[2]))
+		layouts[string(m[1])] = Layout(v)
+	}
+	lines := regexp.MustCompile(`(?m)^([A-Z_]+_PROBE)\((\w+), (SR_PROBE_\w+)(?:,\s+(SR_LAYOUT_\w+))?\)`).FindAllSubmatch(src, -1)
+	if all := regexp.MustCompile(`(?m)^[A-Z_]+_PROBE\(`).FindAll(src, -1); len(lines) < 50 || len(lines) != len(all) {
+		t.Fatalf("the pattern matches %d of %d probe macro lines in slowrank.bpf.c", len(lines), len(all))
 	}
 	for _, m := range lines {
 		macro, prog, id := string(m[1]), string(m[2]), string(m[3])
@@ -48,6 +56,15 @@ func TestSpecClassesMatchPrograms(t *testing.T) {
 		}
 		if s.ID != ids[id] {
 			t.Errorf("%s: program %s is given %s (%d), the spec id %d", s.Name(), prog, id, ids[id], s.ID)
+		}
+		// The shared programs read the layout from the cookie: the spec's
+		// must be the one the function's own program has compiled in.
+		layout, ok := layouts[string(m[4])]
+		if !ok {
+			layout = macroLayouts[macro]
+		}
+		if s.Layout != layout || layout == 0 {
+			t.Errorf("%s: layout %d, program %s reads layout %d (%q)", s.Name(), s.Layout, prog, layout, m[4])
 		}
 		if got := s.Class.EventType(); got != macroEvents[macro] {
 			t.Errorf("%s: class %v emits %v records, %s makes %v", s.Name(), s.Class, got, macro, macroEvents[macro])

@@ -76,9 +76,15 @@ type ProbeSpec struct {
 	// Qualified is a C++ qualified name ("c10d::ProcessGroupNCCL::allreduce")
 	// matched against the Itanium-mangled symbol prefix, every overload.
 	Qualified string
-	// Entry and Return are program names in slowrank.bpf.c; Return is empty
-	// for entry-only probes.
+	// Entry and Return are the names in slowrank.bpf.c of the function's own
+	// programs, which perf-event uprobes run; Return is empty for entry-only
+	// probes. uprobe_multi links run the class's shared programs instead
+	// (multiPrograms), which read the probe id and Layout from the attach
+	// cookie.
 	Entry, Return string
+	// Layout is how the programs read the arguments (the shape macro's
+	// layout in slowrank.bpf.c).
+	Layout Layout
 	// Optional: the symbol is absent in some versions; missing it is normal.
 	Optional bool
 	// RefCtr names a uint16 semaphore symbol in the same library used as the
@@ -99,22 +105,27 @@ func (s ProbeSpec) Name() string {
 }
 
 // interval is a probe of a C function with an entry and a return program.
-func interval(id ProbeID, class ProbeClass, kind LibKind, sym, prog string, optional bool) ProbeSpec {
+func interval(id ProbeID, class ProbeClass, kind LibKind, sym, prog string, layout Layout, optional bool) ProbeSpec {
 	return ProbeSpec{ID: id, Class: class, Kind: kind, Symbol: sym, Entry: prog + "_entry", Return: prog + "_return",
-		Optional: optional}
+		Layout: layout, Optional: optional}
 }
 
 // coll is an NCCL collective or point-to-point call doing op.
-func coll(id ProbeID, sym, prog, op string, optional bool) ProbeSpec {
-	s := interval(id, ClassCollective, LibNCCL, sym, prog, optional)
+func coll(id ProbeID, sym, prog, op string, layout Layout, optional bool) ProbeSpec {
+	s := interval(id, ClassCollective, LibNCCL, sym, prog, layout, optional)
 	s.Op = op
 	return s
 }
 
+// commInit is a communicator creation.
+func commInit(id ProbeID, sym, prog string, layout Layout, optional bool) ProbeSpec {
+	return interval(id, ClassCommInit, LibNCCL, sym, prog, layout, optional)
+}
+
 // syncWait is a device synchronisation. Its op is the function's name: step
 // detection tells the synchronisations of a loop apart by it.
-func syncWait(id ProbeID, kind LibKind, sym, prog string) ProbeSpec {
-	s := interval(id, ClassSyncWait, kind, sym, prog, false)
+func syncWait(id ProbeID, kind LibKind, sym, prog string, layout Layout) ProbeSpec {
+	s := interval(id, ClassSyncWait, kind, sym, prog, layout, false)
 	s.Op = sym
 	return s
 }
@@ -130,38 +141,38 @@ func torchColl(id ProbeID, qualified, prog, op string) ProbeSpec {
 // torchMethod is an optional torch C++ method, `this` in rdi.
 func torchMethod(id ProbeID, class ProbeClass, qualified, prog string) ProbeSpec {
 	return ProbeSpec{ID: id, Class: class, Kind: LibTorch, Qualified: qualified, Entry: prog + "_entry",
-		Return: prog + "_return", Optional: true}
+		Return: prog + "_return", Layout: LayoutTorch, Optional: true}
 }
 
 // specs is the probe table. Required (non-optional) symbols exist in every
 // NCCL >= 2.7 and CUDA >= 11.
 var specs = []ProbeSpec{
-	coll(ProbeNCCLAllReduce, "ncclAllReduce", "nccl_all_reduce", "allreduce", false),
-	coll(ProbeNCCLBroadcast, "ncclBroadcast", "nccl_broadcast", "broadcast", false),
-	coll(ProbeNCCLReduce, "ncclReduce", "nccl_reduce", "reduce", false),
-	coll(ProbeNCCLAllGather, "ncclAllGather", "nccl_all_gather", "allgather", false),
-	coll(ProbeNCCLReduceScatter, "ncclReduceScatter", "nccl_reduce_scatter", "reducescatter", false),
-	coll(ProbeNCCLSend, "ncclSend", "nccl_send", "send", false),
-	coll(ProbeNCCLRecv, "ncclRecv", "nccl_recv", "recv", false),
-	coll(ProbeNCCLAllToAll, "ncclAlltoAll", "nccl_all_to_all", "alltoall", true), // NCCL 2.28+
-	coll(ProbeNCCLAllToAll, "ncclAllToAll", "nccl_all_to_all", "alltoall", true), // RCCL
-	coll(ProbeNCCLBcast, "ncclBcast", "nccl_bcast", "broadcast", true),
-	coll(ProbeNCCLGather, "ncclGather", "nccl_gather", "gather", true),
-	coll(ProbeNCCLScatter, "ncclScatter", "nccl_scatter", "scatter", true),
-	{ID: ProbeNCCLGroupStart, Class: ClassGroup, Kind: LibNCCL, Symbol: "ncclGroupStart", Entry: "nccl_group_start_entry"},
-	interval(ProbeNCCLGroupEnd, ClassGroup, LibNCCL, "ncclGroupEnd", "nccl_group_end", false),
-	interval(ProbeNCCLCommInitRank, ClassCommInit, LibNCCL, "ncclCommInitRank", "nccl_comm_init_rank", false),
-	interval(ProbeNCCLCommInitRankConfig, ClassCommInit, LibNCCL, "ncclCommInitRankConfig", "nccl_comm_init_rank_config", true), // 2.14+
-	interval(ProbeNCCLCommInitAll, ClassCommInit, LibNCCL, "ncclCommInitAll", "nccl_comm_init_all", true),
-	interval(ProbeNCCLCommSplit, ClassCommInit, LibNCCL, "ncclCommSplit", "nccl_comm_split", true),                                    // 2.18+
-	interval(ProbeNCCLCommInitRankScalable, ClassCommInit, LibNCCL, "ncclCommInitRankScalable", "nccl_comm_init_rank_scalable", true), // 2.23+
+	coll(ProbeNCCLAllReduce, "ncclAllReduce", "nccl_all_reduce", "allreduce", LayoutCollOp7, false),
+	coll(ProbeNCCLBroadcast, "ncclBroadcast", "nccl_broadcast", "broadcast", LayoutCollRoot7, false),
+	coll(ProbeNCCLReduce, "ncclReduce", "nccl_reduce", "reduce", LayoutCollReduce8, false),
+	coll(ProbeNCCLAllGather, "ncclAllGather", "nccl_all_gather", "allgather", LayoutCollPlain6, false),
+	coll(ProbeNCCLReduceScatter, "ncclReduceScatter", "nccl_reduce_scatter", "reducescatter", LayoutCollOp7, false),
+	coll(ProbeNCCLSend, "ncclSend", "nccl_send", "send", LayoutCollPeer6, false),
+	coll(ProbeNCCLRecv, "ncclRecv", "nccl_recv", "recv", LayoutCollPeer6, false),
+	coll(ProbeNCCLAllToAll, "ncclAlltoAll", "nccl_all_to_all", "alltoall", LayoutCollPlain6, true), // NCCL 2.28+
+	coll(ProbeNCCLAllToAll, "ncclAllToAll", "nccl_all_to_all", "alltoall", LayoutCollPlain6, true), // RCCL
+	coll(ProbeNCCLBcast, "ncclBcast", "nccl_bcast", "broadcast", LayoutCollPeer6, true),
+	coll(ProbeNCCLGather, "ncclGather", "nccl_gather", "gather", LayoutCollRoot7, true),
+	coll(ProbeNCCLScatter, "ncclScatter", "nccl_scatter", "scatter", LayoutCollRoot7, true),
+	{ID: ProbeNCCLGroupStart, Class: ClassGroup, Kind: LibNCCL, Symbol: "ncclGroupStart", Entry: "nccl_group_start_entry", Layout: LayoutGroupStart},
+	interval(ProbeNCCLGroupEnd, ClassGroup, LibNCCL, "ncclGroupEnd", "nccl_group_end", LayoutGroupEnd, false),
+	commInit(ProbeNCCLCommInitRank, "ncclCommInitRank", "nccl_comm_init_rank", LayoutInitRank, false),
+	commInit(ProbeNCCLCommInitRankConfig, "ncclCommInitRankConfig", "nccl_comm_init_rank_config", LayoutInitRank, true), // 2.14+
+	commInit(ProbeNCCLCommInitAll, "ncclCommInitAll", "nccl_comm_init_all", LayoutInitAll, true),
+	commInit(ProbeNCCLCommSplit, "ncclCommSplit", "nccl_comm_split", LayoutSplit, true),                                           // 2.18+
+	commInit(ProbeNCCLCommInitRankScalable, "ncclCommInitRankScalable", "nccl_comm_init_rank_scalable", LayoutInitScalable, true), // 2.23+
 
-	syncWait(ProbeCUDADeviceSynchronize, LibCUDART, "cudaDeviceSynchronize", "cuda_device_synchronize"),
-	syncWait(ProbeCUDAStreamSynchronize, LibCUDART, "cudaStreamSynchronize", "cuda_stream_synchronize"),
-	syncWait(ProbeCUDAEventSynchronize, LibCUDART, "cudaEventSynchronize", "cuda_event_synchronize"),
-	syncWait(ProbeCuCtxSynchronize, LibCUDA, "cuCtxSynchronize", "cu_ctx_synchronize"),
-	syncWait(ProbeCuStreamSynchronize, LibCUDA, "cuStreamSynchronize", "cu_stream_synchronize"),
-	syncWait(ProbeCuEventSynchronize, LibCUDA, "cuEventSynchronize", "cu_event_synchronize"),
+	syncWait(ProbeCUDADeviceSynchronize, LibCUDART, "cudaDeviceSynchronize", "cuda_device_synchronize", LayoutSync),
+	syncWait(ProbeCUDAStreamSynchronize, LibCUDART, "cudaStreamSynchronize", "cuda_stream_synchronize", LayoutSyncHandle),
+	syncWait(ProbeCUDAEventSynchronize, LibCUDART, "cudaEventSynchronize", "cuda_event_synchronize", LayoutSyncHandle),
+	syncWait(ProbeCuCtxSynchronize, LibCUDA, "cuCtxSynchronize", "cu_ctx_synchronize", LayoutSync),
+	syncWait(ProbeCuStreamSynchronize, LibCUDA, "cuStreamSynchronize", "cu_stream_synchronize", LayoutSyncHandle),
+	syncWait(ProbeCuEventSynchronize, LibCUDA, "cuEventSynchronize", "cu_event_synchronize", LayoutSyncHandle),
 
 	torchColl(ProbeTorchNCCLAllreduce, "c10d::ProcessGroupNCCL::allreduce", "torch_nccl_allreduce", "allreduce"),
 	torchColl(ProbeTorchNCCLAllreduceCoalesced, "c10d::ProcessGroupNCCL::allreduce_coalesced", "torch_nccl_allreduce_coalesced", "allreduce"),
@@ -213,7 +224,7 @@ var specs = []ProbeSpec{
 	// integration test covers.
 	torchMethod(ProbeTorchFutureWait, ClassTorchFutureWait, "c10::ivalue::Future::wait", "torch_future_wait"),
 
-	{ID: ProbeCUPTIEmit, Class: ClassCUPTIBatch, Kind: LibCUPTI, Symbol: CUPTIEmitSymbol, Entry: "cupti_emit_entry", RefCtr: CUPTISemaphoreSymbol},
+	{ID: ProbeCUPTIEmit, Class: ClassCUPTIBatch, Kind: LibCUPTI, Symbol: CUPTIEmitSymbol, Entry: "cupti_emit_entry", Layout: LayoutCUPTIEmit, RefCtr: CUPTISemaphoreSymbol},
 
 	// libcupti's entry points, entry only: a call from any thread but the
 	// injection library's control thread is another CUPTI client (Kineto,
@@ -230,7 +241,24 @@ var specs = []ProbeSpec{
 }
 
 func cuptiCall(id ProbeID, sym, prog string) ProbeSpec {
-	return ProbeSpec{ID: id, Class: ClassCUPTICall, Kind: LibCUPTIRuntime, Symbol: sym, Entry: prog + "_entry", Optional: true}
+	return ProbeSpec{ID: id, Class: ClassCUPTICall, Kind: LibCUPTIRuntime, Symbol: sym, Entry: prog + "_entry", Layout: LayoutCUPTICall, Optional: true}
+}
+
+// multiProgram are the programs a class's uprobe_multi links run, shared by
+// all its functions (slowrank.bpf.c, MULTI_INTERVAL); ret is empty for the
+// classes without a return probe.
+type multiProgram struct{ entry, ret string }
+
+var multiPrograms = map[ProbeClass]multiProgram{
+	ClassCollective:      {"multi_coll_entry", "multi_coll_return"},
+	ClassGroup:           {"multi_group_entry", "multi_group_return"},
+	ClassCommInit:        {"multi_init_entry", "multi_init_return"},
+	ClassSyncWait:        {"multi_sync_entry", "multi_sync_return"},
+	ClassTorchCollective: {"multi_torch_entry", "multi_torch_return"},
+	ClassTorchWorkWait:   {"multi_torch_entry", "multi_torch_return"},
+	ClassTorchFutureWait: {"multi_torch_entry", "multi_torch_return"},
+	ClassCUPTIBatch:      {"multi_cupti_emit_entry", ""},
+	ClassCUPTICall:       {"multi_cupti_call_entry", ""},
 }
 
 // Specs returns a copy of the probe table.

@@ -39,6 +39,22 @@ func TestSpecsMatchObject(t *testing.T) {
 				t.Errorf("%s: %s is %v in %q, want kprobe in %q", s.Name(), name, ps.Type, ps.SectionName, wantSec)
 			}
 		}
+		mp, ok := multiPrograms[s.Class]
+		if !ok {
+			t.Errorf("%s: class %v has no shared programs", s.Name(), s.Class)
+		}
+		for name, wantSec := range map[string]string{mp.entry: "uprobe.multi", mp.ret: "uretprobe.multi"} {
+			if name == "" {
+				continue
+			}
+			used[name] = true
+			if ps := spec.Programs[name]; ps == nil || ps.Type != ebpf.Kprobe || ps.SectionName != wantSec {
+				t.Errorf("%s: shared program %q is %+v, want kprobe in %q", s.Name(), name, ps, wantSec)
+			}
+		}
+		if s.Return != "" && mp.ret == "" {
+			t.Errorf("%s: a return probe in class %v, whose shared links have no return program", s.Name(), s.Class)
+		}
 		if s.ID.EventType() == 0 {
 			t.Errorf("%s: probe id %d maps to no event type", s.Name(), uint32(s.ID))
 		}

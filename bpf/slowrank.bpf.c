@@ -4,10 +4,16 @@
 // slowrank.bpf.c - uprobes on NCCL, CUDA runtime/driver synchronisation, torch
 // c10d and the CUPTI injection library's emit function.
 //
-// Every probe is one entry program and (for intervals) one return program,
-// generated below from a shape macro with the probe id as a compile-time
-// constant, so no attach cookie (5.15+) is needed. Entry and return are joined
-// per (tid, probe id) in the `inflight` LRU hash; one record per call leaves
+// Every probe has two kinds of programs. For perf-event uprobes (kernels
+// without uprobe_multi, --single-uprobes), one entry program and (for
+// intervals) one return program per function, generated below from a shape
+// macro with the probe id and argument layout (enum sr_layout) as
+// compile-time constants. For uprobe_multi links, the multi_* programs, one
+// per record type and direction, read both from the attach cookie: one link
+// per library, probe class and direction carries all its functions (a
+// SIGKILLed agent's links are released one after another, see
+// docs/internals.md "A killed agent"). Entry and return are joined per
+// (tid, probe id) in the `inflight` LRU hash; one record per call leaves
 // through the `events` ring buffer at return. Only tgids present in
 // `tracked_tgids` (filled by Go) are recorded.
 //
@@ -86,6 +92,7 @@ BTF_ANCHOR(struct sr_batch_event, batch);
 BTF_ANCHOR(struct sr_cupti_call_event, cupti_call);
 BTF_ANCHOR(enum sr_event_type, type);
 BTF_ANCHOR(enum sr_probe_id, probe);
+BTF_ANCHOR(enum sr_layout, layout);
 BTF_ANCHOR(enum sr_counter, counter);
 
 static __always_inline void count(__u32 idx)
@@ -192,21 +199,8 @@ static __always_inline int return_take(__u32 probe, struct sr_inflight *out, __u
 
 // ---------------------------------------------------------------- collectives
 
-enum coll_shape {
-	// (send, recv, count, datatype, op, comm, stream): AllReduce, ReduceScatter
-	SHAPE_OP7,
-	// (send, recv, count, datatype, root, comm, stream): Broadcast, Gather, Scatter
-	SHAPE_ROOT7,
-	// (send, recv, count, datatype, op, root, comm, stream): Reduce
-	SHAPE_REDUCE8,
-	// (send, recv, count, datatype, comm, stream): AllGather, AlltoAll
-	SHAPE_PLAIN6,
-	// (buf, count, datatype, peer, comm, stream): Send, Recv, Bcast
-	SHAPE_PEER6,
-};
-
 // a[0]=count a[1]=comm a[2]=stream a[3]=datatype|redop<<32 a[4]=peer
-static __always_inline int coll_entry(struct pt_regs *ctx, __u32 probe, int shape)
+static __always_inline int coll_entry(struct pt_regs *ctx, __u32 probe, __u32 shape)
 {
 	struct sr_inflight v = {};
 	if (!entry_begin(&v))
@@ -214,21 +208,21 @@ static __always_inline int coll_entry(struct pt_regs *ctx, __u32 probe, int shap
 	__u64 dt = 0, op = 0;
 	__s32 peer = -1;
 	switch (shape) {
-	case SHAPE_OP7:
+	case SR_LAYOUT_COLL_OP7:
 		v.a[0] = ARG3(ctx);
 		dt = (__u32)ARG4(ctx);
 		op = (__u32)ARG5(ctx);
 		v.a[1] = ARG6(ctx);
 		v.a[2] = stack_arg(ctx, 1);
 		break;
-	case SHAPE_ROOT7:
+	case SR_LAYOUT_COLL_ROOT7:
 		v.a[0] = ARG3(ctx);
 		dt = (__u32)ARG4(ctx);
 		peer = (__s32)ARG5(ctx);
 		v.a[1] = ARG6(ctx);
 		v.a[2] = stack_arg(ctx, 1);
 		break;
-	case SHAPE_REDUCE8:
+	case SR_LAYOUT_COLL_REDUCE8:
 		v.a[0] = ARG3(ctx);
 		dt = (__u32)ARG4(ctx);
 		op = (__u32)ARG5(ctx);
@@ -236,13 +230,13 @@ static __always_inline int coll_entry(struct pt_regs *ctx, __u32 probe, int shap
 		v.a[1] = stack_arg(ctx, 1);
 		v.a[2] = stack_arg(ctx, 2);
 		break;
-	case SHAPE_PLAIN6:
+	case SR_LAYOUT_COLL_PLAIN6:
 		v.a[0] = ARG3(ctx);
 		dt = (__u32)ARG4(ctx);
 		v.a[1] = ARG5(ctx);
 		v.a[2] = ARG6(ctx);
 		break;
-	case SHAPE_PEER6:
+	case SR_LAYOUT_COLL_PEER6:
 		v.a[0] = ARG2(ctx);
 		dt = (__u32)ARG3(ctx);
 		peer = (__s32)ARG4(ctx);
@@ -290,22 +284,21 @@ static __always_inline int coll_return(struct pt_regs *ctx, __u32 probe)
 		return coll_return(ctx, probe);                                                    \
 	}
 
-COLL_PROBE(nccl_all_reduce, SR_PROBE_NCCL_ALL_REDUCE, SHAPE_OP7)
-COLL_PROBE(nccl_broadcast, SR_PROBE_NCCL_BROADCAST, SHAPE_ROOT7)
-COLL_PROBE(nccl_reduce, SR_PROBE_NCCL_REDUCE, SHAPE_REDUCE8)
-COLL_PROBE(nccl_all_gather, SR_PROBE_NCCL_ALL_GATHER, SHAPE_PLAIN6)
-COLL_PROBE(nccl_reduce_scatter, SR_PROBE_NCCL_REDUCE_SCATTER, SHAPE_OP7)
-COLL_PROBE(nccl_send, SR_PROBE_NCCL_SEND, SHAPE_PEER6)
-COLL_PROBE(nccl_recv, SR_PROBE_NCCL_RECV, SHAPE_PEER6)
-COLL_PROBE(nccl_all_to_all, SR_PROBE_NCCL_ALL_TO_ALL, SHAPE_PLAIN6)
-COLL_PROBE(nccl_bcast, SR_PROBE_NCCL_BCAST, SHAPE_PEER6)
-COLL_PROBE(nccl_gather, SR_PROBE_NCCL_GATHER, SHAPE_ROOT7)
-COLL_PROBE(nccl_scatter, SR_PROBE_NCCL_SCATTER, SHAPE_ROOT7)
+COLL_PROBE(nccl_all_reduce, SR_PROBE_NCCL_ALL_REDUCE, SR_LAYOUT_COLL_OP7)
+COLL_PROBE(nccl_broadcast, SR_PROBE_NCCL_BROADCAST, SR_LAYOUT_COLL_ROOT7)
+COLL_PROBE(nccl_reduce, SR_PROBE_NCCL_REDUCE, SR_LAYOUT_COLL_REDUCE8)
+COLL_PROBE(nccl_all_gather, SR_PROBE_NCCL_ALL_GATHER, SR_LAYOUT_COLL_PLAIN6)
+COLL_PROBE(nccl_reduce_scatter, SR_PROBE_NCCL_REDUCE_SCATTER, SR_LAYOUT_COLL_OP7)
+COLL_PROBE(nccl_send, SR_PROBE_NCCL_SEND, SR_LAYOUT_COLL_PEER6)
+COLL_PROBE(nccl_recv, SR_PROBE_NCCL_RECV, SR_LAYOUT_COLL_PEER6)
+COLL_PROBE(nccl_all_to_all, SR_PROBE_NCCL_ALL_TO_ALL, SR_LAYOUT_COLL_PLAIN6)
+COLL_PROBE(nccl_bcast, SR_PROBE_NCCL_BCAST, SR_LAYOUT_COLL_PEER6)
+COLL_PROBE(nccl_gather, SR_PROBE_NCCL_GATHER, SR_LAYOUT_COLL_ROOT7)
+COLL_PROBE(nccl_scatter, SR_PROBE_NCCL_SCATTER, SR_LAYOUT_COLL_ROOT7)
 
 // ---------------------------------------------------------------- groups
 
-SEC("uprobe")
-int nccl_group_start_entry(struct pt_regs *ctx)
+static __always_inline int group_start(__u32 probe)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	if (!tracked(id >> 32)) {
@@ -316,39 +309,55 @@ int nccl_group_start_entry(struct pt_regs *ctx)
 	struct sr_group_event *e = reserve(sizeof(*e));
 	if (!e)
 		return 0;
-	fill_hdr(&e->hdr, SR_EV_GROUP, SR_PROBE_NCCL_GROUP_START, id, now, now);
+	fill_hdr(&e->hdr, SR_EV_GROUP, probe, id, now, now);
 	e->ret = 0;
 	e->flags = 0;
 	submit(e);
 	return 0;
 }
 
-SEC("uprobe")
-int nccl_group_end_entry(struct pt_regs *ctx)
+static __always_inline int group_end_entry(__u32 probe)
 {
 	struct sr_inflight v = {};
 	if (!entry_begin(&v))
 		return 0;
-	entry_store(SR_PROBE_NCCL_GROUP_END, &v);
+	entry_store(probe, &v);
 	return 0;
 }
 
-SEC("uretprobe")
-int nccl_group_end_return(struct pt_regs *ctx)
+static __always_inline int group_end_return(struct pt_regs *ctx, __u32 probe)
 {
 	struct sr_inflight v;
 	__u64 id;
-	if (!return_take(SR_PROBE_NCCL_GROUP_END, &v, &id))
+	if (!return_take(probe, &v, &id))
 		return 0;
 	__u64 now = bpf_ktime_get_ns();
 	struct sr_group_event *e = reserve(sizeof(*e));
 	if (!e)
 		return 0;
-	fill_hdr(&e->hdr, SR_EV_GROUP, SR_PROBE_NCCL_GROUP_END, id, v.start_ns, now);
+	fill_hdr(&e->hdr, SR_EV_GROUP, probe, id, v.start_ns, now);
 	e->ret = RET(ctx);
 	e->flags = SR_GROUP_F_RETURN;
 	submit(e);
 	return 0;
+}
+
+SEC("uprobe")
+int nccl_group_start_entry(struct pt_regs *ctx)
+{
+	return group_start(SR_PROBE_NCCL_GROUP_START);
+}
+
+SEC("uprobe")
+int nccl_group_end_entry(struct pt_regs *ctx)
+{
+	return group_end_entry(SR_PROBE_NCCL_GROUP_END);
+}
+
+SEC("uretprobe")
+int nccl_group_end_return(struct pt_regs *ctx)
+{
+	return group_end_return(ctx, SR_PROBE_NCCL_GROUP_END);
 }
 
 // ---------------------------------------------------------------- communicator init
@@ -371,20 +380,9 @@ static __always_inline int hash_unique_id(const void *uptr, __u64 *out)
 	return 1;
 }
 
-enum init_shape {
-	// (ncclComm_t *comm, int nranks, ncclUniqueId id /* by value: rsp+8 */, int rank[, config])
-	SHAPE_INIT_RANK,
-	// (ncclComm_t *comm, int nranks, int rank, int nId, ncclUniqueId *ids, config)
-	SHAPE_INIT_SCALABLE,
-	// (ncclComm_t *comms, int ndev, const int *devlist)
-	SHAPE_INIT_ALL,
-	// (ncclComm_t comm, int color, int key, ncclComm_t *newcomm, config)
-	SHAPE_SPLIT,
-};
-
 // a[0]=comm out-pointer a[1]=id hash a[2]=parent a[3]=nranks|rank<<32
 // a[4]=color|key<<32 a[5]=flags|n_ids<<32
-static __always_inline int init_entry(struct pt_regs *ctx, __u32 probe, int shape)
+static __always_inline int init_entry(struct pt_regs *ctx, __u32 probe, __u32 shape)
 {
 	struct sr_inflight v = {};
 	if (!entry_begin(&v))
@@ -393,7 +391,7 @@ static __always_inline int init_entry(struct pt_regs *ctx, __u32 probe, int shap
 	__u32 flags = 0, n_ids = 0;
 	__u64 h = 0;
 	switch (shape) {
-	case SHAPE_INIT_RANK:
+	case SR_LAYOUT_INIT_RANK:
 		v.a[0] = ARG1(ctx);
 		nranks = (__s32)ARG2(ctx);
 		rank = (__s32)ARG3(ctx);
@@ -401,7 +399,7 @@ static __always_inline int init_entry(struct pt_regs *ctx, __u32 probe, int shap
 		if (hash_unique_id((void *)(PT_REGS_SP(ctx) + 8), &h))
 			flags |= SR_COMM_F_ID_VALID;
 		break;
-	case SHAPE_INIT_SCALABLE:
+	case SR_LAYOUT_INIT_SCALABLE:
 		v.a[0] = ARG1(ctx);
 		nranks = (__s32)ARG2(ctx);
 		rank = (__s32)ARG3(ctx);
@@ -409,11 +407,11 @@ static __always_inline int init_entry(struct pt_regs *ctx, __u32 probe, int shap
 		if (hash_unique_id((void *)ARG5(ctx), &h))
 			flags |= SR_COMM_F_ID_VALID;
 		break;
-	case SHAPE_INIT_ALL:
+	case SR_LAYOUT_INIT_ALL:
 		v.a[0] = ARG1(ctx);
 		nranks = (__s32)ARG2(ctx);
 		break;
-	case SHAPE_SPLIT:
+	case SR_LAYOUT_SPLIT:
 		v.a[2] = ARG1(ctx);
 		color = (__s32)ARG2(ctx);
 		key = (__s32)ARG3(ctx);
@@ -475,21 +473,22 @@ static __always_inline int init_return(struct pt_regs *ctx, __u32 probe)
 		return init_return(ctx, probe);                                                    \
 	}
 
-INIT_PROBE(nccl_comm_init_rank, SR_PROBE_NCCL_COMM_INIT_RANK, SHAPE_INIT_RANK)
-INIT_PROBE(nccl_comm_init_rank_config, SR_PROBE_NCCL_COMM_INIT_RANK_CONFIG, SHAPE_INIT_RANK)
-INIT_PROBE(nccl_comm_init_all, SR_PROBE_NCCL_COMM_INIT_ALL, SHAPE_INIT_ALL)
-INIT_PROBE(nccl_comm_split, SR_PROBE_NCCL_COMM_SPLIT, SHAPE_SPLIT)
-INIT_PROBE(nccl_comm_init_rank_scalable, SR_PROBE_NCCL_COMM_INIT_RANK_SCALABLE, SHAPE_INIT_SCALABLE)
+INIT_PROBE(nccl_comm_init_rank, SR_PROBE_NCCL_COMM_INIT_RANK, SR_LAYOUT_INIT_RANK)
+INIT_PROBE(nccl_comm_init_rank_config, SR_PROBE_NCCL_COMM_INIT_RANK_CONFIG, SR_LAYOUT_INIT_RANK)
+INIT_PROBE(nccl_comm_init_all, SR_PROBE_NCCL_COMM_INIT_ALL, SR_LAYOUT_INIT_ALL)
+INIT_PROBE(nccl_comm_split, SR_PROBE_NCCL_COMM_SPLIT, SR_LAYOUT_SPLIT)
+INIT_PROBE(nccl_comm_init_rank_scalable, SR_PROBE_NCCL_COMM_INIT_RANK_SCALABLE,
+	   SR_LAYOUT_INIT_SCALABLE)
 
 // ---------------------------------------------------------------- synchronisation waits
 
 // a[0]=stream/event handle
-static __always_inline int sync_entry(struct pt_regs *ctx, __u32 probe, int has_handle)
+static __always_inline int sync_entry(struct pt_regs *ctx, __u32 probe, __u32 layout)
 {
 	struct sr_inflight v = {};
 	if (!entry_begin(&v))
 		return 0;
-	if (has_handle)
+	if (layout == SR_LAYOUT_SYNC_HANDLE)
 		v.a[0] = ARG1(ctx);
 	entry_store(probe, &v);
 	return 0;
@@ -513,11 +512,11 @@ static __always_inline int sync_return(struct pt_regs *ctx, __u32 probe)
 	return 0;
 }
 
-#define SYNC_PROBE(name, probe, has_handle)                                                        \
+#define SYNC_PROBE(name, probe, layout)                                                            \
 	SEC("uprobe")                                                                              \
 	int name##_entry(struct pt_regs *ctx)                                                      \
 	{                                                                                          \
-		return sync_entry(ctx, probe, has_handle);                                         \
+		return sync_entry(ctx, probe, layout);                                             \
 	}                                                                                          \
 	SEC("uretprobe")                                                                           \
 	int name##_return(struct pt_regs *ctx)                                                     \
@@ -525,12 +524,12 @@ static __always_inline int sync_return(struct pt_regs *ctx, __u32 probe)
 		return sync_return(ctx, probe);                                                    \
 	}
 
-SYNC_PROBE(cuda_device_synchronize, SR_PROBE_CUDA_DEVICE_SYNCHRONIZE, 0)
-SYNC_PROBE(cuda_stream_synchronize, SR_PROBE_CUDA_STREAM_SYNCHRONIZE, 1)
-SYNC_PROBE(cuda_event_synchronize, SR_PROBE_CUDA_EVENT_SYNCHRONIZE, 1)
-SYNC_PROBE(cu_ctx_synchronize, SR_PROBE_CU_CTX_SYNCHRONIZE, 0)
-SYNC_PROBE(cu_stream_synchronize, SR_PROBE_CU_STREAM_SYNCHRONIZE, 1)
-SYNC_PROBE(cu_event_synchronize, SR_PROBE_CU_EVENT_SYNCHRONIZE, 1)
+SYNC_PROBE(cuda_device_synchronize, SR_PROBE_CUDA_DEVICE_SYNCHRONIZE, SR_LAYOUT_SYNC)
+SYNC_PROBE(cuda_stream_synchronize, SR_PROBE_CUDA_STREAM_SYNCHRONIZE, SR_LAYOUT_SYNC_HANDLE)
+SYNC_PROBE(cuda_event_synchronize, SR_PROBE_CUDA_EVENT_SYNCHRONIZE, SR_LAYOUT_SYNC_HANDLE)
+SYNC_PROBE(cu_ctx_synchronize, SR_PROBE_CU_CTX_SYNCHRONIZE, SR_LAYOUT_SYNC)
+SYNC_PROBE(cu_stream_synchronize, SR_PROBE_CU_STREAM_SYNCHRONIZE, SR_LAYOUT_SYNC_HANDLE)
+SYNC_PROBE(cu_event_synchronize, SR_PROBE_CU_EVENT_SYNCHRONIZE, SR_LAYOUT_SYNC_HANDLE)
 
 // ---------------------------------------------------------------- torch c10d
 
@@ -634,8 +633,7 @@ static __always_inline int emit_batch(const void *src, __u32 len, const __u32 cl
 }
 
 // void slowrank_cupti_emit(const void *batch, uint32_t len)
-SEC("uprobe")
-int cupti_emit_entry(struct pt_regs *ctx)
+static __always_inline int cupti_emit(struct pt_regs *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	if (!tracked(id >> 32)) {
@@ -660,31 +658,42 @@ int cupti_emit_entry(struct pt_regs *ctx)
 	return emit_batch(src, len, SLOWRANK_BATCH_MAX, id, now);
 }
 
+SEC("uprobe")
+int cupti_emit_entry(struct pt_regs *ctx)
+{
+	return cupti_emit(ctx);
+}
+
 // ---------------------------------------------------------------- libcupti calls
 
 // Entry of a libcupti function: who called it (the agent tells the injection
 // library's control thread from another CUPTI client such as Kineto) and its
 // first two arguments. Rare calls, woken at once: the injection library yields
 // within the agent's reaction time.
+static __always_inline int cupti_call(struct pt_regs *ctx, __u32 probe)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	if (!tracked(id >> 32)) {
+		count(SR_CNT_FILTERED);
+		return 0;
+	}
+	__u64 now = bpf_ktime_get_ns();
+	struct sr_cupti_call_event *e = reserve(sizeof(*e));
+	if (!e)
+		return 0;
+	fill_hdr(&e->hdr, SR_EV_CUPTI_CALL, probe, id, now, now);
+	e->arg = ARG1(ctx);
+	e->arg2 = ARG2(ctx);
+	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
+	count(SR_CNT_EVENTS);
+	return 0;
+}
+
 #define CUPTI_CALL_PROBE(name, probe)                                                              \
 	SEC("uprobe")                                                                              \
 	int name##_entry(struct pt_regs *ctx)                                                      \
 	{                                                                                          \
-		__u64 id = bpf_get_current_pid_tgid();                                             \
-		if (!tracked(id >> 32)) {                                                          \
-			count(SR_CNT_FILTERED);                                                    \
-			return 0;                                                                  \
-		}                                                                                  \
-		__u64 now = bpf_ktime_get_ns();                                                    \
-		struct sr_cupti_call_event *e = reserve(sizeof(*e));                               \
-		if (!e)                                                                            \
-			return 0;                                                                  \
-		fill_hdr(&e->hdr, SR_EV_CUPTI_CALL, probe, id, now, now);                          \
-		e->arg = ARG1(ctx);                                                                \
-		e->arg2 = ARG2(ctx);                                                               \
-		bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);                                        \
-		count(SR_CNT_EVENTS);                                                              \
-		return 0;                                                                          \
+		return cupti_call(ctx, probe);                                                     \
 	}
 
 CUPTI_CALL_PROBE(cupti_subscribe, SR_PROBE_CUPTI_SUBSCRIBE)
@@ -694,3 +703,64 @@ CUPTI_CALL_PROBE(cupti_enable, SR_PROBE_CUPTI_ENABLE)
 CUPTI_CALL_PROBE(cupti_disable, SR_PROBE_CUPTI_DISABLE)
 CUPTI_CALL_PROBE(cupti_flush_all, SR_PROBE_CUPTI_FLUSH_ALL)
 CUPTI_CALL_PROBE(cupti_finalize, SR_PROBE_CUPTI_FINALIZE)
+
+// ---------------------------------------------------------------- shared programs (uprobe_multi)
+
+// The programs of the uprobe_multi links: one link per library, probe class
+// and direction carries every function of the class, each with its own
+// attach cookie (probe id | layout << SR_COOKIE_LAYOUT_SHIFT, set by
+// bpf/attach.go), so one program per record type and direction serves them
+// all. The torch classes share theirs.
+
+static __always_inline __u32 cookie_probe(__u64 cookie)
+{
+	return (__u32)cookie;
+}
+
+static __always_inline __u32 cookie_layout(__u64 cookie)
+{
+	return (__u32)(cookie >> SR_COOKIE_LAYOUT_SHIFT);
+}
+
+#define MULTI_INTERVAL(name, entry_fn, return_fn)                                                  \
+	SEC("uprobe.multi")                                                                        \
+	int multi_##name##_entry(struct pt_regs *ctx)                                              \
+	{                                                                                          \
+		__u64 c = bpf_get_attach_cookie(ctx);                                              \
+		return entry_fn(ctx, cookie_probe(c), cookie_layout(c));                           \
+	}                                                                                          \
+	SEC("uretprobe.multi")                                                                     \
+	int multi_##name##_return(struct pt_regs *ctx)                                             \
+	{                                                                                          \
+		return return_fn(ctx, cookie_probe(bpf_get_attach_cookie(ctx)));                   \
+	}
+
+static __always_inline int torch_entry_layout(struct pt_regs *ctx, __u32 probe, __u32 layout)
+{
+	return torch_entry(ctx, probe);
+}
+
+static __always_inline int group_entry(struct pt_regs *ctx, __u32 probe, __u32 layout)
+{
+	if (layout == SR_LAYOUT_GROUP_START)
+		return group_start(probe);
+	return group_end_entry(probe);
+}
+
+MULTI_INTERVAL(coll, coll_entry, coll_return)
+MULTI_INTERVAL(group, group_entry, group_end_return)
+MULTI_INTERVAL(init, init_entry, init_return)
+MULTI_INTERVAL(sync, sync_entry, sync_return)
+MULTI_INTERVAL(torch, torch_entry_layout, torch_return)
+
+SEC("uprobe.multi")
+int multi_cupti_emit_entry(struct pt_regs *ctx)
+{
+	return cupti_emit(ctx);
+}
+
+SEC("uprobe.multi")
+int multi_cupti_call_entry(struct pt_regs *ctx)
+{
+	return cupti_call(ctx, cookie_probe(bpf_get_attach_cookie(ctx)));
+}

@@ -111,6 +111,27 @@ type slowrankSrInflightKey struct {
 	ProbeId uint32
 }
 
+type slowrankSrLayout uint32
+
+const (
+	slowrankSrLayoutSR_LAYOUT_COLL_OP7      slowrankSrLayout = 1
+	slowrankSrLayoutSR_LAYOUT_COLL_ROOT7    slowrankSrLayout = 2
+	slowrankSrLayoutSR_LAYOUT_COLL_REDUCE8  slowrankSrLayout = 3
+	slowrankSrLayoutSR_LAYOUT_COLL_PLAIN6   slowrankSrLayout = 4
+	slowrankSrLayoutSR_LAYOUT_COLL_PEER6    slowrankSrLayout = 5
+	slowrankSrLayoutSR_LAYOUT_GROUP_START   slowrankSrLayout = 10
+	slowrankSrLayoutSR_LAYOUT_GROUP_END     slowrankSrLayout = 11
+	slowrankSrLayoutSR_LAYOUT_INIT_RANK     slowrankSrLayout = 20
+	slowrankSrLayoutSR_LAYOUT_INIT_SCALABLE slowrankSrLayout = 21
+	slowrankSrLayoutSR_LAYOUT_INIT_ALL      slowrankSrLayout = 22
+	slowrankSrLayoutSR_LAYOUT_SPLIT         slowrankSrLayout = 23
+	slowrankSrLayoutSR_LAYOUT_SYNC          slowrankSrLayout = 30
+	slowrankSrLayoutSR_LAYOUT_SYNC_HANDLE   slowrankSrLayout = 31
+	slowrankSrLayoutSR_LAYOUT_TORCH         slowrankSrLayout = 40
+	slowrankSrLayoutSR_LAYOUT_CUPTI_EMIT    slowrankSrLayout = 50
+	slowrankSrLayoutSR_LAYOUT_CUPTI_CALL    slowrankSrLayout = 60
+)
+
 type slowrankSrProbeId uint32
 
 const (
@@ -224,6 +245,18 @@ const (
 	slowrankProgCuptiRegisterCallbacksEntry           = "cupti_register_callbacks_entry"
 	slowrankProgCuptiRegisterTimestampEntry           = "cupti_register_timestamp_entry"
 	slowrankProgCuptiSubscribeEntry                   = "cupti_subscribe_entry"
+	slowrankProgMultiCollEntry                        = "multi_coll_entry"
+	slowrankProgMultiCollReturn                       = "multi_coll_return"
+	slowrankProgMultiCuptiCallEntry                   = "multi_cupti_call_entry"
+	slowrankProgMultiCuptiEmitEntry                   = "multi_cupti_emit_entry"
+	slowrankProgMultiGroupEntry                       = "multi_group_entry"
+	slowrankProgMultiGroupReturn                      = "multi_group_return"
+	slowrankProgMultiInitEntry                        = "multi_init_entry"
+	slowrankProgMultiInitReturn                       = "multi_init_return"
+	slowrankProgMultiSyncEntry                        = "multi_sync_entry"
+	slowrankProgMultiSyncReturn                       = "multi_sync_return"
+	slowrankProgMultiTorchEntry                       = "multi_torch_entry"
+	slowrankProgMultiTorchReturn                      = "multi_torch_return"
 	slowrankProgNcclAllGatherEntry                    = "nccl_all_gather_entry"
 	slowrankProgNcclAllGatherReturn                   = "nccl_all_gather_return"
 	slowrankProgNcclAllReduceEntry                    = "nccl_all_reduce_entry"
@@ -333,6 +366,7 @@ const (
 	slowrankVarSrBtfCuptiCall                         = "sr_btf_cupti_call"
 	slowrankVarSrBtfGroup                             = "sr_btf_group"
 	slowrankVarSrBtfHdr                               = "sr_btf_hdr"
+	slowrankVarSrBtfLayout                            = "sr_btf_layout"
 	slowrankVarSrBtfProbe                             = "sr_btf_probe"
 	slowrankVarSrBtfSync                              = "sr_btf_sync"
 	slowrankVarSrBtfTorch                             = "sr_btf_torch"
@@ -402,6 +436,18 @@ type slowrankProgramSpecs struct {
 	CuptiRegisterCallbacksEntry           *ebpf.ProgramSpec `ebpf:"cupti_register_callbacks_entry"`
 	CuptiRegisterTimestampEntry           *ebpf.ProgramSpec `ebpf:"cupti_register_timestamp_entry"`
 	CuptiSubscribeEntry                   *ebpf.ProgramSpec `ebpf:"cupti_subscribe_entry"`
+	MultiCollEntry                        *ebpf.ProgramSpec `ebpf:"multi_coll_entry"`
+	MultiCollReturn                       *ebpf.ProgramSpec `ebpf:"multi_coll_return"`
+	MultiCuptiCallEntry                   *ebpf.ProgramSpec `ebpf:"multi_cupti_call_entry"`
+	MultiCuptiEmitEntry                   *ebpf.ProgramSpec `ebpf:"multi_cupti_emit_entry"`
+	MultiGroupEntry                       *ebpf.ProgramSpec `ebpf:"multi_group_entry"`
+	MultiGroupReturn                      *ebpf.ProgramSpec `ebpf:"multi_group_return"`
+	MultiInitEntry                        *ebpf.ProgramSpec `ebpf:"multi_init_entry"`
+	MultiInitReturn                       *ebpf.ProgramSpec `ebpf:"multi_init_return"`
+	MultiSyncEntry                        *ebpf.ProgramSpec `ebpf:"multi_sync_entry"`
+	MultiSyncReturn                       *ebpf.ProgramSpec `ebpf:"multi_sync_return"`
+	MultiTorchEntry                       *ebpf.ProgramSpec `ebpf:"multi_torch_entry"`
+	MultiTorchReturn                      *ebpf.ProgramSpec `ebpf:"multi_torch_return"`
 	NcclAllGatherEntry                    *ebpf.ProgramSpec `ebpf:"nccl_all_gather_entry"`
 	NcclAllGatherReturn                   *ebpf.ProgramSpec `ebpf:"nccl_all_gather_return"`
 	NcclAllReduceEntry                    *ebpf.ProgramSpec `ebpf:"nccl_all_reduce_entry"`
@@ -527,6 +573,7 @@ type slowrankVariableSpecs struct {
 	SrBtfCuptiCall        *ebpf.VariableSpec `ebpf:"sr_btf_cupti_call"`
 	SrBtfGroup            *ebpf.VariableSpec `ebpf:"sr_btf_group"`
 	SrBtfHdr              *ebpf.VariableSpec `ebpf:"sr_btf_hdr"`
+	SrBtfLayout           *ebpf.VariableSpec `ebpf:"sr_btf_layout"`
 	SrBtfProbe            *ebpf.VariableSpec `ebpf:"sr_btf_probe"`
 	SrBtfSync             *ebpf.VariableSpec `ebpf:"sr_btf_sync"`
 	SrBtfTorch            *ebpf.VariableSpec `ebpf:"sr_btf_torch"`
@@ -581,6 +628,7 @@ type slowrankVariables struct {
 	SrBtfCuptiCall        *ebpf.Variable `ebpf:"sr_btf_cupti_call"`
 	SrBtfGroup            *ebpf.Variable `ebpf:"sr_btf_group"`
 	SrBtfHdr              *ebpf.Variable `ebpf:"sr_btf_hdr"`
+	SrBtfLayout           *ebpf.Variable `ebpf:"sr_btf_layout"`
 	SrBtfProbe            *ebpf.Variable `ebpf:"sr_btf_probe"`
 	SrBtfSync             *ebpf.Variable `ebpf:"sr_btf_sync"`
 	SrBtfTorch            *ebpf.Variable `ebpf:"sr_btf_torch"`
@@ -612,6 +660,18 @@ type slowrankPrograms struct {
 	CuptiRegisterCallbacksEntry           *ebpf.Program `ebpf:"cupti_register_callbacks_entry"`
 	CuptiRegisterTimestampEntry           *ebpf.Program `ebpf:"cupti_register_timestamp_entry"`
 	CuptiSubscribeEntry                   *ebpf.Program `ebpf:"cupti_subscribe_entry"`
+	MultiCollEntry                        *ebpf.Program `ebpf:"multi_coll_entry"`
+	MultiCollReturn                       *ebpf.Program `ebpf:"multi_coll_return"`
+	MultiCuptiCallEntry                   *ebpf.Program `ebpf:"multi_cupti_call_entry"`
+	MultiCuptiEmitEntry                   *ebpf.Program `ebpf:"multi_cupti_emit_entry"`
+	MultiGroupEntry                       *ebpf.Program `ebpf:"multi_group_entry"`
+	MultiGroupReturn                      *ebpf.Program `ebpf:"multi_group_return"`
+	MultiInitEntry                        *ebpf.Program `ebpf:"multi_init_entry"`
+	MultiInitReturn                       *ebpf.Program `ebpf:"multi_init_return"`
+	MultiSyncEntry                        *ebpf.Program `ebpf:"multi_sync_entry"`
+	MultiSyncReturn                       *ebpf.Program `ebpf:"multi_sync_return"`
+	MultiTorchEntry                       *ebpf.Program `ebpf:"multi_torch_entry"`
+	MultiTorchReturn                      *ebpf.Program `ebpf:"multi_torch_return"`
 	NcclAllGatherEntry                    *ebpf.Program `ebpf:"nccl_all_gather_entry"`
 	NcclAllGatherReturn                   *ebpf.Program `ebpf:"nccl_all_gather_return"`
 	NcclAllReduceEntry                    *ebpf.Program `ebpf:"nccl_all_reduce_entry"`
@@ -737,6 +797,18 @@ func (p *slowrankPrograms) Close() error {
 		p.CuptiRegisterCallbacksEntry,
 		p.CuptiRegisterTimestampEntry,
 		p.CuptiSubscribeEntry,
+		p.MultiCollEntry,
+		p.MultiCollReturn,
+		p.MultiCuptiCallEntry,
+		p.MultiCuptiEmitEntry,
+		p.MultiGroupEntry,
+		p.MultiGroupReturn,
+		p.MultiInitEntry,
+		p.MultiInitReturn,
+		p.MultiSyncEntry,
+		p.MultiSyncReturn,
+		p.MultiTorchEntry,
+		p.MultiTorchReturn,
 		p.NcclAllGatherEntry,
 		p.NcclAllGatherReturn,
 		p.NcclAllReduceEntry,

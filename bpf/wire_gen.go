@@ -151,3 +151,24 @@ const (
 	ProbeCUPTIFlushAll                   ProbeID = 215 // SR_PROBE_CUPTI_FLUSH_ALL
 	ProbeCUPTIFinalize                   ProbeID = 216 // SR_PROBE_CUPTI_FINALIZE
 )
+
+// Argument layouts: enum sr_layout of events.h, what a probe's programs
+// read (ProbeSpec.Layout; the attach cookie of the multi_* programs).
+const (
+	LayoutCollOp7      Layout = 1  // SR_LAYOUT_COLL_OP7
+	LayoutCollRoot7    Layout = 2  // SR_LAYOUT_COLL_ROOT7
+	LayoutCollReduce8  Layout = 3  // SR_LAYOUT_COLL_REDUCE8
+	LayoutCollPlain6   Layout = 4  // SR_LAYOUT_COLL_PLAIN6
+	LayoutCollPeer6    Layout = 5  // SR_LAYOUT_COLL_PEER6
+	LayoutGroupStart   Layout = 10 // SR_LAYOUT_GROUP_START
+	LayoutGroupEnd     Layout = 11 // SR_LAYOUT_GROUP_END
+	LayoutInitRank     Layout = 20 // SR_LAYOUT_INIT_RANK
+	LayoutInitScalable Layout = 21 // SR_LAYOUT_INIT_SCALABLE
+	LayoutInitAll      Layout = 22 // SR_LAYOUT_INIT_ALL
+	LayoutSplit        Layout = 23 // SR_LAYOUT_SPLIT
+	LayoutSync         Layout = 30 // SR_LAYOUT_SYNC
+	LayoutSyncHandle   Layout = 31 // SR_LAYOUT_SYNC_HANDLE
+	LayoutTorch        Layout = 40 // SR_LAYOUT_TORCH
+	LayoutCUPTIEmit    Layout = 50 // SR_LAYOUT_CUPTI_EMIT
+	LayoutCUPTICall    Layout = 60 // SR_LAYOUT_CUPTI_CALL
+)

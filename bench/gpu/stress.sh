@@ -17,8 +17,12 @@
 #
 # A stopped agent takes time to exit: a SIGINT'd one detaches in about
 # 0.3 s (uprobe_multi links closed concurrently), but a SIGKILL'd one leaves
-# the kernel to close its links one file at a time, about 4.5 s on the H200
-# (seen 2026-12-01). The driver therefore does not wait for a stopped agent
+# the kernel to release its links one after another, about 50 ms each. With
+# one uprobe_multi link per library, probe class and direction that is
+# 0.46-0.59 s on the 4-rank fake job (10 links; TestSIGKILLedAgentExitsQuickly);
+# with one link per function and direction it was 2.3-2.9 s there (43 links)
+# and about 4.5 s on the H200 (seen 2026-12-01; not measured there since).
+# The driver therefore does not wait for a stopped agent
 # before starting the next one: up to MAX_DRAINING agents may be detaching
 # while a new one attaches (like a rolling restart whose old instance still
 # shuts down); the next start waits for a slot. MAX_DRAINING=1 makes cycles
