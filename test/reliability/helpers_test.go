@@ -41,9 +41,10 @@ func TestMain(m *testing.M) {
 
 // siblings are the test binaries of packages that attach real uprobes with
 // tight timing (a trainer sleeping 1.5 s before its first step). These tests
-// SIGKILL and restart agents: the kernel then tears down tens of uprobes
-// (about 0.1 s each, serialised with every other uprobe registration on the
-// host), which delays their attaches by seconds. `go test ./...` runs
+// SIGKILL and restart agents: the kernel then closes the killed agent's BPF
+// links one after another (about 50 ms each, serialised with every other
+// uprobe registration on the host; 10 links on the fake job with uprobe_multi,
+// 43 with --single-uprobes), which delays their attaches. `go test ./...` runs
 // packages in parallel, so this package waits for them to finish first.
 var siblings = []string{"integration.tes", "e2e.test", "multihost.test"}
 
