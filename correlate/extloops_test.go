@@ -937,3 +937,29 @@ func megatronScript(comm bool) loopScript {
 			}, d
 		}}
 }
+
+// The capture records of PyTorch Lightning 2.6 (DDP strategy) at world
+// size 1 on an H200 (bench/gpu/ext_loops.sh, run5: 918 iterations of ~22
+// ms, the agent attached from the job's start). Each iteration is DDP's 11
+// bucket all-reduces and no synchronisation, except in iterations 1-10
+// and every 100th (8 cuEventSynchronize, each inside a
+// cudaEventSynchronize): 818 facts on the H200, the first in iteration
+// 100, where the no-sync cycle's region began after the latest
+// synchronisation (backOverS). Iteration 0 makes no step: its only
+// collective is one all-reduce of all the gradients (143.7 M elements) before DDP
+// rebuilds its buckets, and iteration 1 begins with two broadcasts and
+// synchronisations of Lightning's, so that no call of the cycle, nor a
+// synchronisation, ends iteration 0 (as in
+// TestReplayH200CompilingIterationMakesNoSteps): the first fact is in
+// iteration 1, 917 for 918.
+func TestReplayH200LightningFirstIterationIsAStep(t *testing.T) {
+	replayTrainerFileFrom(t, "testdata/h200-lightning-1rank.records.gz", 0, 1)
+}
+
+// The capture records of a CUDA graph of the whole step at world size 1
+// on an H200 (run5: 936 iterations of ~21.6 ms, three eager warm-up
+// iterations before the capture). 933 facts on the H200, the first in
+// iteration 3.
+func TestReplayH200CUDAGraphFirstIterationIsAStep(t *testing.T) {
+	replayTrainerFile(t, "testdata/h200-cudagraph-1rank.records.gz", 0)
+}
