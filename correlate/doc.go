@@ -75,7 +75,10 @@
 // steps aligned to it take their own count while unconfirmed). A
 // cycle without synchronisations is accepted after NoSyncMinCalls calls or
 // ConfirmSpan of event time without one, and keeps its lock through an
-// occasional one (logging every N iterations); the first lock of a
+// occasional one (logging every N iterations), and its first instance is
+// the earliest that the instances before the search's region reach back
+// to with such occasional ones left out (Lightning synchronises in its
+// first iterations and every 100th); the first lock of a
 // communicator also
 // starts at the return of an init-time call right before it (the first
 // iteration after DDP's broadcast). Until a communicator is the clock

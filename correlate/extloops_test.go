@@ -937,3 +937,41 @@ func megatronScript(comm bool) loopScript {
 			}, d
 		}}
 }
+
+// The capture records of PyTorch Lightning 2.6 (DDP strategy) at world
+// size 1 on an H200 (bench/gpu/ext_loops.sh, run5: 918 iterations of ~22
+// ms, the agent attached from the job's start). Each iteration is DDP's 11
+// bucket all-reduces and no synchronisation, except in iterations 1-10
+// and every 100th (8 cuEventSynchronize, each inside a
+// cudaEventSynchronize): 818 facts on the H200, the first in iteration
+// 100, where the no-sync cycle's region began after the latest
+// synchronisation (backOverS). Iteration 0 makes no step: its only
+// collective is one all-reduce of all the gradients (143.7 M elements) before DDP
+// rebuilds its buckets, and iteration 1 begins with two broadcasts and
+// synchronisations of Lightning's, so that no call of the cycle, nor a
+// synchronisation, ends iteration 0 (as in
+// TestReplayH200CompilingIterationMakesNoSteps): the first fact is in
+// iteration 1, 917 for 918.
+func TestReplayH200LightningFirstIterationIsAStep(t *testing.T) {
+	replayTrainerFileFrom(t, "testdata/h200-lightning-1rank.records.gz", 0, 1)
+}
+
+// The capture records of a CUDA graph of the whole step at world size 1
+// on an H200 (run5: 936 iterations of ~21.6 ms, three eager warm-up
+// iterations before the capture). 933 facts on the H200, the first in
+// iteration 3. No communicator makes a call: the steps come from the
+// synchronisation clock. The 77 parameter copies before iteration 0 and
+// every iteration end with the same cuStreamSynchronize inside a
+// cudaStreamSynchronize (the warm-ups' on a side stream, which is no part
+// of the token), so the clock's first lock, tentative until its steps are
+// steady and ConfirmSpan has passed, holds the copies and iterations 0-2;
+// the capture's one cudaDeviceSynchronize between iterations 2 and 3
+// departs from the cycle and withdraws that lock with all its steps, and
+// the next lock starts after it. Known, not fixed (docs/DESIGN.md): a
+// tentative lock kept through one lone call gave 937 facts, the first in
+// iteration 0 but one copy step left before it, and kept the autotuning
+// lock of TestReplayH200CompilingIterationMakesNoSteps (969 for 782).
+func TestReplayH200CUDAGraphFirstIterationIsAStep(t *testing.T) {
+	t.Skip("known: 933 facts for 936, the first in iteration 3 (the capture's lone cudaDeviceSynchronize withdraws the first lock)")
+	replayTrainerFile(t, "testdata/h200-cudagraph-1rank.records.gz", 0)
+}

@@ -634,6 +634,9 @@ func (d *seqDet) search(n, best int64, bestRun int32) {
 	for i := range cyc {
 		cyc[i] = d.at(j + int64(i))
 	}
+	if !d.syncOnly && !slices.Contains(cyc, tokS) {
+		j = d.backOverS(j, cyc)
+	}
 	confirmed := false
 	for _, k := range d.known {
 		if equalIDs(k.ids, cyc) {
@@ -724,6 +727,34 @@ func (d *seqDet) keyAt(i int64) sigKey {
 
 func compareKeys(a, b sigKey) int {
 	return cmp.Or(cmp.Compare(a.op, b.op), cmp.Compare(a.count, b.count), cmp.Compare(a.dtype, b.dtype), cmp.Compare(a.stream, b.stream))
+}
+
+// backOverS returns the first token of the earliest instance of cyc, a
+// cycle without synchronisations found at token j, that the instances
+// before j reach back to when the synchronisations between them are left
+// out: the lock ignores an occasional one (logging every N iterations), so
+// the search must not start after it. Lightning's DDP loop on the H200
+// synchronises in its first 10 iterations and every 100th: the region of
+// the no-sync cycle began after the latest of them, and the iterations
+// before it made no step (first fact at iteration 100). Whole instances
+// at the same phase only: the cut point stays a function of the cycle.
+func (d *seqDet) backOverS(j int64, cyc []int32) int64 {
+	lim := max(d.floor, d.oldest())
+	for {
+		i, k := j-1, len(cyc)-1
+		for ; i >= lim && k >= 0; i-- {
+			if x := d.at(i); x == tokS {
+				continue
+			} else if x != cyc[k] {
+				break
+			}
+			k--
+		}
+		if k >= 0 {
+			return j
+		}
+		j = i + 1
+	}
 }
 
 // noSyncAllowed reports whether a cycle without synchronisations may be
