@@ -891,8 +891,11 @@ func feedTrainerRecords(t *testing.T, r io.Reader, tick int64) (*Correlator, []d
 			iters[rank] = append(iters[rank], [2]int64{base + n[2], base + n[3]})
 		case "h":
 			op := Op(f[3])
-			if op == "s" {
+			switch op {
+			case "s":
 				op = "cudaStreamSynchronize"
+			case "-": // a call without an op (a torch c10d Work::wait)
+				op = ""
 			}
 			h := HostCall{PID: p, TID: p, Kind: HostKind(n[2]), Op: op, Count: uint64(n[4]), Datatype: uint32(n[5]),
 				Comm: uint64(n[6]), Stream: uint64(n[7]), StartNS: base + n[8], EndNS: base + n[8] + n[9]}
