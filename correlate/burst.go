@@ -24,7 +24,13 @@ import "slices"
 // counted in calls (identical on all ranks) and timing only says where in
 // the call sequence an iteration starts.
 //
-// Per call i: gap(i) = start(i) − return(i−1); reach(i) = how many gaps
+// Per call i: gap(i) = start(i) − return(i−1), less the time the thread
+// of both calls spent in collective waits between them (gloo's Work::wait
+// after each all-reduce blocks until the slowest peer has called it, so
+// the raw gap before a bucket holds the peers' backward pass and can reach
+// the boundary's; only the host's own time tells the burst apart; DDP's
+// reducer waits from the autograd thread, which is not the collectives'
+// one, and does not count); reach(i) = how many gaps
 // right before i are shorter than gap(i)/burstRatio. A burst of P calls
 // that starts at i is dominated by the gap before the next burst:
 // reach(i+P) ≥ P−1. Candidates, in order of preference:
@@ -119,12 +125,15 @@ type burstDet struct {
 	// Rings of the latest calls, indexed by absolute call number & mask.
 	ids        []int32
 	start, end []int64
+	waited     []int64 // collective waits of the thread between call i−1 and i
 	cut        []int64 // stable point after the call (see above)
 	reach      []int32 // -1: gap unknown
 	mask       int64
 	max        int
-	n          int64 // calls seen
-	cutOpen    bool  // the latest call's cut may still move to a sync return
+	n          int64  // calls seen
+	cutOpen    bool   // the latest call's cut may still move to a sync return
+	tid        uint32 // thread of the latest call
+	waiting    int64  // its thread's collective waits since its return
 
 	runs             []int32 // as seqDet.runs, kept once two signatures were seen
 	runsOn           bool
@@ -167,13 +176,15 @@ func newBurstDet(par detParams) *burstDet {
 func (d *burstDet) alloc(size int) {
 	ids, reach := make([]int32, size), make([]int32, size)
 	start, end, cut := make([]int64, size), make([]int64, size), make([]int64, size)
+	waited := make([]int64, size)
 	// Not wrapped yet when growing: absolute numbers equal positions.
 	copy(ids, d.ids)
 	copy(reach, d.reach)
 	copy(start, d.start)
 	copy(end, d.end)
 	copy(cut, d.cut)
-	d.ids, d.reach, d.start, d.end, d.cut = ids, reach, start, end, cut
+	copy(waited, d.waited)
+	d.ids, d.reach, d.start, d.end, d.cut, d.waited = ids, reach, start, end, cut, waited
 	d.mask = int64(size - 1)
 }
 
@@ -197,18 +208,36 @@ func (d *burstDet) oldest() int64 {
 	return max(0, d.n-int64(len(d.ids)))
 }
 
-// gap is the host time between the return of call i−1 and the entry of
-// call i; ok is false when call i−1 is unknown.
+// gap is the host's own time between the return of call i−1 and the
+// entry of call i (without its collective waits); ok is false when call
+// i−1 is unknown.
 func (d *burstDet) gap(i int64) (int64, bool) {
 	if i < 1 || i-1 < d.oldest() {
 		return 0, false
 	}
-	return max(0, d.start[i&d.mask]-d.end[(i-1)&d.mask]), true
+	return max(0, d.start[i&d.mask]-d.end[(i-1)&d.mask]-d.waited[i&d.mask]), true
 }
 
-// collective pushes a call; its op is its token.
+// collective pushes a call; its op is its token. The waits since the
+// previous call count when both are on one thread.
 func (d *burstDet) collective(h *HostCall, _ bool) {
-	d.push(d.intern(h.Op), h.StartNS, h.EndNS)
+	w := d.waiting
+	if d.n == 0 || h.TID != d.tid {
+		w = 0
+	}
+	d.tid, d.waiting = h.TID, 0
+	d.push(d.intern(h.Op), h.StartNS, h.EndNS, w)
+}
+
+// wait notes a collective wait of the latest call's thread after that
+// call's return: time blocked on the peers, not in the gap.
+func (d *burstDet) wait(h *HostCall) {
+	if d.n == 0 || h.TID != d.tid {
+		return
+	}
+	if lo := max(h.StartNS, d.end[(d.n-1)&d.mask]); h.EndNS > lo {
+		d.waiting += h.EndNS - lo
+	}
 }
 
 // sync notes the return of a synchronisation, never a token: the stable
@@ -222,7 +251,7 @@ func (d *burstDet) sync(h *HostCall, _ bool) {
 }
 
 // push adds one call and runs the detector.
-func (d *burstDet) push(id int32, start, end int64) {
+func (d *burstDet) push(id int32, start, end, waited int64) {
 	if d.n >= int64(len(d.ids)) && len(d.ids) < d.max {
 		d.alloc(2 * len(d.ids))
 	}
@@ -235,7 +264,7 @@ func (d *burstDet) push(id int32, start, end int64) {
 		}
 	}
 	i := n & d.mask
-	d.ids[i], d.start[i], d.end[i], d.cut[i] = id, start, end, end
+	d.ids[i], d.start[i], d.end[i], d.cut[i], d.waited[i] = id, start, end, end, waited
 	d.n++
 	d.cutOpen = true
 	d.reach[i] = d.reachOf(n)

@@ -255,6 +255,10 @@ func (c *Correlator) AddHostCall(h HostCall) {
 		}
 		if h.Op != "" {
 			c.collective(p, &h, late)
+		} else {
+			for _, pc := range p.commList {
+				pc.det.wait(&h)
+			}
 		}
 	case HostSyncWait:
 		p.sawSync = true

@@ -287,6 +287,9 @@ func (d *seqDet) collective(h *HostCall, urgent bool) {
 // stream is no part of the token: a loop that synchronises on a side
 // stream for its first iterations (CUDA graph warm-up) is still the same
 // loop.
+// wait: the token sequence does not depend on timing.
+func (*seqDet) wait(*HostCall) {}
+
 func (d *seqDet) sync(h *HostCall, urgent bool) {
 	switch {
 	case d.syncOnly:

@@ -20,6 +20,10 @@ type stepDetector interface {
 	collective(h *HostCall, urgent bool)
 	// sync adds a synchronisation of the process (h ended at h.EndNS).
 	sync(h *HostCall, urgent bool)
+	// wait adds a wait of a host thread of the process for a collective
+	// (a HostCollWait without op): time the host spent blocked on its
+	// peers, not its own work.
+	wait(h *HostCall)
 	// yield reports whether the strategy gives the communicator up at
 	// collective h, which another strategy must take: it has left its lock
 	// (its events say so) and is fed no more.
@@ -50,6 +54,7 @@ type noDetector struct{ detState }
 
 func (*noDetector) collective(*HostCall, bool) {}
 func (*noDetector) sync(*HostCall, bool)       {}
+func (*noDetector) wait(*HostCall)             {}
 func (*noDetector) yield(*HostCall) bool       { return true }
 func (*noDetector) finish(bool)                {}
 func (*noDetector) latestStep() (int64, bool)  { return 0, false }
