@@ -75,7 +75,9 @@
 # start+marker also exists), AGENT_FLAGS (--probe-torch --emit-ok),
 # WINDOW_S/CONSECUTIVE/LATENESS_S (the pass criterion; the agent's defaults
 # 5 s, 3, 2 s), BUDGET_S (530), STARTUP (40, the estimate of a run's start),
-# SKIP_BUILD=1 (use a carried bin/libslowrank_cupti.so).
+# SKIP_BUILD=1 (use a carried bin/libslowrank_cupti.so), DUMP=1 (each run's
+# agent also writes --dump-events; its host calls come back as
+# <run>-dump-host.jsonl.gz for replays: correlate/testdata/dump2records.py).
 #
 # DRY=1: a CPU dry run (Debian's python3-torch: --device cpu --backend gloo, a
 # tiny model, short durations, no injection library). DRY_AGENT=1 also runs
@@ -157,6 +159,7 @@ for m in $RUNS; do
   t0=$SECONDS rc=0
   port=$((port + 1))
   # shellcheck disable=SC2086 # AGENT_FLAGS is a list of flags
+  if [ -n "${DUMP:-}" ]; then extra+=(--dump-events "$OUT/$name-dump.jsonl"); fi
   start_agent "$name" "${SELECT[@]}" --status-socket "$OUT/$name.sock" $AGENT_FLAGS "${extra[@]}"
   # The launcher stops every rank when its share of the budget is spent
   # (what is left, less the agent's stop).
@@ -170,6 +173,11 @@ for m in $RUNS; do
     guard=$!
     stop_agent
     kill "$guard" 2>/dev/null || true
+  fi
+  if [ -f "$OUT/$name-dump.jsonl" ]; then
+    # The host calls only: device intervals are most of a dump and no replay reads them.
+    grep -v '"type":"correlate.DeviceInterval"' "$OUT/$name-dump.jsonl" | gzip -9 >"$RESULTS/$name-dump-host.jsonl.gz" || true
+    rm -f "$OUT/$name-dump.jsonl"
   fi
   echo "== $name: rc=$rc after $((SECONDS - t0)) s"
   note "$name" "$([ "$rc" = 0 ] && echo ran || echo failed)" "$est" $((SECONDS - t0)) "$rc"
