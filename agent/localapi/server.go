@@ -339,6 +339,9 @@ func (s *Server) Close() error {
 // replaced says that it replaced a stale socket. A socket that another
 // listener holds is an error wrapping ErrSocketInUse.
 func listenUnix(path string) (ln net.Listener, fi os.FileInfo, replaced bool, err error) {
+	if err := CheckSocketPath(path); err != nil {
+		return nil, nil, false, err
+	}
 	dir := filepath.Dir(path)
 	if err := ensurePrivateDir(dir); err != nil {
 		return nil, nil, false, err
@@ -381,7 +384,7 @@ func bindUnix(dir, path string) (net.Listener, os.FileInfo, error) {
 	}
 	defer os.RemoveAll(tmpDir)
 	tmp := filepath.Join(tmpDir, "s")
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
+	ln, err := listenIn(tmpDir, "s")
 	if err != nil {
 		return nil, nil, fmt.Errorf("listen on status socket: %w", err)
 	}
@@ -401,6 +404,38 @@ func bindUnix(dir, path string) (net.Listener, os.FileInfo, error) {
 		return fail(fmt.Errorf("stat status socket: %w", err))
 	}
 	return ln, fi, nil
+}
+
+// maxSunPath is the longest socket path that fits sockaddr_un's sun_path
+// (108 bytes with its terminating NUL).
+const maxSunPath = 107
+
+// listenIn listens on the socket name in dir. The private directory makes
+// the path 28 bytes longer than the socket's own, so a path that fits
+// sun_path in place may not fit there: then it binds through the
+// directory's descriptor (/proc/self/fd/N/name), which the kernel resolves
+// like the path itself, whatever its length.
+func listenIn(dir, name string) (*net.UnixListener, error) {
+	path := filepath.Join(dir, name)
+	if len(path) <= maxSunPath {
+		return net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	via := fmt.Sprintf("/proc/self/fd/%d/%s", d.Fd(), name)
+	return net.ListenUnix("unix", &net.UnixAddr{Name: via, Net: "unix"})
+}
+
+// CheckSocketPath refuses a socket path that cannot be bound or dialled:
+// clients (slowrank status, doctor, a liveness probe) reach it by name.
+func CheckSocketPath(path string) error {
+	if len(path) > maxSunPath {
+		return fmt.Errorf("status socket path %s is %d bytes; a Unix socket path holds at most %d: choose a shorter one", path, len(path), maxSunPath)
+	}
+	return nil
 }
 
 // ensurePrivateDir creates dir (0750) when missing and refuses a directory

@@ -562,3 +562,59 @@ func TestStaleDial(t *testing.T) {
 		}
 	}
 }
+
+// socketOfLength is a socket path of exactly n bytes in a fresh directory.
+func socketOfLength(t *testing.T, n int) string {
+	t.Helper()
+	dir := filepath.Dir(shortSocket(t))
+	name := "agent.sock"
+	pad := n - len(dir) - 2 - len(name) // two separators
+	if pad < 1 {
+		t.Fatalf("temporary directory %s too long for a %d-byte path", dir, n)
+	}
+	sub := filepath.Join(dir, strings.Repeat("d", pad))
+	return filepath.Join(sub, name)
+}
+
+func TestServerSocketPathLength(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		length int
+		listen bool
+	}{
+		{"a path that leaves no room for the private directory still listens", maxSunPath, true},
+		{"a path 20 bytes under the limit listens", maxSunPath - 20, true},
+		{"a path over sun_path is refused with the limit named", maxSunPath + 1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sock := socketOfLength(t, tc.length)
+			if len(sock) != tc.length {
+				t.Fatalf("built a %d-byte path, want %d", len(sock), tc.length)
+			}
+			f := &fakeBackend{}
+			s, err := NewServer(f, ServerConfig{Socket: sock})
+			if !tc.listen {
+				if err == nil || !strings.Contains(err.Error(), "at most 107") {
+					t.Fatalf("NewServer: %v, want the length refused", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			fi, err := os.Lstat(sock)
+			if err != nil || fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o600 {
+				t.Fatalf("socket %v mode %v", err, fi.Mode())
+			}
+			resp, err := unixClient(sock).Post("http://agent/control", "application/json", strings.NewReader(`{"action":"pause"}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 200 || !f.paused() {
+				t.Fatalf("pause over the socket: %d", resp.StatusCode)
+			}
+		})
+	}
+}

@@ -39,6 +39,11 @@ func statusServerFlags() []cli.Flag {
 // checkStatusServerFlags validates the endpoint flags before anything
 // starts.
 func checkStatusServerFlags(c *cli.Context) error {
+	if sock := c.String("status-socket"); sock != "" {
+		if err := localapi.CheckSocketPath(sock); err != nil {
+			return cli.Exit(fmt.Sprintf("--status-socket: %v", err), exitUsage)
+		}
+	}
 	if addr := c.String("status-addr"); addr != "" {
 		if err := localapi.CheckStatusAddr(addr, c.Bool("status-allow-remote")); err != nil {
 			return cli.Exit(fmt.Sprintf("--status-addr: %v", err), exitUsage)

@@ -35,6 +35,7 @@ func TestUsageErrorsExitTwoOnOneLine(t *testing.T) {
 		{"control set with nothing to set", []string{"control", "set"}},
 		{"control pause with an argument", []string{"control", "pause", "extra", "--socket", "/nonexistent"}},
 		{"status with an argument", []string{"status", "extra"}},
+		{"agent with a status socket path over sun_path", []string{"agent", "--status-socket", "/run/" + strings.Repeat("s", 110)}},
 		{"simulate factor NaN", []string{"simulate", "--slow", "rank=1,phase=compute,from=1s,factor=NaN", "--output", "$DIR/out"}},
 		{"simulate factor Inf", []string{"simulate", "--slow", "rank=1,phase=compute,from=1s,factor=+Inf", "--output", "$DIR/out"}},
 		{"simulate jitter NaN", []string{"simulate", "--jitter", "NaN", "--output", "$DIR/out"}},
