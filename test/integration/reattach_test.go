@@ -89,12 +89,7 @@ func runReattach(t *testing.T, envB []string) reattachRun {
 	var outA, outB testutil.LockedBuffer
 	cmdA.Stdout, cmdA.Stderr = &outA, &outA
 	cmdB.Stdout, cmdB.Stderr = &outB, &outB
-	if err := cmdA.Start(); err != nil {
-		t.Fatal(err)
-	}
-	doneA := make(chan error, 1)
-	go func() { doneA <- cmdA.Wait() }()
-	t.Cleanup(func() { cmdA.Process.Kill() })
+	doneA := testutil.StartCmd(t, cmdA)
 	jobOf := func(cmd *exec.Cmd) string { return fmt.Sprintf("ft-%d-", cmd.Process.Pid) }
 	prefixA := jobOf(cmdA)
 

@@ -62,12 +62,7 @@ func TestSIGKILLedAgentExitsQuickly(t *testing.T) {
 			tr.Env = append(os.Environ(), key+"=1")
 			var trOut bytes.Buffer
 			tr.Stdout, tr.Stderr = &trOut, &trOut
-			if err := tr.Start(); err != nil {
-				t.Fatal(err)
-			}
-			trDone := make(chan error, 1)
-			go func() { trDone <- tr.Wait() }()
-			t.Cleanup(func() { tr.Process.Kill() })
+			trDone := testutil.StartCmd(t, tr)
 
 			// Attached: the agent's links stay the same for 1.5 s once the
 			// ranks have stepped.

@@ -90,3 +90,16 @@ func (p *Proc) Stop() {
 		<-p.Done
 	}
 }
+
+// StartCmd starts cmd, reaps it in the background and kills it when the
+// test ends. The channel gets cmd.Wait's result once it exits.
+func StartCmd(t testing.TB, cmd *exec.Cmd) <-chan error {
+	t.Helper()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() { cmd.Process.Kill() })
+	return done
+}
