@@ -108,42 +108,12 @@ func (d *Detector) passes(phase string, exposedMS, reference float64) bool {
 // exposed part of the excess is held against the threshold and the floor;
 // when all of it is exposed this is the seed's rule.
 func (d *Detector) gate(phase string, ms []member, self int, rs *rankState, e *evaluation, peers *peerEvidence) {
-	me := ms[self]
 	excess := e.value - e.reference
 	ex := &Exposure{Evidence: EvidenceNone, ExcessMS: excess}
 	e.exposure = ex
-	describeSteps(ex, me, rs, peers.step)
-	rise, haveRise := 0.0, peers.step.ranks > 0
-	if d.counts(phase, peers.step) {
-		rise = peers.step.riseMS
-	}
-	shown, uncapped, have := math.Inf(-1), math.Inf(-1), false
-	if v := me.ev[evIdle]; !math.IsNaN(v) {
-		if peer := peers.median(ms, evIdle, v); !math.IsNaN(peer) {
-			ex.IdleMS, ex.PeerIdleMS = ptr(v), ptr(peer)
-			shown, uncapped, have, ex.Evidence = v-peer, v-peer, true, EvidenceIdle
-		}
-	}
-	if v := me.ev[evCollWait]; !math.IsNaN(v) {
-		if peer := peers.median(ms, evCollWait, v); !math.IsNaN(peer) {
-			ex.CollWaitMS, ex.PeerCollWaitMS = ptr(v), ptr(peer)
-			w := peer - v
-			uncapped = max(uncapped, w)
-			capped := haveRise && rise < w && w > 0
-			if capped {
-				w = rise
-			}
-			// On a tie the capped wait names the evidence: the cap decided.
-			if !have || w > shown || (capped && w == shown) {
-				shown, ex.Evidence, ex.Capped = w, EvidenceVictimWait, capped
-			}
-			have = true
-		}
-	}
-	if !have && haveRise {
-		shown, have, ex.Evidence = rise, true, EvidenceStepTime
-	}
-	if !have {
+	describeSteps(ex, ms[self], rs, peers.step)
+	shown, uncapped := d.shownExposure(phase, ms, self, ex, peers)
+	if ex.Evidence == EvidenceNone {
 		e.outcome = outcomeUncertain
 		e.reason = fmt.Sprintf("%s median %.2f ms is %.1f%% above rank %d (%.2f ms), but nothing shows whether it lengthens a step: "+
 			"no GPU idle time (device records) or collective waits on both sides, and %d of %d windows of step-time baseline",
@@ -159,6 +129,43 @@ func (d *Detector) gate(phase string, ms []member, self int, rs *rankState, e *e
 		// baseline, or a stall that grows slowly would hide itself.
 		e.hiddenByStep = ex.Evidence == EvidenceStepTime || d.passes(phase, min(max(uncapped, 0), excess), e.reference)
 	}
+}
+
+// shownExposure returns the exposure that the evidence shows and what the
+// rank-specific evidence alone showed (-Inf: none), and sets ex's evidence
+// and medians (EvidenceNone when nothing tells).
+func (d *Detector) shownExposure(phase string, ms []member, self int, ex *Exposure, peers *peerEvidence) (shown, uncapped float64) {
+	me := ms[self]
+	rise, haveRise := 0.0, peers.step.ranks > 0
+	if d.counts(phase, peers.step) {
+		rise = peers.step.riseMS
+	}
+	shown, uncapped = math.Inf(-1), math.Inf(-1)
+	if v := me.ev[evIdle]; !math.IsNaN(v) {
+		if peer := peers.median(ms, evIdle, v); !math.IsNaN(peer) {
+			ex.IdleMS, ex.PeerIdleMS = ptr(v), ptr(peer)
+			shown, uncapped, ex.Evidence = v-peer, v-peer, EvidenceIdle
+		}
+	}
+	if v := me.ev[evCollWait]; !math.IsNaN(v) {
+		if peer := peers.median(ms, evCollWait, v); !math.IsNaN(peer) {
+			ex.CollWaitMS, ex.PeerCollWaitMS = ptr(v), ptr(peer)
+			w := peer - v
+			uncapped = max(uncapped, w)
+			capped := haveRise && rise < w && w > 0
+			if capped {
+				w = rise
+			}
+			// On a tie the capped wait names the evidence: the cap decided.
+			if ex.Evidence == EvidenceNone || w > shown || (capped && w == shown) {
+				shown, ex.Evidence, ex.Capped = w, EvidenceVictimWait, capped
+			}
+		}
+	}
+	if ex.Evidence == EvidenceNone && haveRise {
+		shown, ex.Evidence = rise, EvidenceStepTime
+	}
+	return shown, uncapped
 }
 
 // describeSteps records the step times looked at: the rank's own against
