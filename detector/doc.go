@@ -12,9 +12,9 @@
 // the relative threshold and the absolute difference reaches the floor; for
 // host, with Config.Exposure, only the part of the difference that evidence
 // shows to lengthen a step counts (the rank's GPU idle time against its
-// peers', its peers' collective waits against its own, or its step time
-// against its own recent clean windows; without any, the window is
-// uncertain). A candidate becomes a straggler after the configured number of consecutive
+// peers'; its peers' collective waits against its own, at most as much as the
+// job's step rose above its recent clean windows; or that rise alone; without
+// any, the window is uncertain). A candidate becomes a straggler after the configured number of consecutive
 // slow windows; uncertain windows and gaps break a candidate's streak but
 // never recover an active alert.
 //

@@ -37,6 +37,9 @@ type evaluation struct {
 	reason    string
 	exposure  *Exposure // set when the exposure gate judged the window
 	hidden    bool      // the seed's rule said slow, exposure evidence said hidden
+	// hiddenByStep: hidden only because the job's step did not rise enough
+	// (step_time evidence, or a capped victim_wait that alone would expose).
+	hiddenByStep bool
 }
 
 // scratch holds buffers reused from one settlement to the next, so that
@@ -225,6 +228,9 @@ func (d *Detector) evaluateCohort(j *job, win *window, c cohort, topo *Topology)
 		d.evaluatePhase(ms, p, evals)
 	}
 	var peers peerEvidence
+	if d.cfg.Exposure {
+		peers.step = j.jobStep(ms)
+	}
 	for p, phase := range d.cfg.Phases {
 		if !d.cfg.exposureGated(phase) {
 			continue
@@ -256,27 +262,37 @@ func (d *Detector) evaluateCohort(j *job, win *window, c cohort, topo *Topology)
 			}
 		}
 	}
-	if d.cfg.Exposure {
-		for i, m := range ms {
-			rs := j.ranks[m.rank]
-			if m.rw == nil || rs == nil || math.IsNaN(m.ev[evStep]) {
-				continue
-			}
-			// A window teaches the baseline unless one of the rank's phases
-			// was slow or deviated without evidence of whether it was exposed:
-			// a stall must never become the past it is measured against.
-			clean := true
-			for p := 0; p < nPhases; p++ {
-				e := &evals[i][p]
-				clean = clean && !(e.done && e.outcome == outcomeSlow) &&
-					!(e.exposure != nil && e.exposure.Evidence == EvidenceNone)
-			}
-			if clean {
+	if d.cfg.Exposure && cleanWindow(evals) {
+		for _, m := range ms {
+			if rs := j.ranks[m.rank]; rs != nil && m.rw != nil && !math.IsNaN(m.ev[evStep]) {
 				rs.addBaseline(m.ev[evStep])
 			}
 		}
 	}
 	return out
+}
+
+// cleanWindow reports whether a cohort window may teach its members' step
+// baselines: none of their phases was slow, deviated without evidence of
+// whether it was exposed, or was hidden only because the job's step did not
+// rise. The ranks share one step time, so one stalled member makes every
+// member's step the stall's, and a stall must never become the past it is
+// measured against: not as it starts (a straggler from the start leaves no
+// clean window, so there is no baseline to cap today's evidence), and not as
+// it grows (a stall that rises a little per window is hidden by the cap
+// until the job's step has risen past the threshold of a baseline it never
+// taught).
+func cleanWindow(evals [][]evaluation) bool {
+	for _, row := range evals {
+		for i := range row {
+			e := &row[i]
+			if (e.done && e.outcome == outcomeSlow) || e.hiddenByStep ||
+				(e.exposure != nil && e.exposure.Evidence == EvidenceNone) {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // evaluatePhase fills evals[*][p] for every member of a cohort.

@@ -25,13 +25,47 @@ type gpuJob struct {
 	// jitter(r, w) is rank r's hidden extra host time in window w (ms): its
 	// sync wait shrinks by as much, its step and GPU idle do not change.
 	jitter func(r, w int) float64
-	// A stall of stallMS on rank stallRank from window stallFrom lengthens
-	// every rank's step: the rank's GPU idles for it, its peers wait longer.
+	// A stall of stallMS on rank stallRank from window stallFrom, growing by
+	// stallGrowMS per window, lengthens every rank's step: the rank's GPU
+	// idles for it, its peers wait longer.
 	stallRank, stallFrom int
-	stallMS              float64
+	stallMS, stallGrowMS float64
+	// collMS > 0: every rank waits about collMS per step in blocking
+	// collectives (coll_wait, gloo), and a rank's peers wait there for its
+	// stall. jitterWaits: they wait for its hidden jitter too, without a step
+	// getting longer (4 ranks on one shared GPU: the GPU runs the peers'
+	// kernels meanwhile, so the peers would have waited anyway).
+	collMS      float64
+	jitterWaits bool
+	// shift(w) is a change of every rank's step time in window w (ms) that
+	// no rank causes (nil: none): the GPU work of all ranks got longer.
+	shift func(w int) float64
 }
 
 const winNS = int64(5 * time.Second)
+
+// stall is the stalled rank's extra host time in window w.
+func (g gpuJob) stall(w int) float64 {
+	if (g.stallMS <= 0 && g.stallGrowMS <= 0) || w < g.stallFrom {
+		return 0
+	}
+	return g.stallMS + g.stallGrowMS*float64(w-g.stallFrom)
+}
+
+// delays are how late each rank arrives at the collectives in window w.
+func (g gpuJob) delays(w int) (ds []float64, latest float64) {
+	ds = make([]float64, g.ranks)
+	for r := range ds {
+		if g.jitterWaits {
+			ds[r] = g.jitter(r, w)
+		}
+		if r == g.stallRank {
+			ds[r] += g.stall(w)
+		}
+		latest = max(latest, ds[r])
+	}
+	return ds, latest
+}
 
 func (g gpuJob) steps(rng *rand.Rand) []detector.Step {
 	var out []detector.Step
@@ -42,20 +76,24 @@ func (g gpuJob) steps(rng *rand.Rand) []detector.Step {
 		if w >= g.windows {
 			return out
 		}
-		stalled := g.stallMS > 0 && w >= g.stallFrom
-		step := g.stepMS * (1 + 0.002*rng.NormFloat64())
-		if stalled {
-			step += g.stallMS
+		stall, shift := g.stall(w), 0.0
+		if g.shift != nil {
+			shift = g.shift(w)
 		}
+		delays, latest := g.delays(w)
+		step := g.stepMS*(1+0.002*rng.NormFloat64()) + stall + shift
 		end := t + int64(step*1e6)
 		for r := 0; r < g.ranks; r++ {
 			host := g.hostMS*(1+0.02*rng.NormFloat64()) + g.jitter(r, w)
 			idle := g.idleMS + 0.1*rng.Float64()
-			if stalled && r == g.stallRank {
-				host += g.stallMS
-				idle += g.stallMS
+			if r == g.stallRank {
+				host += stall
+				idle += stall
 			}
 			ph := map[string]float64{"step": step, "host": host, "sync_wait": step - host}
+			if g.collMS > 0 {
+				ph["coll_wait"] = g.collMS + 0.2*rng.Float64() + latest - delays[r]
+			}
 			key := [2]int{r, w}
 			gpu := perWin[key] < g.gpuSteps(w)
 			perWin[key]++
@@ -63,7 +101,7 @@ func (g gpuJob) steps(rng *rand.Rand) []detector.Step {
 				// A peer waiting for the stalled rank spins in communication
 				// kernels: its compute and idle do not change.
 				ph["idle"] = idle
-				ph["compute"] = (g.stepMS - g.idleMS) * (1 + 0.002*rng.NormFloat64())
+				ph["compute"] = (g.stepMS-g.idleMS)*(1+0.002*rng.NormFloat64()) + shift
 			}
 			out = append(out, detector.Step{Kind: detector.KindStep, Job: "j", Rank: r, Step: k,
 				StartNS: t, EndNS: end, Phases: ph, GPU: gpu, Workload: &detector.Workload{FP: "same"}})
@@ -111,19 +149,38 @@ func randomJob(rng *rand.Rand) (gpuJob, string) {
 		}
 	}
 	g.jitter = func(r, w int) float64 { return amp[r][w] }
+	// Blocking collectives (gloo) in one job of two; in half of those the
+	// peers also wait for the hidden jitter while no step gets longer (a
+	// shared GPU): victim_wait then overstates, and only the job's step rise
+	// tells. That needs a baseline, so such jitter starts after 3 windows.
+	switch rng.IntN(4) {
+	case 0:
+		g.collMS = g.stepMS * 0.3 * rng.Float64()
+		duty += fmt.Sprintf(", %.0f ms collective waits", g.collMS)
+	case 1:
+		g.collMS, g.jitterWaits = g.stepMS*0.3*rng.Float64(), true
+		duty += fmt.Sprintf(", %.0f ms collective waits that the jitter from window 3 lengthens", g.collMS)
+		g.jitter = func(r, w int) float64 { return amp[r][w] * float64(min(1, w/3)) }
+	}
 	return g, duty
 }
 
 func TestPropertyHiddenHostJitterNeverAlerts(t *testing.T) {
 	rng := rand.New(rand.NewPCG(16, 1))
-	seedAlerts := 0
+	seedAlerts, capped := 0, 0
 	for trial := 0; trial < 60; trial++ {
 		g, duty := randomJob(rng)
 		steps := g.steps(rng)
 		desc := fmt.Sprintf("trial %d: %d ranks, %.0f ms steps, %.0f ms host, %s", trial, g.ranks, g.stepMS, g.hostMS, duty)
-		for _, v := range judge(t, detector.DefaultConfig(), steps) {
+		cfg := detector.DefaultConfig()
+		cfg.EmitOK = true
+		for _, v := range judge(t, cfg, steps) {
 			if v.State == detector.StateStraggler || v.State == detector.StateCandidate {
 				t.Fatalf("%s: hidden jitter judged %s: %s", desc, v.State, v.Reason)
+			}
+			if v.Exposure != nil && v.Exposure.Capped && v.Exposure.PeerCollWaitMS != nil &&
+				d(v.Exposure.PeerCollWaitMS)-d(v.Exposure.CollWaitMS) >= v.Exposure.ExcessMS {
+				capped++ // the peers' waits alone would have exposed it all
 			}
 		}
 		seed := detector.DefaultConfig()
@@ -138,7 +195,12 @@ func TestPropertyHiddenHostJitterNeverAlerts(t *testing.T) {
 	if seedAlerts == 0 {
 		t.Fatal("the seed's rule raised no alert on any trial: the jitter does not test the gate")
 	}
+	if capped == 0 {
+		t.Fatal("no peers' waits were held to the job's step rise: the jitter does not test the cap")
+	}
 }
+
+func d(p *float64) float64 { return *p }
 
 func TestPropertyExposedHostStallAlwaysAlerts(t *testing.T) {
 	rng := rand.New(rand.NewPCG(16, 2))
@@ -161,8 +223,10 @@ func TestPropertyExposedHostStallAlwaysAlerts(t *testing.T) {
 		desc := fmt.Sprintf("trial %d: %d ranks, %.0f ms steps, %.1f ms stall on rank %d from window %d, %s",
 			trial, g.ranks, g.stepMS, g.stallMS, g.stallRank, g.stallFrom, duty)
 		// Evidence exists in each of the stall's first 3 windows when the rank
-		// has device records there or 3 clean windows of step-time baseline.
-		evidence := g.stallFrom >= 3
+		// has device records there, its peers wait in blocking collectives,
+		// or the job has 3 clean windows of step-time baseline. The stall
+		// raises the job's step, so the step rise never hides it.
+		evidence := g.stallFrom >= 3 || g.collMS > 0
 		if !evidence {
 			evidence = true
 			for w := g.stallFrom; w < g.stallFrom+3; w++ {
@@ -223,7 +287,7 @@ func TestExposureEvidence(t *testing.T) {
 			g.stallMS, g.stallFrom = 10, 3
 			g.gpuSteps = func(int) int { return 0 }
 			return g
-		}, true, 5, "straggler", detector.EvidenceStepTime, "against 100."},
+		}, true, 5, "straggler", detector.EvidenceStepTime, "above its 100."},
 		{"without device records or a baseline nothing tells", func(g gpuJob) gpuJob {
 			g.stallMS = 10
 			g.gpuSteps = func(int) int { return 0 }
@@ -239,6 +303,43 @@ func TestExposureEvidence(t *testing.T) {
 			g.gpuSteps = func(w int) int { return map[bool]int{true: 5}[w >= 3] }
 			return g
 		}, true, 5, "straggler", detector.EvidenceIdle, "exposed"},
+		{"peers' waits beyond the job's step rise are hidden", func(g gpuJob) gpuJob {
+			g.gpuSteps, g.collMS, g.jitterWaits = func(int) int { return 0 }, 30, true
+			g.jitter = func(r, w int) float64 { return map[bool]float64{true: 10}[r == 3 && w >= 3] }
+			return g
+		}, true, 5, "", detector.EvidenceVictimWait, "its peers waited 40.1"},
+		{"peers' waits with a step that rose as much are exposed", func(g gpuJob) gpuJob {
+			g.gpuSteps, g.collMS = func(int) int { return 0 }, 30
+			g.stallMS, g.stallFrom = 10, 3
+			return g
+		}, true, 5, "straggler", detector.EvidenceVictimWait, "exposed: its peers waited 40."},
+		{"a stall from the start is judged by its peers' waits: no window is clean to learn its step", func(g gpuJob) gpuJob {
+			g.gpuSteps, g.collMS, g.windows = func(int) int { return 0 }, 30, 10
+			g.stallMS = 10
+			return g
+		}, true, 9, "straggler", detector.EvidenceVictimWait, "exposed: its peers waited 40."},
+		{"a rise of every rank's step does not expose jitter that idle shows hidden", func(g gpuJob) gpuJob {
+			g.shift = func(w int) float64 { return map[bool]float64{true: 10}[w >= 3] }
+			g.jitter = func(r, w int) float64 { return map[bool]float64{true: 10}[r == 3 && w >= 3] }
+			return g
+		}, true, 5, "", detector.EvidenceIdle, "its GPU idled 2."},
+		{"a fall of every rank's step as a stall starts does not hide what idle shows", func(g gpuJob) gpuJob {
+			g.shift = func(w int) float64 { return map[bool]float64{true: -15}[w >= 3] }
+			g.stallMS, g.stallFrom = 10, 3
+			return g
+		}, true, 5, "straggler", detector.EvidenceIdle, "its GPU idled 12."},
+		{"the baseline follows a rise of every rank's step, so peers' waits stay hidden", func(g gpuJob) gpuJob {
+			g.windows, g.gpuSteps, g.collMS, g.jitterWaits = 10, func(int) int { return 0 }, 30, true
+			g.shift = func(w int) float64 { return map[bool]float64{true: 10}[w >= 2] }
+			g.jitter = func(r, w int) float64 { return map[bool]float64{true: 10}[r == 3 && w >= 7] }
+			return g
+		}, true, 9, "", detector.EvidenceVictimWait, "but the job's step rose only"},
+		{"the baseline follows a fall of every rank's step, so a later stall is found", func(g gpuJob) gpuJob {
+			g.windows, g.gpuSteps, g.collMS = 10, func(int) int { return 0 }, 30
+			g.shift = func(w int) float64 { return map[bool]float64{true: -15}[w >= 2] }
+			g.stallMS, g.stallFrom = 10, 7
+			return g
+		}, true, 9, "straggler", detector.EvidenceVictimWait, "exposed: its peers waited 40."},
 		{"hidden jitter without device records is ok once a baseline exists", func(g gpuJob) gpuJob {
 			g.gpuSteps = func(int) int { return 0 }
 			g.jitter = func(r, w int) float64 { return map[bool]float64{true: 10}[r == 3 && w >= 3] }
@@ -273,6 +374,51 @@ func TestExposureEvidence(t *testing.T) {
 			if !strings.Contains(last.Reason, tc.reason) {
 				t.Errorf("reason %q lacks %q", last.Reason, tc.reason)
 			}
+		})
+	}
+}
+
+// A stall that grows a little every window must not teach the baseline it is
+// measured against: once it is over the threshold, it alerts and stays, on
+// every kind of evidence.
+func TestExposureFindsAStallThatGrowsSlowly(t *testing.T) {
+	// From window 4 (after 4 clean windows: a stall there from the start
+	// stays uncertain without device records) +0.5 % of the step per window.
+	ramp := gpuJob{ranks: 4, stepMS: 100, hostMS: 25, idleMS: 2, windows: 34, stallRank: 3,
+		stallFrom: 4, stallMS: 0.5, stallGrowMS: 0.5,
+		gpuSteps: func(int) int { return 0 }, jitter: func(int, int) float64 { return 0 }}
+	tests := []struct {
+		name     string
+		job      func(gpuJob) gpuJob
+		evidence string
+	}{
+		{"the job's step time alone", func(g gpuJob) gpuJob { return g }, detector.EvidenceStepTime},
+		{"peers' waits held to the step rise", func(g gpuJob) gpuJob { g.collMS = 30; return g }, detector.EvidenceVictimWait},
+		{"its GPU idle", func(g gpuJob) gpuJob { g.gpuSteps = func(int) int { return 10 }; return g }, detector.EvidenceIdle},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			g := tc.job(ramp)
+			first := int64(-1)
+			for _, v := range judge(t, detector.DefaultConfig(), g.steps(rand.New(rand.NewPCG(3, 3)))) {
+				if v.Rank != 3 || v.Phase != "host" {
+					t.Fatalf("verdict on rank %d %s: %s", v.Rank, v.Phase, v.Reason)
+				}
+				switch {
+				case v.State == detector.StateStraggler && first < 0:
+					first = v.Window
+					if v.Exposure == nil || v.Exposure.Evidence != tc.evidence {
+						t.Errorf("alert exposure %+v, want evidence %s", v.Exposure, tc.evidence)
+					}
+				case first >= 0 && v.State != detector.StateStraggler:
+					t.Fatalf("window %d %s after the alert while the stall grows: %s", v.Window, v.State, v.Reason)
+				}
+			}
+			// By window 19 the stall is 8 % of the step: 3 windows later at most.
+			if first < 0 || first > 21 {
+				t.Fatalf("first alert in window %d, want by window 21", first)
+			}
+			t.Logf("first alert in window %d", first)
 		})
 	}
 }

@@ -198,7 +198,7 @@ const (
 	EvidenceIdle = "idle"
 	// EvidenceVictimWait: the peers' waits in blocking collectives against the rank's.
 	EvidenceVictimWait = "victim_wait"
-	// EvidenceStepTime: the rank's step time against its own recent past.
+	// EvidenceStepTime: the job's step time against its own recent past.
 	EvidenceStepTime = "step_time"
 	// EvidenceNone: nothing tells; the verdict is uncertain.
 	EvidenceNone = "none"
@@ -228,6 +228,19 @@ type Exposure struct {
 	StepMS          *float64 `json:"step_ms,omitempty"`
 	BaselineStepMS  *float64 `json:"baseline_step_ms,omitempty"`
 	BaselineWindows int      `json:"baseline_windows"`
+	// The job's step time against its recent past, which bounds what the
+	// peers' collective waits show and is the step_time evidence: the ranks
+	// of a synchronous job share one step time, so each cohort rank with a
+	// baseline measures the same rise. StepRiseMS is the median over them of
+	// step - baseline, StepRiseBaselineMS the median of their baselines,
+	// StepRiseRanks their number (all absent before any rank has one).
+	StepRiseMS         *float64 `json:"step_rise_ms,omitempty"`
+	StepRiseBaselineMS *float64 `json:"step_rise_baseline_ms,omitempty"`
+	StepRiseRanks      int      `json:"step_rise_ranks,omitempty"`
+	// Capped is true when the job's step rise held the victim_wait evidence
+	// below what the peers' waits alone showed (a rise within the threshold
+	// of the baseline counts as none).
+	Capped bool `json:"capped,omitempty"`
 }
 
 // GPUEvidence summarises NVML samples of one GPU over one window.

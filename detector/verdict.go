@@ -89,7 +89,7 @@ func (d *Detector) reason(v Verdict, e evaluation) string {
 	switch {
 	case e.hidden:
 		s = fmt.Sprintf("%s median %.2f ms is %.1f%% above rank %d (%.2f ms) but hidden: %s, so at most %.2f of its %.2f ms excess lengthens a step",
-			v.Phase, v.ValueMS, v.Deviation*100, v.ReferenceRank, v.ReferenceMS, exposureText(e.exposure), e.exposure.ExposedMS, e.exposure.ExcessMS)
+			v.Phase, v.ValueMS, v.Deviation*100, v.ReferenceRank, v.ReferenceMS, d.exposureText(e.exposure, v.Phase), e.exposure.ExposedMS, e.exposure.ExcessMS)
 	case v.State == StateRecovered:
 		s = fmt.Sprintf("%s median %.2f ms is back within %.1f%% of rank %d (%.2f ms)", v.Phase, v.ValueMS, d.cfg.PhaseThreshold(v.Phase)*100, v.ReferenceRank, v.ReferenceMS)
 	default:
@@ -97,9 +97,9 @@ func (d *Detector) reason(v Verdict, e evaluation) string {
 			v.Phase, v.ValueMS, v.Deviation*100, v.ReferenceRank, v.ReferenceMS, v.ComparableCount)
 		if ex := e.exposure; ex != nil {
 			if ex.ExposedMS < ex.ExcessMS {
-				s += fmt.Sprintf("; %.2f of its %.2f ms excess exposed: %s", ex.ExposedMS, ex.ExcessMS, exposureText(ex))
+				s += fmt.Sprintf("; %.2f of its %.2f ms excess exposed: %s", ex.ExposedMS, ex.ExcessMS, d.exposureText(ex, v.Phase))
 			} else {
-				s += "; exposed: " + exposureText(ex)
+				s += "; exposed: " + d.exposureText(ex, v.Phase)
 			}
 		}
 		if v.State == StateCandidate {

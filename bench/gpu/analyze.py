@@ -23,10 +23,12 @@ Do no harm (issue 15; bench/gpu/stress.sh, coexist.sh, c1matrix.sh, idle_lib.sh)
   analyze.py c1m DIR NAME         C1 of one shape: ABBA deltas, bootstrap CI, A/A noise
   analyze.py idle DIR             idle library vs none: turn-taking processes, ABBA
 Exposure on one GPU (issue 16 item 1; bench/gpu/host_exposure.sh):
-  analyze.py host-exposure DIR [WINDOW_S CONSECUTIVE LATENESS_S]
+  analyze.py host-exposure DIR [WINDOW_S CONSECUTIVE LATENESS_S HOST_THRESHOLD]
                                   per run DIR/hx-* (start and end host stall): step time from the
                                   ground truth, the stalled rank's GPU idle and collective waits
                                   against its peers', the verdicts after the injection, pass/fail
+                                  by the truth: the job's step rose by HOST_THRESHOLD (0.05) or
+                                  more -> a host straggler on the stalled rank in time, else none
   analyze.py selftest             the pure functions above on synthetic data
 Where the agent's output is absent (a CPU dry run, or the agent failed), the
 summaries say so under "agent" instead of failing.
@@ -1247,13 +1249,16 @@ def hx_phases(facts, inj_ns, rank, settle_s=1.0):
     return res
 
 
-def hx_judge(mode, host_rank, inj, verdicts, logged, window_s=5.0, consecutive=3, lateness_s=2.0):
-    """Pass/fail of one run from the agent's verdicts after the injection.
-    start: the first host straggler after the injection is host_rank, no other
-    rank gets a host alert, and it comes within (consecutive + 1) windows (the
-    injection falls inside a window) plus the lateness allowance; end: no host
-    straggler at all, and at least one of host_rank's host deviations shown
-    hidden (an ok verdict with exposure.exposed false, --emit-ok)."""
+def hx_judge(mode, host_rank, inj, verdicts, logged, expect_alert, window_s=5.0, consecutive=3, lateness_s=2.0):
+    """Pass/fail of one run from the agent's verdicts after the injection,
+    against what the truth says the stall did (expect_alert: the job's step
+    rose by the host threshold or more). Alert expected: the first host
+    straggler after the injection is host_rank, no other rank gets a host
+    alert, and it comes within (consecutive + 1) windows (the injection falls
+    inside a window) plus the lateness allowance. None expected: no host
+    straggler at all. mode (start/end, where the stall sits) and the hidden
+    windows (ok verdicts with exposure.exposed false, --emit-ok) are reported,
+    not judged."""
     inj_ns, inj_wall = inj["mono_ns"], inj["wall"]
     after = [v for v in verdicts if v.get("window_end_ns", 0) > inj_ns]
     mine = [v for v in after if v.get("rank") == host_rank and v.get("phase") == "host"]
@@ -1261,10 +1266,11 @@ def hx_judge(mode, host_rank, inj, verdicts, logged, window_s=5.0, consecutive=3
     alert_ranks = sorted({v["rank"] for v in host_alerts})
     hidden = [v for v in mine if v.get("state") == "ok" and (v.get("exposure") or {}).get("exposed") is False]
     exposed = [v for v in mine if (v.get("exposure") or {}).get("exposed") is True]
+    capped = [v for v in mine if (v.get("exposure") or {}).get("capped")]
     limit_s = (consecutive + 1) * window_s + lateness_s
-    res = {"mode": mode, "host_rank": host_rank, "limit_s": limit_s,
+    res = {"mode": mode, "host_rank": host_rank, "limit_s": limit_s, "expect_alert": expect_alert,
            "host_verdicts_of_rank": len(mine), "states": {},
-           "exposed_windows": len(exposed), "hidden_windows": len(hidden),
+           "exposed_windows": len(exposed), "hidden_windows": len(hidden), "capped_windows": len(capped),
            "host_alert_ranks": alert_ranks,
            "other_alerts": sorted({(v["rank"], v["phase"]) for v in after if v.get("state") == "straggler"
                                    and v.get("phase") != "host"})}
@@ -1286,19 +1292,19 @@ def hx_judge(mode, host_rank, inj, verdicts, logged, window_s=5.0, consecutive=3
     logs = [l for l in logged if l["rank"] == host_rank and l["phase"] == "host" and l["wall"] >= inj_wall]
     if logs:
         res["alert_logged_after_s"] = round(logs[0]["wall"] - inj_wall, 2)
-    if mode == "start":
+    if expect_alert:
         t = res.get("alert_logged_after_s", res.get("alert_window_end_after_s"))
         res["in_time"] = t is not None and t <= limit_s
         res["pass"] = bool(first) and alert_ranks == [host_rank] and res["in_time"]
-        res["criterion"] = (f"rank {host_rank} / host straggler within {limit_s:g} s of the injection, "
-                            "no other rank's host alert")
+        res["criterion"] = (f"the job's step rose by the host threshold: rank {host_rank} / host straggler within "
+                            f"{limit_s:g} s of the injection, no other rank's host alert")
     else:
-        res["pass"] = not host_alerts and bool(hidden)
-        res["criterion"] = f"no host straggler after the injection; rank {host_rank}'s host deviation shown hidden"
+        res["pass"] = not host_alerts
+        res["criterion"] = "the job's step rose less than the host threshold: no host straggler after the injection"
     return res
 
 
-def hx_run(d, name, window_s=5.0, consecutive=3, lateness_s=2.0):
+def hx_run(d, name, window_s=5.0, consecutive=3, lateness_s=2.0, threshold=0.05):
     run_dir = os.path.join(d, name)
     truth = mg_truth(run_dir)
     agent, paths = mg_agent(d, name)
@@ -1336,26 +1342,32 @@ def hx_run(d, name, window_s=5.0, consecutive=3, lateness_s=2.0):
         res["pass"] = False
         res["note"] = agent.get("note", "no verdicts from the agent")
         return res
-    j = hx_judge(mode, rank, inj, verdicts, straggler_log(paths["agent.log"]), window_s, consecutive, lateness_s)
+    if tr.get("step_rise_pct") is None:
+        res["pass"] = False
+        res["note"] = "no truth step time before and after the injection: nothing to judge by"
+        return res
+    # Judged by the truth, whatever the design: the job's step rose by the
+    # host threshold (a straggler), or less (none).
+    expect = tr["step_rise_pct"] >= 100 * threshold
+    j = hx_judge(mode, rank, inj, verdicts, straggler_log(paths["agent.log"]), expect, window_s, consecutive, lateness_s)
     res["judgement"] = j
-    res["pass"] = j["pass"]
-    if "as_designed" in tr:
-        # Whatever the design: the agent alerted if and only if the steps got longer.
-        rose = tr["step_rise_ms"] >= max(1.0, 0.05 * (tr["step_ms_before"] or 0))
-        res["judged_by_truth"] = bool(j["host_alert_ranks"] == [rank]) == rose
+    res["truth_rise_pct"], res["pass"] = tr["step_rise_pct"], j["pass"]
     return res
 
 
-def host_exposure(d, window_s=5.0, consecutive=3, lateness_s=2.0):
-    window_s, consecutive, lateness_s = float(window_s), int(consecutive), float(lateness_s)
+def host_exposure(d, window_s=5.0, consecutive=3, lateness_s=2.0, threshold=0.05):
+    window_s, consecutive, lateness_s, threshold = float(window_s), int(consecutive), float(lateness_s), float(threshold)
     names = sorted(os.path.basename(os.path.dirname(p)) for p in glob.glob(os.path.join(d, "hx-*", "rank0.jsonl")))
-    res = {"runs": {n: hx_run(d, n, window_s, consecutive, lateness_s) for n in names},
-           "window_s": window_s, "consecutive": consecutive, "lateness_s": lateness_s}
+    res = {"runs": {n: hx_run(d, n, window_s, consecutive, lateness_s, threshold) for n in names},
+           "window_s": window_s, "consecutive": consecutive, "lateness_s": lateness_s, "host_threshold": threshold}
     plan = os.path.join(d, "plan.jsonl")
     if os.path.exists(plan):
         res["plan"] = jsonl(plan)
     res["pass"] = bool(names) and all(r.get("pass") for r in res["runs"].values())
     res["modes"] = {n: r.get("mode") for n, r in res["runs"].items()}
+    res["by_truth"] = {n: {"truth_rise_pct": r.get("truth_rise_pct"), "expect_alert": (r.get("judgement") or {}).get("expect_alert"),
+                           "host_alert_ranks": (r.get("judgement") or {}).get("host_alert_ranks"), "pass": r.get("pass")}
+                       for n, r in res["runs"].items()}
     if not names:
         res["note"] = "no run folder hx-*/rank0.jsonl"
     return res
@@ -1545,16 +1557,18 @@ def selftest():
         return v
     vs = [hv(-1, "ok"), hv(1, "candidate", exposed=True), hv(2, "candidate", exposed=True),
           hv(3, "straggler", exposed=True), hv(3, "straggler", rank=2, phase="compute")]
-    j = hx_judge("start", 1, inj, vs, [{"wall": 1016.5, "rank": 1, "phase": "host", "hint": ""}])
-    check("hx start pass", j["pass"] and j["alert_logged_after_s"] == 16.5 and j["exposed_windows"] == 3
+    j = hx_judge("start", 1, inj, vs, [{"wall": 1016.5, "rank": 1, "phase": "host", "hint": ""}], True)
+    check("hx rose: alert passes", j["pass"] and j["alert_logged_after_s"] == 16.5 and j["exposed_windows"] == 3
           and j["other_alerts"] == [(2, "compute")] and j["exposure_evidence"] == {"victim_wait": 3})
-    check("hx start late", not hx_judge("start", 1, inj, vs, [{"wall": 1030.0, "rank": 1, "phase": "host", "hint": ""}])["pass"])
-    check("hx start wrong rank", not hx_judge("start", 1, inj, vs + [hv(4, "straggler", rank=3)], [])["pass"])
+    check("hx rose: late alert fails", not hx_judge("start", 1, inj, vs, [{"wall": 1030.0, "rank": 1, "phase": "host", "hint": ""}], True)["pass"])
+    check("hx rose: wrong rank fails", not hx_judge("start", 1, inj, vs + [hv(4, "straggler", rank=3)], [], True)["pass"])
+    check("hx rose: no alert fails", not hx_judge("start", 1, inj, [hv(2, "ok", exposed=False)], [], True)["pass"])
+    check("hx flat: an alert of a start stall fails", not hx_judge("start", 1, inj, vs, [], False)["pass"])
     hidden = [hv(1, "ok", exposed=False), hv(2, "ok", exposed=False)]
-    j = hx_judge("end", 1, inj, hidden, [])
-    check("hx end pass", j["pass"] and j["hidden_windows"] == 2 and j["host_alert_ranks"] == [])
-    check("hx end alert fails", not hx_judge("end", 1, inj, hidden + [hv(4, "straggler")], [])["pass"])
-    check("hx end nothing seen fails", not hx_judge("end", 1, inj, [hv(2, "uncertain")], [])["pass"])
+    j = hx_judge("end", 1, inj, hidden, [], False)
+    check("hx flat: hidden passes", j["pass"] and j["hidden_windows"] == 2 and j["host_alert_ranks"] == [])
+    check("hx flat: alert fails", not hx_judge("end", 1, inj, hidden + [hv(4, "straggler")], [], False)["pass"])
+    check("hx flat: uncertain passes", hx_judge("end", 1, inj, [hv(2, "uncertain")], [], False)["pass"])
     steps = {r: {"steps": [{"step": i, "start_ns": i * 10**8, "step_ms": 100.0 + (15 if i >= 1000 and r == 1 else 0),
                             "sync_ms": 40.0 - (15 if i >= 1000 and r == 1 else 0)} for i in range(1500)]} for r in range(4)}
     t = hx_truth(steps, inj["mono_ns"])
