@@ -71,7 +71,12 @@ import "slices"
 // held burst has the size of a boundary gap, the held burst had a stall
 // inside its backward pass (a preempted rank) and is cut by count,
 // otherwise the bucket count changed and the lock breaks without
-// reporting it. Once the lock misses, or a gap dominates more than one
+// reporting it. A confirmed lock keeps a burst by its count at once when
+// its boundary gap still dominates every other gap but one, or is of a
+// boundary's size, and the burst's long gaps do not split it into equal
+// parts (keptByCount): a host stall at a fixed point of every iteration
+// makes a second long gap per burst, so that no burst is dominated again
+// while it lasts. Once the lock misses, or a gap dominates more than one
 // burst, the search runs again and a different structure replaces it.
 //
 // Steps are numbered by call count: idx = base + (b−anchor)/P for the burst
@@ -363,8 +368,10 @@ func (d *burstDet) check(n int64) {
 	if d.pos == p {
 		d.pos = 0
 		// The burst before n is complete; its end is a step boundary when
-		// the gap before n still dominates it.
-		ok := !d.timed || int64(d.reach[n&d.mask]) >= p-1
+		// the gap before n still dominates it, or when a confirmed lock
+		// keeps it by its count through a host stall (keptByCount).
+		dom := !d.timed || int64(d.reach[n&d.mask]) >= p-1
+		ok := dom || d.keptByCount(n)
 		switch {
 		case ok && d.held >= 0 && d.inside(d.held+p):
 			// The held burst ended at a gap of bucket size: it and the
@@ -373,7 +380,9 @@ func (d *burstDet) check(n int64) {
 			return
 		case ok:
 			d.misses = 0
-			d.noteGap(n)
+			if dom {
+				d.noteGap(n)
+			}
 			if d.held >= 0 {
 				d.boundary(d.held, true)
 				d.held = -1
@@ -400,6 +409,66 @@ func (d *burstDet) noteGap(n int64) {
 		d.bgaps[d.nb%len(d.bgaps)] = g
 		d.nb++
 	}
+}
+
+// keptByCount reports whether a confirmed lock keeps the burst that call
+// n ends by its count although the gap before n dominates it no longer.
+// A host stall at a fixed point of the iteration (a data loader before the
+// forward pass, a sleep after the optimizer) makes a second gap per burst
+// as long as the boundary's, so that neither dominates the other while
+// the boundary's stays what it was. The burst is kept when its gap at n
+// still dominates every other gap but one, or is of a boundary's size
+// (see inside: a second stall, or a preemption), and those long gaps do
+// not split the burst into equal parts. A changed bucket count still
+// misses: the count drifts into the bursts, onto gaps of a bucket's size
+// that dominate nothing, or, when the new count divides the period, every
+// burst is equal parts (a halved bucket count; a stall at the middle of
+// a burst, which no timing tells from it, is lost the same way). Only
+// dominated bursts feed bgaps, so a kept burst cannot lower the boundary
+// size it is measured by.
+func (d *burstDet) keptByCount(n int64) bool {
+	g, ok := d.gap(n)
+	if d.tentative || !ok {
+		return false
+	}
+	p := d.num.p
+	b := n - p
+	var first int64 // position of the first long gap inside the burst
+	long := 0
+	for j := int64(1); j < p; j++ {
+		if d.longBeside(b+j, g) {
+			long++
+			if first == 0 {
+				first = j
+			}
+		}
+	}
+	if long > 1 && (d.nb == 0 || d.inside(n)) {
+		return false // several long gaps, and no boundary's size at n
+	}
+	return !d.splitEvenly(b, p, g, first, long)
+}
+
+// longBeside reports whether the gap before call i is not dominated by a
+// gap g (unknown gaps are long).
+func (d *burstDet) longBeside(i, g int64) bool {
+	gi, ok := d.gap(i)
+	return !ok || gi*burstRatio >= g
+}
+
+// splitEvenly reports whether the long gaps beside g of the burst of p
+// calls from b (long of them, the first at position q) are those at every
+// q-th call: the burst is p/q equal parts.
+func (d *burstDet) splitEvenly(b, p, g, q int64, long int) bool {
+	if q == 0 || p%q != 0 || int64(long) != p/q-1 {
+		return false
+	}
+	for j := 2 * q; j < p; j += q {
+		if !d.longBeside(b+j, g) {
+			return false
+		}
+	}
+	return true
 }
 
 // inside reports whether the gap before call b is of the size of a gap

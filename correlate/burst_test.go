@@ -26,7 +26,22 @@ type glooJob struct {
 	preempt float64 // probability that a gap is lengthened by up to 8 ms (a loaded host)
 	pause   map[int]int64
 	stall   map[int]int64 // a host stall inside iteration i's burst
+	hold    hostStall     // a host stall inside every burst from an iteration on
 	eval    map[int]int   // broadcast calls of an evaluation loop before iteration i
+}
+
+// hostStall is a host stall of ns before call at of every burst from
+// iteration from on (a sleep at a fixed point of the iteration).
+type hostStall struct {
+	from, at int
+	ns       int64
+}
+
+func (h hostStall) of(i, k int) int64 {
+	if h.ns == 0 || i < h.from || k != h.at {
+		return 0
+	}
+	return h.ns
 }
 
 // lay adds the job of one rank to b and returns, per iteration, the end
@@ -76,6 +91,7 @@ func (j glooJob) lay(b *batch, p uint32, seed uint64) []int64 {
 			if k == 1 {
 				t += j.stall[i]
 			}
+			t += j.hold.of(i, k)
 			name := map[rune]Op{'a': OpAllReduce, 'b': OpBroadcast}[op]
 			last = call(name, t)
 			t = last
@@ -161,12 +177,45 @@ func TestBurstSteps(t *testing.T) {
 		{name: "stall, then a long boundary gap",
 			job:  with(func(j *glooJob) { j.stall, j.pause = map[int]int64{25: 30 * ms}, map[int]int64{27: 25 * ms} }),
 			want: seq(2, 38)},
+		// From iteration 10 on, a host stall at a fixed point of every
+		// burst makes a second long gap: 11.5 ms against the boundary's 12
+		// (the iteration grows to 28 ms), so that neither dominates the
+		// other. The confirmed lock keeps every burst by its count.
+		{name: "host stall inside every burst from iteration 10",
+			job: with(func(j *glooJob) { j.hold = hostStall{from: 10, at: 1, ns: 10 * ms} }), want: seq(2, 38)},
+		{name: "host stall before every burst's last call from iteration 10",
+			job: with(func(j *glooJob) { j.hold = hostStall{from: 10, at: 3, ns: 10 * ms} }), want: seq(2, 38)},
+		{name: "host stall inside every burst, jitter",
+			job: with(func(j *glooJob) { j.hold, j.jitter = hostStall{from: 10, at: 1, ns: 10 * ms}, 0.2 }), want: seq(2, 38)},
+		// The boundary gaps before the stall were 44 ms (slow data
+		// loading before iterations 7-10): the stall's boundary gaps, 12 ms,
+		// are of a bucket's size beside them, but still dominate every
+		// gap of their burst but the stall's.
+		{name: "host stall inside every burst after longer boundary gaps",
+			job: with(func(j *glooJob) {
+				j.hold, j.pause = hostStall{from: 10, at: 1, ns: 10 * ms}, map[int]int64{7: 30 * ms, 8: 30 * ms, 9: 30 * ms, 10: 30 * ms}
+			}), want: seq(2, 38)},
 		{name: "loaded host", job: with(func(j *glooJob) { j.iters, j.preempt, j.jitter = 200, 0.05, 0.2 }), min: 180},
 		{name: "buffer broadcast before the buckets",
 			job: with(func(j *glooJob) { j.bcast = true }), min: 35},
-		{name: "bucket count changes", job: with(func(j *glooJob) { j.iters, j.from, j.later = 80, 30, "aaaaaa" }), min: 70},
-		{name: "bucket count doubles", job: with(func(j *glooJob) { j.iters, j.from, j.later = 80, 30, "aaaaaaaa" }), min: 70},
-		{name: "bucket count halves", job: with(func(j *glooJob) { j.iters, j.from, j.later = 80, 30, "aa" }), min: 70},
+		// A changed bucket count loses one or two iterations where it
+		// changes, while the new period is found, and makes no step of
+		// two iterations: the count's position falls on the new bursts
+		// at gaps of a bucket's size (more buckets, one fewer), or at
+		// every other boundary (half as many: each burst counted is two
+		// equal parts, which keptByCount does not keep).
+		{name: "bucket count changes", job: with(func(j *glooJob) { j.iters, j.from, j.later = 80, 30, "aaaaaa" }),
+			want: append(seq(2, 29), seq(32, 78)...)},
+		{name: "bucket count grows by one", job: with(func(j *glooJob) { j.iters, j.from, j.later, j.jitter = 80, 30, "aaaaa", 0.2 }),
+			want: append(seq(2, 29), seq(32, 78)...)},
+		{name: "bucket count doubles", job: with(func(j *glooJob) { j.iters, j.from, j.later = 80, 30, "aaaaaaaa" }),
+			want: append(seq(2, 29), seq(32, 78)...)},
+		{name: "bucket count shrinks by one", job: with(func(j *glooJob) { j.iters, j.from, j.later, j.jitter = 80, 30, "aaa", 0.2 }),
+			want: append(seq(2, 29), seq(31, 78)...)},
+		{name: "bucket count halves", job: with(func(j *glooJob) { j.iters, j.from, j.later = 80, 30, "aa" }),
+			want: append(seq(2, 29), seq(31, 78)...)},
+		{name: "bucket count halves, jitter", job: with(func(j *glooJob) { j.iters, j.from, j.later, j.jitter = 80, 30, "aa", 0.2 }),
+			want: append(seq(2, 29), seq(31, 78)...)},
 		{name: "one bucket", job: with(func(j *glooJob) { j.iters, j.ops = 120, "a" }), min: 110},
 	}
 	for _, tc := range tests {
@@ -198,7 +247,7 @@ func TestBurstPhases(t *testing.T) {
 }
 
 // Ranks number the same iteration alike: their timing differs and one of
-// them stalls inside a burst. (Like the token detector's, the numbering
+// them stalls inside a burst, or inside every burst from some iteration on. (Like the token detector's, the numbering
 // counts calls since the attach: ranks attached at different calls of a
 // running job are not aligned.)
 func TestBurstCrossRank(t *testing.T) {
@@ -229,6 +278,14 @@ func TestBurstCrossRank(t *testing.T) {
 			jr := j
 			if r == 1 {
 				jr.stall = map[int]int64{15 + rng.IntN(20): 40 * ms}
+				// In half the trials it also stalls inside every burst
+				// from some iteration after the evaluation loop on (a lock
+				// lost while every burst stalls is not found again; not at
+				// the middle of a burst of two, which a halved bucket count
+				// would look like).
+				if len(j.ops) >= 3 && rng.IntN(2) == 0 {
+					jr.hold = hostStall{from: 32 + rng.IntN(20), at: 1, ns: 10 * ms}
+				}
 			}
 			ends[r] = jr.lay(&b, pid(r), uint64(trial*n+r))
 		}

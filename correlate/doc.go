@@ -137,8 +137,11 @@
 // long gap (forward pass, optimizer, data loading) dominates the gaps of
 // the burst of bucket calls before it; a step is one burst and ends at the
 // return of the first synchronisation after its last call (else at that
-// call's return). Steps are numbered by call count, so that ranks agree.
-// The first call with a size hands the communicator to the token detector.
+// call's return). Steps are numbered by call count, so that ranks agree. A
+// confirmed lock keeps its count through a host stall at a fixed point of
+// the iteration, which makes a second long gap per burst so that none is
+// dominated any more. The first call with a size hands the communicator
+// to the token detector.
 // A communicator holds one of the two detectors at a time, behind one
 // interface (stepDetector, see stepdet.go).
 //

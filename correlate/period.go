@@ -131,6 +131,7 @@ type seqDet struct {
 	first            bool   // the lock is the sequence's first cycle: it must also hold ConfirmSpan
 	procColl         *bool  // the fallback clock's process made a collective (proc.everColl); nil for a communicator
 	afterColl        bool   // it had when the lock was taken (held)
+	lone             bool   // the lock passed over a lone call (passLone)
 	lockT            int64  // time of the first token of the lock's first instance
 	lockJ            int64  // that token's number
 	colls            uint64 // collective tokens seen
@@ -348,6 +349,9 @@ func (d *seqDet) push(id int32, t, w int64) {
 			}
 			return
 		}
+		if d.passLone() {
+			return
+		}
 		d.breakLock(n)
 	} else {
 		d.irregular++
@@ -500,6 +504,22 @@ func (d *seqDet) retract() {
 	d.emit(detEvent{kind: evRetract, gen: d.gen})
 	d.nextIdx = d.genBase
 	d.floor = d.genFloor
+}
+
+// passLone reports whether the fallback clock's first tentative lock
+// passes over a call outside its cycle, between two instances, instead of
+// breaking: once per lock, and not after a collective of the process
+// (held). A CUDA graph's capture makes one cudaDeviceSynchronize between
+// the eager warm-up iterations and the graph's, which end with the same
+// synchronisations; breaking there withdrew the warm-ups' steps with the
+// lock. A call that is no lone one breaks the lock at the next mismatch.
+func (d *seqDet) passLone() bool {
+	if !d.syncOnly || !d.first || !d.tentative || d.afterColl || d.lone || d.pos != 0 {
+		return false
+	}
+	d.lone = true
+	d.irregular++
+	return true
 }
 
 func (d *seqDet) breakLock(n int64) {
@@ -783,6 +803,7 @@ func (d *seqDet) lockAt(cyc []int32, j, n int64, tentative bool) {
 	d.since = 0
 	d.first = len(d.known) == 0
 	d.afterColl = d.procColl != nil && *d.procColl
+	d.lone = false
 	d.lockJ, d.lockT = j, d.tAt(j)
 	if tentative {
 		d.need = d.par.confirm

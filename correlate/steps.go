@@ -537,23 +537,11 @@ func (c *Correlator) trimGen(p *proc, clock, gen uint32, minNS int64) bool {
 			}
 		}
 	}
-	cut := -1
-	var next []int64 // the durations of the next steps of a run, nearest first
-	for k := len(idx) - 1; k >= 0; k-- {
-		d := dur(k)
-		if inRun[k] {
-			next = append([]int64{d}, next[:min(len(next), w-1)]...)
-			continue
-		}
-		if len(next) == 0 && d < minNS || len(next) > 0 && d*groupRatio < slices.Min(next) {
-			cut = idx[k]
-			break
-		}
-	}
-
+	cut := initCut(len(idx), dur, inRun, minNS)
 	if cut < 0 {
 		return false
 	}
+	cut = idx[cut]
 	for i := 0; i <= cut && i < len(p.pending); {
 		s := p.pending[i]
 		if s.tentative && s.clock == clock && s.gen == gen {
@@ -566,6 +554,33 @@ func (c *Correlator) trimGen(p *proc, clock, gen uint32, minNS int64) bool {
 	}
 	c.rewind(p)
 	return true
+}
+
+// initCut returns the latest init-time step of n steps (durations dur,
+// inRun: in a run) by trimGen's rule, -1 when none. The step after it is
+// init-time too when it is in no run and the step after that is far
+// longer (paceRatio) than the lock's latest steps (2·minNS is their
+// median): that one is the first iteration, after the copies, and the last
+// copies' step can be as long as an iteration (FSDP2 and a CUDA graph at
+// world size 1 on the H200: 15 ms before iteration 0's 3.9–4.2 s, a fact
+// before the first iteration).
+func initCut(n int, dur func(int) int64, inRun []bool, minNS int64) int {
+	const w = steadyN + 1
+	var next []int64 // the durations of the next steps of a run, nearest first
+	for k := n - 1; k >= 0; k-- {
+		d := dur(k)
+		if inRun[k] {
+			next = append([]int64{d}, next[:min(len(next), w-1)]...)
+			continue
+		}
+		if len(next) == 0 && d < minNS || len(next) > 0 && d*groupRatio < slices.Min(next) {
+			if k+2 < n && !inRun[k+1] && dur(k+2) > paceRatio*2*minNS {
+				return k + 1
+			}
+			return k
+		}
+	}
+	return -1
 }
 
 // standing reports whether a tentative step of the lock gen of clock is

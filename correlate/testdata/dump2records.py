@@ -16,7 +16,11 @@ the world size when it is not 2), communicator creations, host calls (a
 call without an op, such as a torch c10d Work::wait, has op "-") and
 iterations, with pids, communicators and streams renamed to small numbers
 and times in ns from the earliest host call, so that a failure under load
-becomes a deterministic test.
+becomes a deterministic test. Thread ids are not kept (the replay gives
+every call its process's): correlate reads them only in burstDet, which
+counts the waits of the collectives' thread, so a capture whose collectives
+and their waits are all on one thread (torch c10d's main thread; gloo's
+worker threads make synchronisations only) replays as the agent saw it.
 """
 import json
 import sys
