@@ -262,7 +262,7 @@ func (d *Detector) evaluateCohort(j *job, win *window, c cohort, topo *Topology)
 			}
 		}
 	}
-	if d.cfg.Exposure && cleanWindow(evals) {
+	if d.cfg.Exposure && cleanWindow(j, ms, evals) {
 		for _, m := range ms {
 			if rs := j.ranks[m.rank]; rs != nil && m.rw != nil && !math.IsNaN(m.ev[evStep]) {
 				rs.addBaseline(m.ev[evStep])
@@ -273,16 +273,25 @@ func (d *Detector) evaluateCohort(j *job, win *window, c cohort, topo *Topology)
 }
 
 // cleanWindow reports whether a cohort window may teach its members' step
-// baselines: none of their phases was slow, deviated without evidence of
-// whether it was exposed, or was hidden only because the job's step did not
-// rise. The ranks share one step time, so one stalled member makes every
+// baselines: no member that is silent in it was slow when it was last
+// heard (a silent host's stall shows only in its peers' steps, which would
+// teach it and then hide it when the host returns), and none of the
+// members' phases was slow, deviated without evidence of whether it was
+// exposed, or was hidden only because the job's step did not rise. A silent
+// member never judged slow does not block: its peers' past is all there is
+// (a rank whose steps the agent lost). The ranks share one step time, so one stalled member makes every
 // member's step the stall's, and a stall must never become the past it is
 // measured against: not as it starts (a straggler from the start leaves no
 // clean window, so there is no baseline to cap today's evidence), and not as
 // it grows (a stall that rises a little per window is hidden by the cap
 // until the job's step has risen past the threshold of a baseline it never
 // taught).
-func cleanWindow(evals [][]evaluation) bool {
+func cleanWindow(j *job, ms []member, evals [][]evaluation) bool {
+	for _, m := range ms {
+		if rs := j.ranks[m.rank]; m.rw == nil && rs != nil && rs.slowWhenLastJudged() {
+			return false
+		}
+	}
 	for _, row := range evals {
 		for i := range row {
 			e := &row[i]

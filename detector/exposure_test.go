@@ -422,3 +422,39 @@ func TestExposureFindsAStallThatGrowsSlowly(t *testing.T) {
 		})
 	}
 }
+
+func TestExposureSilentStragglerDoesNotTeachItsStall(t *testing.T) {
+	// Rank 3's host stall (15 % of the step, exposed: its peers wait for it
+	// in collectives) raises an alert; then rank 3 sends nothing for 8
+	// windows (a silent host) while its peers' steps still hold the stall.
+	// Those windows must not become the job's past: when rank 3 returns,
+	// stalled as before, the step rise still shows it.
+	g := gpuJob{ranks: 4, stepMS: 100, hostMS: 25, idleMS: 2, windows: 26, stallRank: 3,
+		stallFrom: 4, stallMS: 15, collMS: 30,
+		gpuSteps: func(int) int { return 0 }, jitter: func(int, int) float64 { return 0 }}
+	const silentFrom, silentTo = 10, 18 // windows [silentFrom, silentTo)
+	var steps []detector.Step
+	for _, s := range g.steps(rand.New(rand.NewPCG(5, 5))) {
+		if w := int(s.EndNS / winNS); s.Rank == 3 && w >= silentFrom && w < silentTo {
+			continue
+		}
+		steps = append(steps, s)
+	}
+	alerted, after := false, 0
+	for _, v := range judge(t, detector.DefaultConfig(), steps) {
+		if v.Rank != 3 || v.Phase != "host" {
+			continue
+		}
+		switch {
+		case v.State == detector.StateStraggler && v.Window < silentFrom:
+			alerted = true
+		case v.State == detector.StateRecovered || v.State == detector.StateOK:
+			t.Fatalf("window %d %s while rank 3 is still stalled: %s", v.Window, v.State, v.Reason)
+		case v.State == detector.StateStraggler && v.Window >= silentTo:
+			after++
+		}
+	}
+	if !alerted || after == 0 {
+		t.Fatalf("alert before the silence %v, straggler windows after it %d: want both", alerted, after)
+	}
+}

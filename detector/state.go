@@ -38,6 +38,17 @@ func (r *rankState) addBaseline(stepMS float64) {
 	}
 }
 
+// slowWhenLastJudged reports whether any phase of the rank was slow in its
+// latest judged window (a streak under way) or holds an active alert.
+func (r *rankState) slowWhenLastJudged() bool {
+	for i := range r.phases {
+		if ps := &r.phases[i]; ps.alert || ps.streak > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // baseline returns the median of the recorded windows and their number.
 func (r *rankState) baseline() (float64, int) {
 	n := int(r.nBase)
