@@ -937,6 +937,7 @@ struct rank_ctx {
   cudaEvent_t ev_step_end, ev_comm_done, ev_base, *ev_bucket;
   uint64_t base_ns;      /* host time at which ev_base was recorded on the idle stream */
   uint64_t device_end_ns; /* device completion of the step's last op, 0 if unknown */
+  uint64_t host_end_ns;   /* the step's end on the host: its last call returned */
   void *buf;
   size_t *bucket_count;
   void *pg; /* --backend gloo: the process group */
@@ -1354,6 +1355,10 @@ static void run_step(struct rank_ctx *c, long k, uint64_t *rng) {
     cuda_check(cudaEventRecord(c->ev_step_end, c->compute), "cudaEventRecord");
   }
   do_sync(c);
+  /* Read before cudaEventElapsedTime, which takes the fake GPU's lock that
+   * every rank's process shares: a preemption in there would put the truth's
+   * end milliseconds after the call that ended the step. */
+  c->host_end_ns = now_ns();
   c->device_end_ns = 0;
   if (!O.no_device_truth && !g_failed) {
     float ms = 0;
@@ -1690,8 +1695,9 @@ static int rank_main(char **argv) {
       int slowed = c->rank == O.slow_rank && k >= O.slow_from && (O.slow_to < 0 || k < O.slow_to);
       uint64_t t0 = now_ns();
       rebase(c);
+      c->host_end_ns = 0;
       run_step(c, k, &rng);
-      uint64_t t1 = now_ns();
+      uint64_t t1 = c->host_end_ns ? c->host_end_ns : now_ns(); /* shapes end where they return */
       if (g_failed) {
         rc = EXIT_DEVICE;
         break;
