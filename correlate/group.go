@@ -425,6 +425,7 @@ func (d *seqDet) noteDom(k, dk int64, newPace bool) {
 	}
 	d.doms[d.nDom%domN], d.waits[d.nWait%domN] = dk, w
 	d.nDom++
+	d.grpEnds++
 	d.nWait++
 	ds := d.doms
 	slices.Sort(ds[:])
@@ -606,13 +607,22 @@ func (d *seqDet) findGroup(k int64) {
 // ungroup ends a grouping whose phase is lost when the latest n instances
 // up to k are alike (within groupRatio of each other, none dominating its
 // predecessor) and each lasts as long as the dominant instances did (half
-// at least; a logging step's calls are brief): the grouping was an init-time burst's (the model's copy to
-// the GPU synchronises in pairs) and the training loop's iterations are one
-// instance each (a CUDA graph's replay and its synchronisation). Waiting
-// for a dominant instance would wait for ever: the lock made no step for
-// the rest of the run. The lock's steps are withdrawn and the run's
-// instances become its steps, with the instances before it back to the
-// first one shorter than half the run's (the burst's).
+// at least; a logging step's calls are brief): the grouping was an
+// init-time burst's (the model's copy to the GPU synchronises in pairs)
+// and the training loop's iterations are one instance each (a CUDA graph's
+// replay and its synchronisation). Waiting for a dominant instance would
+// wait for ever: the lock made no step for the rest of the run. The
+// brevity is measured only against a dominant duration that steps of the
+// grouping have held (domQ+1 of them since the regroup, so that the
+// quantile is theirs): until then it is the regroup's own instance, and
+// that can be a stall. Preemptions of the host that stretched every other
+// iteration of a one-instance cycle (40, 67 and 41 ms among 17.4 ms ones)
+// made a grouping of two whose dominant duration no later iteration
+// reached half of: 0 facts for 150 iterations
+// (TestReplayReattachStallsKeepOneInstancePerIteration). The lock's steps
+// are withdrawn and the run's instances become its steps, with the
+// instances before it back to the first one shorter than half the run's
+// (the burst's), or to the lock's first instance.
 func (d *seqDet) ungroup(k, n int64) {
 	if k-n < d.instFrom {
 		return
@@ -625,11 +635,11 @@ func (d *seqDet) ungroup(k, n int64) {
 		}
 		lo, hi = min(lo, di), max(hi, di)
 	}
-	if lo*groupRatio < hi || 2*lo < d.domDur {
+	if lo*groupRatio < hi || 2*lo < d.domDur && d.grpEnds > domQ {
 		return // not alike, or brief: a logging step's many calls
 	}
 	e0 := k - n + 1
-	for e0-1 > d.instFrom {
+	for e0 > d.instFrom {
 		di, ok := d.dur(e0 - 1)
 		if !ok || di*groupRatio < lo {
 			break // an init-time burst's instance; a longer one (a warm-up iteration, the graph's capture) is a step
@@ -659,6 +669,7 @@ func (d *seqDet) regroup(m, k int64) {
 	d.runFrom, d.runLast, d.pend = -1, -1, -1
 	dk, _ := d.dur(k)
 	d.noteDom(k, dk, true)
+	d.grpEnds = 0
 	e0 := k
 	for e0-m >= d.instFrom && d.reach(e0-m) >= m-1 && !d.initGroup(e0-m, k) {
 		e0 -= m
