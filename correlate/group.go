@@ -20,12 +20,15 @@ import (
 // (from the end of the previous instance to its own end) is less than
 // 1/groupRatio of instance k's. While a lock is tentative, an instance k
 // with reach r >= 1 whose predecessors k−(r+1), k−2(r+1), … (Repeats
-// groups in all) reach as far makes groups of m = r+1 instances (another m
-// than the current grouping's, if any): the lock's per-instance steps are
-// withdrawn and a step becomes m instances, ending with the dominant one
-// (the return of the synchronisation that waited for the iteration's GPU
-// work). The first group is the earliest one whose dominant instance
-// reaches as far and is not init-time (initGroup), and the ones before it,
+// groups in all; settledReps where the groups' other instances agree with
+// the steady instances before them, one-instance iterations that stalls
+// of the host stretched at every m-th: stalled) reach as far makes groups
+// of m = r+1 instances (another m than the current grouping's, if any):
+// the lock's per-instance steps are withdrawn and a step becomes m
+// instances, ending with the dominant one (the return of the
+// synchronisation that waited for the iteration's GPU work). The first
+// group is the earliest one whose dominant instance reaches as far and is
+// not init-time (initGroup), and the ones before it,
 // each while its last instance dominates the one before it (or would but
 // for one instance of its group that a preemption delayed) and lasts at
 // least half as long as the next group's (the first iterations: the
@@ -593,7 +596,13 @@ func (d *seqDet) findGroup(k int64) {
 		// TestReplayTrainerSpeedup's 10-loaded-regroup).
 		reps = max(reps, settledReps)
 	}
-	if m < 2 || m > maxGroup || k-(reps-1)*m-r < d.instFrom {
+	if m < 2 || m > maxGroup {
+		return
+	}
+	if d.grp <= 1 && d.stalled(m, k, reps) {
+		reps = max(reps, settledReps)
+	}
+	if k-(reps-1)*m-r < d.instFrom {
 		return
 	}
 	for j := int64(1); j < reps; j++ {
@@ -602,6 +611,47 @@ func (d *seqDet) findGroup(k int64) {
 		}
 	}
 	d.regroup(m, k)
+}
+
+// stalled reports whether the reps groups of m instances ending with
+// instance k, and the groups before them that reach as far, may be
+// iterations of one instance each, every m-th stretched by a stall of the
+// host: the other instances of the groups agree within groupRatio with
+// each of the steadyN instances before the groups, which agree with each
+// other. Preemptions of the host on a loaded 2-core host stretched three
+// iterations at every other instance of a one-instance cycle (40, 67 and
+// 41 ms among 17.4 ms ones) in its tentative lock, which regrouped by two
+// (TestReplayReattachStallsKeepOneInstancePerIteration); such a grouping
+// must hold settledReps groups.
+func (d *seqDet) stalled(m, k, reps int64) bool {
+	e0 := k - (reps-1)*m // the earliest group that reaches as far, as regroup walks
+	for e0-m >= d.instFrom && d.reach(e0-m) >= m-1 {
+		e0 -= m
+	}
+	first := e0 - m + 1
+	if first-steadyN < d.instFrom {
+		return false
+	}
+	lo, hi := int64(math.MaxInt64), int64(0)
+	for i := first - steadyN; i < first; i++ {
+		di, ok := d.dur(i)
+		if !ok {
+			return false
+		}
+		lo, hi = min(lo, di), max(hi, di)
+	}
+	if lo*groupRatio < hi {
+		return false
+	}
+	for i := first; i <= k; i++ {
+		if (k-i)%m == 0 {
+			continue // the dominant instances
+		}
+		if di, ok := d.dur(i); !ok || !agrees(di, lo) || !agrees(di, hi) {
+			return false
+		}
+	}
+	return true
 }
 
 // ungroup ends a grouping whose phase is lost when the latest n instances

@@ -218,12 +218,14 @@ func ncclTrainerIter(stall map[int]int64) func(i int) ([]loopCall, int64) {
 // TestGroupStallsKeepOneInstancePerIteration: preemptions of the host that
 // stretch every other iteration of a one-instance cycle, while its first
 // lock is tentative, mimic two instances per iteration, the second
-// dominating (group.go, findGroup). The grouping of two they make has the
-// regroup's own stalled instance for its dominant duration, which no later
-// iteration reaches; a run of alike iterations ends it (ungroup), its
-// brevity guard (a logging step's calls) measured against a dominant
-// duration that steps have held only. One step per iteration, step k
-// iteration k. (loaded-stalls-keep-one-instance of
+// dominating (group.go, findGroup). After steady iterations such groups
+// must hold settledReps of them (stalled: seven stalls still made a
+// grouping); a grouping they made all the same (no steady iterations
+// before them) has the regroup's own stalled instance for its dominant
+// duration, which no later iteration reaches, and a run of alike
+// iterations ends it (ungroup), its brevity guard (a logging step's calls)
+// measured against a dominant duration that steps have held only. One step
+// per iteration, step k iteration k. (loaded-stalls-keep-one-instance of
 // TestReplayReattachStallsKeepOneInstancePerIteration: 0 facts for 150.)
 func TestGroupStallsKeepOneInstancePerIteration(t *testing.T) {
 	tests := []struct {
@@ -232,6 +234,8 @@ func TestGroupStallsKeepOneInstancePerIteration(t *testing.T) {
 	}{
 		{"three stalls at every other iteration", map[int]int64{9: 23 * ms, 11: 50 * ms, 13: 24 * ms}},
 		{"five stalls at every other iteration", map[int]int64{9: 23 * ms, 11: 50 * ms, 13: 24 * ms, 15: 30 * ms, 17: 25 * ms}},
+		{"seven stalls at every other iteration", map[int]int64{9: 23 * ms, 11: 50 * ms, 13: 24 * ms, 15: 30 * ms, 17: 25 * ms, 19: 25 * ms, 21: 25 * ms}},
+		{"three stalls from the second iteration", map[int]int64{1: 23 * ms, 3: 50 * ms, 5: 24 * ms}},
 		{"three stalls, then more", map[int]int64{9: 23 * ms, 11: 50 * ms, 13: 24 * ms, 22: 5 * ms, 23: 28 * ms, 24: 27 * ms, 26: 12 * ms}},
 	}
 	for _, tc := range tests {
