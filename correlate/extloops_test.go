@@ -995,3 +995,31 @@ func TestReplayH200CUDAGraphFirstIterationIsAStep(t *testing.T) {
 func TestReplayH200FSDP2CopiesMakeNoSteps(t *testing.T) {
 	replayTrainerFile(t, "testdata/h200-fsdp2-1rank.records.gz", 0)
 }
+
+// Captures of test/integration's
+// TestNCCLCollectiveUprobesReattachForAJobOffThePlugin, job B (the fake
+// trainer, 4 ranks, 150 iterations of about 17 ms, each three all-reduces
+// and a cudaStreamSynchronize: one instance of the cycle per iteration)
+// under load on a 2-core host, as the agent's pipeline fed them. Each
+// rank's calls are a perfect A A A A S per iteration; preemptions of the
+// host only stretch some iterations.
+//
+//   - loaded-stalls-keep-one-instance: rank 2's first, tentative lock
+//     (about 17.4 ms instances) saw three preempted iterations at every
+//     other instance (40.2, 67.0 and 41.3 ms, instances 9, 11 and 13),
+//     each more than twice the instance before it. findGroup took that for
+//     two instances per iteration and regrouped by 2, with a dominant
+//     duration of 41.3 ms; no later 17 ms iteration dominated its group or
+//     lasted half of it, ungroup refused to return to one instance (2·lo <
+//     domDur), and the lock, whose tokens never departed, made no step
+//     until the process exited: 0 facts for 150 iterations. A dominant
+//     duration that is still the regroup's own instance is no measure of
+//     brevity: the run of alike iterations ends the grouping, and its
+//     steps reach back to the lock's first instance (iteration 0).
+func TestReplayReattachStallsKeepOneInstancePerIteration(t *testing.T) {
+	for _, f := range []string{"loaded-stalls-keep-one-instance"} {
+		t.Run(f, func(t *testing.T) {
+			replayTrainerFile(t, "testdata/reattach-"+f+"-4ranks.records.gz", 0)
+		})
+	}
+}

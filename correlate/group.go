@@ -20,12 +20,15 @@ import (
 // (from the end of the previous instance to its own end) is less than
 // 1/groupRatio of instance k's. While a lock is tentative, an instance k
 // with reach r >= 1 whose predecessors k−(r+1), k−2(r+1), … (Repeats
-// groups in all) reach as far makes groups of m = r+1 instances (another m
-// than the current grouping's, if any): the lock's per-instance steps are
-// withdrawn and a step becomes m instances, ending with the dominant one
-// (the return of the synchronisation that waited for the iteration's GPU
-// work). The first group is the earliest one whose dominant instance
-// reaches as far and is not init-time (initGroup), and the ones before it,
+// groups in all; settledReps where the groups' other instances agree with
+// the steady instances before them, one-instance iterations that stalls
+// of the host stretched at every m-th: stalled) reach as far makes groups
+// of m = r+1 instances (another m than the current grouping's, if any):
+// the lock's per-instance steps are withdrawn and a step becomes m
+// instances, ending with the dominant one (the return of the
+// synchronisation that waited for the iteration's GPU work). The first
+// group is the earliest one whose dominant instance reaches as far and is
+// not init-time (initGroup), and the ones before it,
 // each while its last instance dominates the one before it (or would but
 // for one instance of its group that a preemption delayed) and lasts at
 // least half as long as the next group's (the first iterations: the
@@ -425,6 +428,7 @@ func (d *seqDet) noteDom(k, dk int64, newPace bool) {
 	}
 	d.doms[d.nDom%domN], d.waits[d.nWait%domN] = dk, w
 	d.nDom++
+	d.grpEnds++
 	d.nWait++
 	ds := d.doms
 	slices.Sort(ds[:])
@@ -592,7 +596,13 @@ func (d *seqDet) findGroup(k int64) {
 		// TestReplayTrainerSpeedup's 10-loaded-regroup).
 		reps = max(reps, settledReps)
 	}
-	if m < 2 || m > maxGroup || k-(reps-1)*m-r < d.instFrom {
+	if m < 2 || m > maxGroup {
+		return
+	}
+	if d.grp <= 1 && d.stalled(m, k, reps) {
+		reps = max(reps, settledReps)
+	}
+	if k-(reps-1)*m-r < d.instFrom {
 		return
 	}
 	for j := int64(1); j < reps; j++ {
@@ -603,16 +613,66 @@ func (d *seqDet) findGroup(k int64) {
 	d.regroup(m, k)
 }
 
+// stalled reports whether the reps groups of m instances ending with
+// instance k, and the groups before them that reach as far, may be
+// iterations of one instance each, every m-th stretched by a stall of the
+// host: the other instances of the groups agree within groupRatio with
+// each of the steadyN instances before the groups, which agree with each
+// other. Preemptions of the host on a loaded 2-core host stretched three
+// iterations at every other instance of a one-instance cycle (40, 67 and
+// 41 ms among 17.4 ms ones) in its tentative lock, which regrouped by two
+// (TestReplayReattachStallsKeepOneInstancePerIteration); such a grouping
+// must hold settledReps groups.
+func (d *seqDet) stalled(m, k, reps int64) bool {
+	e0 := k - (reps-1)*m // the earliest group that reaches as far, as regroup walks
+	for e0-m >= d.instFrom && d.reach(e0-m) >= m-1 {
+		e0 -= m
+	}
+	first := e0 - m + 1
+	if first-steadyN < d.instFrom {
+		return false
+	}
+	lo, hi := int64(math.MaxInt64), int64(0)
+	for i := first - steadyN; i < first; i++ {
+		di, ok := d.dur(i)
+		if !ok {
+			return false
+		}
+		lo, hi = min(lo, di), max(hi, di)
+	}
+	if lo*groupRatio < hi {
+		return false
+	}
+	for i := first; i <= k; i++ {
+		if (k-i)%m == 0 {
+			continue // the dominant instances
+		}
+		if di, ok := d.dur(i); !ok || !agrees(di, lo) || !agrees(di, hi) {
+			return false
+		}
+	}
+	return true
+}
+
 // ungroup ends a grouping whose phase is lost when the latest n instances
 // up to k are alike (within groupRatio of each other, none dominating its
 // predecessor) and each lasts as long as the dominant instances did (half
-// at least; a logging step's calls are brief): the grouping was an init-time burst's (the model's copy to
-// the GPU synchronises in pairs) and the training loop's iterations are one
-// instance each (a CUDA graph's replay and its synchronisation). Waiting
-// for a dominant instance would wait for ever: the lock made no step for
-// the rest of the run. The lock's steps are withdrawn and the run's
-// instances become its steps, with the instances before it back to the
-// first one shorter than half the run's (the burst's).
+// at least; a logging step's calls are brief): the grouping was an
+// init-time burst's (the model's copy to the GPU synchronises in pairs)
+// and the training loop's iterations are one instance each (a CUDA graph's
+// replay and its synchronisation). Waiting for a dominant instance would
+// wait for ever: the lock made no step for the rest of the run. The
+// brevity is measured only against a dominant duration that steps of the
+// grouping have held (domQ+1 of them since the regroup, so that the
+// quantile is theirs): until then it is the regroup's own instance, and
+// that can be a stall. Preemptions of the host that stretched every other
+// iteration of a one-instance cycle (40, 67 and 41 ms among 17.4 ms ones)
+// made a grouping of two whose dominant duration no later iteration
+// reached half of: 0 facts for 150 iterations
+// (TestReplayReattachStallsKeepOneInstancePerIteration). The lock's steps
+// are withdrawn and the run's instances become its steps, with the
+// instances before it back to the first one shorter than half the run's
+// (the burst's), or to the lock's first instance.
 func (d *seqDet) ungroup(k, n int64) {
 	if k-n < d.instFrom {
 		return
@@ -625,11 +685,11 @@ func (d *seqDet) ungroup(k, n int64) {
 		}
 		lo, hi = min(lo, di), max(hi, di)
 	}
-	if lo*groupRatio < hi || 2*lo < d.domDur {
+	if lo*groupRatio < hi || 2*lo < d.domDur && d.grpEnds > domQ {
 		return // not alike, or brief: a logging step's many calls
 	}
 	e0 := k - n + 1
-	for e0-1 > d.instFrom {
+	for e0 > d.instFrom {
 		di, ok := d.dur(e0 - 1)
 		if !ok || di*groupRatio < lo {
 			break // an init-time burst's instance; a longer one (a warm-up iteration, the graph's capture) is a step
@@ -659,6 +719,7 @@ func (d *seqDet) regroup(m, k int64) {
 	d.runFrom, d.runLast, d.pend = -1, -1, -1
 	dk, _ := d.dur(k)
 	d.noteDom(k, dk, true)
+	d.grpEnds = 0
 	e0 := k
 	for e0-m >= d.instFrom && d.reach(e0-m) >= m-1 && !d.initGroup(e0-m, k) {
 		e0 -= m

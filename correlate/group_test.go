@@ -194,3 +194,57 @@ func TestGroupPaceChangeTentative(t *testing.T) {
 		})
 	}
 }
+
+// ncclTrainerIter is an iteration of the fake NCCL trainer
+// (test/integration's reattach test): four all-reduces, then a
+// cudaStreamSynchronize that waits for the GPU, 17.4 ms in all (one
+// instance of the cycle per iteration). A stall of the host before its
+// first call (a preemption) lengthens it by stall[i].
+func ncclTrainerIter(stall map[int]int64) func(i int) ([]loopCall, int64) {
+	return func(i int) ([]loopCall, int64) {
+		cs := []loopCall{
+			{op: "allreduce", count: 6553601, at: 0, dur: 7 * us}, {op: "allreduce", count: 4915202, at: 700 * us, dur: 3 * us},
+			{op: "allreduce", count: 3276803, at: 1400 * us, dur: 3 * us}, {op: "allreduce", count: 1638404, at: 2100 * us, dur: 2 * us},
+			{sync: true, at: 3 * ms, dur: 8600 * us}}
+		d := 17400 * us
+		if s := stall[i]; s > 0 {
+			delayFrom(cs, 0, s)
+			d += s
+		}
+		return cs, d
+	}
+}
+
+// TestGroupStallsKeepOneInstancePerIteration: preemptions of the host that
+// stretch every other iteration of a one-instance cycle, while its first
+// lock is tentative, mimic two instances per iteration, the second
+// dominating (group.go, findGroup). After steady iterations such groups
+// must hold settledReps of them (stalled: seven stalls still made a
+// grouping); a grouping they made all the same (no steady iterations
+// before them) has the regroup's own stalled instance for its dominant
+// duration, which no later iteration reaches, and a run of alike
+// iterations ends it (ungroup), its brevity guard (a logging step's calls)
+// measured against a dominant duration that steps have held only. One step
+// per iteration, step k iteration k. (loaded-stalls-keep-one-instance of
+// TestReplayReattachStallsKeepOneInstancePerIteration: 0 facts for 150.)
+func TestGroupStallsKeepOneInstancePerIteration(t *testing.T) {
+	tests := []struct {
+		name  string
+		stall map[int]int64
+	}{
+		{"three stalls at every other iteration", map[int]int64{9: 23 * ms, 11: 50 * ms, 13: 24 * ms}},
+		{"five stalls at every other iteration", map[int]int64{9: 23 * ms, 11: 50 * ms, 13: 24 * ms, 15: 30 * ms, 17: 25 * ms}},
+		{"seven stalls at every other iteration", map[int]int64{9: 23 * ms, 11: 50 * ms, 13: 24 * ms, 15: 30 * ms, 17: 25 * ms, 19: 25 * ms, 21: 25 * ms}},
+		{"three stalls from the second iteration", map[int]int64{1: 23 * ms, 3: 50 * ms, 5: 24 * ms}},
+		{"three stalls, then more", map[int]int64{9: 23 * ms, 11: 50 * ms, 13: 24 * ms, 22: 5 * ms, 23: 28 * ms, 24: 27 * ms, 26: 12 * ms}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := New(Config{})
+			c.SetRank(RankInfo{PID: pid(0), Rank: 0, WorldSize: 4, Host: "h0", Job: "j1"})
+			iter := ncclTrainerIter(tc.stall)
+			starts, ends := feedLoop(c, pid(0), loopScript{n: 150, comm: true, ranks: 4, iter: iter})
+			checkDominantEnds(t, checkIterations(t, c, starts, ends, 0, 0), starts, ends, iter)
+		})
+	}
+}

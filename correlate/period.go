@@ -159,6 +159,7 @@ type seqDet struct {
 	waits    [domN][2]int64  // those waits and shares, a ring
 	nWait    int             // waits noted since the lock
 	nDom     int
+	grpEnds  int                 // steps of groups ended since the regroup (noteDom); > domQ: domDur is theirs
 	runFrom  int64               // resync: a run of shorter dominant instances (a new pace?), -1 when none
 	runLast  int64               // its latest instance
 	runSlid  int64               // groups of the run that slid out of the instance ring
@@ -813,8 +814,9 @@ func (d *seqDet) lockAt(cyc []int32, j, n int64, tentative bool) {
 	}
 	known := d.knownGroup(cyc)
 	d.grp, d.resync, d.grpOpen, d.runFrom, d.runLast, d.pend = known, known > 1, false, -1, -1, -1
-	d.kept = false // a new lock's instances: no count carries over
-	d.nWait = 0    // nor do the waits of another lock's calls (waited)
+	d.grpEnds = domN // a confirmed grouping's dominant duration was held (ungroup)
+	d.kept = false   // a new lock's instances: no count carries over
+	d.nWait = 0      // nor do the waits of another lock's calls (waited)
 	d.stepInst = d.inst - 1
 	// The token before the first instance is a stable start when it is a
 	// synchronisation (for the sync-only clock every token is one), or a
