@@ -80,6 +80,9 @@ func TestExposureOnRealRuns(t *testing.T) {
 		{"a stall before the forward pass that the shared GPU hides: no alert", "hx-start-s15.facts.jsonl.gz", 5 * time.Second, nil, nil, true, ""},
 		{"a stall before the step's end that queued GPU work hides: no alert", "hx-end-s15.facts.jsonl.gz", 5 * time.Second, nil, nil, false, ""},
 		{"the same, all ranks' steps kept: no alert", "hx-end-s16.facts.jsonl.gz", 5 * time.Second, nil, nil, true, ""},
+		{"the stall before the forward pass, all ranks' steps kept: no alert", "hx-start-s16.facts.jsonl.gz", 5 * time.Second, nil, nil, true, ""},
+		// The same with 60 ms: the job's step rises 35 %, the peers wait for it.
+		{"a stall that slows the job: rank 1 host by its peers' waits", "hx-start60-s16.facts.jsonl.gz", 5 * time.Second, []string{"1/host"}, []int{1}, true, detector.EvidenceVictimWait},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
