@@ -40,10 +40,26 @@ import "slices"
 //     tokens: one dominant gap per period at a fixed phase, which
 //     multiples of the period fail. A divisor can pass when stalls sit in
 //     the middle of bursts, so a period shorter than the latest lock's must
-//     hold over Repeats−1 of the latest period. The first step starts
-//     after the earliest dominated burst, so that both of its ends are
-//     verified (a stall inside the longer first iteration dominates the few
-//     calls before it too).
+//     hold over Repeats−1 of the latest period. The lock's first step
+//     reaches back from the burst after the earliest dominated one (the
+//     earliest start whose gap dominates the calls before it: a stall
+//     inside a longer first iteration dominates the few calls before it
+//     too) over the earlier bursts that are whole iterations: the cycle's
+//     tokens, and a gap before each that dominates every gap inside it
+//     and is of a boundary's size (at least 1/burstRatio of the lock's
+//     shortest boundary gap); a burst's end is the next one's verified
+//     start. So the first iterations are steps although no gap after them
+//     dominates them: iteration 0's burst may hold the first forward pass
+//     (the H200 gloo captures: first facts in iterations 3 and 4 without
+//     the reach-back, 1 with it). The walk stops at a burst of other
+//     tokens, at one whose start gap does not dominate every gap inside it
+//     or is of a bucket's size (init-time all-reduces close together)
+//     and at the calls of reported steps; it is done before the lock
+//     reports its first step, so that steps stay in order. The walk's
+//     earliest burst rests on its own start gap alone: a stall inside a
+//     longer iteration 0 (DDP's buckets before their rebuild) at the
+//     cycle's phase makes that iteration's tail a step, which ends where
+//     the iteration ends.
 //   - a confirmed cycle, as soon as one burst of it is seen again.
 //   - byTokens: the tokens themselves have a cycle with at least two
 //     distinct signatures (torch's broadcast of buffers before the bucket
@@ -85,8 +101,10 @@ import "slices"
 // skips indices instead of shifting them and step k stays the same
 // iteration on every rank. The first structure is numbered from call 0
 // (b/P, whatever burst a rank locks on first); a new structure continues
-// the previous numbering extended to its first burst. Like the token
-// detector's, the numbering counts calls since the attach.
+// the previous numbering extended to its first burst, backwards too when
+// it reached back before that numbering's anchor (a relock of the old
+// cycle that broke again). Like the token detector's, the numbering
+// counts calls since the attach.
 
 const (
 	// burstRatio: a boundary gap is at least this many times every gap of
@@ -563,10 +581,10 @@ func (d *burstDet) search(n int64) {
 			d.unlock()
 		}
 		// The bursts are alike: the latest complete one is the cycle. The
-		// first step starts after the earliest dominated burst, so that
-		// both of its ends are verified: a stall inside a longer burst
-		// (the first iteration's) dominates the few calls before it too.
-		d.lockAt(byGap, d.window(n-p, p), b0+p, n)
+		// first step is the burst after the earliest dominated one, or
+		// an earlier one that it reaches back to over whole iterations.
+		cyc := d.window(n-p, p)
+		d.lockAt(byGap, cyc, d.reachBack(cyc, b0, n), n)
 		return
 	}
 	// A known cycle comes back after one burst; after the gap candidate,
@@ -632,6 +650,58 @@ func (d *burstDet) gapCandidate(n int64) (p, b0 int64, ok bool) {
 		b0 += (d.floor - p - b0 + p - 1) / p * p
 	}
 	return p, b0, true
+}
+
+// reachBack returns the first call of the first step of a gap lock on
+// bursts cyc whose earliest dominated burst starts at call b0 (n the
+// latest call): b0+p, or the start of an earlier burst when every burst
+// from it to b0+p is a whole iteration of the cycle (wholeBurst). The
+// first iterations are the ones that need it: the first forward pass, or
+// a longer first backward pass, lies inside iteration 0's burst and no
+// gap after it dominates it, so that the earliest dominated burst comes
+// one or two iterations later (the H200 gloo captures' first facts were
+// in iterations 3 and 4). A burst's start counts as verified when the gap
+// before it dominates every gap inside it and is of a boundary's size
+// (at least 1/burstRatio of the shortest boundary gap of the lock's
+// dominated bursts); its end is the next burst's verified start. The
+// walk stops at the calls of reported steps (floor), so that steps stay
+// in order and numbered by count from the earlier start.
+func (d *burstDet) reachBack(cyc []int32, b0, n int64) int64 {
+	p := int64(len(cyc))
+	first := b0 + p
+	bound, ok := d.gap(b0)
+	if !ok {
+		return first
+	}
+	for s := b0 + p; s <= n; s += p {
+		if g, ok := d.gap(s); ok {
+			bound = min(bound, g)
+		}
+	}
+	for b := first - p; b >= max(d.floor, d.oldest()+1, 1) && d.wholeBurst(cyc, b, bound); b -= p {
+		first = b
+	}
+	return first
+}
+
+// wholeBurst reports whether the p calls from b are a burst of the
+// tokens cyc whose start is verified: the gap before b is at least
+// bound/burstRatio and dominates every gap inside the burst.
+func (d *burstDet) wholeBurst(cyc []int32, b, bound int64) bool {
+	g, ok := d.gap(b)
+	if !ok || g*burstRatio < bound {
+		return false
+	}
+	for j, id := range cyc {
+		i := b + int64(j)
+		if d.at(i) != id {
+			return false
+		}
+		if gi, ok := d.gap(i); j > 0 && (!ok || gi*burstRatio >= g) {
+			return false
+		}
+	}
+	return true
 }
 
 // tokenCandidate: a token cycle with two or more signatures; the step
@@ -763,7 +833,9 @@ func (d *burstDet) lockAt(mode burstMode, cyc []int32, b0, n int64) {
 	d.emit(detEvent{kind: evStart, t: d.cut[(b0-1)&d.mask]})
 	for b := b0; b+p <= n; b += p {
 		d.boundary(b, false)
-		d.noteGap(b + p)
+		if int64(d.reach[(b+p)&d.mask]) >= p-1 {
+			d.noteGap(b + p) // a burst reached back to need not be dominated
+		}
 	}
 	d.pos = (n - b0) % p
 	if !d.tentative {
@@ -783,7 +855,13 @@ func (d *burstDet) numbering(p, b0 int64) burstIndex {
 	case l.p == p && (b0-l.anchor)%p == 0:
 		x = *l
 	default:
-		x = burstIndex{p: p, anchor: b0, base: l.base + (max(0, b0-l.anchor)+l.p-1)/l.p}
+		// The first burst of the latest numbering's count at or after
+		// b0; before its anchor too, where a lock reached back to.
+		k := (b0 - l.anchor + l.p - 1) / l.p
+		if b0 < l.anchor {
+			k = -((l.anchor - b0) / l.p)
+		}
+		x = burstIndex{p: p, anchor: b0, base: l.base + k}
 	}
 	if lo := d.lastIdx + 1; x.of(b0) < lo {
 		x.base += lo - x.of(b0) // never reuse an index

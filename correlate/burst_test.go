@@ -3,6 +3,7 @@ package correlate
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -14,10 +15,11 @@ import (
 // all-reduces, the optimizer, and optionally a timer synchronisation.
 type glooJob struct {
 	iters   int
-	dur     int64  // iteration length
-	ops     string // burst of one iteration: 'a' allreduce, 'b' broadcast
-	first   string // burst of iteration 0 when it differs (before DDP's bucket rebuild)
-	from    int    // iteration from which `later` replaces ops (0: never)
+	dur     int64          // iteration length
+	ops     string         // burst of one iteration: 'a' allreduce, 'b' broadcast
+	first   string         // burst of iteration 0 when it differs (before DDP's bucket rebuild)
+	odd     map[int]string // burst of iteration i when it differs
+	from    int            // iteration from which `later` replaces ops (0: never)
 	later   string
 	bcast   bool    // a buffer broadcast at a quarter of the iteration (broadcast_buffers)
 	timer   bool    // cudaDeviceSynchronize at the end of each iteration
@@ -28,6 +30,7 @@ type glooJob struct {
 	stall   map[int]int64 // a host stall inside iteration i's burst
 	hold    hostStall     // a host stall inside every burst from an iteration on
 	eval    map[int]int   // broadcast calls of an evaluation loop before iteration i
+	calib   int           // all-reduces 0.5 ms apart after a barrier, before iteration 0 (an init-time calibration)
 }
 
 // hostStall is a host stall of ns before call at of every burst from
@@ -66,6 +69,13 @@ func (j glooJob) lay(b *batch, p uint32, seed uint64) []int64 {
 	}
 	ends := make([]int64, j.iters)
 	var base int64
+	if j.calib > 0 {
+		call("barrier", 0)
+		for k := range j.calib {
+			call(OpAllReduce, 2*ms+int64(k)*500*us)
+		}
+		base = 2*ms + int64(j.calib)*500*us
+	}
 	for i := range j.iters {
 		base += j.pause[i]
 		for range j.eval[i] {
@@ -78,6 +88,9 @@ func (j glooJob) lay(b *batch, p uint32, seed uint64) []int64 {
 		}
 		if j.from > 0 && i >= j.from {
 			ops = j.later
+		}
+		if o, ok := j.odd[i]; ok {
+			ops = o
 		}
 		t := base + jit(j.dur/2)
 		if j.bcast {
@@ -154,39 +167,39 @@ func TestBurstSteps(t *testing.T) {
 		want []int // iterations of the steps; nil: see min
 		min  int   // at least this many steps when want is nil
 	}{
-		{name: "steady", job: base, want: seq(2, 38)},
-		{name: "no synchronisation", job: with(func(j *glooJob) { j.timer = false }), want: seq(2, 38)},
-		{name: "worker syncs per bucket", job: with(func(j *glooJob) { j.worker = true }), want: seq(2, 38)},
-		{name: "fewer buckets before the rebuild", job: with(func(j *glooJob) { j.first = "aaa" }), want: seq(3, 38)},
-		{name: "more buckets before the rebuild", job: with(func(j *glooJob) { j.first = "aaaaaaa" }), want: seq(2, 38)},
-		{name: "two buckets", job: with(func(j *glooJob) { j.ops = "aa" }), want: seq(2, 38)},
-		{name: "forty buckets", job: with(func(j *glooJob) { j.ops = strings.Repeat("a", 40) }), want: seq(2, 38)},
-		{name: "jitter", job: with(func(j *glooJob) { j.jitter = 0.3 }), want: seq(2, 38)},
+		{name: "steady", job: base, want: seq(1, 38)},
+		{name: "no synchronisation", job: with(func(j *glooJob) { j.timer = false }), want: seq(1, 38)},
+		{name: "worker syncs per bucket", job: with(func(j *glooJob) { j.worker = true }), want: seq(1, 38)},
+		{name: "fewer buckets before the rebuild", job: with(func(j *glooJob) { j.first = "aaa" }), want: seq(1, 38)},
+		{name: "more buckets before the rebuild", job: with(func(j *glooJob) { j.first = "aaaaaaa" }), want: seq(1, 38)},
+		{name: "two buckets", job: with(func(j *glooJob) { j.ops = "aa" }), want: seq(1, 38)},
+		{name: "forty buckets", job: with(func(j *glooJob) { j.ops = strings.Repeat("a", 40) }), want: seq(1, 38)},
+		{name: "jitter", job: with(func(j *glooJob) { j.jitter = 0.3 }), want: seq(1, 38)},
 		{name: "evaluation pause without collectives",
-			job: with(func(j *glooJob) { j.pause = map[int]int64{20: 3000 * ms} }), want: seq(2, 38)},
+			job: with(func(j *glooJob) { j.pause = map[int]int64{20: 3000 * ms} }), want: seq(1, 38)},
 		// The loop leaves the cycle: the interrupted iteration is dropped;
 		// the known cycle is back one burst later.
 		{name: "evaluation loop with broadcasts",
 			job:  with(func(j *glooJob) { j.eval = map[int]int{20: 10} }),
-			want: append(seq(2, 19), seq(21, 38)...)},
+			want: append(seq(1, 19), seq(21, 38)...)},
 		// A stall inside one backward pass: the confirmed lock cuts by
 		// count through it.
 		{name: "stall inside a burst",
-			job: with(func(j *glooJob) { j.stall = map[int]int64{25: 30 * ms} }), want: seq(2, 38)},
+			job: with(func(j *glooJob) { j.stall = map[int]int64{25: 30 * ms} }), want: seq(1, 38)},
 		// ... and the next step's data loading is preempted, too.
 		{name: "stall, then a long boundary gap",
 			job:  with(func(j *glooJob) { j.stall, j.pause = map[int]int64{25: 30 * ms}, map[int]int64{27: 25 * ms} }),
-			want: seq(2, 38)},
+			want: seq(1, 38)},
 		// From iteration 10 on, a host stall at a fixed point of every
 		// burst makes a second long gap: 11.5 ms against the boundary's 12
 		// (the iteration grows to 28 ms), so that neither dominates the
 		// other. The confirmed lock keeps every burst by its count.
 		{name: "host stall inside every burst from iteration 10",
-			job: with(func(j *glooJob) { j.hold = hostStall{from: 10, at: 1, ns: 10 * ms} }), want: seq(2, 38)},
+			job: with(func(j *glooJob) { j.hold = hostStall{from: 10, at: 1, ns: 10 * ms} }), want: seq(1, 38)},
 		{name: "host stall before every burst's last call from iteration 10",
-			job: with(func(j *glooJob) { j.hold = hostStall{from: 10, at: 3, ns: 10 * ms} }), want: seq(2, 38)},
+			job: with(func(j *glooJob) { j.hold = hostStall{from: 10, at: 3, ns: 10 * ms} }), want: seq(1, 38)},
 		{name: "host stall inside every burst, jitter",
-			job: with(func(j *glooJob) { j.hold, j.jitter = hostStall{from: 10, at: 1, ns: 10 * ms}, 0.2 }), want: seq(2, 38)},
+			job: with(func(j *glooJob) { j.hold, j.jitter = hostStall{from: 10, at: 1, ns: 10 * ms}, 0.2 }), want: seq(1, 38)},
 		// The boundary gaps before the stall were 44 ms (slow data
 		// loading before iterations 7-10): the stall's boundary gaps, 12 ms,
 		// are of a bucket's size beside them, but still dominate every
@@ -194,28 +207,29 @@ func TestBurstSteps(t *testing.T) {
 		{name: "host stall inside every burst after longer boundary gaps",
 			job: with(func(j *glooJob) {
 				j.hold, j.pause = hostStall{from: 10, at: 1, ns: 10 * ms}, map[int]int64{7: 30 * ms, 8: 30 * ms, 9: 30 * ms, 10: 30 * ms}
-			}), want: seq(2, 38)},
+			}), want: seq(1, 38)},
 		{name: "loaded host", job: with(func(j *glooJob) { j.iters, j.preempt, j.jitter = 200, 0.05, 0.2 }), min: 180},
 		{name: "buffer broadcast before the buckets",
 			job: with(func(j *glooJob) { j.bcast = true }), min: 35},
-		// A changed bucket count loses one or two iterations where it
-		// changes, while the new period is found, and makes no step of
-		// two iterations: the count's position falls on the new bursts
-		// at gaps of a bucket's size (more buckets, one fewer), or at
-		// every other boundary (half as many: each burst counted is two
-		// equal parts, which keptByCount does not keep).
+		// A changed bucket count makes no step of two iterations: the
+		// old count's position falls on the new bursts at gaps of a
+		// bucket's size (more buckets, one fewer), or at every other
+		// boundary (half as many: each burst counted is two equal parts,
+		// which keptByCount does not keep). The new period's lock reaches
+		// back to its first burst: no iteration is lost (before the
+		// reach-back, the one or two where the count changed were).
 		{name: "bucket count changes", job: with(func(j *glooJob) { j.iters, j.from, j.later = 80, 30, "aaaaaa" }),
-			want: append(seq(2, 29), seq(32, 78)...)},
+			want: seq(1, 78)},
 		{name: "bucket count grows by one", job: with(func(j *glooJob) { j.iters, j.from, j.later, j.jitter = 80, 30, "aaaaa", 0.2 }),
-			want: append(seq(2, 29), seq(32, 78)...)},
+			want: seq(1, 78)},
 		{name: "bucket count doubles", job: with(func(j *glooJob) { j.iters, j.from, j.later = 80, 30, "aaaaaaaa" }),
-			want: append(seq(2, 29), seq(32, 78)...)},
+			want: seq(1, 78)},
 		{name: "bucket count shrinks by one", job: with(func(j *glooJob) { j.iters, j.from, j.later, j.jitter = 80, 30, "aaa", 0.2 }),
-			want: append(seq(2, 29), seq(31, 78)...)},
+			want: seq(1, 78)},
 		{name: "bucket count halves", job: with(func(j *glooJob) { j.iters, j.from, j.later = 80, 30, "aa" }),
-			want: append(seq(2, 29), seq(31, 78)...)},
+			want: seq(1, 78)},
 		{name: "bucket count halves, jitter", job: with(func(j *glooJob) { j.iters, j.from, j.later, j.jitter = 80, 30, "aa", 0.2 }),
-			want: append(seq(2, 29), seq(31, 78)...)},
+			want: seq(1, 78)},
 		{name: "one bucket", job: with(func(j *glooJob) { j.iters, j.ops = 120, "a" }), min: 110},
 	}
 	for _, tc := range tests {
@@ -228,7 +242,117 @@ func TestBurstSteps(t *testing.T) {
 			if tc.want == nil && len(got) < tc.min {
 				t.Fatalf("%d steps, want at least %d: %v", len(got), tc.min, got)
 			}
+			// Steps are numbered by call count: where the bucket count
+			// changes, the new lock reaching back before the latest
+			// numbering's anchor (a relock of the old cycle that broke
+			// again) extends it backwards, skipping at most one index.
+			for k := 1; k < len(steps) && tc.job.from > 0; k++ {
+				if d := (steps[k].Step - steps[k-1].Step) - int64(got[k]-got[k-1]); d < 0 || d > 1 {
+					t.Fatalf("step %d (iteration %d) after step %d (iteration %d)", steps[k].Step, got[k], steps[k-1].Step, got[k-1])
+				}
+			}
 			t.Logf("%d steps; irregular %d, relocks %d, retracted %d", len(steps), st.IrregularCalls, st.Relocks, st.Retracted)
+		})
+	}
+}
+
+// A gap lock's first step reaches back over the whole iterations before
+// the earliest dominated burst: bursts of the cycle's tokens whose start
+// gap dominates every gap inside them. Iteration 0's burst holding the
+// first forward pass (the H200 gloo captures: a 372 ms gap before its
+// first bucket, 85 ms after its last) is dominated by no gap after it, so
+// that the earliest dominated burst is iteration 1's and the lock's first
+// step was iteration 3; iteration 0's first call has no gap before it
+// unless calls of another signature precede it (the CPU gloo capture's
+// barrier): then its step starts at the end of the latest of them.
+func TestBurstLockReachesBackOverWholeIterations(t *testing.T) {
+	base := glooJob{iters: 40, dur: 20 * ms, ops: "aaaa", timer: true}
+	with := func(f func(*glooJob)) glooJob { j := base; f(&j); return j }
+	tests := []struct {
+		name string
+		job  glooJob
+		want []int
+	}{
+		{name: "first forward pass inside iteration 0's burst",
+			job: with(func(j *glooJob) { j.stall = map[int]int64{0: 300 * ms} }), want: seq(1, 39)},
+		{name: "first forward pass, jitter",
+			job: with(func(j *glooJob) { j.stall, j.jitter = map[int]int64{0: 300 * ms}, 0.2 }), want: seq(1, 39)},
+		{name: "steady", job: base, want: seq(1, 39)},
+		{name: "init broadcasts before iteration 0",
+			job: with(func(j *glooJob) { j.eval = map[int]int{0: 3} }), want: seq(0, 39)},
+		// ... but not over the calibration's all-reduces before it, a
+		// burst of the cycle's length whose start gap dominates the gaps
+		// inside it but is of a bucket's size (2 ms against 15.5).
+		{name: "init all-reduces before iteration 0",
+			job: with(func(j *glooJob) { j.calib = 4 }), want: seq(0, 39)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newTest(Config{}, 0)
+			var b batch
+			ends := tc.job.lay(&b, pid(0), 1)
+			var before []int64 // ends of the collectives up to iteration 0's end
+			for _, h := range b.host {
+				if h.Kind == HostCollective && h.EndNS <= ends[0] {
+					before = append(before, h.EndNS)
+				}
+			}
+			slices.Sort(before)
+			var initEnd int64 // the latest call before iteration 0's burst
+			if k := len(before) - len(tc.job.ops) - 1; k >= 0 {
+				initEnd = before[k]
+			}
+			b.feed(c)
+			c.Forget(pid(0))
+			steps, _ := c.Flush()
+			var got []int
+			for k, s := range steps {
+				it := iterOf(ends, s)
+				start := initEnd
+				if it > 0 {
+					start = ends[it-1]
+				}
+				if it < 0 || s.StartNS != start {
+					t.Fatalf("step %d [%d, %d] is not iteration %d [%d, %d]", s.Step, s.StartNS, s.EndNS, it, start, s.EndNS)
+				}
+				if s.Step != int64(it-tc.want[0])+steps[0].Step || k > 0 && s.Step <= steps[k-1].Step {
+					t.Fatalf("step %d is iteration %d: not numbered by count from step %d, iteration %d", s.Step, it, steps[0].Step, tc.want[0])
+				}
+				got = append(got, it)
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Fatalf("steps are iterations\n got %v\nwant %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// The reach-back stops at a burst that is not verifiably a whole
+// iteration of the cycle: one of other tokens (a broadcast in place of a
+// bucket's all-reduce), or one whose start gap does not dominate a gap
+// inside it (a 30 ms stall in its backward pass, twice the boundary).
+// The iterations after it are steps, the iteration itself is none.
+func TestBurstLockReachesBackOnlyOverWholeIterations(t *testing.T) {
+	base := glooJob{iters: 40, dur: 20 * ms, ops: "aaaa", timer: true}
+	with := func(f func(*glooJob)) glooJob { j := base; f(&j); return j }
+	tests := []struct {
+		name string
+		job  glooJob
+		want []int
+	}{
+		{name: "iteration 1's burst of other tokens",
+			job: with(func(j *glooJob) { j.odd = map[int]string{1: "abaa"} }), want: seq(2, 38)},
+		{name: "iteration 1's start dominates not its stall",
+			job: with(func(j *glooJob) { j.stall = map[int]int64{1: 30 * ms} }), want: seq(2, 38)},
+		{name: "iteration 1's stall, jitter",
+			job: with(func(j *glooJob) { j.stall, j.jitter = map[int]int64{1: 30 * ms}, 0.2 }), want: seq(2, 38)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			steps, ends, _ := run1(t, tc.job)
+			if got := iterations(t, steps, ends); fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Fatalf("steps are iterations\n got %v\nwant %v", got, tc.want)
+			}
 		})
 	}
 }
@@ -337,7 +461,7 @@ func TestBurstLastStepOnForget(t *testing.T) {
 	b.feed(c)
 	c.Forget(pid(0))
 	steps, _ := c.Flush()
-	if got := iterations(t, steps, ends); fmt.Sprint(got) != fmt.Sprint(seq(2, 19)) {
+	if got := iterations(t, steps, ends); fmt.Sprint(got) != fmt.Sprint(seq(1, 19)) {
 		t.Fatalf("steps are iterations %v", got)
 	}
 }

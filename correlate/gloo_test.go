@@ -98,11 +98,13 @@ func several(per []int, from, to int) int {
 // % of the iterations, so the gap lock broke again and again (263–380
 // facts in 469 iterations). With the waits of the collectives' thread
 // taken out of the gaps, every iteration before rank 1's host stall
-// (iteration 469 on) from the first one the lock can cut (iteration 2:
-// the first burst is dominated only from the second iteration's gap on,
-// and the step after the earliest dominated burst is the first one cut)
-// is one fact on every rank. TestReplayGlooHostStallKeepsSteps checks the
-// whole capture.
+// (iteration 469 on) is one fact on every rank, from iteration 0. The
+// earliest burst whose start gap dominates the calls before it is
+// iteration 1's (before iteration 0's lie the init's barrier and a call
+// 67 ms after it), so that the lock's first step was iteration 2; it now
+// reaches back over iteration 1's burst and iteration 0's, whose start
+// gap dominates every gap inside it (burst.go, reachBack).
+// TestReplayGlooHostStallKeepsSteps checks the whole capture.
 func TestReplayGlooWaitsNotInGaps(t *testing.T) {
 	const upTo = 469 // the stall starts in iteration 469
 	for _, tick := range []int64{200e6, 50e6, 1e9} {
@@ -116,7 +118,7 @@ func TestReplayGlooWaitsNotInGaps(t *testing.T) {
 				sev := several(r.per, 0, upTo)
 				msg := fmt.Sprintf("rank %d: %d facts in iterations 0–%d, first in %d, %d iterations with several",
 					rank, n, upTo-1, r.first, sev)
-				if d := n - (upTo - r.first); r.first < 0 || r.first > 2 || d < -1 || d > 1 || sev > 0 {
+				if d := n - (upTo - r.first); r.first != 0 || d < -1 || d > 1 || sev > 0 {
 					t.Error(msg)
 				} else {
 					t.Log(msg)
@@ -136,28 +138,32 @@ func TestReplayGlooWaitsNotInGaps(t *testing.T) {
 // in the 293 iterations after the stall; H200: rank 1 171 of 464 and 178
 // of 395 facts, none after the stall's first iteration).
 //
-// first is each rank's first fact, by the gap lock's rule (burst.go,
-// search): its first step is the second burst after the earliest one that
-// the gap after it dominates, so that the burst before the first step is
-// dominated at both ends (a stall inside the longer first iteration
-// dominates the few calls before it too). The earliest dominated burst is
-// iteration 0's on the CPU (the init's broadcasts before it), iteration
-// 1's on the H200, whose iteration 0 holds the first forward pass (a 372
-// ms gap before its first bucket, which the 85 ms after the burst do not
-// dominate), and iteration 2's on ranks 0 and 1 of the 60 ms run (their
-// iteration 1's first bucket 29 ms after the stop all-reduce, against 48
-// ms at its end). ±1: the last iteration's burst is reported only when
-// the next call comes, the job's final barrier, which need not dominate it
-// (every rank makes it here).
+// first is each rank's first fact. The gap lock's first step reaches
+// back from the burst after the earliest dominated one over every earlier
+// burst that is a whole iteration (burst.go, reachBack: the cycle's
+// tokens, a start gap that dominates every gap inside it and is of a
+// boundary's size). On the CPU that is iteration 0's burst (its two
+// buckets and iteration 1's stop all-reduce, after the init's barrier and
+// iteration 0's stop all-reduce). On the H200 the burst is the stop
+// all-reduce and the buckets; iteration 0's holds the first forward pass
+// (a 372 ms gap before its first bucket, which neither the 14 ms before
+// it nor the 85 ms after it dominate), so that it is no step, and the
+// first is iteration 1 (before the reach-back: 3, and 4 on ranks 0 and 1
+// of the 60 ms run, whose iteration 1's first bucket came 29 ms after its
+// stop all-reduce, against 48 ms at its end: the burst is whole, its end
+// being the next burst's verified start, but dominated by nothing after
+// it). ±1: the last iteration's burst is reported only when the next call
+// comes, the job's final barrier, which need not dominate it (every rank
+// makes it here).
 func TestReplayGlooHostStallKeepsSteps(t *testing.T) {
 	tests := []struct {
 		name, file string
 		first      [4]int
 	}{
-		{"CPU, 30 ms after the optimizer step from iteration 469", "gloo-host-stall-end-4ranks", [4]int{2, 2, 2, 2}},
-		{"H200, 15 ms after the optimizer step from iteration 180", "h200-gloo-host-stall-end-4ranks", [4]int{3, 3, 3, 3}},
-		{"H200, 15 ms before the forward pass from iteration 174", "h200-gloo-host-stall-start-4ranks", [4]int{3, 3, 3, 3}},
-		{"H200, 60 ms before the forward pass from iteration 182", "h200-gloo-host-stall-start60-4ranks", [4]int{4, 4, 3, 3}},
+		{"CPU, 30 ms after the optimizer step from iteration 469", "gloo-host-stall-end-4ranks", [4]int{0, 0, 0, 0}},
+		{"H200, 15 ms after the optimizer step from iteration 180", "h200-gloo-host-stall-end-4ranks", [4]int{1, 1, 1, 1}},
+		{"H200, 15 ms before the forward pass from iteration 174", "h200-gloo-host-stall-start-4ranks", [4]int{1, 1, 1, 1}},
+		{"H200, 60 ms before the forward pass from iteration 182", "h200-gloo-host-stall-start60-4ranks", [4]int{1, 1, 1, 1}},
 	}
 	for _, tc := range tests {
 		for _, tick := range []int64{200e6, 50e6, 1e9} {
