@@ -363,6 +363,8 @@ class Paired:
                 self.block("neither", op, seg=seg, part="post")
 
     def run(self):
+        import gc
+        gc.disable()  # the loop allocates almost nothing; a collection in a block is noise
         self.ctl.attach()
         for op in self.ops:  # warm-up: plans, pools, the plugin's slots
             for arm in ARMS3:
