@@ -63,9 +63,11 @@
 # Knobs: PARTS ("cost clock"), DURATION_S (170), CALLS (500), GAP_MS (55),
 # UPROBE_SEGS (6), SEG_BLOCKS (5), OPS ("selfp2p allreduce"), CLOCK_S (15),
 # CLOCK_WORLD (2), SKIP_BUILD=1 (a carried bin/libslowrank_cupti.so).
-# Needs bin/slowrank (or bin/slowrank.xz unpacked by batch.sh); the library is
-# built here. Device call (the lead's):
-#   bash bench/gpu/batch.sh 'np:480:bash bench/gpu/nccl_plugin.sh'
+# Needs bin/slowrank (carried as bin/slowrank.xz: go build -ldflags '-s -w' -o
+# bin/slowrank ./cmd/slowrank && xz -k bin/slowrank; batch.sh unpacks it); the
+# library is built there. Device call, carry ["bin/slowrank.xz"] (~330 s):
+#   bash bench/gpu/batch.sh 'npcost:270:PARTS=cost bash bench/gpu/nccl_plugin.sh' \
+#     'npclock:200:PARTS=clock SKIP_BUILD=1 bash bench/gpu/nccl_plugin.sh'
 # DRY=1: a CPU dry run: the fake NCCL and CUDA of test/fakelibs (built when
 # missing) instead of torch's, the real library when bin/libslowrank_cupti.so
 # exists (else the arms are labels only), no agent (its segments are stubs);
