@@ -67,7 +67,7 @@
 # bin/slowrank ./cmd/slowrank && xz -k bin/slowrank; batch.sh unpacks it); the
 # library is built there. Device call, carry ["bin/slowrank.xz"] (~330 s):
 #   bash bench/gpu/batch.sh 'npcost:270:PARTS=cost bash bench/gpu/nccl_plugin.sh' \
-#     'npclock:200:PARTS=clock SKIP_BUILD=1 bash bench/gpu/nccl_plugin.sh'
+#     'npclock:230:PARTS=clock SKIP_BUILD=1 bash bench/gpu/nccl_plugin.sh'
 # DRY=1: a CPU dry run: the fake NCCL and CUDA of test/fakelibs (built when
 # missing) instead of torch's, the real library when bin/libslowrank_cupti.so
 # exists (else the arms are labels only), no agent (its segments are stubs);
