@@ -1304,6 +1304,34 @@ def hx_judge(mode, host_rank, inj, verdicts, logged, expect_alert, window_s=5.0,
     return res
 
 
+def hx_steps(facts, truth):
+    """Issue 16's steps check against the truth: per rank the step facts, the
+    iterations, and which iteration each fact ends in (the one whose start
+    precedes its end: a gloo step is cut after the last bucket's all-reduce,
+    inside the truth's iteration, which ends after the optimizer and the
+    device synchronisation); the first such iteration, how many iterations
+    got none or several facts, and whether step k ends in the same iteration
+    on every rank. Pass: first iteration <= 1 and facts = iterations +-1."""
+    by = {}
+    for f in facts:
+        if f.get("kind") == "step":
+            by.setdefault(f["rank"], []).append(f)
+    out, iter_of = {}, {}
+    for r, v in sorted(truth.items()):
+        starts = [s["start_ns"] for s in v["steps"]]
+        its = [bisect.bisect_right(starts, f["end_ns"]) - 1 for f in by.get(r, [])]
+        for f, it in zip(by.get(r, []), its):
+            iter_of.setdefault(f["step"], {})[r] = it
+        n, seen = len(starts), set(its)
+        first = min(its) if its else None
+        out[r] = {"facts": len(its), "iterations": n, "first_iteration": first,
+                  "iterations_without": n - len(seen & set(range(n))), "several": len(its) - len(seen),
+                  "pass": first is not None and first <= 1 and abs(len(its) - n) <= 1 and len(its) == len(seen)}
+    mixed = sum(1 for rs in iter_of.values() if len(set(rs.values())) > 1)
+    return {"per_rank": out, "steps_on_several_iterations": mixed,
+            "pass": bool(out) and mixed == 0 and all(x["pass"] for x in out.values())}
+
+
 def hx_run(d, name, window_s=5.0, consecutive=3, lateness_s=2.0, threshold=0.05):
     run_dir = os.path.join(d, name)
     truth = mg_truth(run_dir)
@@ -1335,6 +1363,7 @@ def hx_run(d, name, window_s=5.0, consecutive=3, lateness_s=2.0, threshold=0.05)
     if facts:
         res["facts"] = facts_summary(paths["facts.jsonl"])
         res["agent_phases"] = hx_phases(facts, inj["mono_ns"], rank)
+        res["steps_vs_truth"] = hx_steps(facts, truth)
     if summ:
         res["summary"] = {k: summ[-1].get(k) for k in ("stragglers", "worst_rank", "worst_phase", "windows",
                                                         "alerts", "hidden_deviations")}
@@ -1572,6 +1601,17 @@ def selftest():
     steps = {r: {"steps": [{"step": i, "start_ns": i * 10**8, "step_ms": 100.0 + (15 if i >= 1000 and r == 1 else 0),
                             "sync_ms": 40.0 - (15 if i >= 1000 and r == 1 else 0)} for i in range(1500)]} for r in range(4)}
     t = hx_truth(steps, inj["mono_ns"])
+    # hx_steps: rank 0 a fact per iteration from 1, rank 1 misses one and
+    # numbers one step differently.
+    tr = {r: {"steps": [{"start_ns": k * 100, "end_ns": k * 100 + 99} for k in range(6)]} for r in (0, 1)}
+    fs = [{"kind": "step", "rank": 0, "step": k, "end_ns": k * 100 + 60} for k in range(1, 6)]
+    st = hx_steps(fs, {0: tr[0]})
+    check("hx steps: one per iteration from 1 passes", st["pass"] and st["per_rank"][0]["first_iteration"] == 1
+          and st["per_rank"][0]["iterations_without"] == 1)
+    fs1 = fs + [{"kind": "step", "rank": 1, "step": k, "end_ns": (k + (k == 4)) * 100 + 60} for k in (2, 3, 4, 5)]
+    st = hx_steps(fs1, tr)
+    check("hx steps: a missing first iteration and a shifted index fail", not st["pass"]
+          and st["per_rank"][1]["first_iteration"] == 2 and st["steps_on_several_iterations"] == 1)
     check("hx truth", t["step_ms_before"] == 100.0 and t["sync_ms"][1] == {"before": 40.0, "after": 25.0}
           and t["sync_ms"][0]["after"] == 40.0 and t["steps_before"] == 4 * 950)
     print(f"{passed[0]} passed, {len(failed)} failed")
