@@ -77,11 +77,15 @@ SR_EXPORT __attribute__((used, aligned(64))) struct slowrank_nccl_status slowran
 #define H_OP 3      /* Coll / P2p / CeColl */
 #define H_KCH 4     /* KernelCh of an H_OP slot */
 
-#define N_API 1024u   /* API events per block in flight before reuse (a group of > 1024 calls loses the join) */
-#define N_API_OWN 16u /* threads with a block of their own; others share block 0 */
-#define N_OP 4096u    /* operations whose kernel channels may still report */
-#define N_COMM 256u   /* live communicators */
-#define N_CELLS 8192u /* ring: at 50 ms drains, 160 k records/s */
+#define N_API 1024u       /* API events per block in flight before reuse (a group of > 1024 calls loses the join) */
+#define N_API_OWN 16u     /* threads with a block of their own; others share block 0 */
+#define N_OP 4096u        /* operations whose kernel channels may still report */
+#define N_COMM 256u       /* live communicators */
+#define N_CELLS 8192u     /* ring: at 50 ms drains, 160 k records/s */
+#define SR_NCCL_LAG_N 32u /* kernel records whose host sightings set the clock offset */
+/* How far the sightings' offset may lie from the realtime one and be used:
+ * the driver's drift from CLOCK_REALTIME (0.43 ms seen), not another epoch. */
+#define SR_NCCL_SEEN_MAX_NS 10000000ll
 
 static inline void *h_make(unsigned kind, unsigned ch, uint32_t gen, uint32_t idx)
 {
@@ -195,6 +199,11 @@ static struct {
 	/* clock: CLOCK_MONOTONIC - CLOCK_REALTIME */
 	_Atomic int64_t rt_offset;
 	_Atomic int rt_known;
+	/* host_seen_ns - raw GPU end of the latest kernel records: the
+	 * GPU-to-monotonic offset plus the proxy's latency (control thread
+	 * only, convert_kernel) */
+	int64_t seen_lag[SR_NCCL_LAG_N];
+	uint32_t nlag, ilag;
 
 	/* counters */
 	_Atomic uint64_t c_events, c_colls, c_kernels, c_full, c_discarded, c_bad, c_incomplete, c_comms,
@@ -1080,11 +1089,40 @@ static void bound_by_host(struct slowrank_nccl_kernel_record *r)
 	atomic_fetch_add(&P.c_clock_clamped, 1);
 }
 
-/* Kernel-channel timers are GPU %globaltimer ns, which the driver keeps on
- * the CLOCK_REALTIME epoch; mapped with the measured offset. A timer that
- * lands implausibly far from now is taken as already monotonic-like (raw),
- * and a GPU end after the host saw it is clamped or flagged, bound_by_host
- * (both to be checked on the H200: bench/gpu/nccl_plugin.sh). */
+/* seen_offset: the smallest host_seen_ns - raw GPU end of the latest
+ * SR_NCCL_LAG_N kernel records, r's included, when it lies within
+ * SR_NCCL_SEEN_MAX_NS of prior; else prior. The plugin sees a channel's
+ * stop a few µs after the GPU wrote it, so the smallest lag is the
+ * GPU-to-monotonic offset plus the proxy's least latency: converted ends
+ * are never after host_seen_ns and late by that latency at most. */
+static int64_t seen_offset(const struct slowrank_nccl_kernel_record *r, int64_t prior)
+{
+	if (r->gpu_end_ns && r->host_seen_ns) {
+		P.seen_lag[P.ilag] = (int64_t)(r->host_seen_ns - r->gpu_end_ns);
+		P.ilag = (P.ilag + 1) % SR_NCCL_LAG_N;
+		if (P.nlag < SR_NCCL_LAG_N)
+			P.nlag++;
+	}
+	if (P.nlag == 0)
+		return prior;
+	int64_t best = P.seen_lag[0];
+	for (uint32_t i = 1; i < P.nlag; i++)
+		if (P.seen_lag[i] < best)
+			best = P.seen_lag[i];
+	int64_t d = best - prior;
+	return d <= SR_NCCL_SEEN_MAX_NS && d >= -SR_NCCL_SEEN_MAX_NS ? best : prior;
+}
+
+/* Kernel-channel timers are GPU %globaltimer ns, which the driver keeps
+ * near the CLOCK_REALTIME epoch, but not to the µs: on the H200 the
+ * realtime offset put every end 0.43 ms before CUPTI's record of the same
+ * kernel (bench/results, nccl-plugin-clock). So the realtime offset is
+ * the prior, and the offset used is the one the host's sightings of the
+ * ends show (seen_offset) where it lies near it. A timer that lands
+ * implausibly far from now is taken as already monotonic-like (raw, prior
+ * 0); a clock farther off than SR_NCCL_SEEN_MAX_NS keeps the prior, and a
+ * GPU end after the host saw it is then clamped or flagged,
+ * bound_by_host. */
 static void convert_kernel(struct slowrank_nccl_kernel_record *r, uint64_t now)
 {
 	int64_t off = atomic_load(&P.rt_known) ? atomic_load(&P.rt_offset) : 0;
@@ -1095,6 +1133,7 @@ static void convert_kernel(struct slowrank_nccl_kernel_record *r, uint64_t now)
 		if ((conv < lo || conv > hi) && ref >= lo && ref <= hi)
 			off = 0;
 	}
+	off = seen_offset(r, off);
 	if (r->gpu_start_ns)
 		r->gpu_start_ns += (uint64_t)off;
 	if (r->gpu_end_ns)

@@ -20,7 +20,10 @@
  *             events in flight, a flood that overfills the ring: no crash,
  *             no wait, everything counted
  *   toggle    duty cycle: kernel-channel events on and off at run time
- *   skew      a GPU clock 300 us ahead: ends clamped to host_seen_ns, counted
+ *   skew      a GPU clock 300 us ahead: the host's sightings of the ends set
+ *             the offset, nothing clamped or flagged
+ *   behind    a GPU clock 2 ms behind (the H200's was 0.43 ms): the same,
+ *             ends converted close to when the host saw them
  *   wrongclock a GPU clock 5 s ahead: every kernel record CLOCK_SUSPECT
  *   apilost   a group larger than a thread's API slots: lost joins counted
  *   preempt   a thread stalled between its call and its group end while
@@ -723,9 +726,9 @@ static void sc_flood(void)
 	exit(0);
 }
 
-/* A GPU clock a little ahead of the host's (the size of the offset's
- * calibration error, much larger than any seen): ends that would land after
- * host_seen_ns are clamped to it and counted, none is flagged. */
+/* A GPU clock a little ahead of the host's: ends that the realtime offset
+ * would put after host_seen_ns are converted with the offset that the
+ * host's sightings show; nothing is clamped or flagged. */
 static void sc_skew(void)
 {
 	child_env(1, "always");
@@ -733,15 +736,52 @@ static void sc_skew(void)
 	child_run(5, 1);
 }
 
-static void sc_skew_check(void)
+/* The median of host_seen_ns - gpu_end_ns over the kernel records. */
+static int64_t median_seen_lag(void)
+{
+	int64_t *l = calloc((size_t)nkern + 1, sizeof(*l));
+	for (int i = 0; i < nkern; i++)
+		l[i] = (int64_t)(kerns[i].host_seen_ns - kerns[i].gpu_end_ns);
+	for (int i = 1; i < nkern; i++)
+		for (int j = i; j > 0 && l[j - 1] > l[j]; j--) {
+			int64_t t = l[j];
+			l[j] = l[j - 1];
+			l[j - 1] = t;
+		}
+	int64_t m = nkern ? l[nkern / 2] : -1;
+	free(l);
+	return m;
+}
+
+static void check_seen_offset(const char *what)
 {
 	check_run(5, 1); /* gpu_end_ns <= host_seen_ns, no CLOCK_SUSPECT */
-	if (stats[SLOWRANK_STAT_NCCL_CLOCK_CLAMPED] == 0 || stats[SLOWRANK_STAT_NCCL_CLOCK_SUSPECT] != 0)
-		FAIL("skew 300 us: %llu clamped, %llu suspect",
+	int64_t lag = median_seen_lag();
+	if (stats[SLOWRANK_STAT_NCCL_CLOCK_CLAMPED] != 0 || stats[SLOWRANK_STAT_NCCL_CLOCK_SUSPECT] != 0 || lag < 0 ||
+	    lag > 1000000)
+		FAIL("%s: %llu clamped, %llu suspect, median host_seen - gpu_end %lld ns", what,
 		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_CLOCK_CLAMPED],
-		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_CLOCK_SUSPECT]);
-	printf("  (%llu of %d GPU ends clamped to the host's)\n",
-	       (unsigned long long)stats[SLOWRANK_STAT_NCCL_CLOCK_CLAMPED], nkern);
+		     (unsigned long long)stats[SLOWRANK_STAT_NCCL_CLOCK_SUSPECT], (long long)lag);
+	printf("  (%d kernel records, median host_seen - gpu_end %lld ns)\n", nkern, (long long)lag);
+}
+
+static void sc_skew_check(void)
+{
+	check_seen_offset("skew 300 us");
+}
+
+/* A GPU clock behind the host's realtime: the realtime offset alone would
+ * put every end 2 ms before the host saw it. */
+static void sc_behind(void)
+{
+	child_env(1, "always");
+	setenv("SLOWRANK_FAKE_NCCL_GPU_SKEW_NS", "-2000000", 1);
+	child_run(5, 1);
+}
+
+static void sc_behind_check(void)
+{
+	check_seen_offset("behind 2 ms");
 }
 
 /* A GPU clock seconds off: not calibration noise; every kernel record is
@@ -1035,6 +1075,7 @@ static const struct scenario scenarios[] = {
 	{"flood", sc_flood, NULL},
 	{"toggle", sc_toggle, sc_toggle_check},
 	{"skew", sc_skew, sc_skew_check},
+	{"behind", sc_behind, sc_behind_check},
 	{"wrongclock", sc_wrongclock, sc_wrongclock_check},
 	{"apilost", sc_apilost, sc_apilost_check},
 	{"preempt", sc_preempt, sc_preempt_check},

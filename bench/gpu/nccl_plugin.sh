@@ -113,7 +113,9 @@ agent_attached() {
 cost() {
   local sync=$OUT/sync bench i=0 rc=0 running=
   mkdir -p "$sync"
-  env SLOWRANK_NCCL_BENCH=1 NCCL_PROFILER_PLUGIN="${LIB:-none}" LIB="$LIB" SYNC_DIR="$sync" \
+  # RANK: an agent tracks a process selected by its environment only as a
+  # rank (one without is a launcher, agent/attach.go).
+  env SLOWRANK_NCCL_BENCH=1 RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 NCCL_PROFILER_PLUGIN="${LIB:-none}" LIB="$LIB" SYNC_DIR="$sync" \
     NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV NCCL_DEBUG_FILE="$OUT/cost-nccl.%p.log" \
     "$PYTHON" "$PY" paired "$OUT/paired.jsonl" >"$OUT/paired.log" 2>&1 &
   bench=$!

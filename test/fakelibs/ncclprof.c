@@ -416,7 +416,8 @@ static void logger(int level, unsigned long flags, const char *file, int line, c
 }
 
 /* SLOWRANK_FAKE_NCCL_GPU_SKEW_NS: the GPU clock runs that far ahead of the
- * host's CLOCK_REALTIME (read once in fp_load, before any thread). */
+ * host's CLOCK_REALTIME, behind when negative (read once in fp_load, before
+ * any thread). */
 static uint64_t gpu_skew_ns;
 
 uint64_t fp_globaltimer(void) {
@@ -465,7 +466,7 @@ static void *proxy_main(void *arg);
 static int load_locked(void) {
   if (version || load_failed) return version;
   const char *skew = getenv("SLOWRANK_FAKE_NCCL_GPU_SKEW_NS");
-  gpu_skew_ns = skew ? strtoull(skew, NULL, 10) : 0;
+  gpu_skew_ns = skew ? (uint64_t)strtoll(skew, NULL, 10) : 0; /* behind: wraps, added modulo 2^64 */
   const char *maxs = getenv("SLOWRANK_FAKE_NCCL_PROFILER_MAX");
   release = maxs && atoi(maxs) >= 4 ? atoi(maxs) : 5;
   if (release > 6) release = 6;
