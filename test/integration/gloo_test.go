@@ -59,9 +59,25 @@ func TestGlooStepsWithoutMarker(t *testing.T) {
 	if unmatched > len(sink.steps)/100 {
 		t.Errorf("%d of %d steps end at no step end of the truth", unmatched, len(sink.steps))
 	}
+	// Issue 16: the first fact is the first iteration the cycle allows and
+	// the count the iterations ±1. Iteration 0 all-reduces the 3 warm-up
+	// buckets (DDP's before its rebuild), the later ones 4: no step, as
+	// DDP's iteration 0 over NCCL. The last burst is reported when the
+	// agent learns of the exit (burstDet.finish), which the harness's stop
+	// may come before: one more.
+	firstIdx := map[int]int64{} // rank -> its lowest step index
+	for _, f := range sink.steps {
+		if k, ok := firstIdx[f.Rank]; !ok || f.Step < k {
+			firstIdx[f.Rank] = f.Step
+		}
+	}
 	for r := range 4 {
-		if n := perRank[r]; n < steps-8 || n > steps {
-			t.Errorf("rank %d: %d steps found, trainer ran %d (warm-up allowance 8)", r, n, steps)
+		if n := perRank[r]; n < steps-2 || n > steps {
+			t.Errorf("rank %d: %d steps found, trainer ran %d (iteration 0 and the last one may make none)", r, n, steps)
+		}
+		// An unmatched first fact (a preemption, above) is not judged.
+		if k, ok := iteration[firstIdx[r]][r]; ok && k > 1 {
+			t.Errorf("rank %d: the first step fact is truth step %d, want 0 or 1", r, k)
 		}
 	}
 	for idx, ranks := range iteration {
@@ -76,7 +92,7 @@ func TestGlooStepsWithoutMarker(t *testing.T) {
 	}
 
 	spread := endSpreads(sink.steps)
-	if p := quantile(spread, 0.9); p > 3 || len(spread) < steps-8 {
+	if p := quantile(spread, 0.9); p > 3 || len(spread) < steps-2 {
 		t.Errorf("step ends across ranks: %d steps on all ranks, 90th percentile spread %.2f ms", len(spread), p)
 	}
 	t.Logf("steps per rank %v (trainer %d); ends spread p50 %.3f ms p90 %.3f ms", perRank, steps,
