@@ -312,11 +312,13 @@ struct slowrank_transition_record {
 #define SLOWRANK_NCCL_F_CE         (1u << 5) /* NCCL_COLL: a copy-engine collective (CeColl event, v6): seq is the comm's CE counter, no kernel channels */
 
 /* How far a converted GPU end may lie after host_seen_ns and still count as
- * calibration noise: the CLOCK_MONOTONIC - CLOCK_REALTIME offset is measured
- * by a bracketed pair of reads (error up to half the bracket, microseconds on
- * a loaded host), and the driver keeps %globaltimer within microseconds of
- * the host's clock. Within the slack the plugin clamps gpu_end_ns to
- * host_seen_ns (the GPU cannot end after the host saw it end; counted,
+ * calibration noise. The plugin converts with the offset that the host's
+ * sightings of the latest ends show (their smallest host_seen_ns - GPU end),
+ * so ends are never after host_seen_ns, where that offset lies within 10 ms
+ * of the CLOCK_MONOTONIC - CLOCK_REALTIME one (the driver keeps %globaltimer
+ * near the host's realtime, not to the microsecond: 0.43 ms off on the
+ * H200); the slack applies where it does not. Within it the plugin clamps
+ * gpu_end_ns to host_seen_ns (the GPU cannot end after the host saw it end; counted,
  * SLOWRANK_STAT_NCCL_CLOCK_CLAMPED); beyond it the record keeps its times
  * and is flagged SLOWRANK_NCCL_F_CLOCK_SUSPECT (a wrong clock is off by
  * seconds or more, not microseconds). */
