@@ -38,10 +38,34 @@ import (
 // CollApi start, or its launch on NCCL 2.27, which happens inside the call
 // or at the ncclGroupEnd that follows it) lies within the uprobes' interval
 // of that call or of its ncclGroupEnd, so the cut splits the calls exactly.
+//
+// From NCCL 2.28 ncclAlltoAll, ncclGather and ncclScatter reach the plugin
+// as their per-peer Send/Recv tasks, and nothing in the record names the
+// collective, while the uprobes report one alltoall/gather/scatter call:
+// the same job would change its collectives' tokens at the switch. So a
+// process whose uprobes report one of them (perPeer) stays on, or returns
+// to, the uprobes path: its later plugin records are withheld
+// (nccl_plugin_records_kept_on_uprobes), every uprobe collective is kept,
+// and it is never "ready" (pluginReady), so its libnccl file keeps its
+// collective uprobes. After a switch the return is exact per thread too:
+// superseded[tid] is the end of the thread's last libnccl call whose uprobe
+// event was dropped for the plugin; a plugin record starting at or before
+// it is fed (the uprobes dropped that call), a later one withheld (the
+// uprobes keep it). A process whose first such call comes after its
+// collective uprobes were closed is not seen (its calls arrive as sends
+// and receives): the full conversion is still open.
 type ncclCapture struct {
 	plugin  bool
 	version uint8            // profiler API NCCL bound (4, 5, 6)
 	cut     map[uint32]int64 // per thread; frozen at the switch
+	// perPeer is the first collective the plugin reports per peer
+	// (alltoall, gather, scatter) the uprobes saw the process make: set,
+	// the process is on the uprobes path for good. superseded is per
+	// thread the end of the last libnccl call the uprobes dropped for the
+	// plugin (frozen when perPeer is set); heard: a plugin record came.
+	perPeer    correlate.Op
+	superseded map[uint32]int64
+	heard      bool
 	// comms are the plugin's communicators (nccl_commmap.go), twins the
 	// latest uprobe collectives per thread (kept with Config.NCCLPlugin),
 	// fed the uprobes' handles the correlator knows.
@@ -92,7 +116,42 @@ func (n *ncclCapture) keepUprobe(tid uint32, endNs int64) bool {
 		}
 		return true
 	}
-	return endNs <= n.cut[tid] && n.cut[tid] != 0
+	if endNs <= n.cut[tid] && n.cut[tid] != 0 || n.perPeer != "" {
+		return true
+	}
+	n.noteSuperseded(tid, endNs)
+	return false
+}
+
+// noteSuperseded records that the uprobes left the thread's libnccl call
+// ending at endNs to the plugin (bounded like the cut: beyond it, a later
+// thread's calls just before a return to the uprobes are seen by neither
+// path).
+func (n *ncclCapture) noteSuperseded(tid uint32, endNs int64) {
+	if n.superseded == nil {
+		n.superseded = map[uint32]int64{}
+	}
+	if v, ok := n.superseded[tid]; ok || len(n.superseded) < maxCutThreads {
+		n.superseded[tid] = max(v, endNs)
+	}
+}
+
+// withheld says whether the plugin's call that started at startNs on
+// thread tid is the uprobes' to report: the process makes collectives the
+// plugin reports per peer, and the uprobes did not leave that call to the
+// plugin.
+func (n *ncclCapture) withheld(tid uint32, startNs int64) bool {
+	if n.perPeer == "" {
+		return false
+	}
+	v, ok := n.superseded[tid]
+	return !ok || startNs > v
+}
+
+// perPeerOp: the plugin of NCCL 2.28+ reports the collective as its
+// per-peer sends and receives.
+func perPeerOp(op correlate.Op) bool {
+	return op == correlate.OpAllToAll || op == correlate.OpGather || op == correlate.OpScatter
 }
 
 // reportedByUprobes says whether the uprobes already reported the plugin's
@@ -124,6 +183,10 @@ func (c *converter) ncclUprobeInit(e *bpf.CommInitEvent) {
 func (c *converter) ncclUprobeColl(e *bpf.CollEvent) bool {
 	c.mu.Lock() // procs is shared with forgetPID (main goroutine)
 	p := c.proc(e.PID)
+	if op := probeOp(e.Probe); c.ncclPlugin && p.nccl.perPeer == "" && perPeerOp(op) {
+		p.nccl.perPeer = op // on the uprobes from this call on, for good
+		c.counters.add("nccl_processes_kept_on_uprobes", 1)
+	}
 	keep := p.nccl.keepUprobe(e.TID, int64(e.EndNs))
 	if c.ncclPlugin {
 		p.nccl.noteUprobeColl(e, keep)
@@ -143,8 +206,11 @@ func (c *converter) ncclUprobeColl(e *bpf.CollEvent) bool {
 // it). Group events are never superseded: the plugin reports no groups.
 func (c *converter) ncclGroupEnd(e *bpf.GroupEvent) {
 	c.mu.Lock()
-	if n := &c.proc(e.PID).nccl; !n.plugin {
+	switch n := &c.proc(e.PID).nccl; {
+	case !n.plugin:
 		n.keepUprobe(e.TID, int64(e.EndNs))
+	case n.perPeer == "":
+		n.noteSuperseded(e.TID, int64(e.EndNs)) // NCCL 2.27 launches a group's calls here
 	}
 	c.mu.Unlock()
 }
@@ -188,7 +254,7 @@ func (c *converter) ncclRecords(pid uint32, p *convProc, b *cupti.Batch, emitted
 // takes (nccl_commmap.go), and turns its finalize into a CommDestroy.
 func (c *converter) ncclComm(pid uint32, p *convProc, cm cupti.NCCLComm, emitted int64, out []pipeline.Input) []pipeline.Input {
 	n := &p.nccl
-	n.version = cm.Version
+	n.version, n.heard = cm.Version, true
 	k := pluginComm{hash: cm.Hash, rank: cm.Rank}
 	if n.comms == nil {
 		n.comms = map[pluginComm]*pluginCommState{}
@@ -241,6 +307,12 @@ const MaxPluginComms = 1024
 // enqueue (CollApi, v5), or NCCL's launch (v4, no API events).
 func (c *converter) ncclColl(pid uint32, p *convProc, r cupti.NCCLColl, emitted int64, out []pipeline.Input) []pipeline.Input {
 	n := &p.nccl
+	n.heard = true
+	if !n.plugin && n.perPeer != "" {
+		// Never switched: the uprobes report every call of this process.
+		c.counters.add("nccl_plugin_records_kept_on_uprobes", 1)
+		return out
+	}
 	if !n.plugin {
 		if len(n.comms) == 0 {
 			// No comm record yet: the uprobes still report this process.
@@ -259,6 +331,10 @@ func (c *converter) ncclColl(pid uint32, p *convProc, r cupti.NCCLColl, emitted 
 	}
 	if n.reportedByUprobes(r.TID, int64(start)) {
 		c.counters.add("nccl_plugin_records_superseded", 1)
+		return out
+	}
+	if n.withheld(r.TID, int64(start)) {
+		c.counters.add("nccl_plugin_records_kept_on_uprobes", 1)
 		return out
 	}
 	c.counters.add("nccl_plugin_colls", 1)
@@ -313,6 +389,9 @@ func ncclDatatype(d cupti.NCCLDatatype) uint32 {
 
 // ncclPath is the process's capture path as status shows it.
 func (n *ncclCapture) path() string {
+	if n.perPeer != "" && n.heard {
+		return "uprobes (" + string(n.perPeer) + ": plugin reports it per peer)"
+	}
 	if !n.plugin {
 		return "uprobes"
 	}

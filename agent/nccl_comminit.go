@@ -77,14 +77,15 @@ const (
 )
 
 // pluginReady returns the processes whose collectives need no uprobe as of
-// now (monotonic ns): on the plugin path, with no communicator that only a
-// twin can still name.
+// now (monotonic ns): on the plugin path, not kept on the uprobes by a
+// collective the plugin reports per peer (convert_nccl.go), with no
+// communicator that only a twin can still name.
 func (c *converter) pluginReady(now int64) map[uint32]bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ready := map[uint32]bool{}
 	for pid, p := range c.procs {
-		if p.nccl.plugin && !p.nccl.needsTwins(now) {
+		if p.nccl.plugin && p.nccl.perPeer == "" && !p.nccl.needsTwins(now) {
 			ready[pid] = true
 		}
 	}

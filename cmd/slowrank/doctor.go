@@ -908,7 +908,9 @@ func ncclAgentItems(rep *agent.StatusReport, plugins map[int]string, socket stri
 			break
 		}
 		path := "NCCL " + cmp.Or(p.NCCL, "uprobes")
-		if v, ok := plugins[p.PID]; ok && !strings.HasPrefix(p.NCCL, "plugin") {
+		// A path with its reason ("uprobes (alltoall: ...)") is the
+		// agent's decision about records it did get.
+		if v, ok := plugins[p.PID]; ok && !strings.HasPrefix(p.NCCL, "plugin") && !strings.Contains(p.NCCL, "(") {
 			switch {
 			case v != "" && !strings.EqualFold(v, "none") && !ourPlugin(v):
 				path += fmt.Sprintf(" (another plugin owns the slot: %s)", v)

@@ -259,6 +259,13 @@ func TestDoctorShowsTheAgentsNCCLCapturePath(t *testing.T) {
 	if w := "pid 4243 rank 1 job " + job + ": NCCL uprobes (our plugin named, no plugin record reached the agent: --nccl-plugin off, or NCCL has not bound it yet); libnccl collective uprobes attached"; len(got) != 2 || got[1] != w || got[0] != want[0] {
 		t.Errorf("our plugin without records: %q, want %q, %q", got, want[0], w)
 	}
+	// Kept on the uprobes by a collective the plugin reports per peer:
+	// records came, the agent's reason stands.
+	rep.Procs = []agent.ProcessView{{PID: 9, Rank: 2, Job: "moe", NCCL: "uprobes (alltoall: plugin reports it per peer)", NCCLUprobes: "attached"}}
+	if got, w := ncclAgentItems(rep, map[int]string{9: "slowrank"}, sock),
+		"pid 9 rank 2 job moe: NCCL uprobes (alltoall: plugin reports it per peer); libnccl collective uprobes attached"; len(got) != 1 || got[0] != w {
+		t.Errorf("kept on the uprobes: %q, want %q", got, w)
+	}
 	rep.Procs = []agent.ProcessView{{PID: 7, Rank: 3, NCCL: "plugin v4"}, {PID: 8, Rank: 0, Job: "j", NCCL: "plugin v6", NCCLUprobes: "attached"}}
 	if got := ncclAgentItems(rep, nil, sock); !slices.Equal(got, []string{"pid 7 rank 3 job -: NCCL plugin v4; libnccl not attached",
 		"pid 8 rank 0 job j: NCCL plugin v6; libnccl collective uprobes attached (a process mapping the file is off the plugin path, or a communicator of this one needs them)"}) {

@@ -96,6 +96,7 @@ struct opts {
   int comm_stream;
   int split;
   long split_at; /* -1: none */
+  int alltoall;
   int init_plain;
   int workers;
   enum sync_mode sync;
@@ -215,6 +216,8 @@ static void usage(FILE *f) {
           "  --split                run collectives on ncclCommSplit(world, 0, rank) instead of world\n"
           "  --split-at STEP        at step STEP every rank splits world (color 0, key rank) and runs\n"
           "                         the later collectives on the new communicator (a late group)\n"
+          "  --alltoall             one ncclAlltoAll at the start of each forward pass (MoE's dispatch; NCCL\n"
+          "                         2.28 reports it to the profiler plugin as a send and a receive per peer)\n"
           "  --init-plain           ncclCommInitRank instead of ncclCommInitRankConfig\n"
           "  --workers N            after init each rank forks N idle workers (torch.compile's compile\n"
           "                         workers, data-loader workers): same environment (RANK), same mappings,\n"
@@ -259,7 +262,7 @@ static int parse_opts(int argc, char **argv) {
     o_slow_factor, o_slow_host, o_slow_gpu, o_jitter, o_seed, o_host_mode, o_dlopen, o_dlopen_delay,
     o_sleep_before, o_truth, o_bench_calls, o_bench_symbol, o_threads, o_crash_rank, o_crash_step, o_verbose,
     o_no_device_truth, o_backend, o_gloo_cuda_sync, o_gloo_wait, o_warmup_buckets, o_init_bursts, o_eval_every, o_workers,
-    o_eval_batches, o_loop_shape, o_log_every, o_epilogue, o_speedup_at, o_speedup, o_help
+    o_eval_batches, o_loop_shape, o_log_every, o_epilogue, o_speedup_at, o_speedup, o_alltoall, o_help
   };
   static const struct option lo[] = {
       {"ranks", required_argument, 0, o_ranks},
@@ -310,6 +313,7 @@ static int parse_opts(int argc, char **argv) {
       {"epilogue", no_argument, 0, o_epilogue},
       {"speedup-at", required_argument, 0, o_speedup_at},
       {"speedup", required_argument, 0, o_speedup},
+      {"alltoall", no_argument, 0, o_alltoall},
       {"help", no_argument, 0, o_help},
       {0, 0, 0, 0},
   };
@@ -329,6 +333,7 @@ static int parse_opts(int argc, char **argv) {
     case o_comm_stream: O.comm_stream = 1; break;
     case o_split: O.split = 1; break;
     case o_split_at: O.split_at = atol(optarg); break;
+    case o_alltoall: O.alltoall = 1; break;
     case o_init_plain: O.init_plain = 1; break;
     case o_sync: {
       int m = parse_sync(optarg);
@@ -430,6 +435,10 @@ static int parse_opts(int argc, char **argv) {
   if (O.gloo && (O.group || O.comm_stream || O.split || O.split_at >= 0 || O.init_plain || O.dlopen_nccl || O.bench_calls > 0)) {
     fprintf(stderr, "faketrainer: --backend gloo takes none of --group --comm-stream --split --split-at --init-plain "
                     "--dlopen-nccl --bench-calls\n");
+    return -1;
+  }
+  if (O.alltoall && (O.gloo || O.shape != SHAPE_NONE)) {
+    fprintf(stderr, "faketrainer: --alltoall needs --backend nccl and no --loop-shape\n");
     return -1;
   }
   if (O.split && O.split_at >= 0) {
@@ -564,6 +573,7 @@ struct nccl_fns {
   ncclResult_t (*AllReduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
   ncclResult_t (*Broadcast)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
   ncclResult_t (*AllGather)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
+  ncclResult_t (*AlltoAll)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
   ncclResult_t (*ReduceScatter)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
   ncclResult_t (*GroupStart)(void);
   ncclResult_t (*GroupEnd)(void);
@@ -585,6 +595,7 @@ static int load_nccl(void) {
   N.AllReduce = ncclAllReduce;
   N.Broadcast = ncclBroadcast;
   N.AllGather = ncclAllGather;
+  N.AlltoAll = ncclAlltoAll;
   N.ReduceScatter = ncclReduceScatter;
   N.GroupStart = ncclGroupStart;
   N.GroupEnd = ncclGroupEnd;
@@ -628,6 +639,7 @@ static int load_nccl(void) {
   LOAD(AllReduce, "ncclAllReduce");
   LOAD(Broadcast, "ncclBroadcast");
   LOAD(AllGather, "ncclAllGather");
+  LOAD(AlltoAll, "ncclAlltoAll");
   LOAD(ReduceScatter, "ncclReduceScatter");
   LOAD(GroupStart, "ncclGroupStart");
   LOAD(GroupEnd, "ncclGroupEnd");
@@ -692,13 +704,13 @@ enum sym {
   S_cudaLaunchKernel, S_cudaStreamSynchronize, S_cudaDeviceSynchronize, S_cudaEventRecord,
   S_cudaEventSynchronize, S_cudaStreamWaitEvent, S_cuStreamSynchronize, S_cuCtxSynchronize,
   S_ncclAllReduce, S_ncclGroupStart, S_ncclGroupEnd, S_glooAllreduce, S_futureWait, S_workWait, S_ncclBroadcast,
-  S_ncclAllGather, S_NUM
+  S_ncclAllGather, S_ncclAlltoAll, S_NUM
 };
 static const char *const sym_names[S_NUM] = {
     "cudaLaunchKernel", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventRecord",
     "cudaEventSynchronize", "cudaStreamWaitEvent", "cuStreamSynchronize", "cuCtxSynchronize",
     "ncclAllReduce", "ncclGroupStart", "ncclGroupEnd", "c10d::ProcessGroupGloo::allreduce",
-    "c10::ivalue::Future::wait", "c10d::Work::wait", "ncclBroadcast", "ncclAllGather"};
+    "c10::ivalue::Future::wait", "c10d::Work::wait", "ncclBroadcast", "ncclAllGather", "ncclAlltoAll"};
 
 struct step_acc {
   uint64_t calls[S_NUM];
@@ -1301,6 +1313,15 @@ static void run_step(struct rank_ctx *c, long k, uint64_t *rng) {
 
   /* data loading (+ injected host stall) */
   host_work(jittered(rng, host * 0.3) + inj_host);
+  if (O.alltoall) {
+    /* MoE's token dispatch, first in the forward pass: one call to the
+     * uprobes; NCCL 2.28 appends it as a Send and a Recv task per peer
+     * (test/fakelibs/ncclprof.c), nothing naming it reaches the plugin. */
+    uint64_t t0 = now_ns();
+    A.calls[S_ncclAlltoAll]++;
+    nccl_check(N.AlltoAll(c->buf, c->buf, 256, ncclFloat32, c->comm, c->compute), "ncclAlltoAll");
+    A.nccl_ns += now_ns() - t0;
+  }
   /* forward: 30% of host dispatch, 30% of device time */
   for (int i = 0; i < K; i++) {
     host_work(jittered(rng, host * 0.3 / K));

@@ -34,6 +34,7 @@ type pathRun struct {
 	// trainer's ncclComm_t, the handle the uprobes gave the communicator.
 	foreignComm map[int]int
 	paths       map[int]string // the capture path status showed last
+	collUprobes map[int]string // the collective uprobes' state status showed last
 	libStates   map[int]string // the library's state status showed last
 	counters    map[string]int64
 	steps       map[int]int // steps found per rank
@@ -46,6 +47,10 @@ type pathRun struct {
 	// the collectives that reached the correlator under it, by source.
 	lateComm               map[int]uint64
 	lateUprobe, latePlugin map[int]int
+	// perPeer are each rank pid's alltoall, gather and scatter calls the
+	// correlator received (only the uprobes name them), p2p its sends and
+	// receives.
+	perPeer, p2p map[int]int
 }
 
 // runCapture runs a 4-rank trainer with env under the agent (plugin:
@@ -54,7 +59,7 @@ func runCapture(t *testing.T, plugin bool, env []string, args ...string) pathRun
 	t.Helper()
 	var mu sync.Mutex
 	var calls []correlate.HostCall
-	paths, libStates := map[int]string{}, map[int]string{}
+	paths, libStates, collUprobes := map[int]string{}, map[int]string{}, map[int]string{}
 	var detachedAt time.Time
 	hitsAtDetach := int64(-1)
 	j := job{envKey: runKey("SLOWRANK_IT_PLUGIN_MARK"), env: env, ncclPlugin: plugin,
@@ -76,6 +81,9 @@ func runCapture(t *testing.T, plugin bool, env []string, args ...string) pathRun
 				if p.CUPTI != "" {
 					libStates[p.PID] = p.CUPTI
 				}
+				if p.NCCLUprobes != "" {
+					collUprobes[p.PID] = p.NCCLUprobes
+				}
 				mu.Unlock()
 				detached = detached && p.NCCLUprobes == "detached"
 			}
@@ -89,9 +97,9 @@ func runCapture(t *testing.T, plugin bool, env []string, args ...string) pathRun
 			}
 		}}
 	sink, a, truth := j.runAll(t, 2*time.Second, args...)
-	r := pathRun{truth: truth, uprobe: map[int]int{}, plugin: map[int]int{}, foreignComm: map[int]int{}, paths: paths, libStates: libStates,
+	r := pathRun{truth: truth, uprobe: map[int]int{}, plugin: map[int]int{}, foreignComm: map[int]int{}, paths: paths, libStates: libStates, collUprobes: collUprobes,
 		counters: a.Counters(), steps: map[int]int{}, hitsAfterDetach: -1,
-		lateComm: map[int]uint64{}, lateUprobe: map[int]int{}, latePlugin: map[int]int{}}
+		lateComm: map[int]uint64{}, lateUprobe: map[int]int{}, latePlugin: map[int]int{}, perPeer: map[int]int{}, p2p: map[int]int{}}
 	if hitsAtDetach >= 0 {
 		r.hitsAfterDetach = r.counters["probe_ncclAllReduce"] - hitsAtDetach
 	}
@@ -113,6 +121,12 @@ func runCapture(t *testing.T, plugin bool, env []string, args ...string) pathRun
 	mu.Lock()
 	defer mu.Unlock()
 	for _, h := range calls {
+		switch h.Op {
+		case correlate.OpAllToAll, correlate.OpGather, correlate.OpScatter:
+			r.perPeer[int(h.PID)]++
+		case correlate.OpSend, correlate.OpRecv:
+			r.p2p[int(h.PID)]++
+		}
 		if h.Op != "allreduce" {
 			continue
 		}
@@ -167,6 +181,11 @@ func TestNCCLCapturePathMatrix(t *testing.T) {
 		{name: "a late communicator on the uprobes", plugin: "", want: "uprobes", steps: 250, splitAt: 200},
 		{name: "plugin none stays on uprobes", plugin: "none", want: "uprobes"},
 		{name: "another tool's plugin owns the slot, uprobes report", plugin: foreign, want: "uprobes"},
+		// NCCL 2.28 reports an ncclAlltoAll to the plugin as a send and a
+		// receive per peer: the process stays on the uprobes, its plugin
+		// records withheld, its collective uprobes attached.
+		{name: "all-to-alls keep a process on the uprobes", plugin: lib, args: []string{"--alltoall"},
+			want: "uprobes (alltoall: plugin reports it per peer)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -178,9 +197,11 @@ func TestNCCLCapturePathMatrix(t *testing.T) {
 			}
 			r := runCapture(t, !tt.off, env, args...)
 			c := r.counters
-			want := map[int]int{}
+			uprobes := !strings.HasPrefix(tt.want, "plugin")
+			want, wantPerPeer := map[int]int{}, map[int]int{}
 			for _, s := range r.truth["step"] {
 				want[s.PID] += s.Calls["ncclAllReduce"]
+				wantPerPeer[s.PID] += s.Calls["ncclAlltoAll"]
 			}
 			if len(want) != 4 {
 				t.Fatalf("truth has %d rank processes, want 4", len(want))
@@ -197,17 +218,23 @@ func TestNCCLCapturePathMatrix(t *testing.T) {
 				}
 				// The fake CUDA never loads CUDA_INJECTION64_PATH: where NCCL
 				// loaded the library, status says it is the plugin only.
-				if got := r.libStates[pid]; tt.want != "uprobes" && got != agent.PluginOnly {
+				if got := r.libStates[pid]; !uprobes && got != agent.PluginOnly {
 					t.Errorf("pid %d: library state %q, want %q", pid, got, agent.PluginOnly)
 				}
-				if tt.want != "uprobes" && r.plugin[pid] == 0 {
+				if !uprobes && r.plugin[pid] == 0 {
 					t.Errorf("pid %d: no collective from the plugin", pid)
 				}
 				if n := r.foreignComm[pid]; n != 0 {
 					t.Errorf("pid %d: %d of the plugin's collectives not under the communicator's uprobe handle", pid, n)
 				}
-				if tt.want == "uprobes" && r.plugin[pid] != 0 {
+				if uprobes && r.plugin[pid] != 0 {
 					t.Errorf("pid %d: %d collectives not from the uprobes", pid, r.plugin[pid])
+				}
+				// Only the uprobes name an all-to-all; the plugin's
+				// per-peer records of it are never fed.
+				if r.perPeer[pid] != wantPerPeer[pid] || wantPerPeer[pid] > 0 && r.p2p[pid] != 0 {
+					t.Errorf("pid %d: the correlator got %d all-to-alls and %d sends/receives, the trainer made %d all-to-alls and none",
+						pid, r.perPeer[pid], r.p2p[pid], wantPerPeer[pid])
 				}
 			}
 			if lost := c["ringbuf_lost"] + c["events_lost_queue"]; lost != 0 {
@@ -233,8 +260,31 @@ func TestNCCLCapturePathMatrix(t *testing.T) {
 				t.Errorf("the library recorded %d collectives with the agent's plugin path off", n)
 			}
 			wantProcs := int64(4)
-			if tt.want == "uprobes" {
+			if uprobes {
 				wantProcs = 0
+			}
+			// All-to-alls: every plugin record withheld and counted (4
+			// all-reduces and a send and a receive per peer per step once
+			// NCCL's mask is on, after 52 of 150 steps in one run: 4,704
+			// records, all the library queued), no process on the plugin
+			// path (wantProcs).
+			kept := c["nccl_plugin_records_kept_on_uprobes"]
+			if len(tt.args) > 0 && tt.args[0] == "--alltoall" {
+				steps := int64(len(r.truth["step"]))
+				if n := c["nccl_processes_kept_on_uprobes"]; n != 4 {
+					t.Errorf("nccl_processes_kept_on_uprobes %d, want 4", n)
+				}
+				for pid := range want {
+					if got := r.collUprobes[pid]; got != "attached" {
+						t.Errorf("pid %d: collective uprobes %q in status, want attached", pid, got)
+					}
+				}
+				if kept < 12*4*10 || kept > 12*steps || kept > c["cupti_lib_nccl_colls"] {
+					t.Errorf("nccl_plugin_records_kept_on_uprobes %d for %d rank steps of 12 records (the library queued %d)",
+						kept, steps, c["cupti_lib_nccl_colls"])
+				}
+			} else if kept != 0 || c["nccl_processes_kept_on_uprobes"] != 0 {
+				t.Errorf("without all-to-alls: %d plugin records kept on the uprobes, %d processes", kept, c["nccl_processes_kept_on_uprobes"])
 			}
 			if n := c["nccl_plugin_processes"]; n != wantProcs {
 				t.Errorf("nccl_plugin_processes %d, want %d", n, wantProcs)
@@ -256,15 +306,15 @@ func TestNCCLCapturePathMatrix(t *testing.T) {
 			}
 			// On the plugin path the collective uprobes are closed once
 			// every rank's communicators are named: no hit after it.
-			if tt.want != "uprobes" && (c["nccl_collective_probes_detached"] < 1 || r.hitsAfterDetach != 0) {
+			if !uprobes && (c["nccl_collective_probes_detached"] < 1 || r.hitsAfterDetach != 0) {
 				t.Errorf("collective uprobes: detached %d times, %d hits after status showed them detached (-1: never shown)",
 					c["nccl_collective_probes_detached"], r.hitsAfterDetach)
 			}
-			if n := c["nccl_collective_probes_detached"]; tt.want == "uprobes" && n != 0 {
+			if n := c["nccl_collective_probes_detached"]; uprobes && n != 0 {
 				t.Errorf("collective uprobes detached %d times on the uprobes path", n)
 			}
 			for pid := range want {
-				if tt.splitAt > 0 && tt.want != "uprobes" && (r.latePlugin[pid] == 0 || r.lateUprobe[pid] != 0) {
+				if tt.splitAt > 0 && !uprobes && (r.latePlugin[pid] == 0 || r.lateUprobe[pid] != 0) {
 					t.Errorf("pid %d: %d plugin and %d uprobe collectives under the late communicator %#x, want plugin ones only",
 						pid, r.latePlugin[pid], r.lateUprobe[pid], r.lateComm[pid])
 				}
@@ -279,7 +329,8 @@ func TestNCCLCapturePathMatrix(t *testing.T) {
 			for _, k := range []string{"correlate_late", "correlate_retracted_steps", "correlate_relocks", "correlate_irregular_calls",
 				"correlate_init_calls", "correlate_burst_steps", "correlate_unassigned", "correlate_reordered", "correlate_arrival_timeouts",
 				"nccl_plugin_comms_mapped", "nccl_plugin_comms_mapped_by_init", "nccl_plugin_records_late",
-				"nccl_collective_probes_detached", "nccl_collective_probes_reattached", "probe_ncclAllReduce"} {
+				"nccl_collective_probes_detached", "nccl_collective_probes_reattached", "probe_ncclAllReduce",
+				"nccl_plugin_records_kept_on_uprobes", "nccl_plugin_records_before_comm", "cupti_lib_nccl_colls"} {
 				fmt.Fprintf(&b, " %s=%d", k, c[k])
 			}
 			t.Logf("counters:%s", b.String())
