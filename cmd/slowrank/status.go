@@ -453,14 +453,20 @@ func writeStatus(w io.Writer, rep agent.StatusReport, where string, nVerdicts in
 	if len(rep.Procs) > 0 {
 		// COLL: the libnccl collective uprobes, "off" once every process
 		// mapping the file is on the plugin path.
-		fmt.Fprintf(w, "  %-8s %5s  %-20s %-4s %-9s %-4s %s\n", "PID", "RANK", "JOB", "LIB", "NCCL", "COLL", "LIBRARIES")
+		// NCCL is as wide as its longest path: a reason ("uprobes
+		// (alltoall: ...)") must not push the columns after it.
+		nw := len("plugin v5")
+		for _, p := range rep.Procs {
+			nw = max(nw, len(p.NCCL))
+		}
+		fmt.Fprintf(w, "  %-8s %5s  %-20s %-4s %-*s %-4s %s\n", "PID", "RANK", "JOB", "LIB", nw, "NCCL", "COLL", "LIBRARIES")
 		for _, p := range rep.Procs {
 			inj := "no"
 			if p.Injected {
 				inj = "yes"
 			}
 			coll := map[string]string{"attached": "on", "detached": "off"}[p.NCCLUprobes]
-			fmt.Fprintf(w, "  %-8d %5d  %-20s %-4s %-9s %-4s %s\n", p.PID, p.Rank, clip(p.Job, 20), inj, cmp.Or(p.NCCL, "-"),
+			fmt.Fprintf(w, "  %-8d %5d  %-20s %-4s %-*s %-4s %s\n", p.PID, p.Rank, clip(p.Job, 20), inj, nw, cmp.Or(p.NCCL, "-"),
 				cmp.Or(coll, "-"), clip(strings.Join(p.Libraries, " "), 20))
 		}
 	}

@@ -272,3 +272,27 @@ func TestThresholdTextNamesOverrides(t *testing.T) {
 		}
 	}
 }
+
+// A process kept on the uprobes with its reason widens the NCCL column:
+// COLL starts at the same place in the header and every row.
+func TestWriteStatusAlignsALongNCCLPath(t *testing.T) {
+	var b bytes.Buffer
+	var rep agent.StatusReport
+	rep.Procs = []agent.ProcessView{
+		{PID: 10, Rank: 0, Job: "j", NCCL: "plugin v5", NCCLUprobes: "detached"},
+		{PID: 11, Rank: 1, Job: "j", NCCL: "uprobes (alltoall: plugin reports it per peer)", NCCLUprobes: "attached"},
+	}
+	writeStatus(&b, rep, "/run/x.sock", 0)
+	var cols []int
+	for _, line := range strings.Split(b.String(), "\n") {
+		for _, word := range []string{" COLL ", " off ", " on "} {
+			if i := strings.Index(line, word); i >= 0 && (strings.HasPrefix(line, "  PID") || strings.HasPrefix(line, "  1")) {
+				cols = append(cols, i)
+				break
+			}
+		}
+	}
+	if len(cols) != 3 || cols[0] != cols[1] || cols[1] != cols[2] {
+		t.Fatalf("COLL column at %v, want one place in the header and both rows:\n%s", cols, b.String())
+	}
+}
