@@ -121,6 +121,9 @@ type Agent struct {
 	// probeCounts counts events per probe id (the hot path avoids the map).
 	probeCounts [256]atomic.Uint64
 	trapsSeen   [256]uint64 // probeCounts fed to the duty ledger (main goroutine)
+	// pluginOpsSeen is converter.pluginOps fed to the duty ledger (main
+	// goroutine).
+	pluginOpsSeen int64
 
 	planMu sync.Mutex
 	plan   *DutyPlan // last duty plan applied, for Status
@@ -292,12 +295,16 @@ loop:
 	if a.duty != nil {
 		p := a.duty.Plan(monotonicNow())
 		o := p.Overhead
-		a.log.Info("overhead", "budget", fmt.Sprintf("%.4f", o.Budget), "spent", fmt.Sprintf("%.4f", o.Total),
+		args := []any{"budget", fmt.Sprintf("%.4f", o.Budget), "spent", fmt.Sprintf("%.4f", o.Total),
 			"device", fmt.Sprintf("%.4f", o.Device), "uprobes", fmt.Sprintf("%.4f", o.Uprobes),
-			"uprobes_hidden", fmt.Sprintf("%.4f", o.UprobesHidden),
+			"uprobes_hidden", fmt.Sprintf("%.4f", o.UprobesHidden)}
+		if o.NCCLPlugin > 0 {
+			args = append(args, "nccl_plugin", fmt.Sprintf("%.4f", o.NCCLPlugin))
+		}
+		a.log.Info("overhead", append(args,
 			"cost", fmt.Sprintf("%.4f", o.Cost.Cost), "cost_ci", fmt.Sprintf("[%.4f, %.4f]", o.Cost.Low, o.Cost.High),
 			"pairs", o.Cost.Pairs, "measured", o.Cost.Measured, "share", fmt.Sprintf("%.4f", p.OnShare),
-			"escalations_granted", o.EscalationsGranted, "escalations_refused", o.EscalationsRefused)
+			"escalations_granted", o.EscalationsGranted, "escalations_refused", o.EscalationsRefused)...)
 	}
 	a.refreshCounters()
 	return nil

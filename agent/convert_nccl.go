@@ -347,6 +347,26 @@ func (c *converter) ncclColl(pid uint32, p *convProc, r cupti.NCCLColl, emitted 
 	}))
 }
 
+// pluginOpCounters are the counters that every plugin collective or
+// send/recv record converted with Config.NCCLPlugin on ends in, exactly
+// one each (ncclColl): whether fed, superseded, withheld or dropped, the
+// training process paid for its recording.
+var pluginOpCounters = [...]string{
+	"nccl_plugin_colls", "nccl_plugin_records_superseded", "nccl_plugin_records_kept_on_uprobes",
+	"nccl_plugin_records_implausible", "nccl_plugin_records_before_comm",
+}
+
+// pluginOps is the number of NCCL operations the plugin recorded, of all
+// processes, since the agent started: what the duty ledger charges them by
+// (Agent.planDuty).
+func (c *converter) pluginOps() int64 {
+	var n int64
+	for _, k := range pluginOpCounters {
+		n += c.counters.get(k)
+	}
+	return n
+}
+
 // ncclOp names a plugin operation with the op of the uprobe of the same
 // call.
 func ncclOp(f cupti.NCCLFunc) correlate.Op {

@@ -62,6 +62,9 @@ func TestPerPeerCollectiveKeepsTheProcessOnUprobes(t *testing.T) {
 			if got := c.counters.get("nccl_plugin_records_kept_on_uprobes"); got != int64(len(recs)) {
 				t.Errorf("nccl_plugin_records_kept_on_uprobes = %d, want %d", got, len(recs))
 			}
+			if got := c.pluginOps(); got != int64(len(recs)) {
+				t.Errorf("plugin operations charged %d, want the %d records: the process paid for each", got, len(recs))
+			}
 			for key, want := range map[string]int64{
 				"nccl_processes_kept_on_uprobes": 1, "nccl_plugin_processes": 0, "nccl_plugin_colls": 0,
 				"nccl_uprobe_events_superseded": 0, "nccl_plugin_records_superseded": 0,

@@ -174,6 +174,9 @@ func TestCaptureSwitchCountsEachCallOnce(t *testing.T) {
 			t.Errorf("%s = %d, want %d", key, got, want)
 		}
 	}
+	if got := c.pluginOps(); got != 4 {
+		t.Errorf("plugin operations charged %d, want the 4 records, fed or superseded", got)
+	}
 }
 
 // NCCL 2.27 (no API events) starts a grouped collective at its launch in
@@ -210,6 +213,9 @@ func TestPluginRecordsNotUsedAreCounted(t *testing.T) {
 			}
 			if got := c.counters.get(tc.key); got != 1 {
 				t.Errorf("%s = %d, want 1", tc.key, got)
+			}
+			if got, want := c.pluginOps(), int64(len(tc.batch.NCCLColls)); got != want {
+				t.Errorf("plugin operations charged %d, want %d (one per collective record)", got, want)
 			}
 		})
 	}

@@ -25,7 +25,8 @@ const MinWindow = MinDutyPeriod
 // for a share of each period and switched fully on for Escalation when a
 // window turns suspicious. One ledger pays for everything the agent adds to
 // training: device collection (base share and escalations, at the upper
-// bound of the measured cost), uprobe traps and the injection library's
+// bound of the measured cost), uprobe traps, the NCCL operations the
+// injection library reports as NCCL's profiler plugin, and the library's
 // thread; the spend over Horizon stays within Budget.
 type DutyConfig struct {
 	// Budget is the overhead the agent may add to training, as a fraction
@@ -53,6 +54,16 @@ type DutyConfig struct {
 	// It is charged where it lengthens the step: trap time that the host's
 	// wait for the device in the same steps covers is not (Traps).
 	UprobeCost time.Duration
+	// NCCLPluginCost is the cost of one NCCL operation (a collective, or one
+	// send or recv) that the injection library records as NCCL's profiler
+	// plugin (Config.NCCLPlugin), in the training process. It is charged as
+	// critical-path time, none of it hidden in the host's wait for the
+	// device (ObservePluginOps). The H200 measured 0.27-0.46 us an operation
+	// at world size 1, the upper ends of the 95 % intervals 0.29-0.49 us
+	// (bench/results/nccl-plugin-cost-s17.json), against 1-2 us a uprobe
+	// trap; the cost of the kernel-channel events could not be measured
+	// there (a self send has none), so the default is twice the upper end.
+	NCCLPluginCost time.Duration
 	// LibraryCost is an allowance for the injection library's threads, as
 	// a fraction of step time.
 	LibraryCost float64
@@ -82,7 +93,7 @@ func DefaultDutyConfig() DutyConfig {
 	return DutyConfig{
 		Budget: 0.003, Period: 10 * time.Second, MinShare: 0, MaxShare: 0.5,
 		PriorCost: 0.03, Escalation: 20 * time.Second, EscalationReserve: 0.25,
-		Horizon: time.Hour, UprobeCost: 6 * time.Microsecond, LibraryCost: 0.0001,
+		Horizon: time.Hour, UprobeCost: 6 * time.Microsecond, NCCLPluginCost: time.Microsecond, LibraryCost: 0.0001,
 		MinPairs: 10, PairSteps: 8, PairTolerance: 0.02,
 		MinOnSteps: 4, MaxPeriod: 16 * time.Minute,
 	}
@@ -131,8 +142,11 @@ type Overhead struct {
 	// UprobesHidden is trap time not charged: the host waited for the
 	// device longer than that in the same steps (Traps).
 	UprobesHidden float64 `json:"hidden_uprobes"`
-	Library       float64 `json:"spent_library"`
-	Total         float64 `json:"spent_total"`
+	// NCCLPlugin is the NCCL operations the profiler plugin recorded
+	// (ObservePluginOps).
+	NCCLPlugin float64 `json:"spent_nccl_plugin"`
+	Library    float64 `json:"spent_library"`
+	Total      float64 `json:"spent_total"`
 	// Training is the training time in the horizon that the spend is
 	// divided by.
 	Training           time.Duration `json:"training_ns"`
@@ -157,7 +171,7 @@ const (
 	// ledgerBuckets divide the horizon.
 	ledgerBuckets = 360
 	// recentBuckets is the ledger's recent past (a minute at 1 h) that the
-	// uprobe rate is planned from.
+	// rate of the uprobes and the plugin is planned from.
 	recentBuckets = 6
 	// activeGrace is how long after the last step or trap the job counts
 	// as training.
@@ -195,7 +209,7 @@ type Duty struct {
 	buckets    []ledgerBucket
 	started    bool
 	last       int64 // last advance
-	activity   int   // steps and trap reports since the last advance
+	activity   int   // steps, trap and plugin reports since the last advance
 	lastActive int64
 	share      float64 // on-share in force since the last advance
 	// collecting: some process can collect (SetCollecting; true until
@@ -226,6 +240,7 @@ type pairCluster struct {
 type ledgerBucket struct {
 	idx                             int64
 	train, device, uprobes, library float64
+	plugin                          float64 // NCCL profiler plugin operations (ObservePluginOps)
 	priorOn                         float64
 	hidden                          float64 // trap time not charged (Traps)
 }
@@ -468,6 +483,22 @@ func (d *Duty) ObserveTraps(now int64, t Traps) {
 	b.hidden += hidden
 }
 
+// ObservePluginOps adds one process's NCCL operations recorded by the
+// profiler plugin since the last report to the ledger, at NCCLPluginCost
+// each. NCCL calls the plugin in the user's thread, at the call and at its
+// launch, where a collective's uprobe traps fire too, but the plugin's
+// time is charged in full: none is hidden in the host's wait for the
+// device (an upper bound, as NCCLPluginCost is). A
+// process on the plugin path whose libnccl collective uprobes are
+// detached traps on none of its collectives; this is what it still costs.
+func (d *Duty) ObservePluginOps(now int64, ops float64) {
+	if ops <= 0 {
+		return
+	}
+	d.activity++
+	d.bucket(now).plugin += ops * d.cfg.NCCLPluginCost.Seconds()
+}
+
 // pushRing adds x to a ring of stepWindow values.
 func pushRing(ring []float64, at int, x float64) ([]float64, int) {
 	if len(ring) < stepWindow {
@@ -495,6 +526,7 @@ func (d *Duty) sums(now int64, n int) ledgerBucket {
 			s.train += b.train
 			s.device += b.device
 			s.uprobes += b.uprobes
+			s.plugin += b.plugin
 			s.library += b.library
 			s.priorOn += b.priorOn
 			s.hidden += b.hidden
@@ -505,7 +537,7 @@ func (d *Duty) sums(now int64, n int) ledgerBucket {
 	return s
 }
 
-func (b ledgerBucket) spent() float64 { return b.device + b.uprobes + b.library }
+func (b ledgerBucket) spent() float64 { return b.device + b.uprobes + b.plugin + b.library }
 
 // advance charges the ledger for the time since the last call, at the plan
 // that was in force, while the job trains.
@@ -539,13 +571,14 @@ func (d *Duty) advance(now int64) {
 	d.last = now
 }
 
-// recentUprobes is the uprobe spend rate of the recent past.
-func (d *Duty) recentUprobes(now int64) float64 {
+// recentCalls is the spend rate of the uprobes and the NCCL profiler
+// plugin in the recent past: what observing the job's calls costs.
+func (d *Duty) recentCalls(now int64) float64 {
 	s := d.sums(now, recentBuckets)
 	if s.train <= 0 {
 		return 0
 	}
-	return s.uprobes / s.train
+	return (s.uprobes + s.plugin) / s.train
 }
 
 // SetCollecting says whether some tracked process can collect device
@@ -568,7 +601,7 @@ func (d *Duty) Suspect(now, from, to int64) bool {
 		return true // already escalated
 	}
 	e := d.cfg.Escalation.Seconds()
-	cost := e * (d.chargedCost() + d.recentUprobes(now) + d.cfg.LibraryCost)
+	cost := e * (d.chargedCost() + d.recentCalls(now) + d.cfg.LibraryCost)
 	s := d.sums(now, ledgerBuckets)
 	if s.spent()+cost > d.cfg.Budget*(s.train+e) {
 		d.refused++
@@ -581,15 +614,15 @@ func (d *Duty) Suspect(now, from, to int64) bool {
 }
 
 // Plan charges the ledger up to now and returns the duty cycle: the base
-// share is what the budget leaves after the uprobes, the library and the
-// escalation reserve, divided by the upper end of the cost estimate; none
-// while the ledger is over budget.
+// share is what the budget leaves after the uprobes, the NCCL profiler
+// plugin, the library and the escalation reserve, divided by the upper end
+// of the cost estimate; none while the ledger is over budget.
 func (d *Duty) Plan(now int64) DutyPlan {
 	d.advance(now)
 	est := d.Estimate()
 	ch := d.chargedCost()
 	s := d.sums(now, ledgerBuckets)
-	rate := d.cfg.Budget*(1-d.cfg.EscalationReserve) - d.recentUprobes(now) - d.cfg.LibraryCost
+	rate := d.cfg.Budget*(1-d.cfg.EscalationReserve) - d.recentCalls(now) - d.cfg.LibraryCost
 	if s.spent() > d.cfg.Budget*s.train {
 		rate = 0
 	}
@@ -640,6 +673,7 @@ func (d *Duty) overhead(now int64, est CostEstimate, s ledgerBucket) Overhead {
 	if s.train > 0 {
 		o.Device, o.Uprobes, o.Library = s.device/s.train, s.uprobes/s.train, s.library/s.train
 		o.UprobesHidden = s.hidden / s.train
+		o.NCCLPlugin = s.plugin / s.train
 		o.Total = s.spent() / s.train
 	}
 	return o
@@ -741,16 +775,19 @@ var trapsPerEvent, criticalPerEvent = func() (t, c [bpf.MaxProbeID]uint64) {
 	return t, c
 }()
 
-// planDuty feeds the uprobe traps since the last call to the ledger, plans
-// the duty cycle and applies it. Main goroutine.
+// planDuty feeds the uprobe traps and the NCCL profiler plugin's
+// operations since the last call to the ledger, plans the duty cycle and
+// applies it. Main goroutine.
 //
-// A process on the NCCL plugin path still traps on the libnccl uprobes:
-// they stay attached (a uprobe traps in every process mapping the inode,
-// and the attacher has no per-probe detach), and the converter only drops
-// the events it reads (nccl_uprobe_events_superseded). Those events are
-// counted here like any other, because their traps were paid; the plugin's
-// own calls cost no trap and are charged by the library's share. Only a
-// detach of the libnccl collective probes may stop charging them.
+// A process on the NCCL plugin path traps on the libnccl collective
+// uprobes until every process mapping that file is on the plugin path and
+// they are detached (agent/attach/collectives.go); until then the converter
+// drops the events it reads (nccl_uprobe_events_superseded), and they are
+// counted here like any other, because their traps were paid. The
+// plugin's operations cost the process too, with the uprobes attached or
+// not: every plugin collective or send/recv record the converter took,
+// whatever became of it (converter.pluginOps), is charged at
+// NCCLPluginCost.
 func (a *Agent) planDuty(now int64) {
 	var traps, critical uint64
 	for id := range a.probeCounts {
@@ -759,6 +796,8 @@ func (a *Agent) planDuty(now int64) {
 		critical += (n - a.trapsSeen[id]) * criticalPerEvent[id]
 		a.trapsSeen[id] = n
 	}
+	ops := a.conv.pluginOps()
+	ops, a.pluginOpsSeen = ops-a.pluginOpsSeen, ops
 	collecting := false
 	for _, pe := range a.att.procs {
 		collecting = collecting || pe.canCollect()
@@ -768,6 +807,7 @@ func (a *Agent) planDuty(now int64) {
 		// Ranks issue the same collective sequence: the mean per process
 		// is each one's share.
 		a.duty.ObserveTraps(now, Traps{Total: float64(traps) / procs, Critical: float64(critical) / procs})
+		a.duty.ObservePluginOps(now, float64(ops)/procs)
 	}
 	plan := a.duty.Plan(now)
 	a.att.applyDuty(plan)

@@ -652,3 +652,106 @@ func TestProcessCanCollect(t *testing.T) {
 		})
 	}
 }
+
+// TestDutyChargesPluginOpsInTotal: the NCCL operations the profiler plugin
+// recorded are charged at NCCLPluginCost each, in their own field and in
+// Total, all of them (none hidden in the host's wait), and the base share
+// is what the budget leaves after them. A process on the plugin path
+// whose collective uprobes are detached reports no trap and still spends.
+func TestDutyChargesPluginOpsInTotal(t *testing.T) {
+	base := DefaultDutyConfig().Budget*(1-DefaultDutyConfig().EscalationReserve) - DefaultDutyConfig().LibraryCost
+	for _, tc := range []struct {
+		name      string
+		cost      time.Duration // NCCLPluginCost; 0: the default
+		ops       float64       // plugin operations per second and process
+		traps     float64       // uprobe traps per second and process
+		wantSpend float64       // plugin spend, fraction of training time
+		wantShare float64
+	}{
+		{"no plugin operations: as before", 0, 0, 100, 0, (base - 100*6e-6) / 0.03},
+		{"uprobes detached, 500 plugin ops/s at the default 1 us", 0, 500, 0, 500e-6, (base - 500e-6) / 0.03},
+		{"uprobes detached, 1000 plugin ops/s at 0.5 us", 500 * time.Nanosecond, 1000, 0, 500e-6, (base - 500e-6) / 0.03},
+		{"plugin ops and traps add up", 0, 500, 100, 500e-6, (base - 500e-6 - 100*6e-6) / 0.03},
+		{"plugin ops beyond the budget leave no share", 0, 3000, 0, 3000e-6, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultDutyConfig()
+			if tc.cost > 0 {
+				cfg.NCCLPluginCost = tc.cost
+			}
+			d := NewDuty(cfg)
+			var p DutyPlan
+			// A synchronisation's wait of 30 % of the step: it hides
+			// traps, never the plugin's operations.
+			for i := int64(0); i <= 120; i++ {
+				now := simStart + i*int64(time.Second)
+				d.ObserveStep(stepFact(0, i, now, 1000, 300, false))
+				if i > 0 { // the ledger starts at the first plan
+					d.ObserveTraps(now, Traps{Total: tc.traps, Critical: tc.traps})
+					d.ObservePluginOps(now, tc.ops)
+				}
+				p = d.Plan(now)
+			}
+			o := p.Overhead
+			if math.Abs(o.NCCLPlugin-tc.wantSpend) > 1e-9 {
+				t.Fatalf("plugin spend %g, want %g (overhead %+v)", o.NCCLPlugin, tc.wantSpend, o)
+			}
+			if sum := o.Device + o.Uprobes + o.NCCLPlugin + o.Library; math.Abs(o.Total-sum) > 1e-12 || o.Total < tc.wantSpend {
+				t.Fatalf("total %g, want %g with the plugin's %g in it", o.Total, sum, o.NCCLPlugin)
+			}
+			if math.Abs(p.OnShare-tc.wantShare) > 1e-9 {
+				t.Fatalf("share %g, want %g (overhead %+v)", p.OnShare, tc.wantShare, o)
+			}
+		})
+	}
+}
+
+// TestPlanDutyFeedsPluginOpsPerProcess: the agent charges the plugin
+// records the converter counted since the last plan (fed, superseded,
+// withheld or dropped: each was recorded in a training process), divided among the
+// tracked processes like the traps; with no libnccl uprobe event at all
+// (collective uprobes detached) the base share still falls.
+func TestPlanDutyFeedsPluginOpsPerProcess(t *testing.T) {
+	cfg := DefaultDutyConfig()
+	base := cfg.Budget*(1-cfg.EscalationReserve) - cfg.LibraryCost
+	for _, tc := range []struct {
+		name      string
+		procs     int
+		perSecond map[string]int64 // converter counts added each second, all processes
+		wantSpend float64
+	}{
+		{"no plugin records", 2, nil, 0},
+		{"2 processes, 1000 collectives/s fed", 2, map[string]int64{"nccl_plugin_colls": 1000}, 500e-6},
+		{"superseded, withheld and dropped records were recorded too", 2, map[string]int64{"nccl_plugin_colls": 500,
+			"nccl_plugin_records_superseded": 200, "nccl_plugin_records_kept_on_uprobes": 100,
+			"nccl_plugin_records_implausible": 100, "nccl_plugin_records_before_comm": 100}, 500e-6},
+		{"other counters are no operations", 1, map[string]int64{"nccl_plugin_comms": 1000, "nccl_uprobe_events_superseded": 1000}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCounters()
+			a := &Agent{duty: NewDuty(cfg), conv: newConverter(c, true), counters: c, att: &attacher{procs: map[ProcessKey]*procEntry{}}}
+			a.att.a = a
+			for i := range tc.procs {
+				k := ProcessKey{PID: 100 + i}
+				a.att.procs[k] = &procEntry{proc: Process{ProcessKey: k}, rank: i}
+			}
+			for i := int64(0); i <= 120; i++ {
+				now := simStart + i*int64(time.Second)
+				a.duty.ObserveStep(stepFact(0, i, now, 1000, 0, false))
+				if i > 0 {
+					for k, n := range tc.perSecond {
+						c.add(k, n)
+					}
+				}
+				a.planDuty(now)
+			}
+			p := a.dutyPlan()
+			if o := p.Overhead; math.Abs(o.NCCLPlugin-tc.wantSpend) > 1e-9 || o.Uprobes != 0 {
+				t.Fatalf("plugin spend %g, uprobes %g, want %g and 0", o.NCCLPlugin, o.Uprobes, tc.wantSpend)
+			}
+			if want := (base - tc.wantSpend) / cfg.PriorCost; math.Abs(p.OnShare-want) > 1e-9 {
+				t.Fatalf("share %g, want %g", p.OnShare, want)
+			}
+		})
+	}
+}

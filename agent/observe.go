@@ -47,6 +47,7 @@ func observeStatus(obs func(key string, v float64, attrs ...string), st Status, 
 		obs("overhead_spent_device", o.Device)
 		obs("overhead_spent_uprobes", o.Uprobes)
 		obs("overhead_hidden_uprobes", o.UprobesHidden)
+		obs("overhead_spent_nccl_plugin", o.NCCLPlugin)
 		obs("overhead_spent_library", o.Library)
 		obs("overhead_spent_total", o.Total)
 		obs("duty_cost_low", o.Cost.Low)

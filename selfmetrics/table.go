@@ -414,7 +414,7 @@ var Table = []Metric{
 	{Name: "slowrank.agent.overhead.budget", Kind: Gauge, Unit: "1", Component: Agent,
 		Desc: "Overhead budget of everything the agent adds (fraction of step time).", Series: []Series{s("overhead_budget")}},
 	{Name: "slowrank.agent.overhead.spent", Kind: Gauge, Unit: "1", Component: Agent,
-		Desc: "Overhead spent over the ledger's horizon, by source (fraction of training time).", Series: []Series{{Key: "overhead_spent_*", Suffix: "source"}}},
+		Desc: "Overhead spent over the ledger's horizon, by source: device, uprobes, nccl_plugin (operations the NCCL profiler plugin recorded), library, and total (fraction of training time).", Series: []Series{{Key: "overhead_spent_*", Suffix: "source"}}},
 	{Name: "slowrank.agent.overhead.uprobes.hidden", Kind: Gauge, Unit: "1", Component: Agent,
 		Desc: "Uprobe trap time not charged to the budget because the host waited for the device for longer in the same steps (fraction of training time).", Series: []Series{s("overhead_hidden_uprobes")}},
 

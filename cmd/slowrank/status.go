@@ -583,6 +583,9 @@ func writeOverhead(w io.Writer, o agent.Overhead) {
 	if o.UprobesHidden > 0 {
 		fmt.Fprintf(w, "           uprobe traps hidden in the host's wait for the GPU, not charged: %.3f%%\n", o.UprobesHidden*100)
 	}
+	if o.NCCLPlugin > 0 {
+		fmt.Fprintf(w, "           NCCL operations the profiler plugin recorded, in spent: %.3f%%\n", o.NCCLPlugin*100)
+	}
 	fmt.Fprintf(w, "           over %s of training; escalations %d granted, %d refused\n",
 		o.Training.Round(time.Second), o.EscalationsGranted, o.EscalationsRefused)
 	fmt.Fprintf(w, "           device collection cost %s\n", cost)

@@ -296,3 +296,29 @@ func TestWriteStatusAlignsALongNCCLPath(t *testing.T) {
 		t.Fatalf("COLL column at %v, want one place in the header and both rows:\n%s", cols, b.String())
 	}
 }
+
+// TestStatusOverheadShowsPluginOnlyWhenSpent: the NCCL profiler plugin's
+// share of the spend has its own line once it is charged, and none before
+// (a job without --nccl-plugin reads as it did).
+func TestStatusOverheadShowsPluginOnlyWhenSpent(t *testing.T) {
+	line := "NCCL operations the profiler plugin recorded, in spent: "
+	for _, tc := range []struct {
+		name   string
+		plugin float64
+		want   string // "": no plugin line
+	}{
+		{"no plugin operations: no line", 0, ""},
+		{"plugin operations charged", 0.00042, line + "0.042%"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var b bytes.Buffer
+			writeOverhead(&b, agent.Overhead{Budget: 0.003, Uprobes: 0.0009, NCCLPlugin: tc.plugin, Library: 0.0001,
+				Total: 0.001 + tc.plugin, Training: time.Hour})
+			out := b.String()
+			if got := strings.Contains(out, line); got != (tc.want != "") || !strings.Contains(out, tc.want) {
+				t.Fatalf("overhead display, want %q:\n%s", tc.want, out)
+			}
+			checkWidth(t, out, 80)
+		})
+	}
+}
