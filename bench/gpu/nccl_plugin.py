@@ -55,6 +55,18 @@ ARMS3 = ("neither", "plugin", "plugin_kch")
 WILLIAMS3 = ((0, 1, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0), (0, 2, 1), (1, 0, 2))
 
 
+def init_nccl_group(torch, dist):
+    """The torch NCCL process group of RANK, WORLD_SIZE and LOCAL_RANK (the
+    launcher's variables; MASTER_ADDR 127.0.0.1, MASTER_PORT from PORT)."""
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", os.environ.get("PORT", "29610"))
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", str(rank))))
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
+    return rank, world, device
+
+
 def env_int(name, default):
     return int(os.environ.get(name, str(default)))
 
@@ -715,12 +727,7 @@ def clockloop(_args):
         print(json.dumps({"op": op, "ops": n, "seconds": secs, "nccl": nc.path}))
         return
     import torch.distributed as dist
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", os.environ.get("PORT", "29610"))
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", str(rank))))
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
+    rank, world, device = init_nccl_group(torch, dist)
     x = torch.ones(256, device=device)
     flag = torch.zeros(1, device=device)
     t0 = time.monotonic()
@@ -762,12 +769,7 @@ def loop(args):
     import torch
     import torch.distributed as dist
     n, blocks = int(args[0]), int(args[1])
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", os.environ.get("PORT", "29610"))
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", str(rank))))
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
+    rank, world, device = init_nccl_group(torch, dist)
     x = torch.ones(256, device=device)
     for _ in range(2000):
         dist.all_reduce(x)
