@@ -238,13 +238,8 @@ func (c *converter) ncclRecords(pid uint32, p *convProc, b *cupti.Batch, emitted
 			out = c.ncclComm(pid, p, cm, emitted, out)
 		}
 	}
-	if n := len(b.NCCLKernels); n > 0 {
-		// A kernel record is the GPU interval of one collective, joined by
-		// (CommHash, Rank, Func, Seq); correlate.DeviceInterval cannot name
-		// its collective, and as a plain comm kernel it would count twice
-		// with CUPTI's record of the same kernel (both on in the duty
-		// cycle's on-phases). Counted until the correlator takes them.
-		c.counters.add("nccl_kernel_records_unused", int64(n))
+	for _, k := range b.NCCLKernels {
+		out = c.ncclKernel(pid, p, k, out)
 	}
 	return out
 }
@@ -344,6 +339,37 @@ func (c *converter) ncclColl(pid uint32, p *convProc, r cupti.NCCLColl, emitted 
 		PID: pid, TID: r.TID, Kind: correlate.HostCollective, Op: ncclOp(r.Func),
 		Count: r.Count, Datatype: ncclDatatype(r.Datatype), Comm: comm,
 		StartNS: int64(start), EndNS: int64(end),
+		// A p2p call has no NCCL sequence number, a copy-engine one no
+		// kernel: neither has a kernel record to join.
+		NCCLSeq: r.Seq, HasNCCLSeq: !r.P2P && !r.CE,
+	}))
+}
+
+// ncclKernel turns the plugin's kernel record of a collective into the
+// CollKernel that the correlator joins with the call's HostCall by (Comm,
+// Op, NCCL seq): the device arrival order (correlate/devarrival.go). It is
+// not a DeviceInterval: CUPTI's record of the same kernel is one, in the
+// duty cycle's on-phases both come, and the kernel would count twice.
+func (c *converter) ncclKernel(pid uint32, p *convProc, k cupti.NCCLKernel, out []pipeline.Input) []pipeline.Input {
+	n := &p.nccl
+	st := n.comms[pluginComm{hash: k.CommHash, rank: k.Rank}]
+	var why string
+	switch {
+	case k.P2P:
+		why = "nccl_kernel_records_p2p" // no sequence number names the call
+	case k.ClockSuspect:
+		why = "nccl_kernel_records_clock_suspect"
+	case !n.plugin || n.perPeer != "" || st == nil || !st.resolved:
+		why = "nccl_kernel_records_off_plugin" // its call is the uprobes' (or not fed): nothing to join
+	}
+	if why != "" {
+		c.counters.add(why, 1)
+		return out
+	}
+	c.counters.add("nccl_kernel_records", 1)
+	return append(out, pipeline.OtherInput(correlate.CollKernel{
+		PID: pid, Comm: st.handle, Op: ncclOp(k.Func), NCCLSeq: k.Seq,
+		StartNS: int64(k.GPUStartNs), EndNS: int64(k.GPUEndNs),
 	}))
 }
 

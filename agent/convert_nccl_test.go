@@ -85,7 +85,8 @@ func TestPluginCollectiveIsTheUprobesHostCall(t *testing.T) {
 			}
 			h := hs[0]
 			want := correlate.HostCall{PID: pidNCCL, TID: 1, Kind: correlate.HostCollective, Op: tc.op, Count: 1024,
-				Datatype: tc.dtype, Comm: pluginComm{hash: hashA, rank: 3}.handle(), StartNS: tc.start, EndNS: tc.end}
+				Datatype: tc.dtype, Comm: pluginComm{hash: hashA, rank: 3}.handle(), StartNS: tc.start, EndNS: tc.end,
+				NCCLSeq: 7, HasNCCLSeq: true}
 			if h != want {
 				t.Errorf("host call\n got %+v\nwant %+v", h, want)
 			}
@@ -203,8 +204,8 @@ func TestPluginRecordsNotUsedAreCounted(t *testing.T) {
 			cupti.Batch{NCCLColls: []cupti.NCCLColl{pluginColl(1, t0+100)}}},
 		{"a collective from the far future", "nccl_plugin_records_implausible",
 			cupti.Batch{NCCLComms: []cupti.NCCLComm{pluginComm5(3)}, NCCLColls: []cupti.NCCLColl{pluginColl(1, uint64(emitAt)+1e12)}}},
-		{"a kernel record (the correlator cannot name its collective)", "nccl_kernel_records_unused",
-			cupti.Batch{NCCLComms: []cupti.NCCLComm{pluginComm5(3)}, NCCLKernels: []cupti.NCCLKernel{{CommHash: hashA, Seq: 7}}}},
+		{"a kernel record before the process is on the plugin (its call is the uprobes')", "nccl_kernel_records_off_plugin",
+			cupti.Batch{NCCLComms: []cupti.NCCLComm{pluginComm5(3)}, NCCLKernels: []cupti.NCCLKernel{{CommHash: hashA, Rank: 3, Seq: 7}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newConverter(newCounters(), true)
@@ -216,6 +217,52 @@ func TestPluginRecordsNotUsedAreCounted(t *testing.T) {
 			}
 			if got, want := c.pluginOps(), int64(len(tc.batch.NCCLColls)); got != want {
 				t.Errorf("plugin operations charged %d, want %d (one per collective record)", got, want)
+			}
+		})
+	}
+}
+
+// The plugin's kernel record of a collective becomes the CollKernel that
+// names the call as its HostCall does (handle, op, NCCL seq); one that
+// cannot be joined is counted by why.
+func TestPluginKernelRecordsNameTheirCall(t *testing.T) {
+	kernel := cupti.NCCLKernel{Func: cupti.NCCLFuncAllReduce, CommHash: hashA, Rank: 3, Seq: 7,
+		GPUStartNs: t0 + 500, GPUEndNs: t0 + 900}
+	for _, tc := range []struct {
+		name string
+		k    func(cupti.NCCLKernel) cupti.NCCLKernel
+		key  string // "" : fed
+	}{
+		{"a collective's kernel is fed", func(k cupti.NCCLKernel) cupti.NCCLKernel { return k }, ""},
+		{"a p2p kernel has no sequence number", func(k cupti.NCCLKernel) cupti.NCCLKernel {
+			k.P2P, k.Func = true, cupti.NCCLFuncSend
+			return k
+		}, "nccl_kernel_records_p2p"},
+		{"a suspect clock is not compared", func(k cupti.NCCLKernel) cupti.NCCLKernel { k.ClockSuspect = true; return k },
+			"nccl_kernel_records_clock_suspect"},
+		{"a communicator with no collective yet has no handle", func(k cupti.NCCLKernel) cupti.NCCLKernel { k.Rank = 4; return k },
+			"nccl_kernel_records_off_plugin"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newConverter(newCounters(), true)
+			pluginBatch(c, cupti.Batch{NCCLComms: []cupti.NCCLComm{pluginComm5(3), pluginComm5(4)}, NCCLColls: []cupti.NCCLColl{pluginColl(1, t0+100)}})
+			out := pluginBatch(c, cupti.Batch{NCCLKernels: []cupti.NCCLKernel{tc.k(kernel)}})
+			var ks []correlate.CollKernel
+			for _, in := range out {
+				if k, ok := in.Other().(correlate.CollKernel); ok {
+					ks = append(ks, k)
+				}
+			}
+			if tc.key != "" {
+				if len(ks) != 0 || c.counters.get(tc.key) != 1 {
+					t.Errorf("fed %+v, %s = %d; want none fed and 1", ks, tc.key, c.counters.get(tc.key))
+				}
+				return
+			}
+			want := correlate.CollKernel{PID: pidNCCL, Comm: pluginComm{hash: hashA, rank: 3}.handle(), Op: correlate.OpAllReduce,
+				NCCLSeq: 7, StartNS: int64(t0 + 500), EndNS: int64(t0 + 900)}
+			if len(ks) != 1 || ks[0] != want || c.counters.get("nccl_kernel_records") != 1 {
+				t.Errorf("fed %+v, want [%+v]", ks, want)
 			}
 		})
 	}

@@ -56,6 +56,8 @@ func (g *commGroup) noteStart(pc *procComm, seq uint64, start int64) {
 		g.width = len(g.members)
 		g.seqs = make([]uint64, arrivalSlots)
 		g.starts = make([]int64, arrivalSlots*g.width)
+		g.devStarts = make([]int64, arrivalSlots*g.width)
+		g.devEnds = make([]int64, arrivalSlots*g.width)
 	}
 	mi := slices.Index(g.members, pc)
 	if mi < 0 {
@@ -67,6 +69,7 @@ func (g *commGroup) noteStart(pc *procComm, seq uint64, start int64) {
 		g.seqs[w] = seq
 		for i := range row {
 			row[i] = absent
+			g.devStarts[w*g.width+i], g.devEnds[w*g.width+i] = absent, absent
 		}
 	}
 	row[mi] = start
@@ -155,13 +158,7 @@ func (c *Correlator) arrivalStage(p *proc, s *pendingStep) {
 	}
 	c.sc.lags = lags
 	if len(lags) > 0 {
-		slices.Sort(lags)
-		m := len(lags) / 2
-		med := float64(lags[m])
-		if len(lags)%2 == 0 {
-			med = (float64(lags[m-1]) + float64(lags[m])) / 2
-		}
-		s.lagMS, s.hasLag = med/1e6, true
+		s.lagMS, s.hasLag = medianNS(lags)/1e6, true
 	}
 }
 

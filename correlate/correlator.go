@@ -105,6 +105,7 @@ type proc struct {
 
 	sawSync, sawCollWait bool
 	everColl             bool   // a collective was seen
+	feedsKernels         bool   // a CollKernel came (devarrival.go)
 	syncCalls            uint64 // synchronisations seen
 
 	openStart    int64
@@ -167,6 +168,10 @@ type procComm struct {
 	regular   bool // a cycle has been confirmed on it: it carries per-step traffic
 	created   bool // its creation (AddCommInit) was seen, at createdAt
 	createdAt int64
+	// kern pairs the plugin's kernel records with their calls
+	// (devarrival.go); kernSeq is the latest call (seq) whose kernel came.
+	kern    *kernelKeys
+	kernSeq uint64
 }
 
 func (pc *procComm) nranks() int {
@@ -294,12 +299,17 @@ func (c *Correlator) collective(p *proc, h *HostCall, late bool) {
 			g.ops |= f
 			c.markGroupDirty(g)
 		}
-		if g.live >= 2 {
+		// A plugin call is noted with one member too: its kernel's time
+		// goes into the step's DeviceCollMS (devarrival.go).
+		if g.live >= 2 || h.HasNCCLSeq {
 			g.noteStart(pc, pc.seq, h.StartNS)
 			if !late {
 				c.hostRec(p, rec{start: h.StartNS, end: h.EndNS, kind: rColl, aux: pc.seq, ref: g.num})
 			}
 		}
+	}
+	if h.HasNCCLSeq {
+		c.keyCall(pc, h.Op, h.NCCLSeq, pc.seq)
 	}
 	if pc.det.yield(h) {
 		c.onEvents(p, pc)
@@ -704,6 +714,9 @@ func (r *RankStats) Add(o RankStats) {
 	r.DegradedSteps += o.DegradedSteps
 	r.NoRankSteps += o.NoRankSteps
 	r.ArrivalTimeout += o.ArrivalTimeout
+	r.KernelRecords += o.KernelRecords
+	r.KernelsUnmatched += o.KernelsUnmatched
+	r.DeviceArrivalTimeout += o.DeviceArrivalTimeout
 	r.ImplausibleSizes += o.ImplausibleSizes
 }
 

@@ -32,6 +32,12 @@ type pendingStep struct {
 	votes, lastVotes int
 	ties             []tieSet
 	self             *proc
+
+	// Device arrival evidence (devarrival.go), gathered at the device
+	// stage.
+	devLagMS, collDevMS    float64
+	hasDevLag, hasCollDev  bool
+	devVotes, devLastVotes int
 }
 
 const (
@@ -673,6 +679,13 @@ func (c *Correlator) measureDue(p *proc, force bool) {
 		if !force && c.now < c.due(p, s) {
 			return
 		}
+		if !c.kernelsReady(p, s) {
+			if !force && c.now < s.end+int64(c.cfg.DeviceReorder) {
+				return
+			}
+			p.stats.DeviceArrivalTimeout++
+		}
+		c.deviceArrival(p, s)
 		c.measureDevice(p, s)
 	}
 }
@@ -842,6 +855,7 @@ func (c *Correlator) emit(p *proc, s *pendingStep) {
 		st.Workload = &detector.Workload{FP: s.fp}
 	}
 	st.LastArrival, st.ArrivalLagMS = c.arrivalFields(s)
+	st.DeviceLastArrival, st.DeviceArrivalLagMS, st.DeviceCollMS = deviceFields(s)
 	c.steps = append(c.steps, st)
 	p.stats.Steps++
 }

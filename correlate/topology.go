@@ -21,10 +21,12 @@ type commGroup struct {
 	ops     opFlags
 
 	// Arrival ring: per collective sequence number, the host start time
-	// of each member's call.
-	seqs   []uint64
-	starts []int64
-	width  int
+	// of each member's call, and the GPU start and end of its kernel where
+	// the plugin timed it (devarrival.go).
+	seqs               []uint64
+	starts             []int64
+	devStarts, devEnds []int64
+	width              int
 }
 
 // defaultUID identifies the default c10d group of a job (calls without a
@@ -58,7 +60,7 @@ func (c *Correlator) join(g *commGroup, pc *procComm) {
 	g.members = append(g.members[:k], pc)
 	g.live = len(g.members)
 	g.width = 0
-	g.seqs, g.starts = nil, nil
+	g.seqs, g.starts, g.devStarts, g.devEnds = nil, nil, nil, nil
 	pc.grp = g
 }
 

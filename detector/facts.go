@@ -140,6 +140,20 @@ type Step struct {
 	// ArrivalLagMS is how long after the first rank this rank arrived at the
 	// step's collectives, median over the step's collectives.
 	ArrivalLagMS *float64 `json:"arrival_lag_ms,omitempty"`
+	// DeviceLastArrival is true when this rank's GPU was the last of the
+	// ranks on its host to start the kernels of the majority of the step's
+	// collectives (NCCL's profiler plugin times them): who the others
+	// waited for, where LastArrival says who enqueued last.
+	DeviceLastArrival *bool `json:"device_last_arrival,omitempty"`
+	// DeviceArrivalLagMS is how long after the first rank on its host this
+	// rank's kernels started, median over the step's collectives.
+	DeviceArrivalLagMS *float64 `json:"device_arrival_lag_ms,omitempty"`
+	// DeviceCollMS is the GPU time of the step's collectives, their
+	// kernels' durations summed, when every one was timed. A collective
+	// ends at about the same time on all its ranks, so the rank that
+	// reached it last spends the least time in it: the detector compares
+	// it across ranks and hosts without comparing their clocks.
+	DeviceCollMS *float64 `json:"device_coll_ms,omitempty"`
 }
 
 // Workload is the evidence that two steps did comparable work: equal

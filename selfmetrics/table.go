@@ -41,7 +41,10 @@ var Table = []Metric{
 			// The NCCL profiler plugin's path (agent/convert_nccl.go, cupti/slowrank_nccl.c).
 			s("nccl_plugin_records_before_comm", "reason", "nccl_before_comm"), // collectives of a process with no comm record yet (its uprobes report them)
 			s("nccl_plugin_records_implausible", "reason", "nccl_implausible_time"),
-			s("nccl_kernel_records_unused", "reason", "nccl_kernel_unused"),      // GPU intervals the correlator cannot take yet
+			s("nccl_kernel_records_off_plugin", "reason", "nccl_kernel_off_plugin"), // kernels of calls the uprobes report (or not fed): nothing to join them to
+			s("nccl_kernel_records_p2p", "reason", "nccl_kernel_p2p"),               // p2p kernels: no sequence number names their call
+			s("nccl_kernel_records_clock_suspect", "reason", "nccl_kernel_clock_suspect"),
+			s("correlate_kernels_unmatched", "reason", "nccl_kernel_unmatched"),  // their call never came, or its arrival row was gone
 			s("nccl_plugin_reorder_overflow", "reason", "nccl_reorder_overflow"), // held calls released early: a process held more than 65,536
 			{Key: "cupti_lib_nccl_ring_full", Attrs: []string{"reason", "nccl_ring_full"}, Component: Library},
 			{Key: "cupti_lib_nccl_incomplete", Attrs: []string{"reason", "nccl_kernel_incomplete"}, Component: Library},
@@ -142,6 +145,8 @@ var Table = []Metric{
 		Desc: "NCCL profiler-plugin collective records not fed because their process is kept on the uprobes (the uprobes report those calls).", Series: []Series{s("nccl_plugin_records_kept_on_uprobes")}},
 	{Name: "slowrank.agent.nccl.plugin.collectives", Kind: Counter, Unit: "{call}", Component: Agent,
 		Desc: "NCCL collectives taken from the profiler plugin's records.", Series: []Series{s("nccl_plugin_colls")}},
+	{Name: "slowrank.agent.nccl.plugin.kernels", Kind: Counter, Unit: "{record}", Component: Agent,
+		Desc: "NCCL profiler-plugin kernel records (a collective's GPU start and end) fed to the correlator for the device arrival order; slowrank.correlate.kernels.joined counts those it joined with their calls.", Series: []Series{s("nccl_kernel_records")}},
 	{Name: "slowrank.agent.nccl.plugin.comms", Kind: Counter, Unit: "{communicator}", Component: Agent,
 		Desc: "Communicators taken from the profiler plugin's records, by outcome.", Series: []Series{
 			s("nccl_plugin_comms", "outcome", "tracked"),
@@ -317,6 +322,10 @@ var Table = []Metric{
 		Desc: "Step cycles locked again after being lost.", Series: []Series{s("correlate_relocks")}},
 	{Name: "slowrank.correlate.arrival.timeouts", Kind: Counter, Unit: "{step}", Component: Agent,
 		Desc: "Steps emitted before every local peer reported its arrival.", Series: []Series{s("correlate_arrival_timeouts")}},
+	{Name: "slowrank.correlate.kernels.received", Kind: Counter, Unit: "{record}", Component: Agent,
+		Desc: "NCCL collective kernel records the correlator received (joined unless counted in slowrank.records.dropped, reason nccl_kernel_unmatched).", Series: []Series{s("correlate_kernel_records")}},
+	{Name: "slowrank.correlate.device_arrival.timeouts", Kind: Counter, Unit: "{step}", Component: Agent,
+		Desc: "Steps emitted before every collecting local peer's kernel records of their collectives came (3 s after the step's end).", Series: []Series{s("correlate_device_arrival_timeouts")}},
 	{Name: "slowrank.correlate.implausible_sizes", Kind: Counter, Unit: "{report}", Component: Agent,
 		Desc: "World or communicator sizes above 131,072 ranks (from a process's environment or its NCCL calls), treated as unknown.", Series: []Series{s("correlate_implausible_sizes")}},
 

@@ -29,7 +29,7 @@ func HostInput(h correlate.HostCall) Input { return Input{kind: inputHost, host:
 func DeviceInput(d correlate.DeviceInterval) Input { return Input{kind: inputDevice, dev: d} }
 
 // OtherInput carries any other record: correlate.CommInit, CommDestroy,
-// Coverage, Drop, RankInfo, a PluginPath, or a record of the agent's own
+// CollKernel, Coverage, Drop, RankInfo, a PluginPath, or a record of the agent's own
 // that it takes out of the batch before feeding it (Other).
 func OtherInput(v any) Input { return Input{other: v} }
 

@@ -152,6 +152,8 @@ func (p *Pipeline) handle(in any) {
 		p.corr.AddCommDestroy(v)
 	case correlate.DeviceInterval:
 		p.corr.AddDevice(v)
+	case correlate.CollKernel:
+		p.corr.AddCollKernel(v)
 	case correlate.Coverage:
 		p.corr.AddCoverage(v)
 	case correlate.Drop:

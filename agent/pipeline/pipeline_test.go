@@ -79,9 +79,10 @@ func TestCountersKeepTheirNamesBeforeAnyRecord(t *testing.T) {
 	det, _ := detector.New(detector.DefaultConfig())
 	p := New(Config{Correlator: correlate.New(correlate.Config{}), Detector: det})
 	want := []string{
-		"correlate_arrival_timeouts", "correlate_burst_steps", "correlate_degraded_steps", "correlate_dropped_device",
-		"correlate_dropped_host", "correlate_duplicate", "correlate_evicted", "correlate_implausible_sizes",
-		"correlate_init_calls", "correlate_invalid_steps", "correlate_irregular_calls", "correlate_late",
+		"correlate_arrival_timeouts", "correlate_burst_steps", "correlate_degraded_steps", "correlate_device_arrival_timeouts",
+		"correlate_dropped_device", "correlate_dropped_host", "correlate_duplicate", "correlate_evicted",
+		"correlate_implausible_sizes", "correlate_init_calls", "correlate_invalid_steps", "correlate_irregular_calls",
+		"correlate_kernel_records", "correlate_kernels_unmatched", "correlate_late",
 		"correlate_norank_steps", "correlate_relocks", "correlate_reordered", "correlate_retracted_steps",
 		"correlate_unassigned", "detector_duplicates", "detector_evicted", "detector_late",
 		"detector_late_after_swap", "detector_rejected_ranks",

@@ -121,10 +121,16 @@ func (p *Pipeline) Counters() map[string]int64 {
 		// Collectives before each communicator's first confirmed cycle
 		// (parameter broadcasts, barrier storms, warm-up): cut into no
 		// steps.
-		"correlate_init_calls":        int64(t.InitCalls),
-		"correlate_reordered":         int64(t.Reordered),
-		"correlate_arrival_timeouts":  int64(t.ArrivalTimeout),
-		"correlate_implausible_sizes": int64(t.ImplausibleSizes),
+		"correlate_init_calls":       int64(t.InitCalls),
+		"correlate_reordered":        int64(t.Reordered),
+		"correlate_arrival_timeouts": int64(t.ArrivalTimeout),
+		// The NCCL plugin's kernel records: joined with their calls for
+		// the device arrival order, or not (their call never came), and
+		// steps emitted before every local peer's kernels came.
+		"correlate_kernel_records":          int64(t.KernelRecords),
+		"correlate_kernels_unmatched":       int64(t.KernelsUnmatched),
+		"correlate_device_arrival_timeouts": int64(t.DeviceArrivalTimeout),
+		"correlate_implausible_sizes":       int64(t.ImplausibleSizes),
 		// Boundaries of bursts far shorter than the steps (the Trainer's
 		// end-of-training calls): merged into the next step or dropped.
 		"correlate_burst_steps": int64(t.BurstSteps),
