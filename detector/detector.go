@@ -133,6 +133,9 @@ type rankWindow struct {
 	noWorkload int
 	lastArrive int
 	arrivals   int
+	// Device arrival (Step.DeviceLastArrival, DeviceCollMS): device.go.
+	devLast, devArrivals int
+	devColl              []float64
 }
 
 // SetOrigin fixes t0 of a job: window index = floor((end_ns - t0) / window).
@@ -333,6 +336,7 @@ func (d *Detector) record(j *job, idx int64, s Step) {
 			rw.lastArrive++
 		}
 	}
+	rw.recordDevice(&s)
 }
 
 // Advance tells the detector that event time has reached watermark (for

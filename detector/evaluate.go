@@ -15,13 +15,14 @@ type cohort struct {
 
 // member is one cohort rank's evidence in one window.
 type member struct {
-	rank   int
-	rw     *rankWindow // nil when the rank sent nothing in the window
-	fp     string
-	tokens int64
-	hasWL  bool
-	med    []float64          // per phase; NaN when absent
-	ev     [nEvidence]float64 // evidence medians; NaN when absent
+	rank    int
+	rw      *rankWindow // nil when the rank sent nothing in the window
+	fp      string
+	tokens  int64
+	hasWL   bool
+	med     []float64          // per phase; NaN when absent
+	ev      [nEvidence]float64 // evidence medians; NaN when absent
+	devColl float64            // median Step.DeviceCollMS; NaN when absent
 }
 
 // evaluation is the outcome of one (member, phase) before the state machine.
@@ -193,7 +194,11 @@ func (d *Detector) members(win *window, c cohort) []member {
 		for k := range m.ev {
 			m.ev[k] = math.NaN()
 		}
+		m.devColl = math.NaN()
 		if m.rw != nil {
+			if len(m.rw.devColl) > 0 {
+				m.devColl = d.median(m.rw.devColl)
+			}
 			for k, vals := range m.rw.evidence {
 				if len(vals) > 0 {
 					m.ev[k] = d.median(vals)

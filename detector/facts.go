@@ -197,6 +197,17 @@ type Verdict struct {
 	// LastArrivalShare is the share of the rank's steps in the window in
 	// which it arrived last at the collectives, when that evidence exists.
 	LastArrivalShare *float64 `json:"last_arrival_share,omitempty"`
+	// DeviceLastArrivalShare is the share of the rank's steps in the
+	// window in which its GPU was the last of its host's ranks to start
+	// the collectives' kernels (Step.DeviceLastArrival), when known.
+	DeviceLastArrivalShare *float64 `json:"device_last_arrival_share,omitempty"`
+	// DeviceCollMS is the rank's median Step.DeviceCollMS in the window
+	// and DeviceCollPeerMS the median of its cohort's other ranks' medians,
+	// when it and at least one other rank report it: a rank whose
+	// collectives take clearly less GPU time than its peers' is the one
+	// they waited for, on any host, with no clock compared.
+	DeviceCollMS     *float64 `json:"device_coll_ms,omitempty"`
+	DeviceCollPeerMS *float64 `json:"device_coll_peer_ms,omitempty"`
 	// GPU is what NVML saw on the rank's GPU during the window: evidence to
 	// read next to the verdict, never a root-cause claim. Absent without NVML.
 	GPU *GPUEvidence `json:"gpu_evidence,omitempty"`

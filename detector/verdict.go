@@ -61,6 +61,7 @@ func (d *Detector) transition(j *job, win *window, rs *rankState, ms []member, s
 		share := float64(m.rw.lastArrive) / float64(m.rw.arrivals)
 		v.LastArrivalShare = &share
 	}
+	d.deviceEvidence(&v, ms, self)
 	v.Reason = d.reason(v, e)
 	return v, true
 }
@@ -111,6 +112,9 @@ func (d *Detector) reason(v Verdict, e evaluation) string {
 	}
 	if v.LastArrivalShare != nil && v.State != StateRecovered {
 		s += fmt.Sprintf("; arrived last at collectives in %.0f%% of its steps", *v.LastArrivalShare*100)
+	}
+	if v.State != StateRecovered {
+		s += deviceText(v)
 	}
 	return s
 }

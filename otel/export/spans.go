@@ -38,6 +38,9 @@ const (
 	AttrEpoch          = attribute.Key(wire.AttrEpoch)
 	AttrLastArrival    = attribute.Key(wire.AttrLastArrival)
 	AttrArrivalLagMS   = attribute.Key(wire.AttrArrivalLagMS)
+	AttrDevLast        = attribute.Key(wire.AttrDevLast)
+	AttrDevLagMS       = attribute.Key(wire.AttrDevLagMS)
+	AttrDevCollMS      = attribute.Key(wire.AttrDevCollMS)
 	// AttrExport says why the span was exported: anomalous, compare, baseline.
 	AttrExport = attribute.Key("slowrank.export")
 	// AttrState is the rank's worst verdict state in the window ("ok" when
@@ -129,6 +132,15 @@ func (e *Exporter) emitStep(f *selectedFact, window int64, d *decision, topo map
 	if s.ArrivalLagMS != nil {
 		attrs = append(attrs, AttrArrivalLagMS.Float64(*s.ArrivalLagMS))
 	}
+	if s.DeviceLastArrival != nil {
+		attrs = append(attrs, AttrDevLast.Bool(*s.DeviceLastArrival))
+	}
+	if s.DeviceArrivalLagMS != nil {
+		attrs = append(attrs, AttrDevLagMS.Float64(*s.DeviceArrivalLagMS))
+	}
+	if s.DeviceCollMS != nil {
+		attrs = append(attrs, AttrDevCollMS.Float64(*s.DeviceCollMS))
+	}
 	names := make([]string, 0, len(s.Phases))
 	for name, v := range s.Phases {
 		attrs = append(attrs, PhaseAttr(name).Float64(v))
@@ -217,6 +229,12 @@ func verdictAttrs(v *detector.Verdict) []attribute.KeyValue {
 	}
 	if v.LastArrivalShare != nil {
 		a = append(a, attribute.Float64("last_arrival_share", *v.LastArrivalShare))
+	}
+	if v.DeviceLastArrivalShare != nil {
+		a = append(a, attribute.Float64("device_last_arrival_share", *v.DeviceLastArrivalShare))
+	}
+	if v.DeviceCollMS != nil {
+		a = append(a, attribute.Float64("device_coll_ms", *v.DeviceCollMS), attribute.Float64("device_coll_peer_ms", *v.DeviceCollPeerMS))
 	}
 	return a
 }

@@ -284,6 +284,9 @@ const (
 	fTokens
 	fLast
 	fLag
+	fDevLast
+	fDevLag
+	fDevColl
 	fJob
 	fKind
 )
@@ -326,6 +329,19 @@ func (sd *stepDecoder) intAttr(bit int, key string, v pcommon.Value, lo, hi int6
 		return 0, sd.fail("%s = %d out of range [%d, %d]", key, n, lo, hi)
 	}
 	return n, true
+}
+
+// msAttr decodes a duration attribute given at most once: a finite,
+// non-negative number of milliseconds.
+func (sd *stepDecoder) msAttr(f int, k string, v pcommon.Value) (*float64, bool) {
+	if !sd.once(f, k) {
+		return nil, false
+	}
+	x, isNum := number(v)
+	if !isNum || !(x >= 0) || x > maxPhaseMS {
+		return nil, sd.fail("%s must be a finite, non-negative number of ms", k)
+	}
+	return &x, true
 }
 
 func (sd *stepDecoder) boolAttr(bit int, key string, v pcommon.Value) (bool, bool) {
@@ -415,15 +431,16 @@ func (sd *stepDecoder) attr(k string, v pcommon.Value) bool {
 			sd.s.LastArrival = &b
 		}
 	case AttrArrivalLagMS:
-		if !sd.once(fLag, k) {
-			return false
+		sd.s.ArrivalLagMS, ok = sd.msAttr(fLag, k, v)
+	case AttrDevLast:
+		var b bool
+		if b, ok = sd.boolAttr(fDevLast, k, v); ok {
+			sd.s.DeviceLastArrival = &b
 		}
-		x, isNum := number(v)
-		if !isNum || !(x >= 0) || x > maxPhaseMS {
-			return sd.fail("%s must be a finite, non-negative number of ms", k)
-		}
-		sd.s.ArrivalLagMS = &x
-		ok = true
+	case AttrDevLagMS:
+		sd.s.DeviceArrivalLagMS, ok = sd.msAttr(fDevLag, k, v)
+	case AttrDevCollMS:
+		sd.s.DeviceCollMS, ok = sd.msAttr(fDevColl, k, v)
 	default:
 		name, isPhase := strings.CutPrefix(k, PhaseAttrPrefix)
 		if !isPhase {

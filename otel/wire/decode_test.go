@@ -26,6 +26,7 @@ func sampleStep() detector.Step {
 		GPU:      true,
 		Workload: &detector.Workload{FP: "9f2c01aa", Tokens: 8192},
 		Epoch:    7, LastArrival: ptr(true), ArrivalLagMS: ptr(1.5),
+		DeviceLastArrival: ptr(false), DeviceArrivalLagMS: ptr(0.25), DeviceCollMS: ptr(4.5),
 	}
 }
 

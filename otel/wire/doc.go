@@ -48,6 +48,9 @@
 //	slowrank.workload.tokens int     ≥ 0
 //	slowrank.last_arrival    bool    last at the step's collectives
 //	slowrank.arrival_lag_ms  double  ≥ 0
+//	slowrank.device_last_arrival bool    its GPU last at the step's collectives
+//	slowrank.device_arrival_lag_ms double ≥ 0
+//	slowrank.device_coll_ms  double  ≥ 0, the step's collectives' GPU time
 //	topology records: body = the topology fact of DESIGN.md 5.1 as a JSON
 //	string (job equal to the resource's; a rank's optional placement, k8s,
 //	container_id, slurm and gpu, as there); slowrank.topology.version, if

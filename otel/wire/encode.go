@@ -94,6 +94,15 @@ func appendStepRecord(lr plog.LogRecord, host string, s *detector.Step, wall fun
 	if s.ArrivalLagMS != nil {
 		a.PutDouble(AttrArrivalLagMS, *s.ArrivalLagMS)
 	}
+	if s.DeviceLastArrival != nil {
+		a.PutBool(AttrDevLast, *s.DeviceLastArrival)
+	}
+	if s.DeviceArrivalLagMS != nil {
+		a.PutDouble(AttrDevLagMS, *s.DeviceArrivalLagMS)
+	}
+	if s.DeviceCollMS != nil {
+		a.PutDouble(AttrDevCollMS, *s.DeviceCollMS)
+	}
 	for name, v := range s.Phases {
 		a.PutDouble(PhaseAttr(name), v)
 	}

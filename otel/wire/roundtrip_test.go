@@ -25,7 +25,8 @@ func roundTripFacts() ([]detector.Topology, []detector.Step) {
 		StartNS: 0, EndNS: 0, Phases: map[string]float64{}}
 	custom := detector.Step{Kind: detector.KindStep, Job: "j2", Rank: MaxRank - 1, Step: 1 << 40, Host: "h1",
 		StartNS: 5_000_000, EndNS: 9_000_000, Phases: map[string]float64{"data_load": 0, "step": 4},
-		Workload: &detector.Workload{FP: "only-fp"}, LastArrival: ptr(false), ArrivalLagMS: ptr(0.0)}
+		Workload: &detector.Workload{FP: "only-fp"}, LastArrival: ptr(false), ArrivalLagMS: ptr(0.0),
+		DeviceLastArrival: ptr(true), DeviceArrivalLagMS: ptr(0.0), DeviceCollMS: ptr(0.0)}
 	tokensOnly := detector.Step{Kind: detector.KindStep, Job: "j2", Rank: 1, Step: 2, Host: "h1",
 		StartNS: 1, EndNS: 2, Phases: map[string]float64{"compute": 1e-3}, Workload: &detector.Workload{Tokens: 1}}
 

@@ -46,6 +46,9 @@ const (
 	AttrWorkloadTokens = "slowrank.workload.tokens"
 	AttrLastArrival    = "slowrank.last_arrival"
 	AttrArrivalLagMS   = "slowrank.arrival_lag_ms"
+	AttrDevLast        = "slowrank.device_last_arrival"
+	AttrDevLagMS       = "slowrank.device_arrival_lag_ms"
+	AttrDevCollMS      = "slowrank.device_coll_ms"
 	// PhaseAttrPrefix and PhaseAttrSuffix frame a phase value attribute:
 	// slowrank.phase.<name>_ms.
 	PhaseAttrPrefix = "slowrank.phase."
