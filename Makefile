@@ -98,6 +98,7 @@ test: lint build fakelibs cupti-test cupti-test-tsan cupti-stress cupti-nccl-san
 bench-selftest: ## the GPU benches' analysis (bench/gpu/analyze.py: statistics, plans, parsers; nccl_plugin.py's dump pairing) on synthetic data; standard-library Python
 	python3 bench/gpu/analyze.py selftest
 	python3 bench/gpu/nccl_plugin.py selftest
+	python3 bench/gpu/nccl_arrival.py selftest
 
 demo: build fakelibs ## the agent on a 4-rank fake job with one slow rank (root)
 	test/demo/demo.sh

@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+"""Issue 20, item 2 on one H200: the device arrival order against the truth.
+
+  loop     the workload (nccl_plugin.sh part "arrival"): WORLD_SIZE ranks of a
+           torch NCCL process group (on one GPU each its own NCCL_HOSTID, so
+           that NCCL runs ring kernels over its socket transport); a step is
+           BUCKETS times [CHUNK_MM matmuls of MM_N x MM_N bf16 (rank SLOW_RANK
+           EXTRA_MM more), then an all-reduce of BUCKET_KB], all on the
+           current stream like DDP's buckets, then .item() of a loss: every
+           all-reduce waits for the slow rank's extra matmuls on its GPU while
+           the hosts enqueue the step's work at once. CUDA events time each
+           rank's chunks: the truth of how much later the slow GPU reaches
+           each collective. Busy until START_FILE exists, then RUN_S seconds
+           (rank 0 decides, every rank runs the same steps). Writes
+           TRUTH_FILE (@RANK@: the rank) as JSON.
+  analyze  FACTS VERDICTS STATUS OUT TRUTH...: per rank the steps with device
+           evidence, the share with device_last_arrival, the median
+           device_arrival_lag_ms and device_coll_ms, the host evidence beside
+           them, the verdicts that carry it, the agent's kernel counters,
+           and checks against the truth.
+  selftest analyze on synthetic facts (CPU, make bench-selftest).
+"""
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+
+def env(name, default, kind=int):
+    return kind(os.environ.get(name, str(default)))
+
+
+def loop(_args):
+    import torch
+    import torch.distributed as dist
+    rank, world = env("RANK", 0), env("WORLD_SIZE", 1)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", os.environ.get("PORT", "29620"))
+    device = torch.device("cuda", env("LOCAL_RANK", rank))
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
+    n, buckets, chunk = env("MM_N", 4096), env("BUCKETS", 8), env("CHUNK_MM", 4)
+    extra = env("EXTRA_MM", 0) if rank == env("SLOW_RANK", 1) else 0
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    grads = [torch.ones(env("BUCKET_KB", 1024) * 256, device=device) for _ in range(buckets)]
+    flag = torch.zeros(1, device=device)
+    path, run_s, wait_s = os.environ.get("START_FILE"), env("RUN_S", 60, float), env("START_WAIT_S", 120, float)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(buckets)]
+    chunk_ms, steps, t0, phase, started = [], 0, time.monotonic(), "wait", None
+    while True:
+        if rank == 0:
+            now = time.monotonic()
+            if phase == "wait" and (not path or os.path.exists(path)):
+                phase, started = "run", now
+            code = {"wait": 0.0, "run": 1.0}[phase]
+            if phase == "wait" and now - t0 > wait_s:
+                code = 3.0
+            if phase == "run" and now - started > run_s:
+                code = 2.0
+            flag.fill_(code)
+        dist.broadcast(flag, 0)
+        c = flag.item()
+        if c == 3.0:
+            raise SystemExit(f"no {path} after {wait_s} s")
+        if c == 2.0:
+            break
+        for k in range(buckets):
+            events[k][0].record()
+            x = a
+            for _ in range(chunk + extra):
+                x = torch.mm(x, b)
+                x = x * (1.0 / n)  # keep the values finite
+            events[k][1].record()
+            grads[k].add_(x[0, 0].float())
+            dist.all_reduce(grads[k])
+        loss = sum(g[0] for g in grads)
+        loss.item()  # the step's synchronisation, as a training loop logs its loss
+        if c == 1.0:
+            steps += 1
+            chunk_ms.append(statistics.median(s.elapsed_time(e) for s, e in events))
+    dist.destroy_process_group()
+    out = {"rank": rank, "world_size": world, "steps": steps, "buckets": buckets, "extra_mm": extra,
+           "chunk_mm": chunk, "mm_n": n, "chunk_ms_median": statistics.median(chunk_ms) if chunk_ms else None,
+           "run_s": run_s}
+    truth = os.environ.get("TRUTH_FILE", "").replace("@RANK@", str(rank))
+    if truth:
+        with open(truth, "w") as f:
+            json.dump(out, f)
+    print(json.dumps(out))
+
+
+def read_jsonl(path):
+    out = []
+    if not os.path.exists(path):
+        return out
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                out.append(json.loads(line))
+    return out
+
+
+def median(v):
+    return statistics.median(v) if v else None
+
+
+def share(v):
+    return sum(1 for x in v if x) / len(v) if v else None
+
+
+def per_rank(steps):
+    ranks = {}
+    for s in steps:
+        if s.get("kind") != "step":
+            continue
+        r = ranks.setdefault(s["rank"], {"steps": 0, "dev_last": [], "dev_lag": [], "dev_coll": [],
+                                         "host_last": [], "host_lag": [], "gpu_steps": 0})
+        r["steps"] += 1
+        r["gpu_steps"] += 1 if s.get("gpu") else 0
+        for key, field in (("dev_last", "device_last_arrival"), ("dev_lag", "device_arrival_lag_ms"),
+                           ("dev_coll", "device_coll_ms"), ("host_last", "last_arrival"), ("host_lag", "arrival_lag_ms")):
+            if field in s:
+                r[key].append(s[field])
+    out = {}
+    for rank, r in sorted(ranks.items()):
+        out[str(rank)] = {
+            "steps": r["steps"], "covered_steps": r["gpu_steps"],
+            "steps_with_device_order": len(r["dev_last"]),
+            "device_last_share": share(r["dev_last"]),
+            "device_arrival_lag_ms_median": median(r["dev_lag"]),
+            "steps_with_device_coll": len(r["dev_coll"]),
+            "device_coll_ms_median": median(r["dev_coll"]),
+            "steps_with_host_order": len(r["host_last"]),
+            "host_last_share": share(r["host_last"]),
+            "host_arrival_lag_ms_median": median(r["host_lag"]),
+        }
+    return out
+
+
+def counters(status_path):
+    try:
+        st = json.load(open(status_path))
+    except (OSError, ValueError):
+        return {}
+    c = st.get("counters", st)
+    keys = ("nccl_kernel_records", "nccl_kernel_records_p2p", "nccl_kernel_records_clock_suspect",
+            "nccl_kernel_records_off_plugin", "correlate_kernel_records", "correlate_kernels_unmatched",
+            "correlate_device_arrival_timeouts", "nccl_plugin_colls", "correlate_arrival_timeouts")
+    return {k: c.get(k) for k in keys if isinstance(c, dict)}
+
+
+def analyze(args):
+    facts, verdicts, status, out_path, truths = args[0], args[1], args[2], args[3], args[4:]
+    truth = {}
+    for t in truths:
+        if os.path.exists(t):
+            d = json.load(open(t))
+            truth[str(d["rank"])] = d
+    ranks = per_rank(read_jsonl(facts))
+    vs = [v for v in read_jsonl(verdicts) if v.get("kind") == "verdict"]
+    res = {"ranks": ranks, "truth": truth, "counters": counters(status),
+           "verdicts": [{k: v.get(k) for k in ("window", "rank", "phase", "state", "deviation", "device_last_arrival_share",
+                                                "device_coll_ms", "device_coll_peer_ms", "last_arrival_share", "reason")}
+                        for v in vs if v.get("state") in ("candidate", "straggler")]}
+    slow = [r for r, d in truth.items() if d.get("extra_mm")]
+    checks = []
+    if slow and len(truth) >= 2:
+        s = slow[0]
+        others = [r for r in truth if r != s]
+        expect = truth[s]["chunk_ms_median"] - statistics.median(truth[o]["chunk_ms_median"] for o in others)
+        res["expected_lag_ms"] = expect
+        rs = ranks.get(s, {})
+        lag = rs.get("device_arrival_lag_ms_median")
+        checks += [
+            ("the slow rank has device evidence in >= 100 steps", (rs.get("steps_with_device_order") or 0) >= 100),
+            ("the slow rank's GPU starts last in >= 90 % of them", (rs.get("device_last_share") or 0) >= 0.9),
+            ("every other rank's in <= 10 %", all((ranks.get(o, {}).get("device_last_share") or 0) <= 0.1 for o in others)),
+            ("its median device lag is the truth's within 25 % or 0.1 ms",
+             lag is not None and abs(lag - expect) <= max(0.25 * expect, 0.1)),
+            ("its collectives take less GPU time than every other rank's",
+             all((rs.get("device_coll_ms_median") or 1e9) < (ranks.get(o, {}).get("device_coll_ms_median") or 0) for o in others)),
+        ]
+    elif truth:
+        checks += [("no rank's GPU starts last in > 80 % of its steps",
+                    all((d.get("device_last_share") or 0) <= 0.8 for d in ranks.values())),
+                   ("device evidence in >= 100 steps per rank",
+                    all(d.get("steps_with_device_order", 0) >= 100 for d in ranks.values()))]
+    res["checks"] = [{"check": c, "ok": bool(ok)} for c, ok in checks]
+    res["ok"] = all(ok for _, ok in checks) if checks else None
+    what = os.environ.get("ARRIVAL_LABEL")
+    if what:
+        res["what"] = what
+    with open(out_path, "w") as f:
+        json.dump(res, f, indent=1)
+    print(json.dumps({k: res[k] for k in ("ranks", "checks", "ok") if k in res}))
+    return res
+
+
+def selftest(_args):
+    """analyze on synthetic facts: a slow rank 1, 200 steps."""
+    d = tempfile.mkdtemp()
+    facts, truths = os.path.join(d, "f.jsonl"), []
+    with open(facts, "w") as f:
+        for i in range(200):
+            for r in range(2):
+                f.write(json.dumps({"kind": "step", "rank": r, "step": i, "gpu": True, "device_last_arrival": r == 1,
+                                    "device_arrival_lag_ms": 0.4 if r == 1 else 0.0,
+                                    "device_coll_ms": 2.0 if r == 1 else 5.2, "last_arrival": i % 2 == r}) + "\n")
+    for r in range(2):
+        p = os.path.join(d, f"t{r}.json")
+        json.dump({"rank": r, "extra_mm": 2 if r == 1 else 0, "chunk_ms_median": 1.2 if r == 1 else 0.8}, open(p, "w"))
+        truths.append(p)
+    sys.stdout = open(os.devnull, "w")
+    try:
+        res = analyze([facts, os.path.join(d, "none"), os.path.join(d, "none"), os.path.join(d, "o.json")] + truths)
+    finally:
+        sys.stdout.close()
+        sys.stdout = sys.__stdout__
+    ok = res["ok"] is True and res["ranks"]["1"]["device_last_share"] == 1.0 and abs(res["expected_lag_ms"] - 0.4) < 1e-9
+    print(f"nccl_arrival selftest: {'pass' if ok else 'FAIL'}")
+    if not ok:
+        print(json.dumps(res))
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    {"loop": loop, "analyze": analyze, "selftest": selftest}[sys.argv[1]](sys.argv[2:])
