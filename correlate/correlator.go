@@ -170,7 +170,7 @@ type procComm struct {
 	createdAt int64
 	// kern pairs the plugin's kernel records with their calls
 	// (devarrival.go); kernSeq is the latest call (seq) whose kernel came.
-	kern    *kernelKeys
+	kern    kernelKeys
 	kernSeq uint64
 }
 

@@ -1,6 +1,9 @@
 package correlate
 
-import "testing"
+import (
+	"cmp"
+	"testing"
+)
 
 // pluginJob lays out n iterations of "AB S" for two ranks on one host as
 // the NCCL plugin path reports them: every collective call carries NCCL's
@@ -57,6 +60,7 @@ func TestDeviceArrivalOrder(t *testing.T) {
 	tests := []struct {
 		name          string
 		job           pluginJob
+		iters         int // 20 when 0
 		kernelsFirst  bool
 		wantLast      [2]*bool
 		wantLag       [2]float64
@@ -69,8 +73,11 @@ func TestDeviceArrivalOrder(t *testing.T) {
 		wantLast: [2]*bool{ptr(false), ptr(true)}, wantLag: [2]float64{0, 2},
 		wantHostLast: [2]*bool{ptr(true), ptr(false)}, wantShortColl: 1,
 	}, {
-		name:         "kernel records that come before their calls are joined the same",
+		// 600 collectives per rank in flight: on the H200 a hashed key table
+		// lost 11 % of the kernels to collisions with the calls in flight.
+		name:         "kernel records that come long before their calls are all joined",
 		job:          pluginJob{hostSkew: [2]int64{0, -ms}, gpuLag: [2]int64{0, 3 * ms}, end: endTogether},
+		iters:        300,
 		kernelsFirst: true,
 		wantLast:     [2]*bool{ptr(false), ptr(true)}, wantLag: [2]float64{0, 2},
 		wantHostLast: [2]*bool{ptr(true), ptr(false)}, wantShortColl: 1,
@@ -86,7 +93,8 @@ func TestDeviceArrivalOrder(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			c := twoRanks(t)
-			host, kernels, cupti := tc.job.build(c, 20)
+			n := cmp.Or(tc.iters, 20)
+			host, kernels, cupti := tc.job.build(c, n)
 			feedKernels := func() {
 				for r := range 2 {
 					for _, k := range kernels[r] {
@@ -105,7 +113,7 @@ func TestDeviceArrivalOrder(t *testing.T) {
 			steps, _ := c.Flush()
 			m := byRank(steps)
 			for r := range 2 {
-				if len(m[r]) != 20 {
+				if len(m[r]) != n {
 					t.Fatalf("rank %d: %d steps", r, len(m[r]))
 				}
 				for _, s := range m[r] {
@@ -200,7 +208,7 @@ func TestKernelsWithoutTheirCallAreCounted(t *testing.T) {
 	pc := c.procs[pid(0)].comms[0x10]
 	c.AddCollKernel(CollKernel{PID: pid(0), Comm: 0x10, Op: OpAllReduce, NCCLSeq: 5, StartNS: ms, EndNS: 2 * ms})
 	for s := uint64(6); ; s++ {
-		if pc.kernelKeys().slot(OpAllReduce, s) == pc.kernelKeys().slot(OpAllReduce, 5) {
+		if pc.slot(OpAllReduce, s) == pc.slot(OpAllReduce, 5) {
 			c.AddCollKernel(CollKernel{PID: pid(0), Comm: 0x10, Op: OpAllReduce, NCCLSeq: s, StartNS: ms, EndNS: 2 * ms})
 			break
 		}

@@ -12,13 +12,20 @@
            rank's chunks: the truth of how much later the slow GPU reaches
            each collective. Busy until START_FILE exists, then RUN_S seconds
            (rank 0 decides, every rank runs the same steps). Writes
-           TRUTH_FILE (@RANK@: the rank) as JSON.
-  analyze  FACTS VERDICTS STATUS OUT TRUTH...: per rank the steps with device
-           evidence, the share with device_last_arrival, the median
-           device_arrival_lag_ms and device_coll_ms, the host evidence beside
-           them, the verdicts that carry it, the agent's kernel counters,
-           and checks against the truth.
-  selftest analyze on synthetic facts (CPU, make bench-selftest).
+           TRUTH_FILE (@RANK@: the rank) as JSON. On a shared GPU the
+           events time the time slices too: they are context, not the truth.
+  analyze  FACTS VERDICTS STATUS OUT TRUTH... [-- DUMP...]: per rank the
+           steps with device evidence, the share with device_last_arrival,
+           the median device_arrival_lag_ms and device_coll_ms, the host
+           evidence beside them, the verdicts that carry it, the agent's
+           kernel counters; and the truth the agent never saw: each rank's
+           library dump (SLOWRANK_CUPTI_DUMP) pairs the plugin's kernel
+           records with CUPTI's kernel records of the same collectives
+           (nccl_plugin.pair_kernels), and CUPTI's starts of one collective
+           (func, NCCL seq) on every rank say which GPU reached it last:
+           per rank the share of collectives it reached last by 50 us or
+           more, and its median lag behind the first. Checks compare both.
+  selftest analyze on synthetic facts and dumps (CPU, make bench-selftest).
 """
 import json
 import os
@@ -26,6 +33,11 @@ import statistics
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import nccl_plugin  # noqa: E402  (pair_kernels; the dump's record layout)
+
+TIE_NS = 50_000  # the agent's DeviceArrivalTie
 
 
 def env(name, default, kind=int):
@@ -153,7 +165,35 @@ def counters(status_path):
     return {k: c.get(k) for k in keys if isinstance(c, dict)}
 
 
+def cupti_truth(dumps):
+    """Per rank (dump order), from CUPTI's starts of the collectives every
+    rank's dump pairs: the share it reached last (by TIE_NS or more) and its
+    median lag behind the first."""
+    starts = []  # per rank: (func, seq) -> CUPTI start
+    for path in dumps:
+        m = {}
+        if os.path.exists(path):
+            for p in nccl_plugin.pair_kernels(path)["pairs"]:
+                if not p["flags"] & nccl_plugin.NCCL_F_P2P:
+                    m[(p["func"], p["seq"])] = p["cupti_start"]
+        starts.append(m)
+    common = set.intersection(*(set(m) for m in starts)) if starts else set()
+    last, lags = [[] for _ in starts], [[] for _ in starts]
+    for k in common:
+        v = [m[k] for m in starts]
+        lo, hi = min(v), max(v)
+        for r, x in enumerate(v):
+            lags[r].append((x - lo) / 1e6)
+            last[r].append(hi - x < TIE_NS and sum(1 for y in v if hi - y < TIE_NS) == 1)
+    return {"collectives": len(common), "per_rank_paired": [len(m) for m in starts],
+            "ranks": {str(r): {"last_share": share(last[r]), "lag_ms_median": median(lags[r])} for r in range(len(starts))}}
+
+
 def analyze(args):
+    dumps = []
+    if "--" in args:
+        i = args.index("--")
+        args, dumps = args[:i], args[i + 1:]
     facts, verdicts, status, out_path, truths = args[0], args[1], args[2], args[3], args[4:]
     truth = {}
     for t in truths:
@@ -166,29 +206,27 @@ def analyze(args):
            "verdicts": [{k: v.get(k) for k in ("window", "rank", "phase", "state", "deviation", "device_last_arrival_share",
                                                 "device_coll_ms", "device_coll_peer_ms", "last_arrival_share", "reason")}
                         for v in vs if v.get("state") in ("candidate", "straggler")]}
-    slow = [r for r, d in truth.items() if d.get("extra_mm")]
+    if dumps:
+        res["cupti_truth"] = cupti_truth(dumps)
     checks = []
-    if slow and len(truth) >= 2:
-        s = slow[0]
-        others = [r for r in truth if r != s]
-        expect = truth[s]["chunk_ms_median"] - statistics.median(truth[o]["chunk_ms_median"] for o in others)
-        res["expected_lag_ms"] = expect
-        rs = ranks.get(s, {})
-        lag = rs.get("device_arrival_lag_ms_median")
-        checks += [
-            ("the slow rank has device evidence in >= 100 steps", (rs.get("steps_with_device_order") or 0) >= 100),
-            ("the slow rank's GPU starts last in >= 90 % of them", (rs.get("device_last_share") or 0) >= 0.9),
-            ("every other rank's in <= 10 %", all((ranks.get(o, {}).get("device_last_share") or 0) <= 0.1 for o in others)),
-            ("its median device lag is the truth's within 25 % or 0.1 ms",
-             lag is not None and abs(lag - expect) <= max(0.25 * expect, 0.1)),
-            ("its collectives take less GPU time than every other rank's",
-             all((rs.get("device_coll_ms_median") or 1e9) < (ranks.get(o, {}).get("device_coll_ms_median") or 0) for o in others)),
-        ]
-    elif truth:
-        checks += [("no rank's GPU starts last in > 80 % of its steps",
-                    all((d.get("device_last_share") or 0) <= 0.8 for d in ranks.values())),
-                   ("device evidence in >= 100 steps per rank",
-                    all(d.get("steps_with_device_order", 0) >= 100 for d in ranks.values()))]
+    ct = res.get("cupti_truth", {}).get("ranks", {})
+    if ct:
+        checks.append(("CUPTI pairs >= 100 collectives on every rank", res["cupti_truth"]["collectives"] >= 100))
+        for r, t in ct.items():
+            a = ranks.get(r, {})
+            checks.append((f"rank {r}: the agent's device-last share is CUPTI's within 0.15",
+                           a.get("device_last_share") is not None and t["last_share"] is not None
+                           and abs(a["device_last_share"] - t["last_share"]) <= 0.15))
+            checks.append((f"rank {r}: the agent's median device lag is CUPTI's within 25 % or 0.1 ms",
+                           a.get("device_arrival_lag_ms_median") is not None and t["lag_ms_median"] is not None
+                           and abs(a["device_arrival_lag_ms_median"] - t["lag_ms_median"]) <= max(0.25 * t["lag_ms_median"], 0.1)))
+        lastr = [r for r, t in ct.items() if (t["last_share"] or 0) >= 0.9]
+        if lastr:
+            r = lastr[0]
+            colls = {q: ranks.get(q, {}).get("device_coll_ms_median") for q in ct}
+            checks.append((f"rank {r}, last on CUPTI's clock, has the least collective GPU time",
+                           all(colls[r] is not None and (q == r or (colls[q] is not None and colls[r] < colls[q])) for q in ct)))
+    checks.append(("device evidence in >= 100 steps per rank", all(d.get("steps_with_device_order", 0) >= 100 for d in ranks.values())))
     res["checks"] = [{"check": c, "ok": bool(ok)} for c, ok in checks]
     res["ok"] = all(ok for _, ok in checks) if checks else None
     what = os.environ.get("ARRIVAL_LABEL")
@@ -214,13 +252,38 @@ def selftest(_args):
         p = os.path.join(d, f"t{r}.json")
         json.dump({"rank": r, "extra_mm": 2 if r == 1 else 0, "chunk_ms_median": 1.2 if r == 1 else 0.8}, open(p, "w"))
         truths.append(p)
+    dumps = []
+    for r in range(2):  # rank 1's CUPTI kernels start 0.4 ms after rank 0's
+        bs, t = [], 1_000_000_000
+        for i in range(150):
+            s0 = t + (400_000 if r == 1 else 0)
+            e0 = t + 600_000
+            bs.append(nccl_plugin.batch([nccl_plugin.rec_kernel(s0, e0, 1),
+                                         nccl_plugin.rec_nccl_kernel(s0 + 2_000, e0 - 1_000, e0 + 9_000, seq=i)]))
+            t += 2_000_000
+        dumps.append(os.path.join(d, f"d{r}.dump"))
+        nccl_plugin.write_dump(dumps[-1], bs)
     sys.stdout = open(os.devnull, "w")
     try:
-        res = analyze([facts, os.path.join(d, "none"), os.path.join(d, "none"), os.path.join(d, "o.json")] + truths)
+        res = analyze([facts, os.path.join(d, "none"), os.path.join(d, "none"), os.path.join(d, "o.json")] + truths + ["--"] + dumps)
     finally:
         sys.stdout.close()
         sys.stdout = sys.__stdout__
-    ok = res["ok"] is True and res["ranks"]["1"]["device_last_share"] == 1.0 and abs(res["expected_lag_ms"] - 0.4) < 1e-9
+    ct = res["cupti_truth"]
+    ok = (res["ok"] is True and res["ranks"]["1"]["device_last_share"] == 1.0 and ct["collectives"] == 150
+          and ct["ranks"]["1"]["last_share"] == 1.0 and abs(ct["ranks"]["1"]["lag_ms_median"] - 0.4) < 1e-9)
+    # A disagreeing agent fails the checks.
+    with open(facts, "a") as f:
+        for i in range(200, 600):
+            f.write(json.dumps({"kind": "step", "rank": 1, "step": i, "device_last_arrival": False,
+                                "device_arrival_lag_ms": 0.0}) + "\n")
+    sys.stdout = open(os.devnull, "w")
+    try:
+        bad = analyze([facts, os.path.join(d, "none"), os.path.join(d, "none"), os.path.join(d, "o.json")] + truths + ["--"] + dumps)
+    finally:
+        sys.stdout.close()
+        sys.stdout = sys.__stdout__
+    ok = ok and bad["ok"] is False
     print(f"nccl_arrival selftest: {'pass' if ok else 'FAIL'}")
     if not ok:
         print(json.dumps(res))

@@ -56,15 +56,18 @@
 #         have come even with two GPUs.
 #  arrival the device arrival order (item 2) against the truth: two ranks (on
 #         one GPU each its own NCCL_HOSTID, as in clock) of nccl_arrival.py's
-#         DDP-shaped loop, the agent with --nccl-plugin at its default duty
-#         cycle (as a user runs it, no share pinned); arrival-even: both ranks
-#         alike (no rank may be read as last), arrival-slow: rank 1 runs
-#         EXTRA_MM more matmuls before each all-reduce (its GPU must be read
-#         as last, lagging by its extra chunk time as CUDA events measure it)
-#         -> nccl-arrival-even.json, nccl-arrival-slow.json (per rank: steps
-#            with device evidence, device_last share, median lag and GPU
-#            collective time, host evidence beside it; verdicts; the agent's
-#            kernel counters; checks).
+#         DDP-shaped loop, the agent with --nccl-plugin; even: both ranks
+#         alike; slow: rank 1 runs EXTRA_MM more matmuls before each
+#         all-reduce (both with the duty share pinned to 1: every step
+#         covered); slow-duty: slow at the default duty cycle, as a user runs
+#         it. The truth is CUPTI's: each rank's library dump pairs the
+#         plugin's kernel records with CUPTI's (nccl_plugin.pair_kernels) and
+#         CUPTI's starts say which GPU reached each collective last.
+#         -> nccl-arrival-NAME.json (per rank: steps with device evidence,
+#            device_last share, median lag and GPU collective time, host
+#            evidence beside it; CUPTI's truth; verdicts; the agent's kernel
+#            counters; checks), nccl-arrival-NAME-events.jsonl.gz (the
+#            agent's --dump-events, for correlate's replays).
 # History: sessions 10-12 measured rounds of separate processes (one mode
 # each, torch all-reduce at world size 1): not resolved (session 11: plugin
 # -2.7..+1.3 us against the rounds' 1-3 us spread); at world size 1 an
@@ -73,7 +76,7 @@
 #
 # Knobs: PARTS ("cost clock"), DURATION_S (170), CALLS (500), GAP_MS (55),
 # UPROBE_SEGS (6), SEG_BLOCKS (5), OPS ("selfp2p allreduce"), CLOCK_S (15),
-# CLOCK_WORLD (2), ARRIVAL_S (60), EXTRA_MM (2), ARRIVAL_RUNS ("even slow"),
+# CLOCK_WORLD (2), ARRIVAL_S (45), EXTRA_MM (2), ARRIVAL_RUNS ("even slow slow-duty"),
 # SKIP_BUILD=1 (a carried bin/libslowrank_cupti.so).
 # Needs bin/slowrank (carried as bin/slowrank.xz: go build -ldflags '-s -w' -o
 # bin/slowrank ./cmd/slowrank && xz -k bin/slowrank; batch.sh unpacks it); the
@@ -230,15 +233,18 @@ clock() {
   clock_run clock "$CLOCK_WORLD" "$share" allreduce "$CLOCK_WORLD ranks$([ $share = 1 ] && echo ' on one GPU, each its own NCCL_HOSTID (socket transport on lo)'), 1-KiB all-reduces"
 }
 
-# arrival_run NAME EXTRA_MM LABEL: one run of the arrival part.
+# arrival_run NAME EXTRA_MM PIN LABEL: one run of the arrival part; PIN=1
+# pins the duty share to 1 (every step covered), else the default duty cycle.
 arrival_run() {
-  local name=$1 extra=$2 label=$3 rc=0 share=0 r truths=()
+  local name=$1 extra=$2 pin=$3 label=$4 rc=0 share=0 r truths=() dumps=()
   ((gpus < 2)) && share=1
-  start_agent "$name" --status-socket "$OUT/$name.sock" --env-key SLOWRANK_NCCL_BENCH --nccl-plugin
+  start_agent "$name" --status-socket "$OUT/$name.sock" --env-key SLOWRANK_NCCL_BENCH --nccl-plugin \
+    --dump-events "$OUT/$name-events.jsonl"
   rm -f "$OUT/$name.start"
   (
     for _ in $(seq 450); do
-      if grep -q 'kind=cupti_inject' "$OUT/$name-agent.log" 2>/dev/null; then
+      if grep -q 'kind=cupti_inject' "$OUT/$name-agent.log" 2>/dev/null &&
+        { [ "$pin" != 1 ] || "$AGENT" control set --socket "$OUT/$name.sock" --duty-share 1 >"$OUT/$name-control.log" 2>&1; }; then
         sleep 2; touch "$OUT/$name.start"; exit 0
       fi
       sleep 0.2
@@ -246,24 +252,27 @@ arrival_run() {
     echo "$name: the agent never attached the library" >>"$OUT/$name-agent.log"
   ) &
   on_ranks 2 "$share" SLOWRANK_NCCL_BENCH=1 CUDA_INJECTION64_PATH="$LIB" NCCL_PROFILER_PLUGIN="$LIB" \
-    PORT=29640 EXTRA_MM="$extra" SLOW_RANK=1 RUN_S="${ARRIVAL_S:-60}" START_FILE="$OUT/$name.start" \
-    TRUTH_FILE="$OUT/$name-truth-@RANK@.json" "$PYTHON" bench/gpu/nccl_arrival.py loop >"$OUT/$name-loop.log" 2>&1 || rc=$?
+    PORT=29640 EXTRA_MM="$extra" SLOW_RANK=1 RUN_S="${ARRIVAL_S:-45}" START_FILE="$OUT/$name.start" \
+    SLOWRANK_CUPTI_DUMP="$OUT/$name-@RANK@.dump" TRUTH_FILE="$OUT/$name-truth-@RANK@.json" \
+    "$PYTHON" bench/gpu/nccl_arrival.py loop >"$OUT/$name-loop.log" 2>&1 || rc=$?
   "$AGENT" status --socket "$OUT/$name.sock" --json >"$OUT/$name-status.json" 2>&1 || true
   stop_agent
   echo "$name: rc $rc; $(tail -n 1 "$OUT/$name-loop.log")"
   [ "$rc" = 0 ] || tail -n 20 "$OUT/$name-loop.log" "$OUT"/rank*.log 2>/dev/null
-  for r in 0 1; do truths+=("$OUT/$name-truth-$r.json"); done
+  for r in 0 1; do truths+=("$OUT/$name-truth-$r.json") dumps+=("$OUT/$name-$r.dump"); done
   ARRIVAL_LABEL=$label "$PYTHON" bench/gpu/nccl_arrival.py analyze "$OUT/$name-facts.jsonl" "$OUT/$name-verdicts.jsonl" \
-    "$OUT/$name-status.json" "$RESULTS/nccl-arrival-$name.json" "${truths[@]}" | cut -c1-2500
+    "$OUT/$name-status.json" "$RESULTS/nccl-arrival-$name.json" "${truths[@]}" -- "${dumps[@]}" | cut -c1-2500
+  gzip -c "$OUT/$name-events.jsonl" >"$RESULTS/nccl-arrival-$name-events.jsonl.gz" && rm -f "$OUT/$name-events.jsonl"
   return $rc
 }
 
 arrival() {
-  local run rc=0
-  for run in ${ARRIVAL_RUNS:-even slow}; do
+  local run rc=0 x=${EXTRA_MM:-2}
+  for run in ${ARRIVAL_RUNS:-even slow slow-duty}; do
     case $run in
-      even) arrival_run even 0 "two ranks alike (no rank may be read as last)" || rc=1 ;;
-      slow) arrival_run slow "${EXTRA_MM:-2}" "rank 1 runs ${EXTRA_MM:-2} more matmuls before each all-reduce" || rc=1 ;;
+      even) arrival_run even 0 1 "two ranks alike, every step covered (duty share pinned to 1)" || rc=1 ;;
+      slow) arrival_run slow "$x" 1 "rank 1 runs $x more matmuls before each all-reduce, every step covered" || rc=1 ;;
+      slow-duty) arrival_run slow-duty "$x" 0 "rank 1 runs $x more matmuls before each all-reduce, the agent's default duty cycle (as a user runs it)" || rc=1 ;;
     esac
   done
   return $rc
