@@ -47,7 +47,12 @@ type convProc struct {
 	sawTorchColl bool
 	// nccl is the process's NCCL capture path (convert_nccl.go).
 	nccl ncclCapture
+	// lastBroadcast is per thread the latest ncclBroadcast the uprobes
+	// reported (nestedBcast).
+	lastBroadcast map[uint32]callSpan
 }
+
+type callSpan struct{ start, end uint64 }
 
 func newConverter(c *counters, ncclPlugin bool) *converter {
 	return &converter{

@@ -183,6 +183,11 @@ func (c *converter) ncclUprobeInit(e *bpf.CommInitEvent) {
 func (c *converter) ncclUprobeColl(e *bpf.CollEvent) bool {
 	c.mu.Lock() // procs is shared with forgetPID (main goroutine)
 	p := c.proc(e.PID)
+	if p.nestedBcast(e) {
+		c.mu.Unlock()
+		c.counters.add("nccl_uprobe_nested_calls", 1)
+		return false
+	}
 	if op := probeOp(e.Probe); c.ncclPlugin && p.nccl.perPeer == "" && perPeerOp(op) {
 		p.nccl.perPeer = op // on the uprobes from this call on, for good
 		c.counters.add("nccl_processes_kept_on_uprobes", 1)
@@ -199,6 +204,29 @@ func (c *converter) ncclUprobeColl(e *bpf.CollEvent) bool {
 		c.counters.add("nccl_uprobe_events_superseded", 1)
 	}
 	return keep
+}
+
+// nestedBcast says whether e is an ncclBcast around the ncclBroadcast the
+// uprobes reported just before on its thread: NCCL's ncclBcast calls
+// ncclBroadcast, so both uprobes fire for one broadcast, the inner call
+// returning (and reported) first. The outer one is dropped: counted twice,
+// a broadcast made the call counts of the two capture paths differ (the
+// plugin sees one), and the arrival rows of a rank that switched paths
+// later than its peers compared calls a step apart on the H200.
+func (p *convProc) nestedBcast(e *bpf.CollEvent) bool {
+	switch e.Probe {
+	case bpf.ProbeNCCLBroadcast:
+		if p.lastBroadcast == nil {
+			p.lastBroadcast = map[uint32]callSpan{}
+		}
+		if _, ok := p.lastBroadcast[e.TID]; ok || len(p.lastBroadcast) < maxCutThreads {
+			p.lastBroadcast[e.TID] = callSpan{e.StartNs, e.EndNs}
+		}
+	case bpf.ProbeNCCLBcast:
+		in, ok := p.lastBroadcast[e.TID]
+		return ok && in.start >= e.StartNs && in.end <= e.EndNs
+	}
+	return false
 }
 
 // ncclGroupEnd feeds an ncclGroupEnd's end to the cut (the launch of a

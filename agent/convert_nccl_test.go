@@ -341,3 +341,39 @@ func TestCallsBeforeTheFirstCollectiveRecordStayTheUprobes(t *testing.T) {
 		t.Errorf("path after the first collective record %q, want plugin v5", p)
 	}
 }
+
+// ncclBcast calls ncclBroadcast: one broadcast fires both uprobes, the
+// inner one reported first. It is one collective, as the plugin sees it.
+func TestNestedBcastIsOneBroadcast(t *testing.T) {
+	ev := func(probe bpf.ProbeID, tid uint32, start, end uint64) *bpf.CollEvent {
+		return &bpf.CollEvent{Header: bpf.Header{Type: bpf.EventColl, Probe: probe, PID: pidNCCL, TID: tid, StartNs: start, EndNs: end},
+			Count: 64, Datatype: 7}
+	}
+	for _, tc := range []struct {
+		name   string
+		events []*bpf.CollEvent
+		want   int
+	}{
+		{"an ncclBcast around its ncclBroadcast", []*bpf.CollEvent{
+			ev(bpf.ProbeNCCLBroadcast, 1, t0+20, t0+80), ev(bpf.ProbeNCCLBcast, 1, t0+10, t0+90)}, 1},
+		{"an ncclBcast after a broadcast that ended before it", []*bpf.CollEvent{
+			ev(bpf.ProbeNCCLBroadcast, 1, t0+20, t0+80), ev(bpf.ProbeNCCLBcast, 1, t0+100, t0+190)}, 2},
+		{"an ncclBcast on another thread than the broadcast", []*bpf.CollEvent{
+			ev(bpf.ProbeNCCLBroadcast, 2, t0+20, t0+80), ev(bpf.ProbeNCCLBcast, 1, t0+10, t0+90)}, 2},
+		{"an ncclBcast of a library without the nesting", []*bpf.CollEvent{ev(bpf.ProbeNCCLBcast, 1, t0+10, t0+90)}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newConverter(newCounters(), false)
+			var out []pipeline.Input
+			for _, e := range tc.events {
+				out = c.convert(e, out)
+			}
+			if hs := hostCalls(out); len(hs) != tc.want {
+				t.Errorf("%d host calls, want %d: %+v", len(hs), tc.want, hs)
+			}
+			if got, want := c.counters.get("nccl_uprobe_nested_calls"), int64(len(tc.events)-tc.want); got != want {
+				t.Errorf("nccl_uprobe_nested_calls = %d, want %d", got, want)
+			}
+		})
+	}
+}

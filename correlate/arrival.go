@@ -50,10 +50,16 @@ func (g *commGroup) memberIndex(p *proc) int {
 	return -1
 }
 
-// noteStart notes the host start of pc's call with sequence number seq.
-func (g *commGroup) noteStart(pc *procComm, seq uint64, start int64) {
+// noteStart notes the host start of pc's call with sequence number seq,
+// which NCCL names key (callKey; 0: not known). It reports false when the
+// call is not the one the other members noted under seq: their sequence
+// numbers count different calls (one rank's capture saw a call the others'
+// did not), and the row is not compared.
+func (g *commGroup) noteStart(pc *procComm, seq uint64, start int64, key uint64) bool {
 	if g.width != len(g.members) {
 		g.width = len(g.members)
+		g.keys = make([]uint64, arrivalSlots)
+		g.bad = make([]bool, arrivalSlots)
 		g.seqs = make([]uint64, arrivalSlots)
 		g.starts = make([]int64, arrivalSlots*g.width)
 		g.devStarts = make([]int64, arrivalSlots*g.width)
@@ -61,18 +67,36 @@ func (g *commGroup) noteStart(pc *procComm, seq uint64, start int64) {
 	}
 	mi := slices.Index(g.members, pc)
 	if mi < 0 {
-		return
+		return true
 	}
 	w := int(seq % arrivalSlots)
 	row := g.starts[w*g.width : (w+1)*g.width]
 	if g.seqs[w] != seq {
-		g.seqs[w] = seq
+		g.seqs[w], g.keys[w], g.bad[w] = seq, 0, false
 		for i := range row {
 			row[i] = absent
 			g.devStarts[w*g.width+i], g.devEnds[w*g.width+i] = absent, absent
 		}
 	}
 	row[mi] = start
+	switch {
+	case key == 0 || g.bad[w]:
+	case g.keys[w] == 0:
+		g.keys[w] = key
+	case g.keys[w] != key:
+		g.bad[w] = true
+		return false
+	}
+	return true
+}
+
+// callKey is NCCL's name of a plugin call, (op, NCCL seq), as a nonzero
+// number; 0 when the call has none.
+func callKey(h *HostCall) uint64 {
+	if !h.HasNCCLSeq {
+		return 0
+	}
+	return mix64(h.NCCLSeq^fnvString(string(h.Op))) | 1
 }
 
 // row is the members' starts of the calls with sequence number seq, nil
@@ -82,7 +106,7 @@ func (g *commGroup) row(seq uint64) []int64 {
 		return nil
 	}
 	w := int(seq % arrivalSlots)
-	if g.seqs[w] != seq {
+	if g.seqs[w] != seq || g.bad[w] {
 		return nil
 	}
 	return g.starts[w*g.width : (w+1)*g.width]

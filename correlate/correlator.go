@@ -302,7 +302,9 @@ func (c *Correlator) collective(p *proc, h *HostCall, late bool) {
 		// A plugin call is noted with one member too: its kernel's time
 		// goes into the step's DeviceCollMS (devarrival.go).
 		if g.live >= 2 || h.HasNCCLSeq {
-			g.noteStart(pc, pc.seq, h.StartNS)
+			if !g.noteStart(pc, pc.seq, h.StartNS, callKey(h)) {
+				p.stats.ArrivalMisaligned++
+			}
 			if !late {
 				c.hostRec(p, rec{start: h.StartNS, end: h.EndNS, kind: rColl, aux: pc.seq, ref: g.num})
 			}
@@ -717,6 +719,7 @@ func (r *RankStats) Add(o RankStats) {
 	r.KernelRecords += o.KernelRecords
 	r.KernelsUnmatched += o.KernelsUnmatched
 	r.DeviceArrivalTimeout += o.DeviceArrivalTimeout
+	r.ArrivalMisaligned += o.ArrivalMisaligned
 	r.ImplausibleSizes += o.ImplausibleSizes
 }
 

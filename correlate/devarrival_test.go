@@ -219,3 +219,40 @@ func TestKernelsWithoutTheirCallAreCounted(t *testing.T) {
 }
 
 func sameBool(a, b *bool) bool { return (a == nil) == (b == nil) && (a == nil || *a == *b) }
+
+// A rank whose capture saw one call more than its peers' (the uprobes of a
+// nested ncclBcast before its switch to the plugin, on the H200) numbers
+// every later call one higher: its arrival rows would compare calls a step
+// apart. NCCL's names of the plugin's calls show it; those rows are not
+// compared, and counted.
+func TestMisalignedOrdinalsAreNotCompared(t *testing.T) {
+	c := twoRanks(t)
+	job := pluginJob{hostSkew: [2]int64{0, -ms}, gpuLag: [2]int64{0, 3 * ms}, end: endTogether}
+	host, kernels, cupti := job.build(c, 20)
+	for i, h := range host {
+		if h.PID == pid(1) && h.Kind == HostCollective {
+			dup := h // reported twice, before the switch: no NCCL name
+			dup.HasNCCLSeq, dup.NCCLSeq = false, 0
+			host[i].HasNCCLSeq, host[i].NCCLSeq = false, 0
+			host = append(host, dup)
+			break
+		}
+	}
+	b := batch{host: host, dev: cupti}
+	b.feed(c)
+	for r := range 2 {
+		for _, k := range kernels[r] {
+			c.AddCollKernel(k)
+		}
+	}
+	steps, _ := c.Flush()
+	for _, s := range steps {
+		if s.Step >= 2 && (s.LastArrival != nil || s.DeviceLastArrival != nil) {
+			t.Fatalf("rank %d step %d compared misaligned calls: host last %v, device last %v", s.Rank, s.Step,
+				deref(s.LastArrival), deref(s.DeviceLastArrival))
+		}
+	}
+	if n := c.Stats()[0].ArrivalMisaligned + c.Stats()[1].ArrivalMisaligned; n < 30 {
+		t.Errorf("%d misaligned calls counted", n)
+	}
+}

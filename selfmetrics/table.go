@@ -63,6 +63,8 @@ var Table = []Metric{
 			s("detector_duplicates", "stage", "detector"),
 			// A call both NCCL capture paths saw around a process's switch to the plugin.
 			s("nccl_uprobe_events_superseded", "stage", "nccl_uprobes"),
+			// An ncclBcast around the ncclBroadcast it calls: one broadcast, both uprobes fired.
+			s("nccl_uprobe_nested_calls", "stage", "nccl_uprobes_nested"),
 			s("nccl_plugin_records_superseded", "stage", "nccl_plugin"),
 		}},
 	{Name: AttachErrors, Kind: Counter, Unit: "{attachment}", Component: Agent,
@@ -322,6 +324,8 @@ var Table = []Metric{
 		Desc: "Step cycles locked again after being lost.", Series: []Series{s("correlate_relocks")}},
 	{Name: "slowrank.correlate.arrival.timeouts", Kind: Counter, Unit: "{step}", Component: Agent,
 		Desc: "Steps emitted before every local peer reported its arrival.", Series: []Series{s("correlate_arrival_timeouts")}},
+	{Name: "slowrank.correlate.arrival.misaligned", Kind: Counter, Unit: "{call}", Component: Agent,
+		Desc: "Collective calls that NCCL names differently from a local peer's call of the same ordinal (one rank's capture saw a call its peers' did not): their arrival rows are not compared.", Series: []Series{s("correlate_arrival_misaligned")}},
 	{Name: "slowrank.correlate.kernels.received", Kind: Counter, Unit: "{record}", Component: Agent,
 		Desc: "NCCL collective kernel records the correlator received (joined unless counted in slowrank.records.dropped, reason nccl_kernel_unmatched).", Series: []Series{s("correlate_kernel_records")}},
 	{Name: "slowrank.correlate.device_arrival.timeouts", Kind: Counter, Unit: "{step}", Component: Agent,

@@ -130,7 +130,11 @@ func (p *Pipeline) Counters() map[string]int64 {
 		"correlate_kernel_records":          int64(t.KernelRecords),
 		"correlate_kernels_unmatched":       int64(t.KernelsUnmatched),
 		"correlate_device_arrival_timeouts": int64(t.DeviceArrivalTimeout),
-		"correlate_implausible_sizes":       int64(t.ImplausibleSizes),
+		// Calls NCCL names differently from a peer's call of the same
+		// ordinal (one rank's capture saw a call its peers' did not):
+		// their arrival rows are not compared.
+		"correlate_arrival_misaligned": int64(t.ArrivalMisaligned),
+		"correlate_implausible_sizes":  int64(t.ImplausibleSizes),
 		// Boundaries of bursts far shorter than the steps (the Trainer's
 		// end-of-training calls): merged into the next step or dropped.
 		"correlate_burst_steps": int64(t.BurstSteps),

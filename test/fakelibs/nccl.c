@@ -593,8 +593,9 @@ NCCL_API(ncclResult_t, ncclBcast, void *buff, size_t count, ncclDataType_t datat
 ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
                        cudaStream_t stream) {
   if (slowrank_fake_echo()) return ncclSuccess;
-  (void)buff;
-  return broadcast_impl(count, datatype, root, comm, stream);
+  /* As NCCL's src/collectives.cc: the legacy in-place call is a call of
+   * ncclBroadcast, whose uprobe fires inside this one's. */
+  return ncclBroadcast(buff, buff, count, datatype, root, comm, stream);
 }
 
 NCCL_API(ncclResult_t, ncclBroadcast, const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,

@@ -97,6 +97,7 @@ struct opts {
   int split;
   long split_at; /* -1: none */
   int alltoall;
+  int bcast;
   int init_plain;
   int workers;
   enum sync_mode sync;
@@ -218,6 +219,8 @@ static void usage(FILE *f) {
           "                         the later collectives on the new communicator (a late group)\n"
           "  --alltoall             one ncclAlltoAll at the start of each forward pass (MoE's dispatch; NCCL\n"
           "                         2.28 reports it to the profiler plugin as a send and a receive per peer)\n"
+          "  --bcast                one in-place ncclBcast of a flag at the start of each step (torch's\n"
+          "                         dist.broadcast; NCCL's ncclBcast calls ncclBroadcast: both uprobes fire)\n"
           "  --init-plain           ncclCommInitRank instead of ncclCommInitRankConfig\n"
           "  --workers N            after init each rank forks N idle workers (torch.compile's compile\n"
           "                         workers, data-loader workers): same environment (RANK), same mappings,\n"
@@ -262,7 +265,7 @@ static int parse_opts(int argc, char **argv) {
     o_slow_factor, o_slow_host, o_slow_gpu, o_jitter, o_seed, o_host_mode, o_dlopen, o_dlopen_delay,
     o_sleep_before, o_truth, o_bench_calls, o_bench_symbol, o_threads, o_crash_rank, o_crash_step, o_verbose,
     o_no_device_truth, o_backend, o_gloo_cuda_sync, o_gloo_wait, o_warmup_buckets, o_init_bursts, o_eval_every, o_workers,
-    o_eval_batches, o_loop_shape, o_log_every, o_epilogue, o_speedup_at, o_speedup, o_alltoall, o_help
+    o_eval_batches, o_loop_shape, o_log_every, o_epilogue, o_speedup_at, o_speedup, o_alltoall, o_bcast, o_help
   };
   static const struct option lo[] = {
       {"ranks", required_argument, 0, o_ranks},
@@ -314,6 +317,7 @@ static int parse_opts(int argc, char **argv) {
       {"speedup-at", required_argument, 0, o_speedup_at},
       {"speedup", required_argument, 0, o_speedup},
       {"alltoall", no_argument, 0, o_alltoall},
+      {"bcast", no_argument, 0, o_bcast},
       {"help", no_argument, 0, o_help},
       {0, 0, 0, 0},
   };
@@ -334,6 +338,7 @@ static int parse_opts(int argc, char **argv) {
     case o_split: O.split = 1; break;
     case o_split_at: O.split_at = atol(optarg); break;
     case o_alltoall: O.alltoall = 1; break;
+    case o_bcast: O.bcast = 1; break;
     case o_init_plain: O.init_plain = 1; break;
     case o_sync: {
       int m = parse_sync(optarg);
@@ -437,8 +442,8 @@ static int parse_opts(int argc, char **argv) {
                     "--dlopen-nccl --bench-calls\n");
     return -1;
   }
-  if (O.alltoall && (O.gloo || O.shape != SHAPE_NONE)) {
-    fprintf(stderr, "faketrainer: --alltoall needs --backend nccl and no --loop-shape\n");
+  if ((O.alltoall || O.bcast) && (O.gloo || O.shape != SHAPE_NONE)) {
+    fprintf(stderr, "faketrainer: --alltoall and --bcast need --backend nccl and no --loop-shape\n");
     return -1;
   }
   if (O.split && O.split_at >= 0) {
@@ -572,6 +577,7 @@ struct nccl_fns {
   ncclResult_t (*CommGetAsyncError)(ncclComm_t, ncclResult_t *);
   ncclResult_t (*AllReduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
   ncclResult_t (*Broadcast)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+  ncclResult_t (*Bcast)(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
   ncclResult_t (*AllGather)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
   ncclResult_t (*AlltoAll)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
   ncclResult_t (*ReduceScatter)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
@@ -594,6 +600,7 @@ static int load_nccl(void) {
   N.CommGetAsyncError = ncclCommGetAsyncError;
   N.AllReduce = ncclAllReduce;
   N.Broadcast = ncclBroadcast;
+  N.Bcast = ncclBcast;
   N.AllGather = ncclAllGather;
   N.AlltoAll = ncclAlltoAll;
   N.ReduceScatter = ncclReduceScatter;
@@ -638,6 +645,7 @@ static int load_nccl(void) {
   LOAD(CommGetAsyncError, "ncclCommGetAsyncError");
   LOAD(AllReduce, "ncclAllReduce");
   LOAD(Broadcast, "ncclBroadcast");
+  LOAD(Bcast, "ncclBcast");
   LOAD(AllGather, "ncclAllGather");
   LOAD(AlltoAll, "ncclAlltoAll");
   LOAD(ReduceScatter, "ncclReduceScatter");
@@ -704,13 +712,13 @@ enum sym {
   S_cudaLaunchKernel, S_cudaStreamSynchronize, S_cudaDeviceSynchronize, S_cudaEventRecord,
   S_cudaEventSynchronize, S_cudaStreamWaitEvent, S_cuStreamSynchronize, S_cuCtxSynchronize,
   S_ncclAllReduce, S_ncclGroupStart, S_ncclGroupEnd, S_glooAllreduce, S_futureWait, S_workWait, S_ncclBroadcast,
-  S_ncclAllGather, S_ncclAlltoAll, S_NUM
+  S_ncclAllGather, S_ncclAlltoAll, S_ncclBcast, S_NUM
 };
 static const char *const sym_names[S_NUM] = {
     "cudaLaunchKernel", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventRecord",
     "cudaEventSynchronize", "cudaStreamWaitEvent", "cuStreamSynchronize", "cuCtxSynchronize",
     "ncclAllReduce", "ncclGroupStart", "ncclGroupEnd", "c10d::ProcessGroupGloo::allreduce",
-    "c10::ivalue::Future::wait", "c10d::Work::wait", "ncclBroadcast", "ncclAllGather", "ncclAlltoAll"};
+    "c10::ivalue::Future::wait", "c10d::Work::wait", "ncclBroadcast", "ncclAllGather", "ncclAlltoAll", "ncclBcast"};
 
 struct step_acc {
   uint64_t calls[S_NUM];
@@ -1311,6 +1319,12 @@ static void run_step(struct rank_ctx *c, long k, uint64_t *rng) {
   double inj_host = slowed ? O.slow_host_ms : 0, inj_gpu = slowed ? O.slow_gpu_ms : 0;
   int K = O.kernels, B = k == 0 && O.warmup_buckets > 0 ? O.warmup_buckets : O.buckets;
 
+  if (O.bcast) {
+    uint64_t t0 = now_ns();
+    A.calls[S_ncclBcast]++;
+    nccl_check(N.Bcast(c->buf, 1, ncclFloat32, 0, c->comm, c->compute), "ncclBcast");
+    A.nccl_ns += now_ns() - t0;
+  }
   /* data loading (+ injected host stall) */
   host_work(jittered(rng, host * 0.3) + inj_host);
   if (O.alltoall) {

@@ -51,6 +51,9 @@ type pathRun struct {
 	// correlator received (only the uprobes name them), p2p its sends and
 	// receives.
 	perPeer, p2p map[int]int
+	// bcastUprobe and bcastPlugin are the broadcasts the correlator
+	// received from each path (--bcast), all ranks together.
+	bcastUprobe, bcastPlugin int
 }
 
 // runCapture runs a 4-rank trainer with env under the agent (plugin:
@@ -127,6 +130,13 @@ func runCapture(t *testing.T, plugin bool, env []string, args ...string) pathRun
 		case correlate.OpSend, correlate.OpRecv:
 			r.p2p[int(h.PID)]++
 		}
+		if h.Op == "broadcast" {
+			if h.Stream != 0 {
+				r.bcastUprobe++
+			} else {
+				r.bcastPlugin++
+			}
+		}
 		if h.Op != "allreduce" {
 			continue
 		}
@@ -186,6 +196,12 @@ func TestNCCLCapturePathMatrix(t *testing.T) {
 		// records withheld, its collective uprobes attached.
 		{name: "all-to-alls keep a process on the uprobes", plugin: lib, args: []string{"--alltoall"},
 			want: "uprobes (alltoall: plugin reports it per peer)"},
+		// ncclBcast calls ncclBroadcast: both uprobes fire for one
+		// broadcast, the plugin sees one call. Counted twice, the ranks
+		// that switched later numbered their calls higher and their
+		// arrival rows compared other calls (the H200's arrival runs).
+		{name: "a broadcast per step through ncclBcast is one call on the uprobes", plugin: "", args: []string{"--bcast"}, want: "uprobes"},
+		{name: "a broadcast per step through ncclBcast is one call across the switch", plugin: lib, args: []string{"--bcast"}, want: "plugin v5"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -242,13 +258,16 @@ func TestNCCLCapturePathMatrix(t *testing.T) {
 			}
 			// Every uprobe hit is fed or superseded (counted), every fed
 			// plugin record counted: nothing vanishes at the switch.
-			uprobeFed, pluginFed := 0, 0
+			// An ncclBcast's hit is the nested call of the ncclBroadcast
+			// hit inside it (counted), never a call of its own.
+			uprobeFed, pluginFed := r.bcastUprobe, r.bcastPlugin
 			for pid := range want {
 				uprobeFed += r.uprobe[pid]
 				pluginFed += r.plugin[pid]
 			}
-			if hits, sup := c["probe_ncclAllReduce"], c["nccl_uprobe_events_superseded"]; hits != int64(uprobeFed)+sup {
-				t.Errorf("uprobe hits %d != fed %d + superseded %d", hits, uprobeFed, sup)
+			hits := c["probe_ncclAllReduce"] + c["probe_ncclBroadcast"] + c["probe_ncclBcast"]
+			if sup, nested := c["nccl_uprobe_events_superseded"], c["nccl_uprobe_nested_calls"]; hits != int64(uprobeFed)+sup+nested {
+				t.Errorf("uprobe hits %d != fed %d + superseded %d + nested %d", hits, uprobeFed, sup, nested)
 			}
 			if c["nccl_plugin_colls"] != int64(pluginFed) {
 				t.Errorf("nccl_plugin_colls %d, the correlator got %d plugin collectives", c["nccl_plugin_colls"], pluginFed)
@@ -282,6 +301,14 @@ func TestNCCLCapturePathMatrix(t *testing.T) {
 				if kept < 12*4*10 || kept > 12*steps || kept > c["cupti_lib_nccl_colls"] {
 					t.Errorf("nccl_plugin_records_kept_on_uprobes %d for %d rank steps of 12 records (the library queued %d)",
 						kept, steps, c["cupti_lib_nccl_colls"])
+				}
+			} else if len(tt.args) > 0 && tt.args[0] == "--bcast" {
+				steps := int64(len(r.truth["step"]))
+				if n := c["nccl_uprobe_nested_calls"]; n < 4*10 || n > steps {
+					t.Errorf("nccl_uprobe_nested_calls %d for %d rank steps of one ncclBcast", n, steps)
+				}
+				if n := c["correlate_arrival_misaligned"]; n != 0 {
+					t.Errorf("%d calls misaligned with their peers' (a broadcast counted twice?)", n)
 				}
 			} else if kept != 0 || c["nccl_processes_kept_on_uprobes"] != 0 {
 				t.Errorf("without all-to-alls: %d plugin records kept on the uprobes, %d processes", kept, c["nccl_processes_kept_on_uprobes"])
