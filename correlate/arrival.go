@@ -59,6 +59,7 @@ func (g *commGroup) noteStart(pc *procComm, seq uint64, start int64, key uint64)
 	if g.width != len(g.members) {
 		g.width = len(g.members)
 		g.keys = make([]uint64, arrivalSlots)
+		g.keyIdx = map[uint64]uint64{}
 		g.bad = make([]bool, arrivalSlots)
 		g.seqs = make([]uint64, arrivalSlots)
 		g.starts = make([]int64, arrivalSlots*g.width)
@@ -72,6 +73,7 @@ func (g *commGroup) noteStart(pc *procComm, seq uint64, start int64, key uint64)
 	w := int(seq % arrivalSlots)
 	row := g.starts[w*g.width : (w+1)*g.width]
 	if g.seqs[w] != seq {
+		delete(g.keyIdx, g.keys[w])
 		g.seqs[w], g.keys[w], g.bad[w] = seq, 0, false
 		for i := range row {
 			row[i] = absent
@@ -79,15 +81,32 @@ func (g *commGroup) noteStart(pc *procComm, seq uint64, start int64, key uint64)
 		}
 	}
 	row[mi] = start
+	if key == 0 {
+		return true
+	}
+	if len(g.keyIdx) >= 2*arrivalSlots {
+		g.reindex() // the keys of bad rows' later members are never deleted
+	}
+	g.keyIdx[key] = seq // a member that counted differently realigns to it
 	switch {
-	case key == 0 || g.bad[w]:
 	case g.keys[w] == 0:
 		g.keys[w] = key
 	case g.keys[w] != key:
+		ok := g.bad[w]
 		g.bad[w] = true
-		return false
+		return ok
 	}
 	return true
+}
+
+// reindex rebuilds keyIdx from the rows.
+func (g *commGroup) reindex() {
+	clear(g.keyIdx)
+	for w, k := range g.keys {
+		if k != 0 {
+			g.keyIdx[k] = g.seqs[w]
+		}
+	}
 }
 
 // callKey is NCCL's name of a plugin call, (op, NCCL seq), as a nonzero

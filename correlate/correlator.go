@@ -302,7 +302,15 @@ func (c *Correlator) collective(p *proc, h *HostCall, late bool) {
 		// A plugin call is noted with one member too: its kernel's time
 		// goes into the step's DeviceCollMS (devarrival.go).
 		if g.live >= 2 || h.HasNCCLSeq {
-			if !g.noteStart(pc, pc.seq, h.StartNS, callKey(h)) {
+			key := callKey(h)
+			if s, ok := g.keyIdx[key]; key != 0 && ok && s != pc.seq {
+				// A peer noted this call under another ordinal: one of the
+				// captures counted a call the other did not (before the
+				// plugin named the calls). p's calls take the peer's.
+				pc.seq = s
+				p.stats.ArrivalRealigned++
+			}
+			if !g.noteStart(pc, pc.seq, h.StartNS, key) {
 				p.stats.ArrivalMisaligned++
 			}
 			if !late {
@@ -720,6 +728,7 @@ func (r *RankStats) Add(o RankStats) {
 	r.KernelsUnmatched += o.KernelsUnmatched
 	r.DeviceArrivalTimeout += o.DeviceArrivalTimeout
 	r.ArrivalMisaligned += o.ArrivalMisaligned
+	r.ArrivalRealigned += o.ArrivalRealigned
 	r.ImplausibleSizes += o.ImplausibleSizes
 }
 

@@ -11,9 +11,11 @@ import (
 )
 
 // replayDump feeds an agent's event dump (SLOWRANK_IT_DUMP of the
-// integration tests: one {"type", "record"} object per line, in the order
-// the pipeline fed them) to a correlator, advancing event time with the
-// host calls, and returns the step facts.
+// integration tests, or the agent's --dump-events: one {"type", "record"}
+// object per line, in the order the pipeline fed them) to a correlator,
+// advancing event time with the host calls, and returns the step facts.
+// The pipeline's own records (its plugin-path switch, a process's exit)
+// are skipped.
 func replayDump(t *testing.T, path string) ([]detector.Step, *Correlator) {
 	t.Helper()
 	f, err := os.Open(path)
@@ -45,6 +47,18 @@ func replayDump(t *testing.T, path string) ([]detector.Step, *Correlator) {
 			dst = new(CommInit)
 		case "correlate.HostCall":
 			dst = new(HostCall)
+		case "correlate.CommDestroy":
+			dst = new(CommDestroy)
+		case "correlate.DeviceInterval":
+			dst = new(DeviceInterval)
+		case "correlate.CollKernel":
+			dst = new(CollKernel)
+		case "correlate.Coverage":
+			dst = new(Coverage)
+		case "correlate.Drop":
+			dst = new(Drop)
+		case "pipeline.PluginPath", "pipeline.forget":
+			continue
 		default:
 			t.Fatalf("record type %q", rec.Type)
 		}
@@ -60,6 +74,16 @@ func replayDump(t *testing.T, path string) ([]detector.Step, *Correlator) {
 			c.AddHostCall(*v)
 			s, _ := c.Drain()
 			steps = append(steps, s...)
+		case *CommDestroy:
+			c.AddCommDestroy(*v)
+		case *DeviceInterval:
+			c.AddDevice(*v)
+		case *CollKernel:
+			c.AddCollKernel(*v)
+		case *Coverage:
+			c.AddCoverage(*v)
+		case *Drop:
+			c.AddDrop(*v)
 		}
 	}
 	if err := sc.Err(); err != nil {

@@ -28,9 +28,11 @@ type commGroup struct {
 	devStarts, devEnds []int64
 	width              int
 	// keys are per row NCCL's name of the call (callKey) as the first
-	// member that knew it reported it; bad rows had members disagree.
-	keys []uint64
-	bad  []bool
+	// member that knew it reported it, keyIdx their rows; bad rows had
+	// members disagree.
+	keys   []uint64
+	keyIdx map[uint64]uint64
+	bad    []bool
 }
 
 // defaultUID identifies the default c10d group of a job (calls without a
@@ -64,7 +66,7 @@ func (c *Correlator) join(g *commGroup, pc *procComm) {
 	g.members = append(g.members[:k], pc)
 	g.live = len(g.members)
 	g.width = 0
-	g.seqs, g.starts, g.devStarts, g.devEnds, g.keys, g.bad = nil, nil, nil, nil, nil, nil
+	g.seqs, g.starts, g.devStarts, g.devEnds, g.keys, g.keyIdx, g.bad = nil, nil, nil, nil, nil, nil, nil
 	pc.grp = g
 }
 

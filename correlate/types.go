@@ -323,6 +323,7 @@ type RankStats struct {
 	KernelRecords        uint64 // CollKernels received
 	KernelsUnmatched     uint64 // CollKernels whose call never came (or left the key ring first)
 	DeviceArrivalTimeout uint64 // steps emitted before every local peer's kernel records came
+	ArrivalRealigned     uint64 // calls that took a peer's ordinal for the same NCCL call (one capture had counted a call the other did not)
 	ArrivalMisaligned    uint64 // calls NCCL names differently from a peer's call of the same ordinal: that row is not compared
 
 	ImplausibleSizes uint64 // world or communicator sizes above MaxRanks, treated as unknown

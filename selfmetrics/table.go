@@ -325,7 +325,10 @@ var Table = []Metric{
 	{Name: "slowrank.correlate.arrival.timeouts", Kind: Counter, Unit: "{step}", Component: Agent,
 		Desc: "Steps emitted before every local peer reported its arrival.", Series: []Series{s("correlate_arrival_timeouts")}},
 	{Name: "slowrank.correlate.arrival.misaligned", Kind: Counter, Unit: "{call}", Component: Agent,
-		Desc: "Collective calls that NCCL names differently from a local peer's call of the same ordinal (one rank's capture saw a call its peers' did not): their arrival rows are not compared.", Series: []Series{s("correlate_arrival_misaligned")}},
+		Desc: "Collective calls that NCCL names differently from a local peer's call of the same ordinal (one rank's capture saw a call its peers' did not), by outcome: realigned (the rank's calls take the peer's ordinals from then on) or not compared (the row is left out).", Series: []Series{
+			s("correlate_arrival_realigned", "outcome", "realigned"),
+			s("correlate_arrival_misaligned", "outcome", "not_compared"),
+		}},
 	{Name: "slowrank.correlate.kernels.received", Kind: Counter, Unit: "{record}", Component: Agent,
 		Desc: "NCCL collective kernel records the correlator received (joined unless counted in slowrank.records.dropped, reason nccl_kernel_unmatched).", Series: []Series{s("correlate_kernel_records")}},
 	{Name: "slowrank.correlate.device_arrival.timeouts", Kind: Counter, Unit: "{step}", Component: Agent,

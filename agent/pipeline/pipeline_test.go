@@ -79,7 +79,7 @@ func TestCountersKeepTheirNamesBeforeAnyRecord(t *testing.T) {
 	det, _ := detector.New(detector.DefaultConfig())
 	p := New(Config{Correlator: correlate.New(correlate.Config{}), Detector: det})
 	want := []string{
-		"correlate_arrival_misaligned", "correlate_arrival_timeouts", "correlate_burst_steps", "correlate_degraded_steps", "correlate_device_arrival_timeouts",
+		"correlate_arrival_misaligned", "correlate_arrival_realigned", "correlate_arrival_timeouts", "correlate_burst_steps", "correlate_degraded_steps", "correlate_device_arrival_timeouts",
 		"correlate_dropped_device", "correlate_dropped_host", "correlate_duplicate", "correlate_evicted",
 		"correlate_implausible_sizes", "correlate_init_calls", "correlate_invalid_steps", "correlate_irregular_calls",
 		"correlate_kernel_records", "correlate_kernels_unmatched", "correlate_late",

@@ -134,6 +134,7 @@ func (p *Pipeline) Counters() map[string]int64 {
 		// ordinal (one rank's capture saw a call its peers' did not):
 		// their arrival rows are not compared.
 		"correlate_arrival_misaligned": int64(t.ArrivalMisaligned),
+		"correlate_arrival_realigned":  int64(t.ArrivalRealigned),
 		"correlate_implausible_sizes":  int64(t.ImplausibleSizes),
 		// Boundaries of bursts far shorter than the steps (the Trainer's
 		// end-of-training calls): merged into the next step or dropped.
