@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -128,9 +129,12 @@ func (s *simulation) run(d time.Duration) {
 			for _, h := range s.hosts {
 				for _, r := range h.ranks {
 					host := 10.0 * s.slowFactor(r)
+					// The step's collectives take 1 ms on the GPU plus the
+					// wait for the slowest rank (Step.DeviceCollMS).
+					coll := 1 + slowest - host
 					st := detector.Step{Kind: detector.KindStep, Job: "j", Rank: r, Step: s.step, Host: h.name,
 						StartNS: s.now - s.stepNS + h.offset, EndNS: s.now + h.offset, Topo: h.topoVer,
-						Phases: exposedHost(host, slowest)}
+						Phases: exposedHost(host, slowest), DeviceCollMS: &coll}
 					h.queue = append(h.queue, st)
 				}
 			}
@@ -197,6 +201,15 @@ func TestSlowRankFoundAcrossHostsWithUnrelatedClocks(t *testing.T) {
 	got := s.statesBetween(2*time.Second, 8*time.Second)
 	if got[3][detector.StateStraggler] == 0 {
 		t.Fatalf("rank 3 never a straggler: %v", got)
+	}
+	// Its peers on the other hosts waited for it on their GPUs, which
+	// their collectives' GPU time says without comparing clocks.
+	vs, _ := s.cap.snapshot()
+	for _, v := range vs {
+		if v.Rank == 3 && v.State == detector.StateStraggler &&
+			(v.DeviceCollMS == nil || *v.DeviceCollMS != 1 || *v.DeviceCollPeerMS != 6 || !strings.Contains(v.Reason, "they waited for it")) {
+			t.Fatalf("rank 3's device evidence: %v of its peers' %v ms; %s", v.DeviceCollMS, v.DeviceCollPeerMS, v.Reason)
+		}
 	}
 	for r := range 6 {
 		if r == 3 {
