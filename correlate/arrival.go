@@ -58,13 +58,9 @@ func (g *commGroup) memberIndex(p *proc) int {
 func (g *commGroup) noteStart(pc *procComm, seq uint64, start int64, key uint64) bool {
 	if g.width != len(g.members) {
 		g.width = len(g.members)
-		g.keys = make([]uint64, arrivalSlots)
-		g.keyIdx = map[uint64]uint64{}
-		g.bad = make([]bool, arrivalSlots)
 		g.seqs = make([]uint64, arrivalSlots)
 		g.starts = make([]int64, arrivalSlots*g.width)
-		g.devStarts = make([]int64, arrivalSlots*g.width)
-		g.devEnds = make([]int64, arrivalSlots*g.width)
+		g.devStarts, g.devEnds, g.names = nil, nil, nil // made on first use
 	}
 	mi := slices.Index(g.members, pc)
 	if mi < 0 {
@@ -73,40 +69,68 @@ func (g *commGroup) noteStart(pc *procComm, seq uint64, start int64, key uint64)
 	w := int(seq % arrivalSlots)
 	row := g.starts[w*g.width : (w+1)*g.width]
 	if g.seqs[w] != seq {
-		delete(g.keyIdx, g.keys[w])
-		g.seqs[w], g.keys[w], g.bad[w] = seq, 0, false
+		g.seqs[w] = seq
 		for i := range row {
 			row[i] = absent
-			g.devStarts[w*g.width+i], g.devEnds[w*g.width+i] = absent, absent
+		}
+		if g.devStarts != nil {
+			for i := w * g.width; i < (w+1)*g.width; i++ {
+				g.devStarts[i], g.devEnds[i] = absent, absent
+			}
+		}
+		if g.names != nil {
+			g.names.rows[w] = rowName{}
 		}
 	}
 	row[mi] = start
 	if key == 0 {
 		return true
 	}
-	if len(g.keyIdx) >= 2*arrivalSlots {
-		g.reindex() // the keys of bad rows' later members are never deleted
+	if g.names == nil {
+		g.names = new(callNames) // made at the group's first plugin call
 	}
-	g.keyIdx[key] = seq // a member that counted differently realigns to it
+	return g.names.note(w, seq, key)
+}
+
+// callNames are NCCL's names of a group's calls (plugin path): per row
+// the name the first member that knew it noted and whether a member noted
+// another, and the row each name was noted at (by name, direct-mapped: a
+// name pushed out only costs one realignment chance).
+type callNames struct {
+	rows [arrivalSlots]rowName
+	at   [arrivalSlots]namedRow
+}
+
+type rowName struct {
+	key uint64
+	bad bool
+}
+
+type namedRow struct{ key, seq uint64 }
+
+// note notes the name key of the call at row w (sequence number seq);
+// false when another member noted another name there.
+func (n *callNames) note(w int, seq, key uint64) bool {
+	n.at[key%arrivalSlots] = namedRow{key, seq}
+	r := &n.rows[w]
 	switch {
-	case g.keys[w] == 0:
-		g.keys[w] = key
-	case g.keys[w] != key:
-		ok := g.bad[w]
-		g.bad[w] = true
+	case r.key == 0:
+		r.key = key
+	case r.key != key:
+		ok := r.bad
+		r.bad = true
 		return ok
 	}
 	return true
 }
 
-// reindex rebuilds keyIdx from the rows.
-func (g *commGroup) reindex() {
-	clear(g.keyIdx)
-	for w, k := range g.keys {
-		if k != 0 {
-			g.keyIdx[k] = g.seqs[w]
-		}
+// seqOf returns the row at which a member noted the call named key.
+func (n *callNames) seqOf(key uint64) (uint64, bool) {
+	if n == nil {
+		return 0, false
 	}
+	r := n.at[key%arrivalSlots]
+	return r.seq, r.key == key
 }
 
 // callKey is NCCL's name of a plugin call, (op, NCCL seq), as a nonzero
@@ -125,7 +149,7 @@ func (g *commGroup) row(seq uint64) []int64 {
 		return nil
 	}
 	w := int(seq % arrivalSlots)
-	if g.seqs[w] != seq || g.bad[w] {
+	if g.seqs[w] != seq || g.names != nil && g.names.rows[w].bad {
 		return nil
 	}
 	return g.starts[w*g.width : (w+1)*g.width]

@@ -25,6 +25,8 @@ type Correlator struct {
 
 	jobs map[string]*jobState
 
+	kernelRings int // the procComms' kernel key rings (devarrival.go)
+
 	now int64 // event time: the latest host time seen or advanced to
 
 	steps []detector.Step
@@ -299,11 +301,12 @@ func (c *Correlator) collective(p *proc, h *HostCall, late bool) {
 			g.ops |= f
 			c.markGroupDirty(g)
 		}
-		// A plugin call is noted with one member too: its kernel's time
-		// goes into the step's DeviceCollMS (devarrival.go).
-		if g.live >= 2 || h.HasNCCLSeq {
+		// A plugin call of a communicator whose kernels come is noted
+		// with one member too: their time goes into the step's
+		// DeviceCollMS (devarrival.go).
+		if g.live >= 2 || h.HasNCCLSeq && pc.kern != nil {
 			key := callKey(h)
-			if s, ok := g.keyIdx[key]; key != 0 && ok && s != pc.seq {
+			if s, ok := g.names.seqOf(key); key != 0 && ok && s != pc.seq {
 				// A peer noted this call under another ordinal: one of the
 				// captures counted a call the other did not (before the
 				// plugin named the calls). p's calls take the peer's.
@@ -460,6 +463,7 @@ func (c *Correlator) AddCommDestroy(cd CommDestroy) {
 
 func (c *Correlator) retireComm(p *proc, pc *procComm) {
 	delete(p.comms, pc.handle)
+	c.kernelRings -= len(pc.kern)
 	if i := slices.Index(p.commList, pc); i >= 0 {
 		p.commList = slices.Delete(p.commList, i, i+1)
 	}

@@ -31,8 +31,13 @@ import (
 // 11 % of the kernels on the H200 to collisions with the calls in flight.
 const kernelKeySlots = 1024
 
-// maxKeyedOps bounds the ops one communicator keys (NCCL has a dozen).
-const maxKeyedOps = 16
+// maxKeyedOps bounds the ops one communicator keys (NCCL has a dozen);
+// maxKernelRings bounds the rings of all processes (40 KiB each): beyond
+// them kernels are unmatched, and counted.
+const (
+	maxKeyedOps    = 16
+	maxKernelRings = 256
+)
 
 type kernelKeys map[Op]*[kernelKeySlots]kernelSlot
 
@@ -46,18 +51,23 @@ type kernelSlot struct {
 	used       bool
 }
 
-// slot is the slot of NCCL's call (op, nseq); nil beyond maxKeyedOps.
-func (pc *procComm) slot(op Op, nseq uint64) *kernelSlot {
-	if pc.kern == nil {
-		pc.kern = kernelKeys{}
-	}
+// slot is the slot of NCCL's call (op, nseq), nil when pc has no ring for
+// op and make is false. Rings are made once the process sent a kernel
+// record (make), so that processes that never do (collection off, the
+// uprobes' path) cost nothing; the first kernels come before their calls,
+// which the plugin's reorder holds 400 ms.
+func (c *Correlator) slot(pc *procComm, op Op, nseq uint64, make bool) *kernelSlot {
 	ring := pc.kern[op]
 	if ring == nil {
-		if len(pc.kern) >= maxKeyedOps {
+		if !make || len(pc.kern) >= maxKeyedOps || c.kernelRings >= maxKernelRings {
 			return nil
+		}
+		if pc.kern == nil {
+			pc.kern = kernelKeys{}
 		}
 		ring = new([kernelKeySlots]kernelSlot)
 		pc.kern[op] = ring
+		c.kernelRings++
 	}
 	return &ring[nseq%kernelKeySlots]
 }
@@ -65,7 +75,7 @@ func (pc *procComm) slot(op Op, nseq uint64) *kernelSlot {
 // keyCall notes that pc's call seq is NCCL's (op, nseq), and joins the
 // kernel record of it if that came first.
 func (c *Correlator) keyCall(pc *procComm, op Op, nseq, seq uint64) {
-	sl := pc.slot(op, nseq)
+	sl := c.slot(pc, op, nseq, pc.p.feedsKernels)
 	if sl == nil {
 		return
 	}
@@ -91,7 +101,7 @@ func (c *Correlator) AddCollKernel(k CollKernel) {
 		p.stats.KernelsUnmatched++
 		return
 	}
-	sl := pc.slot(k.Op, k.NCCLSeq)
+	sl := c.slot(pc, k.Op, k.NCCLSeq, true)
 	if sl == nil {
 		p.stats.KernelsUnmatched++
 		return
@@ -122,6 +132,13 @@ func (g *commGroup) noteKernel(pc *procComm, seq uint64, start, end int64) bool 
 	if g.width == 0 || g.seqs[w] != seq || mi < 0 || mi >= g.width {
 		return false
 	}
+	if g.devStarts == nil {
+		// Made at the group's first kernel: most groups never see one.
+		g.devStarts, g.devEnds = make([]int64, len(g.starts)), make([]int64, len(g.starts))
+		for i := range g.devStarts {
+			g.devStarts[i], g.devEnds[i] = absent, absent
+		}
+	}
 	if end == 0 {
 		end = absent
 	}
@@ -132,7 +149,7 @@ func (g *commGroup) noteKernel(pc *procComm, seq uint64, start, end int64) bool 
 // devRow is the members' kernel starts and ends of the calls with sequence
 // number seq, nil when it left the ring.
 func (g *commGroup) devRow(seq uint64) (starts, ends []int64) {
-	if g.row(seq) == nil {
+	if g.devStarts == nil || g.row(seq) == nil {
 		return nil, nil
 	}
 	w := int(seq % arrivalSlots)

@@ -96,20 +96,25 @@ func TestDeviceArrivalOrder(t *testing.T) {
 			c := twoRanks(t)
 			n := cmp.Or(tc.iters, 20)
 			host, kernels, cupti := tc.job.build(c, n)
-			feedKernels := func() {
+			feedKernels := func(from int) {
 				for r := range 2 {
-					for _, k := range kernels[r] {
+					for _, k := range kernels[r][from:] {
 						c.AddCollKernel(k)
 					}
 				}
 			}
+			// The first kernel records come before their calls (the
+			// plugin's reorder holds the calls); the rest before or after.
+			for r := range 2 {
+				c.AddCollKernel(kernels[r][0])
+			}
 			if tc.kernelsFirst {
-				feedKernels()
+				feedKernels(1)
 			}
 			b := batch{host: host, dev: cupti}
 			b.feed(c)
 			if !tc.kernelsFirst {
-				feedKernels()
+				feedKernels(1)
 			}
 			steps, _ := c.Flush()
 			m := byRank(steps)
@@ -209,13 +214,42 @@ func TestKernelsWithoutTheirCallAreCounted(t *testing.T) {
 	pc := c.procs[pid(0)].comms[0x10]
 	c.AddCollKernel(CollKernel{PID: pid(0), Comm: 0x10, Op: OpAllReduce, NCCLSeq: 5, StartNS: ms, EndNS: 2 * ms})
 	for s := uint64(6); ; s++ {
-		if pc.slot(OpAllReduce, s) == pc.slot(OpAllReduce, 5) {
+		if c.slot(pc, OpAllReduce, s, false) == c.slot(pc, OpAllReduce, 5, false) {
 			c.AddCollKernel(CollKernel{PID: pid(0), Comm: 0x10, Op: OpAllReduce, NCCLSeq: s, StartNS: ms, EndNS: 2 * ms})
 			break
 		}
 	}
 	if st := c.Stats()[0]; st.KernelRecords != 4 || st.KernelsUnmatched != 3 {
 		t.Errorf("received %d, unmatched %d; want 4, 3", st.KernelRecords, st.KernelsUnmatched)
+	}
+}
+
+// The key rings are made by kernel records only, and bounded over all
+// processes: an agent watching many communicators without collection, or
+// a process flooding kernels of made-up communicators and ops, holds at
+// most maxKernelRings.
+func TestKernelRingsAreBounded(t *testing.T) {
+	c := twoRanks(t)
+	var b batch
+	simulate(&b, []uint32{pid(0), pid(1)}, 0, repeat("AB S", 20), 0, 10*ms, nil)
+	commOf(&b)
+	for i := range b.host {
+		b.host[i].NCCLSeq, b.host[i].HasNCCLSeq = uint64(i), b.host[i].Kind == HostCollective
+	}
+	b.feed(c)
+	if c.kernelRings != 0 {
+		t.Fatalf("%d key rings without any kernel record", c.kernelRings)
+	}
+	for i := range 2 * maxKernelRings {
+		c.AddCommInit(CommInit{PID: pid(0), Comm: uint64(0x1000 + i), NRanks: 2, Rank: 0, UniqueIDHash: uint64(0xbeef + i)})
+		c.AddCollKernel(CollKernel{PID: pid(0), Comm: uint64(0x1000 + i), Op: OpAllReduce, StartNS: ms, EndNS: 2 * ms})
+	}
+	if c.kernelRings != maxKernelRings {
+		t.Errorf("%d key rings, want the bound %d", c.kernelRings, maxKernelRings)
+	}
+	c.Forget(pid(0))
+	if c.kernelRings != 0 {
+		t.Errorf("%d key rings after the process left", c.kernelRings)
 	}
 }
 
@@ -242,10 +276,13 @@ func TestMisalignedOrdinalsAreRealigned(t *testing.T) {
 					break
 				}
 			}
+			for r := range 2 {
+				c.AddCollKernel(kernels[r][0]) // the first come before their calls
+			}
 			b := batch{host: host, dev: cupti}
 			b.feed(c)
 			for r := range 2 {
-				for _, k := range kernels[r] {
+				for _, k := range kernels[r][1:] {
 					c.AddCollKernel(k)
 				}
 			}

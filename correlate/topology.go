@@ -27,12 +27,9 @@ type commGroup struct {
 	starts             []int64
 	devStarts, devEnds []int64
 	width              int
-	// keys are per row NCCL's name of the call (callKey) as the first
-	// member that knew it reported it, keyIdx their rows; bad rows had
-	// members disagree.
-	keys   []uint64
-	keyIdx map[uint64]uint64
-	bad    []bool
+	// names are NCCL's names of the calls (arrival.go), nil until the
+	// group's first plugin call.
+	names *callNames
 }
 
 // defaultUID identifies the default c10d group of a job (calls without a
@@ -66,7 +63,7 @@ func (c *Correlator) join(g *commGroup, pc *procComm) {
 	g.members = append(g.members[:k], pc)
 	g.live = len(g.members)
 	g.width = 0
-	g.seqs, g.starts, g.devStarts, g.devEnds, g.keys, g.keyIdx, g.bad = nil, nil, nil, nil, nil, nil, nil
+	g.seqs, g.starts, g.devStarts, g.devEnds, g.names = nil, nil, nil, nil, nil
 	pc.grp = g
 }
 
