@@ -157,9 +157,10 @@ func (g *commGroup) devRow(seq uint64) (starts, ends []int64) {
 }
 
 // kernelsReady reports whether the kernel records of the step's collectives
-// have come from p and from every other local member that is collecting:
-// a communicator's kernels run in order on its stream, so a later call's
-// kernel says that an earlier one will not come.
+// have come from p and from every other local member that is collecting
+// and keys its kernels (a member without a key ring, past maxKernelRings,
+// is not waited for): a communicator's kernels run in order on its stream,
+// so a later call's kernel says that an earlier one will not come.
 func (c *Correlator) kernelsReady(p *proc, s *pendingStep) bool {
 	if !p.feedsKernels || !p.cov.contains(s.start, s.end) {
 		return true
@@ -170,7 +171,7 @@ func (c *Correlator) kernelsReady(p *proc, s *pendingStep) bool {
 			continue
 		}
 		for _, m := range g.members {
-			if m != nil && m.p.feedsKernels && m.kernSeq < cr.seq && (m.p == p || m.p.cov.contains(s.start, s.end)) {
+			if m != nil && m.kern != nil && m.kernSeq < cr.seq && (m.p == p || m.p.cov.contains(s.start, s.end)) {
 				return false
 			}
 		}
