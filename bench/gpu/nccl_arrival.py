@@ -32,10 +32,10 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import nccl_plugin  # noqa: E402  (pair_kernels; the dump's record layout)
+import analyze as analyze_py  # noqa: E402  (jsonl)
+import nccl_plugin  # noqa: E402  (StartGate, pair_kernels; the dump's record layout)
 
 TIE_NS = 50_000  # the agent's DeviceArrivalTie
 
@@ -58,25 +58,13 @@ def loop(_args):
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     grads = [torch.ones(env("BUCKET_KB", 1024) * 256, device=device) for _ in range(buckets)]
-    flag = torch.zeros(1, device=device)
-    path, run_s, wait_s = os.environ.get("START_FILE"), env("RUN_S", 60, float), env("START_WAIT_S", 120, float)
+    run_s = env("RUN_S", 60, float)
+    gate = nccl_plugin.StartGate(dist, torch.zeros(1, device=device), rank, os.environ.get("START_FILE"),
+                                 run_s, env("START_WAIT_S", 120, float))
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(buckets)]
-    chunk_ms, steps, t0, phase, started = [], 0, time.monotonic(), "wait", None
+    chunk_ms, steps = [], 0
     while True:
-        if rank == 0:
-            now = time.monotonic()
-            if phase == "wait" and (not path or os.path.exists(path)):
-                phase, started = "run", now
-            code = {"wait": 0.0, "run": 1.0}[phase]
-            if phase == "wait" and now - t0 > wait_s:
-                code = 3.0
-            if phase == "run" and now - started > run_s:
-                code = 2.0
-            flag.fill_(code)
-        dist.broadcast(flag, 0)
-        c = flag.item()
-        if c == 3.0:
-            raise SystemExit(f"no {path} after {wait_s} s")
+        c = gate.next()
         if c == 2.0:
             break
         for k in range(buckets):
@@ -102,18 +90,6 @@ def loop(_args):
         with open(truth, "w") as f:
             json.dump(out, f)
     print(json.dumps(out))
-
-
-def read_jsonl(path):
-    out = []
-    if not os.path.exists(path):
-        return out
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                out.append(json.loads(line))
-    return out
 
 
 def median(v):
@@ -200,8 +176,8 @@ def analyze(args):
         if os.path.exists(t):
             d = json.load(open(t))
             truth[str(d["rank"])] = d
-    ranks = per_rank(read_jsonl(facts))
-    vs = [v for v in read_jsonl(verdicts) if v.get("kind") == "verdict"]
+    ranks = per_rank(analyze_py.jsonl(facts))
+    vs = [v for v in analyze_py.jsonl(verdicts) if v.get("kind") == "verdict"]
     res = {"ranks": ranks, "truth": truth, "counters": counters(status),
            "verdicts": [{k: v.get(k) for k in ("window", "rank", "phase", "state", "deviation", "device_last_arrival_share",
                                                 "device_coll_ms", "device_coll_peer_ms", "last_arrival_share", "reason")}
@@ -238,6 +214,16 @@ def analyze(args):
     return res
 
 
+def quiet(fn, args):
+    """fn(args) with its stdout discarded."""
+    sys.stdout = open(os.devnull, "w")
+    try:
+        return fn(args)
+    finally:
+        sys.stdout.close()
+        sys.stdout = sys.__stdout__
+
+
 def selftest(_args):
     """analyze on synthetic facts: a slow rank 1, 200 steps."""
     d = tempfile.mkdtemp()
@@ -263,12 +249,7 @@ def selftest(_args):
             t += 2_000_000
         dumps.append(os.path.join(d, f"d{r}.dump"))
         nccl_plugin.write_dump(dumps[-1], bs)
-    sys.stdout = open(os.devnull, "w")
-    try:
-        res = analyze([facts, os.path.join(d, "none"), os.path.join(d, "none"), os.path.join(d, "o.json")] + truths + ["--"] + dumps)
-    finally:
-        sys.stdout.close()
-        sys.stdout = sys.__stdout__
+    res = quiet(analyze, [facts, os.path.join(d, "none"), os.path.join(d, "none"), os.path.join(d, "o.json")] + truths + ["--"] + dumps)
     ct = res["cupti_truth"]
     ok = (res["ok"] is True and res["ranks"]["1"]["device_last_share"] == 1.0 and ct["collectives"] == 150
           and ct["ranks"]["1"]["last_share"] == 1.0 and abs(ct["ranks"]["1"]["lag_ms_median"] - 0.4) < 1e-9)
@@ -277,12 +258,7 @@ def selftest(_args):
         for i in range(200, 600):
             f.write(json.dumps({"kind": "step", "rank": 1, "step": i, "device_last_arrival": False,
                                 "device_arrival_lag_ms": 0.0}) + "\n")
-    sys.stdout = open(os.devnull, "w")
-    try:
-        bad = analyze([facts, os.path.join(d, "none"), os.path.join(d, "none"), os.path.join(d, "o.json")] + truths + ["--"] + dumps)
-    finally:
-        sys.stdout.close()
-        sys.stdout = sys.__stdout__
+    bad = quiet(analyze, [facts, os.path.join(d, "none"), os.path.join(d, "none"), os.path.join(d, "o.json")] + truths + ["--"] + dumps)
     ok = ok and bad["ok"] is False
     print(f"nccl_arrival selftest: {'pass' if ok else 'FAIL'}")
     if not ok:

@@ -67,6 +67,35 @@ def init_nccl_group(torch, dist):
     return rank, world, device
 
 
+class StartGate:
+    """Every rank's loop the same number of times: waiting (code 0, busy)
+    until START_FILE exists, then RUN seconds measured (1), then done (2);
+    rank 0 decides each round and broadcasts it (3: no START_FILE within
+    wait_s). next() returns the round's code."""
+
+    def __init__(self, dist, flag, rank, path, run_s, wait_s):
+        self.dist, self.flag, self.rank = dist, flag, rank
+        self.path, self.run_s, self.wait_s = path, run_s, wait_s
+        self.t0, self.phase, self.started = time.monotonic(), "wait", None
+
+    def next(self):
+        if self.rank == 0:
+            now = time.monotonic()
+            if self.phase == "wait" and (not self.path or os.path.exists(self.path)):
+                self.phase, self.started = "run", now
+            code = {"wait": 0.0, "run": 1.0}[self.phase]
+            if self.phase == "wait" and now - self.t0 > self.wait_s:
+                code = 3.0
+            if self.phase == "run" and now - self.started > self.run_s:
+                code = 2.0
+            self.flag.fill_(code)
+        self.dist.broadcast(self.flag, 0)
+        c = self.flag.item()
+        if c == 3.0:
+            raise SystemExit(f"no {self.path} after {self.wait_s} s")
+        return c
+
+
 def env_int(name, default):
     return int(os.environ.get(name, str(default)))
 
@@ -729,24 +758,9 @@ def clockloop(_args):
     import torch.distributed as dist
     rank, world, device = init_nccl_group(torch, dist)
     x = torch.ones(256, device=device)
-    flag = torch.zeros(1, device=device)
-    t0 = time.monotonic()
-    phase, started = "wait", None
+    gate = StartGate(dist, torch.zeros(1, device=device), rank, path, secs, wait_s)
     while True:
-        if rank == 0:
-            now = time.monotonic()
-            if phase == "wait" and (not path or os.path.exists(path)):
-                phase, started = "run", now
-            code = {"wait": 0.0, "run": 1.0}[phase]
-            if phase == "wait" and now - t0 > wait_s:
-                code = 3.0
-            if phase == "run" and now - started > secs:
-                code = 2.0
-            flag.fill_(code)
-        dist.broadcast(flag, 0)
-        c = flag.item()
-        if c == 3.0:
-            raise SystemExit(f"no {path} after {wait_s} s")
+        c = gate.next()
         if c == 2.0:
             break
         k = 20 if c == 1.0 else 5
