@@ -62,6 +62,7 @@ var abiConsts = map[string]int64{
 	"SLOWRANK_REASON_LEASE":             int64(ReasonLease),
 	"SLOWRANK_STATUS_WAITING":           int64(StatusWaiting),
 	"SLOWRANK_AGENT_F_NCCL_PLUGIN":      agentFlagNCCLPlugin,
+	"SLOWRANK_AGENT_F_NCCL_NO_KERNELCH": agentFlagNCCLNoKernelCh,
 	"SLOWRANK_STAT_DISCARDED_DETACHED":  int64(StatDiscardedDetached),
 	"SLOWRANK_REASON_ERROR":             int64(ReasonError),
 	"SLOWRANK_STATUS_FORCED_ATTACH":     int64(StatusForcedAttach),

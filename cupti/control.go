@@ -37,10 +37,18 @@ type Duty struct {
 	// library may turn NCCL's activation mask on (without it NCCL calls the
 	// plugin for nothing).
 	NCCLPlugin bool
+	// NCCLNoKernelChannels: the plugin's kernel-channel events stay off in
+	// on-phases too (the agent measures their cost apart, or found it too
+	// high).
+	NCCLNoKernelChannels bool
 }
 
-// agentFlagNCCLPlugin is SLOWRANK_AGENT_F_NCCL_PLUGIN (agent_flags).
-const agentFlagNCCLPlugin = 1
+// agentFlagNCCLPlugin and agentFlagNCCLNoKernelCh are
+// SLOWRANK_AGENT_F_NCCL_PLUGIN and _NO_KERNELCH (agent_flags).
+const (
+	agentFlagNCCLPlugin     = 1
+	agentFlagNCCLNoKernelCh = 2
+)
 
 // DefaultDuty is what the library does when no agent ever wrote its block:
 // 200 ms of every 20 s.
@@ -112,15 +120,16 @@ func ParseControl(b []byte) (ControlBlock, error) {
 	ms := func(off uintptr) time.Duration { return time.Duration(u32(b, off)) * time.Millisecond }
 	c.Generation = u32(b, unsafe.Offsetof(r.Generation))
 	c.Duty = Duty{
-		Mode:            DutyMode(u32(b, unsafe.Offsetof(r.Mode))),
-		On:              ms(unsafe.Offsetof(r.On_ms)),
-		Period:          ms(unsafe.Offsetof(r.Period_ms)),
-		KSteps:          u32(b, unsafe.Offsetof(r.K_steps)),
-		NSteps:          u32(b, unsafe.Offsetof(r.N_steps)),
-		PhaseOffset:     time.Duration(int64(u64(b, unsafe.Offsetof(r.Phase_offset_ns)))),
-		EscalateUntilNs: u64(b, unsafe.Offsetof(r.Escalate_until_ns)),
-		NameResend:      u32(b, unsafe.Offsetof(r.Name_resend)),
-		NCCLPlugin:      u32(b, unsafe.Offsetof(r.Agent_flags))&agentFlagNCCLPlugin != 0,
+		Mode:                 DutyMode(u32(b, unsafe.Offsetof(r.Mode))),
+		On:                   ms(unsafe.Offsetof(r.On_ms)),
+		Period:               ms(unsafe.Offsetof(r.Period_ms)),
+		KSteps:               u32(b, unsafe.Offsetof(r.K_steps)),
+		NSteps:               u32(b, unsafe.Offsetof(r.N_steps)),
+		PhaseOffset:          time.Duration(int64(u64(b, unsafe.Offsetof(r.Phase_offset_ns)))),
+		EscalateUntilNs:      u64(b, unsafe.Offsetof(r.Escalate_until_ns)),
+		NameResend:           u32(b, unsafe.Offsetof(r.Name_resend)),
+		NCCLPlugin:           u32(b, unsafe.Offsetof(r.Agent_flags))&agentFlagNCCLPlugin != 0,
+		NCCLNoKernelChannels: u32(b, unsafe.Offsetof(r.Agent_flags))&agentFlagNCCLNoKernelCh != 0,
 	}
 	c.Step = u64(b, unsafe.Offsetof(r.Step))
 	c.Status = Status{
@@ -187,6 +196,9 @@ func encodeDuty(d Duty) []byte {
 	var flags uint32
 	if d.NCCLPlugin {
 		flags |= agentFlagNCCLPlugin
+	}
+	if d.NCCLNoKernelChannels {
+		flags |= agentFlagNCCLNoKernelCh
 	}
 	put32(unsafe.Offsetof(r.Agent_flags), flags)
 	return b

@@ -56,7 +56,7 @@ func TestControlRoundTrip(t *testing.T) {
 		t.Fatalf("initial %+v", c)
 	}
 	d := Duty{Mode: DutySteps, On: 150 * time.Millisecond, Period: 5 * time.Second, PhaseOffset: -7 * time.Millisecond,
-		KSteps: 1, NSteps: 20, EscalateUntilNs: 123456789, NameResend: 3, NCCLPlugin: true}
+		KSteps: 1, NSteps: 20, EscalateUntilNs: 123456789, NameResend: 3, NCCLPlugin: true, NCCLNoKernelChannels: true}
 	gen, err := WriteDuty(m, base, c.Generation, d)
 	if err != nil || gen != 2 {
 		t.Fatalf("WriteDuty: %d %v", gen, err)

@@ -461,6 +461,7 @@ struct slowrank_nccl_status {
 /* agent_flags: what the agent asks of the library besides the duty cycle
  * (written with it, under the seqlock). 0 from an agent that predates them. */
 #define SLOWRANK_AGENT_F_NCCL_PLUGIN 0x1u /* it takes the NCCL plugin's records: NCCL's mask may be set */
+#define SLOWRANK_AGENT_F_NCCL_NO_KERNELCH 0x2u /* no kernel-channel events in on-phases (their cost is measured apart, or they are off) */
 
 /* status_flags */
 #define SLOWRANK_STATUS_CUPTI_LOADED  (1u << 0)

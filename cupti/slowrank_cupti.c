@@ -1600,7 +1600,8 @@ static void nccl_tick(uint64_t now, uint64_t *wake)
 	if (g.attached) {
 		int reason;
 		uint64_t w = SR_POLL_NS;
-		kernel_on = duty_wants_on(now, &reason, &w) && !lease_expired(now);
+		kernel_on = duty_wants_on(now, &reason, &w) && !lease_expired(now) &&
+			    !(g.cfg.agent_flags & SLOWRANK_AGENT_F_NCCL_NO_KERNELCH);
 		if (w < *wake)
 			*wake = w;
 	}

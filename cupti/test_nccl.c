@@ -20,6 +20,8 @@
  *             events in flight, a flood that overfills the ring: no crash,
  *             no wait, everything counted
  *   toggle    duty cycle: kernel-channel events on and off at run time
+ *   nokch     the agent's NO_KERNELCH flag: none in an on-phase, back when
+ *             the flag is cleared
  *   skew      a GPU clock 300 us ahead: the host's sightings of the ends set
  *             the offset, nothing clamped or flagged
  *   behind    a GPU clock 2 ms behind (the H200's was 0.43 ms): the same,
@@ -1044,6 +1046,53 @@ static void sc_toggle(void)
 	exit(0);
 }
 
+/* Writes agent_flags (and duty mode always) into the control block with
+ * the seqlock protocol the agent uses, and waits until it is applied. */
+static void write_flags(uint32_t flags)
+{
+	void *h = dlopen(lib, RTLD_NOW | RTLD_NOLOAD);
+	struct slowrank_cupti_control *c = h ? dlsym(h, SLOWRANK_SYM_CONTROL) : NULL;
+	if (!c)
+		FAIL("no control block");
+	uint32_t g = __atomic_load_n(&c->generation, __ATOMIC_ACQUIRE);
+	g += g & 1 ? 1 : 0;
+	__atomic_store_n(&c->generation, g + 1, __ATOMIC_RELEASE);
+	__atomic_store_n(&c->mode, SLOWRANK_DUTY_ALWAYS, __ATOMIC_RELAXED);
+	__atomic_store_n(&c->agent_flags, flags, __ATOMIC_RELAXED);
+	__atomic_store_n(&c->generation, g + 2, __ATOMIC_RELEASE);
+	uint64_t t0 = now_ns();
+	while (__atomic_load_n(&c->applied_generation, __ATOMIC_ACQUIRE) != g + 2)
+		if (now_ns() - t0 > 2000000000ull)
+			FAIL("flags %#x not applied within 2 s", flags);
+		else
+			sleep_ms(5);
+}
+
+static void sc_nokch(void)
+{
+	child_env(1, "always");
+	if (fp_load() != 5)
+		FAIL("not bound");
+	struct fp_comm *c = fp_comm_init(8, 2, 0);
+	if (!wait_mask(SR_NCCL_PROFILE_COLL | SR_NCCL_PROFILE_KERNEL_CH, 2000))
+		FAIL("kernel channels never on in an always-on phase: mask %#x", fp_mask());
+	write_flags(SLOWRANK_AGENT_F_NCCL_PLUGIN | SLOWRANK_AGENT_F_NCCL_NO_KERNELCH);
+	sleep_ms(100); /* a poll stores the mask */
+	if (fp_mask() & SR_NCCL_PROFILE_KERNEL_CH || !(fp_mask() & SR_NCCL_PROFILE_COLL))
+		FAIL("mask %#x with NO_KERNELCH: want Coll without KernelCh", fp_mask());
+	uint64_t with = fp_ops_with_kernel_ch();
+	for (int i = 0; i < 200; i++)
+		fp_coll(c, "AllReduce", 16, "ncclFloat32", -1, 2);
+	if (fp_ops_with_kernel_ch() != with)
+		FAIL("%llu operations with kernel channels under NO_KERNELCH",
+		     (unsigned long long)(fp_ops_with_kernel_ch() - with));
+	write_flags(SLOWRANK_AGENT_F_NCCL_PLUGIN);
+	if (!wait_mask(SR_NCCL_PROFILE_KERNEL_CH, 2000))
+		FAIL("kernel channels not back after the flag was cleared: mask %#x", fp_mask());
+	fp_comm_destroy(c);
+	exit(0);
+}
+
 static void sc_toggle_check(void)
 {
 	read_dump();
@@ -1074,6 +1123,7 @@ static const struct scenario scenarios[] = {
 	{"abuse", sc_abuse, sc_abuse_check},
 	{"flood", sc_flood, NULL},
 	{"toggle", sc_toggle, sc_toggle_check},
+	{"nokch", sc_nokch, NULL},
 	{"skew", sc_skew, sc_skew_check},
 	{"behind", sc_behind, sc_behind_check},
 	{"wrongclock", sc_wrongclock, sc_wrongclock_check},
