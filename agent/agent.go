@@ -124,6 +124,9 @@ type Agent struct {
 	// pluginOpsSeen is converter.pluginOps fed to the duty ledger (main
 	// goroutine).
 	pluginOpsSeen int64
+	// kchLogged is the kernel-channel trial's state last logged (main
+	// goroutine).
+	kchLogged string
 
 	planMu sync.Mutex
 	plan   *DutyPlan // last duty plan applied, for Status

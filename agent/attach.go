@@ -279,6 +279,7 @@ func (t *attacher) applyDuty(p DutyPlan) {
 	// Without it the library keeps NCCL's profiler mask at 0: NCCL then
 	// calls no plugin, whose records this agent would only count.
 	d.NCCLPlugin = t.a.cfg.NCCLPlugin
+	d.NCCLNoKernelChannels = !p.KernelChannels
 	if t.a.control.paused {
 		d = cupti.Duty{Mode: cupti.DutyOff} // control.go: paused
 	}

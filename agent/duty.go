@@ -84,6 +84,16 @@ type DutyConfig struct {
 	MinOnSteps int
 	// MaxPeriod bounds that doubling.
 	MaxPeriod time.Duration
+	// KernelChannels is --nccl-kernel-channels: the NCCL plugin's
+	// kernel-channel events measured apart and kept only while they cost
+	// less than KernelChannelLimit of step time in an on-phase (auto,
+	// duty_kch.go), or on or off as the operator says. A trial decides
+	// once both arms have KernelChannelPairs paired blocks, and keeps them
+	// after KernelChannelMaxPairs if it cannot tell.
+	KernelChannels        KernelChannelMode
+	KernelChannelLimit    float64
+	KernelChannelPairs    int
+	KernelChannelMaxPairs int
 }
 
 // DefaultDutyConfig returns a budget of 0.3 % over an hour, a quarter of it
@@ -96,6 +106,7 @@ func DefaultDutyConfig() DutyConfig {
 		Horizon: time.Hour, UprobeCost: 6 * time.Microsecond, NCCLPluginCost: time.Microsecond, LibraryCost: 0.0001,
 		MinPairs: 10, PairSteps: 8, PairTolerance: 0.02,
 		MinOnSteps: 4, MaxPeriod: 16 * time.Minute,
+		KernelChannelLimit: 0.01, KernelChannelPairs: 8, KernelChannelMaxPairs: 24,
 	}
 }
 
@@ -112,6 +123,9 @@ type DutyPlan struct {
 	Measured bool
 	// Overhead is the cost estimate and the ledger behind the plan.
 	Overhead Overhead
+	// KernelChannels: the NCCL plugin's kernel-channel events may be on in
+	// on-phases (duty_kch.go).
+	KernelChannels bool
 }
 
 // CostEstimate is the overhead of full device collection, as a fraction of
@@ -153,6 +167,9 @@ type Overhead struct {
 	EscalationsGranted int64         `json:"escalations_granted"`
 	EscalationsRefused int64         `json:"escalations_refused"`
 	PairsDropped       PairDrops     `json:"pairs_dropped"`
+	// KernelChannels is the NCCL plugin's kernel-channel trial, once a
+	// plugin operation was seen or the operator decided.
+	KernelChannels *KernelChannels `json:"nccl_kernel_channels,omitempty"`
 }
 
 const (
@@ -220,6 +237,7 @@ type Duty struct {
 	est               CostEstimate
 	estValid          bool
 	bucketLen         int64
+	kch               kchTrial // duty_kch.go
 }
 
 type span struct{ from, to int64 }
@@ -231,6 +249,7 @@ type pairCluster struct {
 	on, whole span // the on-block; with its off steps
 	sum       float64
 	n         int
+	arm       int8 // the kernel-channel trial's arm (kchTrial.armOf)
 }
 
 // ledgerBucket is one slice of the horizon: training seconds and spend in
@@ -396,7 +415,7 @@ func (d *Duty) finish(p *rankPairing) {
 			return
 		}
 	}
-	d.clusters = append(d.clusters, pairCluster{on: on, whole: whole, sum: r, n: 1})
+	d.clusters = append(d.clusters, pairCluster{on: on, whole: whole, sum: r, n: 1, arm: d.kch.armOf(on.from, on.to)})
 	if len(d.clusters) > maxClusters {
 		d.clusters = append(d.clusters[:0], d.clusters[1:]...)
 	}
@@ -435,9 +454,12 @@ func (d *Duty) Estimate() CostEstimate {
 	if d.estValid {
 		return d.est
 	}
-	xs := make([]float64, len(d.clusters))
-	for i, cl := range d.clusters {
-		xs[i] = cl.sum / float64(cl.n)
+	xs := make([]float64, 0, len(d.clusters))
+	for _, cl := range d.clusters {
+		if cl.arm == 1 && d.kch.result.State == KernelChannelsDenied {
+			continue // blocks of a collection no longer in force
+		}
+		xs = append(xs, cl.sum/float64(cl.n))
 	}
 	e := CostEstimate{Cost: d.cfg.PriorCost, Low: d.cfg.PriorCost, High: d.cfg.PriorCost, Pairs: len(xs)}
 	if len(xs) >= max(d.cfg.MinPairs, 2) {
@@ -495,6 +517,7 @@ func (d *Duty) ObservePluginOps(now int64, ops float64) {
 	if ops <= 0 {
 		return
 	}
+	d.kch.seen = true
 	d.activity++
 	d.bucket(now).plugin += ops * d.cfg.NCCLPluginCost.Seconds()
 }
@@ -633,6 +656,10 @@ func (d *Duty) Plan(now int64) DutyPlan {
 	share = max(0, d.cfg.MinShare, min(d.cfg.MaxShare, share))
 	d.share = share
 	p := DutyPlan{OnShare: share, Period: d.period(share), Cost: est.Cost, Measured: est.Measured, Overhead: d.overhead(now, est, s)}
+	p.KernelChannels = d.kernelChannelsAt(now, p.Period)
+	if k := d.kch.result; k.State != KernelChannelsIdle {
+		p.Overhead.KernelChannels = &k
+	}
 	if now < d.escUntil {
 		p.Escalate, p.EscalatedUntil = true, d.escUntil
 	}
@@ -820,4 +847,28 @@ func (a *Agent) planDuty(now int64) {
 	a.counters.set("duty_pairs_dropped_short", o.PairsDropped.Short)
 	a.counters.set("duty_pairs_dropped_drift", o.PairsDropped.Drift)
 	a.counters.set("duty_pairs_dropped_suspect", o.PairsDropped.Suspect)
+	a.noteKernelChannels(o.KernelChannels)
+}
+
+// noteKernelChannels logs the kernel-channel trial's decision once and
+// keeps its gauge (0: on or undecided, 1: off).
+func (a *Agent) noteKernelChannels(k *KernelChannels) {
+	if k == nil {
+		return
+	}
+	off := int64(0)
+	if k.State == KernelChannelsDenied {
+		off = 1
+	}
+	a.counters.set("nccl_kernel_channels_off", off)
+	if k.State == a.kchLogged {
+		return
+	}
+	a.kchLogged = k.State
+	switch k.State {
+	case KernelChannelsDenied:
+		a.log.Warn("NCCL plugin kernel-channel events off: no device arrival order from now on", "reason", k.Reason)
+	case KernelChannelsKept, KernelChannelsTrial:
+		a.log.Info("NCCL plugin kernel-channel events "+k.State, "reason", k.Reason)
+	}
 }

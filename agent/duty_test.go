@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -31,6 +32,10 @@ type dutySim struct {
 	// suspicious now; Suspect gets the last 5 s as the window.
 	suspect   func(t int64) bool
 	onSuspect func(t int64, granted bool)
+	// pluginOps is the NCCL plugin's operations per second and process
+	// (0: no plugin), kchCost the true cost of its kernel-channel events
+	// on the covered part of a step while the plan has them on.
+	pluginOps, kchCost float64
 
 	now      int64
 	steps    int64 // steps run
@@ -90,7 +95,11 @@ func (s *dutySim) run(d time.Duration) {
 		}
 		d0 := int64(s.baseMS * f * (1 + s.jitter*s.rng.NormFloat64()) * 1e6)
 		covered := float64(s.onTime(s.now, s.now+d0)) / float64(d0)
-		dur := int64(float64(d0) * (1 + s.cost*covered))
+		cost := s.cost
+		if s.pluginOps > 0 && s.plan.KernelChannels {
+			cost += s.kchCost
+		}
+		dur := int64(float64(d0) * (1 + cost*covered))
 		gpu := s.onTime(s.now, s.now+dur) == dur
 		s.trueDevice += float64(dur-d0) / 1e9
 		s.train += float64(dur) / 1e9
@@ -104,6 +113,7 @@ func (s *dutySim) run(d time.Duration) {
 			if s.traps != nil {
 				s.d.ObserveTraps(t, Traps{Total: s.traps(t)})
 			}
+			s.d.ObservePluginOps(t, s.pluginOps)
 			if s.suspect != nil && s.suspect(t) {
 				ok := s.d.Suspect(t, t-int64(5*time.Second), t)
 				if s.onSuspect != nil {
@@ -729,7 +739,8 @@ func TestPlanDutyFeedsPluginOpsPerProcess(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCounters()
-			a := &Agent{duty: NewDuty(cfg), conv: newConverter(c, true), counters: c, att: &attacher{procs: map[ProcessKey]*procEntry{}}}
+			a := &Agent{duty: NewDuty(cfg), conv: newConverter(c, true), counters: c, att: &attacher{procs: map[ProcessKey]*procEntry{}},
+				log: slog.New(slog.DiscardHandler)}
 			a.att.a = a
 			for i := range tc.procs {
 				k := ProcessKey{PID: 100 + i}

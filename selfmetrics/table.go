@@ -147,6 +147,8 @@ var Table = []Metric{
 		Desc: "NCCL profiler-plugin collective records not fed because their process is kept on the uprobes (the uprobes report those calls).", Series: []Series{s("nccl_plugin_records_kept_on_uprobes")}},
 	{Name: "slowrank.agent.nccl.plugin.collectives", Kind: Counter, Unit: "{call}", Component: Agent,
 		Desc: "NCCL collectives taken from the profiler plugin's records.", Series: []Series{s("nccl_plugin_colls")}},
+	{Name: "slowrank.agent.nccl.kernel_channels.off", Kind: Gauge, Unit: "1", Component: Agent,
+		Desc: "1 while the NCCL plugin's kernel-channel events are kept off: measured too dear in on-phases (an NCCL profiler regression; the agent log and status say by how much) or --nccl-kernel-channels off. No device arrival order then.", Series: []Series{s("nccl_kernel_channels_off")}},
 	{Name: "slowrank.agent.nccl.plugin.kernels", Kind: Counter, Unit: "{record}", Component: Agent,
 		Desc: "NCCL profiler-plugin kernel records (a collective's GPU start and end) fed to the correlator for the device arrival order; slowrank.correlate.kernels.joined counts those it joined with their calls.", Series: []Series{s("nccl_kernel_records")}},
 	{Name: "slowrank.agent.nccl.plugin.comms", Kind: Counter, Unit: "{communicator}", Component: Agent,

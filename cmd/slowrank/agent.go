@@ -59,6 +59,7 @@ func agentCommand() *cli.Command {
 			&cli.BoolFlag{Name: "device-collection", Value: true, Usage: "steer the injection library's duty cycle (off: leave its default)", EnvVars: []string{"SLOWRANK_DEVICE_COLLECTION"}},
 			&cli.StringFlag{Name: "step-marker", Usage: "end a step at every return of this synchronisation call (e.g. cudaDeviceSynchronize) instead of detecting steps from the collective period", EnvVars: []string{"SLOWRANK_STEP_MARKER"}},
 			&cli.BoolFlag{Name: "nccl-plugin", Usage: "take NCCL collectives from the injection library's profiler-plugin records where a job sets NCCL_PROFILER_PLUGIN to it (experimental: a libnccl file's collective uprobes are detached once every process mapping it is on the plugin path, and attached again when one is not; its comm-init and group uprobes stay; not yet run on a real NCCL); off: the uprobes report", EnvVars: []string{"SLOWRANK_NCCL_PLUGIN"}},
+			&cli.StringFlag{Name: "nccl-kernel-channels", Value: "auto", Usage: "the NCCL plugin's kernel-channel events (GPU start and end of each collective: the device arrival order), in the duty cycle's on-phases: auto measures their cost apart (on-blocks with and without them) and keeps them only below 1 % of step time in an on-phase, so that an NCCL release whose profiler path regressed is found by measurement; on; off", EnvVars: []string{"SLOWRANK_NCCL_KERNEL_CHANNELS"}},
 			&cli.BoolFlag{Name: "probe-torch", Usage: "attach torch c10d probes: needed for gloo jobs (blocking coll_wait); NCCL jobs are seen through libnccl", EnvVars: []string{"SLOWRANK_PROBE_TORCH"}},
 			&cli.StringFlag{Name: "otel", Value: "auto", Usage: "OpenTelemetry export: auto (on when OTEL_EXPORTER_OTLP_ENDPOINT is set), on, off, stdout", EnvVars: []string{"SLOWRANK_OTEL"}},
 			&cli.IntFlag{Name: "sample-every", Value: 20, Usage: "export every rank's span of one step in N as a baseline (anomalous windows: all)", EnvVars: []string{"SLOWRANK_SAMPLE_EVERY"}},
@@ -111,6 +112,11 @@ func agentConfig(c *cli.Context) (agent.Config, error) {
 	cfg.DeviceCollection = c.Bool("device-collection")
 	cfg.ProbeTorch = c.Bool("probe-torch")
 	cfg.NCCLPlugin = c.Bool("nccl-plugin")
+	kch, err := agent.ParseKernelChannelMode(c.String("nccl-kernel-channels"))
+	if err != nil {
+		return cfg, cli.Exit("--nccl-kernel-channels: "+err.Error(), exitUsage)
+	}
+	cfg.Duty.KernelChannels = kch
 	cfg.StepMarker = c.String("step-marker")
 	cfg.RingBufferSize = c.Int("ringbuf-size")
 	cfg.SingleUprobes = c.Bool("single-uprobes")

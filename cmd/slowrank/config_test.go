@@ -66,6 +66,8 @@ func TestInvalidInputExitsTwo(t *testing.T) {
 		{"bad uprobe cost from env", []string{"agent"}, map[string]string{"SLOWRANK_UPROBE_COST": "6"}, []string{"SLOWRANK_UPROBE_COST", "6"}},
 		{"negative nccl plugin cost", []string{"agent", "--nccl-plugin-cost", "-1us"}, nil, []string{"--nccl-plugin-cost", "[0, 1ms]"}},
 		{"nccl plugin cost above 1ms", []string{"agent", "--nccl-plugin-cost", "2ms"}, nil, []string{"--nccl-plugin-cost", "[0, 1ms]"}},
+		{"unknown kernel-channel mode", []string{"agent", "--nccl-kernel-channels", "sometimes"}, nil, []string{"--nccl-kernel-channels", "auto, on or off"}},
+		{"bad kernel-channel mode in the environment", []string{"agent"}, map[string]string{"SLOWRANK_NCCL_KERNEL_CHANNELS": "maybe"}, []string{"--nccl-kernel-channels", "\"maybe\""}},
 		{"bad nccl plugin cost from env", []string{"agent"}, map[string]string{"SLOWRANK_NCCL_PLUGIN_COST": "1"}, []string{"SLOWRANK_NCCL_PLUGIN_COST", "1"}},
 		{"bad nccl plugin cost in config", []string{"agent", "--config", cfg("plugincost.yaml", "agent:\n  nccl-plugin-cost: -1us\n")}, nil, []string{"--nccl-plugin-cost", "[0, 1ms]"}},
 		{"bad regexp", []string{"agent", "--match", "(["}, nil, []string{"--match"}},

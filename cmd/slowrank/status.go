@@ -589,4 +589,21 @@ func writeOverhead(w io.Writer, o agent.Overhead) {
 	fmt.Fprintf(w, "           over %s of training; escalations %d granted, %d refused\n",
 		o.Training.Round(time.Second), o.EscalationsGranted, o.EscalationsRefused)
 	fmt.Fprintf(w, "           device collection cost %s\n", cost)
+	if k := o.KernelChannels; k != nil {
+		fmt.Fprintf(w, "           %s\n", kernelChannelsText(k))
+	}
+}
+
+// kernelChannelsText is the NCCL plugin's kernel-channel trial in one line
+// of at most 69 columns: the cost is of an on-phase's step time (its reason
+// in full is in --json).
+func kernelChannelsText(k *agent.KernelChannels) string {
+	switch {
+	case k.State == agent.KernelChannelsTrial:
+		return fmt.Sprintf("NCCL kernel channels: cost measured apart, %d/%d blocks with/without", k.With, k.Apart)
+	case k.Limit == 0:
+		return fmt.Sprintf("NCCL kernel channels %s (--nccl-kernel-channels)", k.State)
+	}
+	return fmt.Sprintf("NCCL kernel channels %s: %+.2f%% [%+.2f, %+.2f] (limit %g%%)",
+		k.State, 100*k.Cost, 100*k.Low, 100*k.High, 100*k.Limit)
 }

@@ -322,3 +322,32 @@ func TestStatusOverheadShowsPluginOnlyWhenSpent(t *testing.T) {
 		})
 	}
 }
+
+// TestStatusOverheadShowsKernelChannels: the NCCL plugin's kernel-channel
+// trial has a line of its own once there is one, within 80 columns however
+// wide its figures.
+func TestStatusOverheadShowsKernelChannels(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		k    *agent.KernelChannels
+		want string // "": no line
+	}{
+		{"no plugin: no line", nil, ""},
+		{"a trial", &agent.KernelChannels{State: agent.KernelChannelsTrial, With: 3, Apart: 2}, "cost measured apart, 3/2 blocks"},
+		{"found dear", &agent.KernelChannels{State: agent.KernelChannelsDenied, Cost: 0.0493, Low: 0.0412, High: 0.0574, Limit: 0.01},
+			"NCCL kernel channels off: +4.93% [+4.12, +5.74] (limit 1%)"},
+		{"wide figures", &agent.KernelChannels{State: agent.KernelChannelsKept, Cost: -0.1234, Low: -0.2987, High: 0.125, Limit: 0.025},
+			"NCCL kernel channels on: -12.34% [-29.87, +12.50] (limit 2.5%)"},
+		{"the operator's", &agent.KernelChannels{State: agent.KernelChannelsDenied}, "NCCL kernel channels off (--nccl-kernel-channels)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var b bytes.Buffer
+			writeOverhead(&b, agent.Overhead{Budget: 0.003, Training: time.Hour, KernelChannels: tc.k})
+			out := b.String()
+			if got := strings.Contains(out, "kernel channels"); got != (tc.want != "") || !strings.Contains(out, tc.want) {
+				t.Fatalf("overhead display, want %q:\n%s", tc.want, out)
+			}
+			checkWidth(t, out, 80)
+		})
+	}
+}
