@@ -129,15 +129,21 @@ def per_rank(steps):
     return out
 
 
-def counters(status_path):
+def status(status_path):
     try:
-        st = json.load(open(status_path))
+        return json.load(open(status_path))
     except (OSError, ValueError):
         return {}
+
+
+def counters(status_path):
+    st = status(status_path)
     c = st.get("counters", st)
     keys = ("nccl_kernel_records", "nccl_kernel_records_p2p", "nccl_kernel_records_clock_suspect",
             "nccl_kernel_records_off_plugin", "correlate_kernel_records", "correlate_kernels_unmatched",
-            "correlate_device_arrival_timeouts", "nccl_plugin_colls", "correlate_arrival_timeouts")
+            "correlate_device_arrival_timeouts", "nccl_plugin_colls", "correlate_arrival_timeouts",
+            "correlate_arrival_realigned", "correlate_arrival_misaligned", "nccl_uprobe_nested_calls",
+            "nccl_kernel_channels_off")
     return {k: c.get(k) for k in keys if isinstance(c, dict)}
 
 
@@ -170,7 +176,7 @@ def analyze(args):
     if "--" in args:
         i = args.index("--")
         args, dumps = args[:i], args[i + 1:]
-    facts, verdicts, status, out_path, truths = args[0], args[1], args[2], args[3], args[4:]
+    facts, verdicts, status_path, out_path, truths = args[0], args[1], args[2], args[3], args[4:]
     truth = {}
     for t in truths:
         if os.path.exists(t):
@@ -178,7 +184,9 @@ def analyze(args):
             truth[str(d["rank"])] = d
     ranks = per_rank(analyze_py.jsonl(facts))
     vs = [v for v in analyze_py.jsonl(verdicts) if v.get("kind") == "verdict"]
-    res = {"ranks": ranks, "truth": truth, "counters": counters(status),
+    ov = status(status_path).get("overhead") or {}
+    res = {"ranks": ranks, "truth": truth, "counters": counters(status_path),
+           "overhead": {k: ov.get(k) for k in ("cost", "spent_total", "spent_nccl_plugin", "nccl_kernel_channels")},
            "verdicts": [{k: v.get(k) for k in ("window", "rank", "phase", "state", "deviation", "device_last_arrival_share",
                                                 "device_coll_ms", "device_coll_peer_ms", "last_arrival_share", "reason")}
                         for v in vs if v.get("state") in ("candidate", "straggler")]}

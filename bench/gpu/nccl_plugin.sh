@@ -63,6 +63,8 @@
 #         it. The truth is CUPTI's: each rank's library dump pairs the
 #         plugin's kernel records with CUPTI's (nccl_plugin.pair_kernels) and
 #         CUPTI's starts say which GPU reached each collective last.
+#         trial: even at the default duty cycle, for the kernel-channel
+#         trial (ARRIVAL_RUNS=trial ARRIVAL_S=300).
 #         -> nccl-arrival-NAME.json (per rank: steps with device evidence,
 #            device_last share, median lag and GPU collective time, host
 #            evidence beside it; CUPTI's truth; verdicts; the agent's kernel
@@ -273,6 +275,10 @@ arrival() {
       even) arrival_run even 0 1 "two ranks alike, every step covered (duty share pinned to 1)" || rc=1 ;;
       slow) arrival_run slow "$x" 1 "rank 1 runs $x more matmuls before each all-reduce, every step covered" || rc=1 ;;
       slow-duty) arrival_run slow-duty "$x" 0 "rank 1 runs $x more matmuls before each all-reduce, the agent's default duty cycle (as a user runs it)" || rc=1 ;;
+      # The kernel-channel trial (--nccl-kernel-channels auto, the default)
+      # on real collectives: its state and measurement are in the run's
+      # "overhead" (ARRIVAL_S long enough for 8 blocks an arm: ~300 s).
+      trial) arrival_run trial 0 0 "two ranks alike at the default duty cycle: the kernel-channel trial" || rc=1 ;;
     esac
   done
   return $rc
