@@ -108,6 +108,7 @@ type proc struct {
 	sawSync, sawCollWait bool
 	everColl             bool   // a collective was seen
 	feedsKernels         bool   // a CollKernel came (devarrival.go)
+	lastKernel           int64  // the latest start of its CollKernels
 	syncCalls            uint64 // synchronisations seen
 
 	openStart    int64

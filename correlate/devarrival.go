@@ -3,6 +3,7 @@ package correlate
 import (
 	"math"
 	"slices"
+	"time"
 )
 
 // Device arrival: on the NCCL profiler plugin's path each collective call
@@ -96,6 +97,7 @@ func (c *Correlator) AddCollKernel(k CollKernel) {
 	p := c.proc(k.PID)
 	p.stats.KernelRecords++
 	p.feedsKernels = true
+	p.lastKernel = max(p.lastKernel, k.StartNS)
 	pc := p.comms[k.Comm]
 	if pc == nil || k.EndNS != 0 && k.EndNS < k.StartNS {
 		p.stats.KernelsUnmatched++
@@ -160,24 +162,37 @@ func (g *commGroup) devRow(seq uint64) (starts, ends []int64) {
 // have come from p and from every other local member that is collecting
 // and keys its kernels (a member without a key ring, past maxKernelRings,
 // is not waited for): a communicator's kernels run in order on its stream,
-// so a later call's kernel says that an earlier one will not come.
-func (c *Correlator) kernelsReady(p *proc, s *pendingStep) bool {
+// so a later call's kernel says that an earlier one will not come. expected
+// says whether any of them sent a kernel record that started in the step:
+// an on-phase without kernel channels (the agent measuring them apart, or
+// off) sends none, and is waited for only kernelGrace.
+func (c *Correlator) kernelsReady(p *proc, s *pendingStep) (ready, expected bool) {
 	if !p.feedsKernels || !p.cov.contains(s.start, s.end) {
-		return true
+		return true, false
 	}
+	ready = true
 	for _, cr := range s.colls {
 		g := c.groups[cr.grp]
 		if g == nil {
 			continue
 		}
 		for _, m := range g.members {
-			if m != nil && m.kern != nil && m.kernSeq < cr.seq && (m.p == p || m.p.cov.contains(s.start, s.end)) {
-				return false
+			if m == nil || m.kern == nil || m.p != p && !m.p.cov.contains(s.start, s.end) {
+				continue
+			}
+			expected = expected || m.p.lastKernel >= s.start
+			if m.kernSeq < cr.seq {
+				ready = false
 			}
 		}
 	}
-	return true
+	return ready, expected
 }
+
+// kernelGrace is how long after a covered step's end its kernels are
+// waited for when none of its processes sent one that started in it: a
+// peer's batch comes up to a flush interval (100 ms) after the others'.
+const kernelGrace = int64(300 * time.Millisecond)
 
 // deviceArrival gathers the step's device arrival evidence against the
 // other local members, like arrivalStage with kernel starts for host

@@ -204,6 +204,45 @@ func TestDeviceArrivalWaitsForPeersKernels(t *testing.T) {
 	}
 }
 
+// An on-phase without kernel channels (the agent measuring their cost
+// apart, or off: agent/duty_kch.go) sends no kernel record: its steps are
+// not held for them (on the H200's trial every such step waited the full
+// 3 s and counted as a timeout), and keep no device evidence.
+func TestOnPhaseWithoutKernelChannelsIsNotWaitedFor(t *testing.T) {
+	c := twoRanks(t)
+	job := pluginJob{gpuLag: [2]int64{0, ms}, end: endTogether}
+	host, kernels, cupti := job.build(c, 20)
+	half := len(kernels[0]) / 2 // the first 10 iterations had kernel channels on
+	for r := range 2 {
+		for _, k := range kernels[r][:half] {
+			c.AddCollKernel(k)
+		}
+	}
+	end := host[len(host)-1].EndNS
+	for r := range 2 { // the job goes on: CUPTI's records pass the last step
+		cupti = append(cupti, DeviceInterval{PID: pid(r), Kind: DeviceKernel, Class: ClassComm, Name: "nccl",
+			StartNS: end + 100*ms, EndNS: end + 150*ms, Corr: uint32(len(cupti) + 1)})
+	}
+	b := batch{host: host, dev: cupti}
+	b.feed(c)
+	c.Advance(end + kernelGrace + 10*ms)
+	steps, _ := c.Drain()
+	m := byRank(steps)
+	for r := range 2 {
+		if len(m[r]) < 19 {
+			t.Fatalf("rank %d: %d steps out %d ms after the last, want every one", r, len(m[r]), (kernelGrace+10*ms)/ms)
+		}
+		for _, s := range m[r] {
+			if s.Step >= 11 && s.DeviceLastArrival != nil {
+				t.Errorf("rank %d step %d has device evidence without kernels", r, s.Step)
+			}
+		}
+	}
+	if st := c.Stats(); st[0].DeviceArrivalTimeout+st[1].DeviceArrivalTimeout != 0 {
+		t.Errorf("timeouts counted: %d, %d", st[0].DeviceArrivalTimeout, st[1].DeviceArrivalTimeout)
+	}
+}
+
 // Kernel records that name no call the correlator knows are counted.
 func TestKernelsWithoutTheirCallAreCounted(t *testing.T) {
 	c := twoRanks(t)

@@ -679,11 +679,17 @@ func (c *Correlator) measureDue(p *proc, force bool) {
 		if !force && c.now < c.due(p, s) {
 			return
 		}
-		if !c.kernelsReady(p, s) {
-			if !force && c.now < s.end+int64(c.cfg.DeviceReorder) {
+		if ready, expected := c.kernelsReady(p, s); !ready {
+			limit := s.end + kernelGrace
+			if expected {
+				limit = s.end + int64(c.cfg.DeviceReorder)
+			}
+			if !force && c.now < limit {
 				return
 			}
-			p.stats.DeviceArrivalTimeout++
+			if expected {
+				p.stats.DeviceArrivalTimeout++
+			}
 		}
 		c.deviceArrival(p, s)
 		c.measureDevice(p, s)
