@@ -412,14 +412,21 @@ var pluginOpCounters = [...]string{
 
 // pluginOps is the number of NCCL operations the plugin recorded, of all
 // processes, since the agent started: what the duty ledger charges them by
-// (Agent.planDuty).
+// (Agent.planDuty). Records the library dropped on its full ring never
+// reach the converter, but the process paid for them: they are charged
+// too, from the library's own count (a dropped kernel record is charged
+// as an operation: an upper bound).
 func (c *converter) pluginOps() int64 {
 	var n int64
 	for _, k := range pluginOpCounters {
 		n += c.counters.get(k)
 	}
-	return n
+	return n + c.counters.get(libRingFull)
 }
+
+// libRingFull is the library's count of plugin records dropped on its full
+// ring (SLOWRANK_STAT_NCCL_RING_FULL, summed by libStats).
+var libRingFull = "cupti_lib_" + cupti.StatNCCLRingFull.String()
 
 // ncclOp names a plugin operation with the op of the uprobe of the same
 // call.

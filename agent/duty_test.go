@@ -735,7 +735,10 @@ func TestPlanDutyFeedsPluginOpsPerProcess(t *testing.T) {
 		{"superseded, withheld and dropped records were recorded too", 2, map[string]int64{"nccl_plugin_colls": 500,
 			"nccl_plugin_records_superseded": 200, "nccl_plugin_records_kept_on_uprobes": 100,
 			"nccl_plugin_records_implausible": 100, "nccl_plugin_records_before_comm": 100}, 500e-6},
-		{"other counters are no operations", 1, map[string]int64{"nccl_plugin_comms": 1000, "nccl_uprobe_events_superseded": 1000}, 0},
+		{"records dropped on the library's full ring were paid for", 2, map[string]int64{"nccl_plugin_colls": 600,
+			"cupti_lib_nccl_ring_full": 400}, 500e-6},
+		{"other counters are no operations", 1, map[string]int64{"nccl_plugin_comms": 1000, "nccl_uprobe_events_superseded": 1000,
+			"cupti_lib_nccl_colls": 1000}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCounters()
