@@ -190,14 +190,7 @@ func (c *Correlator) arrivalStage(p *proc, s *pendingStep) {
 			continue
 		}
 		mine := row[self]
-		lo, hi, n := mine, mine, 0
-		for i, v := range row {
-			if v == absent || g.members[i] == nil {
-				continue
-			}
-			n++
-			lo, hi = min(lo, v), max(hi, v)
-		}
+		lo, hi, n := g.span(row)
 		if n < 2 {
 			continue
 		}
@@ -227,6 +220,19 @@ func (c *Correlator) arrivalStage(p *proc, s *pendingStep) {
 	if len(lags) > 0 {
 		s.lagMS, s.hasLag = medianNS(lags)/1e6, true
 	}
+}
+
+// span is the earliest and latest of a row's times (host or kernel
+// starts) of live members, and how many there are.
+func (g *commGroup) span(row []int64) (lo, hi int64, n int) {
+	lo, hi = math.MaxInt64, math.MinInt64
+	for i, v := range row {
+		if v != absent && g.members[i] != nil {
+			n++
+			lo, hi = min(lo, v), max(hi, v)
+		}
+	}
+	return lo, hi, n
 }
 
 func (c *Correlator) addTie(s *pendingStep, g *commGroup, mask uint64) {

@@ -22,7 +22,7 @@ import (
 // time on every rank, so the rank that started it last spent the least
 // time in it. The step's summed kernel time (Step.DeviceCollMS) carries
 // that to the detector, which compares it across the ranks of a step
-// (detector.deviceArrivals).
+// (detector/device.go).
 
 // kernelKeySlots is how many calls of one op per communicator of a process
 // wait for their kernel records (or kernels for their calls), by NCCL
@@ -258,13 +258,7 @@ const (
 func (c *Correlator) kernelOrder(g *commGroup, starts, ends []int64, self int) (lag int64, last kernelRank, ok bool) {
 	tie := int64(c.cfg.DeviceArrivalTie)
 	mine := starts[self]
-	lo, hi, n := mine, mine, 0
-	for i, v := range starts {
-		if v != absent && g.members[i] != nil {
-			n++
-			lo, hi = min(lo, v), max(hi, v)
-		}
-	}
+	lo, hi, n := g.span(starts)
 	if n < 2 {
 		return 0, orderUndecided, false
 	}
