@@ -10,7 +10,7 @@ export OUT_DIR CUDA_HOME
 # go-nvml declares deprecated NVML calls; its cgo build would warn on each.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all build test golangci-lint c-format c-format-check e2e-tools demo-sim unit-test race-test fuzz-test helm-check rules-test bench-selftest lint generate go-generate check-generated demo bench clean help
+.PHONY: all deps build test golangci-lint c-format c-format-check e2e-tools demo-sim unit-test race-test fuzz-test helm-check rules-test bench-selftest lint generate go-generate check-generated demo bench clean help
 
 all: build
 
@@ -21,6 +21,9 @@ help: ## list targets
 -include bpf/bpf.mk
 -include cupti/cupti.mk
 -include test/fakelibs/fakelibs.mk
+
+deps: ## install what test and demo need on Debian 12 (root; apt only for what is missing, then go mod download)
+	bash .ci/deps
 
 build: ## build the slowrank binary into bin/
 	$(GO) build $(GOFLAGS_BUILD) -o $(OUT_DIR)/slowrank ./cmd/slowrank
@@ -93,14 +96,14 @@ rules-test: ## check and unit-test the Prometheus alert rules (promtool, Debian'
 	cmp deploy/prometheus/slowrank-rules.yaml deploy/helm/slowrank/files/slowrank-rules.yaml || \
 	  { echo "deploy/helm/slowrank/files/slowrank-rules.yaml differs: cp deploy/prometheus/slowrank-rules.yaml deploy/helm/slowrank/files/"; exit 1; }
 
-test: lint build fakelibs cupti-test cupti-test-tsan cupti-stress cupti-nccl-san e2e-tools unit-test fuzz-test helm-check rules-test bench-selftest ## everything CI runs
+test: deps lint build fakelibs cupti-test cupti-test-tsan cupti-stress cupti-nccl-san e2e-tools unit-test fuzz-test helm-check rules-test bench-selftest ## everything CI runs
 
 bench-selftest: ## the GPU benches' analysis (bench/gpu/analyze.py: statistics, plans, parsers; nccl_plugin.py's dump pairing) on synthetic data; standard-library Python
 	python3 bench/gpu/analyze.py selftest
 	python3 bench/gpu/nccl_plugin.py selftest
 	python3 bench/gpu/nccl_arrival.py selftest
 
-demo: build fakelibs ## the agent on a 4-rank fake job with one slow rank (root)
+demo: deps build fakelibs ## the agent on a 4-rank fake job with one slow rank (root)
 	test/demo/demo.sh
 
 demo-sim: build ## the detector alone on a simulated 8-rank job
