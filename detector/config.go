@@ -21,6 +21,12 @@ type Config struct {
 	// step (DESIGN.md section 4): host time that hides behind queued GPU work
 	// is not a straggler. Off, every phase follows the seed's rule alone.
 	Exposure bool
+	// CarryWindows is how many windows a slow window's direct exposure
+	// evidence (GPU idle, slack) stands for the same deviation in windows
+	// without any (0: none). Device records come in duty-cycle on-phases, so
+	// a persisting stall would otherwise lose its streak in the windows
+	// between them.
+	CarryWindows int
 	// Floor is the absolute difference below which no window is slow,
 	// whatever the relative deviation.
 	Floor time.Duration
@@ -67,6 +73,7 @@ func DefaultConfig() Config {
 		Window:         5 * time.Second,
 		Threshold:      0.05,
 		Exposure:       true,
+		CarryWindows:   3,
 		Floor:          time.Millisecond,
 		Consecutive:    3,
 		MinReferences:  1,
@@ -101,6 +108,9 @@ func (c Config) Validate() error {
 	}
 	if c.Floor < 0 {
 		errs = append(errs, fmt.Errorf("floor must not be negative, got %s", c.Floor))
+	}
+	if c.CarryWindows < 0 {
+		errs = append(errs, fmt.Errorf("carry windows must not be negative, got %d", c.CarryWindows))
 	}
 	if c.Consecutive < 1 {
 		errs = append(errs, fmt.Errorf("consecutive must be at least 1, got %d", c.Consecutive))

@@ -118,10 +118,19 @@ const (
 	evStep = iota
 	evIdle
 	evCollWait
+	evSyncWait
+	evHost
+	// Derived, not recorded. evWait: a member's sync_wait + coll_wait
+	// medians (members), the time it blocked per step for its device or
+	// its peers. evHostRise: its host median above its own baseline
+	// (job.setHostRises).
+	evWait
+	evHostRise
 	nEvidence
 )
 
-var evidencePhases = [nEvidence]string{PhaseStep, PhaseIdle, PhaseCollWait}
+// evidencePhases names the recorded evidence; evWait has none.
+var evidencePhases = [evWait]string{PhaseStep, PhaseIdle, PhaseCollWait, PhaseSyncWait, PhaseHost}
 
 // rankWindow is what one rank reported in one window.
 type rankWindow struct {

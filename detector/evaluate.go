@@ -41,6 +41,9 @@ type evaluation struct {
 	// hiddenByStep: hidden only because the job's step did not rise enough
 	// (step_time evidence, or a capped victim_wait that alone would expose).
 	hiddenByStep bool
+	// weakHidden: only a baseline learned without evidence could have
+	// shown it hidden, so it is uncertain.
+	weakHidden bool
 }
 
 // scratch holds buffers reused from one settlement to the next, so that
@@ -204,6 +207,7 @@ func (d *Detector) members(win *window, c cohort) []member {
 					m.ev[k] = d.median(vals)
 				}
 			}
+			m.ev[evWait] = waitOf(m.ev[evSyncWait], m.ev[evCollWait])
 			for p, vals := range m.rw.values {
 				if len(vals) > 0 {
 					m.med[p] = d.median(vals)
@@ -235,14 +239,19 @@ func (d *Detector) evaluateCohort(j *job, win *window, c cohort, topo *Topology)
 	var peers peerEvidence
 	if d.cfg.Exposure {
 		peers.step = j.jobStep(ms)
+		j.setHostRises(ms)
 	}
 	for p, phase := range d.cfg.Phases {
 		if !d.cfg.exposureGated(phase) {
 			continue
 		}
 		for i := range ms {
-			if e := &evals[i][p]; e.done && e.outcome == outcomeSlow {
-				d.gate(phase, ms, i, j.ranks[ms[i].rank], e, &peers)
+			rs, e := j.ranks[ms[i].rank], &evals[i][p]
+			switch {
+			case e.done && e.outcome == outcomeSlow:
+				d.gate(phase, ms, i, rs, &rs.phases[p], win.index, e, &peers)
+			case e.done && e.outcome == outcomeOK:
+				rs.phases[p].carry = carried{} // the deviation is over
 			}
 		}
 	}
@@ -267,46 +276,70 @@ func (d *Detector) evaluateCohort(j *job, win *window, c cohort, topo *Topology)
 			}
 		}
 	}
-	if d.cfg.Exposure && cleanWindow(j, ms, evals) {
+	if teach, strict := teaching(j, ms, evals); d.cfg.Exposure && teach {
 		for _, m := range ms {
 			if rs := j.ranks[m.rank]; rs != nil && m.rw != nil && !math.IsNaN(m.ev[evStep]) {
-				rs.addBaseline(m.ev[evStep])
+				rs.addBaseline(m.ev[evStep], m.ev[evHost], strict)
 			}
 		}
 	}
 	return out
 }
 
-// cleanWindow reports whether a cohort window may teach its members' step
-// baselines: no member that is silent in it was slow when it was last
-// heard (a silent host's stall shows only in its peers' steps, which would
-// teach it and then hide it when the host returns), and none of the
-// members' phases was slow, deviated without evidence of whether it was
-// exposed, or was hidden only because the job's step did not rise. A silent
-// member never judged slow does not block: its peers' past is all there is
-// (a rank whose steps the agent lost). The ranks share one step time, so one stalled member makes every
-// member's step the stall's, and a stall must never become the past it is
-// measured against: not as it starts (a straggler from the start leaves no
-// clean window, so there is no baseline to cap today's evidence), and not as
-// it grows (a stall that rises a little per window is hidden by the cap
-// until the job's step has risen past the threshold of a baseline it never
-// taught).
-func cleanWindow(j *job, ms []member, evals [][]evaluation) bool {
+// waitOf is the time a member blocked per step: its sync_wait and
+// coll_wait medians added, NaN when it measured neither.
+func waitOf(sync, coll float64) float64 {
+	switch {
+	case math.IsNaN(sync):
+		return coll
+	case math.IsNaN(coll):
+		return sync
+	}
+	return sync + coll
+}
+
+// teaching reports whether a cohort window may teach its members' step
+// and host baselines, and whether strictly (every deviation in it had
+// evidence; only a baseline of minBaseline strict windows may show a
+// deviation hidden).
+//
+// No window teaches in which a member that is silent in it was slow when
+// it was last heard (a silent host's stall shows only in its peers' steps,
+// which would teach it and then hide it when the host returns), a phase was
+// slow, or a phase was hidden only because the job's step did not rise
+// against a strict baseline. A silent member never judged slow does not
+// block: its peers' past is all there is (a rank whose steps the agent
+// lost). The ranks share one step time, so one stalled member makes every
+// member's step the stall's, and a stall with evidence must never become
+// the past it is measured against: not as it starts, and not as it grows (a
+// stall that rises a little per window is hidden by the cap until the job's
+// step has risen past the threshold of a baseline it never taught).
+//
+// A window whose deviations lacked evidence (none, or a weak baseline's)
+// teaches weakly: real jobs differ in host time between ranks behind their
+// device waits in every window, and without such windows no baseline would
+// ever form to show a later stall's rise. A stall present from the first
+// step then becomes a weak baseline, which shows no rise for it, but which
+// never hides it either: it stays uncertain until device records decide.
+func teaching(j *job, ms []member, evals [][]evaluation) (teach, strict bool) {
 	for _, m := range ms {
 		if rs := j.ranks[m.rank]; m.rw == nil && rs != nil && rs.slowWhenLastJudged() {
-			return false
+			return false, false
 		}
 	}
+	strict = true
 	for _, row := range evals {
 		for i := range row {
 			e := &row[i]
-			if (e.done && e.outcome == outcomeSlow) || e.hiddenByStep ||
-				(e.exposure != nil && e.exposure.Evidence == EvidenceNone) {
-				return false
+			if (e.done && e.outcome == outcomeSlow) || e.hiddenByStep {
+				return false, false
+			}
+			if e.weakHidden || (e.exposure != nil && e.exposure.Evidence == EvidenceNone) {
+				strict = false
 			}
 		}
 	}
-	return true
+	return true, strict
 }
 
 // evaluatePhase fills evals[*][p] for every member of a cohort.

@@ -57,27 +57,41 @@ func (pe *peerEvidence) median(ms []member, k int, own float64) float64 {
 // with a baseline measures the same rise, each against its own clean windows.
 type jobStep struct {
 	riseMS, baseMS float64
-	ranks          int // members with minBaseline windows; 0: no baseline yet
+	ranks          int  // members with minBaseline windows; 0: no baseline yet
+	strict         bool // every such baseline may hide a deviation
 }
 
 // jobStep measures the job's step rise over the members of a cohort window
 // that have a step-time baseline.
 func (j *job) jobStep(ms []member) jobStep {
 	var rises, bases []float64
+	strict := true
 	for _, m := range ms {
 		rs := j.ranks[m.rank]
 		if rs == nil || math.IsNaN(m.ev[evStep]) {
 			continue
 		}
-		if base, n := rs.baseline(); n >= minBaseline {
+		if base, n, s := rs.baseline(); n >= minBaseline {
 			rises = append(rises, m.ev[evStep]-base)
 			bases = append(bases, base)
+			strict = strict && s
 		}
 	}
 	if len(rises) == 0 {
 		return jobStep{}
 	}
-	return jobStep{riseMS: medianOf(rises), baseMS: medianOf(bases), ranks: len(rises)}
+	return jobStep{riseMS: medianOf(rises), baseMS: medianOf(bases), ranks: len(rises), strict: strict}
+}
+
+// setHostRises fills each member's evHostRise: its host median above the
+// median of its baseline windows' (NaN without minBaseline of them).
+func (j *job) setHostRises(ms []member) {
+	for i := range ms {
+		m := &ms[i]
+		if rs := j.ranks[m.rank]; rs != nil && !math.IsNaN(m.ev[evHost]) {
+			m.ev[evHostRise] = m.ev[evHost] - rs.hostBaseline()
+		}
+	}
 }
 
 // counts reports whether the job's step rose by the seed's rule against its
@@ -98,37 +112,92 @@ func (d *Detector) passes(phase string, exposedMS, reference float64) bool {
 // (DESIGN.md section 4). The shown exposure, larger of what exists:
 //   - idle: the rank's GPU idled longer than its peers' (device records),
 //     measured on the rank's own device, so taken as it is;
+//   - slack: the rank blocked less than the floor per step while its peers
+//     waited: nothing it waited for hid its host time, taken as it is;
 //   - victim_wait: its peers waited longer in blocking collectives than it
-//     did, bounded by the job's step rise once the job has a baseline: peers
-//     that would have waited anyway (another cause, a shared GPU) overstate;
-//   - otherwise step_time: the job's step rise itself, once it has a baseline;
+//     did, bounded by the job's step rise that its host accounts for once
+//     the job has a baseline: peers that would have waited anyway (another
+//     cause, a shared GPU) overstate;
+//   - otherwise step_time: that rise itself, once the job has a baseline;
+//   - carried: idle or slack of one of the last CarryWindows windows, for
+//     the same deviation, where this window has neither;
 //   - otherwise none: the window is uncertain.
 //
 // A step rise within the threshold of its baseline counts as 0. Only the
 // exposed part of the excess is held against the threshold and the floor;
-// when all of it is exposed this is the seed's rule.
-func (d *Detector) gate(phase string, ms []member, self int, rs *rankState, e *evaluation, peers *peerEvidence) {
+// when all of it is exposed this is the seed's rule. A baseline learned in
+// windows without evidence exposes a rise but hides nothing: a deviation
+// that only it would hide stays uncertain.
+func (d *Detector) gate(phase string, ms []member, self int, rs *rankState, ps *phaseState, win int64, e *evaluation, peers *peerEvidence) {
 	excess := e.value - e.reference
 	ex := &Exposure{Evidence: EvidenceNone, ExcessMS: excess}
 	e.exposure = ex
 	describeSteps(ex, ms[self], rs, peers.step)
 	shown, uncapped := d.shownExposure(phase, ms, self, ex, peers)
-	if ex.Evidence == EvidenceNone {
+	if ex.Evidence == EvidenceNone && !d.carry(phase, ex, ps.carry, win, e.reference) {
 		e.outcome = outcomeUncertain
 		e.reason = fmt.Sprintf("%s median %.2f ms is %.1f%% above rank %d (%.2f ms), but nothing shows whether it lengthens a step: "+
-			"no GPU idle time (device records) or collective waits on both sides, and %d of %d windows of step-time baseline",
+			"no GPU idle time (device records), slack or collective waits on both sides, and %d of %d windows of step-time baseline",
 			phase, e.value, e.deviation*100, e.refRank, e.reference, ex.BaselineWindows, minBaseline)
 		return
 	}
-	ex.ExposedMS = min(max(shown, 0), excess)
-	ex.Exposed = d.passes(phase, ex.ExposedMS, e.reference)
-	if !ex.Exposed {
-		e.outcome, e.hidden = outcomeOK, true
-		// Hidden by the job's step alone: rank-specific evidence would have
-		// exposed it, or there was none. Such a window must not teach the
-		// baseline, or a stall that grows slowly would hide itself.
-		e.hiddenByStep = ex.Evidence == EvidenceStepTime || d.passes(phase, min(max(uncapped, 0), excess), e.reference)
+	if ex.Evidence != EvidenceCarried {
+		ex.ExposedMS = min(max(shown, 0), excess)
+		ex.Exposed = d.passes(phase, ex.ExposedMS, e.reference)
 	}
+	if ex.Evidence == EvidenceIdle || ex.Evidence == EvidenceSlack {
+		ps.carry = carried{valid: true, win: win, excessMS: excess, frac: ex.ExposedMS / excess, evidence: ex.Evidence}
+	}
+	if ex.Exposed {
+		return
+	}
+	// Hidden by the job's step alone: rank-specific evidence would have
+	// exposed it, or there was none. Such a window must not teach the
+	// baseline, or a stall that grows slowly would hide itself.
+	byStep := ex.Evidence == EvidenceStepTime || d.passes(phase, min(max(uncapped, 0), excess), e.reference)
+	if byStep && peers.step.ranks > 0 && !peers.step.strict {
+		ex.WeakBaseline = true
+		if d.carry(phase, ex, ps.carry, win, e.reference) {
+			if ex.Exposed {
+				return
+			}
+			e.outcome, e.hidden = outcomeOK, true
+			return
+		}
+		e.outcome, e.weakHidden = outcomeUncertain, true
+		e.reason = fmt.Sprintf("%s median %.2f ms is %.1f%% above rank %d (%.2f ms), and only the job's step time could show it hidden: %s; "+
+			"but that baseline was learned in windows whose deviations lacked evidence, so it shows a rise, not a deviation hidden",
+			phase, e.value, e.deviation*100, e.refRank, e.reference, d.exposureText(ex, phase))
+		return
+	}
+	e.outcome, e.hidden, e.hiddenByStep = outcomeOK, true, byStep
+}
+
+// carried is the direct exposure evidence (idle, slack) of a slow window,
+// kept for the windows after it that have none.
+type carried struct {
+	valid    bool
+	win      int64   // the window it was measured in
+	excessMS float64 // the excess it judged
+	frac     float64 // the exposed part of that excess
+	evidence string
+}
+
+// carry lets the direct evidence of one of the last CarryWindows windows
+// judge the same deviation (at least half its excess) where this window
+// cannot decide: no evidence, or only a weak baseline's step time. Evidence
+// that decides (direct, peers' waits, a strict baseline's step time) is
+// never overruled: on a shared GPU idle time overstates, and a carried
+// overstatement would outlive the window that measured it.
+func (d *Detector) carry(phase string, ex *Exposure, c carried, win int64, reference float64) bool {
+	if !c.valid || win <= c.win || win-c.win > int64(d.cfg.CarryWindows) || ex.ExcessMS < c.excessMS/2 {
+		return false
+	}
+	from := c.win
+	ex.Evidence, ex.CarriedFrom, ex.CarriedWindow, ex.Capped = EvidenceCarried, c.evidence, &from, false
+	ex.ExposedMS = c.frac * ex.ExcessMS
+	ex.Exposed = d.passes(phase, ex.ExposedMS, reference)
+	return true
 }
 
 // shownExposure returns the exposure that the evidence shows and what the
@@ -136,10 +205,7 @@ func (d *Detector) gate(phase string, ms []member, self int, rs *rankState, e *e
 // and medians (EvidenceNone when nothing tells).
 func (d *Detector) shownExposure(phase string, ms []member, self int, ex *Exposure, peers *peerEvidence) (shown, uncapped float64) {
 	me := ms[self]
-	rise, haveRise := 0.0, peers.step.ranks > 0
-	if d.counts(phase, peers.step) {
-		rise = peers.step.riseMS
-	}
+	bound, haveRise := d.attributedRise(phase, ms, self, ex, peers)
 	shown, uncapped = math.Inf(-1), math.Inf(-1)
 	if v := me.ev[evIdle]; !math.IsNaN(v) {
 		if peer := peers.median(ms, evIdle, v); !math.IsNaN(peer) {
@@ -147,14 +213,23 @@ func (d *Detector) shownExposure(phase string, ms []member, self int, ex *Exposu
 			shown, uncapped, ex.Evidence = v-peer, v-peer, EvidenceIdle
 		}
 	}
+	if v := me.ev[evWait]; !math.IsNaN(v) {
+		if peer := peers.median(ms, evWait, v); !math.IsNaN(peer) && v < float64(d.cfg.Floor)/1e6 && peer > v {
+			ex.WaitMS, ex.PeerWaitMS = ptr(v), ptr(peer)
+			if w := peer - v; ex.Evidence == EvidenceNone || w > shown {
+				shown, ex.Evidence = w, EvidenceSlack
+			}
+			uncapped = max(uncapped, peer-v)
+		}
+	}
 	if v := me.ev[evCollWait]; !math.IsNaN(v) {
 		if peer := peers.median(ms, evCollWait, v); !math.IsNaN(peer) {
 			ex.CollWaitMS, ex.PeerCollWaitMS = ptr(v), ptr(peer)
 			w := peer - v
 			uncapped = max(uncapped, w)
-			capped := haveRise && rise < w && w > 0
+			capped := haveRise && bound < w && w > 0
 			if capped {
-				w = rise
+				w = bound
 			}
 			// On a tie the capped wait names the evidence: the cap decided.
 			if ex.Evidence == EvidenceNone || w > shown || (capped && w == shown) {
@@ -163,9 +238,35 @@ func (d *Detector) shownExposure(phase string, ms []member, self int, ex *Exposu
 		}
 	}
 	if ex.Evidence == EvidenceNone && haveRise {
-		shown, ex.Evidence = rise, EvidenceStepTime
+		shown, ex.Evidence = bound, EvidenceStepTime
 	}
 	return shown, uncapped
+}
+
+// attributedRise returns the part of the job's step rise that the rank's
+// host can account for, and whether the job has a baseline: the rise (0
+// when it does not count), at most as much as the rank's host rose above
+// its own baseline beyond its peers' median rise above theirs. A job-wide
+// rise that its host did not grow with (another rank's stall, everyone's
+// GPU work) or grew with no more than its peers' (a host-wide slowdown)
+// exposes nothing of a deviation it already had.
+func (d *Detector) attributedRise(phase string, ms []member, self int, ex *Exposure, peers *peerEvidence) (float64, bool) {
+	if peers.step.ranks == 0 {
+		return 0, false
+	}
+	rise := 0.0
+	if d.counts(phase, peers.step) {
+		rise = peers.step.riseMS
+	}
+	own := ms[self].ev[evHostRise]
+	if math.IsNaN(own) {
+		return rise, true
+	}
+	if peer := peers.median(ms, evHostRise, own); !math.IsNaN(peer) {
+		own -= peer
+	}
+	ex.HostRiseMS = ptr(own)
+	return min(rise, max(own, 0)), true
 }
 
 // describeSteps records the step times looked at: the rank's own against
@@ -173,7 +274,7 @@ func (d *Detector) shownExposure(phase string, ms []member, self int, ex *Exposu
 func describeSteps(ex *Exposure, me member, rs *rankState, js jobStep) {
 	base, n := 0.0, 0
 	if rs != nil {
-		base, n = rs.baseline()
+		base, n, _ = rs.baseline()
 	}
 	ex.BaselineWindows = n
 	if step := me.ev[evStep]; !math.IsNaN(step) {
@@ -210,10 +311,24 @@ func (d *Detector) exposureText(ex *Exposure, phase string) string {
 			s += ", but " + d.stepRiseText(ex, phase, "only ")
 		}
 		return s
+	case EvidenceSlack:
+		return fmt.Sprintf("it blocked %.2f ms per step against its peers' %.2f ms: its GPU and its peers were done before its host",
+			*ex.WaitMS, *ex.PeerWaitMS)
 	case EvidenceStepTime:
-		return d.stepRiseText(ex, phase, "")
+		return d.stepRiseText(ex, phase, "") + hostRiseText(ex)
+	case EvidenceCarried:
+		return fmt.Sprintf("the same deviation's %s evidence of window %d (%.0f%% of the excess exposed) stands: this window has none",
+			ex.CarriedFrom, *ex.CarriedWindow, 100*ex.ExposedMS/ex.ExcessMS)
 	}
 	return ""
+}
+
+// hostRiseText says how much of the job's rise the rank's host accounts for.
+func hostRiseText(ex *Exposure) string {
+	if ex.HostRiseMS == nil {
+		return ""
+	}
+	return fmt.Sprintf(", and its host rose %.2f ms more than its peers' above their own baselines", *ex.HostRiseMS)
 }
 
 // stepRiseText says how far the job's step rose above its baseline, and

@@ -223,8 +223,16 @@ const (
 	EvidenceIdle = "idle"
 	// EvidenceVictimWait: the peers' waits in blocking collectives against the rank's.
 	EvidenceVictimWait = "victim_wait"
-	// EvidenceStepTime: the job's step time against its own recent past.
+	// EvidenceSlack: the rank blocked less than the floor per step (its GPU
+	// and its peers were done before its host) while its peers waited.
+	EvidenceSlack = "slack"
+	// EvidenceStepTime: the job's step time against its own recent past,
+	// attributed by the rank's host time against its own past.
 	EvidenceStepTime = "step_time"
+	// EvidenceCarried: direct evidence (idle, slack) of one of the last
+	// Config.CarryWindows windows, standing for the same deviation in a
+	// window that has none (device records come in on-phases).
+	EvidenceCarried = "carried"
 	// EvidenceNone: nothing tells; the verdict is uncertain.
 	EvidenceNone = "none"
 )
@@ -234,8 +242,8 @@ const (
 // against the threshold and the floor; when all of it is exposed the rule is
 // the seed's.
 type Exposure struct {
-	// Evidence is the evidence that decided: EvidenceIdle, EvidenceVictimWait,
-	// EvidenceStepTime or EvidenceNone.
+	// Evidence is the evidence that decided: EvidenceIdle, EvidenceSlack,
+	// EvidenceVictimWait, EvidenceStepTime, EvidenceCarried or EvidenceNone.
 	Evidence string `json:"evidence"`
 	// Exposed is true when the exposed part passes the threshold and floor.
 	Exposed bool `json:"exposed"`
@@ -246,10 +254,14 @@ type Exposure struct {
 	// What was looked at (absent when not measured): the rank's and its
 	// peers' median GPU idle and blocking-collective wait, and the rank's
 	// median step time against the median of its recent clean windows.
-	IdleMS          *float64 `json:"idle_ms,omitempty"`
-	PeerIdleMS      *float64 `json:"peer_idle_ms,omitempty"`
-	CollWaitMS      *float64 `json:"coll_wait_ms,omitempty"`
-	PeerCollWaitMS  *float64 `json:"peer_coll_wait_ms,omitempty"`
+	IdleMS         *float64 `json:"idle_ms,omitempty"`
+	PeerIdleMS     *float64 `json:"peer_idle_ms,omitempty"`
+	CollWaitMS     *float64 `json:"coll_wait_ms,omitempty"`
+	PeerCollWaitMS *float64 `json:"peer_coll_wait_ms,omitempty"`
+	// WaitMS and PeerWaitMS: the rank's and its peers' median time blocked
+	// per step (sync_wait + coll_wait), the slack evidence.
+	WaitMS          *float64 `json:"wait_ms,omitempty"`
+	PeerWaitMS      *float64 `json:"peer_wait_ms,omitempty"`
 	StepMS          *float64 `json:"step_ms,omitempty"`
 	BaselineStepMS  *float64 `json:"baseline_step_ms,omitempty"`
 	BaselineWindows int      `json:"baseline_windows"`
@@ -262,6 +274,19 @@ type Exposure struct {
 	StepRiseMS         *float64 `json:"step_rise_ms,omitempty"`
 	StepRiseBaselineMS *float64 `json:"step_rise_baseline_ms,omitempty"`
 	StepRiseRanks      int      `json:"step_rise_ranks,omitempty"`
+	// HostRiseMS is how much more the rank's host time rose above its own
+	// baseline than its peers' median rise above theirs: the part of the
+	// job's step rise that its host can account for (absent before it has a
+	// baseline of host times).
+	HostRiseMS *float64 `json:"host_rise_ms,omitempty"`
+	// CarriedFrom and CarriedWindow name the direct evidence that a carried
+	// judgement stands for, and the window it was measured in.
+	CarriedFrom   string `json:"carried_from,omitempty"`
+	CarriedWindow *int64 `json:"carried_window,omitempty"`
+	// WeakBaseline is true when the step-time baseline was learned in
+	// windows whose deviations lacked evidence: it shows a rise, but cannot
+	// show a deviation hidden.
+	WeakBaseline bool `json:"weak_baseline,omitempty"`
 	// Capped is true when the job's step rise held the victim_wait evidence
 	// below what the peers' waits alone showed (a rise within the threshold
 	// of the baseline counts as none).

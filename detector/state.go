@@ -1,6 +1,9 @@
 package detector
 
-import "slices"
+import (
+	"math"
+	"slices"
+)
 
 // dedupeRing is the number of recent (epoch, step) keys remembered per rank to
 // recognise duplicates. Facts of one rank arrive roughly in step order, so a
@@ -22,16 +25,22 @@ type rankState struct {
 	nRecent  uint8
 	head     uint8
 	phases   []phaseState
-	// The rank's median step time of its last baselineRing clean windows
-	// (windows in which none of its phases was slow).
+	// The rank's median step and host times of its last baselineRing
+	// windows that taught (cleanWindow); strict marks those in which every
+	// deviation had evidence (a baseline may hide a deviation only when
+	// minBaseline of its windows are strict). host is NaN where the rank
+	// did not report it.
 	base     [baselineRing]float64
+	host     [baselineRing]float64
+	strict   [baselineRing]bool
 	nBase    uint8
 	baseHead uint8
 }
 
-// addBaseline records the median step time of a clean window.
-func (r *rankState) addBaseline(stepMS float64) {
-	r.base[r.baseHead] = stepMS
+// addBaseline records the median step and host times of a window that
+// teaches; strict when every deviation in it had evidence.
+func (r *rankState) addBaseline(stepMS, hostMS float64, strict bool) {
+	r.base[r.baseHead], r.host[r.baseHead], r.strict[r.baseHead] = stepMS, hostMS, strict
 	r.baseHead = (r.baseHead + 1) % baselineRing
 	if r.nBase < baselineRing {
 		r.nBase++
@@ -49,20 +58,48 @@ func (r *rankState) slowWhenLastJudged() bool {
 	return false
 }
 
-// baseline returns the median of the recorded windows and their number.
-func (r *rankState) baseline() (float64, int) {
-	n := int(r.nBase)
+// baseline returns the median step time of the recorded windows, their
+// number, and whether minBaseline of them are strict.
+func (r *rankState) baseline() (ms float64, n int, strict bool) {
+	n = int(r.nBase)
 	if n == 0 {
-		return 0, 0
+		return 0, 0, false
 	}
 	var s [baselineRing]float64
 	copy(s[:], r.base[:n])
-	v := s[:n]
-	slices.Sort(v)
-	if n%2 == 1 {
-		return v[n/2], n
+	strictN := 0
+	for _, ok := range r.strict[:n] {
+		if ok {
+			strictN++
+		}
 	}
-	return (v[n/2-1] + v[n/2]) / 2, n
+	return medianInPlace(s[:n]), n, strictN >= minBaseline
+}
+
+// hostBaseline returns the median host time of the recorded windows that
+// have one, or NaN with fewer than minBaseline.
+func (r *rankState) hostBaseline() float64 {
+	var s [baselineRing]float64
+	k := 0
+	for _, v := range r.host[:r.nBase] {
+		if !math.IsNaN(v) {
+			s[k] = v
+			k++
+		}
+	}
+	if k < minBaseline {
+		return math.NaN()
+	}
+	return medianInPlace(s[:k])
+}
+
+func medianInPlace(v []float64) float64 {
+	slices.Sort(v)
+	n := len(v)
+	if n%2 == 1 {
+		return v[n/2]
+	}
+	return (v[n/2-1] + v[n/2]) / 2
 }
 
 type stepKey struct {
@@ -96,6 +133,9 @@ type phaseState struct {
 	lastWin    int64 // last window in which the phase was evaluated
 	since      int64 // first window of the current streak
 	alertSince int64 // first window of the streak that raised the active alert
+	// carry: the last direct evidence (idle, slack) of a slow window,
+	// which stands for a deviation that persists into windows without it.
+	carry carried
 	// Kept for the summary.
 	lastState  string
 	lastDev    float64
