@@ -19,9 +19,10 @@ func detectorFlags() []cli.Flag {
 		&cli.DurationFlag{Name: "window", Value: d.Window, Usage: "evaluation window of event time", EnvVars: []string{"SLOWRANK_WINDOW"}},
 		&cli.Float64Flag{Name: "threshold", Value: d.Threshold, Usage: "relative deviation from the fastest comparable rank that makes a window slow", EnvVars: []string{"SLOWRANK_THRESHOLD"}},
 		&cli.StringFlag{Name: "phase-threshold", Usage: "per-phase thresholds that override --threshold, e.g. host=0.1", EnvVars: []string{"SLOWRANK_PHASE_THRESHOLD"}},
-		&cli.StringFlag{Name: "exposure", Value: "on", Usage: "on: a host deviation is slow only as far as evidence shows it lengthens a step (GPU idle, peers' collective waits, or the step time against its recent past); off: the seed's rule alone (see docs/verdicts.md)", EnvVars: []string{"SLOWRANK_EXPOSURE"}},
+		&cli.StringFlag{Name: "exposure", Value: "on", Usage: "on: a host deviation is slow only as far as evidence shows it lengthens a step (GPU idle, its own slack against its peers' waits, peers' collective waits, or the job's step time against its recent past, attributed to the rank whose host grew); off: the seed's rule alone (see docs/verdicts.md)", EnvVars: []string{"SLOWRANK_EXPOSURE"}},
 		&cli.DurationFlag{Name: "floor", Value: d.Floor, Usage: "absolute difference below which a relative deviation never makes a window slow", EnvVars: []string{"SLOWRANK_FLOOR"}},
 		&cli.IntFlag{Name: "consecutive", Value: d.Consecutive, Usage: "consecutive slow windows before a straggler alert", EnvVars: []string{"SLOWRANK_CONSECUTIVE"}},
+		&cli.IntFlag{Name: "carry-windows", Value: d.CarryWindows, Usage: "windows for which a slow window's GPU-idle or slack evidence stands for the same host deviation where nothing else decides (device records come in duty-cycle on-phases); 0: off", EnvVars: []string{"SLOWRANK_CARRY_WINDOWS"}},
 		&cli.IntFlag{Name: "min-references", Value: d.MinReferences, Usage: "comparable ranks needed for a valid comparison", EnvVars: []string{"SLOWRANK_MIN_REFERENCES"}},
 		&cli.Float64Flag{Name: "token-tolerance", Value: d.TokenTolerance, Usage: "relative token-count difference within which workloads are comparable", EnvVars: []string{"SLOWRANK_TOKEN_TOLERANCE"}},
 		&cli.StringFlag{Name: "phases", Value: strings.Join(d.Phases, ","), Usage: "comma-separated phases to evaluate", EnvVars: []string{"SLOWRANK_PHASES"}},
@@ -55,6 +56,7 @@ func detectorConfig(c *cli.Context) (detector.Config, error) {
 	}
 	cfg.Floor = c.Duration("floor")
 	cfg.Consecutive = c.Int("consecutive")
+	cfg.CarryWindows = c.Int("carry-windows")
 	cfg.MinReferences = c.Int("min-references")
 	cfg.TokenTolerance = c.Float64("token-tolerance")
 	cfg.Phases = nil
