@@ -116,7 +116,7 @@ func (s *sinkSet) health(c *cli.Context) func() agent.ExportHealth {
 		}
 	}
 	return func() agent.ExportHealth {
-		h := agent.ExportHealth{OTel: mode, Endpoint: endpoint, Files: files}
+		h := agent.ExportHealth{OTel: mode, Endpoint: redactEndpoint(endpoint), Files: files}
 		if s.otelOn {
 			st := s.otel.Stats()
 			h.Counters = map[string]int64{

@@ -150,6 +150,13 @@ func TestDefaultsAreLeastPrivilegeAndPrivate(t *testing.T) {
 	if len(agent.Ports) != 0 || len(r.nps) != 0 {
 		t.Errorf("ports %v and %d network policies with metrics off", agent.Ports, len(r.nps))
 	}
+	// tracefs and debugfs are read-only: on Linux 5.8+ uprobes attach
+	// through the perf PMU without writing uprobe_events.
+	for _, m := range agent.VolumeMounts {
+		if (m.Name == "tracefs" || m.Name == "debugfs") && !m.ReadOnly {
+			t.Errorf("mount %s is writable", m.Name)
+		}
+	}
 	if agent.LivenessProbe == nil || agent.LivenessProbe.Exec == nil {
 		t.Errorf("liveness probe %+v: want an exec probe over the control socket", agent.LivenessProbe)
 	}
@@ -182,6 +189,13 @@ func TestVariants(t *testing.T) {
 			if len(r.nps) != 1 || len(r.nps[0].Spec.Ingress) != 1 || len(r.nps[0].Spec.Ingress[0].From) == 0 ||
 				r.nps[0].Spec.Ingress[0].Ports[0].Port.IntValue() != 9464 {
 				t.Fatalf("network policies %+v", r.nps)
+			}
+			// A tenant can label its own pods, not name a namespace: every
+			// peer is held to a namespace by the API server's name label.
+			for _, peer := range r.nps[0].Spec.Ingress[0].From {
+				if ns := peer.NamespaceSelector; ns == nil || ns.MatchLabels["kubernetes.io/metadata.name"] == "" {
+					t.Errorf("ingress peer %+v admits pods of any namespace by labels a tenant can set", peer)
+				}
 			}
 		}},
 		{"digest pins the image", map[string]any{"image": map[string]any{"tag": "0.2.0", "digest": digest}}, func(t *testing.T, r rendered) {
