@@ -23,9 +23,10 @@ type Config struct {
 	Exposure bool
 	// CarryWindows is how many windows a slow window's direct exposure
 	// evidence (GPU idle, slack) stands for the same deviation in windows
-	// without any (0: none). Device records come in duty-cycle on-phases, so
-	// a persisting stall would otherwise lose its streak in the windows
-	// between them.
+	// without any, and how many windows in which nobody measured a phase
+	// keep a candidate's streak (0: none). Device records come in
+	// duty-cycle on-phases, so a persisting stall would otherwise lose its
+	// streak in the windows between them.
 	CarryWindows int
 	// Floor is the absolute difference below which no window is slow,
 	// whatever the relative deviation.

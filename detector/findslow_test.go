@@ -178,3 +178,39 @@ func TestJitterEveryWindowStillLetsABaselineForm(t *testing.T) {
 		t.Fatalf("straggler alerts (first window) = %v, want %v", got, want)
 	}
 }
+
+// A slow GPU is measured only where device records exist: in duty-cycle
+// on-phases, every other window here. The windows between, where no rank
+// measured compute, keep the streak, so three observed slow windows name
+// it; a longer gap than --carry-windows breaks it.
+func TestComputeStreakBridgesWindowsWithoutRecords(t *testing.T) {
+	gen := func(every int) []detector.Step {
+		rng := rand.New(rand.NewPCG(11, 11))
+		var out []detector.Step
+		t0 := int64(0)
+		for k := int64(0); t0 < 14*winNS; k++ {
+			w := int(t0 / winNS)
+			end := t0 + int64(100e6)
+			for r := 0; r < 4; r++ {
+				ph := map[string]float64{"step": 100, "host": 20 * (1 + 0.01*rng.NormFloat64()), "sync_wait": 80}
+				gpu := w%every == 1
+				if gpu {
+					ph["compute"] = 60 * (1 + 0.005*rng.NormFloat64())
+					if r == 1 {
+						ph["compute"] *= 1.2
+					}
+				}
+				out = append(out, detector.Step{Kind: detector.KindStep, Job: "j", Rank: r, Step: k,
+					StartNS: t0, EndNS: end, Phases: ph, GPU: gpu, Workload: &detector.Workload{FP: "same"}})
+			}
+			t0 = end
+		}
+		return out
+	}
+	if got, want := stragglers(judge(t, detector.DefaultConfig(), gen(2))), map[string]int64{"1/compute": 5}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("records every other window: straggler alerts (first window) = %v, want %v", got, want)
+	}
+	if got := stragglers(judge(t, detector.DefaultConfig(), gen(5))); len(got) != 0 {
+		t.Fatalf("records every fifth window (gaps of 4 > 3): alerts %v, want none", got)
+	}
+}

@@ -153,9 +153,13 @@ const (
 
 // step advances the state machine by one window of evidence and returns the
 // state to report and the number of consecutive slow windows.
-func (p *phaseState) step(win int64, o outcome, consecutive int) string {
-	if p.evaluated && win != p.lastWin+1 {
-		// A window gap breaks a candidate's streak; it is no recovery.
+//
+// A gap of more than bridge windows in which nobody in the cohort measured
+// the phase breaks a candidate's streak; a shorter one neither breaks nor
+// lengthens it (device phases are measured only in duty-cycle on-phases,
+// and the windows between them say nothing). A gap is no recovery.
+func (p *phaseState) step(win int64, o outcome, consecutive, bridge int) string {
+	if p.evaluated && win-p.lastWin-1 > int64(bridge) {
 		p.streak = 0
 	}
 	p.evaluated, p.lastWin = true, win

@@ -9,7 +9,7 @@ func (d *Detector) transition(j *job, win *window, rs *rankState, ms []member, s
 	m := ms[self]
 	ps := &rs.phases[p]
 	wasAlert := ps.alert
-	state := ps.step(win.index, e.outcome, d.cfg.Consecutive)
+	state := ps.step(win.index, e.outcome, d.cfg.Consecutive, d.cfg.CarryWindows)
 	if ps.alert && !wasAlert {
 		j.stats.alerts++
 		ps.alertSince = ps.since
