@@ -229,26 +229,33 @@ def rank_main(args):
             out.write(json.dumps({"phase_start": True, "rank": rank, "phase": p["name"], "index": idx, "step": step,
                                   "mono_ns": time.monotonic_ns(), "wall": time.time(), **inj}) + "\n")
         s_ns, s_wall = time.monotonic_ns(), time.time()
-        with nv.section("step") if nv else _null():
+        # NVRx's sections as its usage guide shows them (--nvrx): data loading
+        # (CPU time only) holds the host stall, the forward pass (CPU time and
+        # its CUDA kernels) the GPU injection. Their CPU times are truth too.
+        with nv.section("data", False) if nv else _null():
             if inj["host_ms"]:
                 time.sleep(inj["host_ms"] / 1e3)  # like a data loader stall: the GPU has nothing queued
-            work.step(inj["gpu_units"])
             idx_t = torch.randint(0, args.vocab, (args.batch, args.seq), device=dev, generator=g)
+        d_ns = time.monotonic_ns()
+        with nv.section("fwd", True) if nv else _null():
+            work.step(inj["gpu_units"])
             logits = ddp(idx_t[:, :-1])
-            loss = F.cross_entropy(logits.reshape(-1, args.vocab), idx_t[:, 1:].reshape(-1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()  # DDP all-reduces the gradient buckets over NCCL meanwhile
-            opt.step()
-            lv = loss.item()  # the step's synchronisation, as a loop logs its loss
+        f_ns = time.monotonic_ns()
+        loss = F.cross_entropy(logits.reshape(-1, args.vocab), idx_t[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()  # DDP all-reduces the gradient buckets over NCCL meanwhile
+        opt.step()
+        lv = loss.item()  # the step's synchronisation, as a loop logs its loss
         e_ns = time.monotonic_ns()
         ms = (e_ns - s_ns) / 1e6
         if rank == 0 and p["name"] == "warmup":
             warm_ms.append(ms)
         out.write(json.dumps({"rank": rank, "step": step, "phase": p["name"], "start_ns": s_ns, "end_ns": e_ns,
                               "start_wall": s_wall, "step_ms": round(ms, 3), "host_ms": round(inj["host_ms"], 3),
-                              "gpu_ms": round(inj["gpu_ms"], 3), "loss": round(lv, 4)}) + "\n")
+                              "gpu_ms": round(inj["gpu_ms"], 3), "data_ms": round((d_ns - s_ns) / 1e6, 3),
+                              "fwd_ms": round((f_ns - d_ns) / 1e6, 3), "loss": round(lv, 4)}) + "\n")
         if nv:
-            nv.after_step(out)
+            nv.after_step()
         step += 1
     out.write(json.dumps({"final": True, "rank": rank, "steps": step}) + "\n")
     out.close()
@@ -267,10 +274,54 @@ class _null:
 
 
 class Nvrx:
-    """NVRx's straggler detection around the step (part B)."""
+    """NVRx's straggler detection as its docs show it: Detector.initialize
+    (all scores, gathered on rank 0, report_time_interval --nvrx-interval-s),
+    detection_section around code of the step, and
+    generate_report_if_interval_elapsed after every step on every rank.
+    Rank 0 logs each report to --out-dir/nvrx-reports.jsonl: the time
+    (CLOCK_MONOTONIC ns and wall), every score, and the stragglers that
+    Report.identify_stragglers names at its default thresholds (0.75)."""
 
     def __init__(self, args, rank):
-        raise SystemExit("--nvrx: not in this version of the bench")
+        from nvidia_resiliency_ext.attribution import straggler
+
+        self.det = straggler.Detector
+        self.det.initialize(scores_to_compute="all", gather_on_rank0=True, report_time_interval=args.nvrx_interval_s)
+        self.n = 0
+        self.log = open(os.path.join(args.out_dir, "nvrx-reports.jsonl"), "w", buffering=1) if rank == 0 else None
+
+    def section(self, name, cuda):
+        return self.det.detection_section(name, profile_cuda=cuda)
+
+    def after_step(self):
+        rep = self.det.generate_report_if_interval_elapsed()
+        if rep is None or self.log is None:
+            return
+        st = rep.identify_stragglers()
+        ids = lambda xs: sorted(x.rank for x in xs)  # noqa: E731
+        rec = {"report": self.n, "mono_ns": time.monotonic_ns(), "wall": time.time(),
+               "gpu_rel": _scores(rep.gpu_relative_perf_scores), "gpu_ind": _scores(rep.gpu_individual_perf_scores),
+               "sec_rel": {k: _scores(v) for k, v in rep.section_relative_perf_scores.items()},
+               "sec_ind": {k: _scores(v) for k, v in rep.section_individual_perf_scores.items()},
+               "stragglers": {"gpu_rel": ids(st["straggler_gpus_relative"]), "gpu_ind": ids(st["straggler_gpus_individual"]),
+                              "sec_rel": {k: ids(v) for k, v in st["straggler_sections_relative"].items()},
+                              "sec_ind": {k: ids(v) for k, v in st["straggler_sections_individual"].items()}},
+               "elapsed_s": rep.generate_report_elapsed_time}
+        rec["flagged"] = sorted(set(rec["stragglers"]["gpu_rel"]) | set(rec["stragglers"]["gpu_ind"]) |
+                                {r for v in rec["stragglers"]["sec_rel"].values() for r in v} |
+                                {r for v in rec["stragglers"]["sec_ind"].values() for r in v})
+        self.log.write(json.dumps(rec) + "\n")
+        self.n += 1
+
+    def close(self):
+        self.det.shutdown()
+        if self.log:
+            self.log.close()
+
+
+def _scores(m):
+    """rank -> score, NaN (no common kernel) as None."""
+    return {str(r): (None if v != v else round(float(v), 4)) for r, v in m.items()}
 
 
 def train_main(argv):
@@ -387,6 +438,79 @@ def slowrank_obs(verdicts, lateness_s):
     return sorted(obs, key=lambda o: o["t_ns"])
 
 
+NVRX_THRESHOLD = 0.75  # Report.identify_stragglers' default for every score
+NVRX_KINDS = ("gpu_rel", "gpu_ind", "sec_rel", "sec_ind")
+
+
+def nvrx_ranks(rep):
+    ranks = set(rep.get("gpu_rel", {})) | set(rep.get("gpu_ind", {}))
+    for k in ("sec_rel", "sec_ind"):
+        for v in rep.get(k, {}).values():
+            ranks |= set(v)
+    return sorted(int(r) for r in ranks)
+
+
+def nvrx_obs(reports):
+    """Observations from NVRx's report log: each report flags the ranks its
+    identify_stragglers named and clears the others; each report is one
+    alert (the issue counts reports)."""
+    obs = []
+    for rep in reports:
+        flagged = set(rep.get("flagged", []))
+        for r in nvrx_ranks(rep):
+            obs.append({"data_ns": rep["mono_ns"], "t_ns": rep["mono_ns"], "rank": r, "flagged": r in flagged,
+                        "what": ",".join(k for k in NVRX_KINDS if _nvrx_flags(rep, k, r)) or None,
+                        "alert": ("report", rep["report"], r)})
+    return obs
+
+
+def _nvrx_flags(rep, kind, rank):
+    st = rep.get("stragglers", {}).get(kind)
+    if isinstance(st, dict):
+        return any(rank in v for v in st.values())
+    return rank in (st or [])
+
+
+def nvrx_blocks(reports, per):
+    """An estimate of NVRx's reports at per times the interval (12: the
+    shipped 60 s from 5-s reports): each block of per consecutive reports
+    becomes one report at the time of its last, every score the median of
+    the block's (None where the block has none), flagged below 0.75. The
+    scores are ratios of medians over the interval, so the median of the
+    shorter intervals' ratios stands in for them; not NVRx's own output."""
+    out = []
+    for b in range(0, len(reports), per):
+        blk = reports[b:b + per]
+        if len(blk) < per:
+            break  # a partial last interval: NVRx had not reported it yet
+        rec = {"report": b // per, "mono_ns": blk[-1]["mono_ns"], "stragglers": {}, "estimated_from": len(blk)}
+        flagged = set()
+        for kind in NVRX_KINDS:
+            if kind.startswith("gpu"):
+                rec[kind] = _median_scores([x.get(kind, {}) for x in blk])
+                rec["stragglers"][kind] = sorted(int(r) for r, v in rec[kind].items() if v is not None and v < NVRX_THRESHOLD)
+                flagged |= set(rec["stragglers"][kind])
+            else:
+                secs = sorted({k for x in blk for k in x.get(kind, {})})
+                rec[kind] = {sec: _median_scores([x.get(kind, {}).get(sec, {}) for x in blk]) for sec in secs}
+                rec["stragglers"][kind] = {sec: sorted(int(r) for r, v in m.items() if v is not None and v < NVRX_THRESHOLD)
+                                           for sec, m in rec[kind].items()}
+                for v in rec["stragglers"][kind].values():
+                    flagged |= set(v)
+        rec["flagged"] = sorted(flagged)
+        out.append(rec)
+    return out
+
+
+def _median_scores(maps):
+    ranks = sorted({r for m in maps for r in m})
+    res = {}
+    for r in ranks:
+        xs = [m[r] for m in maps if m.get(r) is not None]
+        res[r] = round(statistics.median(xs), 4) if xs else None
+    return res
+
+
 def judge(phases, obs, slow_rank, limit_s):
     """Per phase: named (recall), time to verdict and to recovered (slow
     phases), false alerts; and the totals. A false alert is one alert (an
@@ -438,7 +562,7 @@ def judge(phases, obs, slow_rank, limit_s):
 
 
 def markdown(title, res):
-    lines = [f"### {title}", "",
+    lines = [f"### {title}", ""] + ([res["estimated"] + ".", ""] if res.get("estimated") else []) + [
              f"Named = the slow rank flagged within {res['limit_s']:g} s of the onset. "
              f"False alerts: {res['false']['false_alerts']} (other ranks {res['false']['other_ranks']}, "
              f"slow rank in warm-up {res['false']['warmup']}, in healthy phases {res['false']['healthy']}).", "",
@@ -454,7 +578,8 @@ def markdown(title, res):
     return "\n".join(lines) + "\n"
 
 
-def analyze_run(run_dir, verdicts=None, window_s=5.0, lateness_s=2.0, consecutive=3, limit_s=None):
+def analyze_run(run_dir, verdicts=None, window_s=5.0, lateness_s=2.0, consecutive=3, limit_s=None,
+                nvrx_reports=None, nvrx_per=12):
     meta, cal, steps, _ = load_truth(run_dir)
     if meta is None or not steps:
         return {"run": run_dir, "error": "no truth (rank*.jsonl with a meta line and steps)"}
@@ -466,16 +591,27 @@ def analyze_run(run_dir, verdicts=None, window_s=5.0, lateness_s=2.0, consecutiv
            "device": meta.get("gpu", meta["device"]), "share_gpu": meta.get("share_gpu"), "gpu_mode": meta.get("gpu_mode"),
            "gpu_unit_ms": meta.get("gpu_unit_ms"), "ref_step_ms": (cal.get(meta["slow_rank"]) or {}).get("ref_step_ms"),
            "torch": meta.get("torch"), "nccl": meta.get("nccl")}
+    judged = {}
     if verdicts is not None:
-        obs = slowrank_obs(analyze_py.jsonl(verdicts), lateness_s)
-        res["detector"] = "slowrank"
         res["verdicts"] = verdicts
-        j = judge(phases, obs, meta["slow_rank"], limit_s)
+        judged["slowrank"] = judge(phases, slowrank_obs(analyze_py.jsonl(verdicts), lateness_s), meta["slow_rank"], limit_s)
+    if nvrx_reports is not None:
+        reps = analyze_py.jsonl(nvrx_reports)
+        res["nvrx_reports"] = {"path": nvrx_reports, "count": len(reps)}
+        if len(reps) > 1:
+            res["nvrx_reports"]["interval_s"] = round((reps[-1]["mono_ns"] - reps[0]["mono_ns"]) / 1e9 / (len(reps) - 1), 2)
+        judged["nvrx"] = judge(phases, nvrx_obs(reps), meta["slow_rank"], limit_s)
+        blocks = nvrx_blocks(reps, nvrx_per)
+        est = judge(phases, nvrx_obs(blocks), meta["slow_rank"], limit_s)
+        est["estimated"] = (f"each of {len(blocks)} reports is the median of {nvrx_per} consecutive live reports' "
+                            "scores, flagged below 0.75: an estimate of a longer report interval, not NVRx's output")
+        judged[f"nvrx_x{nvrx_per}_estimate"] = est
+    for j in judged.values():
         if j["baseline_step_ms"] is None and res["ref_step_ms"]:
             for row in j["phases"]:
                 if row["kind"]:
                     row["step_rise_pct"] = round((row["step_ms"] / res["ref_step_ms"] - 1) * 100, 1)
-        res.update(j)
+    res["judged"] = judged
     return res
 
 
@@ -483,6 +619,9 @@ def analyze_main(argv):
     ap = argparse.ArgumentParser(prog="sensitivity.py analyze")
     ap.add_argument("run_dir")
     ap.add_argument("--verdicts", help="slowrank verdicts (the agent's --verdicts or a replay's --output)")
+    ap.add_argument("--nvrx-reports", help="NVRx's report log (train --nvrx: RUN_DIR/nvrx-reports.jsonl)")
+    ap.add_argument("--nvrx-per", type=int, default=12,
+                    help="reports per estimated longer report (12: 60 s from 5-s reports)")
     ap.add_argument("--window-s", type=float, default=5.0)
     ap.add_argument("--lateness-s", type=float, default=2.0)
     ap.add_argument("--consecutive", type=int, default=3)
@@ -491,16 +630,18 @@ def analyze_main(argv):
     ap.add_argument("--json", help="write the summary here instead of stdout")
     ap.add_argument("--md", help="also write a markdown table here")
     a = ap.parse_args(argv)
-    res = analyze_run(a.run_dir, a.verdicts, a.window_s, a.lateness_s, a.consecutive, a.limit_s)
+    res = analyze_run(a.run_dir, a.verdicts, a.window_s, a.lateness_s, a.consecutive, a.limit_s,
+                      a.nvrx_reports, a.nvrx_per)
     text = json.dumps(res, indent=1, default=list)
     if a.json:
         with open(a.json, "w") as f:
             f.write(text + "\n")
     else:
         print(text)
-    if a.md and "phases" in res:
+    if a.md and res.get("judged"):
         with open(a.md, "w") as f:
-            f.write(markdown(a.title or f"{res['run']}: {res.get('detector')}", res))
+            for name, j in res["judged"].items():
+                f.write(markdown(f"{a.title or res['run']}: {name}", j) + "\n")
     return 0 if "error" not in res else 1
 
 
@@ -567,7 +708,7 @@ def selftest():
               v(17, 1, "recovered"), v(20, 1, "straggler", 20), {"kind": "summary"}]
         with open(os.path.join(d, "v.jsonl"), "w") as f:
             f.write("\n".join(json.dumps(x) for x in vs) + "\n")
-        res = analyze_run(d, os.path.join(d, "v.jsonl"))
+        res = analyze_run(d, os.path.join(d, "v.jsonl"))["judged"]["slowrank"]
         ph = {r["name"]: r for r in res["phases"]}
         check("step rise from truth", ph["host-10"]["step_rise_pct"] == 10.0 and ph["host-3"]["step_rise_pct"] == 3.0
               and ph["host-3-healthy"]["step_rise_pct"] is None and res["baseline_step_ms"] == 100.0)
@@ -583,13 +724,50 @@ def selftest():
               and ph["warmup"]["false_other_ranks"] == 1 and ph["host-10-healthy"]["false_slow_rank"] == 1
               and res["false"]["flagged_obs_false"] == 3)
         check("targets fail", res["targets"] == {"recall_ge5": True, "no_false_alerts": False, "pass": False})
-        late = analyze_run(d, os.path.join(d, "v.jsonl"), limit_s=10)
+        late = analyze_run(d, os.path.join(d, "v.jsonl"), limit_s=10)["judged"]["slowrank"]
         check("a tighter limit misses host-10", not {r["name"]: r for r in late["phases"]}["host-10"]["named"])
         md = markdown("t", res)
         check("markdown", "| host-10 | 10.0 | 110.0 | +10.0 % | yes | 16.97 | 6.89 | 0 / 0 |" in md)
         with open(os.path.join(d, "v.jsonl"), "w") as f:
             f.write(json.dumps(v(14, 1, "straggler", 12)) + "\n")
-        check("clean run passes", analyze_run(d, os.path.join(d, "v.jsonl"))["targets"]["pass"])
+        check("clean run passes", analyze_run(d, os.path.join(d, "v.jsonl"))["judged"]["slowrank"]["targets"]["pass"])
+        # NVRx: a report every 5 s from 2 s on. Rank 1's data section scores
+        # 0.6 from the first report after the onset of host-10 (62 s) to its
+        # end; rank 3's GPU 0.7 in the report at 7 s (warm-up), rank 1's
+        # individual data score 0.7 in the report at 92 s (healthy).
+        reps = []
+        for k in range(21):
+            t = 2 + 5 * k
+            r1 = 0.6 if 62 <= t <= 85 else (0.7 if t == 92 else 1.0)
+            rep = {"report": k, "mono_ns": t0 + t * sec, "gpu_rel": {"0": 1.0, "1": 1.0, "2": 1.0, "3": 0.7 if t == 7 else 0.95},
+                   "gpu_ind": {}, "sec_rel": {"data": {"0": 1.0, "1": r1 if t != 92 else 1.0, "2": 1.0, "3": 1.0}},
+                   "sec_ind": {"data": {"0": 1.0, "1": 0.7 if t == 92 else 1.0, "2": 1.0, "3": 1.0}},
+                   "stragglers": {"gpu_rel": [3] if t == 7 else [], "gpu_ind": [],
+                                  "sec_rel": {"data": [1]} if 62 <= t <= 85 else {},
+                                  "sec_ind": {"data": [1]} if t == 92 else {}}}
+            rep["flagged"] = sorted({3} if t == 7 else set() | ({1} if 62 <= t <= 85 or t == 92 else set()))
+            reps.append(rep)
+        with open(os.path.join(d, "n.jsonl"), "w") as f:
+            f.write("\n".join(json.dumps(x) for x in reps) + "\n")
+        allj = analyze_run(d, nvrx_reports=os.path.join(d, "n.jsonl"), nvrx_per=4)
+        nj = allj["judged"]["nvrx"]
+        ph = {r["name"]: r for r in nj["phases"]}
+        check("nvrx: named 2 s after the onset as sec_rel", ph["host-10"]["named"] and ph["host-10"]["named_as"] == "sec_rel"
+              and 1.9 <= ph["host-10"]["time_to_verdict_s"] <= 2.0 and not ph["host-3"]["named"])
+        check("nvrx: recovered at the first report after the phase", 1.8 <= ph["host-10"]["time_to_recovered_s"] <= 1.9)
+        check("nvrx: false reports, one a context", nj["false"] == {"other_ranks": 1, "warmup": 0, "healthy": 0,
+                                                                 "flagged_obs_false": 1, "false_alerts": 1}
+              and ph["host-10-healthy"]["false_slow_rank"] == 0)
+        check("nvrx: report count and interval", allj["nvrx_reports"] == {"path": os.path.join(d, "n.jsonl"), "count": 21,
+                                                                         "interval_s": 5.0})
+        blocks = nvrx_blocks(reps, 4)
+        check("nvrx blocks: 5 full blocks of 4, medians", len(blocks) == 5 and blocks[3]["sec_rel"]["data"]["1"] == 0.6
+              and blocks[3]["flagged"] == [1] and blocks[0]["flagged"] == [] and blocks[0]["gpu_rel"]["3"] == 0.95)
+        est = allj["judged"]["nvrx_x4_estimate"]
+        eph = {r["name"]: r for r in est["phases"]}
+        check("nvrx estimate: named later, no false report", eph["host-10"]["named"]
+              and eph["host-10"]["time_to_verdict_s"] > ph["host-10"]["time_to_verdict_s"]
+              and est["false"]["false_alerts"] == 0 and "estimate" in est["estimated"])
     print(f"{passed[0]} passed, {len(failed)} failed")
     return {"passed": passed[0], "failed": failed}
 

@@ -18,6 +18,18 @@
 # (SLOW_FROM_START, host:10, for START_S 45 s), its stall sized from the
 # first run's measured step (REF_STEP_MS where the first did not run).
 #
+# RUNS (default "schedule start") may also name nvrx and nvrx-start: the
+# same two jobs with NVIDIA's nvidia-resiliency-ext straggler detection in
+# the training code instead of the agent (sensitivity.py train --nvrx: its
+# sections around data loading, which holds the host stall, and the
+# forward pass, which holds the GPU injection; reports every
+# NVRX_INTERVAL_S, 5 s; its default thresholds), no agent and no injection
+# library in those runs (CUPTI has one subscriber a process). NVRx comes
+# exported in .nvrx/ (carry it; bench/gpu/nvrx_export.sh export, which
+# names the commit in .nvrx/COMMIT) and its CUPTI extension is built here
+# (nvrx_export.sh build). Its 60-s shipped interval is estimated from the
+# 5-s reports (the analysis says so in its output).
+#
 # The agent runs as a user runs it: bin/slowrank agent at its defaults,
 # the injection library loaded through CUDA_INJECTION64_PATH (built here by
 # `make cupti`), OpenTelemetry export on to a collector on this machine
@@ -32,6 +44,11 @@
 #   xz -9 -k -f bin/slowrank bin/otelcol-mini):
 #   run(kind="nvidia-h200", carry=["bin/slowrank.xz","bin/otelcol-mini.xz"], timeout_s=600,
 #       command="bash bench/gpu/batch.sh sens:585:'bash bench/gpu/sensitivity.sh'")
+# and NVRx in a second call (NVRX_SRC=DIR bash bench/gpu/nvrx_export.sh export first):
+#   run(kind="nvidia-h200", carry=[".nvrx"], timeout_s=600,
+#       command="bash bench/gpu/batch.sh nvrx:585:'RUNS=\"nvrx nvrx-start\" bash bench/gpu/sensitivity.sh'")
+# (both kinds in one call only with shorter phases: RUNS="schedule nvrx"
+# SLOW_S=15 HEALTHY_S=12 is 15 + 8 x 27 = 231 s a run).
 # Expected wall time (estimates, not measured on a GPU): library build ~20 s,
 # schedule run 375 s + ~30 s start + ~10 s agent stop, start run 45 s +
 # ~40 s: ~520 s. RUNS=schedule alone: ~440 s. BUDGET_S (570) skips a run
@@ -71,7 +88,7 @@ exec > >(tee -a "$OUT/console.log") 2>&1
 : "${RANKS:=4}" "${SLOW_RANK:=1}" "${KINDS:=host gpu}" "${MAGS:=3 5 10 25}" "${GPU_MODE:=sleep}"
 : "${WARMUP_S:=15}" "${SLOW_S:=25}" "${HEALTHY_S:=20}" "${SLOW_FROM_START:=host:10}" "${START_S:=45}"
 : "${RUNS:=schedule start}" "${OTLP:=1}" "${STATUS_EVERY:=30}" "${BUDGET_S:=570}" "${STARTUP:=30}"
-: "${MODEL:=}" "${AGENT_FLAGS:=}"
+: "${MODEL:=}" "${AGENT_FLAGS:=}" "${NVRX_INTERVAL_S:=5}"
 DEV_FLAGS=()
 if [ -n "${DRY:-}" ]; then
   DEV_FLAGS=(--device cpu --dim 32 --layers 1 --heads 2 --seq 16 --batch 2 --vocab 128)
@@ -111,53 +128,93 @@ status_loop() {
 }
 
 # one_run NAME EST_S [sensitivity.py train flags]: agent, job, analysis.
+# A name with "nvrx" in it runs NVRx instead (train --nvrx, its CUPTI
+# extension built by nvrx_export.sh build): no agent and no injection
+# library, since CUPTI takes one subscriber a process.
 one_run() {
-  local name=$1 est=$2 rc=0 left
+  local name=$1 est=$2 rc=0 left inj=("${INJ[@]}") judge
   shift 2
   left=$((BUDGET_S - RESERVE - SECONDS))
   if ((est > left)); then echo "== $name: skipped (needs ~${est} s, ${left} s left)"; return 0; fi
   echo "== $name: start at t=${SECONDS} s (estimate ${est} s)"
-  if [ ${#OTEL_FLAGS[@]} = 0 ]; then export OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318; fi
-  # shellcheck disable=SC2086 # AGENT_FLAGS is a list of flags
-  agent_spawn "$OUT/$name-agent.log" "${OTEL_FLAGS[@]}" --facts "$OUT/$name-facts.jsonl" \
-    --verdicts "$OUT/$name-verdicts.jsonl" --status-socket "$OUT/$name.sock" $AGENT_FLAGS
-  unset OTEL_EXPORTER_OTLP_ENDPOINT
-  sleep 1
-  if [ -z "${DRY:-}" ] || [ -n "${DRY_AGENT:-}" ]; then status_loop "$name" & SAMPLER=$!; fi
+  if [[ $name == *nvrx* ]]; then
+    inj=()
+    judge=(--nvrx-reports "$OUT/$name/nvrx-reports.jsonl")
+  else
+    if [ ${#OTEL_FLAGS[@]} = 0 ]; then export OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318; fi
+    # shellcheck disable=SC2086 # AGENT_FLAGS is a list of flags
+    agent_spawn "$OUT/$name-agent.log" "${OTEL_FLAGS[@]}" --facts "$OUT/$name-facts.jsonl" \
+      --verdicts "$OUT/$name-verdicts.jsonl" --status-socket "$OUT/$name.sock" $AGENT_FLAGS
+    unset OTEL_EXPORTER_OTLP_ENDPOINT
+    sleep 1
+    if [ -z "${DRY:-}" ] || [ -n "${DRY_AGENT:-}" ]; then status_loop "$name" & SAMPLER=$!; fi
+    judge=(--verdicts "$OUT/$name-verdicts.jsonl")
+  fi
   # shellcheck disable=SC2086 # MODEL is a list of flags
-  env "${TRAIN_ENV[@]}" "${INJ[@]}" TORCHELASTIC_RUN_ID="$name" "$PY" bench/gpu/sensitivity.py train \
+  env "${TRAIN_ENV[@]}" "${inj[@]}" TORCHELASTIC_RUN_ID="$name" "$PY" bench/gpu/sensitivity.py train \
     --out-dir "$OUT/$name" --ranks "$RANKS" --slow-rank "$SLOW_RANK" --gpu-mode "$GPU_MODE" \
     --kill-after $((left - 20)) "${SHARE[@]}" "${DEV_FLAGS[@]}" $MODEL "$@" >"$OUT/$name-train.log" 2>&1 || rc=$?
   if [ -n "$SAMPLER" ]; then kill "$SAMPLER" 2>/dev/null || true; wait "$SAMPLER" 2>/dev/null || true; SAMPLER=; fi
-  "$AGENT" status --socket "$OUT/$name.sock" --json >"$OUT/$name-status-end.json" 2>/dev/null || true
-  agent_stop "$AGENT_PID" 30
-  AGENT_PID=
-  echo "== $name: trainer rc=$rc, agent rc=$AGENT_RC (stopped in ${AGENT_STOP_MS} ms) after $((SECONDS - t_run)) s"
+  if [ -n "$AGENT_PID" ]; then
+    "$AGENT" status --socket "$OUT/$name.sock" --json >"$OUT/$name-status-end.json" 2>/dev/null || true
+    agent_stop "$AGENT_PID" 30
+    AGENT_PID=
+    echo "== $name: agent rc=$AGENT_RC (stopped in ${AGENT_STOP_MS} ms)"
+  fi
+  echo "== $name: trainer rc=$rc after $((SECONDS - t_run)) s"
   [ "$rc" = 0 ] || tail -n 20 "$OUT/$name-train.log"
-  "$PYA" bench/gpu/sensitivity.py analyze "$OUT/$name" --verdicts "$OUT/$name-verdicts.jsonl" \
-    --json "$OUT/$name-summary.json" --md "$OUT/$name-summary.md" --title "$name: slowrank (live verdicts)" ||
-    echo "$name: analysis failed"
+  "$PYA" bench/gpu/sensitivity.py analyze "$OUT/$name" "${judge[@]}" \
+    --json "$OUT/$name-summary.json" --md "$OUT/$name-summary.md" --title "$name" || echo "$name: analysis failed"
   cat "$OUT/$name-summary.md" 2>/dev/null || true
 }
 
+# ref_of NAME: the step the schedule run NAME measured (REF_STEP_MS, else 100 ms).
+ref_of() {
+  if [ -n "${REF_STEP_MS:-}" ]; then echo "$REF_STEP_MS"; return; fi
+  "$PYA" -c 'import json, sys
+try:
+    print(round(json.load(open(sys.argv[1]))["ref_step_ms"] or 100, 2))
+except Exception:
+    print(100)' "$OUT/$1-summary.json"
+}
+
+# nvrx_ready: NVRx exported (.nvrx, carried) and its CUPTI extension built, once.
+NVRX_READY=
+nvrx_ready() {
+  [ -z "$NVRX_READY" ] || return 0
+  if [ -n "${DRY:-}" ]; then echo "dry run: NVRx needs a GPU (its reports synchronise CUDA)"; return 1; fi
+  bash bench/gpu/nvrx_export.sh build >"$OUT/nvrx-build.log" 2>&1 || { tail -n 20 "$OUT/nvrx-build.log"; return 1; }
+  tail -n 2 "$OUT/nvrx-build.log"
+  cp .nvrx/COMMIT "$OUT/nvrx-COMMIT"
+  export PYTHONPATH=$ROOT/.nvrx/src:$ROOT/.nvrx/lib${PYTHONPATH:+:$PYTHONPATH}
+  NVRX_READY=1
+}
+
 mags=${MAGS// /,} kinds=${KINDS// /,}
+n=$(wc -w <<<"$KINDS") m=$(wc -w <<<"$MAGS")
 for run in $RUNS; do
   t_run=$SECONDS
   case $run in
     schedule)
-      n=$(wc -w <<<"$KINDS") m=$(wc -w <<<"$MAGS")
       one_run sens-schedule $((STARTUP + WARMUP_S + n * m * (SLOW_S + HEALTHY_S))) --port 29661 \
         --kinds "$kinds" --mags "$mags" --warmup-s "$WARMUP_S" --slow-s "$SLOW_S" --healthy-s "$HEALTHY_S" ;;
     start)
-      ref=${REF_STEP_MS:-$("$PYA" -c 'import json, sys
-try:
-    print(round(json.load(open(sys.argv[1]))["ref_step_ms"] or 100, 2))
-except Exception:
-    print(100)' "$OUT/sens-schedule-summary.json")}
+      ref=$(ref_of sens-schedule)
       echo "from start: the stall is sized from a ${ref} ms step"
       one_run sens-start $((STARTUP + START_S)) --port 29662 --from-start "$SLOW_FROM_START" \
         --start-s "$START_S" --ref-step-ms "$ref" ;;
-    *) echo "sensitivity.sh: RUNS names '$run' (want schedule, start)"; exit 2 ;;
+    nvrx)
+      nvrx_ready || continue
+      one_run sens-nvrx $((STARTUP + WARMUP_S + n * m * (SLOW_S + HEALTHY_S))) --port 29663 --nvrx \
+        --nvrx-interval-s "$NVRX_INTERVAL_S" --kinds "$kinds" --mags "$mags" --warmup-s "$WARMUP_S" \
+        --slow-s "$SLOW_S" --healthy-s "$HEALTHY_S" ;;
+    nvrx-start)
+      nvrx_ready || continue
+      ref=$(ref_of sens-nvrx)
+      echo "NVRx from start: the stall is sized from a ${ref} ms step"
+      one_run sens-nvrx-start $((STARTUP + START_S)) --port 29664 --nvrx --nvrx-interval-s "$NVRX_INTERVAL_S" \
+        --from-start "$SLOW_FROM_START" --start-s "$START_S" --ref-step-ms "$ref" ;;
+    *) echo "sensitivity.sh: RUNS names '$run' (want schedule, start, nvrx, nvrx-start)"; exit 2 ;;
   esac
 done
 
