@@ -171,6 +171,7 @@ def rank_main(args):
     work = GpuWork(torch, dev, args.gpu_mode)
     nv = Nvrx(args, rank) if args.nvrx else None
 
+    sizing = size_batch(args, ddp, opt, g, dev, sync, ctl_group, torch, dist, F) if args.target_step_ms > 0 else None
     # The gpu unit, timed on the slow rank while the others wait on the host
     # (a GPU collective would spin on the shared GPU meanwhile).
     sync()
@@ -188,7 +189,8 @@ def rank_main(args):
     meta = {"meta": True, "rank": rank, "world": world, "slow_rank": args.slow_rank, "device": str(dev),
             "share_gpu": args.share_gpu, "nccl_hostid": os.environ.get("NCCL_HOSTID"), "pid": os.getpid(),
             "t0_ns": t0_ns, "t0_wall": time.time() - (time.monotonic_ns() - t0_ns) / 1e9, "plan": plan,
-            "gpu_mode": args.gpu_mode, "gpu_unit_ms": work.unit_ms, "nvrx": bool(args.nvrx), "args": vars(args)}
+            "gpu_mode": args.gpu_mode, "gpu_unit_ms": work.unit_ms, "nvrx": bool(args.nvrx), "batch": args.batch,
+            "sizing": sizing, "args": vars(args)}
     if cuda:
         meta.update(gpu=torch.cuda.get_device_name(dev), torch=torch.__version__,
                     nccl=".".join(map(str, torch.cuda.nccl.version())))
@@ -263,6 +265,32 @@ def rank_main(args):
         nv.close()
     dist.barrier(group=ctl_group)
     dist.destroy_process_group()
+
+
+def size_batch(args, ddp, opt, g, dev, sync, ctl_group, torch, dist, F, rounds=2, steps=8):
+    """--target-step-ms: before the loop, scale the batch (every rank the
+    same) so that a step takes about the target: rounds of a few steps,
+    rank 0's median step, batch x target / measured, agreed through the
+    host-side group. Returns what was measured; sets args.batch."""
+    out = []
+    for _ in range(rounds):
+        ms = []
+        for i in range(steps + 2):
+            t = time.perf_counter()
+            idx_t = torch.randint(0, args.vocab, (args.batch, args.seq), device=dev, generator=g)
+            loss = F.cross_entropy(ddp(idx_t[:, :-1]).reshape(-1, args.vocab), idx_t[:, 1:].reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            loss.item()
+            if i >= 2:  # the first steps pay for allocations and kernel selection
+                ms.append((time.perf_counter() - t) * 1e3)
+        b = torch.tensor([max(1, round(args.batch * args.target_step_ms / statistics.median(ms)))], dtype=torch.int64)
+        dist.broadcast(b, 0, group=ctl_group)
+        out.append({"batch": args.batch, "step_ms": round(statistics.median(ms), 2), "next_batch": int(b[0])})
+        args.batch = min(int(b[0]), 4 * out[0]["batch"])  # no runaway on a noisy first measurement
+    sync()
+    return out
 
 
 class _null:
@@ -341,12 +369,14 @@ def train_main(argv):
     ap.add_argument("--nvrx", action="store_true", help="wrap the step in NVRx's straggler sections")
     ap.add_argument("--nvrx-interval-s", type=float, default=5)
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    ap.add_argument("--dim", type=int, default=768)
-    ap.add_argument("--layers", type=int, default=6)
-    ap.add_argument("--heads", type=int, default=12)
-    ap.add_argument("--seq", type=int, default=512)
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--dim", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--target-step-ms", type=float, default=100,
+                    help="scale --batch before the loop so that a step takes about this long (0: keep --batch)")
+    ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--port", type=int, default=29660)
     ap.add_argument("--kill-after", type=float, default=0, help="stop every rank after this many seconds (0: never)")

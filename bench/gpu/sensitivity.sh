@@ -5,8 +5,10 @@
 # "Sensitivity vs NVRx").
 #
 # The job: RANKS (4) processes of one DDP job over NCCL (sensitivity.py
-# train: train.py's GPT, dim 768 x 6 layers, seq 512, batch 4 by default;
-# MODEL overrides). With fewer GPUs than ranks every rank shares GPU 0 with
+# train: train.py's GPT, dim 512 x 4 layers, seq 256, vocab 4096, as
+# host_exposure.sh's; its batch scaled before the loop so that a step takes
+# about 100 ms, --target-step-ms; MODEL overrides, e.g. "--target-step-ms 0
+# --batch 8" keeps the batch). With fewer GPUs than ranks every rank shares GPU 0 with
 # its own NCCL_HOSTID; else one rank per GPU. Rank SLOW_RANK (1) is healthy
 # for WARMUP_S (15 s), then for each kind in KINDS ("host gpu") and
 # magnitude in MAGS ("3 5 10 25", % of the step measured in the warm-up)
@@ -91,7 +93,7 @@ exec > >(tee -a "$OUT/console.log") 2>&1
 : "${MODEL:=}" "${AGENT_FLAGS:=}" "${NVRX_INTERVAL_S:=5}"
 DEV_FLAGS=()
 if [ -n "${DRY:-}" ]; then
-  DEV_FLAGS=(--device cpu --dim 32 --layers 1 --heads 2 --seq 16 --batch 2 --vocab 128)
+  DEV_FLAGS=(--device cpu --dim 32 --layers 1 --heads 2 --seq 16 --batch 2 --vocab 128 --target-step-ms 30)
   : "${DRY_SCALE:=5}"  # phases DRY_SCALE times shorter
   WARMUP_S=$((WARMUP_S / DRY_SCALE)) SLOW_S=$((SLOW_S / DRY_SCALE)) HEALTHY_S=$((HEALTHY_S / DRY_SCALE)) START_S=$((START_S / DRY_SCALE))
   STARTUP=10
