@@ -43,6 +43,10 @@ fast, on one DDP job (bench/gpu/sensitivity.sh runs it; bench/results/README.md
                   anywhere; the slow rank in warm-up, or in a healthy phase
                   beyond the recovery allowance of --limit-s). JSON to
                   stdout (or --json), a markdown table to --md.
+  table SUMMARY.json...
+                  one markdown table, slowrank and NVRx side by side: a row per
+                  slow phase, a column per run and detector (sensitivity.sh's
+                  sensitivity.json files of both calls)
   selftest        analyze and the schedule on synthetic data (make bench-selftest)
 
 Standard library only, except train (torch).
@@ -192,8 +196,9 @@ def rank_main(args):
             "gpu_mode": args.gpu_mode, "gpu_unit_ms": work.unit_ms, "nvrx": bool(args.nvrx), "batch": args.batch,
             "sizing": sizing, "args": vars(args)}
     if cuda:
+        v = torch.cuda.nccl.version()
         meta.update(gpu=torch.cuda.get_device_name(dev), torch=torch.__version__,
-                    nccl=".".join(map(str, torch.cuda.nccl.version())))
+                    nccl=".".join(map(str, v)) if isinstance(v, tuple) else str(v))
     out.write(json.dumps(meta) + "\n")
 
     ctl = torch.zeros(1, device=dev)
@@ -675,6 +680,48 @@ def analyze_main(argv):
     return 0 if "error" not in res else 1
 
 
+def side_by_side(runs):
+    """One markdown table of every judged detector of runs ({run name:
+    analyze_run result}): a row per phase name (schedule and from-start
+    runs), a column per run and detector with named, time to verdict and
+    the job's step rise of that run; the false alerts last."""
+    cols = [(name, det, j) for name, res in runs.items() for det, j in res.get("judged", {}).items()]
+    names = []
+    for _, _, j in cols:
+        for r in j["phases"]:
+            if r["kind"] and r["name"] not in names:
+                names.append(r["name"])
+    head = "| phase | " + " | ".join(f"{det} ({name})" for name, det, _ in cols) + " |"
+    lines = [head, "|---|" + "---|" * len(cols)]
+    for n in names:
+        cells = []
+        for _, _, j in cols:
+            r = next((x for x in j["phases"] if x["name"] == n), None)
+            if r is None:
+                cells.append("")
+                continue
+            t = r["time_to_verdict_s"]
+            rise = "" if r["step_rise_pct"] is None else f", step {r['step_rise_pct']:+.1f} %"
+            cells.append(("yes" if r["named"] else "no") + (f" {t:g} s" if t is not None else "") + rise)
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    lines.append("| false alerts (warm-up / healthy / other ranks) | " + " | ".join(
+        f"{j['false']['warmup']} / {j['false']['healthy']} / {j['false']['other_ranks']}" for _, _, j in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def table_main(argv):
+    ap = argparse.ArgumentParser(prog="sensitivity.py table")
+    ap.add_argument("summaries", nargs="+", help="sensitivity.json files (sensitivity.sh) or analyze --json outputs")
+    a = ap.parse_args(argv)
+    runs = {}
+    for path in a.summaries:
+        with open(path) as f:
+            d = json.load(f)
+        runs.update(d["runs"] if "runs" in d else {d.get("run", path): d})
+    sys.stdout.write(side_by_side(runs))
+    return 0
+
+
 # ---------------------------------------------------------------- selftest
 
 
@@ -798,6 +845,11 @@ def selftest():
         check("nvrx estimate: named later, no false report", eph["host-10"]["named"]
               and eph["host-10"]["time_to_verdict_s"] > ph["host-10"]["time_to_verdict_s"]
               and est["false"]["false_alerts"] == 0 and "estimate" in est["estimated"])
+        tab = side_by_side({"sens-nvrx": allj})
+        check("side by side: a column per detector, a row per slow phase",
+              "| phase | nvrx (sens-nvrx) | nvrx_x4_estimate (sens-nvrx) |" in tab
+              and "| host-10 | yes 1.97 s, step +10.0 % | yes " in tab and "| host-3 | no, step +3.0 % | no, step +3.0 % |" in tab
+              and "| false alerts (warm-up / healthy / other ranks) | 0 / 0 / 1 | 0 / 0 / 0 |" in tab)
     print(f"{passed[0]} passed, {len(failed)} failed")
     return {"passed": passed[0], "failed": failed}
 
@@ -807,6 +859,8 @@ def main(argv):
         return train_main(argv[2:])
     if len(argv) >= 2 and argv[1] == "analyze":
         return analyze_main(argv[2:])
+    if len(argv) >= 2 and argv[1] == "table":
+        return table_main(argv[2:])
     if len(argv) == 2 and argv[1] == "selftest":
         return 1 if selftest()["failed"] else 0
     sys.exit(__doc__)

@@ -59,7 +59,8 @@
 # What comes back in $OUT:
 #   sensitivity.json      per run: sensitivity.py analyze (phases, recall,
 #                         times, false alerts, targets) of the live verdicts
-#   sensitivity.md        the same as markdown tables
+#   sensitivity.md        the same as markdown tables, and side by side
+#                         (merge two calls' with sensitivity.py table A B)
 #   sensitivity-raw.tgz   per run the truth (NAME/rank*.jsonl), facts,
 #                         verdicts, agent log, status snapshots, train log;
 #                         env.txt, the collector's log tail
@@ -231,6 +232,7 @@ with open(os.path.join(res, "sensitivity.md"), "w") as f:
     for p in sorted(glob.glob(os.path.join(out, "*-summary.md"))):
         f.write(open(p).read() + "\n")
 PY
+{ echo "### side by side"; echo; "$PYA" bench/gpu/sensitivity.py table "$RESULTS/sensitivity.json"; } >>"$RESULTS/sensitivity.md" || true
 collector_stop
 tail -n 200 "$OUT/otelcol.log" >"$OUT/otelcol.tail.log" 2>/dev/null || true
 tar -C "$OUT" -czf "$RESULTS/sensitivity-raw.tgz" --exclude='*.sock' --exclude=console.log --exclude=otelcol-mini --exclude=otelcol.log .
