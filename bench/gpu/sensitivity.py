@@ -258,7 +258,7 @@ def rank_main(args):
         if rank == 0 and p["name"] == "warmup":
             warm_ms.append(ms)
         out.write(json.dumps({"rank": rank, "step": step, "phase": p["name"], "start_ns": s_ns, "end_ns": e_ns,
-                              "start_wall": s_wall, "step_ms": round(ms, 3), "host_ms": round(inj["host_ms"], 3),
+                              "start_wall": s_wall, "end_wall": round(s_wall + ms / 1e3, 6), "step_ms": round(ms, 3), "host_ms": round(inj["host_ms"], 3),
                               "gpu_ms": round(inj["gpu_ms"], 3), "data_ms": round((d_ns - s_ns) / 1e6, 3),
                               "fwd_ms": round((f_ns - d_ns) / 1e6, 3), "loss": round(lv, 4)}) + "\n")
         if nv:
