@@ -458,17 +458,21 @@ def phases_from_truth(meta, steps, settle_s=2.0):
 
 def slowrank_obs(verdicts, lateness_s):
     """Observations from slowrank verdicts: a straggler verdict flags its
-    rank, a recovered one clears it; each is known when its window settles
-    (window end + lateness); an alert is (rank, phase, since_window)."""
+    rank, and so does an uncertain one that holds an alert (alert_active:
+    uncertainty never ends an alert); a recovered one clears it. Each is
+    known when its window settles (window end + lateness); an alert is
+    (rank, phase, since_window)."""
     obs = []
     for v in verdicts:
-        if v.get("kind") not in (None, "verdict") or v.get("state") not in ("straggler", "recovered"):
+        st = v.get("state")
+        held = st == "uncertain" and bool(v.get("alert_active"))
+        if v.get("kind") not in (None, "verdict") or (st not in ("straggler", "recovered") and not held):
             continue
         end = v.get("window_end_ns")
         if end is None:
             continue
         obs.append({"data_ns": end, "t_ns": end + int(lateness_s * 1e9), "rank": v["rank"],
-                    "flagged": v["state"] == "straggler", "what": v.get("phase"),
+                    "flagged": st != "recovered", "what": v.get("phase") + (" (held)" if held else ""),
                     "alert": (v["rank"], v.get("phase"), v.get("since_window", v.get("window")))})
     return sorted(obs, key=lambda o: o["t_ns"])
 
@@ -782,7 +786,8 @@ def selftest():
         # window 17 (ends 90 s, 5 s + 2 s after the phase). Rank 2 flagged in
         # warm-up (twice, one alert); rank 1 again late in its healthy phase.
         vs = [v(1, 2, "straggler", 1), v(2, 2, "straggler", 1), v(14, 1, "straggler", 12), v(15, 1, "straggler", 12),
-              v(17, 1, "recovered"), v(20, 1, "straggler", 20), {"kind": "summary"}]
+              v(17, 1, "recovered"), v(20, 1, "straggler", 20), dict(v(21, 1, "uncertain", 20), alert_active=True),
+              v(3, 3, "uncertain"), {"kind": "summary"}]
         with open(os.path.join(d, "v.jsonl"), "w") as f:
             f.write("\n".join(json.dumps(x) for x in vs) + "\n")
         res = analyze_run(d, os.path.join(d, "v.jsonl"))["judged"]["slowrank"]
@@ -799,7 +804,7 @@ def selftest():
         check("false alerts: one other-rank alert in warm-up, one late on the slow rank",
               res["false"]["other_ranks"] == 1 and res["false"]["healthy"] == 1 and res["false"]["warmup"] == 0
               and ph["warmup"]["false_other_ranks"] == 1 and ph["host-10-healthy"]["false_slow_rank"] == 1
-              and res["false"]["flagged_obs_false"] == 3)
+              and res["false"]["flagged_obs_false"] == 4)
         check("targets fail", res["targets"] == {"recall_ge5": True, "no_false_alerts": False, "pass": False})
         late = analyze_run(d, os.path.join(d, "v.jsonl"), limit_s=10)["judged"]["slowrank"]
         check("a tighter limit misses host-10", not {r["name"]: r for r in late["phases"]}["host-10"]["named"])
