@@ -51,7 +51,10 @@
 #       command="bash bench/gpu/batch.sh nvrx:585:'RUNS=\"nvrx nvrx-start\" bash bench/gpu/sensitivity.sh'")
 # (both kinds in one call only with shorter phases: RUNS="schedule nvrx"
 # SLOW_S=15 HEALTHY_S=12 is 15 + 8 x 27 = 231 s a run).
-# Expected wall time (estimates, not measured on a GPU): library build ~20 s,
+# The ~7-minute part alone: RUNS=schedule (batch part sens:450); the
+# slow-from-start job then as its own part (start:150:'RUNS=start bash
+# bench/gpu/sensitivity.sh'), sized from the step the first kept on the
+# machine. Expected wall time (estimates, not measured on a GPU): library build ~20 s,
 # schedule run 375 s + ~30 s start + ~10 s agent stop, start run 45 s +
 # ~40 s: ~520 s. RUNS=schedule alone: ~440 s. BUDGET_S (570) skips a run
 # that would not fit and says so; each trainer is killed at its share.
@@ -171,14 +174,27 @@ one_run() {
   cat "$OUT/$name-summary.md" 2>/dev/null || true
 }
 
-# ref_of NAME: the step the schedule run NAME measured (REF_STEP_MS, else 100 ms).
+# ref_of NAME: the step the schedule run NAME measured: REF_STEP_MS, else
+# its summary, else what an earlier call of this script on this machine
+# kept of it ($WORK/NAME.ref_step_ms: a batch part of its own), else 100 ms.
 ref_of() {
   if [ -n "${REF_STEP_MS:-}" ]; then echo "$REF_STEP_MS"; return; fi
   "$PYA" -c 'import json, sys
 try:
     print(round(json.load(open(sys.argv[1]))["ref_step_ms"] or 100, 2))
 except Exception:
-    print(100)' "$OUT/$1-summary.json"
+    try:
+        print(float(open(sys.argv[2]).read()))
+    except Exception:
+        print(100)' "$OUT/$1-summary.json" "$WORK/$1.ref_step_ms"
+}
+
+# keep_ref NAME: keeps the step run NAME measured for a later call (ref_of).
+keep_ref() {
+  "$PYA" -c 'import json, sys
+r = json.load(open(sys.argv[1])).get("ref_step_ms")
+if r:
+    open(sys.argv[2], "w").write(str(round(r, 3)))' "$OUT/$1-summary.json" "$WORK/$1.ref_step_ms" 2>/dev/null || true
 }
 
 # nvrx_ready: NVRx exported (.nvrx, carried) and its CUPTI extension built, once.
@@ -200,7 +216,8 @@ for run in $RUNS; do
   case $run in
     schedule)
       one_run sens-schedule $((STARTUP + WARMUP_S + n * m * (SLOW_S + HEALTHY_S))) --port 29661 \
-        --kinds "$kinds" --mags "$mags" --warmup-s "$WARMUP_S" --slow-s "$SLOW_S" --healthy-s "$HEALTHY_S" ;;
+        --kinds "$kinds" --mags "$mags" --warmup-s "$WARMUP_S" --slow-s "$SLOW_S" --healthy-s "$HEALTHY_S"
+      keep_ref sens-schedule ;;
     start)
       ref=$(ref_of sens-schedule)
       echo "from start: the stall is sized from a ${ref} ms step"
@@ -210,7 +227,8 @@ for run in $RUNS; do
       nvrx_ready || continue
       one_run sens-nvrx $((STARTUP + WARMUP_S + n * m * (SLOW_S + HEALTHY_S))) --port 29663 --nvrx \
         --nvrx-interval-s "$NVRX_INTERVAL_S" --kinds "$kinds" --mags "$mags" --warmup-s "$WARMUP_S" \
-        --slow-s "$SLOW_S" --healthy-s "$HEALTHY_S" ;;
+        --slow-s "$SLOW_S" --healthy-s "$HEALTHY_S"
+      keep_ref sens-nvrx ;;
     nvrx-start)
       nvrx_ready || continue
       ref=$(ref_of sens-nvrx)
