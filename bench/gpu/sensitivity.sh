@@ -51,10 +51,11 @@
 #       command="bash bench/gpu/batch.sh nvrx:585:'RUNS=\"nvrx nvrx-start\" bash bench/gpu/sensitivity.sh'")
 # (both kinds in one call only with shorter phases: RUNS="schedule nvrx"
 # SLOW_S=15 HEALTHY_S=12 is 15 + 8 x 27 = 231 s a run).
-# The ~7-minute part alone: RUNS=schedule (batch part sens:450); the
-# slow-from-start job then as its own part (start:150:'RUNS=start bash
-# bench/gpu/sensitivity.sh'), sized from the step the first kept on the
-# machine. Expected wall time (estimates, not measured on a GPU): library build ~20 s,
+# The ~7-minute part alone: sens:480:'RUNS=schedule BUDGET_S=470 bash
+# bench/gpu/sensitivity.sh'; the slow-from-start job then as a part of its
+# own, start:120:'RUNS=start SKIP_BUILD=1 BUDGET_S=110 bash
+# bench/gpu/sensitivity.sh', sized from the step the first kept on the
+# machine. BUDGET_S must stay below the part's limit. Expected wall time (estimates, not measured on a GPU): library build ~20 s,
 # schedule run 375 s + ~30 s start + ~10 s agent stop, start run 45 s +
 # ~40 s: ~520 s. RUNS=schedule alone: ~440 s. BUDGET_S (570) skips a run
 # that would not fit and says so; each trainer is killed at its share.
