@@ -53,7 +53,7 @@
 # SLOW_S=15 HEALTHY_S=12 is 15 + 8 x 27 = 231 s a run).
 # The ~7-minute part alone: sens:480:'RUNS=schedule BUDGET_S=470 bash
 # bench/gpu/sensitivity.sh'; the slow-from-start job then as a part of its
-# own, start:120:'RUNS=start SKIP_BUILD=1 BUDGET_S=110 bash
+# own, start:140:'RUNS=start SKIP_BUILD=1 BUDGET_S=130 bash
 # bench/gpu/sensitivity.sh', sized from the step the first kept on the
 # machine. BUDGET_S must stay below the part's limit. Expected wall time (estimates, not measured on a GPU): library build ~20 s,
 # schedule run 375 s + ~30 s start + ~10 s agent stop, start run 45 s +
@@ -160,7 +160,7 @@ one_run() {
   # shellcheck disable=SC2086 # MODEL is a list of flags
   env "${TRAIN_ENV[@]}" "${inj[@]}" TORCHELASTIC_RUN_ID="$name" "$PY" bench/gpu/sensitivity.py train \
     --out-dir "$OUT/$name" --ranks "$RANKS" --slow-rank "$SLOW_RANK" --gpu-mode "$GPU_MODE" \
-    --kill-after $((left - 20)) "${SHARE[@]}" "${DEV_FLAGS[@]}" $MODEL "$@" >"$OUT/$name-train.log" 2>&1 || rc=$?
+    --kill-after $((left - 5)) "${SHARE[@]}" "${DEV_FLAGS[@]}" $MODEL "$@" >"$OUT/$name-train.log" 2>&1 || rc=$?
   if [ -n "$SAMPLER" ]; then kill "$SAMPLER" 2>/dev/null || true; wait "$SAMPLER" 2>/dev/null || true; SAMPLER=; fi
   if [ -n "$AGENT_PID" ]; then
     "$AGENT" status --socket "$OUT/$name.sock" --json >"$OUT/$name-status-end.json" 2>/dev/null || true
