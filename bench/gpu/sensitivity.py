@@ -510,19 +510,21 @@ def _nvrx_flags(rep, kind, rank):
     return rank in (st or [])
 
 
-def nvrx_blocks(reports, per):
+def nvrx_blocks(reports, per, steps=None):
     """An estimate of NVRx's reports at per times the interval (12: the
     shipped 60 s from 5-s reports): each block of per consecutive reports
-    becomes one report at the time of its last, every score the median of
-    the block's (None where the block has none), flagged below 0.75. The
-    scores are ratios of medians over the interval, so the median of the
-    shorter intervals' ratios stands in for them; not NVRx's own output."""
+    becomes one report at the time of its last, flagged below 0.75. Its
+    section scores are NVRx's formulas over the truth's section times of
+    the block where steps (with data_ms, fwd_ms) are given
+    (truth_section_scores), else the median of the block's scores; its GPU
+    scores are always the median of the block's (the kernel times are
+    NVRx's alone). Not NVRx's own output."""
     out = []
-    for b in range(0, len(reports), per):
-        blk = reports[b:b + per]
-        if len(blk) < per:
-            break  # a partial last interval: NVRx had not reported it yet
-        rec = {"report": b // per, "mono_ns": blk[-1]["mono_ns"], "stragglers": {}, "estimated_from": len(blk)}
+    blocks = [reports[b:b + per] for b in range(0, len(reports) - per + 1, per)]  # a partial last: not reported yet
+    truth = truth_section_scores(steps, [(blocks[i - 1][-1]["mono_ns"] if i else 0, blk[-1]["mono_ns"])
+                                         for i, blk in enumerate(blocks)]) if steps and blocks else None
+    for i, blk in enumerate(blocks):
+        rec = {"report": i, "mono_ns": blk[-1]["mono_ns"], "stragglers": {}, "estimated_from": len(blk)}
         flagged = set()
         for kind in NVRX_KINDS:
             if kind.startswith("gpu"):
@@ -531,7 +533,8 @@ def nvrx_blocks(reports, per):
                 flagged |= set(rec["stragglers"][kind])
             else:
                 secs = sorted({k for x in blk for k in x.get(kind, {})})
-                rec[kind] = {sec: _median_scores([x.get(kind, {}).get(sec, {}) for x in blk]) for sec in secs}
+                rec[kind] = truth[i][kind] if truth else {
+                    sec: _median_scores([x.get(kind, {}).get(sec, {}) for x in blk]) for sec in secs}
                 rec["stragglers"][kind] = {sec: sorted(int(r) for r, v in m.items() if v is not None and v < NVRX_THRESHOLD)
                                            for sec, m in rec[kind].items()}
                 for v in rec["stragglers"][kind].values():
@@ -539,6 +542,62 @@ def nvrx_blocks(reports, per):
         rec["flagged"] = sorted(flagged)
         out.append(rec)
     return out
+
+
+SECTIONS = (("data", "data_ms"), ("fwd", "fwd_ms"))  # NVRx's sections in train --nvrx and their truth fields
+
+
+def truth_section_scores(steps, bounds):
+    """NVRx's section scores recomputed from the truth: for each interval
+    (lo_ns, hi_ns] of bounds, per rank and section the median of its steps'
+    section time (steps ending in the interval); relative = the smallest
+    rank median / the rank's; individual = the smallest of the rank's
+    medians so far, this one included / this one (ReportGenerator's
+    formulas). Returns per interval {"sec_rel": {sec: {rank: score}},
+    "sec_ind": ...}."""
+    best = {}
+    out = []
+    for lo, hi in bounds:
+        rel, ind = {}, {}
+        for sec, field in SECTIONS:
+            med = {}
+            for r in sorted({s["rank"] for s in steps}):
+                xs = [s[field] for s in steps if s["rank"] == r and lo < s["end_ns"] <= hi and s.get(field) is not None]
+                if xs:
+                    med[r] = statistics.median(xs)
+            if not med:
+                continue
+            ref = min(med.values())
+            rel[sec] = {str(r): round(ref / m, 4) if m > 0 else None for r, m in med.items()}
+            for r, m in med.items():
+                best[(sec, r)] = min(best.get((sec, r), m), m)
+            ind[sec] = {str(r): round(best[(sec, r)] / m, 4) if m > 0 else None for r, m in med.items()}
+        out.append({"sec_rel": rel, "sec_ind": ind})
+    return out
+
+
+def nvrx_truth_check(reports, steps):
+    """How well the truth recomputes NVRx's own section scores (report by
+    report): the median and largest difference of the relative scores, and
+    the reports whose flagged section ranks differ."""
+    if not steps or not reports or not any("data_ms" in s for s in steps):
+        return None
+    rec = truth_section_scores(steps, [(reports[i - 1]["mono_ns"] if i else 0, x["mono_ns"]) for i, x in enumerate(reports)])
+    diffs, differ = [], 0
+    for live, mine in zip(reports, rec):
+        lf, mf = set(), set()
+        for sec, m in live.get("sec_rel", {}).items():
+            for r, v in m.items():
+                w = mine["sec_rel"].get(sec, {}).get(r)
+                if v is not None and w is not None:
+                    diffs.append(abs(v - w))
+                if v is not None and v < NVRX_THRESHOLD:
+                    lf.add((sec, r))
+                if w is not None and w < NVRX_THRESHOLD:
+                    mf.add((sec, r))
+        differ += lf != mf
+    return {"reports": len(reports), "median_abs_diff": round(statistics.median(diffs), 4) if diffs else None,
+            "max_abs_diff": round(max(diffs), 4) if diffs else None, "reports_flagging_differently": differ}
 
 
 def _median_scores(maps):
@@ -640,10 +699,15 @@ def analyze_run(run_dir, verdicts=None, window_s=5.0, lateness_s=2.0, consecutiv
         if len(reps) > 1:
             res["nvrx_reports"]["interval_s"] = round((reps[-1]["mono_ns"] - reps[0]["mono_ns"]) / 1e9 / (len(reps) - 1), 2)
         judged["nvrx"] = judge(phases, nvrx_obs(reps), meta["slow_rank"], limit_s)
-        blocks = nvrx_blocks(reps, nvrx_per)
+        res["nvrx_reports"]["truth_check"] = nvrx_truth_check(reps, steps)
+        from_truth = res["nvrx_reports"]["truth_check"] is not None
+        blocks = nvrx_blocks(reps, nvrx_per, steps if from_truth else None)
         est = judge(phases, nvrx_obs(blocks), meta["slow_rank"], limit_s)
-        est["estimated"] = (f"each of {len(blocks)} reports is the median of {nvrx_per} consecutive live reports' "
-                            "scores, flagged below 0.75: an estimate of a longer report interval, not NVRx's output")
+        est["estimated"] = (f"{len(blocks)} reports, one per {nvrx_per} consecutive live reports: section scores by "
+                            + ("NVRx's formulas over the truth's section times of the block" if from_truth else
+                               "the median of the block's scores")
+                            + ", GPU scores the median of the block's, flagged below 0.75; an estimate of a longer "
+                            "report interval, not NVRx's own output")
         judged[f"nvrx_x{nvrx_per}_estimate"] = est
     for j in judged.values():
         if j["baseline_step_ms"] is None and res["ref_step_ms"]:
@@ -840,8 +904,8 @@ def selftest():
         check("nvrx: false reports, one a context", nj["false"] == {"other_ranks": 1, "warmup": 0, "healthy": 0,
                                                                  "flagged_obs_false": 1, "false_alerts": 1}
               and ph["host-10-healthy"]["false_slow_rank"] == 0)
-        check("nvrx: report count and interval", allj["nvrx_reports"] == {"path": os.path.join(d, "n.jsonl"), "count": 21,
-                                                                         "interval_s": 5.0})
+        check("nvrx: report count and interval, no section truth", allj["nvrx_reports"] == {
+            "path": os.path.join(d, "n.jsonl"), "count": 21, "interval_s": 5.0, "truth_check": None})
         blocks = nvrx_blocks(reps, 4)
         check("nvrx blocks: 5 full blocks of 4, medians", len(blocks) == 5 and blocks[3]["sec_rel"]["data"]["1"] == 0.6
               and blocks[3]["flagged"] == [1] and blocks[0]["flagged"] == [] and blocks[0]["gpu_rel"]["3"] == 0.95)
@@ -850,6 +914,23 @@ def selftest():
         check("nvrx estimate: named later, no false report", eph["host-10"]["named"]
               and eph["host-10"]["time_to_verdict_s"] > ph["host-10"]["time_to_verdict_s"]
               and est["false"]["false_alerts"] == 0 and "estimate" in est["estimated"])
+        # NVRx's section formulas over the truth: rank 1's data section
+        # doubles from step 11; the second interval sees it.
+        ts = [{"rank": r, "end_ns": k * sec, "data_ms": 20.0 if r == 1 and k > 10 else 10.0, "fwd_ms": 5.0}
+              for r in range(4) for k in range(1, 21)]
+        sc = truth_section_scores(ts, [(0, 10 * sec), (10 * sec, 20 * sec)])
+        check("truth section scores", sc[0]["sec_rel"]["data"] == {"0": 1.0, "1": 1.0, "2": 1.0, "3": 1.0}
+              and sc[1]["sec_rel"]["data"]["1"] == 0.5 and sc[1]["sec_ind"]["data"]["1"] == 0.5
+              and sc[1]["sec_ind"]["data"]["0"] == 1.0 and sc[1]["sec_rel"]["fwd"]["1"] == 1.0)
+        live = [{"mono_ns": 10 * sec, "sec_rel": sc[0]["sec_rel"]}, {"mono_ns": 20 * sec, "sec_rel": sc[1]["sec_rel"]}]
+        check("truth check agrees", nvrx_truth_check(live, ts) == {
+            "reports": 2, "median_abs_diff": 0.0, "max_abs_diff": 0.0, "reports_flagging_differently": 0})
+        live[1] = {"mono_ns": 20 * sec, "sec_rel": {"data": {"0": 1.0, "1": 0.9, "2": 1.0, "3": 1.0}}}
+        tc = nvrx_truth_check(live, ts)
+        check("truth check disagrees", tc["max_abs_diff"] == 0.4 and tc["reports_flagging_differently"] == 1)
+        bl = nvrx_blocks([dict(x, report=i, gpu_rel={}, gpu_ind={}, sec_ind={}) for i, x in enumerate(live)], 1, ts)
+        check("blocks from the truth", bl[1]["sec_rel"]["data"]["1"] == 0.5 and bl[1]["flagged"] == [1]
+              and bl[0]["flagged"] == [])
         tab = side_by_side({"sens-nvrx": allj})
         check("side by side: a column per detector, a row per slow phase",
               "| phase | nvrx (sens-nvrx) | nvrx_x4_estimate (sens-nvrx) |" in tab

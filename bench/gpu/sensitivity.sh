@@ -30,7 +30,9 @@
 # exported in .nvrx/ (carry it; bench/gpu/nvrx_export.sh export, which
 # names the commit in .nvrx/COMMIT) and its CUPTI extension is built here
 # (nvrx_export.sh build). Its 60-s shipped interval is estimated from the
-# 5-s reports (the analysis says so in its output).
+# same run (sensitivity.py nvrx_blocks: section scores by NVRx's formulas
+# over the truth's section times, GPU scores the median of 12 reports; the
+# analysis says so in its output).
 #
 # The agent runs as a user runs it: bin/slowrank agent at its defaults,
 # the injection library loaded through CUDA_INJECTION64_PATH (built here by
