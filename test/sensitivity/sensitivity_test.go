@@ -123,14 +123,13 @@ func runTrainer(t *testing.T, trainer, truth string, env []string, args ...strin
 
 // truthStep is what the analysis needs of the fake trainer's step truth.
 type truthStep struct {
-	Kind     string  `json:"kind"`
-	Rank     int     `json:"rank"`
-	Step     int     `json:"step"`
-	StartNS  int64   `json:"start_ns"`
-	EndNS    int64   `json:"end_ns"`
-	StepMS   float64 `json:"step_ms"`
-	InjHost  float64 `json:"injected_host_ms"`
-	Injected bool    `json:"slowed"`
+	Kind    string  `json:"kind"`
+	Rank    int     `json:"rank"`
+	Step    int     `json:"step"`
+	StartNS int64   `json:"start_ns"`
+	EndNS   int64   `json:"end_ns"`
+	StepMS  float64 `json:"step_ms"`
+	InjHost float64 `json:"injected_host_ms"`
 }
 
 func readSteps(t *testing.T, path string) []truthStep {
