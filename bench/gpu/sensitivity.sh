@@ -110,18 +110,23 @@ gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 SHARE=()
 if [ -z "${DRY:-}" ] && [ "${gpus:-0}" -lt "$RANKS" ]; then SHARE=(--share-gpu); fi
 echo "sensitivity.sh: runs '$RUNS', $RANKS ranks on ${gpus:-0} GPU(s)${SHARE:+ (shared, per-rank NCCL_HOSTID)}, rank $SLOW_RANK slow: kinds '$KINDS' x mags '$MAGS' %, warm-up ${WARMUP_S} s, slow ${SLOW_S} s, healthy ${HEALTHY_S} s; from start $SLOW_FROM_START for ${START_S} s; gpu mode $GPU_MODE; budget ${BUDGET_S} s${DRY:+ (DRY RUN)}"
-if { [ -z "${DRY:-}" ] || [ -n "${DRY_AGENT:-}" ]; } && [ ! -x "$AGENT" ]; then
+# The agent, its library and the collector only for slowrank's runs.
+SLOWRANK_RUNS=
+for r in $RUNS; do case $r in schedule | start) SLOWRANK_RUNS=1 ;; esac; done
+if [ -n "$SLOWRANK_RUNS" ] && { [ -z "${DRY:-}" ] || [ -n "${DRY_AGENT:-}" ]; } && [ ! -x "$AGENT" ]; then
   echo "no agent binary at $AGENT: run 'make build' on the development machine and carry bin/slowrank"; exit 2
 fi
 env_info "$OUT/env.txt"
-if [ -n "${SKIP_BUILD:-}" ] && [ -f "$LIB" ]; then echo "using the carried $LIB"; else build_lib; fi
 INJ=()
-[ -z "$LIB" ] || INJ=(CUDA_INJECTION64_PATH="$LIB")
+if [ -n "$SLOWRANK_RUNS" ]; then
+  if [ -n "${SKIP_BUILD:-}" ] && [ -f "$LIB" ]; then echo "using the carried $LIB"; else build_lib; fi
+  [ -z "$LIB" ] || INJ=(CUDA_INJECTION64_PATH="$LIB")
+fi
 
 AGENT_PID= COL_PID= SAMPLER=
 trap '[ -z "$SAMPLER" ] || kill "$SAMPLER" 2>/dev/null; [ -z "$AGENT_PID" ] || kill -KILL "$AGENT_PID" 2>/dev/null || true; collector_stop' EXIT
 OTEL_FLAGS=(--otel off)
-if [ "$OTLP" = 1 ] && { [ -z "${DRY:-}" ] || [ -n "${DRY_AGENT:-}" ]; }; then
+if [ -n "$SLOWRANK_RUNS" ] && [ "$OTLP" = 1 ] && { [ -z "${DRY:-}" ] || [ -n "${DRY_AGENT:-}" ]; }; then
   if collector_start; then
     OTEL_FLAGS=()  # the default --otel auto: on, through OTEL_EXPORTER_OTLP_ENDPOINT below
   else
