@@ -193,7 +193,8 @@ def rank_main(args):
     meta = {"meta": True, "rank": rank, "world": world, "slow_rank": args.slow_rank, "device": str(dev),
             "share_gpu": args.share_gpu, "nccl_hostid": os.environ.get("NCCL_HOSTID"), "pid": os.getpid(),
             "t0_ns": t0_ns, "t0_wall": time.time() - (time.monotonic_ns() - t0_ns) / 1e9, "plan": plan,
-            "gpu_mode": args.gpu_mode, "gpu_unit_ms": work.unit_ms, "nvrx": bool(args.nvrx), "batch": args.batch,
+            "gpu_mode": args.gpu_mode, "gpu_unit_ms": work.unit_ms, "nvrx": bool(args.nvrx),
+            "nvrx_commit": os.environ.get("NVRX_COMMIT") if args.nvrx else None, "batch": args.batch,
             "sizing": sizing, "args": vars(args)}
     if cuda:
         v = torch.cuda.nccl.version()
@@ -688,7 +689,8 @@ def analyze_run(run_dir, verdicts=None, window_s=5.0, lateness_s=2.0, consecutiv
     res = {"run": os.path.basename(os.path.normpath(run_dir)), "slow_rank": meta["slow_rank"], "world": meta["world"],
            "device": meta.get("gpu", meta["device"]), "share_gpu": meta.get("share_gpu"), "gpu_mode": meta.get("gpu_mode"),
            "gpu_unit_ms": meta.get("gpu_unit_ms"), "ref_step_ms": (cal.get(meta["slow_rank"]) or {}).get("ref_step_ms"),
-           "torch": meta.get("torch"), "nccl": meta.get("nccl")}
+           "torch": meta.get("torch"), "nccl": meta.get("nccl"), "nvrx_commit": meta.get("nvrx_commit"),
+           "batch": meta.get("batch")}
     judged = {}
     if verdicts is not None:
         res["verdicts"] = verdicts
@@ -744,7 +746,8 @@ def analyze_main(argv):
     if a.md and res.get("judged"):
         with open(a.md, "w") as f:
             for name, j in res["judged"].items():
-                f.write(markdown(f"{a.title or res['run']}: {name}", j) + "\n")
+                nv = f" (NVRx {res['nvrx_commit'][:12]})" if name.startswith("nvrx") and res.get("nvrx_commit") else ""
+                f.write(markdown(f"{a.title or res['run']}: {name}{nv}", j) + "\n")
     return 0 if "error" not in res else 1
 
 

@@ -213,6 +213,8 @@ nvrx_ready() {
   bash bench/gpu/nvrx_export.sh build >"$OUT/nvrx-build.log" 2>&1 || { tail -n 20 "$OUT/nvrx-build.log"; return 1; }
   tail -n 2 "$OUT/nvrx-build.log"
   cp .nvrx/COMMIT "$OUT/nvrx-COMMIT"
+  NVRX_COMMIT=$(head -n 1 .nvrx/COMMIT)
+  export NVRX_COMMIT
   export PYTHONPATH=$ROOT/.nvrx/src:$ROOT/.nvrx/lib${PYTHONPATH:+:$PYTHONPATH}
   NVRX_READY=1
 }
