@@ -98,10 +98,11 @@ rules-test: ## check and unit-test the Prometheus alert rules (promtool, Debian'
 
 test: deps lint build fakelibs cupti-test cupti-test-tsan cupti-stress cupti-nccl-san e2e-tools unit-test fuzz-test helm-check rules-test bench-selftest ## everything CI runs
 
-bench-selftest: ## the GPU benches' analysis (bench/gpu/analyze.py: statistics, plans, parsers; nccl_plugin.py's dump pairing) on synthetic data; standard-library Python
+bench-selftest: ## the GPU benches' analysis (bench/gpu/analyze.py: statistics, plans, parsers; nccl_plugin.py's dump pairing; sensitivity.py's judge) on synthetic data; standard-library Python
 	python3 bench/gpu/analyze.py selftest
 	python3 bench/gpu/nccl_plugin.py selftest
 	python3 bench/gpu/nccl_arrival.py selftest
+	python3 bench/gpu/sensitivity.py selftest
 
 demo: deps build fakelibs ## the agent on a 4-rank fake job with one slow rank (root)
 	test/demo/demo.sh

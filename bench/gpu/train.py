@@ -615,15 +615,19 @@ def run_multi(rank, world, args):
     dist.destroy_process_group()
 
 
-def launch(args):
+def launch(args, rank_env=None):
     """Start one process per rank like torchrun: RANK etc. are in each
     process's initial environment, which is where the agent reads identity
     from. If a rank fails, or --kill-after passes, the others are stopped
-    instead of hanging in a collective."""
+    instead of hanging in a collective. rank_env(r), if given, returns
+    variables that rank r's environment adds or overrides (ranks sharing one
+    GPU: LOCAL_RANK 0 and a per-rank NCCL_HOSTID, bench/gpu/sensitivity.py)."""
     procs = []
     for r in range(args.launch):
         env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(args.launch),
                    LOCAL_WORLD_SIZE=str(args.launch), GROUP_RANK="0")
+        if rank_env is not None:
+            env.update(rank_env(r))
         procs.append(subprocess.Popen([sys.executable] + sys.argv, env=env))
 
     def stop_all(*_):

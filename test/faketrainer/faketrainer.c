@@ -233,6 +233,9 @@ static void usage(FILE *f) {
           "  --slow-factor F        scale host work and device time of the slow rank by F\n"
           "  --slow-host-ms X       host stall of X ms at the start of each slowed step\n"
           "  --slow-gpu-ms X        X ms of extra device time in each slowed step (before the first bucket)\n"
+          "  --slow-phases FROM-TO:MS[,...]  instead of --slow-from-step/--slow-to-step/--slow-host-ms: the\n"
+          "                         slow rank's host stall is MS in steps [FROM, TO) of each phase (a schedule\n"
+          "                         of magnitudes with healthy steps between: test/sensitivity)\n"
           "  --jitter J             relative uniform jitter of host and device times (default 0.02)\n"
           "  --seed N               jitter seed (default 1)\n"
           "  --host-mode sleep|spin host work sleeps (default) or burns CPU\n"
@@ -258,6 +261,54 @@ static int parse_sync(const char *v) {
   return -1;
 }
 
+/* --slow-phases: step ranges with their own host stall (a sensitivity schedule). */
+#define MAX_SLOW_PHASES 64
+static struct {
+  long from, to;
+  double host_ms;
+} g_slow_phases[MAX_SLOW_PHASES];
+static int g_n_slow_phases;
+
+static int parse_slow_phases(const char *spec) {
+  const char *p = spec;
+  g_n_slow_phases = 0;
+  while (*p) {
+    char *end;
+    long from = strtol(p, &end, 10), to;
+    double ms;
+    if (end == p || *end != '-') goto bad;
+    p = end + 1;
+    to = strtol(p, &end, 10);
+    if (end == p || *end != ':') goto bad;
+    p = end + 1;
+    ms = strtod(p, &end);
+    if (end == p || (*end != ',' && *end != 0) || from < 0 || to <= from || !(ms >= 0)) goto bad;
+    if (g_n_slow_phases == MAX_SLOW_PHASES) goto bad;
+    g_slow_phases[g_n_slow_phases].from = from;
+    g_slow_phases[g_n_slow_phases].to = to;
+    g_slow_phases[g_n_slow_phases++].host_ms = ms;
+    p = end;
+    if (*p == ',' && *++p == 0) goto bad; /* a trailing comma */
+  }
+  if (g_n_slow_phases > 0) return 0;
+bad:
+  fprintf(stderr, "faketrainer: --slow-phases %s: want FROM-TO:MS[,FROM-TO:MS...] (at most %d)\n", spec, MAX_SLOW_PHASES);
+  return -1;
+}
+
+/* Whether rank is slowed at step k, and its injected host stall. */
+static int slowed_at(int rank, long k, double *host_ms) {
+  *host_ms = O.slow_host_ms;
+  if (rank != O.slow_rank) return 0;
+  if (g_n_slow_phases == 0) return k >= O.slow_from && (O.slow_to < 0 || k < O.slow_to);
+  for (int i = 0; i < g_n_slow_phases; i++)
+    if (k >= g_slow_phases[i].from && k < g_slow_phases[i].to) {
+      *host_ms = g_slow_phases[i].host_ms;
+      return 1;
+    }
+  return 0;
+}
+
 static int parse_opts(int argc, char **argv) {
   enum {
     o_ranks = 256, o_steps, o_duration, o_step_ms, o_gpu_ms, o_buckets, o_bucket_mb, o_kernels, o_group,
@@ -265,7 +316,7 @@ static int parse_opts(int argc, char **argv) {
     o_slow_factor, o_slow_host, o_slow_gpu, o_jitter, o_seed, o_host_mode, o_dlopen, o_dlopen_delay,
     o_sleep_before, o_truth, o_bench_calls, o_bench_symbol, o_threads, o_crash_rank, o_crash_step, o_verbose,
     o_no_device_truth, o_backend, o_gloo_cuda_sync, o_gloo_wait, o_warmup_buckets, o_init_bursts, o_eval_every, o_workers,
-    o_eval_batches, o_loop_shape, o_log_every, o_epilogue, o_speedup_at, o_speedup, o_alltoall, o_bcast, o_help
+    o_eval_batches, o_loop_shape, o_log_every, o_epilogue, o_speedup_at, o_speedup, o_alltoall, o_bcast, o_slow_phases, o_help
   };
   static const struct option lo[] = {
       {"ranks", required_argument, 0, o_ranks},
@@ -316,6 +367,7 @@ static int parse_opts(int argc, char **argv) {
       {"epilogue", no_argument, 0, o_epilogue},
       {"speedup-at", required_argument, 0, o_speedup_at},
       {"speedup", required_argument, 0, o_speedup},
+      {"slow-phases", required_argument, 0, o_slow_phases},
       {"alltoall", no_argument, 0, o_alltoall},
       {"bcast", no_argument, 0, o_bcast},
       {"help", no_argument, 0, o_help},
@@ -418,6 +470,9 @@ static int parse_opts(int argc, char **argv) {
     case o_epilogue: O.epilogue = 1; break;
     case o_speedup_at: O.speedup_at = atol(optarg); break;
     case o_speedup: O.speedup = atof(optarg); break;
+    case o_slow_phases:
+      if (parse_slow_phases(optarg) != 0) return -1;
+      break;
     case o_eval_every: O.eval_every = atol(optarg); break;
     case o_workers: O.workers = atoi(optarg); break;
     case o_eval_batches: O.eval_batches = atoi(optarg); break;
@@ -1313,10 +1368,11 @@ static void run_step(struct rank_ctx *c, long k, uint64_t *rng) {
     run_shape_step(c, k, rng);
     return;
   }
-  int slowed = c->rank == O.slow_rank && k >= O.slow_from && (O.slow_to < 0 || k < O.slow_to);
+  double stall_ms;
+  int slowed = slowed_at(c->rank, k, &stall_ms);
   double f = slowed ? O.slow_factor : 1.0;
   double host = O.step_ms * f, gpu = O.gpu_ms * f;
-  double inj_host = slowed ? O.slow_host_ms : 0, inj_gpu = slowed ? O.slow_gpu_ms : 0;
+  double inj_host = slowed ? stall_ms : 0, inj_gpu = slowed ? O.slow_gpu_ms : 0;
   int K = O.kernels, B = k == 0 && O.warmup_buckets > 0 ? O.warmup_buckets : O.buckets;
 
   if (O.bcast) {
@@ -1421,7 +1477,8 @@ static void rebase(struct rank_ctx *c) {
 }
 
 static void write_step(struct rank_ctx *c, long k, uint64_t start, uint64_t end, int slowed) {
-  double step = ms_of(end - start), sync = ms_of(A.sync_ns), collw = ms_of(A.coll_wait_ns);
+  double step = ms_of(end - start), sync = ms_of(A.sync_ns), collw = ms_of(A.coll_wait_ns), stall_ms;
+  slowed_at(c->rank, k, &stall_ms);
   char dev[64] = "";
   if (c->device_end_ns) snprintf(dev, sizeof dev, "\"device_end_ns\":%" PRIu64 ",", c->device_end_ns);
   char calls[1024];
@@ -1433,7 +1490,7 @@ static void write_step(struct rank_ctx *c, long k, uint64_t start, uint64_t end,
                "\"slowed\":%s,\"injected_host_ms\":%.6f,\"injected_gpu_ms\":%.6f,%s\"calls\":{%s}}\n",
                c->job, c->rank, c->local_rank, c->world, (int)getpid(), (int)syscall(SYS_gettid), k, start, end,
                step, step - sync - collw, ms_of(A.host_ns), sync, collw, ms_of(A.nccl_ns), ms_of(A.gpu_ns),
-               slowed ? "true" : "false", slowed ? O.slow_host_ms : 0.0, slowed ? O.slow_gpu_ms : 0.0, dev, calls);
+               slowed ? "true" : "false", slowed ? stall_ms : 0.0, slowed ? O.slow_gpu_ms : 0.0, dev, calls);
   if (O.verbose)
     logf_("step %ld: step=%.3fms host=%.3fms sync_wait=%.3fms coll_wait=%.3fms%s", k, step, step - sync - collw,
           sync, collw, slowed ? " (slowed)" : "");
@@ -1727,7 +1784,8 @@ static int rank_main(char **argv) {
         break;
       }
       memset(&A, 0, sizeof A);
-      int slowed = c->rank == O.slow_rank && k >= O.slow_from && (O.slow_to < 0 || k < O.slow_to);
+      double stall_ms;
+      int slowed = slowed_at(c->rank, k, &stall_ms);
       uint64_t t0 = now_ns();
       rebase(c);
       c->host_end_ns = 0;
