@@ -33,7 +33,8 @@
  *   SLOWRANK_CUPTI_BUFFER_KB=K    buffer size in KiB (64..8192, default 1024)
  *   SLOWRANK_CUPTI_FORCE_ATTACH=1 behave as if an agent were attached (validation only)
  *   SLOWRANK_CUPTI_MODE=always|off|time:ON_MS:PERIOD_MS   initial duty mode (validation only)
- *   SLOWRANK_CUPTI_DUMP=PATH      append every batch as [u32 len][bytes] to PATH (validation only)
+ *   SLOWRANK_CUPTI_DUMP=PATH      append every batch as [u32 len][bytes] to PATH (validation only;
+ *                                 no symbolic link in PATH, a regular file of this user: open_dump)
  *
  * The same file is NCCL's profiler plugin (slowrank_nccl.c): NCCL's first
  * init of it starts the control thread when the CUDA driver has not (yet)
@@ -49,6 +50,7 @@
 #include <glob.h>
 #include <limits.h>
 #include <link.h>
+#include <linux/openat2.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -58,6 +60,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -1865,6 +1868,39 @@ int sr_runtime_start_for_plugin(void)
 	return runtime_start();
 }
 
+/* SLOWRANK_CUPTI_DUMP (validation only) in a process that may run as root:
+ * another user who plants a symbolic link where it points (a shared /tmp)
+ * must not make it append to a file of its choice. No symbolic link is
+ * followed anywhere in the path (openat2 RESOLVE_NO_SYMLINKS; where the
+ * kernel or a seccomp filter lacks it, O_NOFOLLOW on the last component),
+ * and the file must be a regular file of this user with one link (no hard
+ * link to another file, no FIFO to block on). Otherwise no dump, said on
+ * stderr whatever SLOWRANK_CUPTI_QUIET says: it was asked for. */
+static int open_dump(const char *path)
+{
+	int flags = O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
+	int fd = -1;
+	errno = ENOSYS;
+#ifdef SYS_openat2
+	struct open_how how = {.flags = (uint64_t)flags, .mode = 0644, .resolve = RESOLVE_NO_SYMLINKS};
+	fd = (int)syscall(SYS_openat2, AT_FDCWD, path, &how, sizeof(how));
+#endif
+	if (fd < 0 && (errno == ENOSYS || errno == EPERM))
+		fd = open(path, flags, 0644);
+	if (fd < 0) {
+		logline("SLOWRANK_CUPTI_DUMP=%s refused: %s%s", path, strerror(errno),
+			errno == ELOOP ? " (no symbolic link may be in the path)" : "");
+		return -1;
+	}
+	struct stat st;
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1 || st.st_uid != geteuid()) {
+		close(fd);
+		logline("SLOWRANK_CUPTI_DUMP=%s refused: not a regular file of this user with one link", path);
+		return -1;
+	}
+	return fd;
+}
+
 static int runtime_init(void)
 {
 	g.pid = getpid();
@@ -1886,7 +1922,7 @@ static int runtime_init(void)
 	initial_mode();
 	const char *dump = getenv("SLOWRANK_CUPTI_DUMP");
 	if (dump && *dump)
-		g.dump_fd = open(dump, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+		g.dump_fd = open_dump(dump);
 
 	/* Where the agent finds the handback block, and our callbacks in it. */
 	slowrank_cupti_handback.own_request = fn_addr(&(CUpti_BuffersCallbackRequestFunc){buffer_requested},
