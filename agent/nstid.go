@@ -104,7 +104,9 @@ type tidMap struct {
 	// procs are bounded by the processes the agent tracks: forget drops
 	// an exited one.
 	procs map[uint32]*nsProc
-	// now and readFile are replaced by tests.
+	// buf is the status files' read buffer (under mu: one scan at a time).
+	buf []byte
+	// now, readFile and readDir are replaced by tests.
 	now      func() time.Time
 	readFile func(name string) ([]byte, error)
 	readDir  func(name string) ([]os.DirEntry, error)
@@ -114,9 +116,14 @@ func newTIDMap(procRoot string) *tidMap {
 	if procRoot == "" {
 		procRoot = "/proc"
 	}
-	return &tidMap{root: procRoot, procs: map[uint32]*nsProc{}, now: time.Now,
-		readFile: func(name string) ([]byte, error) { return readInto(name, nil, maxStatusBytes) },
-		readDir:  os.ReadDir}
+	m := &tidMap{root: procRoot, procs: map[uint32]*nsProc{}, now: time.Now, readDir: os.ReadDir,
+		buf: make([]byte, 0, 4<<10)}
+	m.readFile = func(name string) ([]byte, error) {
+		b, err := readInto(name, m.buf, maxStatusBytes)
+		m.buf = b[:0]
+		return b, err
+	}
+	return m
 }
 
 // errTIDUnknown: the id is no thread of the process the scan found.
