@@ -40,6 +40,9 @@
 #define SR_QUIET_MAX 15
 /* Idle (no agent): the 50-ms poll, 20 a second. */
 #define SR_IDLE_MAX 30
+/* One back-off interval (200 ms) and room for a sanitizer on a loaded
+ * machine, in ms. */
+#define SR_SLACK_MAX 450
 
 static struct slowrank_cupti_control *ctl;
 static volatile uint16_t *sem;
@@ -139,7 +142,7 @@ int main(int argc, char **argv)
 	/* late */
 	double late = decide();
 	printf("test_quiet: a late decision taken after %.1f ms\n", late);
-	if (late > 300)
+	if (late > SR_SLACK_MAX)
 		FAIL("a late decision waited %.1f ms, more than one back-off interval (200 ms) and slack", late);
 
 	/* prompt */
@@ -165,7 +168,7 @@ int main(int argc, char **argv)
 	double ended = (double)(now_ns() - t0) / 1e6;
 	double after = rate(1000);
 	printf("test_quiet: agent gone: the wait ended after %.1f ms, then %.1f wake-ups/s\n", ended, after);
-	if (ended > 300 || after > SR_IDLE_MAX)
+	if (ended > SR_SLACK_MAX || after > SR_IDLE_MAX)
 		FAIL("after the agent left: wait ended after %.1f ms, %.1f wake-ups/s", ended, after);
 	printf("test_quiet: ok\n");
 	return 0;

@@ -39,7 +39,8 @@ func TestDeviceRecordsFlowFromAPIDNamespace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const runMS = 8000
+	// Long enough for a loaded machine; stopped once records flowed.
+	const runMS = 20000
 	cmd := exec.Command(unshare, "--pid", "--fork", "--mount-proc", "--kill-child",
 		tl.injectee, filepath.Join(bin, "libslowrank_cupti.so"), fmt.Sprint(runMS), "launch")
 	cmd.Env = append(cleanEnv(), markOf(t)+"=1", "RANK=0", "WORLD_SIZE=1", "SLOWRANK_CUPTI_QUIET=1",
@@ -57,6 +58,10 @@ func TestDeviceRecordsFlowFromAPIDNamespace(t *testing.T) {
 		if st, err = ag.status(); err == nil {
 			flowing = st.Counters["device_records"] > 0
 		}
+	}
+	if flowing {
+		time.Sleep(time.Second) // a yield, if any, would follow the library's first calls
+		cmd.Process.Kill()      // --kill-child: the injectee goes with unshare
 	}
 	cmd.Wait()
 	f.Close()
