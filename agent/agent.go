@@ -207,6 +207,7 @@ func New(cfg Config) (*Agent, error) {
 		started:    time.Now(),
 		startTicks: selfStartTicks(),
 	}
+	a.conv.tids = newTIDMap(cfg.ProcRoot)
 	a.att = newAttacher(a)
 	pc := pipeline.Config{Log: log, Correlator: correlate.New(cfg.Correlate), Detector: det, Sinks: cfg.Sinks, Dump: cfg.Dump, Count: c.add}
 	if duty != nil { // a nil *Duty in the interface would not read as nil

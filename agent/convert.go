@@ -31,6 +31,9 @@ type converter struct {
 	// ncclPlugin: profiler-plugin records replace the libnccl uprobes
 	// (Config.NCCLPlugin); off, they are counted and ignored.
 	ncclPlugin bool
+	// tids translates the plugin records' thread ids (the process's PID
+	// namespace's) into the uprobes' (the host's); nil: as they come.
+	tids *tidMap
 }
 
 type convProc struct {
@@ -83,6 +86,7 @@ func (c *converter) forgetPID(pid uint32) {
 	defer c.mu.Unlock()
 	delete(c.procs, pid)
 	c.names.Forget(pid)
+	c.tids.forget(pid)
 }
 
 // convert appends the correlate inputs of ev to out. Only batches touch the
@@ -138,8 +142,6 @@ func (c *converter) convert(ev bpf.Event, out []pipeline.Input) []pipeline.Input
 	case *bpf.CUPTICallEvent:
 		return append(out, pipeline.OtherInput(CUPTICall{PID: e.PID, TID: e.TID, Fn: e.Probe, Arg: e.Arg, Arg2: e.Arg2, TimeNs: int64(e.StartNs)}))
 	case *bpf.BatchEvent:
-		c.mu.Lock()
-		defer c.mu.Unlock()
 		return c.batch(e, out)
 	}
 	c.counters.add("events_unknown", 1)
@@ -211,6 +213,9 @@ func (c *converter) batch(e *bpf.BatchEvent, out []pipeline.Input) []pipeline.In
 	}
 	c.counters.add("batches", 1)
 	pid := e.PID
+	c.hostTIDs(pid, b.NCCLColls) // reads /proc: before the lock
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	p := c.proc(pid)
 	c.deviceLatency(&b, int64(e.EndNs))
 	if len(b.Names) > 0 {

@@ -243,6 +243,31 @@ func (c *converter) ncclGroupEnd(e *bpf.GroupEvent) {
 	c.mu.Unlock()
 }
 
+// hostTIDs gives the plugin's records of process pid the host's thread
+// ids, which the uprobes' calls carry (nstid.go). A record whose thread is
+// gone before it was seen keeps its namespace's id: it matches no uprobe
+// call, so at a switch of capture path it may be counted twice, never lost
+// (nccl_plugin_tids_unmapped).
+func (c *converter) hostTIDs(pid uint32, colls []cupti.NCCLColl) {
+	if c.tids == nil || !c.ncclPlugin {
+		return
+	}
+	var from, to uint32 // the last translation: a batch is mostly one thread's
+	for i := range colls {
+		if tid := colls[i].TID; tid == from && from != 0 {
+			colls[i].TID = to
+			continue
+		}
+		h, err := c.tids.host(pid, colls[i].TID)
+		if err != nil {
+			c.counters.add("nccl_plugin_tids_unmapped", 1)
+			continue
+		}
+		from, to = colls[i].TID, h
+		colls[i].TID = h
+	}
+}
+
 // ncclRecords converts the plugin's records of one batch. Caller holds c.mu.
 func (c *converter) ncclRecords(pid uint32, p *convProc, b *cupti.Batch, emitted int64, out []pipeline.Input) []pipeline.Input {
 	if !c.ncclPlugin {

@@ -208,9 +208,17 @@ func (t *attacher) tendOne(pe *procEntry, now int64) error {
 		pe.ctlAddr = 0
 		return err
 	}
+	// The library publishes its control thread's id in its own PID
+	// namespace, the uprobes report the host's (nstid.go). Until it is
+	// translated, no decision is written: the library keeps waiting rather
+	// than take its own calls for another client's.
+	ctl, err := t.a.conv.tids.host(uint32(pe.proc.PID), cb.Status.CtlTID)
+	if err != nil {
+		return fmt.Errorf("control thread %d: %w", cb.Status.CtlTID, err)
+	}
 	cs := &pe.cupti
 	cs.lastBlock, cs.read = cb, true
-	cs.track.ctlTID = cb.Status.CtlTID
+	cs.track.ctlTID = ctl
 	waiting := cb.Status.Flags&cupti.StatusWaiting != 0
 	if waiting {
 		cs.track.attached(now, cb.Status.Flags&cupti.StatusForeignSubscriber != 0)

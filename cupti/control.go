@@ -66,7 +66,7 @@ type Status struct {
 	Records           uint64
 	CUPTIDropped      uint64
 	LibDropped        uint64
-	HeartbeatNs       uint64 // CLOCK_MONOTONIC of the control thread's last poll (every <= 50 ms)
+	HeartbeatNs       uint64 // CLOCK_MONOTONIC of the control thread's last poll (every <= 50 ms; <= 200 ms while waiting undecided for the first yield decision)
 	CUPTIVersion      uint32 // cuptiGetVersion of the loaded libcupti
 	// CtlTID is the library's control thread: CUPTI calls from it are the
 	// library's own, calls from any other thread another client's.

@@ -150,6 +150,8 @@ $(CUPTI_TEST_OUT)/$(1)/test_stress: $(CUPTI_STRESS_DEPS) $(CUPTI_DIR)/cupti.mk
 	$(CUPTI_CC) $(CUPTI_CFLAGS) -Wno-tsan $(2) -o $$@ $(CUPTI_DIR)/test_stress.c -ldl -lpthread
 $(CUPTI_TEST_OUT)/$(1)/test_drain: $(CUPTI_TEST_OUT)/$(1)/test_stress $(CUPTI_DIR)/test_drain.c $(CUPTI_TEST_HDRS)
 	$(CUPTI_CC) $(CUPTI_CFLAGS) -Wno-tsan $(2) -o $$@ $(CUPTI_DIR)/test_drain.c -ldl -lpthread
+$(CUPTI_TEST_OUT)/$(1)/test_quiet: $(CUPTI_TEST_OUT)/$(1)/test_stress $(CUPTI_DIR)/test_quiet.c $(CUPTI_TEST_HDRS)
+	$(CUPTI_CC) $(CUPTI_CFLAGS) -Wno-tsan $(2) -o $$@ $(CUPTI_DIR)/test_quiet.c -ldl -lpthread
 endef
 CUPTI_SAN_asan := -fsanitize=address,undefined -fno-omit-frame-pointer
 CUPTI_SAN_tsan := -fsanitize=thread
@@ -162,9 +164,23 @@ $(eval $(call cupti_stress_build,plain,))
 .PHONY: cupti-stress-plain
 cupti-stress-plain: $(CUPTI_TEST_OUT)/plain/test_stress
 
+# The control thread's wake-ups while an agent attached but never decided
+# (test_quiet.c), unsanitized: it prints the measured wake-ups a second.
+.PHONY: cupti-quiet
+cupti-quiet: $(CUPTI_TEST_OUT)/plain/test_quiet
+	timeout 60 $(CUPTI_TEST_OUT)/plain/test_quiet $(CUPTI_TEST_OUT)/plain/libslowrank_cupti.so \
+		$(CUPTI_TEST_OUT)/plain/libcupti.so
+
 .PHONY: cupti-stress
 cupti-stress: $(CUPTI_TEST_OUT)/asan/test_stress $(CUPTI_TEST_OUT)/tsan/test_stress \
-		$(CUPTI_TEST_OUT)/asan/test_drain $(CUPTI_TEST_OUT)/tsan/test_drain
+		$(CUPTI_TEST_OUT)/asan/test_drain $(CUPTI_TEST_OUT)/tsan/test_drain \
+		$(CUPTI_TEST_OUT)/asan/test_quiet $(CUPTI_TEST_OUT)/tsan/test_quiet
+	ASAN_OPTIONS=abort_on_error=1:detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+		timeout 60 $(CUPTI_TEST_OUT)/asan/test_quiet $(CUPTI_TEST_OUT)/asan/libslowrank_cupti.so \
+		$(CUPTI_TEST_OUT)/asan/libcupti.so
+	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+		timeout 60 $(CUPTI_TEST_OUT)/tsan/test_quiet $(CUPTI_TEST_OUT)/tsan/libslowrank_cupti.so \
+		$(CUPTI_TEST_OUT)/tsan/libcupti.so
 	ASAN_OPTIONS=abort_on_error=1:detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 		timeout 60 $(CUPTI_TEST_OUT)/asan/test_drain $(CUPTI_TEST_OUT)/asan/libslowrank_cupti.so \
 		$(CUPTI_TEST_OUT)/asan/libcupti.so

@@ -481,7 +481,8 @@ struct slowrank_nccl_status {
  *   1. write generation = g+1 (odd: update in progress),
  *   2. write the fields between `mode` and `name_resend`,
  *   3. write generation = g+2 (even).
- * The library polls every <= 50 ms and applies a configuration only when it
+ * The library polls every <= 50 ms (<= 200 ms while it waits undecided for
+ * its first yield decision, see Yield) and applies a configuration only when it
  * reads the same even generation before and after copying the fields.
  * `step` is written alone (aligned u64) at step boundaries, outside that
  * protocol. Fields from `state` to `reserved1` and from `ctl_tid` on are
@@ -499,10 +500,13 @@ struct slowrank_nccl_status {
  * global activity switches and its one pair of buffer callbacks (CUPTI
  * before 13.3 / driver r610 has one activity client per process). The agent
  * watches libcupti's entry points (uprobes) for calls from any thread but
- * `ctl_tid` and decides: it writes `foreign_since_ns` (time of the other
- * client's first call), `yield`, then advances `cupti_gen`. After an attach
- * the library makes no CUPTI call until `cupti_gen` moves (the agent has
- * looked); while `yield` is non-zero it makes none either, except to enable
+ * `ctl_tid` (gettid() in the process's PID namespace: the agent maps it to
+ * the host's id, which its uprobes see, through NSpid in /proc) and
+ * decides: it writes `foreign_since_ns` (time of the other client's first
+ * call), `yield`, then advances `cupti_gen`. After an attach the library
+ * makes no CUPTI call until `cupti_gen` moves (the agent has looked; the
+ * library polls for it every 1 ms for 500 ms, then backs off to 200 ms);
+ * while `yield` is non-zero it makes none either, except to enable
  * again the kinds it disabled after foreign_since_ns (they are the other
  * client's now). When `yield` drops to 0 it registers its callbacks and
  * clock again and resumes; buffers it had given CUPTI count as orphaned.

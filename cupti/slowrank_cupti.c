@@ -33,7 +33,8 @@
  *   SLOWRANK_CUPTI_BUFFER_KB=K    buffer size in KiB (64..8192, default 1024)
  *   SLOWRANK_CUPTI_FORCE_ATTACH=1 behave as if an agent were attached (validation only)
  *   SLOWRANK_CUPTI_MODE=always|off|time:ON_MS:PERIOD_MS   initial duty mode (validation only)
- *   SLOWRANK_CUPTI_DUMP=PATH      append every batch as [u32 len][bytes] to PATH (validation only)
+ *   SLOWRANK_CUPTI_DUMP=PATH      append every batch as [u32 len][bytes] to PATH (validation only;
+ *                                 no symbolic link in PATH, a regular file of this user: open_dump)
  *
  * The same file is NCCL's profiler plugin (slowrank_nccl.c): NCCL's first
  * init of it starts the control thread when the CUDA driver has not (yet)
@@ -49,6 +50,7 @@
 #include <glob.h>
 #include <limits.h>
 #include <link.h>
+#include <linux/openat2.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -58,6 +60,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -168,6 +171,19 @@ static const CUpti_ActivityKind sr_kinds[] = {
  * every millisecond for this long: the other client's callbacks may follow
  * the yield decision. */
 #define SR_HANDBACK_POLL_NS (50ull * 1000000ull)
+/* Attached and waiting for the agent's first yield decision: poll every
+ * millisecond for SR_WAIT_FAST_NS (the agent decides within one of its
+ * 200-ms ticks of the attach, and a client that starts between its decision
+ * and this library's registration would lose its callbacks to it), then
+ * back off, doubling the interval up to SR_WAIT_POLL_MAX_NS. An agent that
+ * attached but never decides (the process is over its quota, found while
+ * paused, another agent's, or its memory not writable) then costs five
+ * wake-ups a second, not a thousand; a late decision is acted on within one
+ * interval, never longer than the wait so far. An agent that is gone drops
+ * the semaphore (the kernel removes the uprobe with its last link, also
+ * after SIGKILL): on_detach ends the wait. */
+#define SR_WAIT_FAST_NS (500ull * 1000000ull)
+#define SR_WAIT_POLL_MAX_NS (200ull * 1000000ull)
 
 struct pool_slot {
 	_Atomic int given;    /* 1 while CUPTI holds it */
@@ -204,9 +220,10 @@ static struct {
 
 	struct cupti_api api;
 	int loaded;
-	int ready;   /* callbacks registered */
-	int refused; /* CUPTI refused during this attach epoch */
-	int waiting; /* attached, the agent has not decided about other CUPTI clients yet */
+	int ready;                      /* callbacks registered */
+	int refused;                    /* CUPTI refused during this attach epoch */
+	int waiting;                    /* attached, the agent has not decided about other CUPTI clients yet */
+	uint64_t wait_since, wait_poll; /* the wait's start and poll interval (SR_WAIT_*) */
 	uint32_t seen_cupti_gen;
 	int yielded; /* another CUPTI client is active: no CUPTI calls */
 	uint64_t yield_since;
@@ -1351,6 +1368,8 @@ static void on_attach(uint64_t now)
 	set_status_flag(SLOWRANK_STATUS_FOREIGN_SUBSCRIBER, foreign_subscriber());
 	g.seen_cupti_gen = __atomic_load_n(&slowrank_cupti_control.cupti_gen, __ATOMIC_ACQUIRE);
 	g.waiting = 1;
+	g.wait_since = now;
+	g.wait_poll = 1000000ull;
 	set_status_flag(SLOWRANK_STATUS_WAITING, 1);
 	set_state(SLOWRANK_STATE_OFF_PHASE);
 	g.last_flush = g.last_stats = now;
@@ -1442,18 +1461,24 @@ static void stop_yield(uint64_t now)
 	DEBUGF("the other CUPTI client is gone: resuming");
 }
 
+/* The next poll while waiting for the agent's first decision (SR_WAIT_*). */
+static uint64_t wait_poll_ns(uint64_t now)
+{
+	if (now - g.wait_since < SR_WAIT_FAST_NS)
+		return 1000000ull;
+	g.wait_poll = g.wait_poll >= SR_WAIT_POLL_MAX_NS / 2 ? SR_WAIT_POLL_MAX_NS : 2 * g.wait_poll;
+	return g.wait_poll;
+}
+
 /* The agent's decision about other CUPTI clients; 1 while CUPTI must not
- * be touched. */
-static int yield_gate(uint64_t now)
+ * be touched. While waiting for the first one, *wake is the next poll. */
+static int yield_gate(uint64_t now, uint64_t *wake)
 {
 	struct slowrank_cupti_control *c = &slowrank_cupti_control;
 	uint32_t gen = __atomic_load_n(&c->cupti_gen, __ATOMIC_ACQUIRE);
 	if (g.waiting) {
 		if (gen == g.seen_cupti_gen) {
-			/* Act on the decision within a millisecond: a client that
-			 * starts between the decision and this library's first
-			 * registration would lose its callbacks to it. */
-			fast_poll_until(now + 2ull * 1000000ull);
+			*wake = wait_poll_ns(now);
 			return 1;
 		}
 		g.waiting = 0;
@@ -1512,7 +1537,7 @@ static int hand_back_due(uint64_t now)
 /* One poll while attached; *wake gets the time to the next boundary. */
 static void attached_tick(uint64_t now, uint64_t *wake)
 {
-	if (yield_gate(now) || !g.loaded || g.refused)
+	if (yield_gate(now, wake) || !g.loaded || g.refused)
 		return;
 	if (atomic_exchange(&g.foreign_clock, 0)) {
 		/* Another client replaced our clock: it is starting. Touch
@@ -1843,6 +1868,39 @@ int sr_runtime_start_for_plugin(void)
 	return runtime_start();
 }
 
+/* SLOWRANK_CUPTI_DUMP (validation only) in a process that may run as root:
+ * another user who plants a symbolic link where it points (a shared /tmp)
+ * must not make it append to a file of its choice. No symbolic link is
+ * followed anywhere in the path (openat2 RESOLVE_NO_SYMLINKS; where the
+ * kernel or a seccomp filter lacks it, O_NOFOLLOW on the last component),
+ * and the file must be a regular file of this user with one link (no hard
+ * link to another file, no FIFO to block on). Otherwise no dump, said on
+ * stderr whatever SLOWRANK_CUPTI_QUIET says: it was asked for. */
+static int open_dump(const char *path)
+{
+	int flags = O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
+	int fd = -1;
+	errno = ENOSYS;
+#ifdef SYS_openat2
+	struct open_how how = {.flags = (uint64_t)flags, .mode = 0644, .resolve = RESOLVE_NO_SYMLINKS};
+	fd = (int)syscall(SYS_openat2, AT_FDCWD, path, &how, sizeof(how));
+#endif
+	if (fd < 0 && (errno == ENOSYS || errno == EPERM))
+		fd = open(path, flags, 0644);
+	if (fd < 0) {
+		logline("SLOWRANK_CUPTI_DUMP=%s refused: %s%s", path, strerror(errno),
+			errno == ELOOP ? " (no symbolic link may be in the path)" : "");
+		return -1;
+	}
+	struct stat st;
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1 || st.st_uid != geteuid()) {
+		close(fd);
+		logline("SLOWRANK_CUPTI_DUMP=%s refused: not a regular file of this user with one link", path);
+		return -1;
+	}
+	return fd;
+}
+
 static int runtime_init(void)
 {
 	g.pid = getpid();
@@ -1864,7 +1922,7 @@ static int runtime_init(void)
 	initial_mode();
 	const char *dump = getenv("SLOWRANK_CUPTI_DUMP");
 	if (dump && *dump)
-		g.dump_fd = open(dump, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+		g.dump_fd = open_dump(dump);
 
 	/* Where the agent finds the handback block, and our callbacks in it. */
 	slowrank_cupti_handback.own_request = fn_addr(&(CUpti_BuffersCallbackRequestFunc){buffer_requested},

@@ -145,9 +145,22 @@ struct op_slot {
 struct comm_slot {
 	_Atomic int state;
 	uint8_t version;
+	int8_t mask; /* its NCCL copy's entry of P.masks (-1: none); under mask_mu */
 	uint64_t hash;
 	int32_t rank, nranks, nnodes;
 	uint64_t init_ns;
+};
+
+/* NCCL's process-wide ncclProfilerEventMask of one copy of libnccl (a
+ * process may load two: torch's and another's). Each copy passes its own
+ * to init; the control thread writes every one that a live communicator
+ * registered, and none after that copy's last communicator finalized: NCCL
+ * may unload itself then, and the mask with it. */
+#define N_MASKS 8
+struct mask_ref {
+	int *ptr;
+	uint32_t refs; /* live communicators of this copy (0: free entry) */
+	int written;   /* last value stored */
 };
 
 /* What a ring cell carries; records are final but for kernel timers
@@ -189,11 +202,10 @@ static struct {
 	uint64_t deq; /* control thread only */
 
 	/* mask */
-	pthread_mutex_t mask_mu;  /* init, finalize and the control thread: never the hot path */
-	int *mask_ptr;            /* NCCL's ncclProfilerEventMask */
-	_Atomic int desired;      /* what init stores (the control thread keeps it current) */
-	int written;              /* last value the control thread stored */
-	_Atomic uint32_t version; /* API version NCCL bound (4, 5, 6) */
+	pthread_mutex_t mask_mu;        /* init, finalize and the control thread: never the hot path */
+	struct mask_ref masks[N_MASKS]; /* one per NCCL copy with a live communicator */
+	_Atomic int desired;            /* what init stores (the control thread keeps it current) */
+	_Atomic uint32_t version;       /* API version NCCL bound (4, 5, 6) */
 	_Atomic int live;
 
 	/* clock: CLOCK_MONOTONIC - CLOCK_REALTIME */
@@ -851,6 +863,25 @@ static void queue_comm(const struct comm_slot *cs, uint16_t id, uint8_t flags, u
 	ring_publish(c, pos);
 }
 
+/* The entry of P.masks for mask, taken or made (-1: no room). Caller
+ * holds mask_mu and has just stored the current value into *mask. */
+static int mask_register(int *mask)
+{
+	int fr = -1;
+	for (int i = 0; i < N_MASKS; i++) {
+		if (P.masks[i].refs > 0 && P.masks[i].ptr == mask) {
+			P.masks[i].refs++;
+			P.masks[i].written = *mask;
+			return i;
+		}
+		if (P.masks[i].refs == 0 && fr < 0)
+			fr = i;
+	}
+	if (fr >= 0)
+		P.masks[fr] = (struct mask_ref){.ptr = mask, .refs = 1, .written = *mask};
+	return fr;
+}
+
 static sr_nccl_result_t do_init(unsigned version, void **ctx, int *mask, uint64_t hash, int nnodes, int nranks,
 				int rank)
 {
@@ -863,15 +894,6 @@ static sr_nccl_result_t do_init(unsigned version, void **ctx, int *mask, uint64_
 	if (!ctx || !mask)
 		return SR_NCCL_INTERNAL_ERROR;
 	uint64_t now = now_ns();
-	pthread_mutex_lock(&P.mask_mu);
-	P.mask_ptr = mask;
-	/* NCCL stores whatever init leaves here into the process-wide mask:
-	 * keep the one the control thread decided (0 until an agent attaches). */
-	*mask = atomic_load(&P.desired);
-	P.written = *mask; /* so the control thread stores again only on a change of its own */
-	atomic_store(&P.version, version);
-	pthread_mutex_unlock(&P.mask_mu);
-
 	struct comm_slot *cs = NULL;
 	for (uint32_t i = 0; i < N_COMM; i++) {
 		int expect = COMM_FREE;
@@ -880,6 +902,22 @@ static sr_nccl_result_t do_init(unsigned version, void **ctx, int *mask, uint64_
 			break;
 		}
 	}
+	pthread_mutex_lock(&P.mask_mu);
+	/* NCCL stores whatever init leaves here into the process-wide mask:
+	 * keep the one the control thread decided (0 until an agent attaches). */
+	*mask = atomic_load(&P.desired);
+	if (cs) {
+		cs->mask = mask_register(mask);
+		if (cs->mask < 0) {
+			/* More copies of NCCL than entries: this one's mask could
+			 * not be kept current, so it stays 0 (never recorded). */
+			*mask = 0;
+			atomic_store_explicit(&cs->state, COMM_FREE, memory_order_release);
+			cs = NULL;
+		}
+	}
+	atomic_store(&P.version, version);
+	pthread_mutex_unlock(&P.mask_mu);
 	ST(slowrank_nccl_status.api_version, version);
 	if (LD(slowrank_nccl_status.first_init_ns) == 0)
 		ST(slowrank_nccl_status.first_init_ns, now);
@@ -916,9 +954,11 @@ static sr_nccl_result_t do_finalize(void *ctx)
 	int left = atomic_fetch_sub(&P.live, 1) - 1;
 	ST(slowrank_nccl_status.live_comms, (uint32_t)(left < 0 ? 0 : left));
 	pthread_mutex_lock(&P.mask_mu);
-	/* NCCL may unload itself after its last comm: stop writing into it. */
-	if (left <= 0)
-		P.mask_ptr = NULL;
+	/* NCCL may unload itself after its last comm: stop writing into its
+	 * mask (another copy's stays current). */
+	if (cs->mask >= 0 && --P.masks[cs->mask].refs == 0)
+		P.masks[cs->mask].ptr = NULL;
+	cs->mask = -1;
 	/* Free the slot while holding the mask mutex: the control thread's
 	 * re-send reads live slots under it too. */
 	atomic_store_explicit(&cs->state, COMM_FREE, memory_order_release);
@@ -1037,13 +1077,14 @@ void sr_nccl_set_mask(int attached, int kernel_on)
 	}
 	atomic_store(&P.desired, m);
 	pthread_mutex_lock(&P.mask_mu);
-	if (P.mask_ptr && m != P.written) {
+	for (int i = 0; i < N_MASKS; i++) {
+		struct mask_ref *r = &P.masks[i];
+		if (r->refs == 0 || m == r->written)
+			continue;
 		/* One aligned int; NCCL copies it into each operation it enqueues
 		 * (another writer, NCCL's RAS override, wins until ours changes). */
-		__atomic_store_n(P.mask_ptr, m, __ATOMIC_RELAXED);
-		P.written = m;
-	} else if (!P.mask_ptr) {
-		P.written = -1; /* the next init stores `desired` itself */
+		__atomic_store_n(r->ptr, m, __ATOMIC_RELAXED);
+		r->written = m;
 	}
 	pthread_mutex_unlock(&P.mask_mu);
 	ST(slowrank_nccl_status.mask, (uint32_t)m);

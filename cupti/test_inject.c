@@ -10,6 +10,11 @@
  *             uprobe; without a driver CUPTI refuses and the library backs off
  *   control   the agent's seqlock protocol on the control block is applied
  *   disabled  SLOWRANK_CUPTI_DISABLE=1
+ *   dump      SLOWRANK_CUPTI_DUMP appends the batches to a file of its own
+ *   dump_symlink, dump_hardlink, dump_dirlink
+ *             SLOWRANK_CUPTI_DUMP at a symbolic link, a hard link of another
+ *             file, or through a linked directory: refused with a line on
+ *             stderr, the other file untouched
  * Each scenario runs in its own child process (InitializeInjection runs once
  * per process) with a deadline, so a hang or a crash fails the test.
  *
@@ -219,6 +224,122 @@ static void scenario_disabled(void)
 		FAIL("thread started although disabled");
 }
 
+/* A directory of the scenario's own, and stderr into a file in it. */
+static char dump_dir[64];
+
+static void dump_setup(void)
+{
+	strcpy(dump_dir, "/tmp/sr-test-dump-XXXXXX");
+	if (!mkdtemp(dump_dir))
+		FAIL("mkdtemp");
+	char p[128];
+	snprintf(p, sizeof(p), "%s/stderr", dump_dir);
+	if (!freopen(p, "w", stderr))
+		FAIL("stderr to %s", p);
+	setenv("SLOWRANK_CUPTI_LIB", "/nonexistent/libcupti.so", 1); /* the same batches wherever it runs */
+}
+
+/* Removes what the dump scenarios made. */
+static void dump_cleanup(void)
+{
+	const char *names[] = {"own.dump", "victim", "link", "hard", "dirlink", "stderr"};
+	char p[128];
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+		snprintf(p, sizeof(p), "%s/%s", dump_dir, names[i]);
+		unlink(p);
+	}
+	rmdir(dump_dir);
+}
+
+static long file_size(const char *dir, const char *name)
+{
+	char p[160];
+	snprintf(p, sizeof(p), "%s/%s", dir, name);
+	FILE *f = fopen(p, "r");
+	if (!f)
+		return -1;
+	fseek(f, 0, SEEK_END);
+	long n = ftell(f);
+	fclose(f);
+	return n;
+}
+
+/* Raises the semaphore (an attach emits a batch) and waits for one. */
+static void attach_and_emit(void)
+{
+	struct syms s = open_lib();
+	if (s.init() != 1)
+		FAIL("InitializeInjection != 1");
+	__atomic_store_n(s.sem, 1, __ATOMIC_RELAXED);
+	if (!WAIT_FOR(load64(&s.ctl->batches) > 0, 2000))
+		FAIL("no batch after the attach");
+	sleep_ms(50);
+	__atomic_store_n(s.sem, 0, __ATOMIC_RELAXED);
+}
+
+static void scenario_dump(void)
+{
+	dump_setup();
+	char p[128];
+	snprintf(p, sizeof(p), "%s/own.dump", dump_dir);
+	setenv("SLOWRANK_CUPTI_DUMP", p, 1);
+	attach_and_emit();
+	if (file_size(dump_dir, "own.dump") <= 0)
+		FAIL("nothing dumped to %s", p);
+	dump_cleanup();
+}
+
+/* SLOWRANK_CUPTI_DUMP at name, planted by another user to reach victim. */
+static void dump_refused(const char *name)
+{
+	dump_setup();
+	char victim[128], p[160];
+	snprintf(victim, sizeof(victim), "%s/victim", dump_dir);
+	FILE *f = fopen(victim, "w");
+	if (!f || fputs("keep\n", f) < 0 || fclose(f) != 0)
+		FAIL("write %s", victim);
+	snprintf(p, sizeof(p), "%s/link", dump_dir);
+	if (symlink(victim, p) != 0)
+		FAIL("symlink");
+	snprintf(p, sizeof(p), "%s/hard", dump_dir);
+	if (link(victim, p) != 0)
+		FAIL("link");
+	snprintf(p, sizeof(p), "%s/dirlink", dump_dir);
+	if (symlink(dump_dir, p) != 0)
+		FAIL("symlink");
+	snprintf(p, sizeof(p), "%s/%s", dump_dir, name);
+	setenv("SLOWRANK_CUPTI_DUMP", p, 1);
+	attach_and_emit();
+	fflush(stderr);
+	if (file_size(dump_dir, "victim") != 5)
+		FAIL("SLOWRANK_CUPTI_DUMP=%s wrote into another file (%ld bytes)", name, file_size(dump_dir, "victim"));
+	char log[4096] = {0};
+	snprintf(p, sizeof(p), "%s/stderr", dump_dir);
+	f = fopen(p, "r");
+	if (!f || fread(log, 1, sizeof(log) - 1, f) == 0 || !strstr(log, "SLOWRANK_CUPTI_DUMP=") ||
+	    !strstr(log, "refused"))
+		FAIL("no refusal on stderr for %s: %s", name, log);
+	if (f)
+		fclose(f);
+	printf("  %s: %s", name, log);
+	dump_cleanup();
+}
+
+static void scenario_dump_symlink(void)
+{
+	dump_refused("link");
+}
+
+static void scenario_dump_hardlink(void)
+{
+	dump_refused("hard");
+}
+
+static void scenario_dump_dirlink(void)
+{
+	dump_refused("dirlink/victim");
+}
+
 static int run(const char *name, void (*fn)(void))
 {
 	printf("--- %s\n", name);
@@ -262,8 +383,15 @@ int main(int argc, char **argv)
 		const char *name;
 		void (*fn)(void);
 	} sc[] = {
-		{"plain", scenario_plain},     {"nolib", scenario_nolib},       {"attach", scenario_attach},
-		{"control", scenario_control}, {"disabled", scenario_disabled},
+		{"plain", scenario_plain},
+		{"nolib", scenario_nolib},
+		{"attach", scenario_attach},
+		{"control", scenario_control},
+		{"disabled", scenario_disabled},
+		{"dump", scenario_dump},
+		{"dump_symlink", scenario_dump_symlink},
+		{"dump_hardlink", scenario_dump_hardlink},
+		{"dump_dirlink", scenario_dump_dirlink},
 	};
 	int passed = 0, failed = 0;
 	for (size_t i = 0; i < sizeof(sc) / sizeof(sc[0]); i++) {

@@ -22,6 +22,8 @@
  *   toggle    duty cycle: kernel-channel events on and off at run time
  *   nokch     the agent's NO_KERNELCH flag: none in an on-phase, back when
  *             the flag is cleared
+ *   twocopies two copies of NCCL, each with its own mask: both kept current,
+ *             the one that unloaded never written again
  *   skew      a GPU clock 300 us ahead: the host's sightings of the ends set
  *             the offset, nothing clamped or flagged
  *   behind    a GPU clock 2 ms behind (the H200's was 0.43 ms): the same,
@@ -48,6 +50,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1093,6 +1096,43 @@ static void sc_nokch(void)
 	exit(0);
 }
 
+/* Two copies of NCCL in one process, each with its own mask: the second
+ * one's last communicator finalizes and the copy unloads (its mask page
+ * unmapped); the control thread's next mask change reaches the first copy
+ * and never the unmapped page (a write there is SIGSEGV). */
+static void sc_twocopies(void)
+{
+	child_env(1, "always");
+	if (fp_load() != 5)
+		FAIL("not bound");
+	const sr_nccl_profiler_v5_t *p5 = fp_plugin();
+	struct fp_comm *a = fp_comm_init(11, 2, 0);
+	if (!wait_mask(SR_NCCL_PROFILE_COLL | SR_NCCL_PROFILE_KERNEL_CH, 2000))
+		FAIL("first copy's mask never set: %#x", fp_mask());
+	long page = sysconf(_SC_PAGESIZE);
+	int *mask_b = mmap(NULL, (size_t)page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (mask_b == MAP_FAILED)
+		FAIL("mmap");
+	void *ctx_b = NULL;
+	if (p5->init(&ctx_b, 0x77, mask_b, "copy-b", 1, 2, 0, NULL) != 0 || !ctx_b)
+		FAIL("second copy's init");
+	if (!(*mask_b & SR_NCCL_PROFILE_COLL))
+		FAIL("second copy's mask %#x at init", *mask_b);
+	write_flags(SLOWRANK_AGENT_F_NCCL_PLUGIN | SLOWRANK_AGENT_F_NCCL_NO_KERNELCH);
+	sleep_ms(100); /* a poll stores the mask */
+	if (__atomic_load_n(mask_b, __ATOMIC_RELAXED) & SR_NCCL_PROFILE_KERNEL_CH)
+		FAIL("second copy's mask %#x not kept current", *mask_b);
+	if (fp_mask() & SR_NCCL_PROFILE_KERNEL_CH)
+		FAIL("first copy's mask %#x not kept current after the second copy's init", fp_mask());
+	p5->finalize(ctx_b);
+	munmap(mask_b, (size_t)page);
+	write_flags(SLOWRANK_AGENT_F_NCCL_PLUGIN);
+	if (!wait_mask(SR_NCCL_PROFILE_KERNEL_CH, 2000))
+		FAIL("first copy's mask %#x not kept current after the second copy left", fp_mask());
+	fp_comm_destroy(a);
+	exit(0);
+}
+
 static void sc_toggle_check(void)
 {
 	read_dump();
@@ -1124,6 +1164,7 @@ static const struct scenario scenarios[] = {
 	{"flood", sc_flood, NULL},
 	{"toggle", sc_toggle, sc_toggle_check},
 	{"nokch", sc_nokch, NULL},
+	{"twocopies", sc_twocopies, NULL},
 	{"skew", sc_skew, sc_skew_check},
 	{"behind", sc_behind, sc_behind_check},
 	{"wrongclock", sc_wrongclock, sc_wrongclock_check},

@@ -159,6 +159,8 @@ var Table = []Metric{
 			s("nccl_plugin_comms_mapped_by_init", "outcome", "mapped_by_creation"), // the ncclComm_t of the uprobes' comm init holding its init
 			s("nccl_plugin_comms_unmapped", "outcome", "unmapped"),                 // neither: a handle of its own
 		}},
+	{Name: "slowrank.agent.nccl.plugin.tids_unmapped", Kind: Counter, Unit: "{record}", Component: Agent,
+		Desc: "NCCL profiler-plugin records of a process in its own PID namespace whose thread id could not be turned into the host's (the thread was gone): they keep the namespace's id, match no uprobe call, and may be counted twice at a capture-path switch.", Series: []Series{s("nccl_plugin_tids_unmapped")}},
 	{Name: "slowrank.agent.nccl.collective_uprobes.changes", Kind: Counter, Unit: "{library}", Component: Agent,
 		Desc: "Changes of a libnccl file's collective uprobes: closed once every process mapping it is on the profiler-plugin path, made again when one is not, by outcome.", Series: []Series{
 			s("nccl_collective_probes_detached", "change", "detached"),

@@ -23,15 +23,8 @@ func TestProfilerGetsCompleteTraceWhileAgentCollects(t *testing.T) {
 	if tl.cuptiLib == "" {
 		t.Skipf("injection library not built: %v", tl.cuptiErr)
 	}
-	bin := filepath.Join(repoRoot, "bin", "cupti-test", "plain")
+	bin := plainFakeCUPTI(t)
 	stress := filepath.Join(bin, "test_stress")
-	if !fileExists(stress) {
-		cmd := exec.Command("make", "-s", "cupti-stress-plain")
-		cmd.Dir = repoRoot
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Skipf("cannot build the fake libcupti (make cupti-stress-plain): %v\n%s", err, out)
-		}
-	}
 	dir := t.TempDir()
 	ag := startAgent(t, tl, dir)
 	ag.waitSocket()

@@ -245,6 +245,10 @@ type injecteeLine struct {
 	Gen       int   `json:"generation"`
 	Applied   int   `json:"applied"`
 	MaxLateUS int64 `json:"max_late_us"`
+	// launch mode only
+	Records uint64 `json:"records"`
+	Yields  uint32 `json:"yields"`
+	CtlTID  uint32 `json:"ctl_tid"`
 }
 
 func readInjectee(t *testing.T, out string) []injecteeLine {

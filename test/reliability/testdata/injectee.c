@@ -5,7 +5,7 @@
  * injection library as the CUDA driver would (dlopen + InitializeInjection),
  * without a GPU. The reliability tests run it under the agent.
  *
- * Usage: injectee LIB MS [hostile]
+ * Usage: injectee LIB MS [hostile|launch]
  *
  * For MS milliseconds the main thread ticks every 5 ms and measures how late
  * each tick wakes (a blocked process would show it), and prints one JSON line
@@ -14,10 +14,16 @@
  * and the worst tick lateness. With "hostile" it also hands the agent
  * malformed and adversarial batches through slowrank_cupti_emit, as a
  * compromised training process could: random bytes, lying lengths and
- * counts, and a flood of distinct maximum-length kernel names.
+ * counts, and a flood of distinct maximum-length kernel names. With
+ * "launch" (SLOWRANK_CUPTI_LIB naming the fake libcupti,
+ * test/fakelibs/cupti.c) it launches a kernel every tick, as the driver
+ * would report it, and its lines also carry the library's records, yields
+ * and control thread id: device records flow once the agent let it collect.
  */
 #define _GNU_SOURCE
 #include "slowrank_abi.h"
+
+#include "../../fakelibs/fakecupti.h"
 
 #include <dlfcn.h>
 #include <stdio.h>
@@ -87,11 +93,22 @@ static void hostile(void (*emit)(const void *, uint32_t), unsigned *rnd)
 int main(int argc, char **argv)
 {
 	if (argc < 3) {
-		fprintf(stderr, "usage: injectee LIB MS [hostile]\n");
+		fprintf(stderr, "usage: injectee LIB MS [hostile|launch]\n");
 		return 2;
 	}
 	int ms = atoi(argv[2]);
 	int bad = argc > 3 && strcmp(argv[3], "hostile") == 0;
+	fakecupti_launch_fn launch = NULL;
+	if (argc > 3 && strcmp(argv[3], "launch") == 0) {
+		const char *fake = getenv("SLOWRANK_CUPTI_LIB");
+		void *f = fake ? dlopen(fake, RTLD_NOW | RTLD_LOCAL) : NULL;
+		launch = f ? (fakecupti_launch_fn)dlsym(f, "fakecupti_launch") : NULL;
+		if (!launch) {
+			fprintf(stderr, "launch: SLOWRANK_CUPTI_LIB must name the fake libcupti (%s)\n",
+				f ? "no fakecupti_launch" : dlerror());
+			return 1;
+		}
+	}
 	void *h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
 	if (!h) {
 		fprintf(stderr, "dlopen: %s\n", dlerror());
@@ -118,6 +135,8 @@ int main(int argc, char **argv)
 			break;
 		if (bad && *sem)
 			hostile(emit, &rnd);
+		if (launch) /* CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, 100 us */
+			launch(10, "injectee_kernel", 100000, (uint32_t)(t0 / 1000));
 		struct timespec ts = {0, 5000000};
 		nanosleep(&ts, NULL);
 		uint64_t late = now_ns() - t0;
@@ -126,12 +145,16 @@ int main(int argc, char **argv)
 			worst = late;
 		if (t0 - last_print >= 50000000ull) {
 			last_print = t0;
-			printf("{\"t_ms\":%llu,\"sem\":%u,\"state\":%u,\"generation\":%u,\"applied\":%u,\"max_late_us\":%llu}\n",
+			printf("{\"t_ms\":%llu,\"sem\":%u,\"state\":%u,\"generation\":%u,\"applied\":%u,"
+			       "\"max_late_us\":%llu,\"records\":%llu,\"yields\":%u,\"ctl_tid\":%u}\n",
 			       (unsigned long long)((t0 - start) / 1000000), (unsigned)*sem,
 			       __atomic_load_n(&ctl->state, __ATOMIC_RELAXED),
 			       __atomic_load_n(&ctl->generation, __ATOMIC_RELAXED),
 			       __atomic_load_n(&ctl->applied_generation, __ATOMIC_RELAXED),
-			       (unsigned long long)(worst / 1000));
+			       (unsigned long long)(worst / 1000),
+			       (unsigned long long)__atomic_load_n(&ctl->records, __ATOMIC_RELAXED),
+			       __atomic_load_n(&ctl->yields, __ATOMIC_RELAXED),
+			       __atomic_load_n(&ctl->ctl_tid, __ATOMIC_RELAXED));
 			fflush(stdout);
 			worst = 0;
 		}
