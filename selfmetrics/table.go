@@ -69,6 +69,8 @@ var Table = []Metric{
 		}},
 	{Name: AttachErrors, Kind: Counter, Unit: "{attachment}", Component: Agent,
 		Desc: "Libraries whose uprobes could not be attached.", Series: []Series{s("attach_errors")}},
+	{Name: "slowrank.agent.attach.refused", Kind: Counter, Unit: "{attachment}", Component: Agent,
+		Desc: "Attaches and re-attaches refused because the library's path opened another file than the one the process maps (renamed into place after the maps read).", Series: []Series{s("attach_files_refused")}},
 
 	// Ring buffer and probes.
 	{Name: "slowrank.agent.events.read", Kind: Counter, Unit: "{event}", Component: Agent,
