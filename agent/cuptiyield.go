@@ -3,7 +3,6 @@ package agent
 import (
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"time"
@@ -177,7 +176,7 @@ type cuptiState struct {
 func (t *attacher) tendCUPTI(now int64) {
 	tended := false
 	for _, pe := range t.procs {
-		if pe.inject == nil {
+		if pe.inject == nil || pe.mem.isGone() {
 			continue
 		}
 		if t.injectAttaching(pe) {
@@ -198,13 +197,9 @@ func (t *attacher) tendOne(pe *procEntry, now int64) error {
 	if err := t.controlAddr(pe); err != nil {
 		return err
 	}
-	mem, err := os.Open(t.procPath(pe.proc.PID, "mem"))
+	cb, err := cupti.ReadControl(pe.mem, int64(pe.ctlAddr))
 	if err != nil {
-		return err
-	}
-	cb, err := cupti.ReadControl(mem, int64(pe.ctlAddr))
-	mem.Close()
-	if err != nil {
+		t.memRefused(pe, err)
 		pe.ctlAddr = 0
 		return err
 	}
@@ -242,21 +237,21 @@ func (t *attacher) writeHandback(pe *procEntry) error {
 	if !cs.track.foreignDirty {
 		return nil
 	}
-	mem, err := os.OpenFile(t.procPath(pe.proc.PID, "mem"), os.O_RDWR, 0)
-	if err != nil {
-		return err
-	}
-	defer mem.Close()
 	if cs.hbSeq == 0 {
-		hb, err := cupti.ReadHandback(mem, addr)
+		hb, err := cupti.ReadHandback(pe.mem, addr)
 		if err != nil {
+			t.memRefused(pe, err)
 			return err
 		}
 		cs.hbSeq = hb.Seq
 	}
-	seq, err := cupti.WriteHandback(mem, addr, cs.hbSeq, cs.track.foreign)
+	seq, err := cupti.WriteHandback(pe.mem, addr, cs.hbSeq, cs.track.foreign)
 	cs.hbSeq = seq
 	if err != nil {
+		t.memRefused(pe, err)
+		if errors.Is(err, cupti.ErrBlockMoved) {
+			cs.hbSeq = 0 // read it again next time
+		}
 		return err
 	}
 	cs.track.foreignDirty = false
@@ -297,12 +292,8 @@ func (t *attacher) foreignCUPTICall(c CUPTICall) {
 func (t *attacher) writeYield(pe *procEntry, seen uint32) error {
 	active, since := pe.cupti.track.decision()
 	gen := max(seen, pe.cupti.yieldGen) + 1
-	mem, err := os.OpenFile(t.procPath(pe.proc.PID, "mem"), os.O_RDWR, 0)
-	if err != nil {
-		return err
-	}
-	defer mem.Close()
-	if err := cupti.WriteYield(mem, int64(pe.ctlAddr), cupti.Yield{Gen: gen, Active: active, ForeignSinceNs: since}); err != nil {
+	if err := cupti.WriteYield(pe.mem, int64(pe.ctlAddr), cupti.Yield{Gen: gen, Active: active, ForeignSinceNs: since}); err != nil {
+		t.memRefused(pe, err)
 		pe.ctlAddr = 0
 		return err
 	}
@@ -349,17 +340,30 @@ func (t *attacher) controlAddr(pe *procEntry) error {
 	if err != nil {
 		return err
 	}
-	mem, err := os.Open(t.procPath(pe.proc.PID, "mem"))
+	cb, err := cupti.ReadControl(pe.mem, int64(addr))
 	if err != nil {
-		return err
-	}
-	cb, err := cupti.ReadControl(mem, int64(addr))
-	mem.Close()
-	if err != nil {
+		t.memRefused(pe, err)
 		return err
 	}
 	pe.ctlAddr, pe.ctlGen = addr, cb.Generation
 	return nil
+}
+
+// memRefused counts a read or write of pe's memory that did not happen
+// because the image is gone (once per image: nothing more is tried) or the
+// block at the address is not the library's or moved (every time).
+func (t *attacher) memRefused(pe *procEntry, err error) {
+	switch {
+	case errors.Is(err, errImageGone):
+		if pe.mem != nil && !pe.mem.goneCounted {
+			pe.mem.goneCounted = true
+			t.a.counters.add("proc_mem_image_gone", 1)
+			t.a.log.Info("training process replaced its image (exec): no more reads or writes of its memory until it is found again",
+				"pid", pe.proc.PID)
+		}
+	case errors.Is(err, cupti.ErrControl), errors.Is(err, cupti.ErrHandback), errors.Is(err, cupti.ErrBlockMoved):
+		t.a.counters.add("proc_mem_block_refused", 1)
+	}
 }
 
 func (t *attacher) procPath(pid int, name string) string {
