@@ -3,8 +3,10 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/slowrank/slowrank/bpf"
@@ -328,9 +330,9 @@ func (t *attacher) controlAddr(pe *procEntry) error {
 	if !t.libs.Attached(pe.inject.File) {
 		return errInjectNotAttached
 	}
-	lib, err := cupti.InspectLibrary(pe.inject.HostPath)
+	lib, err := t.inspectInjection(pe)
 	if err != nil {
-		return fmt.Errorf("inspect injection library: %w", err)
+		return err
 	}
 	maps, err := readInto(t.procPath(pe.proc.PID, "maps"), nil, maxMapsBytes)
 	if err != nil {
@@ -347,6 +349,36 @@ func (t *attacher) controlAddr(pe *procEntry) error {
 	}
 	pe.ctlAddr, pe.ctlGen = addr, cb.Generation
 	return nil
+}
+
+// errInjectFileChanged: the injection library's path opens another file
+// than the one the process maps.
+var errInjectFileChanged = errors.New("injection library path opens another file than the mapped one")
+
+// inspectInjection reads the control block's offset from the injection
+// library file the process maps. Its path is another user's to rename a file
+// onto: it is opened once, checked against the mapping's device and inode
+// (refused and counted otherwise, as the attach does: bpf/libfile.go), and
+// read through that descriptor.
+func (t *attacher) inspectInjection(pe *procEntry) (cupti.Library, error) {
+	f, err := os.OpenFile(pe.inject.HostPath, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return cupti.Library{}, fmt.Errorf("open injection library: %w", err)
+	}
+	defer f.Close()
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return cupti.Library{}, fmt.Errorf("stat injection library: %w", err)
+	}
+	if got := (FileID{Dev: st.Dev, Inode: st.Ino}); got != pe.inject.File {
+		t.a.counters.add("inject_files_refused", 1)
+		return cupti.Library{}, fmt.Errorf("%w: %s is %v, the mapping %v", errInjectFileChanged, pe.inject.HostPath, got, pe.inject.File)
+	}
+	lib, err := cupti.InspectLibrary("/proc/self/fd/" + strconv.Itoa(int(f.Fd())))
+	if err != nil {
+		return cupti.Library{}, fmt.Errorf("inspect injection library %s: %w", pe.inject.HostPath, err)
+	}
+	return lib, nil
 }
 
 // memRefused counts a read or write of pe's memory that did not happen

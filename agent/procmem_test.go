@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -211,5 +212,37 @@ func TestProcMemWithoutDescriptor(t *testing.T) {
 	}
 	if _, err := (*procMem)(nil).ReadAt(nil, 0); !errors.Is(err, errNoMem) {
 		t.Errorf("nil: %v", err)
+	}
+}
+
+// The injection library's symbols, from which the agent computes where it
+// writes, are read from the file the process maps: another file renamed
+// onto its path is refused and counted.
+func TestInspectInjectionRefusesARenamedFile(t *testing.T) {
+	dir := t.TempDir()
+	path, other := dir+"/libslowrank_cupti.so", dir+"/other.so"
+	for _, p := range []string{path, other} {
+		if err := os.WriteFile(p, []byte("not an ELF file"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	a := &Agent{counters: newCounters(), log: slog.New(slog.DiscardHandler)}
+	att := &attacher{a: a}
+	pe := &procEntry{inject: &Library{HostPath: path, File: FileID{Dev: st.Dev, Inode: st.Ino}}}
+	if _, err := att.inspectInjection(pe); err == nil || errors.Is(err, errInjectFileChanged) {
+		t.Fatalf("the mapped file: %v, want an ELF error", err)
+	}
+	if err := os.Rename(other, path); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := att.inspectInjection(pe); !errors.Is(err, errInjectFileChanged) {
+		t.Fatalf("a file renamed onto the path: %v, want errInjectFileChanged", err)
+	}
+	if got := a.counters.get("inject_files_refused"); got != 1 {
+		t.Errorf("inject_files_refused = %d, want 1", got)
 	}
 }

@@ -70,7 +70,10 @@ var Table = []Metric{
 	{Name: AttachErrors, Kind: Counter, Unit: "{attachment}", Component: Agent,
 		Desc: "Libraries whose uprobes could not be attached.", Series: []Series{s("attach_errors")}},
 	{Name: "slowrank.agent.attach.refused", Kind: Counter, Unit: "{attachment}", Component: Agent,
-		Desc: "Attaches and re-attaches refused because the library's path opened another file than the one the process maps (renamed into place after the maps read).", Series: []Series{s("attach_files_refused")}},
+		Desc: "Library files refused because their path opened another file than the one the process maps (renamed into place after the maps read), by use: uprobes (attach and re-attach), control_block (the injection library's symbols, read to find its control block).", Series: []Series{
+			s("attach_files_refused", "use", "uprobes"),
+			s("inject_files_refused", "use", "control_block"),
+		}},
 
 	// Ring buffer and probes.
 	{Name: "slowrank.agent.events.read", Kind: Counter, Unit: "{event}", Component: Agent,
