@@ -110,6 +110,9 @@ type entry[F, P comparable] struct {
 	plugin                       map[P]bool
 	collOff, changing, collRetry bool
 	noDetach                     bool
+	// viaFailed are the users through whose mapping a re-attach of the
+	// collective probes failed since the last one that worked.
+	viaFailed map[P]bool
 	// blindSince is when a user that needs the closed collective probes
 	// was first seen (monotonic ns; 0: none waits): its collectives trap
 	// nowhere until they are made again (nccl_collective_blind_ms).
@@ -227,6 +230,7 @@ func (m *Manager[F, P]) Release(p P, f F) {
 	}
 	delete(e.users, p)
 	delete(e.plugin, p)
+	delete(e.viaFailed, p)
 	if len(e.users) > 0 {
 		m.judge(e) // the last user that needed the collective probes may be gone
 		return
