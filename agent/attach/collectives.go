@@ -94,29 +94,9 @@ func (m *Manager[F, P]) allPlugin(e *entry[F, P]) bool {
 }
 
 // needing returns a user that needs the collective probes, and its
-// mapping, through which they are made again: the lowest PID among those
-// whose mapping has not failed a re-attach (its path may name another file
-// than the one it maps: bpf.ErrFileChanged), or among all of them once every
-// one has failed. A user cannot keep the others' probes closed by failing.
+// mapping, through which they are made again (pick).
 func (m *Manager[F, P]) needing(e *entry[F, P]) (P, Library[F]) {
-	var (
-		user P
-		via  Library[F]
-	)
-	for pass := 0; pass < 2 && via.PID == 0; pass++ {
-		for p, l := range e.users {
-			if e.plugin[p] || pass == 0 && e.viaFailed[p] {
-				continue
-			}
-			if via.PID == 0 || l.PID < via.PID {
-				user, via = p, l
-			}
-		}
-		if via.PID == 0 {
-			e.viaFailed = nil // every one failed: start over
-		}
-	}
-	return user, via
+	return e.pick(func(p P) bool { return !e.plugin[p] })
 }
 
 // changed takes the outcome of a detach (off) or re-attach (through user
