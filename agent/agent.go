@@ -424,6 +424,7 @@ func (a *Agent) Close() error {
 func (a *Agent) refreshCounters() {
 	if st, err := a.probes.Stats(); err == nil {
 		a.counters.set("ringbuf_lost", int64(st.Lost()))
+		a.counters.set("attach_files_refused", int64(st.FilesRefused))
 	}
 	a.counters.set("events_decoded", int64(a.reader.Decoded()))
 	if p50, p99, ok := a.conv.latencyQuantiles(); ok {

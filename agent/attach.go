@@ -2,7 +2,6 @@ package agent
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -39,6 +38,10 @@ type procEntry struct {
 	rank int
 	job  string
 	libs map[FileID]LibraryKind // the files it maps
+	// mem is the process's memory, opened once when it was found: reads
+	// and writes of its control block go through it and never reach an
+	// image an exec brought (procmem.go).
+	mem *procMem
 	// injection library state (duty cycle writes)
 	inject    *Library
 	ctlAddr   uint64
@@ -128,7 +131,7 @@ func (t *attacher) added(p Process) {
 			"pid", p.PID, "parent", parent.proc.PID, "rank", rank, "job", job)
 		return
 	}
-	pe := &procEntry{proc: p, rank: rank, job: job, libs: map[FileID]LibraryKind{}}
+	pe := &procEntry{proc: p, rank: rank, job: job, libs: map[FileID]LibraryKind{}, mem: openProcMem(t.procPath(p.PID, "mem"))}
 	t.procs[p.ProcessKey] = pe
 	localRank := p.Identity.LocalRank
 	if localRank < 0 {
@@ -215,6 +218,7 @@ func (t *attacher) exited(k ProcessKey) {
 		return
 	}
 	delete(t.procs, k)
+	pe.mem.Close()
 	if err := t.a.probes.Untrack(uint32(k.PID)); err != nil {
 		t.a.counters.add("untrack_errors", 1)
 	}
@@ -260,6 +264,9 @@ func (t *attacher) tendPlugin(now int64) {
 // detachAll closes every attachment (on stop) and waits for the closes.
 func (t *attacher) detachAll() {
 	t.libs.Close() // closes the attachment in flight; queued ones are not made
+	for _, pe := range t.procs {
+		pe.mem.Close()
+	}
 }
 
 // applyDuty writes the duty plan into the control block of every process
@@ -286,7 +293,7 @@ func (t *attacher) applyDuty(p DutyPlan) {
 	now := time.Now()
 	for _, pe := range t.procs {
 		fresh := now.Sub(pe.dutyAt) < dutyRefresh
-		if pe.inject == nil || (pe.dutyValid && pe.lastDuty == d && fresh) {
+		if pe.inject == nil || pe.mem.isGone() || (pe.dutyValid && pe.lastDuty == d && fresh) {
 			continue
 		}
 		if t.injectAttaching(pe) {
@@ -312,13 +319,9 @@ func (t *attacher) writeDuty(pe *procEntry, d cupti.Duty) error {
 	if err := t.controlAddr(pe); err != nil {
 		return err
 	}
-	mem, err := os.OpenFile(t.procPath(pe.proc.PID, "mem"), os.O_RDWR, 0)
+	gen, err := cupti.WriteDuty(pe.mem, int64(pe.ctlAddr), pe.ctlGen, d)
 	if err != nil {
-		return err
-	}
-	defer mem.Close()
-	gen, err := cupti.WriteDuty(mem, int64(pe.ctlAddr), pe.ctlGen, d)
-	if err != nil {
+		t.memRefused(pe, err)
 		pe.ctlAddr = 0 // look it up again next time
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/slowrank/slowrank/bpf"
@@ -177,7 +178,7 @@ type cuptiState struct {
 func (t *attacher) tendCUPTI(now int64) {
 	tended := false
 	for _, pe := range t.procs {
-		if pe.inject == nil {
+		if pe.inject == nil || pe.mem.isGone() {
 			continue
 		}
 		if t.injectAttaching(pe) {
@@ -198,13 +199,9 @@ func (t *attacher) tendOne(pe *procEntry, now int64) error {
 	if err := t.controlAddr(pe); err != nil {
 		return err
 	}
-	mem, err := os.Open(t.procPath(pe.proc.PID, "mem"))
+	cb, err := cupti.ReadControl(pe.mem, int64(pe.ctlAddr))
 	if err != nil {
-		return err
-	}
-	cb, err := cupti.ReadControl(mem, int64(pe.ctlAddr))
-	mem.Close()
-	if err != nil {
+		t.memRefused(pe, err)
 		pe.ctlAddr = 0
 		return err
 	}
@@ -250,21 +247,21 @@ func (t *attacher) writeHandback(pe *procEntry) error {
 	if !cs.track.foreignDirty {
 		return nil
 	}
-	mem, err := os.OpenFile(t.procPath(pe.proc.PID, "mem"), os.O_RDWR, 0)
-	if err != nil {
-		return err
-	}
-	defer mem.Close()
 	if cs.hbSeq == 0 {
-		hb, err := cupti.ReadHandback(mem, addr)
+		hb, err := cupti.ReadHandback(pe.mem, addr)
 		if err != nil {
+			t.memRefused(pe, err)
 			return err
 		}
 		cs.hbSeq = hb.Seq
 	}
-	seq, err := cupti.WriteHandback(mem, addr, cs.hbSeq, cs.track.foreign)
+	seq, err := cupti.WriteHandback(pe.mem, addr, cs.hbSeq, cs.track.foreign)
 	cs.hbSeq = seq
 	if err != nil {
+		t.memRefused(pe, err)
+		if errors.Is(err, cupti.ErrBlockMoved) {
+			cs.hbSeq = 0 // read it again next time
+		}
 		return err
 	}
 	cs.track.foreignDirty = false
@@ -305,12 +302,8 @@ func (t *attacher) foreignCUPTICall(c CUPTICall) {
 func (t *attacher) writeYield(pe *procEntry, seen uint32) error {
 	active, since := pe.cupti.track.decision()
 	gen := max(seen, pe.cupti.yieldGen) + 1
-	mem, err := os.OpenFile(t.procPath(pe.proc.PID, "mem"), os.O_RDWR, 0)
-	if err != nil {
-		return err
-	}
-	defer mem.Close()
-	if err := cupti.WriteYield(mem, int64(pe.ctlAddr), cupti.Yield{Gen: gen, Active: active, ForeignSinceNs: since}); err != nil {
+	if err := cupti.WriteYield(pe.mem, int64(pe.ctlAddr), cupti.Yield{Gen: gen, Active: active, ForeignSinceNs: since}); err != nil {
+		t.memRefused(pe, err)
 		pe.ctlAddr = 0
 		return err
 	}
@@ -345,9 +338,9 @@ func (t *attacher) controlAddr(pe *procEntry) error {
 	if !t.libs.Attached(pe.inject.File) {
 		return errInjectNotAttached
 	}
-	lib, err := cupti.InspectLibrary(pe.inject.HostPath)
+	lib, err := t.inspectInjection(pe)
 	if err != nil {
-		return fmt.Errorf("inspect injection library: %w", err)
+		return err
 	}
 	maps, err := readInto(t.procPath(pe.proc.PID, "maps"), nil, maxMapsBytes)
 	if err != nil {
@@ -357,17 +350,60 @@ func (t *attacher) controlAddr(pe *procEntry) error {
 	if err != nil {
 		return err
 	}
-	mem, err := os.Open(t.procPath(pe.proc.PID, "mem"))
+	cb, err := cupti.ReadControl(pe.mem, int64(addr))
 	if err != nil {
-		return err
-	}
-	cb, err := cupti.ReadControl(mem, int64(addr))
-	mem.Close()
-	if err != nil {
+		t.memRefused(pe, err)
 		return err
 	}
 	pe.ctlAddr, pe.ctlGen = addr, cb.Generation
 	return nil
+}
+
+// errInjectFileChanged: the injection library's path opens another file
+// than the one the process maps.
+var errInjectFileChanged = errors.New("injection library path opens another file than the mapped one")
+
+// inspectInjection reads the control block's offset from the injection
+// library file the process maps. Its path is another user's to rename a file
+// onto: it is opened once, checked against the mapping's device and inode
+// (refused and counted otherwise, as the attach does: bpf/libfile.go), and
+// read through that descriptor.
+func (t *attacher) inspectInjection(pe *procEntry) (cupti.Library, error) {
+	f, err := os.OpenFile(pe.inject.HostPath, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return cupti.Library{}, fmt.Errorf("open injection library: %w", err)
+	}
+	defer f.Close()
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return cupti.Library{}, fmt.Errorf("stat injection library: %w", err)
+	}
+	if got := (FileID{Dev: st.Dev, Inode: st.Ino}); got != pe.inject.File {
+		t.a.counters.add("inject_files_refused", 1)
+		return cupti.Library{}, fmt.Errorf("%w: %s is %v, the mapping %v", errInjectFileChanged, pe.inject.HostPath, got, pe.inject.File)
+	}
+	lib, err := cupti.InspectLibrary("/proc/self/fd/" + strconv.Itoa(int(f.Fd())))
+	if err != nil {
+		return cupti.Library{}, fmt.Errorf("inspect injection library %s: %w", pe.inject.HostPath, err)
+	}
+	return lib, nil
+}
+
+// memRefused counts a read or write of pe's memory that did not happen
+// because the image is gone (once per image: nothing more is tried) or the
+// block at the address is not the library's or moved (every time).
+func (t *attacher) memRefused(pe *procEntry, err error) {
+	switch {
+	case errors.Is(err, errImageGone):
+		if pe.mem != nil && !pe.mem.goneCounted {
+			pe.mem.goneCounted = true
+			t.a.counters.add("proc_mem_image_gone", 1)
+			t.a.log.Info("training process replaced its image (exec): no more reads or writes of its memory until it is found again",
+				"pid", pe.proc.PID)
+		}
+	case errors.Is(err, cupti.ErrControl), errors.Is(err, cupti.ErrHandback), errors.Is(err, cupti.ErrBlockMoved):
+		t.a.counters.add("proc_mem_block_refused", 1)
+	}
 }
 
 func (t *attacher) procPath(pid int, name string) string {

@@ -35,5 +35,7 @@
 // Requirements: Linux with uprobes, root or the capabilities that
 // agent/privilege lists; it never writes into a training process except
 // the injection library's control and handback blocks through
-// /proc/PID/mem.
+// /proc/PID/mem, opened once when the process is found (an exec leaves it
+// reaching nothing, procmem.go), and it attaches uprobes only to the file a
+// process maps (bpf.AttachLibrary checks its device and inode).
 package agent

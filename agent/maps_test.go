@@ -296,3 +296,60 @@ func TestMissingNamesBounded(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseMaps: /proc/PID/maps is shaped by its process (a mapping's path is
+// any name its owner chose, newlines escaped as \012). parseMaps and
+// librariesFromMaps never panic, agree with each other, and what they return
+// holds the invariants the attach relies on: a library is one file, its
+// mappings sorted and all of that file, its map_files path the range of its
+// first mapping, and at most maxLibrariesPerProcess of them.
+func FuzzParseMaps(f *testing.F) {
+	if fixture, err := os.ReadFile("testdata/proc/100/maps"); err == nil {
+		f.Add(fixture)
+	}
+	f.Add([]byte("7f0000000000-7f0000001000 r-xp 00001000 fd:01 1234 /usr/lib/libnccl.so.2\n" +
+		"7f0000001000-7f0000002000 rw-p 00002000 fd:01 1234 /usr/lib/libnccl.so.2 (deleted)\n"))
+	f.Add([]byte("00400000-00452000 r-xp 00000000 08:02 173521  /a b/libcudart.so.12\\012x\n"))
+	f.Add([]byte("1-0 rwxp ffffffffffffffff ffffffff:ffffffff 18446744073709551615 /libcuda.so.1"))
+	f.Add([]byte("7f0-7f1 r--p 0 0:0 0 [vdso]\n\n\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		all, perr := parseMaps(data)
+		libs, lerr := librariesFromMaps(data, "/proc", 7)
+		if (perr == nil) != (lerr == nil || errors.Is(lerr, errProcFileTooLarge)) {
+			t.Fatalf("parseMaps: %v; librariesFromMaps: %v", perr, lerr)
+		}
+		if lerr != nil {
+			return
+		}
+		if len(libs) > maxLibrariesPerProcess {
+			t.Fatalf("%d libraries", len(libs))
+		}
+		files := map[FileID]bool{}
+		for _, m := range all {
+			if m.fileBacked() {
+				files[m.File] = true
+			}
+		}
+		for _, l := range libs {
+			if len(l.Mappings) == 0 || !files[l.File] {
+				t.Fatalf("library %+v: no mapping, or a file parseMaps did not see", l)
+			}
+			for i, m := range l.Mappings {
+				if m.File != l.File {
+					t.Fatalf("library %v holds a mapping of %v", l.File, m.File)
+				}
+				if i > 0 && m.Start < l.Mappings[i-1].Start {
+					t.Fatalf("mappings of %v not sorted", l.File)
+				}
+			}
+			first := l.Mappings[0]
+			if l.Base != first.Start || l.BaseOffset != first.Offset ||
+				l.MapFilesPath != fmt.Sprintf("/proc/7/map_files/%x-%x", first.Start, first.End) {
+				t.Fatalf("library %+v: base or map_files path not its first mapping's", l)
+			}
+			if l.HostPath != "/proc/7/root"+l.Path || !strings.HasPrefix(l.Path, "/") {
+				t.Fatalf("library path %q, host path %q", l.Path, l.HostPath)
+			}
+		}
+	})
+}

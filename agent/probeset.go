@@ -17,7 +17,9 @@ type probeSet struct{ probes *bpf.Probes }
 // Attach implements attach.ProbeSet; it runs on the attach worker.
 func (s probeSet) Attach(lib attach.Library[FileID]) (attach.Link, error) {
 	kind, _ := bpfKind(LibraryKind(lib.Kind)) // the attacher asks only for kinds it has
-	att, err := s.probes.AttachLibrary(lib.Open, kind)
+	// lib.Open is a path another user may rename a file onto: the attach
+	// takes only the file the process maps (bpf/libfile.go).
+	att, err := s.probes.AttachLibrary(lib.Open, bpf.FileID(lib.File), kind)
 	if err != nil {
 		return nil, err // a nil *bpf.Attachment would be a non-nil Link
 	}

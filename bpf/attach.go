@@ -40,7 +40,10 @@ type SymbolResult struct {
 // Close it when no tracked process maps the file any more (or let
 // Probes.Close do it).
 type Attachment struct {
-	Path      string
+	Path string
+	// File is the file attached, as opened at attach (ReattachClass makes
+	// uprobes again only on this file).
+	File      FileID
 	Kind      LibKind
 	Stripped  bool // no .symtab: only exported (dynamic) symbols were searched
 	NoSymbols bool // neither .symtab nor .dynsym: nothing can be attached
@@ -154,11 +157,16 @@ func closeLinks(links []link.Link) error {
 // AttachLibrary attaches every spec of kind that exists in the ELF file at
 // path, once, for all processes (the kernel keys uprobes by inode: callers
 // should dedupe by (dev, inode) and may pass /proc/PID/root/<path> to reach a
-// file in another mount namespace). Missing symbols and a stripped library
-// are reported in the result and counted, not returned as errors. An error is
-// returned when the file cannot be read as ELF, or when symbols were found
-// but none could be attached (then nothing stays attached).
-func (p *Probes) AttachLibrary(path string, kind LibKind) (*Attachment, error) {
+// file in another mount namespace). want is the file the caller expects at
+// path, as /proc/PID/maps shows it: the path is opened once, a file other
+// than want is refused (ErrFileChanged, counted in Stats.FilesRefused), and
+// the symbols are read from, and the uprobes made on, that one open file
+// (libfile.go). A zero want accepts whatever file path opens. Missing
+// symbols and a stripped library are reported in the result and counted,
+// not returned as errors. An error is returned when the file cannot be read
+// as ELF, or when symbols were found but none could be attached (then
+// nothing stays attached).
+func (p *Probes) AttachLibrary(path string, want FileID, kind LibKind) (*Attachment, error) {
 	var kindSpecs []ProbeSpec
 	for _, s := range specs {
 		if s.Kind == kind {
@@ -172,16 +180,21 @@ func (p *Probes) AttachLibrary(path string, kind LibKind) (*Attachment, error) {
 	if err != nil {
 		return nil, fmt.Errorf("attach %s: %w", path, err)
 	}
-	ls, err := loadLibSymbols(path, w)
+	lf, err := p.openLibFile(path, want)
+	if err != nil {
+		return nil, err
+	}
+	defer lf.Close() // the uprobes hold the inode, not the descriptor
+	ls, err := readLibSymbols(lf, w)
 	if err != nil {
 		return nil, fmt.Errorf("read symbols of %s: %w", path, err)
 	}
-	ex, err := link.OpenExecutable(path)
+	ex, err := link.OpenExecutable(lf.attachPath())
 	if err != nil {
 		return nil, fmt.Errorf("open executable: %w", err)
 	}
 
-	a := &Attachment{Path: path, Kind: kind, Stripped: !ls.hasSymtab, NoSymbols: !ls.hasSymtab && !ls.hasDynsym, p: p}
+	a := &Attachment{Path: path, File: lf.id, Kind: kind, Stripped: !ls.hasSymtab, NoSymbols: !ls.hasSymtab && !ls.hasDynsym, p: p}
 	found, missing := resolve(kindSpecs, ls)
 	a.Results = make([]SymbolResult, 0, len(found)+len(missing))
 	var todo []resolved

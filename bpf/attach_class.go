@@ -41,9 +41,11 @@ func (a *Attachment) DetachClass(class ProbeClass) (int, error) {
 // opening the library through path (any path of the same file: the one the
 // attachment was made through may have belonged to a process that exited),
 // as AttachLibrary made them: one shared link per direction where the
-// kernel has uprobe_multi, function by function where that fails. It
-// returns how many functions it attached; a function that fails stays
-// parked for the next call.
+// kernel has uprobe_multi, function by function where that fails. path is
+// opened once and must be the attachment's File (else ErrFileChanged,
+// counted in Stats.FilesRefused, and the functions stay parked); the uprobes
+// are made through that open file. It returns how many functions it
+// attached; a function that fails stays parked for the next call.
 func (a *Attachment) ReattachClass(class ProbeClass, path string) (int, error) {
 	a.mu.Lock()
 	var todo, rest []resolved
@@ -59,7 +61,13 @@ func (a *Attachment) ReattachClass(class ProbeClass, path string) (int, error) {
 	if len(todo) == 0 {
 		return 0, nil
 	}
-	ex, err := link.OpenExecutable(path)
+	lf, err := a.p.openLibFile(path, a.File)
+	if err != nil {
+		a.park(todo)
+		return 0, err
+	}
+	defer lf.Close()
+	ex, err := link.OpenExecutable(lf.attachPath())
 	if err != nil {
 		a.park(todo)
 		return 0, fmt.Errorf("open executable: %w", err)

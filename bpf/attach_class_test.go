@@ -25,7 +25,7 @@ func TestDetachClassKeepsTheOthers(t *testing.T) {
 	col := collect(r)
 	c := startChild(t, dir)
 	path := filepath.Join(dir, "libnccl.so.2")
-	a, err := p.AttachLibrary(path, LibNCCL)
+	a, err := p.AttachLibrary(path, FileID{}, LibNCCL)
 	if err != nil {
 		t.Fatal(err)
 	}

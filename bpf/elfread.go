@@ -8,9 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"slices"
-	"syscall"
 )
 
 // A library file belongs to whoever can write it, often the user whose
@@ -51,29 +49,12 @@ type elfImage struct {
 	sections []elf.SectionHeader
 }
 
-// loadLibSymbols reads the wanted symbols of the library at path. The file
-// is opened without blocking (another user may have put a FIFO there) and
-// must be a regular file whose symbol and string tables lie inside it and
-// take at most allocSlack times its allocated blocks: a sparse file cannot
-// make the agent read tables that cost its owner no disk.
-func loadLibSymbols(path string, w *symbolWanter) (*libSymbols, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return nil, fmt.Errorf("open library: %w", err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("stat library: %w", err)
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("library %s is not a regular file (%s)", path, fi.Mode().Type())
-	}
-	alloc := fi.Size()
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		alloc = st.Blocks * 512
-	}
-	img, err := readELFImage(f, fi.Size())
+// readLibSymbols reads the wanted symbols of the open library lf, whose
+// symbol and string tables must lie inside it and take at most allocSlack
+// times its allocated blocks: a sparse file cannot make the agent read tables
+// that cost its owner no disk.
+func readLibSymbols(lf *libFile, w *symbolWanter) (*libSymbols, error) {
+	img, err := readELFImage(lf.f, lf.size)
 	if err != nil {
 		return nil, err
 	}
@@ -81,7 +62,7 @@ func loadLibSymbols(path string, w *symbolWanter) (*libSymbols, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := checkAllocated(tabs, alloc); err != nil {
+	if err := checkAllocated(tabs, lf.alloc); err != nil {
 		return nil, err
 	}
 	return collectLibSymbols(img.progs, img.bo, tabs, w)

@@ -234,3 +234,14 @@ func (c *collector) of(pid int) []Event {
 	}
 	return out
 }
+
+// loadLibSymbols opens the library at path and reads its wanted symbols, as
+// AttachLibrary does.
+func loadLibSymbols(path string, w *symbolWanter) (*libSymbols, error) {
+	lf, err := openLibFile(path, FileID{})
+	if err != nil {
+		return nil, err
+	}
+	defer lf.Close()
+	return readLibSymbols(lf, w)
+}

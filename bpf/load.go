@@ -92,6 +92,7 @@ type Probes struct {
 	symbolsAttached atomic.Uint64
 	symbolsMissing  atomic.Uint64
 	attachErrors    atomic.Uint64
+	filesRefused    atomic.Uint64
 }
 
 // CheckSupport probes the kernel for everything Load and AttachLibrary need
@@ -337,6 +338,9 @@ type Stats struct {
 	SymbolsAttached    uint64
 	SymbolsMissing     uint64 // required and optional symbols not found
 	AttachErrors       uint64 // symbols found but not attachable
+	// FilesRefused counts attaches and re-attaches refused because the
+	// path opened another file than the one mapped (ErrFileChanged).
+	FilesRefused uint64
 }
 
 // Lost is the number of records lost in BPF.
@@ -369,6 +373,7 @@ func (p *Probes) Stats() (Stats, error) {
 		SymbolsAttached:    p.symbolsAttached.Load(),
 		SymbolsMissing:     p.symbolsMissing.Load(),
 		AttachErrors:       p.attachErrors.Load(),
+		FilesRefused:       p.filesRefused.Load(),
 	}, nil
 }
 

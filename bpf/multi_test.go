@@ -173,7 +173,7 @@ func TestSharedLinkFailureAttachesFunctionByFunction(t *testing.T) {
 	requireBPF(t)
 	p := loadMulti(t)
 	path := filepath.Join(fakeLibs(t), "libcudart.so.13")
-	a, err := p.AttachLibrary(path, LibCUDART)
+	a, err := p.AttachLibrary(path, FileID{}, LibCUDART)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -204,37 +204,74 @@ func encodeDuty(d Duty) []byte {
 	return b
 }
 
+// Mem is a process's memory as the agent reaches it: /proc/PID/mem, opened
+// once per process image. Every write first reads the block it writes
+// (magic, version, size, and the writer's seqlock value) through the same
+// Mem: a write never lands where the block is not, or is not as the agent
+// left it.
+type Mem interface {
+	io.ReaderAt
+	io.WriterAt
+}
+
+// ErrBlockMoved reports a control or handback block whose agent-written
+// generation (or seqlock) is not the one the agent last read or wrote:
+// another writer, or a new block at the address. Nothing was written; read
+// the block again before writing.
+var ErrBlockMoved = errors.New("cupti block changed under the agent")
+
+// checkControl reads the control block at addr and checks that its
+// generation, rounded down to even, is gen's.
+func checkControl(m io.ReaderAt, addr int64, gen uint32) (ControlBlock, error) {
+	cb, err := ReadControl(m, addr)
+	if err != nil {
+		return cb, err
+	}
+	if cb.Generation&^1 != gen&^1 {
+		return cb, fmt.Errorf("%w: generation %d, last written %d", ErrBlockMoved, cb.Generation, gen)
+	}
+	return cb, nil
+}
+
 // WriteDuty writes d into the control block at addr (through /proc/PID/mem)
 // with the library's seqlock protocol: generation+1 (odd), the fields,
 // generation+2. gen is the generation the caller last read or wrote (even);
-// the new generation is returned. The library applies it within 50 ms and
-// reports it in Status.AppliedGeneration. Only one writer per process.
-func WriteDuty(w io.WriterAt, addr int64, gen uint32, d Duty) (uint32, error) {
+// the new generation is returned. The block is read first: a block that is
+// not one (ErrControl) or whose generation is not gen (ErrBlockMoved) is not
+// written. The library applies it within 50 ms and reports it in
+// Status.AppliedGeneration. Only one writer per process.
+func WriteDuty(m Mem, addr int64, gen uint32, d Duty) (uint32, error) {
+	if _, err := checkControl(m, addr, gen); err != nil {
+		return gen, err
+	}
 	var r rawControl
 	gen &^= 1
 	genAt := addr + int64(unsafe.Offsetof(r.Generation))
 	var g [4]byte
 	le.PutUint32(g[:], gen+1)
-	if _, err := w.WriteAt(g[:], genAt); err != nil {
+	if _, err := m.WriteAt(g[:], genAt); err != nil {
 		return gen, fmt.Errorf("write control generation: %w", err)
 	}
-	if _, err := w.WriteAt(encodeDuty(d), addr+int64(unsafe.Offsetof(r.Mode))); err != nil {
+	if _, err := m.WriteAt(encodeDuty(d), addr+int64(unsafe.Offsetof(r.Mode))); err != nil {
 		return gen + 1, fmt.Errorf("write control fields: %w", err)
 	}
 	le.PutUint32(g[:], gen+2)
-	if _, err := w.WriteAt(g[:], genAt); err != nil {
+	if _, err := m.WriteAt(g[:], genAt); err != nil {
 		return gen + 1, fmt.Errorf("write control generation: %w", err)
 	}
 	return gen + 2, nil
 }
 
 // WriteStep publishes the current training step for DutySteps (one aligned
-// 8-byte write, outside the seqlock).
-func WriteStep(w io.WriterAt, addr int64, step uint64) error {
+// 8-byte write, outside the seqlock), where a control block is (ErrControl).
+func WriteStep(m Mem, addr int64, step uint64) error {
+	if _, err := ReadControl(m, addr); err != nil {
+		return err
+	}
 	var r rawControl
 	var b [8]byte
 	le.PutUint64(b[:], step)
-	if _, err := w.WriteAt(b[:], addr+int64(unsafe.Offsetof(r.Step))); err != nil {
+	if _, err := m.WriteAt(b[:], addr+int64(unsafe.Offsetof(r.Step))); err != nil {
 		return fmt.Errorf("write control step: %w", err)
 	}
 	return nil
@@ -243,23 +280,27 @@ func WriteStep(w io.WriterAt, addr int64, step uint64) error {
 // WriteYield publishes the agent's decision about other CUPTI clients:
 // foreign_since_ns and yield first, then cupti_gen = y.Gen (the library
 // acts on a moved generation; one aligned store each). The caller advances
-// Gen past the value it last read or wrote.
-func WriteYield(w io.WriterAt, addr int64, y Yield) error {
+// Gen past the value it last read or wrote. The block is read first: where
+// no control block is (ErrControl), nothing is written.
+func WriteYield(m Mem, addr int64, y Yield) error {
+	if _, err := ReadControl(m, addr); err != nil {
+		return err
+	}
 	var r rawControl
 	var b8 [8]byte
 	le.PutUint64(b8[:], y.ForeignSinceNs)
-	if _, err := w.WriteAt(b8[:], addr+int64(unsafe.Offsetof(r.Foreign_since_ns))); err != nil {
+	if _, err := m.WriteAt(b8[:], addr+int64(unsafe.Offsetof(r.Foreign_since_ns))); err != nil {
 		return fmt.Errorf("write control foreign_since_ns: %w", err)
 	}
 	var b4 [4]byte
 	if y.Active {
 		le.PutUint32(b4[:], 1)
 	}
-	if _, err := w.WriteAt(b4[:], addr+int64(unsafe.Offsetof(r.Yield))); err != nil {
+	if _, err := m.WriteAt(b4[:], addr+int64(unsafe.Offsetof(r.Yield))); err != nil {
 		return fmt.Errorf("write control yield: %w", err)
 	}
 	le.PutUint32(b4[:], y.Gen)
-	if _, err := w.WriteAt(b4[:], addr+int64(unsafe.Offsetof(r.Cupti_gen))); err != nil {
+	if _, err := m.WriteAt(b4[:], addr+int64(unsafe.Offsetof(r.Cupti_gen))); err != nil {
 		return fmt.Errorf("write control cupti_gen: %w", err)
 	}
 	return nil

@@ -107,3 +107,38 @@ func TestControlRejectsForeignMemory(t *testing.T) {
 		t.Error("read past the end")
 	}
 }
+
+// Every write reads the block first, through the same memory: where the
+// block is not the library's, or its generation is not the one the agent
+// last wrote, nothing is written.
+func TestWritesRefusedWhereTheBlockIsNot(t *testing.T) {
+	var r rawControl
+	for _, tc := range []struct {
+		name  string
+		patch func(b []byte)
+		want  error
+	}{
+		{"magic", func(b []byte) { b[0] ^= 0xff }, ErrControl},
+		{"version", func(b []byte) { b[4] = 9 }, ErrControl},
+		{"generation moved", func(b []byte) { le.PutUint32(b[unsafe.Offsetof(r.Generation):], 6) }, ErrBlockMoved},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := initialControl(0)
+			tc.patch(m.b)
+			if _, err := WriteDuty(m, 0, 0, DefaultDuty); !errors.Is(err, tc.want) {
+				t.Errorf("WriteDuty: %v, want %v", err, tc.want)
+			}
+			if tc.want == ErrControl {
+				if err := WriteYield(m, 0, Yield{Gen: 1, Active: true}); !errors.Is(err, ErrControl) {
+					t.Errorf("WriteYield: %v", err)
+				}
+				if err := WriteStep(m, 0, 1); !errors.Is(err, ErrControl) {
+					t.Errorf("WriteStep: %v", err)
+				}
+			}
+			if len(m.writes) != 0 {
+				t.Errorf("%d writes, want 0", len(m.writes))
+			}
+		})
+	}
+}

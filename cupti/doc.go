@@ -95,7 +95,10 @@
 // written by the agent through /proc/PID/mem (WriteDuty: seqlock on the
 // generation; WriteStep for DutySteps) and the library's status (Status:
 // state, flags, counters, a heartbeat), read with ReadControl at the address
-// ControlAddress computes. Without an agent write the library uses
+// ControlAddress computes. Every write reads its block first through the
+// same Mem and writes nothing where the magic, version, size or the
+// generation last written are not as expected (ErrControl, ErrBlockMoved).
+// Without an agent write the library uses
 // DefaultDuty (200 ms of every 20 s).
 //
 // The yield to another CUPTI client (Yield, WriteYield) comes with a hand

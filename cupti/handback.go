@@ -141,25 +141,30 @@ func encodeForeign(f ForeignCallbacks) []byte {
 // library's seqlock: seq+1 (odd), the fields, seq+2. seq is the value the
 // caller last read (Handback.Seq) or got back; the new one is returned. The
 // library reads it at its next poll after cupti_gen moves: call WriteYield
-// (with the same or a new decision and an advanced Gen) after it. Only one
-// writer per process.
-func WriteHandback(w io.WriterAt, addr int64, seq uint32, f ForeignCallbacks) (uint32, error) {
-	if addr == 0 {
-		return seq, fmt.Errorf("%w: the library has none", ErrHandback)
+// (with the same or a new decision and an advanced Gen) after it. The block
+// is read first: where none is (ErrHandback) or its seq is not seq
+// (ErrBlockMoved), nothing is written. Only one writer per process.
+func WriteHandback(m Mem, addr int64, seq uint32, f ForeignCallbacks) (uint32, error) {
+	hb, err := ReadHandback(m, addr)
+	if err != nil {
+		return seq, err
+	}
+	if hb.Seq&^1 != seq&^1 {
+		return seq, fmt.Errorf("%w: handback seq %d, last written %d", ErrBlockMoved, hb.Seq, seq)
 	}
 	var r rawHandback
 	seq &^= 1
 	seqAt := addr + int64(unsafe.Offsetof(r.Seq))
 	var s [4]byte
 	le.PutUint32(s[:], seq+1)
-	if _, err := w.WriteAt(s[:], seqAt); err != nil {
+	if _, err := m.WriteAt(s[:], seqAt); err != nil {
 		return seq, fmt.Errorf("write handback seq: %w", err)
 	}
-	if _, err := w.WriteAt(encodeForeign(f), addr+int64(unsafe.Offsetof(r.Flags))); err != nil {
+	if _, err := m.WriteAt(encodeForeign(f), addr+int64(unsafe.Offsetof(r.Flags))); err != nil {
 		return seq + 1, fmt.Errorf("write handback fields: %w", err)
 	}
 	le.PutUint32(s[:], seq+2)
-	if _, err := w.WriteAt(s[:], seqAt); err != nil {
+	if _, err := m.WriteAt(s[:], seqAt); err != nil {
 		return seq + 1, fmt.Errorf("write handback seq: %w", err)
 	}
 	return seq + 2, nil

@@ -93,3 +93,15 @@ func TestHandbackRefused(t *testing.T) {
 		t.Errorf("address 0 (a library without the block): %v, %d writes", err, len(m.writes))
 	}
 }
+
+// A handback block whose seq is not the one the agent last wrote (another
+// writer, or a new block at the address) is not written.
+func TestHandbackWriteRefusedWhenSeqMoved(t *testing.T) {
+	var r rawHandback
+	const base = 64
+	m := initialHandback(base)
+	le.PutUint32(m.b[base+unsafe.Offsetof(r.Seq):], 10)
+	if _, err := WriteHandback(m, base, 4, ForeignCallbacks{PairNs: 1}); !errors.Is(err, ErrBlockMoved) || len(m.writes) != 0 {
+		t.Errorf("seq moved: %v, %d writes", err, len(m.writes))
+	}
+}

@@ -69,6 +69,11 @@ var Table = []Metric{
 		}},
 	{Name: AttachErrors, Kind: Counter, Unit: "{attachment}", Component: Agent,
 		Desc: "Libraries whose uprobes could not be attached.", Series: []Series{s("attach_errors")}},
+	{Name: "slowrank.agent.attach.refused", Kind: Counter, Unit: "{attachment}", Component: Agent,
+		Desc: "Library files refused because their path opened another file than the one the process maps (renamed into place after the maps read), by use: uprobes (attach and re-attach), control_block (the injection library's symbols, read to find its control block).", Series: []Series{
+			s("attach_files_refused", "use", "uprobes"),
+			s("inject_files_refused", "use", "control_block"),
+		}},
 
 	// Ring buffer and probes.
 	{Name: "slowrank.agent.events.read", Kind: Counter, Unit: "{event}", Component: Agent,
@@ -207,6 +212,11 @@ var Table = []Metric{
 		Desc: "Failed writes of the control or hand-back block, by block.", Series: []Series{
 			s("cupti_control_errors", "block", "control"),
 			s("cupti_handback_errors", "block", "handback"),
+		}},
+	{Name: "slowrank.agent.process_memory.refused", Kind: Counter, Unit: "{event}", Component: Agent,
+		Desc: "Reads and writes of a training process's memory not made, by reason: image_gone (the process exec'ed or exited: its descriptor, opened when it was found, reaches nothing; once per image), block (the address holds no library block, or one whose agent-written generation moved; each time).", Series: []Series{
+			s("proc_mem_image_gone", "reason", "image_gone"),
+			s("proc_mem_block_refused", "reason", "block"),
 		}},
 
 	// The injection library's own statistics (cupti.Stat), summed over processes.

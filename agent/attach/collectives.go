@@ -53,9 +53,12 @@ func (m *Manager[F, P]) judge(e *entry[F, P]) {
 	if off == e.collOff || off && e.noDetach {
 		return
 	}
-	var via Library[F]
+	var (
+		viaUser P
+		via     Library[F]
+	)
 	if !off {
-		via = m.needing(e)
+		viaUser, via = m.needing(e)
 		if e.blindSince == 0 {
 			e.blindSince = m.cfg.Now()
 		}
@@ -71,7 +74,7 @@ func (m *Manager[F, P]) judge(e *entry[F, P]) {
 			err = part.ReattachCollectives(via.Open)
 		}
 		select {
-		case m.cfg.Deliver <- func() { m.changed(e, off, err) }:
+		case m.cfg.Deliver <- func() { m.changed(e, off, viaUser, err) }:
 		case <-m.stop:
 		}
 	}()
@@ -90,24 +93,26 @@ func (m *Manager[F, P]) allPlugin(e *entry[F, P]) bool {
 	return true
 }
 
-// needing returns the mapping of a user that needs the collective probes
-// (the lowest PID among them), through which they are made again.
-func (m *Manager[F, P]) needing(e *entry[F, P]) Library[F] {
-	var via Library[F]
-	for p, l := range e.users {
-		if !e.plugin[p] && (via.PID == 0 || l.PID < via.PID) {
-			via = l
-		}
-	}
-	return via
+// needing returns a user that needs the collective probes, and its
+// mapping, through which they are made again (pick).
+func (m *Manager[F, P]) needing(e *entry[F, P]) (P, Library[F]) {
+	return e.pick(func(p P) bool { return !e.plugin[p] })
 }
 
-// changed takes the outcome of a detach (off) or re-attach of e's
-// collective probes. A failed re-attach is tried again on the next tick
+// changed takes the outcome of a detach (off) or re-attach (through user
+// via) of e's collective probes. A failed re-attach is tried again on the next tick
 // (RetryFailed): a user needs them. After a failed detach the file is not
 // detached again: its probes may still trap, nothing is lost.
-func (m *Manager[F, P]) changed(e *entry[F, P], off bool, err error) {
+func (m *Manager[F, P]) changed(e *entry[F, P], off bool, via P, err error) {
 	e.changing = false
+	if !off && err != nil {
+		if e.viaFailed == nil {
+			e.viaFailed = map[P]bool{}
+		}
+		e.viaFailed[via] = true // the next try goes through another user
+	} else if !off {
+		e.viaFailed = nil
+	}
 	switch {
 	case err != nil && off:
 		// Parked all the same (bpf.Attachment.DetachClass): made again

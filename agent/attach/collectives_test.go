@@ -146,6 +146,26 @@ func TestCollectiveProbesFollowTheirUsers(t *testing.T) {
 				changes: []string{"off", via(2), via(2)}},
 		},
 		{
+			// A user's path may name another file than it maps (a rename
+			// onto it: bpf.ErrFileChanged): its failures must not keep the
+			// probes closed for the others.
+			name: "after a failed re-attach the next try goes through another user",
+			run: func(h *harness) {
+				h.use(1, 10)
+				h.settle()
+				h.m.SetPlugin(1, true)
+				h.settle()
+				h.probes.failReattach = 1
+				h.use(2, 10)
+				h.use(3, 10)
+				h.settle()
+				h.advance(0)
+				h.settle()
+			},
+			want: want{counts: map[string]int64{detached: 1, reattached: 1, blind: 1, "nccl_collective_reattach_errors": 1},
+				changes: []string{"off", via(2), via(3)}},
+		},
+		{
 			name: "after a failed detach the file is not detached again",
 			run: func(h *harness) {
 				h.probes.failDetach = 1

@@ -110,6 +110,10 @@ type entry[F, P comparable] struct {
 	plugin                       map[P]bool
 	collOff, changing, collRetry bool
 	noDetach                     bool
+	// viaFailed are the users through whose mapping an attach, or a
+	// re-attach of the collective probes, failed since the last one that
+	// worked (pick).
+	viaFailed map[P]bool
 	// blindSince is when a user that needs the closed collective probes
 	// was first seen (monotonic ns; 0: none waits): its collectives trap
 	// nowhere until they are made again (nccl_collective_blind_ms).
@@ -198,6 +202,7 @@ func (m *Manager[F, P]) done(o outcome[F]) {
 		e.idleSince = m.cfg.Now() // every user went while it attached: linger, then detach
 	}
 	if o.err != nil {
+		e.failVia(o.lib)
 		e.failed = true
 		e.failures++
 		m.cfg.Sink.Count("attach_errors", 1)
@@ -211,7 +216,7 @@ func (m *Manager[F, P]) done(o outcome[F]) {
 		}
 		return
 	}
-	e.link, e.failed, e.failures, e.retryAt = o.link, false, 0, 0
+	e.link, e.failed, e.failures, e.retryAt, e.viaFailed = o.link, false, 0, 0, nil
 	m.cfg.Sink.Count("libraries_attached", 1)
 	m.cfg.Sink.Attached(o.lib, o.link, o.took)
 	m.judge(e)
@@ -227,6 +232,7 @@ func (m *Manager[F, P]) Release(p P, f F) {
 	}
 	delete(e.users, p)
 	delete(e.plugin, p)
+	delete(e.viaFailed, p)
 	if len(e.users) > 0 {
 		m.judge(e) // the last user that needed the collective probes may be gone
 		return
@@ -241,8 +247,8 @@ func (m *Manager[F, P]) Release(p P, f F) {
 	e.idleSince = m.cfg.Now()
 }
 
-// RetryFailed tries a failed attach again, through the user with the lowest
-// PID, once its backoff passed as of now (monotonic ns, Config.Now's
+// RetryFailed tries a failed attach again, through a user (pick), once
+// its backoff passed as of now (monotonic ns, Config.Now's
 // clock): RetryBackoff after the first failure, twice as long after each
 // next one, MaxRetries times. A process mapping the library meanwhile
 // retries it at once (Use).
@@ -255,14 +261,47 @@ func (m *Manager[F, P]) RetryFailed(now int64) {
 		if !e.failed || e.attaching || e.retryAt == 0 || now < e.retryAt || len(e.users) == 0 {
 			continue
 		}
-		var via Library[F]
-		for _, l := range e.users {
-			if via.PID == 0 || l.PID < via.PID {
-				via = l
-			}
-		}
+		_, via := e.pick(func(P) bool { return true })
 		m.cfg.Sink.Count("attach_retries", 1)
 		m.attach(e, via)
+	}
+}
+
+// pick returns the user, among those that want says, through whose mapping
+// the next attach or re-attach goes: the lowest PID among those whose
+// mapping has not failed one (its path may name another file than the one
+// it maps: bpf.ErrFileChanged), or among all of them once every one has
+// failed. One user cannot keep a file unattached for the others by failing.
+func (e *entry[F, P]) pick(want func(P) bool) (P, Library[F]) {
+	var (
+		user P
+		via  Library[F]
+	)
+	for pass := 0; pass < 2 && via.PID == 0; pass++ {
+		for p, l := range e.users {
+			if !want(p) || pass == 0 && e.viaFailed[p] {
+				continue
+			}
+			if via.PID == 0 || l.PID < via.PID {
+				user, via = p, l
+			}
+		}
+		if via.PID == 0 {
+			e.viaFailed = nil // every one failed: start over
+		}
+	}
+	return user, via
+}
+
+// failVia notes that an attach through lib failed.
+func (e *entry[F, P]) failVia(lib Library[F]) {
+	for p, l := range e.users {
+		if l == lib {
+			if e.viaFailed == nil {
+				e.viaFailed = map[P]bool{}
+			}
+			e.viaFailed[p] = true
+		}
 	}
 }
 

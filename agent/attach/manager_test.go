@@ -341,6 +341,22 @@ func TestManagerStateMachine(t *testing.T) {
 				tries: []int{2, 1}, attached: []int{10}}, // through the lowest PID
 		},
 		{
+			// A process's path may name another file than the one it maps
+			// (bpf.ErrFileChanged): its failures must not keep the file
+			// unattached for the processes that already map it.
+			name:    "a timed retry goes through another process than the one that failed",
+			failVia: []int{1},
+			run: func(h *harness) {
+				h.use(1, 10)
+				h.use(2, 10) // in flight: a user
+				h.settle()
+				h.advance(RetryBackoff)
+				h.settle()
+			},
+			want: want{counts: map[string]int64{"attach_errors": 1, "attach_retries": 1, "libraries_attached": 1},
+				tries: []int{1, 2}, attached: []int{10}},
+		},
+		{
 			name:    "timed retries back off and stop after MaxRetries",
 			failVia: []int{1},
 			run: func(h *harness) {

@@ -1,0 +1,106 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+)
+
+// A training process can exec another program under the same PID (a
+// static, setuid or setcap one included) while the agent still writes into
+// the injection library's control block at the address the first image
+// published. Opening /proc/PID/mem by number for each write would then write
+// into the new program. So the agent opens it once, when it finds the
+// process: the descriptor holds that image's address space (the kernel takes
+// the mm at open), and once the image is gone its reads and writes return
+// nothing, never the new image's memory. The watcher reports the exec'd
+// process as a new one (its exec signature changed), which gets a descriptor
+// of its own.
+
+// errImageGone: the image a memory descriptor was opened on is gone (exec,
+// or exit): nothing is read or written through it any more.
+var errImageGone = errors.New("process image gone (exec or exit)")
+
+// errNoMem: the process has no memory descriptor (never opened).
+var errNoMem = errors.New("process memory not opened")
+
+// procMem is one process image's memory, /proc/PID/mem opened once.
+type procMem struct {
+	f    *os.File // nil when the open failed (err says why)
+	err  error
+	gone bool // the image is gone: every access fails with errImageGone
+	// goneCounted: the agent counted and logged that the image is gone.
+	goneCounted bool
+}
+
+// openProcMem opens path (/proc/PID/mem) for reading and writing, or for
+// reading only where writing other users' memory is not allowed
+// (CAP_DAC_OVERRIDE): the library's status is still read, and writes fail
+// and are counted as before.
+func openProcMem(path string) *procMem {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		f, err = os.Open(path)
+	}
+	if err != nil {
+		return &procMem{err: fmt.Errorf("open process memory: %w", err)}
+	}
+	return &procMem{f: f}
+}
+
+// ReadAt implements io.ReaderAt.
+func (m *procMem) ReadAt(b []byte, off int64) (int, error) {
+	if err := m.usable(); err != nil {
+		return 0, err
+	}
+	n, err := m.f.ReadAt(b, off)
+	return n, m.check(err)
+}
+
+// WriteAt implements io.WriterAt.
+func (m *procMem) WriteAt(b []byte, off int64) (int, error) {
+	if err := m.usable(); err != nil {
+		return 0, err
+	}
+	n, err := m.f.WriteAt(b, off)
+	return n, m.check(err)
+}
+
+// isGone tells whether the image is known to be gone.
+func (m *procMem) isGone() bool { return m != nil && m.gone }
+
+func (m *procMem) usable() error {
+	switch {
+	case m == nil:
+		return errNoMem
+	case m.f == nil:
+		return m.err
+	case m.gone:
+		return errImageGone
+	}
+	return nil
+}
+
+// check turns the end of the image into errImageGone: the kernel answers a
+// read or write of an address space that no process uses any more with 0
+// bytes (io.EOF, io.ErrUnexpectedEOF), an unmapped address of a live one
+// with EIO.
+func (m *procMem) check(err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		m.gone = true
+		return fmt.Errorf("%w: %w", errImageGone, err)
+	}
+	return err
+}
+
+// Close releases the descriptor (and with it the kernel's hold on the
+// image's mm). Closing twice, or a procMem whose open failed, is a no-op.
+func (m *procMem) Close() error {
+	if m == nil || m.f == nil {
+		return nil
+	}
+	f := m.f
+	m.f, m.err, m.gone = nil, errImageGone, true
+	return f.Close()
+}
