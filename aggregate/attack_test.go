@@ -233,3 +233,65 @@ func TestBodiesBeyondTheMemoryBudgetAreRefused(t *testing.T) {
 		t.Errorf("small request: %d, want 200", code)
 	}
 }
+
+// declareAndStall starts a request that declares a body of size bytes and
+// sends none of it, as the issue's 64 connections did.
+func declareAndStall(t *testing.T, c net.Conn, token string, size int) {
+	t.Helper()
+	if _, err := fmt.Fprintf(c, "POST /v1/logs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/x-protobuf\r\nContent-Length: %d\r\n\r\n", token, size); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestDeclaredBodiesHoldNoMemoryUntilTheyArrive(t *testing.T) {
+	// Before: each stalled request reserved its declared 4 MiB, so that
+	// two of them spent this 8 MiB budget (the issue: 64 spent 256 MiB)
+	// and every other client got 503 until their deadline (69 s).
+	const stalled = 32
+	ts := startServer(t, ServerConfig{Token: "s3cret", MaxRequestBytes: 4 << 20, MaxMemory: 8 << 20})
+	var conns []net.Conn
+	t.Cleanup(func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	for i := range stalled {
+		c := dialFrom(t, fmt.Sprintf("127.0.1.%d", 1+i), ts.addr)
+		conns = append(conns, c)
+		declareAndStall(t, c, "s3cret", 4<<20)
+	}
+	time.Sleep(200 * time.Millisecond) // every stalled body is being read
+	if used := ts.srv.mem.used.Load(); used > stalled*bodyChunk {
+		t.Errorf("%d stalled bodies hold %d bytes of the budget, want at most %d (one chunk each)", stalled, used, stalled*bodyChunk)
+	}
+	if code := agentPost(t, ts.addr, "s3cret", goodLogsBody(t)); code != http.StatusOK {
+		t.Errorf("agent got %d behind %d stalled 4 MiB bodies, want 200", code, stalled)
+	}
+	// A large honest body still fits beside them.
+	big := make([]byte, 2<<20)
+	if code := agentPost(t, ts.addr, "s3cret", big); code != http.StatusBadRequest {
+		t.Errorf("honest 2 MiB body (undecodable, so 400 once read) got %d, want 400: it was not read", code)
+	}
+}
+
+func TestBodyDeadlineFollowsTheBytesReceivedNotTheDeclaredSize(t *testing.T) {
+	// Before: the deadline was grace + declared size / rate: 4 MiB at
+	// 64 KiB/s bought 64 s with nothing sent.
+	ts := startServer(t, ServerConfig{Token: "s3cret", MinBodyRate: 64 << 10, BodyGrace: 300 * time.Millisecond})
+	c := dialFrom(t, "127.0.0.5", ts.addr)
+	defer c.Close()
+	start := time.Now()
+	declareAndStall(t, c, "s3cret", 4<<20)
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer within 5 s to a declared 4 MiB body that never came: %v", err)
+	}
+	resp.Body.Close()
+	if took := time.Since(start); resp.StatusCode != http.StatusRequestTimeout || took > 2*time.Second {
+		t.Errorf("stalled body answered %d after %s, want 408 within the 300 ms grace (+ scheduling)", resp.StatusCode, took.Round(time.Millisecond))
+	}
+	if got := ts.srv.mem.used.Load(); got != 0 {
+		t.Errorf("%d bytes still charged after the body was cut", got)
+	}
+}

@@ -90,9 +90,12 @@
 // rate or its form is answered and its connection closed (HTTP/2: GOAWAY),
 // so that refused clients hold no slot. Bodies: at most 4 MiB (compressed
 // and decompressed, gRPC messages too), read whole at 64 KiB/s at least
-// after a 5 s grace (slower: 408, closed) into a buffer charged to a memory
-// budget of 256 MiB over all requests being read or waiting (beyond it:
-// retryable 503), and only then does a request take one of 16 decoding
+// after a 5 s grace (slower: 408, closed; the deadline is grace + bytes
+// received / rate, so a declared length buys no time) into a buffer
+// charged to a memory budget of 256 MiB over all requests being read or
+// waiting (beyond it: retryable 503) as the bytes arrive: a request that
+// declares 4 MiB and sends nothing holds 64 KiB, a body at most twice what
+// it sent, and only then does a request take one of 16 decoding
 // slots (waiting up to 5 s, then a retryable refusal): slow senders cannot
 // hold the decoders. Decoding is bounded per request (wire.Limits: records,
 // attributes, string lengths, phases, topology size).
