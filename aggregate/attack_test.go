@@ -295,3 +295,133 @@ func TestBodyDeadlineFollowsTheBytesReceivedNotTheDeclaredSize(t *testing.T) {
 		t.Errorf("%d bytes still charged after the body was cut", got)
 	}
 }
+
+// postStepsFrom sends one request from the loopback address src: steps of
+// job for ranks, claimed by host. It returns the HTTP status (0: no answer).
+func postStepsFrom(t *testing.T, src, addr, token, host, job string, ranks []int) int {
+	t.Helper()
+	var steps []detector.Step
+	for _, r := range ranks {
+		st := sampleStep()
+		st.Job, st.Rank, st.Host = job, r, host
+		steps = append(steps, st)
+	}
+	body, err := plogotlp.NewExportRequestFromLogs(wire.EncodeLogs(host, nil, steps, nil)).MarshalProto()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 2 * time.Second}
+	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DialContext: d.DialContext}}
+	defer client.CloseIdleConnections()
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/logs", strings.NewReader(string(body)))
+	req.Header.Set("Content-Type", "application/x-protobuf")
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Logf("request from %s: %v", src, err)
+		return 0
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode
+}
+
+func TestClaimedHostNamesDoNotMultiplyAClientsRankQuota(t *testing.T) {
+	// Before: quotas were per claimed host name, so one client naming a
+	// new host in every request took the whole global rank budget (the
+	// issue: 2^19 ranks, 1.75 GB, in 20 s) and honest ranks were refused.
+	const budget, share = 64, 8
+	ts := startServerWith(t, Config{MaxRanks: budget, MaxRanksPerClient: share}, ServerConfig{Token: "s3cret"})
+	for i := range 16 {
+		ranks := []int{4 * i, 4*i + 1, 4*i + 2, 4*i + 3}
+		if code := postStepsFrom(t, "127.0.3.1", ts.addr, "s3cret", fmt.Sprint("evil-", i), "big", ranks); code != http.StatusOK {
+			t.Fatalf("attacker's request %d: %d", i, code)
+		}
+	}
+	// An honest agent (another source) gets all its ranks judged.
+	if code := postStepsFrom(t, "127.0.3.2", ts.addr, "s3cret", "honest", "train", []int{0, 1, 2, 3}); code != http.StatusOK {
+		t.Fatalf("honest agent: %d", code)
+	}
+	ts.waitFacts(t, share+4)
+	time.Sleep(50 * time.Millisecond) // nothing more arrives
+	st := ts.agg.Stats()
+	if st.Facts != share+4 || st.RefusedRanksClient != 64-share || st.Ranks > share+4 {
+		t.Errorf("facts %d, refused by the client share %d, ranks with state %d; want %d, %d, at most %d",
+			st.Facts, st.RefusedRanksClient, st.Ranks, share+4, 64-share, share+4)
+	}
+}
+
+func TestConnectionFillFromManySourcesDelaysNoAgent(t *testing.T) {
+	// Before: when every slot was taken, Accept waited for one, and silent
+	// connections from many loopback addresses held them until the header
+	// timeout: honest agents waited 4–5 s.
+	tests := []struct {
+		name               string
+		sources, perSource int
+	}{
+		{"many sources at their share", 16, 4},
+		{"one connection from each of many sources", 64, 1},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			const total = 64
+			ts := startServer(t, ServerConfig{Token: "s3cret", MaxConns: total, MaxConnsPerSource: 4})
+			var conns []net.Conn
+			t.Cleanup(func() {
+				for _, c := range conns {
+					c.Close()
+				}
+			})
+			for s := range tt.sources {
+				for range tt.perSource {
+					conns = append(conns, dialFrom(t, fmt.Sprintf("127.0.%d.%d", 10+i, 1+s), ts.addr))
+				}
+			}
+			// Every slot is taken (the listener counted them all).
+			deadline := time.Now().Add(2 * time.Second)
+			for ts.srv.conns.openCount() < total && time.Now().Before(deadline) {
+				time.Sleep(5 * time.Millisecond)
+			}
+			start := time.Now()
+			code := agentPost(t, ts.addr, "s3cret", goodLogsBody(t))
+			if took := time.Since(start); code != http.StatusOK || took > time.Second {
+				t.Fatalf("agent got %d after %s with all %d slots held by silent connections, want 200 at once", code, took.Round(time.Millisecond), total)
+			}
+			if st := ts.srv.Stats(); st.EvictedConns < 1 {
+				t.Errorf("evicted connections: %d, want at least 1", st.EvictedConns)
+			}
+		})
+	}
+}
+
+func TestEvictionNeverTakesFromASourceNoLargerThanTheNewcomers(t *testing.T) {
+	ts := startServer(t, ServerConfig{Token: "s3cret", MaxConns: 4, MaxConnsPerSource: 4})
+	var conns []net.Conn
+	t.Cleanup(func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	for s := range 2 {
+		for range 2 {
+			conns = append(conns, dialFrom(t, fmt.Sprintf("127.0.20.%d", 1+s), ts.addr))
+		}
+	}
+	// A third connection from source 1 finds the others no larger than its
+	// own: it is refused, nobody is evicted.
+	conns = append(conns, dialFrom(t, "127.0.20.1", ts.addr))
+	deadline := time.Now().Add(2 * time.Second)
+	for ts.srv.Stats().RefusedConns < 1 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if st := ts.srv.Stats(); st.RefusedConns != 1 || st.EvictedConns != 0 {
+		t.Errorf("refused %d, evicted %d; want 1 and 0", st.RefusedConns, st.EvictedConns)
+	}
+}
+
+// openCount is the number of connections holding a slot.
+func (l *limitListener) openCount() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.open
+}
