@@ -164,10 +164,12 @@ func runAgent(c *cli.Context) error {
 	// instead of being lost or killing it half-built. Notify also takes
 	// SIGINT back from "ignored", which a shell hands to the commands it
 	// starts in the background of a script. A signal caught before the
-	// capability drop's re-execution stops the agent there (secureAgent);
-	// the new image catches them again from here.
-	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	// capability drop's re-execution stops the agent there (secureAgent
+	// looks at the channel itself, one hop closer to the signal than a
+	// context); the new image catches them again from here.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sig)
 	cfg, err := agentConfig(c)
 	if err != nil {
 		return err
@@ -180,13 +182,22 @@ func runAgent(c *cli.Context) error {
 	}
 	log := slog.Default()
 	cfg.Logger = log
-	if err := secureAgent(ctx, c, &cfg, log); err != nil { // config.go: capabilities, epoch
+	if err := secureAgent(sig, c, &cfg, log); err != nil { // config.go: capabilities, epoch
 		if errors.Is(err, errStoppedWhileStarting) {
 			log.Info("agent stopped while it was starting")
 			return nil
 		}
 		return err
 	}
+	ctx, stop := context.WithCancel(c.Context)
+	defer stop()
+	go func() {
+		select {
+		case <-sig:
+			stop()
+		case <-ctx.Done():
+		}
+	}()
 	comps := []string{selfmetrics.Agent, selfmetrics.Library}
 	if c.String("aggregator") != "" {
 		comps = append(comps, selfmetrics.Forward)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -471,9 +470,9 @@ func reliabilityConfig(c *cli.Context, cfg *agent.Config) error {
 // secureAgent checks the capabilities the agent needs (refusing to start
 // without a required one), drops the others (re-executing the process) and
 // then takes the attach epoch from the state directory. A stop signal
-// already caught (ctx) returns errStoppedWhileStarting instead of the
+// already caught (on sig) returns errStoppedWhileStarting instead of the
 // re-execution, which would forget it.
-func secureAgent(ctx context.Context, c *cli.Context, cfg *agent.Config, log *slog.Logger) error {
+func secureAgent(sig <-chan os.Signal, c *cli.Context, cfg *agent.Config, log *slog.Logger) error {
 	chk, err := privilege.CheckCapabilities(cfg.DeviceCollection)
 	if err != nil {
 		if errors.Is(err, privilege.ErrMissingCapability) {
@@ -488,8 +487,10 @@ func secureAgent(ctx context.Context, c *cli.Context, cfg *agent.Config, log *sl
 			log.Warn("capability missing: a feature will not work", "capability", m.Cap.String(), "needed_to", m.Why)
 		}
 		if c.Bool("drop-capabilities") {
-			if ctx.Err() != nil {
+			select {
+			case <-sig:
 				return errStoppedWhileStarting
+			default:
 			}
 			if err := privilege.DropCapabilities(chk); err != nil {
 				log.Warn("capabilities not dropped", "err", err)

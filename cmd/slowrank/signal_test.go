@@ -32,7 +32,11 @@ func startAgent(t *testing.T, ignoreINT bool) (*exec.Cmd, string) {
 	t.Helper()
 	dir := t.TempDir()
 	facts := filepath.Join(dir, "facts.jsonl")
+	// Without the capability drop's re-execution: a signal the first image
+	// caught in the µs between its last look and the exec is forgotten,
+	// a window of the drop's, not of the handler's.
 	args := []string{"agent", "--otel", "off", "--status-socket", "", "--state-dir", "", "--env-key", "SLOWRANK_TEST_NO_SUCH_KEY",
+		"--drop-capabilities=false",
 		"--facts", facts, "--verdicts", filepath.Join(dir, "verdicts.jsonl")}
 	var cmd *exec.Cmd
 	if ignoreINT {
