@@ -889,7 +889,7 @@ func (a *Aggregator) logStats(now int64) {
 	runtime.ReadMemStats(&ms)
 	a.log.Info("aggregate stats", "facts", s.Facts, "hosts", s.Hosts, "silent_hosts", s.SilentHosts,
 		"windows", s.Windows, "verdicts", s.Verdicts, "late", s.LateFacts, "refused_queue", s.RefusedQueue,
-		"refused_hosts", s.RefusedHosts, "refused_jobs", s.RefusedJobs, "refused_ranks", s.RefusedRanks, "refused_topologies", s.RefusedTopos, "ranks", s.Ranks, "queued", s.Queued, "settle_ms", ms3(s.Settle), "settle_max_ms", ms3(s.SettleMax),
+		"refused_hosts", s.RefusedHosts, "refused_jobs", s.RefusedJobs, "refused_ranks", s.RefusedRanks, "refused_ranks_client", s.RefusedRanksClient, "refused_hosts_client", s.RefusedHostsClient, "refused_queue_client", s.RefusedQueueClient, "refused_topologies", s.RefusedTopos, "ranks", s.Ranks, "queued", s.Queued, "settle_ms", ms3(s.Settle), "settle_max_ms", ms3(s.SettleMax),
 		"lag_ms", ms3(s.Lag), "lag_max_ms", ms3(s.LagMax), "max_age_ms", ms3(s.MaxAge),
 		"heap_mib", fmt.Sprintf("%.1f", float64(ms.HeapAlloc)/(1<<20)), "sys_mib", fmt.Sprintf("%.1f", float64(ms.Sys)/(1<<20)))
 	a.statsMu.Lock()
