@@ -572,6 +572,7 @@ func (a *Aggregator) host(j *jobState, client, name string, now int64) (*hostSta
 		a.quotas[name] = q
 	}
 	if q.jobs >= a.cfg.MaxJobsPerHost {
+		a.release(cq) // a client new here holds nothing
 		return nil, refusedJob
 	}
 	q.jobs++

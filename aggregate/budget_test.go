@@ -274,3 +274,24 @@ func TestForgottenHostGivesItsClientShareBack(t *testing.T) {
 		t.Fatalf("after host a was forgotten: %+v", s)
 	}
 }
+
+func TestRefusedClientsHoldNoQuotaEntry(t *testing.T) {
+	a, err := New(Config{Detector: testDetector(), StatsEvery: -1, MaxJobsPerHost: 1, MaxRanksPerClient: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	step := func(job string, rank int) *detector.Step {
+		return &detector.Step{Kind: detector.KindStep, Job: job, Rank: rank, Step: 1, StartNS: 0, EndNS: 10, Phases: map[string]float64{}}
+	}
+	a.handle(batch{recv: 1, client: "a", facts: []wire.Fact{{Host: "h", Step: step("j1", 0)}}})
+	// Refused by host h's job quota, and by client c's rank share on a host
+	// that another client brought in: neither keeps an entry for its client.
+	for i := range 100 {
+		a.handle(batch{recv: 1, client: fmt.Sprint("b", i), facts: []wire.Fact{{Host: "h", Step: step("j2", 0)}}})
+	}
+	a.handle(batch{recv: 1, client: "c", facts: []wire.Fact{{Host: "h", Step: step("j1", 1)}}})
+	a.handle(batch{recv: 1, client: "c", facts: []wire.Fact{{Host: "h", Step: step("j1", 2)}}})
+	if st := a.Stats(); st.RefusedJobs != 100 || st.RefusedRanksClient != 1 || len(a.clients) != 2 {
+		t.Fatalf("refused jobs %d, by rank share %d, client entries %d; want 100, 1, 2 (a and c)", st.RefusedJobs, st.RefusedRanksClient, len(a.clients))
+	}
+}
