@@ -1,4 +1,4 @@
-// Command aggattack replays the attacks of issue 17 on a running
+// Command aggattack replays the attacks of issues 17 and 34 on a running
 // `slowrank aggregate` (bound to loopback) and measures what an honest
 // agent sees meanwhile: the latency of its requests and how many fail, and
 // the aggregator's resident memory (VmRSS of --pid). Every attack is

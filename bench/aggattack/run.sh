@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The attacks of issue 17 against `slowrank aggregate`, before and after:
+# The attacks of issues 17 and 34 against `slowrank aggregate`, before and after:
 #   bench/aggattack/run.sh [OLD_BINARY]
 # builds this tree's slowrank (and takes OLD_BINARY, e.g. one built from an
 # earlier commit, to compare), runs each attack against a fresh aggregator on
