@@ -46,6 +46,21 @@ type Config struct {
 	// jobs it takes part in (default 16) and the ranks it sends steps for
 	// over them (default 1024). Facts beyond them are refused and counted.
 	MaxJobsPerHost, MaxRanksPerHost int
+	// MaxRanksPerClient, MaxHostsPerClient and MaxJobsPerClient are one
+	// client's share (a client is what the receiver authenticated: a
+	// client certificate, else a source address; see clientID): the ranks
+	// it sends steps for, per host name (default MaxRanks/16, at least
+	// 1024), the host names it brings in (default MaxHosts/16, at least
+	// 64) and the jobs those hosts are in (default a quarter of the
+	// detector's MaxJobs, at least 16; none above its global bound). Host
+	// names a client claims do not multiply it, and no one client fills
+	// the global budgets.
+	MaxRanksPerClient, MaxHostsPerClient, MaxJobsPerClient int
+	// MaxQueuePerClient bounds one client's facts waiting for the detector
+	// (default QueueFacts/4, at least 4096 or QueueFacts), and a client
+	// may have a quarter of the queue's batches waiting: a flooding client
+	// gets ErrQueueFull, the others still get in.
+	MaxQueuePerClient int
 	// MaxTopologyEntries bounds what the hosts' topologies store over all
 	// jobs: one entry per rank a host lists and per member of each
 	// distinct member list (default 1<<23, about 100 MiB). A topology
@@ -93,6 +108,22 @@ func (c Config) withDefaults() Config {
 	if c.MaxTopologyEntries <= 0 {
 		c.MaxTopologyEntries = 1 << 23
 	}
+	// A client's default share: a part of the global bound, but never
+	// less than a floor an honest client (a collector relaying a fleet)
+	// may need, unless the global bound itself is lower.
+	share := func(global, part, floor int) int { return max(global/part, min(global, floor)) }
+	if c.MaxRanksPerClient <= 0 {
+		c.MaxRanksPerClient = share(c.MaxRanks, 16, 1024)
+	}
+	if c.MaxHostsPerClient <= 0 {
+		c.MaxHostsPerClient = share(c.MaxHosts, 16, 64)
+	}
+	if c.MaxJobsPerClient <= 0 {
+		c.MaxJobsPerClient = share(c.Detector.MaxJobs, 4, 16)
+	}
+	if c.MaxQueuePerClient <= 0 {
+		c.MaxQueuePerClient = share(c.QueueFacts, 4, 4096)
+	}
 	if c.HostTTL <= 0 {
 		c.HostTTL = time.Duration(max(c.Detector.EvictAfter, 1)) * c.Detector.Window
 	}
@@ -128,6 +159,10 @@ type Aggregator struct {
 	in     chan batch
 	queued atomic.Int64
 	closed atomic.Bool
+	// queuedBy counts, per client, its facts and batches waiting (its share
+	// of QueueFacts and of in's capacity).
+	queuedMu sync.Mutex
+	queuedBy map[string]queuedShare
 
 	// Owned by Run's goroutine.
 	// det judges every job: each job keeps its own origin, windows and
@@ -142,6 +177,7 @@ type Aggregator struct {
 	nHosts    int
 	nRanks    int                   // ranks with state over all jobs (MaxRanks)
 	quotas    map[string]*hostQuota // by host name
+	clients   map[string]*clientQuota
 	topoUsed  topoBudget
 	lastStats int64
 	ran       bool
@@ -152,9 +188,12 @@ type Aggregator struct {
 }
 
 type batch struct {
-	recv  int64
-	facts []wire.Fact
+	recv   int64
+	client string // who sent it (Offer)
+	facts  []wire.Fact
 }
+
+type queuedShare struct{ facts, batches int }
 
 type jobState struct {
 	name     string
@@ -179,31 +218,47 @@ type jobState struct {
 type hostState struct {
 	lastRecv int64
 	silent   bool
-	ranks    map[int]struct{} // ranks it sent steps for (its quota)
+	// ranks it sent steps for (its quota), each with the client charged
+	// for it (the one that sent its first step).
+	ranks map[int]*clientQuota
+	// client brought the host in and is charged for it.
+	client *clientQuota
 }
 
 // hostQuota is what one host name holds over all jobs.
 type hostQuota struct{ jobs, ranks int }
 
+// clientQuota is what one client holds over all jobs: the host states it
+// brought in (per job) and the ranks it sent first steps for.
+type clientQuota struct {
+	id    string
+	hosts int
+	jobs  map[string]int // job → its hosts there
+	ranks int
+}
+
 // Stats are the aggregator's counters. Times are on its CLOCK_MONOTONIC.
 type Stats struct {
-	Facts          int64 // step facts handed to the detector
-	Topologies     int64 // topology facts received
-	TopoVersions   int64 // merged versions built
-	RefusedQueue   int64 // facts refused because the queue was full
-	RefusedHosts   int64 // facts of hosts beyond MaxHosts / MaxHostsPerJob
-	RefusedJobs    int64 // facts of jobs beyond the detector's MaxJobs or a host's MaxJobsPerHost
-	RefusedRanks   int64 // steps of ranks beyond MaxRanks, the detector's MaxRanks or MaxRanksPerHost
-	RefusedTopos   int64 // topologies beyond MaxTopologyEntries
-	Ranks          int   // ranks with state now
-	FinishedJobs   int64 // jobs forgotten after all their hosts were
-	Invalid        int64 // facts the detector rejected
-	Windows        int64 // windows settled
-	Verdicts       int64
-	Hosts          int   // hosts tracked
-	SilentHosts    int   // hosts silent for more than a window plus lateness
-	ForgottenHosts int64 // hosts forgotten after HostTTL
-	Queued         int64 // facts waiting now
+	Facts              int64 // step facts handed to the detector
+	Topologies         int64 // topology facts received
+	TopoVersions       int64 // merged versions built
+	RefusedQueue       int64 // facts refused because the queue was full
+	RefusedQueueClient int64 // facts refused because their client had MaxQueuePerClient waiting
+	RefusedHosts       int64 // facts of hosts beyond MaxHosts / MaxHostsPerJob
+	RefusedHostsClient int64 // facts of hosts beyond their client's MaxHostsPerClient
+	RefusedJobs        int64 // facts of jobs beyond the detector's MaxJobs, a host's MaxJobsPerHost or a client's MaxJobsPerClient
+	RefusedRanks       int64 // steps of ranks beyond MaxRanks, the detector's MaxRanks or MaxRanksPerHost
+	RefusedRanksClient int64 // steps of ranks beyond their client's MaxRanksPerClient
+	RefusedTopos       int64 // topologies beyond MaxTopologyEntries
+	Ranks              int   // ranks with state now
+	FinishedJobs       int64 // jobs forgotten after all their hosts were
+	Invalid            int64 // facts the detector rejected
+	Windows            int64 // windows settled
+	Verdicts           int64
+	Hosts              int   // hosts tracked
+	SilentHosts        int   // hosts silent for more than a window plus lateness
+	ForgottenHosts     int64 // hosts forgotten after HostTTL
+	Queued             int64 // facts waiting now
 	// Settle is the time the detector call that settled the last windows
 	// took (evaluation of every cohort and rank; a tick's call settles the
 	// due windows of every job at once); SettleMax the largest so far.
@@ -223,9 +278,11 @@ type Stats struct {
 // tracked at once; a finished job frees its slot).
 func New(cfg Config) (*Aggregator, error) {
 	if cfg.MaxHosts < 0 || cfg.MaxHostsPerJob < 0 || cfg.QueueFacts < 0 || cfg.MaxRanks < 0 ||
-		cfg.MaxJobsPerHost < 0 || cfg.MaxRanksPerHost < 0 || cfg.MaxTopologyEntries < 0 {
-		return nil, fmt.Errorf("aggregate: negative limit (max hosts %d, per job %d, queue %d, ranks %d, jobs per host %d, ranks per host %d, topology entries %d); 0 takes the default",
-			cfg.MaxHosts, cfg.MaxHostsPerJob, cfg.QueueFacts, cfg.MaxRanks, cfg.MaxJobsPerHost, cfg.MaxRanksPerHost, cfg.MaxTopologyEntries)
+		cfg.MaxJobsPerHost < 0 || cfg.MaxRanksPerHost < 0 || cfg.MaxTopologyEntries < 0 ||
+		cfg.MaxRanksPerClient < 0 || cfg.MaxHostsPerClient < 0 || cfg.MaxJobsPerClient < 0 || cfg.MaxQueuePerClient < 0 {
+		return nil, fmt.Errorf("aggregate: negative limit (max hosts %d, per job %d, queue %d, ranks %d, jobs per host %d, ranks per host %d, topology entries %d, per client: ranks %d, hosts %d, jobs %d, queue %d); 0 takes the default",
+			cfg.MaxHosts, cfg.MaxHostsPerJob, cfg.QueueFacts, cfg.MaxRanks, cfg.MaxJobsPerHost, cfg.MaxRanksPerHost, cfg.MaxTopologyEntries,
+			cfg.MaxRanksPerClient, cfg.MaxHostsPerClient, cfg.MaxJobsPerClient, cfg.MaxQueuePerClient)
 	}
 	if err := checkTimes(cfg); err != nil {
 		return nil, err
@@ -243,6 +300,8 @@ func New(cfg Config) (*Aggregator, error) {
 		in:       make(chan batch, 4096),
 		jobs:     map[string]*jobState{},
 		quotas:   map[string]*hostQuota{},
+		clients:  map[string]*clientQuota{},
+		queuedBy: map[string]queuedShare{},
 		topoUsed: topoBudget{limit: cfg.MaxTopologyEntries},
 		done:     make(chan struct{}),
 	}, nil
@@ -270,10 +329,12 @@ func checkTimes(cfg Config) error {
 	return nil
 }
 
-// Offer hands the facts of one request, received at recvMono (the
-// aggregator's CLOCK_MONOTONIC), to the detector goroutine. It never blocks:
-// ErrQueueFull when the detector is behind (the sender should retry).
-func (a *Aggregator) Offer(recvMono int64, facts []wire.Fact) error {
+// Offer hands the facts of one request from client (the identity the
+// receiver authenticated), received at recvMono (the aggregator's
+// CLOCK_MONOTONIC), to the detector goroutine. It never blocks:
+// ErrQueueFull when the detector is behind or the client has its share of
+// the queue waiting (the sender should retry).
+func (a *Aggregator) Offer(recvMono int64, client string, facts []wire.Fact) error {
 	if len(facts) == 0 {
 		return nil
 	}
@@ -281,19 +342,50 @@ func (a *Aggregator) Offer(recvMono int64, facts []wire.Fact) error {
 		return ErrQueueFull
 	}
 	n := int64(len(facts))
+	if !a.enqueueShare(client, len(facts)) {
+		a.addStat(func(s *Stats) { s.RefusedQueueClient += n })
+		return ErrQueueFull
+	}
 	if a.queued.Add(n) > int64(a.cfg.QueueFacts) {
 		a.queued.Add(-n)
+		a.dequeueShare(client, len(facts))
 		a.addStat(func(s *Stats) { s.RefusedQueue += n })
 		return ErrQueueFull
 	}
 	select {
-	case a.in <- batch{recvMono, facts}:
+	case a.in <- batch{recvMono, client, facts}:
 		return nil
 	default:
 		a.queued.Add(-n)
+		a.dequeueShare(client, len(facts))
 		a.addStat(func(s *Stats) { s.RefusedQueue += n })
 		return ErrQueueFull
 	}
+}
+
+// enqueueShare counts a client's batch of n facts as waiting, within its
+// share of the queue's facts and of its batches.
+func (a *Aggregator) enqueueShare(client string, n int) bool {
+	a.queuedMu.Lock()
+	defer a.queuedMu.Unlock()
+	q := a.queuedBy[client]
+	if q.facts+n > a.cfg.MaxQueuePerClient || q.batches+1 > max(cap(a.in)/4, 1) {
+		return false
+	}
+	a.queuedBy[client] = queuedShare{q.facts + n, q.batches + 1}
+	return true
+}
+
+func (a *Aggregator) dequeueShare(client string, n int) {
+	a.queuedMu.Lock()
+	defer a.queuedMu.Unlock()
+	q := a.queuedBy[client]
+	q.facts -= n
+	if q.batches--; q.batches <= 0 {
+		delete(a.queuedBy, client)
+		return
+	}
+	a.queuedBy[client] = q
 }
 
 func (a *Aggregator) addStat(f func(*Stats)) {
@@ -442,9 +534,19 @@ func (a *Aggregator) finish(j *jobState) {
 	}
 }
 
-// host returns the state of host in job, creating it within the bounds
-// (nil beyond; jobQuota: the host's MaxJobsPerHost was the bound).
-func (a *Aggregator) host(j *jobState, name string, now int64) (h *hostState, jobQuota bool) {
+// hostRefusal says which bound refused a fact.
+type hostRefusal int
+
+const (
+	admitted      hostRefusal = iota
+	refusedHost               // MaxHosts, MaxHostsPerJob
+	refusedClient             // the client's MaxHostsPerClient
+	refusedJob                // the host's MaxJobsPerHost or the client's MaxJobsPerClient
+)
+
+// host returns the state of host in job, creating it within the bounds,
+// charged to client (nil beyond, and which bound it was).
+func (a *Aggregator) host(j *jobState, client, name string, now int64) (*hostState, hostRefusal) {
 	if h, ok := j.hosts[name]; ok {
 		if h.silent {
 			h.silent = false
@@ -452,10 +554,17 @@ func (a *Aggregator) host(j *jobState, name string, now int64) (h *hostState, jo
 				"silent_for", time.Duration(now-h.lastRecv).Round(time.Millisecond))
 		}
 		h.lastRecv = now
-		return h, false
+		return h, admitted
 	}
 	if a.nHosts >= a.cfg.MaxHosts || len(j.hosts) >= a.cfg.MaxHostsPerJob {
-		return nil, false
+		return nil, refusedHost
+	}
+	cq := a.client(client)
+	if cq.hosts >= a.cfg.MaxHostsPerClient {
+		return nil, refusedClient
+	}
+	if cq.jobs[j.name] == 0 && len(cq.jobs) >= a.cfg.MaxJobsPerClient {
+		return nil, refusedJob
 	}
 	q := a.quotas[name]
 	if q == nil {
@@ -463,36 +572,64 @@ func (a *Aggregator) host(j *jobState, name string, now int64) (h *hostState, jo
 		a.quotas[name] = q
 	}
 	if q.jobs >= a.cfg.MaxJobsPerHost {
-		return nil, true
+		a.release(cq) // a client new here holds nothing
+		return nil, refusedJob
 	}
 	q.jobs++
-	h = &hostState{lastRecv: now, ranks: map[int]struct{}{}}
+	cq.hosts++
+	cq.jobs[j.name]++
+	h := &hostState{lastRecv: now, ranks: map[int]*clientQuota{}, client: cq}
 	j.hosts[name] = h
 	a.nHosts++
-	return h, false
+	return h, admitted
+}
+
+// client returns a client's quota (new ones hold nothing yet; a quota that
+// comes to hold nothing is dropped by release).
+func (a *Aggregator) client(id string) *clientQuota {
+	cq := a.clients[id]
+	if cq == nil {
+		cq = &clientQuota{id: id, jobs: map[string]int{}}
+		a.clients[id] = cq
+	}
+	return cq
+}
+
+// release drops a client's quota once it holds nothing.
+func (a *Aggregator) release(cq *clientQuota) {
+	if cq.hosts <= 0 && cq.ranks <= 0 {
+		delete(a.clients, cq.id)
+	}
 }
 
 // claimRank records that host sent steps of rank r in job j, within the
-// host's quota, the job's MaxRanks and the global MaxRanks; it reports
-// whether the step may be judged.
-func (a *Aggregator) claimRank(j *jobState, name string, h *hostState, r int) bool {
+// host's quota, the sending client's share, the job's MaxRanks and the
+// global MaxRanks; it reports whether the step may be judged (and, when
+// not, whether the client's share was the bound).
+func (a *Aggregator) claimRank(j *jobState, client, name string, h *hostState, r int) (ok, clientShare bool) {
 	if _, ok := h.ranks[r]; ok {
-		return true
+		return true, false
 	}
 	q := a.quotas[name]
 	newRank := j.ranks[r] == 0
 	if q.ranks >= a.cfg.MaxRanksPerHost ||
 		newRank && (a.nRanks >= a.cfg.MaxRanks || len(j.ranks) >= a.cfg.Detector.MaxRanks) {
-		return false
+		return false, false
 	}
-	h.ranks[r] = struct{}{}
+	cq := a.client(client)
+	if cq.ranks >= a.cfg.MaxRanksPerClient {
+		a.release(cq)
+		return false, true
+	}
+	h.ranks[r] = cq
+	cq.ranks++
 	q.ranks++
 	if newRank {
 		a.nRanks++
 		j.ranksChanged = true
 	}
 	j.ranks[r]++
-	return true
+	return true, false
 }
 
 // forgetHost drops a host from a job: its topology, its ranks (a rank no
@@ -501,8 +638,10 @@ func (a *Aggregator) claimRank(j *jobState, name string, h *hostState, r int) bo
 func (a *Aggregator) forgetHost(j *jobState, name string, h *hostState) {
 	j.topo.forget(name)
 	q := a.quotas[name]
-	for r := range h.ranks {
+	for r, cq := range h.ranks {
 		q.ranks--
+		cq.ranks--
+		a.release(cq)
 		if j.ranks[r]--; j.ranks[r] <= 0 {
 			delete(j.ranks, r)
 			a.nRanks--
@@ -512,13 +651,21 @@ func (a *Aggregator) forgetHost(j *jobState, name string, h *hostState) {
 	if q.jobs--; q.jobs <= 0 {
 		delete(a.quotas, name)
 	}
+	cq := h.client
+	cq.hosts--
+	if cq.jobs[j.name]--; cq.jobs[j.name] <= 0 {
+		delete(cq.jobs, j.name)
+	}
+	a.release(cq)
 	delete(j.hosts, name)
 	a.nHosts--
 }
 
 func (a *Aggregator) handle(b batch) {
 	a.queued.Add(-int64(len(b.facts)))
+	a.dequeueShare(b.client, len(b.facts))
 	var facts, topos, refused, refusedJobs, refusedRanks, refusedTopos, invalid, late int64
+	var refusedHostsClient, refusedRanksClient int64
 	var maxAge int64
 	for i := range b.facts {
 		f := &b.facts[i]
@@ -533,13 +680,16 @@ func (a *Aggregator) handle(b batch) {
 			refusedJobs++
 			continue
 		}
-		h, jobQuota := a.host(j, f.Host, b.recv)
-		if h == nil {
-			if jobQuota {
-				refusedJobs++
-			} else {
-				refused++
-			}
+		h, why := a.host(j, b.client, f.Host, b.recv)
+		switch why {
+		case refusedJob:
+			refusedJobs++
+			continue
+		case refusedClient:
+			refusedHostsClient++
+			continue
+		case refusedHost:
+			refused++
 			continue
 		}
 		if f.Topology != nil {
@@ -550,8 +700,12 @@ func (a *Aggregator) handle(b batch) {
 			}
 			continue
 		}
-		if !a.claimRank(j, f.Host, h, f.Step.Rank) {
-			refusedRanks++
+		if ok, share := a.claimRank(j, b.client, f.Host, h, f.Step.Rank); !ok {
+			if share {
+				refusedRanksClient++
+			} else {
+				refusedRanks++
+			}
 			continue
 		}
 		s := *f.Step
@@ -597,6 +751,8 @@ func (a *Aggregator) handle(b batch) {
 		st.RefusedHosts += refused
 		st.RefusedJobs += refusedJobs
 		st.RefusedRanks += refusedRanks
+		st.RefusedHostsClient += refusedHostsClient
+		st.RefusedRanksClient += refusedRanksClient
 		st.RefusedTopos += refusedTopos
 		st.Invalid += invalid
 		st.LateFacts += late
@@ -716,7 +872,7 @@ func (a *Aggregator) checkHosts(now int64) {
 	a.addStat(func(s *Stats) { s.SilentHosts, s.Hosts, s.Ranks = silent, hosts, ranks })
 }
 
-func sortedRanks(m map[int]struct{}, limit int) []int {
+func sortedRanks[V any](m map[int]V, limit int) []int {
 	rs := make([]int, 0, len(m))
 	for r := range m {
 		rs = append(rs, r)
@@ -734,7 +890,7 @@ func (a *Aggregator) logStats(now int64) {
 	runtime.ReadMemStats(&ms)
 	a.log.Info("aggregate stats", "facts", s.Facts, "hosts", s.Hosts, "silent_hosts", s.SilentHosts,
 		"windows", s.Windows, "verdicts", s.Verdicts, "late", s.LateFacts, "refused_queue", s.RefusedQueue,
-		"refused_hosts", s.RefusedHosts, "refused_jobs", s.RefusedJobs, "refused_ranks", s.RefusedRanks, "refused_topologies", s.RefusedTopos, "ranks", s.Ranks, "queued", s.Queued, "settle_ms", ms3(s.Settle), "settle_max_ms", ms3(s.SettleMax),
+		"refused_hosts", s.RefusedHosts, "refused_jobs", s.RefusedJobs, "refused_ranks", s.RefusedRanks, "refused_ranks_client", s.RefusedRanksClient, "refused_hosts_client", s.RefusedHostsClient, "refused_queue_client", s.RefusedQueueClient, "refused_topologies", s.RefusedTopos, "ranks", s.Ranks, "queued", s.Queued, "settle_ms", ms3(s.Settle), "settle_max_ms", ms3(s.SettleMax),
 		"lag_ms", ms3(s.Lag), "lag_max_ms", ms3(s.LagMax), "max_age_ms", ms3(s.MaxAge),
 		"heap_mib", fmt.Sprintf("%.1f", float64(ms.HeapAlloc)/(1<<20)), "sys_mib", fmt.Sprintf("%.1f", float64(ms.Sys)/(1<<20)))
 	a.statsMu.Lock()

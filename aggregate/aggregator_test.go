@@ -345,20 +345,44 @@ func TestJobLimit(t *testing.T) {
 }
 
 func TestOfferRefusesWhenQueueFull(t *testing.T) {
-	a, err := New(Config{Detector: testDetector(), QueueFacts: 3, StatsEvery: -1})
+	a, err := New(Config{Detector: testDetector(), QueueFacts: 3, MaxQueuePerClient: 3, StatsEvery: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	st := detector.Step{Kind: detector.KindStep, Job: "j", Rank: 1, EndNS: 10, Phases: map[string]float64{}}
 	f := []wire.Fact{{Host: "h", Step: &st}, {Host: "h", Step: &st}}
-	if err := a.Offer(1, f); err != nil {
+	if err := a.Offer(1, "a", f); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Offer(1, f); !errors.Is(err, ErrQueueFull) {
+	if err := a.Offer(1, "b", f); !errors.Is(err, ErrQueueFull) {
 		t.Fatalf("second offer: %v, want ErrQueueFull", err)
 	}
 	if got := a.Stats(); got.RefusedQueue != 2 || got.Queued != 2 {
 		t.Fatalf("%+v", got)
+	}
+}
+
+func TestOneClientGetsOnlyItsShareOfTheQueue(t *testing.T) {
+	a, err := New(Config{Detector: testDetector(), QueueFacts: 8, MaxQueuePerClient: 4, StatsEvery: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := detector.Step{Kind: detector.KindStep, Job: "j", Rank: 1, EndNS: 10, Phases: map[string]float64{}}
+	f := []wire.Fact{{Host: "h", Step: &st}, {Host: "h", Step: &st}}
+	for i, want := range []bool{true, true, false} {
+		if err := a.Offer(1, "flood", f); (err == nil) != want {
+			t.Fatalf("flooding client's offer %d: %v, want accepted %v", i, err, want)
+		}
+	}
+	if err := a.Offer(1, "honest", f); err != nil {
+		t.Fatalf("another client behind a flooding one: %v", err)
+	}
+	if got := a.Stats(); got.RefusedQueue != 0 || got.RefusedQueueClient != 2 || got.Queued != 6 {
+		t.Fatalf("%+v", got)
+	}
+	a.drain()
+	if err := a.Offer(1, "flood", f); err != nil || len(a.queuedBy) != 1 {
+		t.Fatalf("after the queue drained: %v, %d clients counted", err, len(a.queuedBy))
 	}
 }
 

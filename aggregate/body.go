@@ -36,10 +36,17 @@ func (b *budget) take(n int64) bool {
 
 func (b *budget) give(n int64) { b.used.Add(-n) }
 
+// bodyChunk is what a body read is charged ahead of the bytes it holds: the
+// first read, and each growth of the buffer at most doubles what arrived.
+const bodyChunk = 64 << 10
+
 // readBody reads a request body whole before any decoding slot is taken:
-// at most limit bytes, each byte within BodyGrace + its offset/MinBodyRate
-// of the start (a read deadline moved on as the buffer grows), in a buffer
-// charged to the memory budget as it grows. The returned func gives the
+// at most limit bytes, in a buffer charged to the memory budget as bytes
+// arrive (a declared Content-Length reserves nothing: the buffer holds at
+// most twice what came, and bodyChunk before anything did). The client
+// must keep up MinBodyRate after BodyGrace: the read deadline is always
+// BodyGrace + received/MinBodyRate after the start, so it moves only as
+// bytes come, whatever the size declared. The returned func gives the
 // buffer's bytes back to the budget; call it when the body is no longer
 // needed, also after an error.
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, func(), error) {
@@ -48,16 +55,13 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request, limit int64) (
 	if r.ContentLength > limit {
 		return nil, done, fmt.Errorf("%w: %d bytes (limit %d)", errTooLarge, r.ContentLength, limit)
 	}
-	size := int64(32 << 10)
+	// The buffer never grows past what the body may hold: the declared
+	// length (and one byte to see its end), else the limit and one byte.
+	ceiling := limit + 1
 	if r.ContentLength >= 0 {
-		size = r.ContentLength + 1 // room to see the end without growing
+		ceiling = r.ContentLength + 1
 	}
-	size = min(size, limit+1)
-	if !s.mem.take(size) {
-		return nil, done, errNoMemory
-	}
-	held = size
-	buf := make([]byte, 0, size)
+	var buf []byte
 	rc := http.NewResponseController(w)
 	start := time.Now()
 	for {
@@ -65,15 +69,21 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request, limit int64) (
 			if int64(len(buf)) > limit {
 				return nil, done, fmt.Errorf("%w: more than %d bytes", errTooLarge, limit)
 			}
-			grow := min(2*int64(cap(buf)), limit+1) - int64(cap(buf))
+			grow := min(max(2*int64(cap(buf)), bodyChunk), ceiling) - int64(cap(buf))
+			if grow <= 0 {
+				// A body longer than it declared: net/http stops at the
+				// declared length, so this is never reached but by a bug.
+				return nil, done, fmt.Errorf("%w: more than its declared %d bytes", errTooLarge, r.ContentLength)
+			}
 			if !s.mem.take(grow) {
 				return nil, done, errNoMemory
 			}
 			held += grow
 			buf = append(make([]byte, 0, int64(cap(buf))+grow), buf...)
 		}
-		// The buffer's end must arrive by grace + its size at the minimum rate.
-		due := s.cfg.BodyGrace + time.Duration(float64(cap(buf))/float64(s.cfg.MinBodyRate)*float64(time.Second))
+		// What arrived so far buys its time at the minimum rate; nothing
+		// the client declared does.
+		due := s.cfg.BodyGrace + time.Duration(float64(len(buf))/float64(s.cfg.MinBodyRate)*float64(time.Second))
 		_ = rc.SetReadDeadline(start.Add(due))
 		n, err := r.Body.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]

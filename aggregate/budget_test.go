@@ -88,7 +88,7 @@ func TestRankAndJobQuotas(t *testing.T) {
 			[]wire.Fact{{Host: "a", Step: step("j1", 0)}, {Host: "b", Step: step("j1", 1)}, {Host: "c", Step: step("j2", 0)},
 				{Host: "c", Step: step("j2", 1)}, {Host: "a", Step: step("j1", 0)}},
 			4, 1, 0},
-		{"a rank two hosts send counts once", Config{MaxRanks: 1},
+		{"a rank two hosts send counts once", Config{MaxRanks: 1, MaxRanksPerClient: 4},
 			[]wire.Fact{{Host: "a", Step: step("j1", 0)}, {Host: "b", Step: step("j1", 0)}, {Host: "b", Step: step("j1", 1)}},
 			2, 1, 0},
 		{"ranks per host over its jobs", Config{MaxRanksPerHost: 2},
@@ -189,5 +189,109 @@ func TestNewRefusesNonsenseLimits(t *testing.T) {
 				t.Fatal("accepted")
 			}
 		})
+	}
+}
+
+func TestClientSharesBoundWhatClaimedHostNamesAdd(t *testing.T) {
+	step := func(job string, rank int) *detector.Step {
+		return &detector.Step{Kind: detector.KindStep, Job: job, Rank: rank, Step: 1, StartNS: 0, EndNS: 10, Phases: map[string]float64{}}
+	}
+	// manyHosts is one client claiming a new host name for every rank, as
+	// the client did to multiply the per-host quota.
+	manyHosts := func(client, job string, n, first int) batch {
+		b := batch{recv: 1, client: client}
+		for i := range n {
+			b.facts = append(b.facts, wire.Fact{Host: fmt.Sprint(client, "-h", i), Step: step(job, first+i)})
+		}
+		return b
+	}
+	tests := []struct {
+		name    string
+		cfg     Config
+		batches []batch
+		want    Stats // Facts, RefusedHosts(Client), RefusedJobs and RefusedRanks(Client) compared
+	}{
+		{"ranks per client, whatever the host names",
+			Config{MaxRanks: 64, MaxRanksPerClient: 8},
+			[]batch{manyHosts("evil", "j", 100, 0), manyHosts("honest", "j", 4, 1000)},
+			Stats{Facts: 12, RefusedRanksClient: 92}},
+		{"hosts per client",
+			Config{MaxHosts: 64, MaxHostsPerClient: 10},
+			[]batch{manyHosts("evil", "j", 30, 0), manyHosts("honest", "j", 4, 1000)},
+			Stats{Facts: 14, RefusedHostsClient: 20}},
+		{"jobs per client",
+			Config{MaxJobsPerClient: 2},
+			[]batch{manyHosts("evil", "j1", 1, 0), manyHosts("evil", "j2", 1, 0), manyHosts("evil", "j3", 1, 0),
+				manyHosts("honest", "j3", 1, 0)},
+			Stats{Facts: 3, RefusedJobs: 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.cfg.Detector, tt.cfg.StatsEvery = testDetector(), -1
+			a, err := New(tt.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, b := range tt.batches {
+				a.handle(b)
+			}
+			st := a.Stats()
+			got := Stats{Facts: st.Facts, RefusedHosts: st.RefusedHosts, RefusedHostsClient: st.RefusedHostsClient,
+				RefusedJobs: st.RefusedJobs, RefusedRanks: st.RefusedRanks, RefusedRanksClient: st.RefusedRanksClient}
+			if got != tt.want {
+				t.Errorf("got %+v\nwant %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestForgottenHostGivesItsClientShareBack(t *testing.T) {
+	now := int64(1e12)
+	a, err := New(Config{Detector: testDetector(), StatsEvery: -1, MaxRanksPerClient: 2, MaxHostsPerClient: 1,
+		HostTTL: 3e9, NowMono: func() int64 { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(client, host, job string, rank int) {
+		st := detector.Step{Kind: detector.KindStep, Job: job, Rank: rank, Step: 1, StartNS: now - 2, EndNS: now - 1, Phases: map[string]float64{}}
+		a.handle(batch{recv: now, client: client, facts: []wire.Fact{{Host: host, Step: &st}}})
+	}
+	send("c", "a", "j1", 0)
+	send("c", "a", "j1", 1)
+	// Another client's step for host a is charged to that client.
+	send("d", "a", "j1", 2)
+	if s := a.Stats(); s.Facts != 3 || a.clients["c"].ranks != 2 || a.clients["d"].ranks != 1 || a.clients["d"].hosts != 0 {
+		t.Fatalf("before: %+v, client c %+v, d %+v", s, a.clients["c"], a.clients["d"])
+	}
+	now += 4e9
+	a.tick(now)
+	if len(a.clients) != 0 {
+		t.Fatalf("after host a was forgotten, %d clients still hold quota", len(a.clients))
+	}
+	send("c", "b", "j2", 7)
+	send("c", "b", "j2", 8)
+	if s := a.Stats(); s.Facts != 5 || s.RefusedRanks != 0 || s.RefusedHosts != 0 {
+		t.Fatalf("after host a was forgotten: %+v", s)
+	}
+}
+
+func TestRefusedClientsHoldNoQuotaEntry(t *testing.T) {
+	a, err := New(Config{Detector: testDetector(), StatsEvery: -1, MaxJobsPerHost: 1, MaxRanksPerClient: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	step := func(job string, rank int) *detector.Step {
+		return &detector.Step{Kind: detector.KindStep, Job: job, Rank: rank, Step: 1, StartNS: 0, EndNS: 10, Phases: map[string]float64{}}
+	}
+	a.handle(batch{recv: 1, client: "a", facts: []wire.Fact{{Host: "h", Step: step("j1", 0)}}})
+	// Refused by host h's job quota, and by client c's rank share on a host
+	// that another client brought in: neither keeps an entry for its client.
+	for i := range 100 {
+		a.handle(batch{recv: 1, client: fmt.Sprint("b", i), facts: []wire.Fact{{Host: "h", Step: step("j2", 0)}}})
+	}
+	a.handle(batch{recv: 1, client: "c", facts: []wire.Fact{{Host: "h", Step: step("j1", 1)}}})
+	a.handle(batch{recv: 1, client: "c", facts: []wire.Fact{{Host: "h", Step: step("j1", 2)}}})
+	if st := a.Stats(); st.RefusedJobs != 100 || st.RefusedRanksClient != 1 || len(a.clients) != 2 {
+		t.Fatalf("refused jobs %d, by rank share %d, client entries %d; want 100, 1, 2 (a and c)", st.RefusedJobs, st.RefusedRanksClient, len(a.clients))
 	}
 }

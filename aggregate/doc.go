@@ -85,14 +85,21 @@
 //
 // Connections: at most 4096 open and 64 per source address (an IPv6 /64 is
 // one source; beyond it a connection is closed at once and counted), 8
-// streams each; headers must arrive within 5 s, an idle connection is
+// streams each. Accept never waits: with all 4096 open, a newcomer evicts a
+// connection (one without a request in progress first) of the source that
+// holds the most, if it holds more than the newcomer's source, else it is
+// closed at once (both counted), so that filling the slots from many
+// addresses delays no agent; headers must arrive within 5 s, an idle connection is
 // closed after 30 s, and a request refused for its token, its size, its
 // rate or its form is answered and its connection closed (HTTP/2: GOAWAY),
 // so that refused clients hold no slot. Bodies: at most 4 MiB (compressed
 // and decompressed, gRPC messages too), read whole at 64 KiB/s at least
-// after a 5 s grace (slower: 408, closed) into a buffer charged to a memory
-// budget of 256 MiB over all requests being read or waiting (beyond it:
-// retryable 503), and only then does a request take one of 16 decoding
+// after a 5 s grace (slower: 408, closed; the deadline is grace + bytes
+// received / rate, so a declared length buys no time) into a buffer
+// charged to a memory budget of 256 MiB over all requests being read or
+// waiting (beyond it: retryable 503) as the bytes arrive: a request that
+// declares 4 MiB and sends nothing holds 64 KiB, a body at most twice what
+// it sent, and only then does a request take one of 16 decoding
 // slots (waiting up to 5 s, then a retryable refusal): slow senders cannot
 // hold the decoders. Decoding is bounded per request (wire.Limits: records,
 // attributes, string lengths, phases, topology size).
@@ -103,7 +110,10 @@
 // hosts are all forgotten is finished once its last window has settled on
 // time: its summary kept, its state dropped from the detector, its slot
 // freed), ranks (MaxRanks per job and 2^19 over all jobs), per host name
-// 16 jobs and 1024 ranks, stored topology entries (2^23 over all jobs),
+// 16 jobs and 1024 ranks, per client (its client certificate, else its
+// source address: never a host name it claims, which any client may vary)
+// a share of the global bounds: 1/16 of the ranks and of the hosts, 1/4 of
+// the jobs and of the queue, stored topology entries (2^23 over all jobs),
 // facts waiting for the detector (QueueFacts; beyond it the receiver
 // answers a retryable UNAVAILABLE / HTTP 503 and the forwarder backs off).
 // A rank gets state only from its steps: the merged topology handed to the

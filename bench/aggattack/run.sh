@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The attacks of issue 17 against `slowrank aggregate`, before and after:
+# The attacks of issues 17 and 34 against `slowrank aggregate`, before and after:
 #   bench/aggattack/run.sh [OLD_BINARY]
 # builds this tree's slowrank (and takes OLD_BINARY, e.g. one built from an
 # earlier commit, to compare), runs each attack against a fresh aggregator on
@@ -16,7 +16,7 @@ bins=(new)
 [ $# -ge 1 ] && { cp "$1" "$tmp/old"; bins=(old new); }
 port=43170
 for bin in "${bins[@]}"; do
-  for attack in none idle401 slowbodies bigtopo; do
+  for attack in none idle401 slowbodies bigtopo stalled connfill rankflood; do
     port=$((port + 1))
     "$tmp/$bin" aggregate --listen 127.0.0.1:$port --token-file "$tmp/token" --stats-every 0 --otel off 2>"$tmp/log" &
     pid=$!

@@ -158,6 +158,18 @@ func lookupUID(s string) (int, error) {
 }
 
 func runAgent(c *cli.Context) error {
+	// The stop signals are caught before anything is built: a SIGINT or
+	// SIGTERM while the agent starts (loading BPF, while a predecessor's
+	// uprobes are still being closed) stops it as soon as it is built,
+	// instead of being lost or killing it half-built. Notify also takes
+	// SIGINT back from "ignored", which a shell hands to the commands it
+	// starts in the background of a script. A signal caught before the
+	// capability drop's re-execution stops the agent there (secureAgent
+	// looks at the channel itself, one hop closer to the signal than a
+	// context); the new image catches them again from here.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sig)
 	cfg, err := agentConfig(c)
 	if err != nil {
 		return err
@@ -170,9 +182,22 @@ func runAgent(c *cli.Context) error {
 	}
 	log := slog.Default()
 	cfg.Logger = log
-	if err := secureAgent(c, &cfg, log); err != nil { // config.go: capabilities, epoch
+	if err := secureAgent(sig, c, &cfg, log); err != nil { // config.go: capabilities, epoch
+		if errors.Is(err, errStoppedWhileStarting) {
+			log.Info("agent stopped while it was starting")
+			return nil
+		}
 		return err
 	}
+	ctx, stop := context.WithCancel(c.Context)
+	defer stop()
+	go func() {
+		select {
+		case <-sig:
+			stop()
+		case <-ctx.Done():
+		}
+	}()
 	comps := []string{selfmetrics.Agent, selfmetrics.Library}
 	if c.String("aggregator") != "" {
 		comps = append(comps, selfmetrics.Forward)
@@ -200,10 +225,14 @@ func runAgent(c *cli.Context) error {
 	if fwd != nil {
 		cfg.Sinks = append(cfg.Sinks, fwd)
 	}
-	a, err := agent.New(cfg)
+	a, err := buildAgent(ctx, cfg, log)
 	if err != nil {
 		closeForwarder(context.Background(), fwd)
 		closeSinks(context.Background(), nil)
+		if errors.Is(err, errStoppedWhileStarting) {
+			log.Info("agent stopped while it was starting")
+			return nil
+		}
 		return agentStartError(err)
 	}
 	defer a.Close()
@@ -211,8 +240,6 @@ func runAgent(c *cli.Context) error {
 	defer closeStatus()
 	sinks.self.set(observeAgent(a, statusSrv))
 
-	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	if d := c.Duration("duration"); d > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, d)
@@ -244,6 +271,51 @@ func runAgent(c *cli.Context) error {
 		log.Info("summary", "job", s.Job, "stragglers", s.Stragglers, "windows", s.Windows, "facts", s.Facts)
 	}
 	return nil
+}
+
+// errStoppedWhileStarting: a stop signal came before the agent was built.
+var errStoppedWhileStarting = errors.New("stopped while starting")
+
+// startGrace bounds how long a stop signal waits for agent.New to finish
+// (it takes no context) before the agent exits without it: everything it
+// holds in the kernel (uprobe links, maps, ring buffer) is a descriptor the
+// exit closes.
+const startGrace = 3 * time.Second
+
+// buildAgent builds the agent unless ctx ends first: then it waits up to
+// startGrace for the build to close what it made, and returns
+// errStoppedWhileStarting.
+func buildAgent(ctx context.Context, cfg agent.Config, log *slog.Logger) (*agent.Agent, error) {
+	type built struct {
+		a   *agent.Agent
+		err error
+	}
+	if ctx.Err() != nil {
+		return nil, errStoppedWhileStarting
+	}
+	done := make(chan built, 1)
+	go func() {
+		a, err := agent.New(cfg)
+		done <- built{a, err}
+	}()
+	select {
+	case b := <-done:
+		if b.err == nil && ctx.Err() != nil {
+			b.a.Close()
+			return nil, errStoppedWhileStarting
+		}
+		return b.a, b.err
+	case <-ctx.Done():
+	}
+	select {
+	case b := <-done:
+		if b.err == nil {
+			b.a.Close()
+		}
+	case <-time.After(startGrace):
+		log.Warn("agent still starting after a stop signal: exiting without it", "waited", startGrace)
+	}
+	return nil, errStoppedWhileStarting
 }
 
 // dumpRecord is one line of --dump-events: the record's Go type and fields.

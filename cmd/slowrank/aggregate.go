@@ -53,6 +53,7 @@ func aggregateCommand() *cli.Command {
 			&cli.IntFlag{Name: "max-ranks", Value: 1 << 19, Usage: "ranks with state over all jobs (a rank gets state from its steps only)", EnvVars: []string{"SLOWRANK_MAX_RANKS"}},
 			&cli.IntFlag{Name: "max-ranks-per-host", Value: 1024, Usage: "ranks one host name may send steps for, over all its jobs", EnvVars: []string{"SLOWRANK_MAX_RANKS_PER_HOST"}},
 			&cli.IntFlag{Name: "max-jobs-per-host", Value: 16, Usage: "jobs one host name may take part in at once", EnvVars: []string{"SLOWRANK_MAX_JOBS_PER_HOST"}},
+			&cli.IntFlag{Name: "max-ranks-per-client", Usage: "ranks one client (its client certificate, else its source address) may send steps for, whatever host names it claims (default: --max-ranks/16, at least 1024)", EnvVars: []string{"SLOWRANK_MAX_RANKS_PER_CLIENT"}},
 			&cli.StringFlag{Name: "host-name", Usage: "host name in telemetry (default: os.Hostname)", EnvVars: []string{"SLOWRANK_HOST_NAME"}},
 			&cli.StringFlag{Name: "otel", Value: "auto", Usage: "OpenTelemetry export: auto (on when OTEL_EXPORTER_OTLP_ENDPOINT is set), on, off, stdout", EnvVars: []string{"SLOWRANK_OTEL"}},
 			&cli.IntFlag{Name: "sample-every", Value: 20, Usage: "export every rank's span of one step in N as a baseline (anomalous windows: all)", EnvVars: []string{"SLOWRANK_SAMPLE_EVERY"}},
@@ -116,14 +117,15 @@ func runAggregate(c *cli.Context) error {
 		return err
 	}
 	agg, err := aggregate.New(aggregate.Config{
-		Detector:        det,
-		Sinks:           sinks.list(),
-		MaxHosts:        c.Int("max-hosts"),
-		MaxRanks:        c.Int("max-ranks"),
-		MaxRanksPerHost: c.Int("max-ranks-per-host"),
-		MaxJobsPerHost:  c.Int("max-jobs-per-host"),
-		StatsEvery:      statsEvery(c.Duration("stats-every")),
-		Logger:          log,
+		Detector:          det,
+		Sinks:             sinks.list(),
+		MaxHosts:          c.Int("max-hosts"),
+		MaxRanks:          c.Int("max-ranks"),
+		MaxRanksPerHost:   c.Int("max-ranks-per-host"),
+		MaxJobsPerHost:    c.Int("max-jobs-per-host"),
+		MaxRanksPerClient: c.Int("max-ranks-per-client"),
+		StatsEvery:        statsEvery(c.Duration("stats-every")),
+		Logger:            log,
 	})
 	if err != nil {
 		closeSinks(context.Background(), nil)
@@ -191,6 +193,9 @@ func checkAggregateLimits(c *cli.Context) (int64, error) {
 			return 0, cli.Exit(fmt.Sprintf("--%s must be positive, got %d", name, n), exitUsage)
 		}
 	}
+	if n := c.Int("max-ranks-per-client"); n < 0 {
+		return 0, cli.Exit(fmt.Sprintf("--max-ranks-per-client must be positive (or 0 for the default), got %d", n), exitUsage)
+	}
 	if c.Int("max-conns-per-source") > c.Int("max-conns") {
 		return 0, cli.Exit(fmt.Sprintf("--max-conns-per-source %d is more than --max-conns %d", c.Int("max-conns-per-source"), c.Int("max-conns")), exitUsage)
 	}
@@ -241,31 +246,35 @@ func statsEvery(d time.Duration) time.Duration {
 func aggregateCounters(agg *aggregate.Aggregator, srv *aggregate.Server) map[string]int64 {
 	st, ss := agg.Stats(), srv.Stats()
 	return map[string]int64{
-		"aggregate_requests":        ss.Requests,
-		"aggregate_records":         ss.Records,
-		"aggregate_rejected":        ss.Rejected,
-		"aggregate_ignored":         ss.Ignored,
-		"aggregate_unauthorized":    ss.Unauthorized,
-		"aggregate_too_large":       ss.TooLarge,
-		"aggregate_bad_requests":    ss.BadRequests,
-		"aggregate_busy":            ss.Busy,
-		"aggregate_slow_bodies":     ss.SlowBodies,
-		"aggregate_refused_conns":   ss.RefusedConns,
-		"aggregate_impersonation":   ss.Impersonation,
-		"aggregate_refused_ranks":   st.RefusedRanks,
-		"aggregate_refused_topos":   st.RefusedTopos,
-		"aggregate_facts":           st.Facts,
-		"aggregate_late":            st.LateFacts,
-		"aggregate_refused_hosts":   st.RefusedHosts,
-		"aggregate_topo_versions":   st.TopoVersions,
-		"aggregate_hosts_forgotten": st.ForgottenHosts,
-		"aggregate_refused_queue":   st.RefusedQueue,
-		"aggregate_refused_jobs":    st.RefusedJobs,
-		"aggregate_invalid":         st.Invalid,
-		"aggregate_hosts":           int64(st.Hosts),
-		"aggregate_silent_hosts":    int64(st.SilentHosts),
-		"aggregate_queued":          st.Queued,
-		"aggregate_lag_ns":          int64(st.Lag),
+		"aggregate_requests":             ss.Requests,
+		"aggregate_records":              ss.Records,
+		"aggregate_rejected":             ss.Rejected,
+		"aggregate_ignored":              ss.Ignored,
+		"aggregate_unauthorized":         ss.Unauthorized,
+		"aggregate_too_large":            ss.TooLarge,
+		"aggregate_bad_requests":         ss.BadRequests,
+		"aggregate_busy":                 ss.Busy,
+		"aggregate_slow_bodies":          ss.SlowBodies,
+		"aggregate_refused_conns":        ss.RefusedConns,
+		"aggregate_evicted_conns":        ss.EvictedConns,
+		"aggregate_impersonation":        ss.Impersonation,
+		"aggregate_refused_ranks":        st.RefusedRanks,
+		"aggregate_refused_ranks_client": st.RefusedRanksClient,
+		"aggregate_refused_hosts_client": st.RefusedHostsClient,
+		"aggregate_refused_queue_client": st.RefusedQueueClient,
+		"aggregate_refused_topos":        st.RefusedTopos,
+		"aggregate_facts":                st.Facts,
+		"aggregate_late":                 st.LateFacts,
+		"aggregate_refused_hosts":        st.RefusedHosts,
+		"aggregate_topo_versions":        st.TopoVersions,
+		"aggregate_hosts_forgotten":      st.ForgottenHosts,
+		"aggregate_refused_queue":        st.RefusedQueue,
+		"aggregate_refused_jobs":         st.RefusedJobs,
+		"aggregate_invalid":              st.Invalid,
+		"aggregate_hosts":                int64(st.Hosts),
+		"aggregate_silent_hosts":         int64(st.SilentHosts),
+		"aggregate_queued":               st.Queued,
+		"aggregate_lag_ns":               int64(st.Lag),
 	}
 }
 

@@ -469,8 +469,10 @@ func reliabilityConfig(c *cli.Context, cfg *agent.Config) error {
 
 // secureAgent checks the capabilities the agent needs (refusing to start
 // without a required one), drops the others (re-executing the process) and
-// then takes the attach epoch from the state directory.
-func secureAgent(c *cli.Context, cfg *agent.Config, log *slog.Logger) error {
+// then takes the attach epoch from the state directory. A stop signal
+// already caught (on sig) returns errStoppedWhileStarting instead of the
+// re-execution, which would forget it.
+func secureAgent(sig <-chan os.Signal, c *cli.Context, cfg *agent.Config, log *slog.Logger) error {
 	chk, err := privilege.CheckCapabilities(cfg.DeviceCollection)
 	if err != nil {
 		if errors.Is(err, privilege.ErrMissingCapability) {
@@ -485,6 +487,11 @@ func secureAgent(c *cli.Context, cfg *agent.Config, log *slog.Logger) error {
 			log.Warn("capability missing: a feature will not work", "capability", m.Cap.String(), "needed_to", m.Why)
 		}
 		if c.Bool("drop-capabilities") {
+			select {
+			case <-sig:
+				return errStoppedWhileStarting
+			default:
+			}
 			if err := privilege.DropCapabilities(chk); err != nil {
 				log.Warn("capabilities not dropped", "err", err)
 			} else {

@@ -278,6 +278,12 @@ func openInput(path string) (io.Reader, func(), error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("open facts: %w", err)
 	}
+	// A directory opens but cannot be read: say so now, a usage error,
+	// not a read failure later. Pipes and devices are fine.
+	if fi, err := f.Stat(); err == nil && fi.IsDir() {
+		f.Close()
+		return nil, nil, fmt.Errorf("open facts: %s is a directory, want a JSONL file or - for stdin", path)
+	}
 	return f, func() { f.Close() }, nil
 }
 

@@ -199,12 +199,29 @@ type endpoint struct {
 	client *http.Client
 }
 
-func newEndpoint(c *cli.Context) *endpoint {
+func newEndpoint(c *cli.Context) (*endpoint, error) {
 	if addr := lineageString(c, "addr"); addr != "" {
-		return &endpoint{where: addr, base: "http://" + addr, client: &http.Client{Timeout: 5 * time.Second}}
+		if err := checkHostPort(addr); err != nil {
+			return nil, cli.Exit(fmt.Sprintf("--addr %q: %v", addr, err), exitUsage)
+		}
+		return &endpoint{where: addr, base: "http://" + addr, client: &http.Client{Timeout: 5 * time.Second}}, nil
 	}
 	sock := lineageString(c, "socket")
-	return &endpoint{where: sock, base: "http://slowrank-agent", client: newEndpointClient(sock, 5*time.Second)}
+	return &endpoint{where: sock, base: "http://slowrank-agent", client: newEndpointClient(sock, 5*time.Second)}, nil
+}
+
+// checkHostPort refuses an address that no request could reach, a usage
+// error rather than a failure to reach the agent: it must be host:port
+// with a port number in 1..65535.
+func checkHostPort(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("want host:port: %w", err)
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		return fmt.Errorf("port %q is not a number in 1..65535", port)
+	}
+	return nil
 }
 
 // newEndpointClient is an HTTP client that dials the Unix socket sock.
@@ -298,7 +315,10 @@ func statusCommand() *cli.Command {
 			&cli.DurationFlag{Name: "interval", Value: time.Second, Usage: "refresh period with --watch"},
 		),
 		Action: func(c *cli.Context) error {
-			e := newEndpoint(c)
+			e, err := newEndpoint(c)
+			if err != nil {
+				return err
+			}
 			if c.Bool("watch") {
 				return watch(c.Context, e, os.Stdout, c.Duration("interval"), 0)
 			}
@@ -319,7 +339,11 @@ func statusCommand() *cli.Command {
 
 func controlCommand() *cli.Command {
 	show := func(c *cli.Context, req agent.ControlRequest) error {
-		cr, err := newEndpoint(c).control(c.Context, req)
+		e, err := newEndpoint(c)
+		if err != nil {
+			return err
+		}
+		cr, err := e.control(c.Context, req)
 		if err != nil {
 			return cli.Exit(err.Error(), 1)
 		}

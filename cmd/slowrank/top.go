@@ -29,7 +29,14 @@ func topCommand() *cli.Command {
 			&cli.IntFlag{Name: "count", Usage: "stop after this many refreshes (0: until interrupted)"},
 		),
 		Action: func(c *cli.Context) error {
-			return watch(c.Context, newEndpoint(c), os.Stdout, c.Duration("interval"), c.Int("count"))
+			if n := c.Int("count"); n < 0 {
+				return cli.Exit(fmt.Sprintf("--count must be 0 (until interrupted) or positive, got %d", n), exitUsage)
+			}
+			e, err := newEndpoint(c)
+			if err != nil {
+				return err
+			}
+			return watch(c.Context, e, os.Stdout, c.Duration("interval"), c.Int("count"))
 		},
 	}
 }

@@ -43,6 +43,13 @@ func TestUsageErrorsExitTwoOnOneLine(t *testing.T) {
 		{"aggregate negative max-hosts", []string{"aggregate", "--listen", "127.0.0.1:0", "--duration", "100ms", "--max-hosts", "-1"}},
 		{"aggregate negative max-request-bytes", []string{"aggregate", "--listen", "127.0.0.1:0", "--duration", "100ms", "--max-request-bytes", "-5"}},
 		{"aggregate zero max-hosts", []string{"aggregate", "--listen", "127.0.0.1:0", "--duration", "100ms", "--max-hosts", "0"}},
+		{"top with a negative count", []string{"top", "--count", "-1"}},
+		{"replay of a directory", []string{"replay", "--input", "$DIR"}},
+		{"status at a port that is not a number", []string{"status", "--addr", "127.0.0.1:badport"}},
+		{"status at port 0", []string{"status", "--addr", "127.0.0.1:0"}},
+		{"status at an address without a port", []string{"status", "--addr", "localhost"}},
+		{"top at a bad port", []string{"top", "--addr", "localhost:99999", "--count", "1"}},
+		{"control at a bad port", []string{"control", "pause", "--addr", "localhost:x"}},
 		{"aggregate negative stats-every", []string{"aggregate", "--listen", "127.0.0.1:0", "--duration", "100ms", "--stats-every", "-1s"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

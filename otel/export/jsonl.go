@@ -54,8 +54,8 @@ type JSONLWriter struct {
 	checkEvery time.Duration // jsonlCheckEvery; tests lower it
 	own        bool          // a file (not stdout): close, reopen on rotation
 
-	// f, id and goodOff are guarded by ioMu (and read by Close after the
-	// background writer stopped).
+	// f and id are guarded by ioMu (and read by Close after the background
+	// writer stopped).
 	f         *os.File
 	id        fileID // device and inode of f
 	lastCheck time.Time
@@ -69,8 +69,7 @@ type JSONLWriter struct {
 	backoff time.Duration
 	lastErr error
 
-	ioMu    sync.Mutex // serialises file writes and reopening
-	goodOff int64      // file size in whole lines
+	ioMu sync.Mutex // serialises file writes and reopening
 
 	lost    atomic.Int64
 	written atomic.Int64
@@ -94,7 +93,7 @@ func NewJSONLWriter(path string) (*JSONLWriter, error) {
 	if path == "-" {
 		return newJSONLWriter(path, os.Stdout, fileID{}, false), nil
 	}
-	f, id, _, err := openOutput(path, true)
+	f, id, err := openOutput(path, true)
 	if err != nil {
 		return nil, err
 	}
@@ -111,7 +110,7 @@ func newJSONLWriter(path string, f *os.File, id fileID, own bool) *JSONLWriter {
 // CreateOutput creates or truncates path with mode 0640 under the checks of
 // NewJSONLWriter, for outputs written straight through (replay, simulate).
 func CreateOutput(path string) (*os.File, error) {
-	f, _, _, err := openOutput(path, true)
+	f, _, err := openOutput(path, true)
 	return f, err
 }
 
@@ -128,10 +127,11 @@ func idOf(fi fs.FileInfo) fileID {
 // without blocking (O_NONBLOCK: a FIFO without a reader fails with ENXIO
 // instead of waiting for one), then checks with fstat that what it opened
 // is a regular file; so no path swap between a check and the open matters.
-// truncate empties an existing file; otherwise the returned size is where
-// writing goes on.
-func openOutput(path string, truncate bool) (*os.File, fileID, int64, error) {
-	const flags = os.O_WRONLY | syscall.O_NOFOLLOW | syscall.O_CLOEXEC | syscall.O_NONBLOCK
+// truncate empties an existing file. Every write appends (O_APPEND): after
+// a copytruncate rotation the next line lands at the file's new end, not
+// at the old offset behind a run of NULs.
+func openOutput(path string, truncate bool) (*os.File, fileID, error) {
+	const flags = os.O_WRONLY | os.O_APPEND | syscall.O_NOFOLLOW | syscall.O_CLOEXEC | syscall.O_NONBLOCK
 	f, err := os.OpenFile(path, flags|os.O_CREATE|os.O_EXCL, 0o640)
 	created := err == nil
 	if errors.Is(err, fs.ErrExist) {
@@ -140,45 +140,40 @@ func openOutput(path string, truncate bool) (*os.File, fileID, int64, error) {
 	if err != nil {
 		switch {
 		case errors.Is(err, syscall.ELOOP):
-			return nil, fileID{}, 0, fmt.Errorf("open %s: %w", path, ErrSymlink)
+			return nil, fileID{}, fmt.Errorf("open %s: %w", path, ErrSymlink)
 		case errors.Is(err, syscall.ENXIO), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.EOPNOTSUPP):
 			// A FIFO without a reader, a socket, a directory.
-			return nil, fileID{}, 0, fmt.Errorf("open %s: %w", path, ErrNotRegular)
+			return nil, fileID{}, fmt.Errorf("open %s: %w", path, ErrNotRegular)
 		}
-		return nil, fileID{}, 0, fmt.Errorf("open jsonl output: %w", err)
+		return nil, fileID{}, fmt.Errorf("open jsonl output: %w", err)
 	}
 	fi, err := f.Stat()
 	if err != nil {
 		f.Close()
-		return nil, fileID{}, 0, fmt.Errorf("stat %s: %w", path, err)
+		return nil, fileID{}, fmt.Errorf("stat %s: %w", path, err)
 	}
 	if !fi.Mode().IsRegular() {
 		f.Close()
-		return nil, fileID{}, 0, fmt.Errorf("open %s (%s): %w", path, fi.Mode().Type(), ErrNotRegular)
+		return nil, fileID{}, fmt.Errorf("open %s (%s): %w", path, fi.Mode().Type(), ErrNotRegular)
 	}
 	if created {
 		if err := f.Chmod(0o640); err != nil {
 			f.Close()
-			return nil, fileID{}, 0, fmt.Errorf("chmod %s: %w", path, err)
+			return nil, fileID{}, fmt.Errorf("chmod %s: %w", path, err)
 		}
-		return f, idOf(fi), 0, nil
+		return f, idOf(fi), nil
 	}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok && (st.Nlink > 1 || int(st.Uid) != os.Geteuid()) {
 		f.Close()
-		return nil, fileID{}, 0, fmt.Errorf("open %s: %w", path, ErrUnsafeFile)
+		return nil, fileID{}, fmt.Errorf("open %s: %w", path, ErrUnsafeFile)
 	}
-	size := fi.Size()
 	if truncate {
 		if err := f.Truncate(0); err != nil {
 			f.Close()
-			return nil, fileID{}, 0, fmt.Errorf("truncate %s: %w", path, err)
+			return nil, fileID{}, fmt.Errorf("truncate %s: %w", path, err)
 		}
-		size = 0
-	} else if _, err := f.Seek(size, 0); err != nil {
-		f.Close()
-		return nil, fileID{}, 0, fmt.Errorf("seek %s: %w", path, err)
 	}
-	return f, idOf(fi), size, nil
+	return f, idOf(fi), nil
 }
 
 // Reopen opens the path again and writes there from now on (after log
@@ -203,7 +198,7 @@ func (w *JSONLWriter) reopenLocked() error {
 	if closed {
 		return nil
 	}
-	f, id, size, err := openOutput(w.path, false)
+	f, id, err := openOutput(w.path, false)
 	if err != nil {
 		err = fmt.Errorf("reopen: %w", err)
 		w.mu.Lock()
@@ -212,7 +207,7 @@ func (w *JSONLWriter) reopenLocked() error {
 		return err
 	}
 	old := w.f
-	w.f, w.id, w.goodOff = f, id, size
+	w.f, w.id = f, id
 	w.reopened.Add(1)
 	old.Close()
 	return nil
@@ -325,25 +320,20 @@ func (w *JSONLWriter) flush(force bool) error {
 	n, err := w.f.Write(data)
 	var keep []byte
 	if err != nil {
-		// Cut a regular file back to its last whole line and retry all of
-		// data later; elsewhere what was written stays written.
-		if w.own && w.f.Truncate(w.goodOff) == nil {
-			if _, serr := w.f.Seek(w.goodOff, 0); serr == nil {
+		// Cut a regular file back to its last whole line (the n bytes of a
+		// partial write are its end: O_APPEND) and retry all of data
+		// later; elsewhere what was written stays written.
+		if w.own && n > 0 {
+			if fi, serr := w.f.Stat(); serr == nil && fi.Size() >= int64(n) && w.f.Truncate(fi.Size()-int64(n)) == nil {
 				n = 0
 			}
 		}
 		if n > 0 {
 			w.written.Add(int64(bytes.Count(data[:n], []byte{'\n'})))
-			if w.own {
-				w.goodOff += int64(n)
-			}
 		}
 		keep = data[n:]
 	} else {
 		w.written.Add(int64(bytes.Count(data, []byte{'\n'})))
-		if w.own {
-			w.goodOff += int64(n)
-		}
 	}
 
 	w.mu.Lock()

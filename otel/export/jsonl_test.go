@@ -2,6 +2,7 @@ package export
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"net"
@@ -385,6 +386,42 @@ func TestJSONLWriterFollowsRotation(t *testing.T) {
 				t.Errorf("new file %q, want [2]", got)
 			}
 		})
+	}
+}
+
+// logrotate's copytruncate copies the file and truncates it in place: the
+// writer keeps its descriptor. Every line must land at the file's new end,
+// never at the old offset behind a run of NULs.
+func TestJSONLWriterAfterCopytruncateWritesNoNULs(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "verdicts.jsonl")
+	w, err := NewJSONLWriter(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		w.Write(i)
+	}
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(path)
+	os.WriteFile(path+".1", b, 0o600)
+	if err := os.Truncate(path, 0); err != nil {
+		t.Fatal(err)
+	}
+	w.Write("after")
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != "\"after\"\n" {
+		t.Errorf("file after copytruncate holds %q (%d NULs), want only the new line", got, bytes.Count(got, []byte{0}))
+	}
+	if w.Reopened() != 0 {
+		t.Errorf("reopened %d times: same inode, nothing to reopen", w.Reopened())
 	}
 }
 
