@@ -814,6 +814,9 @@ func TestDutyFirstCandidateGetsDeviceRecords(t *testing.T) {
 				cfg.Period = window // the agent's period at defaults: the detector window
 				s := newDutySim(cfg, uint64(stepMS)+uint64(first))
 				s.baseMS, s.jitter, s.cost = stepMS, 0.03, 0.02
+				// Uprobe traps that take 0.06 % of step time, as the H200
+				// job's did (its base share was 5 % at the 3 % prior).
+				s.traps = func(int64) float64 { return 100 }
 				// A candidate window settles at `first`; the detector flags
 				// the two windows after it too (the streak it needs), and a
 				// candidate window every 5 minutes after that.
