@@ -915,3 +915,42 @@ func TestDutyPairDriftIsJudgedAgainstJitter(t *testing.T) {
 		})
 	}
 }
+
+// TestDutyEscalationShortenedToWhatTheLedgerPays: an escalation the
+// ledger cannot pay for in full is granted for the part it can pay, down to
+// MinEscalation; shorter, it is refused with the reason. No base share
+// here (MaxShare 0): the allowance is Budget × Advance, the escalation's
+// cost the 3 % prior plus the library's allowance.
+func TestDutyEscalationShortenedToWhatTheLedgerPays(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		advance time.Duration
+		want    time.Duration // 0: refused
+	}{
+		{"the advance pays for all of it", 10 * time.Minute, 15 * time.Second},
+		{"100 s of advance pay for 9.9 s", 100 * time.Second, 9934 * time.Millisecond}, // (0.3 s − 10 s × 0.01 %) / 3.01 %
+		{"50 s of advance pay for less than a window", 50 * time.Second, 0},
+		{"no advance, 10 s of training", 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultDutyConfig()
+			cfg.MaxShare, cfg.Advance = 0, tc.advance
+			d := NewDuty(cfg)
+			now := simStart
+			for i := range 11 {
+				d.ObserveStep(stepFact(0, int64(i), now, 1000, 0, false))
+				d.Plan(now)
+				now += int64(time.Second)
+			}
+			now -= int64(time.Second)
+			ok := d.Suspect(now, now-int64(5*time.Second), now)
+			p := d.Plan(now)
+			if got := time.Duration(p.EscalatedUntil - now); ok != (tc.want > 0) || ok && (got-tc.want).Abs() > 5*time.Millisecond {
+				t.Fatalf("granted %v for %s, want %s (overhead %+v)", ok, got, tc.want, p.Overhead)
+			}
+			if r := p.Overhead.Refused; !ok && !strings.Contains(r, "less than the 5s an escalation needs") {
+				t.Fatalf("refusal reason %q", r)
+			}
+		})
+	}
+}
