@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"fmt"
 	"math"
 	"slices"
 	"time"
@@ -41,7 +42,16 @@ type DutyConfig struct {
 	// PriorCost is the assumed cost of full collection until measured.
 	PriorCost float64
 	// Escalation is how long collection stays fully on after a suspicion.
-	Escalation time.Duration
+	// When the ledger cannot pay for all of it, the longest escalation it
+	// can pay is granted if it lasts MinEscalation (a window) or more.
+	Escalation, MinEscalation time.Duration
+	// Advance is the training time whose budget the ledger may spend from
+	// the start: it allows Budget × max(training, Advance), so that the
+	// cost is measured and a job's first escalation is paid in its first
+	// minute, and is repaid by the base share before anything else is
+	// spent. From Advance of training on, the spend is within Budget ×
+	// training again.
+	Advance time.Duration
 	// EscalationReserve is the share of Budget that the base share leaves
 	// for escalations; an escalation is granted only when the ledger can
 	// pay for it.
@@ -73,9 +83,13 @@ type DutyConfig struct {
 	// PairSteps is how many off steps before and after an on-block it is
 	// compared with.
 	PairSteps int
-	// PairTolerance drops a pair whose off steps before and after the
-	// on-block differ by more than this (the job's own step time moved).
+	// PairTolerance and PairNoise drop a pair whose off steps before and
+	// after the on-block differ by more than both PairTolerance and
+	// PairNoise standard errors of the difference of their medians, the
+	// standard error estimated from the pair's own off steps (the job's
+	// own step time moved, beyond its step-to-step jitter).
 	PairTolerance float64
+	PairNoise     float64
 	// MinOnSteps is the number of whole steps an on-block must hold: a
 	// shorter one gives no covered step (correlate marks a step gpu only
 	// when collection was on for all of it) and no pair for the estimate.
@@ -97,14 +111,16 @@ type DutyConfig struct {
 }
 
 // DefaultDutyConfig returns a budget of 0.3 % over an hour, a quarter of it
-// reserved for escalations, 10 s periods and 20 s escalations (Greyhound's
-// detailed-profiling window).
+// reserved for escalations, the first 10 minutes' budget (1.8 s of cost)
+// spendable from the start, 10 s periods and 15 s escalations (three of the
+// detector's default 5-s windows: the streak a straggler needs; Greyhound's
+// detailed-profiling window is 20 s).
 func DefaultDutyConfig() DutyConfig {
 	return DutyConfig{
 		Budget: 0.003, Period: 10 * time.Second, MinShare: 0, MaxShare: 0.5,
-		PriorCost: 0.03, Escalation: 20 * time.Second, EscalationReserve: 0.25,
+		PriorCost: 0.03, Escalation: 15 * time.Second, MinEscalation: 5 * time.Second, EscalationReserve: 0.25, Advance: 10 * time.Minute,
 		Horizon: time.Hour, UprobeCost: 6 * time.Microsecond, NCCLPluginCost: time.Microsecond, LibraryCost: 0.0001,
-		MinPairs: 10, PairSteps: 8, PairTolerance: 0.02,
+		MinPairs: 8, PairSteps: 8, PairTolerance: 0.02, PairNoise: 3,
 		MinOnSteps: 4, MaxPeriod: 16 * time.Minute,
 		KernelChannelLimit: 0.01, KernelChannelPairs: 8, KernelChannelMaxPairs: 24,
 	}
@@ -163,10 +179,18 @@ type Overhead struct {
 	Total      float64 `json:"spent_total"`
 	// Training is the training time in the horizon that the spend is
 	// divided by.
-	Training           time.Duration `json:"training_ns"`
-	EscalationsGranted int64         `json:"escalations_granted"`
-	EscalationsRefused int64         `json:"escalations_refused"`
-	PairsDropped       PairDrops     `json:"pairs_dropped"`
+	Training time.Duration `json:"training_ns"`
+	// Allowance is what the ledger may spend over its horizon, in
+	// seconds of cost: Budget × max(Training, Advance).
+	Allowance          float64 `json:"allowance_s"`
+	EscalationsGranted int64   `json:"escalations_granted"`
+	EscalationsRefused int64   `json:"escalations_refused"`
+	// Refused says why the last escalation was refused.
+	Refused      string    `json:"escalation_refused_reason,omitempty"`
+	PairsDropped PairDrops `json:"pairs_dropped"`
+	// Calibrating: the plan runs on-blocks sized to measure the cost
+	// (Duty.calibrate) rather than the budget's base share.
+	Calibrating bool `json:"calibrating,omitempty"`
 	// KernelChannels is the NCCL plugin's kernel-channel trial, once a
 	// plugin operation was seen or the operator decided.
 	KernelChannels *KernelChannels `json:"nccl_kernel_channels,omitempty"`
@@ -185,6 +209,14 @@ const (
 	// trimFraction is trimmed from each end of the pair ratios: a stall of
 	// the job that falls into one on-block must not read as cost.
 	trimFraction = 0.1
+	// minPairSide is the fewest off steps a side of a pair may have.
+	minPairSide = 3
+	// calibrateHalfWidth is the half-width of the cost interval up to which
+	// the first Advance keeps calibrating (Duty.calibrate): the plan is
+	// priced at the interval's upper end, and the 8 blocks that make an
+	// estimate leave it ±1.5-2.5 % wide at 3 % step jitter, so that an
+	// escalation at the upper end could cost more than at the prior.
+	calibrateHalfWidth = 0.01
 	// ledgerBuckets divide the horizon.
 	ledgerBuckets = 360
 	// recentBuckets is the ledger's recent past (a minute at 1 h) that the
@@ -202,7 +234,8 @@ const (
 // The estimate: per rank, each on-block (consecutive steps with device
 // records) is compared with the median of up to PairSteps off steps before
 // and after it, both sides required, the off step on each side of the block
-// left out (partly collected). Ratio r = median(on)/mean(before, after) − 1.
+// left out (partly collected); a gap between two blocks shorter than
+// 2·PairSteps is shared out between them, no off step serving both. Ratio r = median(on)/mean(before, after) − 1.
 // The ranks of a host share the duty phase, so their pairs of one block are
 // one observation (they move together in synchronous training): the
 // estimate is a trimmed mean over blocks with a Tukey–McLaughlin t-interval.
@@ -234,6 +267,8 @@ type Duty struct {
 	collecting        bool
 	escFrom, escUntil int64
 	granted, refused  int64
+	refusal           string // why the last escalation was refused
+	calibrating       bool   // the last plan was a calibration plan
 	est               CostEstimate
 	estValid          bool
 	bucketLen         int64
@@ -270,7 +305,13 @@ type rankPairing struct {
 	off     []offStep // the last PairSteps+1 clean off steps, oldest first
 	inBlock bool      // in an on-block
 	pending bool      // block ended, collecting off steps after it
-	cur     pairing
+	// gap is the off steps since the last block ended (its partly
+	// collected first one left out), taken how many of them that block's
+	// after side holds: no off step counts for two blocks, whose ratios
+	// would then be correlated and their interval too narrow. A gap
+	// shorter than 2·PairSteps+2 is shared out between the two blocks.
+	gap, taken int
+	cur        pairing
 }
 
 type offStep struct {
@@ -280,6 +321,7 @@ type offStep struct {
 
 type pairing struct {
 	beforeMed float64
+	before    []float64 // the off steps before, ms
 	beforeN   int
 	from      int64 // start of the first off step before
 	on        []float64
@@ -326,13 +368,21 @@ func (d *Duty) ObserveStep(st detector.Step) {
 		if p.pending {
 			d.finish(p)
 		}
-		p.off, p.inBlock = p.off[:0], false
+		p.off, p.inBlock, p.gap, p.taken = p.off[:0], false, 0, 0
 	}
 	p.lastEnd = endNS
 	k := max(d.cfg.PairSteps, 1)
 	if gpuOn {
 		if p.pending {
-			d.finish(p) // the next block began: pair with the off steps there are
+			// The next block began: its last off step was partly
+			// collected, and the two blocks share the gap's steps out.
+			a := p.cur.after
+			if len(a) > 0 {
+				a = a[:len(a)-1]
+			}
+			p.taken = min((len(a)+1)/2, k)
+			p.cur.after = a[:p.taken]
+			d.finish(p)
 		}
 		if !p.inBlock {
 			p.inBlock = true
@@ -340,16 +390,18 @@ func (d *Duty) ObserveStep(st detector.Step) {
 			if len(before) > 0 {
 				before = before[:len(before)-1] // partly collected
 			}
+			if free := max(p.gap-1-p.taken, 0); len(before) > free {
+				before = before[len(before)-free:] // the previous block's after side
+			}
 			if len(before) > k {
 				before = before[len(before)-k:]
 			}
-			p.cur = pairing{onFrom: start, on: p.cur.on[:0], after: p.cur.after[:0], from: start, beforeN: len(before)}
+			p.cur = pairing{onFrom: start, on: p.cur.on[:0], after: p.cur.after[:0], before: p.cur.before[:0], from: start, beforeN: len(before)}
 			if len(before) > 0 {
-				vals := make([]float64, len(before))
-				for i, s := range before {
-					vals[i] = s.ms
+				for _, s := range before {
+					p.cur.before = append(p.cur.before, s.ms)
 				}
-				p.cur.beforeMed, p.cur.from = median(vals), before[0].start
+				p.cur.beforeMed, p.cur.from = median(slices.Clone(p.cur.before)), before[0].start
 			}
 		}
 		if len(p.cur.on) < maxOnSteps {
@@ -361,16 +413,20 @@ func (d *Duty) ObserveStep(st detector.Step) {
 	if p.inBlock {
 		// The first off step after a block was partly collected.
 		p.inBlock, p.pending = false, true
-		p.off = p.off[:0]
+		p.off, p.gap, p.taken = p.off[:0], 0, 0
 		return
 	}
 	if p.pending {
 		p.cur.after = append(p.cur.after, stepMS)
 		p.cur.to = endNS
-		if len(p.cur.after) >= k {
+		if len(p.cur.after) > 2*k {
+			// A gap long enough for both sides: the first k are this
+			// block's, the last k before the next block the next one's.
+			p.taken, p.cur.after = k, p.cur.after[:k]
 			d.finish(p)
 		}
 	}
+	p.gap++
 	p.off = append(p.off, offStep{stepMS, start, endNS})
 	if len(p.off) > k+1 {
 		p.off = append(p.off[:0], p.off[1:]...)
@@ -381,7 +437,7 @@ func (d *Duty) ObserveStep(st detector.Step) {
 func (d *Duty) finish(p *rankPairing) {
 	p.pending = false
 	c := &p.cur
-	minSide := min(3, max(d.cfg.PairSteps, 1))
+	minSide := min(minPairSide, max(d.cfg.PairSteps, 1))
 	if c.beforeN < minSide || len(c.after) < minSide || len(c.on) == 0 || !(c.beforeMed > 0) {
 		d.drops.Short++
 		return
@@ -391,7 +447,7 @@ func (d *Duty) finish(p *rankPairing) {
 		d.drops.Short++
 		return
 	}
-	if math.Abs(after/c.beforeMed-1) > d.cfg.PairTolerance {
+	if shift := math.Abs(after/c.beforeMed - 1); shift > d.cfg.PairTolerance && shift > d.cfg.PairNoise*shiftSE(c.before, c.after) {
 		d.drops.Drift++
 		return
 	}
@@ -419,6 +475,23 @@ func (d *Duty) finish(p *rankPairing) {
 	if len(d.clusters) > maxClusters {
 		d.clusters = append(d.clusters[:0], d.clusters[1:]...)
 	}
+}
+
+// shiftSE is the standard error of the relative difference of the medians
+// of before and after, from the steps' own jitter: their median absolute
+// deviation from their side's median, pooled (1.4826 MAD estimates a
+// normal standard deviation; a median's standard error is 1.2533 σ/√n).
+// A jitter-free job gives 0: the tolerance alone decides.
+func shiftSE(before, after []float64) float64 {
+	dev := make([]float64, 0, len(before)+len(after))
+	for _, side := range [][]float64{before, after} {
+		m := median(slices.Clone(side))
+		for _, v := range side {
+			dev = append(dev, math.Abs(v/m-1))
+		}
+	}
+	sigma := 1.4826 * median(dev)
+	return 1.2533 * sigma * math.Sqrt(1/float64(len(before))+1/float64(len(after)))
 }
 
 // exclude keeps the job's own slowdown in [from, to) out of the estimate:
@@ -615,38 +688,132 @@ func (d *Duty) SetCollecting(now int64, on bool) {
 
 // Suspect asks for an escalation: collection fully on for Escalation. The
 // suspicious window [from, to) is kept out of the cost estimate. It is
-// granted only when the ledger can pay for it within the budget over the
-// horizon; refusals are counted.
+// granted only when the ledger can pay for it within its allowance over
+// the horizon (Budget × max(training, Advance)); refusals are counted and
+// the last one's reason kept for status.
 func (d *Duty) Suspect(now, from, to int64) bool {
 	d.advance(now)
 	d.exclude(from, to)
 	if now < d.escUntil {
 		return true // already escalated
 	}
-	e := d.cfg.Escalation.Seconds()
-	cost := e * (d.chargedCost() + d.recentCalls(now) + d.cfg.LibraryCost)
 	s := d.sums(now, ledgerBuckets)
-	if s.spent()+cost > d.cfg.Budget*(s.train+e) {
+	rate := d.escalationRate(now)
+	dur := d.affordable(s, rate)
+	if dur < d.cfg.MinEscalation.Seconds() || dur <= 0 {
 		d.refused++
+		e := d.cfg.Escalation.Seconds()
+		allow := d.allowance(s.train + e)
+		d.refusal = fmt.Sprintf("the ledger pays for %.1f s of full collection, less than the %s an escalation needs: %s costs %.3f s at %.2f %% of step time (%s), "+
+			"%.3f s are left of %.3f s (%.2f %% of %s of training and the escalation)",
+			max(dur, 0), d.cfg.MinEscalation, d.cfg.Escalation, d.escalationCost(now), 100*rate, d.costSource(), max(allow-s.spent(), 0), allow, 100*d.cfg.Budget,
+			time.Duration(max(s.train+e, d.cfg.Advance.Seconds())*1e9).Round(time.Second))
 		return false
 	}
 	d.granted++
-	d.escFrom, d.escUntil = now, now+int64(d.cfg.Escalation)
+	d.escFrom, d.escUntil = now, now+int64(dur*1e9)
 	d.exclude(d.escFrom, d.escUntil)
 	return true
+}
+
+// escalationRate is what a second of escalation is charged, as a share of
+// that second: full collection at the charged cost, the recent calls and
+// the library.
+func (d *Duty) escalationRate(now int64) float64 {
+	return d.chargedCost() + d.recentCalls(now) + d.cfg.LibraryCost
+}
+
+// escalationCost is what an escalation starting now would be charged, in
+// seconds of cost.
+func (d *Duty) escalationCost(now int64) float64 {
+	return d.cfg.Escalation.Seconds() * d.escalationRate(now)
+}
+
+// affordable is the longest escalation, up to Escalation, that the ledger
+// s can pay at rate within its allowance: spent + x·rate ≤ Budget ×
+// max(train + x, Advance).
+func (d *Duty) affordable(s ledgerBucket, rate float64) float64 {
+	e, b, a := d.cfg.Escalation.Seconds(), d.cfg.Budget, d.cfg.Advance.Seconds()
+	if rate <= 0 || s.spent()+e*rate <= d.allowance(s.train+e) {
+		return e
+	}
+	x := (b*a - s.spent()) / rate // within the advance
+	if s.train+x > a {
+		x = 0
+		if rate > b {
+			x = (b*s.train - s.spent()) / (rate - b) // beyond it
+		}
+	}
+	return min(x, e)
+}
+
+// allowance is what the ledger may have spent over a horizon holding train
+// seconds of training, in seconds of cost.
+func (d *Duty) allowance(train float64) float64 {
+	return d.cfg.Budget * max(train, d.cfg.Advance.Seconds())
+}
+
+func (d *Duty) costSource() string {
+	if e := d.Estimate(); e.Measured {
+		return fmt.Sprintf("the upper end of the cost measured from %d pairs", e.Pairs)
+	}
+	return "the prior: the cost is not measured yet"
+}
+
+// calibrate returns the plan that measures the cost of collection fast,
+// while it is not measured, the job is within its first Advance of
+// training and the ledger can pay for it and still for the job's first
+// escalation: on-blocks of MinOnSteps+1 steps of the recent step time,
+// each followed by 2·3+2 off steps (3 after the block, 3 before the next,
+// and the two partly collected ones), the period a multiple of
+// MinDutyPeriod at most the configured one (every window keeps an
+// on-block). A block takes 13 steps, MinPairs (8) of them 10-21 s at
+// 100-200 ms steps, and costs 5 steps of full collection: 8 cost
+// 0.12-0.24 s at 3 %. It goes on while the cost interval is wider than
+// ±calibrateHalfWidth, since the plan is priced at its upper end. The
+// base share at 0.225 % of a 3 % cost cannot do that: on the H200's 4-rank
+// job (103-ms steps, a 5 % share) its blocks needed the period doubled to
+// 20 s, and no pair was measured in 5 minutes.
+func (d *Duty) calibrate(now int64, s ledgerBucket, est CostEstimate) (share float64, period time.Duration, ok bool) {
+	c := d.cfg
+	if est.Measured && est.High-est.Low <= 2*calibrateHalfWidth || c.MinOnSteps <= 0 || c.MinShare > 0 || len(d.steps) == 0 || !d.collecting ||
+		s.train >= c.Advance.Seconds() {
+		return 0, 0, false
+	}
+	reserve := 0.0
+	if d.granted == 0 {
+		reserve = d.escalationCost(now)
+	}
+	if s.spent()+reserve > c.Budget*c.Advance.Seconds() {
+		return 0, 0, false
+	}
+	step := time.Duration(median(slices.Clone(d.steps)) * 1e6)
+	on := time.Duration(c.MinOnSteps+1) * step
+	need := on + time.Duration(2*min(minPairSide, max(c.PairSteps, 1))+2)*step
+	period = (need + MinDutyPeriod - 1) / MinDutyPeriod * MinDutyPeriod
+	if d.calibrating && d.lastPeriod >= period && d.lastPeriod <= period*5/4 {
+		period = d.lastPeriod // a step time at a multiple's edge does not move the phase
+	}
+	share = float64(on) / float64(period)
+	if period > c.Period || share > c.MaxShare {
+		return 0, 0, false
+	}
+	return share, period, true
 }
 
 // Plan charges the ledger up to now and returns the duty cycle: the base
 // share is what the budget leaves after the uprobes, the NCCL profiler
 // plugin, the library and the escalation reserve, divided by the upper end
-// of the cost estimate; none while the ledger is over budget.
+// of the cost estimate; none while the ledger is over its allowance. In
+// the first Advance of training the calibration plan replaces a smaller
+// base share until the cost is measured (calibrate).
 func (d *Duty) Plan(now int64) DutyPlan {
 	d.advance(now)
 	est := d.Estimate()
 	ch := d.chargedCost()
 	s := d.sums(now, ledgerBuckets)
 	rate := d.cfg.Budget*(1-d.cfg.EscalationReserve) - d.recentCalls(now) - d.cfg.LibraryCost
-	if s.spent() > d.cfg.Budget*s.train {
+	if s.spent() > d.allowance(s.train) {
 		rate = 0
 	}
 	share := d.cfg.MaxShare
@@ -654,8 +821,14 @@ func (d *Duty) Plan(now int64) DutyPlan {
 		share = max(rate, 0) / ch
 	}
 	share = max(0, d.cfg.MinShare, min(d.cfg.MaxShare, share))
-	d.share = share
-	p := DutyPlan{OnShare: share, Period: d.period(share), Cost: est.Cost, Measured: est.Measured, Overhead: d.overhead(now, est, s)}
+	cal, period, calibrating := d.calibrate(now, s, est)
+	if calibrating && cal > share {
+		share = cal
+	} else {
+		calibrating, period = false, d.period(share)
+	}
+	d.share, d.calibrating, d.lastPeriod = share, calibrating, period
+	p := DutyPlan{OnShare: share, Period: period, Cost: est.Cost, Measured: est.Measured, Overhead: d.overhead(now, est, s)}
 	p.KernelChannels = d.kernelChannelsAt(now, p.Period)
 	if k := d.kch.result; k.State != KernelChannelsIdle {
 		p.Overhead.KernelChannels = &k
@@ -695,8 +868,9 @@ func (d *Duty) period(share float64) time.Duration {
 }
 
 func (d *Duty) overhead(now int64, est CostEstimate, s ledgerBucket) Overhead {
-	o := Overhead{Budget: d.cfg.Budget, Cost: est, Training: time.Duration(s.train * 1e9),
-		EscalationsGranted: d.granted, EscalationsRefused: d.refused, PairsDropped: d.drops}
+	o := Overhead{Budget: d.cfg.Budget, Cost: est, Training: time.Duration(s.train * 1e9), Allowance: d.allowance(s.train),
+		EscalationsGranted: d.granted, EscalationsRefused: d.refused, Refused: d.refusal, PairsDropped: d.drops,
+		Calibrating: d.calibrating}
 	if s.train > 0 {
 		o.Device, o.Uprobes, o.Library = s.device/s.train, s.uprobes/s.train, s.library/s.train
 		o.UprobesHidden = s.hidden / s.train

@@ -612,10 +612,32 @@ func writeOverhead(w io.Writer, o agent.Overhead) {
 	}
 	fmt.Fprintf(w, "           over %s of training; escalations %d granted, %d refused\n",
 		o.Training.Round(time.Second), o.EscalationsGranted, o.EscalationsRefused)
+	if o.Refused != "" {
+		writeWrapped(w, "last escalation refused:", o.Refused)
+	}
+	if o.Calibrating {
+		fmt.Fprintf(w, "           calibrating: on-blocks sized to measure the cost (%.3f s of %.3f s allowed spent)\n",
+			o.Total*o.Training.Seconds(), o.Allowance)
+	}
 	fmt.Fprintf(w, "           device collection cost %s\n", cost)
 	if k := o.KernelChannels; k != nil {
 		fmt.Fprintf(w, "           %s\n", kernelChannelsText(k))
 	}
+}
+
+// writeWrapped prints prefix and text at the overhead block's indent,
+// wrapped at 80 columns (the whole text is in --json).
+func writeWrapped(w io.Writer, prefix, text string) {
+	const indent = "           "
+	line := indent + prefix
+	for _, word := range strings.Fields(text) {
+		if len(line)+1+len(word) > 80 {
+			fmt.Fprintln(w, line)
+			line = indent + " "
+		}
+		line += " " + word
+	}
+	fmt.Fprintln(w, line)
 }
 
 // kernelChannelsText is the NCCL plugin's kernel-channel trial in one line

@@ -84,6 +84,8 @@ func (f *fakeAgent) Status() agent.Status {
 		Procs:    procs,
 		Counters: map[string]int64{"events": 24110, "ringbuf_lost": 0, "attach_errors": 1},
 		Overhead: &agent.Overhead{Budget: 0.003, Cost: agent.CostEstimate{Cost: 0.0245, Low: 0.0205, High: 0.029, Pairs: 64, Measured: true},
+			Refused: "the ledger pays for 3.3 s of full collection, less than the 5s an escalation needs: 15s costs 0.424 s at 2.83 % of step time " +
+				"(the upper end of the cost measured from 11 pairs), 0.129 s are left of 1.035 s (0.30 % of 5m45s of training and the escalation)",
 			Device: 0.0016, Uprobes: 0.0009, Library: 0.0001, Total: 0.0026, Training: time.Hour, EscalationsGranted: 4, EscalationsRefused: 110},
 	}
 }
@@ -157,6 +159,7 @@ func TestStatusCommand(t *testing.T) {
 		"otel otlp http://127.0.0.1:4318: healthy, spans 120", "verdicts /var/lib/slowrank/verdicts.jsonl",
 		"ALERTS", "rank 2    host      straggler  +58.0% vs r1", "last verdicts", "candidate",
 		"spent 0.260% of 0.300% (device 0.160%, uprobes 0.090%, lib 0.010%)", "escalations 4 granted, 110 refused",
+		"last escalation refused: the ledger pays for 3.3 s of full", "collection, less than the 5s an escalation needs",
 		"cost 2.45% [2.05%, 2.90%] from 64 pairs",
 	} {
 		if !strings.Contains(out, want) {
