@@ -241,6 +241,10 @@ func (d *Detector) AddStep(s Step) ([]Verdict, error) {
 	}
 	j.stats.facts++
 	w := d.windowIndex(j, s.EndNS)
+	if w < 0 && j.stats.windows == 0 && j.next == 0 {
+		d.reorigin(j, -w)
+		w = 0
+	}
 	if w < j.next {
 		j.stats.late++
 		return nil, nil
@@ -281,6 +285,24 @@ func validateStep(s Step) error {
 		return fmt.Errorf("%w: token count %d outside [0, 2^40]", ErrInvalidFact, s.Workload.Tokens)
 	}
 	return nil
+}
+
+// reorigin moves a job's origin k windows earlier while none of its windows
+// has been settled, so that a fact that ends before the first one received
+// (a streaming caller's facts of several ranks and threads arrive a little
+// out of order, and its origin is the first received) is judged instead of
+// dropped as late. Windows stay aligned to the old origin's grid.
+func (d *Detector) reorigin(j *job, k int64) {
+	j.t0 -= k * int64(d.cfg.Window)
+	moved := make(map[int64]*window, len(j.pending))
+	for idx, w := range j.pending {
+		w.index = idx + k
+		moved[idx+k] = w
+	}
+	j.pending = moved
+	for _, rs := range j.ranks {
+		rs.lastSeen += k
+	}
 }
 
 func (d *Detector) windowIndex(j *job, end int64) int64 {

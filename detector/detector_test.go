@@ -510,6 +510,38 @@ func TestLateAndDuplicateFactsAreCounted(t *testing.T) {
 	}
 }
 
+// A streaming caller sets no origin: the first fact received sets it, and
+// facts of other ranks that ended a little earlier arrive after it. Until a
+// window settles they are judged in windows on the same grid, not dropped.
+func TestFactsBeforeTheFirstReceivedAreNotLate(t *testing.T) {
+	cfg := detector.DefaultConfig()
+	cfg.Lateness = time.Second
+	d, _ := detector.New(cfg)
+	var vs []detector.Verdict
+	add := func(rank int, step int64, end int64) {
+		v, err := d.AddStep(detector.Step{Job: "j", Rank: rank, Step: step, EndNS: end, Phases: map[string]float64{"compute": 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		vs = append(vs, v...)
+	}
+	add(0, 9, 6*sec)   // the origin: windows [6 s, 11 s), ...
+	add(1, 1, 2*sec)   // 4 s earlier: window [1 s, 6 s)
+	add(1, 9, 6*sec)   // same window as rank 0's first
+	add(0, 20, 13*sec) // settles [1 s, 6 s): rank 0 sent nothing there
+	add(1, 0, sec)     // a window has settled: late now
+	if s := d.Summaries()[0]; s.Late != 1 || s.Facts != 5 {
+		t.Errorf("summary = %+v, want 1 late of 5 facts", s)
+	}
+	var got []string
+	for _, v := range vs {
+		got = append(got, fmt.Sprintf("r%d [%d s, %d s) %s", v.Rank, v.WindowStartNS/sec, v.WindowEndNS/sec, v.State))
+	}
+	if want := "[r0 [1 s, 6 s) uncertain r1 [1 s, 6 s) uncertain]"; fmt.Sprint(got) != want {
+		t.Errorf("verdicts %v, want %s", got, want)
+	}
+}
+
 func TestInvalidFactsAreErrors(t *testing.T) {
 	d, _ := detector.New(detector.DefaultConfig())
 	bad := []detector.Step{
