@@ -128,7 +128,7 @@ func TestWritesRefusedWhereTheBlockIsNot(t *testing.T) {
 			if _, err := WriteDuty(m, 0, 0, DefaultDuty); !errors.Is(err, tc.want) {
 				t.Errorf("WriteDuty: %v, want %v", err, tc.want)
 			}
-			if tc.want == ErrControl {
+			if errors.Is(tc.want, ErrControl) {
 				if err := WriteYield(m, 0, Yield{Gen: 1, Active: true}); !errors.Is(err, ErrControl) {
 					t.Errorf("WriteYield: %v", err)
 				}
