@@ -190,11 +190,9 @@ func (t *attacher) mapped(k ProcessKey, lib Library) {
 	// them) but not attached.
 	kind, ok := bpfKind(lib.Kind)
 	probe := ok && (kind != bpf.LibTorch || t.a.cfg.ProbeTorch)
-	open := lib.HostPath
-	if lib.Deleted {
-		open = lib.MapFilesPath
-	}
-	t.libs.Use(k, attach.Library[FileID]{File: lib.File, Name: lib.Path, Open: open, PID: k.PID, Kind: uint8(lib.Kind)}, probe)
+	// A deleted file is reached only through its mapping: its path opens
+	// another file or none, which the check refuses.
+	t.libs.Use(k, attach.Library[FileID]{File: lib.File, Name: lib.Path, MapFiles: lib.MapFilesPath, Open: lib.HostPath, PID: k.PID, Kind: uint8(lib.Kind)}, probe)
 }
 
 // injectAttaching: pe's injection library is still with the attach worker.

@@ -13,7 +13,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
+	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/cupti"
 )
 
@@ -233,16 +235,66 @@ func TestInspectInjectionRefusesARenamedFile(t *testing.T) {
 	a := &Agent{counters: newCounters(), log: slog.New(slog.DiscardHandler)}
 	att := &attacher{a: a}
 	pe := &procEntry{inject: &Library{HostPath: path, File: FileID{Dev: st.Dev, Inode: st.Ino}}}
-	if _, err := att.inspectInjection(pe); err == nil || errors.Is(err, errInjectFileChanged) {
+	if _, err := att.inspectInjection(pe); err == nil || errors.Is(err, bpf.ErrFileChanged) {
 		t.Fatalf("the mapped file: %v, want an ELF error", err)
 	}
 	if err := os.Rename(other, path); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := att.inspectInjection(pe); !errors.Is(err, errInjectFileChanged) {
-		t.Fatalf("a file renamed onto the path: %v, want errInjectFileChanged", err)
+	if _, err := att.inspectInjection(pe); !errors.Is(err, bpf.ErrFileChanged) {
+		t.Fatalf("a file renamed onto the path: %v, want bpf.ErrFileChanged", err)
 	}
 	if got := a.counters.get("inject_files_refused"); got != 1 {
 		t.Errorf("inject_files_refused = %d, want 1", got)
+	}
+}
+
+// Through the mapping (map_files) the agent reads the file the process maps
+// whatever its path names now, and counts how it opened it; where the
+// mapping is gone it falls back to the path, checked.
+func TestInspectInjectionReadsTheMapping(t *testing.T) {
+	dir := t.TempDir()
+	path, other := dir+"/libslowrank_cupti.so", dir+"/other.so"
+	for _, p := range []string{path, other} {
+		if err := os.WriteFile(p, []byte("not an ELF file"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem, err := syscall.Mmap(int(f.Fd()), 0, os.Getpagesize(), syscall.PROT_READ, syscall.MAP_SHARED)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Munmap(mem)
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	start := uint64(uintptr(unsafe.Pointer(&mem[0])))
+	mapFiles := fmt.Sprintf("/proc/self/map_files/%x-%x", start, start+uint64(os.Getpagesize()))
+	if _, err := os.Stat(mapFiles); err != nil {
+		t.Skipf("map_files unavailable (CAP_SYS_ADMIN): %v", err)
+	}
+	if err := os.Rename(other, path); err != nil {
+		t.Fatal(err)
+	}
+	a := &Agent{counters: newCounters(), log: slog.New(slog.DiscardHandler)}
+	att := &attacher{a: a}
+	pe := &procEntry{inject: &Library{HostPath: path, MapFilesPath: mapFiles, File: FileID{Dev: st.Dev, Inode: st.Ino}}}
+	if _, err := att.inspectInjection(pe); err == nil || errors.Is(err, bpf.ErrFileChanged) {
+		t.Fatalf("through the mapping: %v, want an ELF error of the mapped file", err)
+	}
+	pe.inject.MapFilesPath = fmt.Sprintf("/proc/self/map_files/%x-%x", start+1, start+2) // no such mapping
+	if _, err := att.inspectInjection(pe); !errors.Is(err, bpf.ErrFileChanged) {
+		t.Fatalf("mapping gone, path renamed onto: %v, want bpf.ErrFileChanged", err)
+	}
+	for name, want := range map[string]int64{"inject_opened_map_files": 1, "inject_opened_path": 0, "inject_files_refused": 1} {
+		if got := a.counters.get(name); got != want {
+			t.Errorf("%s = %d, want %d", name, got, want)
+		}
 	}
 }

@@ -74,6 +74,13 @@ var Table = []Metric{
 			s("attach_files_refused", "use", "uprobes"),
 			s("inject_files_refused", "use", "control_block"),
 		}},
+	{Name: "slowrank.agent.library.opens", Kind: Counter, Unit: "{open}", Component: Agent,
+		Desc: "Library files opened to read their symbols, by use (uprobes: attach and re-attach; control_block: the injection library) and how: map_files (the process's mapping itself, /proc/PID/map_files) or path (where map_files could not be opened, without CAP_SYS_ADMIN or once the mapping went away: the path, checked against the mapping's device and inode, which before Linux 6.8 refuses files on overlayfs).", Series: []Series{
+			s("attach_opened_map_files", "use", "uprobes", "via", "map_files"),
+			s("attach_opened_path", "use", "uprobes", "via", "path"),
+			s("inject_opened_map_files", "use", "control_block", "via", "map_files"),
+			s("inject_opened_path", "use", "control_block", "via", "path"),
+		}},
 
 	// Ring buffer and probes.
 	{Name: "slowrank.agent.events.read", Kind: Counter, Unit: "{event}", Component: Agent,

@@ -15,8 +15,15 @@ type Library[F comparable] struct {
 	File F
 	// Name is the path as the process maps it (status and logs).
 	Name string
-	// Open is what the probe set opens: the host path, or map_files for a
-	// deleted file; valid while PID lives.
+	// MapFiles is the process's map_files entry of one mapping of the
+	// file (/proc/PID/map_files/<start>-<end>, from the maps read that
+	// found it): the probe set opens the mapped file through it, so a
+	// rename onto the path cannot change what is attached. Valid while the
+	// mapping lives.
+	MapFiles string
+	// Open is the path the probe set opens where MapFiles cannot be
+	// opened (no CAP_SYS_ADMIN, the mapping went away): the host path,
+	// checked against File; valid while PID lives.
 	Open string
 	// PID is the process whose mapping this is: the attach goes through it.
 	PID int

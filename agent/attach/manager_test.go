@@ -37,10 +37,10 @@ func (l *fakeLink) DetachCollectives() error {
 	return nil
 }
 
-func (l *fakeLink) ReattachCollectives(open string) error {
+func (l *fakeLink) ReattachCollectives(via Library[int]) error {
 	l.probes.mu.Lock()
 	defer l.probes.mu.Unlock()
-	l.changes = append(l.changes, open)
+	l.changes = append(l.changes, via.Open)
 	if l.probes.failReattach > 0 {
 		l.probes.failReattach--
 		return errExited
