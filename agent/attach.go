@@ -131,7 +131,7 @@ func (t *attacher) added(p Process) {
 			"pid", p.PID, "parent", parent.proc.PID, "rank", rank, "job", job)
 		return
 	}
-	pe := &procEntry{proc: p, rank: rank, job: job, libs: map[FileID]LibraryKind{}, mem: openProcMem(t.procPath(p.PID, "mem"))}
+	pe := &procEntry{proc: p, rank: rank, job: job, libs: map[FileID]LibraryKind{}, mem: t.openImageMem(p)}
 	t.procs[p.ProcessKey] = pe
 	localRank := p.Identity.LocalRank
 	if localRank < 0 {

@@ -298,3 +298,77 @@ func TestInspectInjectionReadsTheMapping(t *testing.T) {
 		}
 	}
 }
+
+// The exec window of issue 34: a process found by its environment execs
+// before the agent opens its memory. The descriptor, opened on the new
+// image, is checked against the image discovery judged and closed unused,
+// counted; a process that shows the judged image keeps it. Each case
+// stands for one moment of the race, made deterministic: discovery's view
+// is taken, then the process changes (or the view is made stale as a
+// change would make it), then the memory is opened.
+func TestOpenImageMemRefusesAnImageNobodyJudged(t *testing.T) {
+	tests := []struct {
+		name  string
+		exec  bool             // the process execs after discovery, before the open
+		stale func(p *Process) // discovery's view as another change leaves it
+		keep  bool
+	}{
+		{name: "the judged image", keep: true},
+		{name: "exec of the same executable", exec: true},
+		{name: "another executable", stale: func(p *Process) { p.ExeFile.Inode++ }},
+		{name: "PID reused", stale: func(p *Process) { p.StartTime++ }},
+		{name: "exec while discovery read the environment", stale: func(p *Process) { p.ExecSig[1]++ }},
+	}
+	r, err := newProcReader("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := startExecImage(t)
+			pid := e.cmd.Process.Pid
+			st, err := r.stat(pid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := Process{ProcessKey: ProcessKey{PID: pid, StartTime: st.StartTime}, ExecSig: st.ExecSig, ExeFile: r.exeFile(pid)}
+			if p.ExeFile == (FileID{}) {
+				t.Fatal("exe of the image not readable")
+			}
+			if tt.exec {
+				e.send("exec")
+				if l := e.line(); l != "second" {
+					t.Fatalf("image said %q", l)
+				}
+			}
+			if tt.stale != nil {
+				tt.stale(&p)
+			}
+			a := &Agent{counters: newCounters(), log: slog.New(slog.DiscardHandler)}
+			att := &attacher{a: a}
+			m := att.openImageMem(p)
+			defer m.Close()
+			_, readErr := cupti.ReadControl(m, int64(e.addr))
+			if tt.keep {
+				if readErr != nil || m.isGone() {
+					t.Errorf("the judged image: read %v, gone %v", readErr, m.isGone())
+				}
+				if n := a.counters.get("proc_mem_image_changed"); n != 0 {
+					t.Errorf("proc_mem_image_changed = %d, want 0", n)
+				}
+				return
+			}
+			if !errors.Is(readErr, errImageChanged) || !m.isGone() {
+				t.Errorf("read %v, gone %v; want errImageChanged and gone", readErr, m.isGone())
+			}
+			if n := a.counters.get("proc_mem_image_changed"); n != 1 {
+				t.Errorf("proc_mem_image_changed = %d, want 1", n)
+			}
+			if tt.exec {
+				if n := e.dirty(); n != 0 {
+					t.Errorf("%d bytes of the new image changed", n)
+				}
+			}
+		})
+	}
+}

@@ -221,8 +221,9 @@ var Table = []Metric{
 			s("cupti_handback_errors", "block", "handback"),
 		}},
 	{Name: "slowrank.agent.process_memory.refused", Kind: Counter, Unit: "{event}", Component: Agent,
-		Desc: "Reads and writes of a training process's memory not made, by reason: image_gone (the process exec'ed or exited: its descriptor, opened when it was found, reaches nothing; once per image), block (the address holds no library block, or one whose agent-written generation moved; each time).", Series: []Series{
+		Desc: "Reads and writes of a training process's memory not made, by reason: image_gone (the process exec'ed or exited: its descriptor, opened when it was found, reaches nothing; once per image), image_changed (the process exec'ed between discovery's reading of its environment and the open of its memory: the descriptor is closed unused; once per process found), block (the address holds no library block, or one whose agent-written generation moved; each time).", Series: []Series{
 			s("proc_mem_image_gone", "reason", "image_gone"),
+			s("proc_mem_image_changed", "reason", "image_changed"),
 			s("proc_mem_block_refused", "reason", "block"),
 		}},
 
