@@ -192,7 +192,7 @@ func (t *attacher) mapped(k ProcessKey, lib Library) {
 	probe := ok && (kind != bpf.LibTorch || t.a.cfg.ProbeTorch)
 	// A deleted file is reached only through its mapping: its path opens
 	// another file or none, which the check refuses.
-	t.libs.Use(k, attach.Library[FileID]{File: lib.File, Name: lib.Path, MapFiles: lib.MapFilesPath, Open: lib.HostPath, PID: k.PID, Kind: uint8(lib.Kind)}, probe)
+	t.libs.Use(k, attach.Library[FileID]{File: lib.File, Name: lib.Path, MapFiles: lib.MapFilesPath, Open: lib.HostPath, PID: k.PID, Owner: pe.proc.Owner.quotaKey(), Kind: uint8(lib.Kind)}, probe)
 }
 
 // injectAttaching: pe's injection library is still with the attach worker.

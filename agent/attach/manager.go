@@ -27,6 +27,10 @@ type Library[F comparable] struct {
 	Open string
 	// PID is the process whose mapping this is: the attach goes through it.
 	PID int
+	// Owner is who runs the process, a key that owner cannot multiply
+	// (the agent's quota key: a uid, or a container's cgroup for root):
+	// the attach worker serves owners in turn (worker.go).
+	Owner string
 	// Kind is the caller's kind of library (the agent's LibraryKind),
 	// passed through to the probe set and the sink.
 	Kind uint8
@@ -164,6 +168,9 @@ func (m *Manager[F, P]) Use(p P, lib Library[F], probe bool) {
 	e := m.libs[lib.File]
 	if e != nil {
 		e.users[p] = lib
+		if e.attaching && m.worker != nil {
+			m.worker.join(lib) // queued: its turn may come through p's owner first
+		}
 		if e.idleSince != 0 {
 			e.idleSince = 0
 			m.cfg.Sink.Count("attachments_reused", 1)
