@@ -68,9 +68,8 @@ type libFile struct {
 	mapped bool
 }
 
-// opener opens a file without following it anywhere the caller did not
-// name; a seam for tests, which refuse map_files as an agent without
-// CAP_SYS_ADMIN is refused.
+// opener opens a file by name: the seam through which tests refuse
+// map_files, as an agent without CAP_SYS_ADMIN is refused.
 type opener func(name string) (*os.File, error)
 
 // openNonblock opens name read-only without blocking (another user may
