@@ -425,6 +425,8 @@ func (a *Agent) refreshCounters() {
 	if st, err := a.probes.Stats(); err == nil {
 		a.counters.set("ringbuf_lost", int64(st.Lost()))
 		a.counters.set("attach_files_refused", int64(st.FilesRefused))
+		a.counters.set("attach_opened_map_files", int64(st.OpenedMapFiles))
+		a.counters.set("attach_opened_path", int64(st.OpenedPath))
 	}
 	a.counters.set("events_decoded", int64(a.reader.Decoded()))
 	if p50, p99, ok := a.conv.latencyQuantiles(); ok {

@@ -131,7 +131,7 @@ func (t *attacher) added(p Process) {
 			"pid", p.PID, "parent", parent.proc.PID, "rank", rank, "job", job)
 		return
 	}
-	pe := &procEntry{proc: p, rank: rank, job: job, libs: map[FileID]LibraryKind{}, mem: openProcMem(t.procPath(p.PID, "mem"))}
+	pe := &procEntry{proc: p, rank: rank, job: job, libs: map[FileID]LibraryKind{}, mem: t.openImageMem(p)}
 	t.procs[p.ProcessKey] = pe
 	localRank := p.Identity.LocalRank
 	if localRank < 0 {
@@ -190,11 +190,9 @@ func (t *attacher) mapped(k ProcessKey, lib Library) {
 	// them) but not attached.
 	kind, ok := bpfKind(lib.Kind)
 	probe := ok && (kind != bpf.LibTorch || t.a.cfg.ProbeTorch)
-	open := lib.HostPath
-	if lib.Deleted {
-		open = lib.MapFilesPath
-	}
-	t.libs.Use(k, attach.Library[FileID]{File: lib.File, Name: lib.Path, Open: open, PID: k.PID, Kind: uint8(lib.Kind)}, probe)
+	// A deleted file is reached only through its mapping: its path opens
+	// another file or none, which the check refuses.
+	t.libs.Use(k, attach.Library[FileID]{File: lib.File, Name: lib.Path, MapFiles: lib.MapFilesPath, Open: lib.HostPath, PID: k.PID, Owner: pe.proc.Owner.quotaKey(), Kind: uint8(lib.Kind)}, probe)
 }
 
 // injectAttaching: pe's injection library is still with the attach worker.

@@ -3,10 +3,8 @@ package agent
 import (
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/slowrank/slowrank/bpf"
@@ -359,28 +357,25 @@ func (t *attacher) controlAddr(pe *procEntry) error {
 	return nil
 }
 
-// errInjectFileChanged: the injection library's path opens another file
-// than the one the process maps.
-var errInjectFileChanged = errors.New("injection library path opens another file than the mapped one")
-
 // inspectInjection reads the control block's offset from the injection
 // library file the process maps. Its path is another user's to rename a file
-// onto: it is opened once, checked against the mapping's device and inode
+// onto: the file is opened once, through the mapping, or where that cannot be
+// opened through the path checked against the mapping's device and inode
 // (refused and counted otherwise, as the attach does: bpf/libfile.go), and
 // read through that descriptor.
 func (t *attacher) inspectInjection(pe *procEntry) (cupti.Library, error) {
-	f, err := os.OpenFile(pe.inject.HostPath, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	f, mapped, err := bpf.OpenMapped(bpf.LibSource{MapFiles: pe.inject.MapFilesPath, Path: pe.inject.HostPath, Want: bpf.FileID(pe.inject.File)})
+	if errors.Is(err, bpf.ErrFileChanged) {
+		t.a.counters.add("inject_files_refused", 1)
+	}
 	if err != nil {
 		return cupti.Library{}, fmt.Errorf("open injection library: %w", err)
 	}
 	defer f.Close()
-	var st syscall.Stat_t
-	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
-		return cupti.Library{}, fmt.Errorf("stat injection library: %w", err)
-	}
-	if got := (FileID{Dev: st.Dev, Inode: st.Ino}); got != pe.inject.File {
-		t.a.counters.add("inject_files_refused", 1)
-		return cupti.Library{}, fmt.Errorf("%w: %s is %v, the mapping %v", errInjectFileChanged, pe.inject.HostPath, got, pe.inject.File)
+	if mapped {
+		t.a.counters.add("inject_opened_map_files", 1)
+	} else {
+		t.a.counters.add("inject_opened_path", 1)
 	}
 	lib, err := cupti.InspectLibrary("/proc/self/fd/" + strconv.Itoa(int(f.Fd())))
 	if err != nil {

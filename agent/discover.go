@@ -82,6 +82,12 @@ type Process struct {
 	// of a process the agent may not inspect); Identity is then all Unknown.
 	EnvDenied bool
 	Owner     Owner
+	// ExecSig and ExeFile are the image discovery judged, as stat showed it
+	// before the environment was read (procStat.ExecSig) and /proc/PID/exe
+	// after (zero when unreadable): the agent checks them again once it
+	// holds the process's memory (procmem.go, openImageMem).
+	ExecSig [2]uint64
+	ExeFile FileID
 }
 
 // Selector decides which processes are training processes. A process is selected when its PID
@@ -231,6 +237,22 @@ func (r *procReader) pids() ([]int, error) {
 	return out, nil
 }
 
+// exeFile is the device and inode of pid's executable, zero when
+// unreadable.
+func (r *procReader) exeFile(pid int) FileID {
+	return statFileID(r.path(pid, "exe"))
+}
+
+// statFileID is the device and inode of the file path names (following a
+// link such as /proc/PID/exe), zero when it cannot be stat'ed.
+func statFileID(path string) FileID {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return FileID{}
+	}
+	return FileID{Dev: st.Dev, Inode: st.Ino}
+}
+
 func (r *procReader) stat(pid int) (procStat, error) {
 	data, err := r.readFile(r.path(pid, "stat"))
 	if err != nil {
@@ -322,6 +344,7 @@ func (r *procReader) evaluate(st procStat, sel Selector, explicit map[int]uint64
 		PPID:       st.PPID,
 		Comm:       st.Comm,
 		Root:       r.path(pid, "root"),
+		ExecSig:    st.ExecSig,
 	}
 	if pid == r.self || st.Flags&pfKthread != 0 || st.exited() {
 		return p, evalRejected, nil
@@ -406,6 +429,7 @@ func (r *procReader) evaluate(st procStat, sel Selector, explicit map[int]uint64
 		}
 		p.Exe = exe // "" when unreadable: not needed
 	}
+	p.ExeFile = r.exeFile(pid)
 	if p.Cmdline == nil {
 		cmd, err := r.cmdline(pid)
 		if procGone(err) {

@@ -140,6 +140,10 @@ func TestDiscoverFixtureProcess(t *testing.T) {
 			SlurmJobID: "777"},
 		SelectedBy: "env:RANK",
 		Owner:      Owner{UID: -1}, // the fixture has no status nor cgroup
+		ExecSig:    [2]uint64{140737488347000, 140737488347100},
+		// The fixture's exe is a link to a path of the host running the
+		// test: whatever it names there.
+		ExeFile: statFileID("testdata/proc/100/exe"),
 	}
 	if !reflect.DeepEqual(p, want) {
 		t.Errorf("got  %+v\nwant %+v", p, want)

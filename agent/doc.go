@@ -37,5 +37,6 @@
 // the injection library's control and handback blocks through
 // /proc/PID/mem, opened once when the process is found (an exec leaves it
 // reaching nothing, procmem.go), and it attaches uprobes only to the file a
-// process maps (bpf.AttachLibrary checks its device and inode).
+// process maps (bpf.AttachLibrary opens it through the mapping,
+// /proc/PID/map_files, or checks its device and inode).
 package agent

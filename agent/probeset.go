@@ -18,8 +18,8 @@ type probeSet struct{ probes *bpf.Probes }
 func (s probeSet) Attach(lib attach.Library[FileID]) (attach.Link, error) {
 	kind, _ := bpfKind(LibraryKind(lib.Kind)) // the attacher asks only for kinds it has
 	// lib.Open is a path another user may rename a file onto: the attach
-	// takes only the file the process maps (bpf/libfile.go).
-	att, err := s.probes.AttachLibrary(lib.Open, bpf.FileID(lib.File), kind)
+	// takes the file the process maps, through its mapping (bpf/libfile.go).
+	att, err := s.probes.AttachLibrary(libSource(lib), kind)
 	if err != nil {
 		return nil, err // a nil *bpf.Attachment would be a non-nil Link
 	}
@@ -44,9 +44,16 @@ func (l ncclLink) DetachCollectives() error {
 }
 
 // ReattachCollectives implements attach.Partial.
-func (l ncclLink) ReattachCollectives(open string) error {
-	_, err := l.ReattachClass(bpf.ClassCollective, open)
+func (l ncclLink) ReattachCollectives(via attach.Library[FileID]) error {
+	_, err := l.ReattachClass(bpf.ClassCollective, libSource(via))
 	return err
+}
+
+// libSource says where lib's process maps the file: its mapping, and the
+// path checked against the mapping's identity where the mapping cannot be
+// opened.
+func libSource(lib attach.Library[FileID]) bpf.LibSource {
+	return bpf.LibSource{MapFiles: lib.MapFiles, Path: lib.Open, Want: bpf.FileID(lib.File)}
 }
 
 // attachSink takes the attach manager's reports into the agent's counters,

@@ -22,6 +22,11 @@ import (
 // or exit): nothing is read or written through it any more.
 var errImageGone = errors.New("process image gone (exec or exit)")
 
+// errImageChanged: the process exec'ed between discovery's reading of its
+// environment and the open of its memory: the descriptor would hold an image
+// nobody judged, so it is closed unused.
+var errImageChanged = errors.New("process exec'ed before its memory was opened")
+
 // errNoMem: the process has no memory descriptor (never opened).
 var errNoMem = errors.New("process memory not opened")
 
@@ -47,6 +52,59 @@ func openProcMem(path string) *procMem {
 		return &procMem{err: fmt.Errorf("open process memory: %w", err)}
 	}
 	return &procMem{f: f}
+}
+
+// openImageMem opens p's memory and keeps the descriptor only if it holds
+// the image discovery judged (whose environment selected it). An exec
+// between discovery and the open would give a descriptor on the new image (a
+// setuid or setcap program included). The kernel takes the address space at
+// open, so the image is checked after the open, from what the process shows
+// now: its start time (PID reuse), its exec signature (the start of its
+// argument and environment areas, which a new image gets anew on a stack
+// the kernel places at random, setuid and setcap execs included: they clear
+// ADDR_NO_RANDOMIZE) and its executable's device and inode, each against
+// discovery's (Process.ExecSig, read before the environment, so an exec
+// during discovery shows too). Either the process shows the judged image
+// now, and then the image the descriptor holds is that one (another image
+// would have replaced it by an exec after the open, and an exec'ed image's
+// address space ends: reads and writes through the descriptor return
+// nothing, errImageGone), or it does not, and the descriptor is closed and
+// counted (proc_mem_image_changed); the watcher finds the new image as a
+// new process. What passes unseen is an exec of the same executable whose
+// stack lands at the same addresses: an unprivileged image with
+// randomization off, of its own user, which the agent's writes cannot give
+// anything that user lacks. Three reads, once per process found.
+func (t *attacher) openImageMem(p Process) *procMem {
+	m := openProcMem(t.procPath(p.PID, "mem"))
+	if m.f == nil {
+		return m
+	}
+	if err := t.sameImage(p); err != nil {
+		m.Close()
+		m.err = err
+		t.a.counters.add("proc_mem_image_changed", 1)
+		t.a.log.Info("training process exec'ed while it was being found: its memory is not used", "pid", p.PID, "err", err)
+	}
+	return m
+}
+
+// sameImage checks that p's process shows the image discovery judged.
+func (t *attacher) sameImage(p Process) error {
+	data, err := os.ReadFile(t.procPath(p.PID, "stat"))
+	if err != nil {
+		return fmt.Errorf("%w: read stat: %w", errImageChanged, err)
+	}
+	st, err := parseStat(data)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errImageChanged, err)
+	}
+	if st.StartTime != p.StartTime || st.ExecSig != p.ExecSig {
+		return fmt.Errorf("%w: start %d, exec signature %x; found with %d, %x", errImageChanged, st.StartTime, st.ExecSig, p.StartTime, p.ExecSig)
+	}
+	if exe := statFileID(t.procPath(p.PID, "exe")); exe != p.ExeFile {
+		return fmt.Errorf("%w: executable %v, found with %v", errImageChanged, exe, p.ExeFile)
+	}
+	return nil
 }
 
 // ReadAt implements io.ReaderAt.

@@ -13,7 +13,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
+	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/cupti"
 )
 
@@ -233,16 +235,140 @@ func TestInspectInjectionRefusesARenamedFile(t *testing.T) {
 	a := &Agent{counters: newCounters(), log: slog.New(slog.DiscardHandler)}
 	att := &attacher{a: a}
 	pe := &procEntry{inject: &Library{HostPath: path, File: FileID{Dev: st.Dev, Inode: st.Ino}}}
-	if _, err := att.inspectInjection(pe); err == nil || errors.Is(err, errInjectFileChanged) {
+	if _, err := att.inspectInjection(pe); err == nil || errors.Is(err, bpf.ErrFileChanged) {
 		t.Fatalf("the mapped file: %v, want an ELF error", err)
 	}
 	if err := os.Rename(other, path); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := att.inspectInjection(pe); !errors.Is(err, errInjectFileChanged) {
-		t.Fatalf("a file renamed onto the path: %v, want errInjectFileChanged", err)
+	if _, err := att.inspectInjection(pe); !errors.Is(err, bpf.ErrFileChanged) {
+		t.Fatalf("a file renamed onto the path: %v, want bpf.ErrFileChanged", err)
 	}
 	if got := a.counters.get("inject_files_refused"); got != 1 {
 		t.Errorf("inject_files_refused = %d, want 1", got)
+	}
+}
+
+// Through the mapping (map_files) the agent reads the file the process maps
+// whatever its path names now, and counts how it opened it; where the
+// mapping is gone it falls back to the path, checked.
+func TestInspectInjectionReadsTheMapping(t *testing.T) {
+	dir := t.TempDir()
+	path, other := dir+"/libslowrank_cupti.so", dir+"/other.so"
+	for _, p := range []string{path, other} {
+		if err := os.WriteFile(p, []byte("not an ELF file"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem, err := syscall.Mmap(int(f.Fd()), 0, os.Getpagesize(), syscall.PROT_READ, syscall.MAP_SHARED)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Munmap(mem)
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	start := uint64(uintptr(unsafe.Pointer(&mem[0])))
+	mapFiles := fmt.Sprintf("/proc/self/map_files/%x-%x", start, start+uint64(os.Getpagesize()))
+	if _, err := os.Stat(mapFiles); err != nil {
+		t.Skipf("map_files unavailable (CAP_SYS_ADMIN): %v", err)
+	}
+	if err := os.Rename(other, path); err != nil {
+		t.Fatal(err)
+	}
+	a := &Agent{counters: newCounters(), log: slog.New(slog.DiscardHandler)}
+	att := &attacher{a: a}
+	pe := &procEntry{inject: &Library{HostPath: path, MapFilesPath: mapFiles, File: FileID{Dev: st.Dev, Inode: st.Ino}}}
+	if _, err := att.inspectInjection(pe); err == nil || errors.Is(err, bpf.ErrFileChanged) {
+		t.Fatalf("through the mapping: %v, want an ELF error of the mapped file", err)
+	}
+	pe.inject.MapFilesPath = fmt.Sprintf("/proc/self/map_files/%x-%x", start+1, start+2) // no such mapping
+	if _, err := att.inspectInjection(pe); !errors.Is(err, bpf.ErrFileChanged) {
+		t.Fatalf("mapping gone, path renamed onto: %v, want bpf.ErrFileChanged", err)
+	}
+	for name, want := range map[string]int64{"inject_opened_map_files": 1, "inject_opened_path": 0, "inject_files_refused": 1} {
+		if got := a.counters.get(name); got != want {
+			t.Errorf("%s = %d, want %d", name, got, want)
+		}
+	}
+}
+
+// The exec window of issue 34: a process found by its environment execs
+// before the agent opens its memory. The descriptor, opened on the new
+// image, is checked against the image discovery judged and closed unused,
+// counted; a process that shows the judged image keeps it. Each case
+// stands for one moment of the race, made deterministic: discovery's view
+// is taken, then the process changes (or the view is made stale as a
+// change would make it), then the memory is opened.
+func TestOpenImageMemRefusesAnImageNobodyJudged(t *testing.T) {
+	tests := []struct {
+		name  string
+		exec  bool             // the process execs after discovery, before the open
+		stale func(p *Process) // discovery's view as another change leaves it
+		keep  bool
+	}{
+		{name: "the judged image", keep: true},
+		{name: "exec of the same executable", exec: true},
+		{name: "another executable", stale: func(p *Process) { p.ExeFile.Inode++ }},
+		{name: "PID reused", stale: func(p *Process) { p.StartTime++ }},
+		{name: "exec while discovery read the environment", stale: func(p *Process) { p.ExecSig[1]++ }},
+	}
+	r, err := newProcReader("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := startExecImage(t)
+			pid := e.cmd.Process.Pid
+			st, err := r.stat(pid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := Process{ProcessKey: ProcessKey{PID: pid, StartTime: st.StartTime}, ExecSig: st.ExecSig, ExeFile: r.exeFile(pid)}
+			if p.ExeFile == (FileID{}) {
+				t.Fatal("exe of the image not readable")
+			}
+			if tt.exec {
+				e.send("exec")
+				if l := e.line(); l != "second" {
+					t.Fatalf("image said %q", l)
+				}
+			}
+			if tt.stale != nil {
+				tt.stale(&p)
+			}
+			a := &Agent{counters: newCounters(), log: slog.New(slog.DiscardHandler)}
+			att := &attacher{a: a}
+			m := att.openImageMem(p)
+			defer m.Close()
+			_, readErr := cupti.ReadControl(m, int64(e.addr))
+			if tt.keep {
+				if readErr != nil || m.isGone() {
+					t.Errorf("the judged image: read %v, gone %v", readErr, m.isGone())
+				}
+				if n := a.counters.get("proc_mem_image_changed"); n != 0 {
+					t.Errorf("proc_mem_image_changed = %d, want 0", n)
+				}
+				return
+			}
+			if !errors.Is(readErr, errImageChanged) || !m.isGone() {
+				t.Errorf("read %v, gone %v; want errImageChanged and gone", readErr, m.isGone())
+			}
+			if n := a.counters.get("proc_mem_image_changed"); n != 1 {
+				t.Errorf("proc_mem_image_changed = %d, want 1", n)
+			}
+			if tt.exec {
+				if n := e.dirty(); n != 0 {
+					t.Errorf("%d bytes of the new image changed", n)
+				}
+			}
+		})
 	}
 }

@@ -41,8 +41,9 @@ type SymbolResult struct {
 // Probes.Close do it).
 type Attachment struct {
 	Path string
-	// File is the file attached, as opened at attach (ReattachClass makes
-	// uprobes again only on this file).
+	// File is the file attached as /proc/PID/maps shows it (LibSource.Want;
+	// fstat's where Want was zero): a re-attach through a path must open
+	// it.
 	File      FileID
 	Kind      LibKind
 	Stripped  bool // no .symtab: only exported (dynamic) symbols were searched
@@ -154,19 +155,22 @@ func closeLinks(links []link.Link) error {
 	return errors.Join(errs...)
 }
 
-// AttachLibrary attaches every spec of kind that exists in the ELF file at
-// path, once, for all processes (the kernel keys uprobes by inode: callers
-// should dedupe by (dev, inode) and may pass /proc/PID/root/<path> to reach a
-// file in another mount namespace). want is the file the caller expects at
-// path, as /proc/PID/maps shows it: the path is opened once, a file other
-// than want is refused (ErrFileChanged, counted in Stats.FilesRefused), and
-// the symbols are read from, and the uprobes made on, that one open file
-// (libfile.go). A zero want accepts whatever file path opens. Missing
+// AttachLibrary attaches every spec of kind that exists in the ELF file src
+// names, once, for all processes (the kernel keys uprobes by inode: callers
+// should dedupe by (dev, inode)). The file is opened once, through the
+// mapping (src.MapFiles) or, where that fails, through src.Path, which must
+// then open src.Want, the file as /proc/PID/maps shows it (else
+// ErrFileChanged, counted in Stats.FilesRefused); the symbols are read
+// from, and the uprobes made on, that one open file (libfile.go). Missing
 // symbols and a stripped library are reported in the result and counted,
 // not returned as errors. An error is returned when the file cannot be read
 // as ELF, or when symbols were found but none could be attached (then
 // nothing stays attached).
-func (p *Probes) AttachLibrary(path string, want FileID, kind LibKind) (*Attachment, error) {
+func (p *Probes) AttachLibrary(src LibSource, kind LibKind) (*Attachment, error) {
+	path := src.Path
+	if path == "" {
+		path = src.MapFiles
+	}
 	var kindSpecs []ProbeSpec
 	for _, s := range specs {
 		if s.Kind == kind {
@@ -180,7 +184,7 @@ func (p *Probes) AttachLibrary(path string, want FileID, kind LibKind) (*Attachm
 	if err != nil {
 		return nil, fmt.Errorf("attach %s: %w", path, err)
 	}
-	lf, err := p.openLibFile(path, want)
+	lf, err := p.openLibFile(src)
 	if err != nil {
 		return nil, err
 	}
@@ -194,7 +198,10 @@ func (p *Probes) AttachLibrary(path string, want FileID, kind LibKind) (*Attachm
 		return nil, fmt.Errorf("open executable: %w", err)
 	}
 
-	a := &Attachment{Path: path, File: lf.id, Kind: kind, Stripped: !ls.hasSymtab, NoSymbols: !ls.hasSymtab && !ls.hasDynsym, p: p}
+	a := &Attachment{Path: path, File: src.Want, Kind: kind, Stripped: !ls.hasSymtab, NoSymbols: !ls.hasSymtab && !ls.hasDynsym, p: p}
+	if a.File == (FileID{}) {
+		a.File = lf.id
+	}
 	found, missing := resolve(kindSpecs, ls)
 	a.Results = make([]SymbolResult, 0, len(found)+len(missing))
 	var todo []resolved

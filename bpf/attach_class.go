@@ -38,15 +38,16 @@ func (a *Attachment) DetachClass(class ProbeClass) (int, error) {
 }
 
 // ReattachClass makes again the uprobes DetachClass closed for class,
-// opening the library through path (any path of the same file: the one the
-// attachment was made through may have belonged to a process that exited),
-// as AttachLibrary made them: one shared link per direction where the
-// kernel has uprobe_multi, function by function where that fails. path is
-// opened once and must be the attachment's File (else ErrFileChanged,
-// counted in Stats.FilesRefused, and the functions stay parked); the uprobes
-// are made through that open file. It returns how many functions it
-// attached; a function that fails stays parked for the next call.
-func (a *Attachment) ReattachClass(class ProbeClass, path string) (int, error) {
+// opening the library as src names it: a current mapping of the file by a
+// live process (the one the attachment was made through may have exited),
+// or where that cannot be opened its path, which must open the
+// attachment's File (else ErrFileChanged, counted in Stats.FilesRefused,
+// and the functions stay parked). The uprobes are made through that open
+// file, as AttachLibrary made them: one shared link per direction where the
+// kernel has uprobe_multi, function by function where that fails. It
+// returns how many functions it attached; a function that fails stays
+// parked for the next call.
+func (a *Attachment) ReattachClass(class ProbeClass, src LibSource) (int, error) {
 	a.mu.Lock()
 	var todo, rest []resolved
 	for _, r := range a.parked {
@@ -61,7 +62,8 @@ func (a *Attachment) ReattachClass(class ProbeClass, path string) (int, error) {
 	if len(todo) == 0 {
 		return 0, nil
 	}
-	lf, err := a.p.openLibFile(path, a.File)
+	src.Want = a.File // the functions' offsets are this file's
+	lf, err := a.p.openLibFile(src)
 	if err != nil {
 		a.park(todo)
 		return 0, err
@@ -73,7 +75,7 @@ func (a *Attachment) ReattachClass(class ProbeClass, path string) (int, error) {
 		return 0, fmt.Errorf("open executable: %w", err)
 	}
 	// No reference counter: it is the CUPTI probe's, never parked.
-	made, failed := a.p.attachClass(ex, path, class, todo, nil)
+	made, failed := a.p.attachClass(ex, a.Path, class, todo, nil)
 	var errs []error
 	for _, r := range todo {
 		if err := failed[r.offset]; err != nil {

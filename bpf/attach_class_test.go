@@ -25,7 +25,7 @@ func TestDetachClassKeepsTheOthers(t *testing.T) {
 	col := collect(r)
 	c := startChild(t, dir)
 	path := filepath.Join(dir, "libnccl.so.2")
-	a, err := p.AttachLibrary(path, FileID{}, LibNCCL)
+	a, err := p.AttachLibrary(LibSource{Path: path}, LibNCCL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func TestDetachClassKeepsTheOthers(t *testing.T) {
 		t.Errorf("Detached = %d, want %d", got, n)
 	}
 	run(map[EventType]int{EventColl: 0, EventGroup: 2, EventCommInit: 5})
-	n2, err := a.ReattachClass(ClassCollective, path)
+	n2, err := a.ReattachClass(ClassCollective, LibSource{Path: path})
 	if err != nil || n2 != n {
 		t.Fatalf("ReattachClass: %d functions, %v; want %d", n2, err, n)
 	}
@@ -71,13 +71,13 @@ func TestDetachClassKeepsTheOthers(t *testing.T) {
 		t.Errorf("Detached after ReattachClass = %d, want 0", got)
 	}
 	run(map[EventType]int{EventColl: colls, EventGroup: 2, EventCommInit: 5})
-	if n, err := a.ReattachClass(ClassCollective, path); n != 0 || err != nil {
+	if n, err := a.ReattachClass(ClassCollective, LibSource{Path: path}); n != 0 || err != nil {
 		t.Errorf("a second ReattachClass made %d, %v", n, err)
 	}
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := a.ReattachClass(ClassCollective, path); n != 0 || err != nil {
+	if n, err := a.ReattachClass(ClassCollective, LibSource{Path: path}); n != 0 || err != nil {
 		t.Errorf("ReattachClass after Close made %d, %v", n, err)
 	}
 }

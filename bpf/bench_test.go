@@ -80,7 +80,7 @@ func BenchmarkProbeCost(b *testing.B) {
 		name string
 		kind LibKind
 	}{{"libnccl.so.2", LibNCCL}, {"libcudart.so.13", LibCUDART}} {
-		if _, err := p.AttachLibrary(filepath.Join(dir, l.name), FileID{}, l.kind); err != nil {
+		if _, err := p.AttachLibrary(LibSource{Path: filepath.Join(dir, l.name)}, l.kind); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -122,7 +122,7 @@ func BenchmarkDetach(b *testing.B) {
 				b.StopTimer()
 				var atts []*Attachment
 				for kind, name := range libs {
-					a, err := p.AttachLibrary(filepath.Join(dir, name), FileID{}, kind)
+					a, err := p.AttachLibrary(LibSource{Path: filepath.Join(dir, name)}, kind)
 					if err != nil {
 						b.Fatal(err)
 					}

@@ -32,7 +32,7 @@
 //
 //	p, _ := Load(Options{})              // programs, maps
 //	r, _ := p.NewReader()                // the one ring buffer consumer
-//	a, _ := p.AttachLibrary(path, id, kind) // once per (dev, inode), PID 0
+//	a, _ := p.AttachLibrary(src, kind)   // once per (dev, inode), PID 0
 //	p.Track(pid, rank)                   // per training process
 //	for { ev, err := r.Read(); ... }
 //

@@ -124,7 +124,7 @@ func TestStrippedLibrary(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	a, err := p.AttachLibrary(stripped, FileID{}, LibNCCL)
+	a, err := p.AttachLibrary(LibSource{Path: stripped}, LibNCCL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +145,7 @@ func TestAttachNotELF(t *testing.T) {
 	defer p.Close()
 	path := filepath.Join(t.TempDir(), "libnccl.so.2")
 	os.WriteFile(path, []byte("not an elf file"), 0o644)
-	if _, err := p.AttachLibrary(path, FileID{}, LibNCCL); err == nil {
+	if _, err := p.AttachLibrary(LibSource{Path: path}, LibNCCL); err == nil {
 		t.Error("attach of a non-ELF file succeeded")
 	}
 }

@@ -238,7 +238,7 @@ func (c *collector) of(pid int) []Event {
 // loadLibSymbols opens the library at path and reads its wanted symbols, as
 // AttachLibrary does.
 func loadLibSymbols(path string, w *symbolWanter) (*libSymbols, error) {
-	lf, err := openLibFile(path, FileID{})
+	lf, err := openLibFile(LibSource{Path: path}, openNonblock)
 	if err != nil {
 		return nil, err
 	}

@@ -10,17 +10,44 @@ import (
 
 // The file a library is attached to is chosen by the process that maps it:
 // its owner may rename another file onto the path the agent opens at any
-// moment. So the agent opens the path once, checks that what it opened is the
-// file the process maps (FileID, from /proc/PID/maps), reads the symbols from
-// that descriptor and has the kernel make the uprobes through the same
-// descriptor (/proc/self/fd/N, a link the kernel follows to the open file, not
-// to a name): the breakpoints land in the file whose symbols were read, which
-// is the mapped one, or nowhere.
+// moment. So the agent opens the mapped file itself where it can:
+// /proc/PID/map_files/<start>-<end> names a mapping, not a file, and the
+// kernel opens the file of that mapping (its vm_file's path, a dentry
+// pinned by the mapping: a rename onto the name the process used changes
+// nothing). No device and inode comparison is needed, nor made: on
+// overlayfs before Linux 6.8, /proc/PID/maps shows the underlying layer's
+// inode and fstat of the overlay file another, so a comparison would refuse
+// every library of a container's overlay root. Opening map_files takes
+// CAP_SYS_ADMIN (or CAP_CHECKPOINT_RESTORE) and a mapping that still
+// exists; where it fails, the path is opened once and its fstat device and
+// inode must be the mapping's (FileID, from /proc/PID/maps). Either way the
+// symbols are read from that descriptor and the kernel makes the uprobes
+// through the same descriptor (/proc/self/fd/N, a link the kernel follows
+// to the open file, not to a name; uprobe registration resolves the
+// overlay file to the inode the mapping maps, d_real_inode): the breakpoints
+// land in the file whose symbols were read, which is the mapped one, or
+// nowhere.
 
 // FileID is a file's identity as /proc/PID/maps shows it and stat reports
 // it: the device number (as unix.Mkdev builds it) and the inode number.
 type FileID struct {
 	Dev, Inode uint64
+}
+
+// LibSource says where a process maps a library file: how AttachLibrary
+// and ReattachClass reach it.
+type LibSource struct {
+	// MapFiles is /proc/PID/map_files/<start>-<end> of one mapping of the
+	// file, its range from the same read of /proc/PID/maps as Want. Empty:
+	// the path is opened.
+	MapFiles string
+	// Path reaches the file by name (/proc/PID/root/<path>): opened where
+	// MapFiles cannot be (no CAP_SYS_ADMIN, the mapping went away), and
+	// then it must open Want.
+	Path string
+	// Want is the file as /proc/PID/maps shows it; zero accepts whatever
+	// Path opens.
+	Want FileID
 }
 
 // ErrFileChanged is wrapped by the errors of AttachLibrary and ReattachClass
@@ -34,32 +61,56 @@ var ErrFileChanged = errors.New("file at path is not the mapped file")
 // f, never through the path again.
 type libFile struct {
 	f     *os.File
-	id    FileID
+	id    FileID // fstat's: on overlayfs not always what maps shows
 	size  int64
 	alloc int64 // bytes allocated on disk (st_blocks)
+	// mapped: opened through map_files (else the path, checked)
+	mapped bool
 }
 
-// openLibFile opens path without blocking (another user may have put a FIFO
-// there) and checks that it is a regular file and, unless want is zero, the
-// file want names.
-func openLibFile(path string, want FileID) (*libFile, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+// opener opens a file by name: the seam through which tests refuse
+// map_files, as an agent without CAP_SYS_ADMIN is refused.
+type opener func(name string) (*os.File, error)
+
+// openNonblock opens name read-only without blocking (another user may
+// have put a FIFO there).
+func openNonblock(name string) (*os.File, error) {
+	return os.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+}
+
+// openLibFile opens the file src names: its mapping through mapFiles, and
+// where that fails its path, checked against src.Want (ErrFileChanged).
+func openLibFile(src LibSource, mapFiles opener) (*libFile, error) {
+	if src.MapFiles != "" {
+		f, mfErr := mapFiles(src.MapFiles)
+		if mfErr == nil {
+			lf, err := statLibFile(f, true)
+			if err != nil {
+				f.Close()
+			}
+			return lf, err
+		}
+		if src.Path == "" {
+			return nil, fmt.Errorf("open library mapping: %w", mfErr)
+		}
+	}
+	f, err := openNonblock(src.Path)
 	if err != nil {
 		return nil, fmt.Errorf("open library: %w", err)
 	}
-	lf, err := statLibFile(f)
+	lf, err := statLibFile(f, false)
 	if err != nil {
 		f.Close()
 		return nil, err
 	}
-	if want != (FileID{}) && lf.id != want {
+	if src.Want != (FileID{}) && lf.id != src.Want {
 		f.Close()
-		return nil, fmt.Errorf("%w: %s is %d:%d, the mapping %d:%d", ErrFileChanged, path, lf.id.Dev, lf.id.Inode, want.Dev, want.Inode)
+		return nil, fmt.Errorf("%w: %s is %d:%d, the mapping %d:%d", ErrFileChanged, src.Path, lf.id.Dev, lf.id.Inode, src.Want.Dev, src.Want.Inode)
 	}
 	return lf, nil
 }
 
-func statLibFile(f *os.File) (*libFile, error) {
+func statLibFile(f *os.File, mapped bool) (*libFile, error) {
 	var st syscall.Stat_t
 	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
 		return nil, fmt.Errorf("stat library: %w", err)
@@ -67,7 +118,20 @@ func statLibFile(f *os.File) (*libFile, error) {
 	if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
 		return nil, fmt.Errorf("library %s is not a regular file (mode %#o)", f.Name(), st.Mode&syscall.S_IFMT)
 	}
-	return &libFile{f: f, id: FileID{Dev: st.Dev, Inode: st.Ino}, size: st.Size, alloc: st.Blocks * 512}, nil
+	return &libFile{f: f, id: FileID{Dev: st.Dev, Inode: st.Ino}, size: st.Size, alloc: st.Blocks * 512, mapped: mapped}, nil
+}
+
+// OpenMapped opens the library file src names as AttachLibrary does (its
+// mapping, else its path checked against src.Want: ErrFileChanged) and
+// says how: mapped when through the mapping, false when through the path.
+// For readers of a mapped file other than the attach (the injection
+// library's control block offset).
+func OpenMapped(src LibSource) (f *os.File, mapped bool, err error) {
+	lf, err := openLibFile(src, openNonblock)
+	if err != nil {
+		return nil, false, err
+	}
+	return lf.f, lf.mapped, nil
 }
 
 // attachPath is the name through which the kernel reaches the open file
@@ -78,16 +142,29 @@ func (lf *libFile) attachPath() string {
 
 func (lf *libFile) Close() error { return lf.f.Close() }
 
-// openLibFile is openLibFile counting the refusals.
-func (p *Probes) openLibFile(path string, want FileID) (*libFile, error) {
-	lf, err := openLibFile(path, want)
+// openLibFile is openLibFile counting the refusals and how each file was
+// opened.
+func (p *Probes) openLibFile(src LibSource) (*libFile, error) {
+	mf := p.openMapFiles
+	if mf == nil {
+		mf = openNonblock
+	}
+	lf, err := openLibFile(src, mf)
 	if errors.Is(err, ErrFileChanged) {
 		p.filesRefused.Add(1)
 	}
-	if err == nil && testHookOpened != nil {
-		testHookOpened(path)
+	if err != nil {
+		return nil, err
 	}
-	return lf, err
+	if lf.mapped {
+		p.openedMapFiles.Add(1)
+	} else {
+		p.openedPath.Add(1)
+	}
+	if testHookOpened != nil {
+		testHookOpened(src.Path)
+	}
+	return lf, nil
 }
 
 // testHookOpened, set by tests only, runs once a library file is open and

@@ -131,130 +131,226 @@ func addrOfOffset(maps []byte, id FileID, off uint64) (uint64, bool) {
 	return 0, false
 }
 
+// mapFilesOf returns /proc/PID/map_files/<start>-<end> of pid's lowest
+// mapping of file id, as the agent builds it from the maps read that found
+// the library.
+func mapFilesOf(tb testing.TB, pid int, id FileID) string {
+	tb.Helper()
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, line := range strings.Split(string(maps), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 6 {
+			continue
+		}
+		if ino, _ := strconv.ParseUint(f[4], 10, 64); ino == id.Inode {
+			return fmt.Sprintf("/proc/%d/map_files/%s", pid, f[0])
+		}
+	}
+	tb.Fatalf("pid %d does not map %v", pid, id)
+	return ""
+}
+
+// refuseMapFiles is the map_files opener of an agent without
+// CAP_SYS_ADMIN.
+func refuseMapFiles(string) (*os.File, error) { return nil, syscall.EPERM }
+
+// The ways the attach reaches the file a selected process maps, as the swap
+// tests take them: through the mapping (map_files; a rename onto the path
+// changes nothing), through the path checked against the mapping (an agent
+// without the map_files entry, or with map_files refused: a file renamed
+// onto the path is refused and counted).
+var swapModes = []struct {
+	name     string
+	mapFiles bool // the source names A's mapping
+	refuse   bool // opening map_files fails (EPERM)
+}{
+	{"map_files", true, false},
+	{"path", false, false},
+	{"map_files_refused", true, true},
+}
+
+// viaPath: the mode opens the path (checked), not the mapping.
+func viaPath(mapFiles, refuse bool) bool { return !mapFiles || refuse }
+
+func (l *swapLab) source(t *testing.T, mapFiles bool) LibSource {
+	src := LibSource{Path: l.path, Want: l.idA}
+	if mapFiles {
+		src.MapFiles = mapFilesOf(t, l.childA.pid, l.idA)
+	}
+	return src
+}
+
 // The attack of issue 34: the path is renamed onto another file after the
-// agent opened and checked it, between the symbol read and the attach. The
+// agent opened the library, between the symbol read and the attach. The
 // uprobes land in the mapped file A (breakpoints in the process mapping A,
 // none in the process mapping B), because the attach goes through the open
-// descriptor, not the path.
+// descriptor, not the path. A re-attach through the mapping lands in A
+// whatever the path names; through the path, while it names B, it is
+// refused and counted.
 func TestAttachSwapAfterOpenLandsInMappedFile(t *testing.T) {
 	requireBPF(t)
-	p, err := Load(Options{RingBufferSize: 1 << 20})
-	if err != nil {
-		t.Fatalf("Load: %v", err)
-	}
-	defer p.Close()
-	l := newSwapLab(t)
-	testHookOpened = func(string) { l.point(t, l.libB) }
-	t.Cleanup(func() { testHookOpened = nil })
+	for _, mode := range swapModes {
+		t.Run(mode.name, func(t *testing.T) {
+			p, err := Load(Options{RingBufferSize: 1 << 20})
+			if err != nil {
+				t.Fatalf("Load: %v", err)
+			}
+			defer p.Close()
+			if mode.refuse {
+				p.openMapFiles = refuseMapFiles
+			}
+			l := newSwapLab(t)
+			testHookOpened = func(string) { l.point(t, l.libB) }
+			t.Cleanup(func() { testHookOpened = nil })
 
-	a, err := p.AttachLibrary(l.path, l.idA, LibNCCL)
-	if err != nil {
-		t.Fatalf("AttachLibrary: %v", err)
-	}
-	defer a.Close()
-	if got := statID(t, l.path); got != l.idB {
-		t.Fatalf("the hook did not swap: path is %v", got)
-	}
-	if a.File != l.idA {
-		t.Errorf("attachment File = %v, want A %v", a.File, l.idA)
-	}
-	if n := breakpoints(t, a, l.childB.pid, l.idB); n != 0 {
-		t.Errorf("%d breakpoints in the process mapping the substitute B", n)
-	}
-	if n := breakpoints(t, a, l.childA.pid, l.idA); n != a.Attached() {
-		t.Errorf("%d breakpoints in the process mapping A, want %d", n, a.Attached())
-	}
+			a, err := p.AttachLibrary(l.source(t, mode.mapFiles), LibNCCL)
+			if err != nil {
+				t.Fatalf("AttachLibrary: %v", err)
+			}
+			defer a.Close()
+			if got := statID(t, l.path); got != l.idB {
+				t.Fatalf("the hook did not swap: path is %v", got)
+			}
+			if a.File != l.idA {
+				t.Errorf("attachment File = %v, want A %v", a.File, l.idA)
+			}
+			l.wantOnlyA(t, a, "after the attach")
+			st := statsOf(t, p)
+			if byPath := viaPath(mode.mapFiles, mode.refuse); st.OpenedPath != b2u(byPath) || st.OpenedMapFiles != b2u(!byPath) {
+				t.Errorf("opened through the path %d, through map_files %d; want path %v", st.OpenedPath, st.OpenedMapFiles, byPath)
+			}
 
-	// A re-attach through a path that now names B is refused and counted;
-	// through A's path, with B renamed onto it meanwhile, it lands in A.
-	testHookOpened = nil
-	if _, err := a.DetachClass(ClassCollective); err != nil {
-		t.Fatal(err)
-	}
-	before := statsOf(t, p).FilesRefused
-	if n, err := a.ReattachClass(ClassCollective, l.path); !errors.Is(err, ErrFileChanged) || n != 0 {
-		t.Fatalf("ReattachClass through B: %d, %v; want ErrFileChanged", n, err)
-	}
-	if got := statsOf(t, p).FilesRefused - before; got != 1 {
-		t.Errorf("FilesRefused grew by %d, want 1", got)
-	}
-	if got := a.Detached(ClassCollective); got != fakeNCCLColls {
-		t.Errorf("after the refusal %d collectives parked, want %d", got, fakeNCCLColls)
-	}
-	l.point(t, l.libA)
-	testHookOpened = func(string) { l.point(t, l.libB) }
-	if n, err := a.ReattachClass(ClassCollective, l.path); err != nil || n != fakeNCCLColls {
-		t.Fatalf("ReattachClass through A: %d, %v", n, err)
-	}
-	if n := breakpoints(t, a, l.childB.pid, l.idB); n != 0 {
-		t.Errorf("after the re-attach, %d breakpoints in the process mapping B", n)
-	}
-	if n := breakpoints(t, a, l.childA.pid, l.idA); n != a.Attached() {
-		t.Errorf("after the re-attach, %d breakpoints in the process mapping A, want %d", n, a.Attached())
+			// A re-attach while the path names B: through the mapping it
+			// lands in A, through the path it is refused and counted.
+			testHookOpened = nil
+			if _, err := a.DetachClass(ClassCollective); err != nil {
+				t.Fatal(err)
+			}
+			before := statsOf(t, p).FilesRefused
+			n, err := a.ReattachClass(ClassCollective, l.source(t, mode.mapFiles))
+			if !viaPath(mode.mapFiles, mode.refuse) {
+				if err != nil || n != fakeNCCLColls {
+					t.Fatalf("ReattachClass through A's mapping, the path naming B: %d, %v", n, err)
+				}
+				l.wantOnlyA(t, a, "after the re-attach through the mapping")
+				return
+			}
+			if !errors.Is(err, ErrFileChanged) || n != 0 {
+				t.Fatalf("ReattachClass through B: %d, %v; want ErrFileChanged", n, err)
+			}
+			if got := statsOf(t, p).FilesRefused - before; got != 1 {
+				t.Errorf("FilesRefused grew by %d, want 1", got)
+			}
+			if got := a.Detached(ClassCollective); got != fakeNCCLColls {
+				t.Errorf("after the refusal %d collectives parked, want %d", got, fakeNCCLColls)
+			}
+			l.point(t, l.libA)
+			testHookOpened = func(string) { l.point(t, l.libB) }
+			if n, err := a.ReattachClass(ClassCollective, l.source(t, mode.mapFiles)); err != nil || n != fakeNCCLColls {
+				t.Fatalf("ReattachClass through A: %d, %v", n, err)
+			}
+			l.wantOnlyA(t, a, "after the re-attach")
+		})
 	}
 }
 
+// wantOnlyA: every attached function of a has its breakpoint in the
+// process mapping A, none in the process mapping B.
+func (l *swapLab) wantOnlyA(t *testing.T, a *Attachment, when string) {
+	t.Helper()
+	if n := breakpoints(t, a, l.childB.pid, l.idB); n != 0 {
+		t.Errorf("%s: %d breakpoints in the process mapping the substitute B", when, n)
+	}
+	if n := breakpoints(t, a, l.childA.pid, l.idA); n != a.Attached() {
+		t.Errorf("%s: %d breakpoints in the process mapping A, want %d", when, n, a.Attached())
+	}
+}
+
+func b2u(b bool) uint64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // A process renames B and A onto the path as fast as it can while the agent
-// attaches through it, expecting A: each attach lands in A or is refused and
-// counted, and the process mapping B never gets a breakpoint.
+// attaches through it, expecting A: each attach lands in A or, through the
+// path, is refused and counted; the process mapping B never gets a
+// breakpoint. Through the mapping every attach lands in A.
 func TestAttachRacingSwapNeverLandsElsewhere(t *testing.T) {
 	requireBPF(t)
-	p, err := Load(Options{RingBufferSize: 1 << 20})
-	if err != nil {
-		t.Fatalf("Load: %v", err)
-	}
-	defer p.Close()
-	l := newSwapLab(t)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var swaps atomic.Int64
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			default:
+	for _, mode := range swapModes {
+		t.Run(mode.name, func(t *testing.T) {
+			p, err := Load(Options{RingBufferSize: 1 << 20})
+			if err != nil {
+				t.Fatalf("Load: %v", err)
 			}
-			l.point(t, []string{l.libB, l.libA}[i%2])
-			swaps.Add(1)
-		}
-	}()
-	defer func() { close(stop); wg.Wait() }()
+			defer p.Close()
+			if mode.refuse {
+				p.openMapFiles = refuseMapFiles
+			}
+			l := newSwapLab(t)
+			src := l.source(t, mode.mapFiles)
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			var swaps atomic.Int64
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					l.point(t, []string{l.libB, l.libA}[i%2])
+					swaps.Add(1)
+				}
+			}()
+			defer func() { close(stop); wg.Wait() }()
 
-	landed, refused := 0, 0
-	deadline := time.Now().Add(20 * time.Second)
-	for i := 0; i < 40 && time.Now().Before(deadline) || (landed == 0 || refused == 0) && time.Now().Before(deadline); i++ {
-		a, err := p.AttachLibrary(l.path, l.idA, LibNCCL)
-		if errors.Is(err, ErrFileChanged) {
-			refused++
-			continue
-		}
-		if err != nil {
-			t.Fatalf("attach %d: %v", i, err)
-		}
-		landed++
-		if a.File != l.idA {
-			t.Errorf("attach %d: File %v, want A %v", i, a.File, l.idA)
-		}
-		if n := breakpoints(t, a, l.childB.pid, l.idB); n != 0 {
-			t.Fatalf("attach %d: %d breakpoints in the process mapping B", i, n)
-		}
-		if n := breakpoints(t, a, l.childA.pid, l.idA); n != a.Attached() {
-			t.Errorf("attach %d: %d breakpoints in the process mapping A, want %d", i, n, a.Attached())
-		}
-		if err := a.Close(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	st := statsOf(t, p)
-	t.Logf("%d attaches landed in A, %d refused, %d renames", landed, refused, swaps.Load())
-	if landed == 0 || refused == 0 {
-		t.Errorf("the race did not show both outcomes: %d landed, %d refused", landed, refused)
-	}
-	if st.FilesRefused != uint64(refused) {
-		t.Errorf("FilesRefused = %d, want %d", st.FilesRefused, refused)
+			byPath := viaPath(mode.mapFiles, mode.refuse)
+			enough := func(landed, refused int) bool { return landed > 0 && (refused > 0 || !byPath) }
+			landed, refused := 0, 0
+			deadline := time.Now().Add(20 * time.Second)
+			for i := 0; i < 40 && time.Now().Before(deadline) || !enough(landed, refused) && time.Now().Before(deadline); i++ {
+				a, err := p.AttachLibrary(src, LibNCCL)
+				if errors.Is(err, ErrFileChanged) {
+					refused++
+					continue
+				}
+				if err != nil {
+					t.Fatalf("attach %d: %v", i, err)
+				}
+				landed++
+				if a.File != l.idA {
+					t.Errorf("attach %d: File %v, want A %v", i, a.File, l.idA)
+				}
+				if n := breakpoints(t, a, l.childB.pid, l.idB); n != 0 {
+					t.Fatalf("attach %d: %d breakpoints in the process mapping B", i, n)
+				}
+				if n := breakpoints(t, a, l.childA.pid, l.idA); n != a.Attached() {
+					t.Errorf("attach %d: %d breakpoints in the process mapping A, want %d", i, n, a.Attached())
+				}
+				if err := a.Close(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			st := statsOf(t, p)
+			t.Logf("%d attaches landed in A, %d refused, %d renames", landed, refused, swaps.Load())
+			if !enough(landed, refused) {
+				t.Errorf("the race did not show the outcomes expected: %d landed, %d refused", landed, refused)
+			}
+			if !byPath && refused != 0 {
+				t.Errorf("%d attaches through the mapping refused", refused)
+			}
+			if st.FilesRefused != uint64(refused) {
+				t.Errorf("FilesRefused = %d, want %d", st.FilesRefused, refused)
+			}
+		})
 	}
 }
 

@@ -93,6 +93,11 @@ type Probes struct {
 	symbolsMissing  atomic.Uint64
 	attachErrors    atomic.Uint64
 	filesRefused    atomic.Uint64
+	openedMapFiles  atomic.Uint64
+	openedPath      atomic.Uint64
+	// openMapFiles opens /proc/PID/map_files entries (nil: openNonblock);
+	// tests refuse it.
+	openMapFiles opener
 }
 
 // CheckSupport probes the kernel for everything Load and AttachLibrary need
@@ -341,6 +346,10 @@ type Stats struct {
 	// FilesRefused counts attaches and re-attaches refused because the
 	// path opened another file than the one mapped (ErrFileChanged).
 	FilesRefused uint64
+	// OpenedMapFiles and OpenedPath count the library files attaches and
+	// re-attaches opened through the mapping (/proc/PID/map_files) and,
+	// where that failed, through the path checked against the mapping.
+	OpenedMapFiles, OpenedPath uint64
 }
 
 // Lost is the number of records lost in BPF.
@@ -374,6 +383,8 @@ func (p *Probes) Stats() (Stats, error) {
 		SymbolsMissing:     p.symbolsMissing.Load(),
 		AttachErrors:       p.attachErrors.Load(),
 		FilesRefused:       p.filesRefused.Load(),
+		OpenedMapFiles:     p.openedMapFiles.Load(),
+		OpenedPath:         p.openedPath.Load(),
 	}, nil
 }
 

@@ -158,7 +158,7 @@ func TestLinksPerClass(t *testing.T) {
 		}
 		checkClassLinks(t, p, a, map[ProbeClass]int{ClassGroup: 2, ClassCommInit: 5}, 4)
 		path := filepath.Join(fakeLibs(t), "libnccl.so.2")
-		if n, err := a.ReattachClass(ClassCollective, path); err != nil || n != fakeNCCLColls {
+		if n, err := a.ReattachClass(ClassCollective, LibSource{Path: path}); err != nil || n != fakeNCCLColls {
 			t.Fatalf("ReattachClass: %d functions, %v; want %d", n, err, fakeNCCLColls)
 		}
 		checkClassLinks(t, p, a, map[ProbeClass]int{ClassCollective: fakeNCCLColls, ClassGroup: 2, ClassCommInit: 5}, 6)
@@ -173,7 +173,7 @@ func TestSharedLinkFailureAttachesFunctionByFunction(t *testing.T) {
 	requireBPF(t)
 	p := loadMulti(t)
 	path := filepath.Join(fakeLibs(t), "libcudart.so.13")
-	a, err := p.AttachLibrary(path, FileID{}, LibCUDART)
+	a, err := p.AttachLibrary(LibSource{Path: path}, LibCUDART)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -51,7 +51,7 @@ func attachAll(t *testing.T, p *Probes, dir string) map[LibKind]*Attachment {
 		if k, ok := ClassifyLibrary(path); !ok || k != kind {
 			t.Fatalf("ClassifyLibrary(%s) = %v, %v; want %v", name, k, ok, kind)
 		}
-		a, err := p.AttachLibrary(path, FileID{}, kind)
+		a, err := p.AttachLibrary(LibSource{Path: path}, kind)
 		if err != nil {
 			t.Fatalf("attach %s: %v", name, err)
 		}
@@ -423,7 +423,7 @@ func TestSemaphoreInBSS(t *testing.T) {
 	bss := filepath.Join(dir, "probe", "bss")
 	env := "LD_LIBRARY_PATH=" + bss // DT_RUNPATH yields to it
 	early := startChild(t, dir, env)
-	a, err := p.AttachLibrary(filepath.Join(bss, "libslowrank_cupti.so"), FileID{}, LibCUPTI)
+	a, err := p.AttachLibrary(LibSource{Path: filepath.Join(bss, "libslowrank_cupti.so")}, LibCUPTI)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -536,7 +536,7 @@ func TestAttachMissingAndBad(t *testing.T) {
 	}
 	defer p.Close()
 	// A library without any NCCL symbol: everything missing, no error.
-	a, err := p.AttachLibrary(filepath.Join(dir, "libcudart.so.13"), FileID{}, LibNCCL)
+	a, err := p.AttachLibrary(LibSource{Path: filepath.Join(dir, "libcudart.so.13")}, LibNCCL)
 	if err != nil {
 		t.Fatalf("attach wrong kind: %v", err)
 	}
@@ -553,10 +553,10 @@ func TestAttachMissingAndBad(t *testing.T) {
 	if err := a.Close(); err != nil {
 		t.Error(err)
 	}
-	if _, err := p.AttachLibrary(filepath.Join(dir, "nonexistent.so"), FileID{}, LibNCCL); err == nil {
+	if _, err := p.AttachLibrary(LibSource{Path: filepath.Join(dir, "nonexistent.so")}, LibNCCL); err == nil {
 		t.Error("attach of a missing file succeeded")
 	}
-	if _, err := p.AttachLibrary(filepath.Join(dir, "libnccl.so.2"), FileID{}, LibKind(99)); err == nil {
+	if _, err := p.AttachLibrary(LibSource{Path: filepath.Join(dir, "libnccl.so.2")}, LibKind(99)); err == nil {
 		t.Error("attach with unknown kind succeeded")
 	}
 }

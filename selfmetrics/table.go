@@ -74,6 +74,13 @@ var Table = []Metric{
 			s("attach_files_refused", "use", "uprobes"),
 			s("inject_files_refused", "use", "control_block"),
 		}},
+	{Name: "slowrank.agent.library.opens", Kind: Counter, Unit: "{open}", Component: Agent,
+		Desc: "Library files opened to read their symbols, by use (uprobes: attach and re-attach; control_block: the injection library) and how: map_files (the process's mapping itself, /proc/PID/map_files) or path (where map_files could not be opened, without CAP_SYS_ADMIN or once the mapping went away: the path, checked against the mapping's device and inode, which before Linux 6.8 refuses files on overlayfs).", Series: []Series{
+			s("attach_opened_map_files", "use", "uprobes", "via", "map_files"),
+			s("attach_opened_path", "use", "uprobes", "via", "path"),
+			s("inject_opened_map_files", "use", "control_block", "via", "map_files"),
+			s("inject_opened_path", "use", "control_block", "via", "path"),
+		}},
 
 	// Ring buffer and probes.
 	{Name: "slowrank.agent.events.read", Kind: Counter, Unit: "{event}", Component: Agent,
@@ -214,8 +221,9 @@ var Table = []Metric{
 			s("cupti_handback_errors", "block", "handback"),
 		}},
 	{Name: "slowrank.agent.process_memory.refused", Kind: Counter, Unit: "{event}", Component: Agent,
-		Desc: "Reads and writes of a training process's memory not made, by reason: image_gone (the process exec'ed or exited: its descriptor, opened when it was found, reaches nothing; once per image), block (the address holds no library block, or one whose agent-written generation moved; each time).", Series: []Series{
+		Desc: "Reads and writes of a training process's memory not made, by reason: image_gone (the process exec'ed or exited: its descriptor, opened when it was found, reaches nothing; once per image), image_changed (the process exec'ed between discovery's reading of its environment and the open of its memory: the descriptor is closed unused; once per process found), block (the address holds no library block, or one whose agent-written generation moved; each time).", Series: []Series{
 			s("proc_mem_image_gone", "reason", "image_gone"),
+			s("proc_mem_image_changed", "reason", "image_changed"),
 			s("proc_mem_block_refused", "reason", "block"),
 		}},
 

@@ -13,13 +13,13 @@ package attach
 
 // Partial is a Link whose collective probes can be closed and made again
 // while its other probes stay attached. Only such links are ever changed.
-type Partial interface {
+type Partial[F comparable] interface {
 	Link
 	// DetachCollectives closes the collective probes.
 	DetachCollectives() error
-	// ReattachCollectives makes them again, opening the file through open
-	// (Library.Open of a live user).
-	ReattachCollectives(open string) error
+	// ReattachCollectives makes them again, opening the file through via,
+	// a live user's mapping of it (Library.MapFiles, else Library.Open).
+	ReattachCollectives(via Library[F]) error
 }
 
 // SetPlugin records whether process p reports its collectives another way,
@@ -45,7 +45,7 @@ func (m *Manager[F, P]) SetPlugin(p P, on bool) {
 // judge starts the change e's users need, unless one is in flight (its
 // outcome judges again).
 func (m *Manager[F, P]) judge(e *entry[F, P]) {
-	part, ok := e.link.(Partial)
+	part, ok := e.link.(Partial[F])
 	if !ok || e.changing {
 		return
 	}
@@ -71,7 +71,7 @@ func (m *Manager[F, P]) judge(e *entry[F, P]) {
 		if off {
 			err = part.DetachCollectives()
 		} else {
-			err = part.ReattachCollectives(via.Open)
+			err = part.ReattachCollectives(via)
 		}
 		select {
 		case m.cfg.Deliver <- func() { m.changed(e, off, viaUser, err) }:

@@ -22,7 +22,10 @@
 //     (seconds for libtorch's) runs on one goroutine of its own, one
 //     library at a time, so that the owner goroutine keeps feeding the
 //     pipeline and answering status, and the ELF reader's memory budget is
-//     the agent's, not one per library.
+//     the agent's, not one per library. Its queue is fair between owners
+//     (Library.Owner, a uid or a container's cgroup): one lane per owner,
+//     served in turn, so one owner's many slow files delay another's first
+//     attach by one attach per other owner waiting, not by their number.
 //
 // It knows the probes only through ProbeSet (attach the uprobes of one
 // library, giving a Link to close) and reports through Sink (counters, and

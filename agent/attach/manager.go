@@ -15,11 +15,22 @@ type Library[F comparable] struct {
 	File F
 	// Name is the path as the process maps it (status and logs).
 	Name string
-	// Open is what the probe set opens: the host path, or map_files for a
-	// deleted file; valid while PID lives.
+	// MapFiles is the process's map_files entry of one mapping of the
+	// file (/proc/PID/map_files/<start>-<end>, from the maps read that
+	// found it): the probe set opens the mapped file through it, so a
+	// rename onto the path cannot change what is attached. Valid while the
+	// mapping lives.
+	MapFiles string
+	// Open is the path the probe set opens where MapFiles cannot be
+	// opened (no CAP_SYS_ADMIN, the mapping went away): the host path,
+	// checked against File; valid while PID lives.
 	Open string
 	// PID is the process whose mapping this is: the attach goes through it.
 	PID int
+	// Owner is who runs the process, a key that owner cannot multiply
+	// (the agent's quota key: a uid, or a container's cgroup for root):
+	// the attach worker serves owners in turn (worker.go).
+	Owner string
 	// Kind is the caller's kind of library (the agent's LibraryKind),
 	// passed through to the probe set and the sink.
 	Kind uint8
@@ -157,6 +168,9 @@ func (m *Manager[F, P]) Use(p P, lib Library[F], probe bool) {
 	e := m.libs[lib.File]
 	if e != nil {
 		e.users[p] = lib
+		if e.attaching && m.worker != nil {
+			m.worker.join(lib) // queued: its turn may come through p's owner first
+		}
 		if e.idleSince != 0 {
 			e.idleSince = 0
 			m.cfg.Sink.Count("attachments_reused", 1)

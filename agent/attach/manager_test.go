@@ -37,10 +37,10 @@ func (l *fakeLink) DetachCollectives() error {
 	return nil
 }
 
-func (l *fakeLink) ReattachCollectives(open string) error {
+func (l *fakeLink) ReattachCollectives(via Library[int]) error {
 	l.probes.mu.Lock()
 	defer l.probes.mu.Unlock()
-	l.changes = append(l.changes, open)
+	l.changes = append(l.changes, via.Open)
 	if l.probes.failReattach > 0 {
 		l.probes.failReattach--
 		return errExited
@@ -566,4 +566,37 @@ func TestManagerStopsWhileAnAttachIsInFlight(t *testing.T) {
 	if len(h.sink.attached) != 0 || len(nonZero(h.sink.counts)) != 0 {
 		t.Errorf("reported %v and %v after stop, want nothing", h.sink.attached, h.sink.counts)
 	}
+}
+
+// A library queued through a slow owner's processes that a process of
+// another owner maps as well is attached in that owner's turn (worker.go):
+// mapping a real job's library behind one's own slow files holds it back
+// by one attach, not by all of them.
+func TestManagerSharedLibraryTakesTheMappingOwnersTurn(t *testing.T) {
+	h := newHarness(t)
+	h.probes.gate, h.probes.started = make(chan struct{}), make(chan int, 16)
+	slow := func(file int) Library[int] { l := lib(1, file); l.Owner = "uid:1000"; return l }
+	for f := 10; f < 20; f++ {
+		h.m.Use(1, slow(f), true) // 10 in flight, 11-19 queued
+	}
+	h.m.Use(1, slow(50), true) // the real job's library, mapped by the slow owner first
+	real := lib(2, 50)
+	real.Owner = "cgroup:/kubepods.slice/pod-a"
+	h.m.Use(2, real, true)
+	var order []int
+	for len(order) < 11 {
+		select {
+		case f := <-h.probes.started:
+			order = append(order, f)
+			h.probes.gate <- struct{}{}
+		case f := <-h.deliver:
+			f()
+		case <-time.After(5 * time.Second):
+			t.Fatalf("attaches stalled after %v", order)
+		}
+	}
+	if i := slices.Index(order, 50); i != 2 {
+		t.Errorf("the shared library was attached %dth, want 3rd: %v", i+1, order)
+	}
+	h.settle()
 }

@@ -19,8 +19,12 @@ package privilege
 //	                   processes: discovery by RANK and the job id
 //	CAP_DAC_OVERRIDE   writing /proc/PID/mem (mode 0600) of other users'
 //	                   processes: the duty cycle of the injection library
-//	CAP_CHECKPOINT_RESTORE (or CAP_SYS_ADMIN) /proc/PID/map_files: libraries
-//	                   deleted or replaced on disk while mapped
+//	CAP_CHECKPOINT_RESTORE (or CAP_SYS_ADMIN) /proc/PID/map_files: every
+//	                   library is opened through the mapping; without it,
+//	                   through the path checked against the mapping, which
+//	                   refuses libraries deleted or replaced on disk while
+//	                   mapped and, before Linux 6.8, those on overlayfs
+//	                   (containers)
 //
 // CAP_SYS_RESOURCE is not needed from Linux 5.11 (BPF memory is charged to
 // the memory cgroup, not RLIMIT_MEMLOCK); on older kernels it is. Nothing
@@ -205,7 +209,7 @@ func CapRequirements(uprobesNeedSysAdmin, deviceCollection bool) []CapRequiremen
 		CapRequirement{Cap: CapDACReadSearch, Also: []Capability{CapDACOverride},
 			Why: "read the environment (RANK, job id) of other users' training processes (/proc/PID/environ is 0400)"},
 		CapRequirement{Cap: CapCheckpointRestore, Also: []Capability{CapSysAdmin},
-			Why: "attach to libraries deleted or replaced on disk while mapped (/proc/PID/map_files)"},
+			Why: "open the library a process maps through the mapping (/proc/PID/map_files); without it, libraries deleted or replaced while mapped, and before Linux 6.8 those on overlayfs (containers), are refused"},
 	)
 	if deviceCollection {
 		reqs = append(reqs, CapRequirement{Cap: CapDACOverride,
