@@ -11,11 +11,16 @@
 // cohort and is marked degraded. A window is slow when the deviation reaches
 // the relative threshold and the absolute difference reaches the floor; for
 // host, with Config.Exposure, only the part of the difference that evidence
-// shows to lengthen a step counts (the rank's GPU idle time against its
-// peers'; its peers' collective waits against its own, at most as much as the
-// job's step rose above its recent clean windows; or that rise alone; without
-// any, the window is uncertain). A candidate becomes a straggler after the configured number of consecutive
-// slow windows; uncertain windows and gaps break a candidate's streak but
+// shows to lengthen a step counts: the rank's GPU idle time against its
+// peers'; its own slack (it blocked under the floor while its peers waited);
+// its peers' collective waits against its own, at most as much as the job's
+// step rose above its recent windows and the rank's host rose beyond its
+// peers'; or that attributed rise alone; or the direct evidence of one of the
+// last Config.CarryWindows windows where this one cannot decide; without any,
+// the window is uncertain. A baseline learned in windows without evidence
+// shows a rise but never hides a deviation. A candidate becomes a straggler
+// after the configured number of consecutive slow windows; uncertain windows
+// and gaps longer than Config.CarryWindows break a candidate's streak but
 // never recover an active alert.
 //
 // The package is pure and deterministic: no clocks, no I/O, no goroutines, no
