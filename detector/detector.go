@@ -257,7 +257,7 @@ func (d *Detector) AddStep(s Step) ([]Verdict, error) {
 		j.stats.duplicates++
 		return nil, nil
 	}
-	rs.lastSeen = w
+	rs.lastSeen, rs.heard = w, true
 	d.record(j, w, s)
 	if s.EndNS > j.watermark {
 		j.watermark = s.EndNS
@@ -399,7 +399,18 @@ func (d *Detector) Flush() []Verdict {
 	return out
 }
 
+// startupWindows is how many of a job's first windows wait one window
+// longer while a rank its topology names has sent nothing yet.
+const startupWindows = 2
+
 // settleUntil settles the windows of j whose end plus lateness <= watermark.
+// A job's first startupWindows windows wait one window more while a rank
+// that its topology names has not been heard from: at a job's start the
+// ranks' step detection locks at different times, and one rank's steps can
+// reach the detector seconds of steps ahead of the others' (83 steps of a
+// 4-rank fake job, ~2 s), which would settle the first windows without
+// them. The wait is bounded, so a rank that never reports (a remote rank of
+// a multi-host communicator) delays only those windows.
 func (d *Detector) settleUntil(j *job, watermark int64) []Verdict {
 	if !j.hasT0 {
 		return nil
@@ -407,12 +418,26 @@ func (d *Detector) settleUntil(j *job, watermark int64) []Verdict {
 	var out []Verdict
 	for _, idx := range sortedWindows(j) {
 		_, end := d.windowBounds(j, idx)
-		if end+int64(d.cfg.Lateness) > watermark {
+		wait := int64(d.cfg.Lateness)
+		if j.stats.windows < startupWindows && j.unheard() {
+			wait += int64(d.cfg.Window)
+		}
+		if end+wait > watermark {
 			break
 		}
 		out = append(out, d.settle(j, idx)...)
 	}
 	return out
+}
+
+// unheard reports whether a rank of the job has sent no fact yet.
+func (j *job) unheard() bool {
+	for _, rs := range j.ranks {
+		if !rs.heard {
+			return true
+		}
+	}
+	return false
 }
 
 func sortedWindows(j *job) []int64 {

@@ -542,6 +542,55 @@ func TestFactsBeforeTheFirstReceivedAreNotLate(t *testing.T) {
 	}
 }
 
+// At a job's start one rank's steps can reach the detector seconds ahead of
+// the others'. Its first windows wait one window more for the ranks its
+// topology names that have sent nothing, so they are judged with them; a
+// rank that never reports delays only those windows.
+func TestFirstWindowsWaitForRanksNotYetHeard(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		skewSec int64 // how far rank 0's steps run ahead of rank 1's first
+		want    string
+	}{
+		{"the others arrive within a window", 9, "[w0 r0 ok w0 r1 ok w1 r0 ok w1 r1 ok]"},
+		{"the others arrive too late", 20, "[w0 r0 uncertain w0 r1 uncertain w1 r0 uncertain w1 r1 uncertain]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := detector.DefaultConfig()
+			cfg.EmitOK = true
+			cfg.MinReferences = 1
+			d, _ := detector.New(cfg)
+			if err := d.AddTopology(detector.Topology{Job: "j", Version: 1, Ranks: []detector.RankInfo{{Rank: 0}, {Rank: 1}, {Rank: 2}}}); err != nil {
+				t.Fatal(err)
+			}
+			var vs []detector.Verdict
+			add := func(rank int, step int64, end int64) {
+				v, err := d.AddStep(detector.Step{Job: "j", Rank: rank, Step: step, EndNS: end, Phases: map[string]float64{"compute": 1}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				vs = append(vs, v...)
+			}
+			for k := int64(0); k <= tc.skewSec; k++ { // rank 0 alone, a step a second
+				add(0, k, k*sec+sec/2)
+			}
+			for k := int64(0); k < 10; k++ { // rank 1 from its first step
+				add(1, k, k*sec+sec/2)
+			}
+			vs = append(vs, d.Flush()...)
+			var got []string
+			for _, v := range vs {
+				if v.Window < 2 && v.Rank < 2 {
+					got = append(got, fmt.Sprintf("w%d r%d %s", v.Window, v.Rank, v.State))
+				}
+			}
+			if fmt.Sprint(got) != tc.want {
+				t.Errorf("verdicts %v, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
 func TestInvalidFactsAreErrors(t *testing.T) {
 	d, _ := detector.New(detector.DefaultConfig())
 	bad := []detector.Step{

@@ -21,6 +21,7 @@ const (
 // rankState is the bounded, long-lived state of one rank of one job.
 type rankState struct {
 	lastSeen int64 // last window with a fact (or the window the rank became known)
+	heard    bool  // it has sent a fact
 	recent   [dedupeRing]stepKey
 	nRecent  uint8
 	head     uint8
