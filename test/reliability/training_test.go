@@ -271,7 +271,7 @@ func readInjectee(t *testing.T, out string) []injecteeLine {
 // Library states (slowrank_abi.h).
 const (
 	stateIdle        = 1
-	stateUnavailable = 2
+	stateUnavailable = 4 // SLOWRANK_STATE_UNAVAILABLE (cupti/slowrank_abi.h); 2 is STATE_ON
 )
 
 // TestInjectionLibraryWhenAgentDies runs a process that loads the injection
