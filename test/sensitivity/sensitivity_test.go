@@ -86,17 +86,29 @@ func TestSensitivityFakeJob(t *testing.T) {
 	}
 	agent := testutil.BuildAgent(t, t.TempDir())
 	trainer := testutil.SharedFakeTrainer(t)
+	// A Kubernetes pod without hostPID: the job in its own PID namespace.
+	pidns := []string{"unshare", "--pid", "--fork", "--mount-proc", "--kill-child"}
 	for _, tc := range []struct {
 		name  string
 		gpuMS string
 		plan  []phase
 		from  bool
-	}{{"schedule", gpuBoundMS, schedulePlan(), false}, {"slow-from-start", hostMS, fromStartPlan(), true}} {
+		wrap  []string // what the trainer is started under
+	}{
+		{"schedule", gpuBoundMS, schedulePlan(), false, nil},
+		{"slow-from-start", hostMS, fromStartPlan(), true, nil},
+		{"slow-from-start-in-its-own-pid-namespace", hostMS, fromStartPlan(), true, pidns},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.wrap != nil {
+				if _, err := exec.LookPath(tc.wrap[0]); err != nil {
+					t.Skipf("needs %s (util-linux)", tc.wrap[0])
+				}
+			}
 			step := healthyStep(t, trainer, tc.gpuMS)
 			t.Logf("healthy step %.2f ms: stalls of %v %% are %v ms", step, mags, stallsMS(step, mags))
 			dir := t.TempDir()
-			verdicts := runJob(t, agent, trainer, dir, tc.gpuMS, tc.plan, step)
+			verdicts := runJob(t, agent, trainer, dir, tc.gpuMS, tc.wrap, tc.plan, step)
 			res := judge(t, py, dir, verdicts, tc.plan, step, tc.from)
 			checkTargets(t, res, tc.from)
 		})
@@ -125,10 +137,13 @@ func trainerEnv(add ...string) []string {
 	return append(env, add...)
 }
 
-func runTrainer(t *testing.T, trainer, gpuMS, truth string, env []string, args ...string) {
+// runTrainer runs the fake trainer to its end, under wrap (a command and
+// its arguments, e.g. unshare) when it is not empty.
+func runTrainer(t *testing.T, trainer, gpuMS string, wrap []string, truth string, env []string, args ...string) {
 	t.Helper()
-	cmd := exec.Command(trainer, append([]string{"--ranks", fmt.Sprint(ranks), "--step-ms", stepMS, "--gpu-ms", gpuMS,
-		"--truth", truth}, args...)...)
+	argv := append(append(slices.Clone(wrap), trainer, "--ranks", fmt.Sprint(ranks), "--step-ms", stepMS, "--gpu-ms", gpuMS,
+		"--truth", truth), args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = trainerEnv(env...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("fake trainer: %v\n%s", err, testutil.Tail(string(out), 2000))
@@ -176,7 +191,7 @@ func readSteps(t *testing.T, path string) []truthStep {
 func healthyStep(t *testing.T, trainer, gpuMS string) float64 {
 	t.Helper()
 	truth := filepath.Join(t.TempDir(), "truth.jsonl")
-	runTrainer(t, trainer, gpuMS, truth, nil, "--steps", "60")
+	runTrainer(t, trainer, gpuMS, nil, truth, nil, "--steps", "60")
 	var ms []float64
 	for _, s := range readSteps(t, truth) {
 		if s.Step >= 10 {
@@ -192,7 +207,7 @@ func healthyStep(t *testing.T, trainer, gpuMS string) float64 {
 
 // runJob runs the agent around one fake job following plan and returns
 // the agent's verdicts file; the trainer's truth goes to dir/truth.jsonl.
-func runJob(t *testing.T, agent, trainer, dir, gpuMS string, plan []phase, step float64) string {
+func runJob(t *testing.T, agent, trainer, dir, gpuMS string, wrap []string, plan []phase, step float64) string {
 	t.Helper()
 	verdicts, facts := filepath.Join(dir, "verdicts.jsonl"), filepath.Join(dir, "facts.jsonl")
 	// SLOWRANK_SENS_KEEP=DIR keeps each job's facts there, to replay.
@@ -211,7 +226,7 @@ func runJob(t *testing.T, agent, trainer, dir, gpuMS string, plan []phase, step 
 			spec = append(spec, fmt.Sprintf("%d-%d:%.3f", p.From, p.To, p.MagPct/100*step))
 		}
 	}
-	runTrainer(t, trainer, gpuMS, filepath.Join(dir, "truth.jsonl"), []string{"SLOWRANK_SENS_MARK=1"},
+	runTrainer(t, trainer, gpuMS, wrap, filepath.Join(dir, "truth.jsonl"), []string{"SLOWRANK_SENS_MARK=1"},
 		"--steps", fmt.Sprint(plan[len(plan)-1].To), "--slow-rank", fmt.Sprint(slowRank),
 		"--slow-phases", strings.Join(spec, ","), "--sleep-before-start", "1000")
 	time.Sleep(2 * time.Second) // the last windows settle
