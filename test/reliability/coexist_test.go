@@ -26,13 +26,8 @@ func TestProfilerGetsCompleteTraceWhileAgentCollects(t *testing.T) {
 	bin := plainFakeCUPTI(t)
 	stress := filepath.Join(bin, "test_stress")
 	dir := t.TempDir()
-	ag := startAgent(t, tl, dir)
-	ag.waitSocket()
 	// Collect all the time: the worst case for another client.
-	set := exec.Command(tl.slowrank, "control", "set", "--socket", ag.sock, "--duty-share", "1")
-	if out, err := set.CombinedOutput(); err != nil {
-		t.Fatalf("control set: %v\n%s", err, out)
-	}
+	ag := startCollectingAgent(t, tl, dir)
 	out := filepath.Join(dir, "stress.out")
 	f, err := os.Create(out)
 	if err != nil {

@@ -192,6 +192,19 @@ func startAgent(t *testing.T, tl *tools, dir string, extra ...string) *agentProc
 	return startAgentWith(t, tl, dir, nil, nil, extra...)
 }
 
+// startCollectingAgent starts the agent as startAgent does and sets its
+// duty share to 1: device records collected all the time.
+func startCollectingAgent(t *testing.T, tl *tools, dir string) *agentProc {
+	t.Helper()
+	ag := startAgent(t, tl, dir)
+	ag.waitSocket()
+	set := exec.Command(tl.slowrank, "control", "set", "--socket", ag.sock, "--duty-share", "1")
+	if out, err := set.CombinedOutput(); err != nil {
+		t.Fatalf("control set: %v\n%s", err, out)
+	}
+	return ag
+}
+
 // startAgentWith also takes a command prefix (setpriv ...) and extra
 // environment.
 func startAgentWith(t *testing.T, tl *tools, dir string, prefix, env []string, extra ...string) *agentProc {

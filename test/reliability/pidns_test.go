@@ -28,12 +28,7 @@ func TestDeviceRecordsFlowFromAPIDNamespace(t *testing.T) {
 	}
 	bin := plainFakeCUPTI(t)
 	dir := t.TempDir()
-	ag := startAgent(t, tl, dir)
-	ag.waitSocket()
-	set := exec.Command(tl.slowrank, "control", "set", "--socket", ag.sock, "--duty-share", "1")
-	if out, err := set.CombinedOutput(); err != nil {
-		t.Fatalf("control set: %v\n%s", err, out)
-	}
+	ag := startCollectingAgent(t, tl, dir)
 	outPath := filepath.Join(dir, "injectee.out")
 	f, err := os.Create(outPath)
 	if err != nil {
