@@ -610,6 +610,24 @@ def _median_scores(maps):
     return res
 
 
+def local_baselines(phases):
+    """Per slow phase, the step it lengthened: the mean of the healthy
+    phases on either side of it (the one before alone at the end of the
+    run). A machine whose speed drifts through a run (a loaded CI host,
+    a GPU warming up) moves every phase's step; against the warm-up alone
+    that drift would count as the stall's (one CI run: warm-up 40.4 ms,
+    healthy phases 41.3-42.0 ms, and a 5 % stall read as +7.4 %)."""
+    out = []
+    for i, p in enumerate(phases):
+        if not p["kind"]:
+            out.append(None)
+            continue
+        near = [q["step_ms"] for q in (phases[i - 1] if i else None, phases[i + 1] if i + 1 < len(phases) else None)
+                if q and not q["kind"] and q["step_ms"]]
+        out.append(statistics.mean(near) if near else None)
+    return out
+
+
 def judge(phases, obs, slow_rank, limit_s):
     """Per phase: named (recall), time to verdict and to recovered (slow
     phases), false alerts; and the totals. A false alert is one alert (an
@@ -618,13 +636,14 @@ def judge(phases, obs, slow_rank, limit_s):
     later than limit_s after it began (the recovery allowance)."""
     lim = limit_s * 1e9
     base = next((p["step_ms"] for p in phases if p["name"] == "warmup"), None)
+    local = local_baselines(phases)
     rows, seen_false = [], set()
     tot = {"other_ranks": 0, "warmup": 0, "healthy": 0, "flagged_obs_false": 0}
     for i, p in enumerate(phases):
         nxt = phases[i + 1]["start_ns"] if i + 1 < len(phases) else float("inf")
         inside = [o for o in obs if p["start_ns"] <= o["data_ns"] < nxt]
         row = {k: p[k] for k in ("name", "kind", "mag_pct", "injected_ms", "step_ms", "steps")}
-        row["step_rise_pct"] = round((p["step_ms"] / base - 1) * 100, 1) if base and p["kind"] else None
+        row["step_rise_pct"] = round((p["step_ms"] / local[i] - 1) * 100, 1) if local[i] and p["kind"] else None
         false = {"other_ranks": set(), "slow_rank": set()}
         for o in inside:
             if not o["flagged"]:
@@ -840,6 +859,10 @@ def selftest():
     fs = schedule(15, 25, 20, ["host"], [5], parse_from_start("host:10"), 60)
     check("from start: one slow phase", fs == [{"name": "host-10-from-start", "kind": "host", "mag_pct": 10.0,
                                                  "start_s": 0.0, "end_s": 60}])
+    drift = [{"name": "warmup", "kind": None, "step_ms": 40.0}, {"name": "host-5", "kind": "host", "step_ms": 43.0},
+             {"name": "host-5-healthy", "kind": None, "step_ms": 42.0}, {"name": "host-10", "kind": "host", "step_ms": 46.2}]
+    check("rise against the healthy phases either side (drift cancels), the one before at the end",
+          local_baselines(drift) == [None, 41.0, None, 42.0])
     plan = schedule(15, 25, 20, ["host"], [3, 10])
     with tempfile.TemporaryDirectory() as d:
         t0 = synth_run(d, plan)
