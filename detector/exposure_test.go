@@ -288,6 +288,12 @@ func TestExposureEvidence(t *testing.T) {
 			g.gpuSteps = func(int) int { return 0 }
 			return g
 		}, true, 5, "straggler", detector.EvidenceStepTime, "above its 100."},
+		{"without device records a stall after a burst of every rank's step shows against the steps since", func(g gpuJob) gpuJob {
+			g.windows, g.gpuSteps = 13, func(int) int { return 0 }
+			g.shift = func(w int) float64 { return map[bool]float64{true: 8}[w >= 1 && w < 8] }
+			g.stallMS, g.stallFrom = 10, 10
+			return g
+		}, true, 12, "straggler", detector.EvidenceStepTime, "rose 9.9"},
 		{"without device records or a baseline nothing tells", func(g gpuJob) gpuJob {
 			g.stallMS = 10
 			g.gpuSteps = func(int) int { return 0 }

@@ -74,7 +74,15 @@ func (r *rankState) baseline() (ms float64, n int, strict bool) {
 			strictN++
 		}
 	}
-	return medianInPlace(s[:n]), n, strictN >= minBaseline
+	all := medianInPlace(s[:n])
+	if n <= minBaseline {
+		return all, n, strictN >= minBaseline
+	}
+	var last [minBaseline]float64
+	for i := range last {
+		last[i] = r.base[(int(r.baseHead)+baselineRing-1-i)%baselineRing]
+	}
+	return min(all, medianInPlace(last[:])), n, strictN >= minBaseline
 }
 
 // hostBaseline returns the median host time of the recorded windows that
