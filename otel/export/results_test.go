@@ -11,7 +11,6 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"gopkg.in/yaml.v3"
@@ -35,8 +34,8 @@ func TestMetricsDocIsCurrent(t *testing.T) {
 
 // gatherProm exports one window with a straggler verdict through the
 // OpenTelemetry Prometheus exporter (the agent's /metrics uses the same)
-// and returns the metric families by name.
-func gatherProm(t *testing.T) map[string]*dto.MetricFamily {
+// and returns the registry that gathers them.
+func gatherProm(t *testing.T) *prometheus.Registry {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	pe, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo())
@@ -57,15 +56,7 @@ func gatherProm(t *testing.T) map[string]*dto.MetricFamily {
 	v := stragglerVerdict(testJob, 0, 2, detector.StateStraggler)
 	v.AlertActive = true
 	e.SettleWindow(testJob, 0, []detector.Verdict{v})
-	fams, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]*dto.MetricFamily{}
-	for _, f := range fams {
-		out[f.GetName()] = f
-	}
-	return out
+	return reg
 }
 
 // TestResultsAreWhatPrometheusServes: every declared result metric is
@@ -73,17 +64,24 @@ func gatherProm(t *testing.T) map[string]*dto.MetricFamily {
 // docs/metrics.md states, and every slowrank_* family served is declared
 // (a result or a self-metric).
 func TestResultsAreWhatPrometheusServes(t *testing.T) {
-	fams := gatherProm(t)
-	types := map[string]dto.MetricType{"histogram": dto.MetricType_HISTOGRAM, "gauge": dto.MetricType_GAUGE, "counter": dto.MetricType_COUNTER}
+	fams, err := gatherProm(t).Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]int{}
+	for i, f := range fams {
+		byName[f.GetName()] = i
+	}
 	declared := map[string]bool{}
 	for _, r := range Results {
 		declared[r.PromName()] = true
-		f := fams[r.PromName()]
-		if f == nil {
+		i, ok := byName[r.PromName()]
+		if !ok {
 			t.Errorf("%s: no family %s", r.Name, r.PromName())
 			continue
 		}
-		if f.GetType() != types[r.Kind] {
+		f := fams[i]
+		if f.GetType().String() != strings.ToUpper(r.Kind) {
 			t.Errorf("%s: type %v, declared %s", r.Name, f.GetType(), r.Kind)
 		}
 		if f.GetHelp() != r.Desc {
@@ -110,7 +108,7 @@ func TestResultsAreWhatPrometheusServes(t *testing.T) {
 		declared[selfmetrics.PromName(m)] = true
 	}
 	declared[selfmetrics.PromName(selfmetrics.Metric{Name: selfmetrics.Undeclared, Kind: selfmetrics.Counter, Unit: "{event}"})] = true
-	for name := range fams {
+	for name := range byName {
 		if strings.HasPrefix(name, "slowrank_") && !declared[name] {
 			t.Errorf("%s is served but declared nowhere (Results, selfmetrics.Table): docs/metrics.md misses it", name)
 		}
