@@ -74,6 +74,10 @@ GO_GENERATE_DIRS = $(filter-out bpf cupti,$(patsubst %/,%,$(sort $(dir $(shell g
 go-generate: ## regenerate the stringer output of the packages outside bpf/ and cupti/
 	$(if $(GO_GENERATE_DIRS),$(GO) generate $(addprefix ./,$(GO_GENERATE_DIRS)))
 
+.PHONY: docs
+docs: ## regenerate docs/metrics.md from the metric declarations (otel/export/results.go, selfmetrics/table.go)
+	$(GO) generate ./otel/export/
+
 check-generated: generate ## fail when generated code differs from what is committed
 	@dirs="bpf cupti $(GO_GENERATE_DIRS)"; if [ -n "$$(git status --porcelain -- $$dirs)" ]; then git status --porcelain -- $$dirs; git diff --stat; \
 	  echo "generated files are stale: run make generate and commit"; exit 1; fi

@@ -25,6 +25,13 @@ const (
 	PhaseMoE         = "moe"
 )
 
+// PhaseNames returns every phase name above, in DESIGN.md's order: the
+// vocabulary of step facts and of the phases a Config may evaluate.
+func PhaseNames() []string {
+	return []string{PhaseStep, PhaseCompute, PhaseHost, PhaseSyncWait, PhaseComm, PhaseExposedComm,
+		PhaseCollWait, PhaseIdle, PhaseAttention, PhaseMoE}
+}
+
 // Hints attached to verdicts. They are diagnostic hints, never a root-cause claim.
 const (
 	HintGPUStreamStall = "gpu_stream_stall"

@@ -19,8 +19,9 @@
 // of the series' Suffix attribute (probe_ncclAllReduce → probe="ncclAllReduce").
 // Nothing else in slowrank names a metric: OTLP (export.New) and the agent's
 // /metrics (the OpenTelemetry Prometheus exporter reading the same
-// MeterProvider) export exactly these instruments; docs/metrics.md is
-// generated from the table (go test ./selfmetrics/ -update).
+// MeterProvider) export exactly these instruments; the self-metrics section
+// of docs/metrics.md is generated from the table (Markdown; go generate
+// ./otel/export/ writes the file, with the detector's result metrics).
 //
 // # Sources
 //

@@ -5,32 +5,19 @@ import (
 	"strings"
 )
 
-// Markdown renders Table as docs/metrics.md.
+// Markdown renders Table as the self-metrics section of docs/metrics.md
+// (otel/export's MetricsDoc writes the file around it).
 func Markdown() string {
 	var b strings.Builder
-	b.WriteString(`# slowrank's self-metrics
-
-Generated from ` + "`selfmetrics/table.go`" + ` by ` + "`go test ./selfmetrics/ -update`" + `: do not edit.
+	b.WriteString(`## Self-metrics
 
 Every counter and gauge that the agent, the injection library (summed by the
-agent), the outputs and the aggregator keep about themselves. The same
-instruments leave over OTLP (to the Collector, whose Prometheus exporter
-serves them) and on the agent's ` + "`/metrics`" + `. The key is the name in
-` + "`slowrank status`" + ` (its ` + "`counters`" + ` map) and in the agent's last log line; a
-key ending in ` + "`*`" + ` is a prefix whose rest becomes the attribute in
-brackets. Counters of a running component are exported from 0. The
-detector's results (` + "`slowrank.step.duration`" + `, ` + "`slowrank.phase.duration`" + `,
-` + "`slowrank.deviation`" + `, ` + "`slowrank.straggler`" + `, ` + "`slowrank.state`" + `,
-` + "`slowrank.verdicts`" + `, ` + "`slowrank.verdict.latency`" + `) are described in
-` + "`otel/export/doc.go`" + `.
-
-The per-rank results (step and phase durations, deviation, state,
-straggler) also carry the rank's placement under dcgm-exporter's label
-names, each only when known: ` + "`UUID`" + `, ` + "`gpu`" + ` (NVML index), ` + "`pci_bus_id`" + `,
-` + "`Hostname`" + `, ` + "`pod`" + `, ` + "`namespace`" + `, ` + "`container`" + ` and ` + "`hpc_job`" + ` (Slurm job
-id). They are fixed per rank process, so they add no series;
-[deploy.md](deploy.md#25-joining-with-dcgm-exporter) joins them with
-dcgm-exporter's series. The self-metrics above carry none of them.
+agent), the outputs and the aggregator keep about themselves, from
+` + "`selfmetrics/table.go`" + `. The key is the name in ` + "`slowrank status`" + ` (its
+` + "`counters`" + ` map) and in the agent's last log line; a key ending in ` + "`*`" + ` is a
+prefix whose rest becomes the attribute in brackets. Counters of a running
+component are exported from 0. The self-metrics carry none of the rank
+placement labels.
 
 | OpenTelemetry name | Prometheus name | kind | unit | description | key → attributes |
 |---|---|---|---|---|---|

@@ -2,9 +2,6 @@ package selfmetrics
 
 import (
 	"context"
-	"flag"
-	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -14,8 +11,6 @@ import (
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 )
-
-var update = flag.Bool("update", false, "rewrite docs/metrics.md from the table")
 
 var (
 	nameRE = regexp.MustCompile(`^slowrank(\.[a-z][a-z0-9_]*)+$`)
@@ -198,22 +193,5 @@ func TestTwoSourcesOneKey(t *testing.T) {
 	}
 	if n != 1 {
 		t.Errorf("%d series of slowrank.export.spans, want 1", n)
-	}
-}
-
-func TestDocs(t *testing.T) {
-	path := filepath.Join("..", "docs", "metrics.md")
-	want := Markdown()
-	if *update {
-		if err := os.WriteFile(path, []byte(want), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	got, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (go test ./selfmetrics/ -update writes it)", err)
-	}
-	if string(got) != want {
-		t.Errorf("%s is not what the table says: go test ./selfmetrics/ -update", path)
 	}
 }

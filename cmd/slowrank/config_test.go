@@ -95,6 +95,23 @@ func TestInvalidInputExitsTwo(t *testing.T) {
 		{"config nested value", []string{"replay", "--config", cfg("nested.yaml", "window:\n  a: 1\n")}, nil, []string{"nested.yaml", "line 2", "window"}},
 		{"config from env", []string{"replay"}, map[string]string{"SLOWRANK_CONFIG": cfg("env.yaml", "consecutive: many\n")}, []string{"env.yaml", "line 1", "consecutive"}},
 		{"config validated values", []string{"replay", "--config", cfg("invalid.yaml", "threshold: -3\n"), "--input", "$DIR/x"}, nil, []string{"threshold"}},
+		// A threshold is a fraction: 5 is not 5 %. Every command that runs
+		// the detector, from the flag, the environment and the file.
+		{"threshold 5 read as 500 %", []string{"replay", "--threshold", "5", "--input", "$DIR/x"}, nil, []string{"--threshold 5", "(0, 1)", "SLOWRANK_THRESHOLD"}},
+		{"threshold 1", []string{"agent", "--threshold", "1"}, nil, []string{"--threshold 1", "(0, 1)"}},
+		{"threshold 0", []string{"aggregate", "--threshold", "0", "--listen", "127.0.0.1:0", "--duration", "100ms"}, nil, []string{"--threshold 0", "(0, 1)"}},
+		{"threshold from the environment", []string{"agent"}, map[string]string{"SLOWRANK_THRESHOLD": "5"}, []string{"--threshold 5", "SLOWRANK_THRESHOLD"}},
+		{"threshold from the file", []string{"replay", "--config", cfg("threshold.yaml", "replay:\n  threshold: 5\n"), "--input", "$DIR/x"}, nil, []string{"--threshold 5", "--config"}},
+		{"phase threshold above 1", []string{"replay", "--phase-threshold", "host=2", "--input", "$DIR/x"}, nil, []string{"--phase-threshold host=2", "(0, 1)"}},
+		{"phase threshold from the environment", []string{"aggregate", "--listen", "127.0.0.1:0", "--duration", "100ms"}, map[string]string{"SLOWRANK_PHASE_THRESHOLD": "compute=10"}, []string{"--phase-threshold compute=10", "SLOWRANK_PHASE_THRESHOLD"}},
+		{"control set threshold 5", []string{"control", "set", "--threshold", "5", "--socket", "$DIR/none.sock"}, nil, []string{"--threshold 5", "(0, 1)"}},
+		{"control set phase threshold 5", []string{"control", "set", "--phase-threshold", "host=5", "--socket", "$DIR/none.sock"}, nil, []string{"--phase-threshold host=5", "(0, 1)"}},
+		// Phases are names of DESIGN.md section 3.
+		{"unknown phase", []string{"replay", "--phases", "gpu,foo", "--input", "$DIR/x"}, nil, []string{"--phases", `"gpu"`, "compute, host"}},
+		{"unknown phase for the agent", []string{"agent", "--phases", "compute,foo"}, nil, []string{"--phases", `"foo"`}},
+		{"unknown phase for the aggregator", []string{"aggregate", "--phases", "gpu", "--listen", "127.0.0.1:0", "--duration", "100ms"}, nil, []string{"--phases", `"gpu"`}},
+		{"unknown phase from the environment", []string{"replay", "--input", "$DIR/x"}, map[string]string{"SLOWRANK_PHASES": "host,gpu"}, []string{"--phases", `"gpu"`, "SLOWRANK_PHASES"}},
+		{"unknown phase from the file", []string{"agent", "--config", cfg("phases.yaml", "phases: compute,foo\n")}, nil, []string{"--phases", `"foo"`, "--config"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			msg, code := runErr(t, tc.env, tc.args...)

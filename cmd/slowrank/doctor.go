@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/url"
 	"os"
@@ -58,7 +59,8 @@ func doctorCommand() *cli.Command {
 		Description: "Checks the kernel (version, BTF, uprobes, tracefs, BPF ring buffers, uprobe\n" +
 			"ref_ctr_offset), this process's capabilities, NVML and the GPUs, the CUPTI injection\n" +
 			"library and the CUDA/CUPTI versions, the training processes (environment has RANK)\n" +
-			"and whether they loaded the library, the OTLP endpoint, and a running agent (per process\n" +
+			"and whether they loaded the library (or name, in CUDA_INJECTION64_PATH, a file missing\n" +
+			"in their filesystem), the OTLP endpoint, and a running agent (per process\n" +
 			"mapping libnccl, the NCCL capture path it took and whether libnccl's collective uprobes\n" +
 			"are detached). One line per check with a fix. Exit code 0 when everything the agent\n" +
 			"needs is there, 1 otherwise. Run it as the agent runs (root) for meaningful answers.",
@@ -637,6 +639,7 @@ func checkProcesses(envKey, libPath string) (checkResult, map[int]string) {
 		return r, plugins
 	}
 	injectedEnv, loaded, pluginOnly := 0, 0, 0
+	var missing []string // CUDA_INJECTION64_PATH values naming no file
 	for i, p := range procs {
 		libs, lerr := agent.ReadLibraries("", p.PID)
 		var kinds []string
@@ -664,6 +667,9 @@ func checkProcesses(envKey, libPath string) (checkResult, map[int]string) {
 					pluginOnly++ // loaded, but for NCCL's collectives only
 				}
 			}
+		case p.Identity.Injected && injectionFileMissing(p.PID, p.Identity.InjectionPath):
+			state = fmt.Sprintf("CUDA_INJECTION64_PATH=%s: no such file in the process's filesystem, CUDA cannot load it", p.Identity.InjectionPath)
+			missing = append(missing, p.Identity.InjectionPath)
 		case p.Identity.Injected:
 			state = "CUDA_INJECTION64_PATH set, library not loaded yet"
 		}
@@ -702,7 +708,11 @@ func checkProcesses(envKey, libPath string) (checkResult, map[int]string) {
 			lib = filepath.Join(injectionLibDir, agent.InjectionLibraryName)
 		}
 		r.Fix = fmt.Sprintf("start the job with CUDA_INJECTION64_PATH=%s for device phases (compute, comm); host phases work without it", lib)
-		if pluginOnly > 0 && injectedEnv > 0 {
+		if len(missing) > 0 {
+			slices.Sort(missing)
+			r.Fix = fmt.Sprintf("%d %s CUDA_INJECTION64_PATH at a file missing in the process's filesystem (%s): mount the node's %s read-only at the directory it names, or set it to %s where that directory is mounted (in Kubernetes a hostPath volume: deploy/kubernetes/training-pod-example.yaml)",
+				len(missing), plural(len(missing), "process names", "processes name"), strings.Join(slices.Compact(missing), ", "), filepath.Dir(lib), lib)
+		} else if pluginOnly > 0 && injectedEnv > 0 {
 			// The variable is there, yet only NCCL loaded the library: the
 			// CUDA driver did not (set after CUDA initialised, or a path the
 			// process cannot open).
@@ -717,6 +727,25 @@ func checkProcesses(envKey, libPath string) (checkResult, map[int]string) {
 		}
 	}
 	return r, plugins
+}
+
+// injectionFileMissing reports whether path, a process's
+// CUDA_INJECTION64_PATH, names nothing in the process's own filesystem: its
+// root (/proc/PID/root: a pod's mount namespace) or, for a relative path,
+// its working directory. The last component is not followed (a symlink's
+// absolute target would resolve in doctor's filesystem, not the process's),
+// and an unreadable root (another user's process without root, or one that
+// exited) is not reported as missing.
+func injectionFileMissing(pid int, path string) bool {
+	base := filepath.Join("/proc", strconv.Itoa(pid), "root")
+	if !filepath.IsAbs(path) {
+		base = filepath.Join("/proc", strconv.Itoa(pid), "cwd")
+	}
+	if _, err := os.Stat(base); err != nil {
+		return false // exited, or not ours to look into
+	}
+	_, err := os.Lstat(filepath.Join(base, path))
+	return errors.Is(err, fs.ErrNotExist)
 }
 
 // deniedNote says which processes' environment could not be read.

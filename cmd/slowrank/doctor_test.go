@@ -2,10 +2,13 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -353,6 +356,66 @@ func TestCheckAgentSocket(t *testing.T) {
 			r, _ := checkAgent(t.Context(), tt.socket)
 			if r.Status != tt.status || !strings.Contains(r.Detail, tt.want) {
 				t.Errorf("checkAgent(%s) = %s %q, want %s containing %q", tt.name, r.Status, r.Detail, tt.status, tt.want)
+			}
+		})
+	}
+}
+
+// TestDoctorReportsAMissingInjectionLibraryFile: a training process whose
+// CUDA_INJECTION64_PATH names no file in its filesystem (a pod without the
+// hostPath mount, or the quick start's wrong path) is named with that
+// path, and the fix says what to mount; one whose file is there only waits
+// for CUDA. Real processes, selected by an environment key of their own.
+func TestDoctorReportsAMissingInjectionLibraryFile(t *testing.T) {
+	dir := t.TempDir()
+	present := filepath.Join(dir, "lib", agent.InjectionLibraryName)
+	if err := os.MkdirAll(filepath.Dir(present), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(present, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(dir, agent.InjectionLibraryName) // the directory lacks it
+	key := fmt.Sprintf("SLOWRANK_DOCTOR_TEST_%d", os.Getpid())
+	start := func(t *testing.T, rank int, lib string) int {
+		cmd := exec.Command("sleep", "60")
+		cmd.Env = []string{key + "=1", "RANK=" + strconv.Itoa(rank), "CUDA_INJECTION64_PATH=" + lib}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		return cmd.Process.Pid
+	}
+	for _, tc := range []struct {
+		name     string
+		lib      string
+		item     string // the process's line, after "pid N rank R job -: "
+		warn     bool
+		fixNames string
+	}{
+		{"file missing", missing, "CUDA_INJECTION64_PATH=" + missing + ": no such file in the process's filesystem", true, missing},
+		{"file there, not loaded yet", present, "CUDA_INJECTION64_PATH set, library not loaded yet", true, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pid := start(t, 0, tc.lib)
+			r, _ := checkProcesses(key, present)
+			var item string
+			for _, it := range r.Items {
+				if strings.HasPrefix(it, fmt.Sprintf("pid %d ", pid)) {
+					item = it
+				}
+			}
+			if !strings.Contains(item, tc.item) {
+				t.Fatalf("items %q: want pid %d with %q", r.Items, pid, tc.item)
+			}
+			if (r.Status == checkWarn) != tc.warn {
+				t.Errorf("status %s", r.Status)
+			}
+			if tc.fixNames != "" && (!strings.Contains(r.Fix, tc.fixNames) || !strings.Contains(r.Fix, "mount the node's "+filepath.Dir(present))) {
+				t.Errorf("fix %q does not name %s and what to mount", r.Fix, tc.fixNames)
+			}
+			if tc.fixNames == "" && strings.Contains(r.Fix, "missing") {
+				t.Errorf("fix %q reports a missing file", r.Fix)
 			}
 		})
 	}

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 
 	"github.com/urfave/cli/v2"
 
@@ -288,14 +289,38 @@ func openInput(path string) (io.Reader, func(), error) {
 }
 
 // createOutput creates path for writing (0640, never through a symlink); "-"
-// is stdout.
+// is stdout, and a character device such as /dev/null is written as it is.
 func createOutput(path string) (io.Writer, func() error, error) {
 	if path == "-" || path == "" {
 		return os.Stdout, func() error { return nil }, nil
 	}
-	f, err := createFile(path)
+	f, err := openCharDevice(path)
+	if err == nil && f == nil {
+		f, err = createFile(path)
+	}
 	if err != nil {
 		return nil, nil, err
 	}
 	return f, f.Close, nil
+}
+
+// openCharDevice opens path for writing when it is a character device
+// (/dev/null, a terminal), which createFile refuses as not a regular file;
+// it returns nil and no error for anything else. The open follows no
+// symlink at the last component, creates nothing, and the device is checked
+// again on the open file, so a path swapped in between is refused.
+func openCharDevice(path string) (*os.File, error) {
+	fi, err := os.Lstat(path)
+	if err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+		return nil, nil
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|syscall.O_NOFOLLOW|syscall.O_NOCTTY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	if fi, err := f.Stat(); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+		f.Close()
+		return nil, fmt.Errorf("open %s: no longer a character device", path)
+	}
+	return f, nil
 }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/urfave/cli/v2"
@@ -153,6 +154,39 @@ func TestCreateOutputRefusesSymlink(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(target); string(b) != "keep" {
 		t.Fatal("symlink target was modified")
+	}
+}
+
+// TestReplayOutputs: /dev/null (a character device) is an output, as is
+// a new file; a symlink to /dev/null and a FIFO are still refused.
+func TestReplayOutputs(t *testing.T) {
+	facts := simulateFacts(t, "--ranks", "4", "--duration", "10s")
+	dir := t.TempDir()
+	link := filepath.Join(dir, "null-link")
+	if err := os.Symlink("/dev/null", link); err != nil {
+		t.Fatal(err)
+	}
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		output string
+		want   int
+	}{
+		{"/dev/null", 0},
+		{filepath.Join(dir, "verdicts.jsonl"), 0},
+		{link, exitUsage},
+		{fifo, exitUsage},
+	} {
+		t.Run(filepath.Base(tc.output), func(t *testing.T) {
+			if _, code := run(t, facts, "replay", "--input", "$IN", "-o", tc.output); code != tc.want {
+				t.Errorf("replay -o %s: exit %d, want %d", tc.output, code, tc.want)
+			}
+		})
+	}
+	if fi, err := os.Stat("/dev/null"); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+		t.Errorf("/dev/null is no longer a character device: %v, %v", fi, err)
 	}
 }
 

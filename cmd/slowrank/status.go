@@ -370,7 +370,7 @@ func controlCommand() *cli.Command {
 				Action: func(c *cli.Context) error { return show(c, agent.ControlRequest{Action: agent.ActionResume}) }},
 			{Name: "set", Usage: "change detector or duty-cycle settings", Flags: append(endpointFlags(),
 				&cli.DurationFlag{Name: "window", Usage: "evaluation window"},
-				&cli.Float64Flag{Name: "threshold", Usage: "relative deviation that makes a window slow"},
+				&cli.Float64Flag{Name: "threshold", Usage: "relative deviation that makes a window slow, a fraction in (0, 1)"},
 				&cli.StringFlag{Name: "phase-threshold", Usage: "per-phase overrides of --threshold, e.g. host=0.15 (host=0 removes the override)"},
 				&cli.DurationFlag{Name: "floor", Usage: "absolute difference below which no window is slow"},
 				&cli.IntFlag{Name: "consecutive", Usage: "slow windows before an alert"},
@@ -415,9 +415,21 @@ func controlSetRequest(c *cli.Context) (agent.ControlRequest, error) {
 		n := c.Int("consecutive")
 		req.Consecutive = &n
 	}
+	if req.Threshold != nil {
+		if err := checkThreshold(c, "threshold", *req.Threshold); err != nil {
+			return req, err
+		}
+	}
 	pt, err := parsePhaseThresholds(c.String("phase-threshold"))
 	if err != nil {
 		return req, fmt.Errorf("invalid --phase-threshold: %w", err)
+	}
+	for _, ph := range slices.Sorted(maps.Keys(pt)) {
+		if t := pt[ph]; t != 0 { // 0 removes the phase's override
+			if err := checkThreshold(c, "phase-threshold", t, ph); err != nil {
+				return req, err
+			}
+		}
 	}
 	req.PhaseThresholds = pt
 	return req, nil

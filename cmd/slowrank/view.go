@@ -21,11 +21,12 @@ const viewJobWidth = 48
 // view holds several jobs.
 const viewAlertJobWidth = 20
 
-// viewFormat lays out the column header and every rank row: at most 77
-// columns with the longest hint.
-const viewFormat = "%4v %6v %7v %7v %7v %6v %6v  %-9v %v"
+// viewFormat lays out the column header and every rank row: at most 78
+// columns with the longest hint. SLOWER is the verdict's deviation: how much
+// slower than its reference rank the rank is, in percent.
+const viewFormat = "%4v %6v %7v %7v %7v %6v %7v  %-9v %v"
 
-var viewColumns = fmt.Sprintf(viewFormat, "RANK", "STEP#", "STEP", "COMPUTE", "HOST", "SYNCWT", "DEV%", "STATE", "HINT")
+var viewColumns = fmt.Sprintf(viewFormat, "RANK", "STEP#", "STEP", "COMPUTE", "HOST", "SYNCWT", "SLOWER", "STATE", "HINT")
 
 // renderView writes the live per-rank table: 80 columns, plain text (no
 // cursor control beyond an optional clear), so it works over SSH, in tmux and
@@ -37,10 +38,13 @@ func renderView(w io.Writer, st agent.Status, clear bool) {
 	if clear {
 		b.WriteString("\x1b[H\x1b[2J")
 	}
-	fmt.Fprintf(&b, "slowrank  up %-8s procs %-3d attached %-3d events %-9d lost %d\n",
+	// Processes are the training processes watched; libs the library files
+	// (libnccl, libcudart, ...) their uprobes are attached to, shared by
+	// every process that maps them.
+	fmt.Fprintf(&b, "slowrank  up %-8s procs %-3d libs %-3d events %-9d lost %d\n",
 		st.Uptime.Round(1e9), st.Processes, st.Attached, st.Events, st.Lost)
 	fmt.Fprintf(&b, "windows %-6d facts %-8d verdicts %-6d device %-8s duty %3.0f%%\n",
-		st.Windows, st.Facts, st.Verdicts, st.DeviceState, st.DutyShare*100)
+		st.Windows, st.Facts, st.Verdicts, deviceWord(st.DeviceState), st.DutyShare*100)
 	b.WriteString(viewColumns + "\n")
 	jobs, rows := groupByJob(st.Ranks)
 	for _, job := range jobs {
@@ -51,6 +55,8 @@ func renderView(w io.Writer, st agent.Status, clear bool) {
 	}
 	if len(st.Ranks) == 0 {
 		b.WriteString("  (no steps yet: waiting for training processes and their first steps)\n")
+	} else if note := computeNote(st); note != "" {
+		b.WriteString(clip(note, viewWidth) + "\n")
 	}
 	seen := map[string]bool{}
 	for _, job := range jobs {
@@ -64,6 +70,32 @@ func renderView(w io.Writer, st agent.Status, clear bool) {
 		b.WriteString(alertLine(v, several) + "\n")
 	}
 	io.WriteString(w, b.String())
+}
+
+// computeNote says why COMPUTE is "-" in every row when no device records
+// come: no process loaded the injection library, or device collection is
+// off. HINT names a GPU or a host-only stall only with COMPUTE measured.
+func computeNote(st agent.Status) string {
+	for _, r := range st.Ranks {
+		if _, ok := r.Step.Phases[detector.PhaseCompute]; ok {
+			return ""
+		}
+	}
+	switch {
+	case st.DeviceState == "no-lib":
+		return "  COMPUTE -, no HINT: no device records, the injection library is not loaded"
+	case strings.HasPrefix(st.DeviceState, "off"):
+		return "  COMPUTE -, no HINT: no device records, device collection is off"
+	}
+	return ""
+}
+
+// deviceWord is the device collection state without its explanation
+// ("off: ... profiler plugin only ..." is "off"): the header line keeps its
+// 80 columns; slowrank status shows the whole.
+func deviceWord(state string) string {
+	w, _, _ := strings.Cut(state, ":")
+	return w
 }
 
 // groupByJob splits rows by job, jobs in the order of their first row,
@@ -150,7 +182,7 @@ func viewRow(r agent.RankView) string {
 	if v := r.Verdict; v != nil {
 		state, hint = v.State, v.Hint
 		if v.State != detector.StateUncertain {
-			dev = fmt.Sprintf("%+.1f", v.Deviation*100)
+			dev = fmt.Sprintf("%+.1f%%", v.Deviation*100)
 		}
 		if v.AlertActive {
 			state = "STRAGGLER"

@@ -95,6 +95,35 @@ func TestRenderViewJobs(t *testing.T) {
 			st:   agent.Status{},
 			want: []string{viewColumns + "\n  (no steps yet"},
 		},
+		{
+			// The demo: 4 processes whose uprobes share 3 library files,
+			// host phases only.
+			name: "without the injection library one line says why COMPUTE is empty",
+			st: agent.Status{Processes: 4, Attached: 3, DeviceState: "no-lib", Ranks: []agent.RankView{
+				{Job: "j", Rank: 0, Step: detector.Step{Step: 5, Phases: map[string]float64{"step": 52, "host": 23, "sync_wait": 29}}},
+				{Job: "j", Rank: 1, Step: detector.Step{Step: 5, Phases: map[string]float64{"step": 52, "host": 35, "sync_wait": 17}},
+					Verdict: &detector.Verdict{State: detector.StateCandidate, Phase: "host", Deviation: 0.609}},
+			}},
+			want: []string{"procs 4   libs 3 ", "SLOWER", "\n   1      5    52.0       -    35.0   17.0  +60.9%  candidate\n",
+				"  COMPUTE -, no HINT: no device records, the injection library is not loaded\n"},
+			notWant: []string{"DEV%", "attached"},
+		},
+		{
+			name: "device collection off",
+			st: agent.Status{DeviceState: "off: libslowrank_cupti.so runs as NCCL's profiler plugin only (CUDA did not load it)",
+				Ranks: []agent.RankView{{Job: "j", Rank: 0, Step: detector.Step{Phases: map[string]float64{"host": 1}}}}},
+			want: []string{" device off ", "\n  COMPUTE -, no HINT: no device records, device collection is off\n"},
+		},
+		{
+			name:    "with device records no note",
+			st:      agent.Status{DeviceState: "duty", Ranks: viewStatus().Ranks},
+			notWant: []string{"COMPUTE -"},
+		},
+		{
+			name:    "duty cycle before its first device records: no note",
+			st:      agent.Status{DeviceState: "duty", Ranks: viewStatus().Ranks[:2]},
+			notWant: []string{"COMPUTE -"},
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var b bytes.Buffer

@@ -93,7 +93,10 @@
 // (StateCode), the counter slowrank.verdicts{state}, and the histogram
 // slowrank.verdict.latency (s): from the end of the window's last step
 // (CLOCK_MONOTONIC, Config.NowMono) to the moment its verdicts' spans were
-// handed to the exporter. The job is the attribute slowrank.job.id
+// handed to the exporter. Each is declared once in Results (results.go),
+// with its unit, description and attributes, and the codes of
+// slowrank.state in States; docs/metrics.md is generated from them and
+// selfmetrics.Table (MetricsDoc, go generate). The job is the attribute slowrank.job.id
 // (Prometheus label slowrank_job_id), not "job", which Prometheus derives
 // from service.name.
 //

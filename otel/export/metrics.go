@@ -43,24 +43,6 @@ const (
 	KeyName   = attribute.Key("name")
 )
 
-// StateCode is the value of the slowrank.state gauge: ok 0, recovered 1,
-// uncertain 2, candidate 3, straggler 4 (-1 for an unknown state).
-func StateCode(state string) int64 {
-	switch state {
-	case detector.StateOK:
-		return 0
-	case detector.StateRecovered:
-		return 1
-	case detector.StateUncertain:
-		return 2
-	case detector.StateCandidate:
-		return 3
-	case detector.StateStraggler:
-		return 4
-	}
-	return -1
-}
-
 var (
 	durationBucketsMS = []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000}
 	latencyBucketsS   = []float64{0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 60, 120}
@@ -87,34 +69,31 @@ type instruments struct {
 func newInstruments(m metric.Meter, e *Exporter, self []selfmetrics.Source) (*instruments, error) {
 	in := &instruments{attrs: map[attrKey]metric.MeasurementOption{}}
 	var err error
-	if in.stepDur, err = m.Float64Histogram(MetricStepDuration, metric.WithUnit("ms"),
-		metric.WithDescription("Wall time of a training step per rank."),
+	if in.stepDur, err = m.Float64Histogram(MetricStepDuration, metric.WithUnit(result(MetricStepDuration).Unit), metric.WithDescription(result(MetricStepDuration).Desc),
 		metric.WithExplicitBucketBoundaries(durationBucketsMS...)); err != nil {
 		return nil, err
 	}
-	if in.phaseDur, err = m.Float64Histogram(MetricPhaseDuration, metric.WithUnit("ms"),
-		metric.WithDescription("Time of a phase within a training step per rank."),
+	if in.phaseDur, err = m.Float64Histogram(MetricPhaseDuration, metric.WithUnit(result(MetricPhaseDuration).Unit), metric.WithDescription(result(MetricPhaseDuration).Desc),
 		metric.WithExplicitBucketBoundaries(durationBucketsMS...)); err != nil {
 		return nil, err
 	}
-	if in.verdicts, err = m.Int64Counter(MetricVerdicts, metric.WithDescription("Detector verdicts by state.")); err != nil {
+	if in.verdicts, err = m.Int64Counter(MetricVerdicts, metric.WithUnit(result(MetricVerdicts).Unit), metric.WithDescription(result(MetricVerdicts).Desc)); err != nil {
 		return nil, err
 	}
-	if in.latency, err = m.Float64Histogram(MetricVerdictLatency, metric.WithUnit("s"),
-		metric.WithDescription("From the end of the last step of a window to the export of its verdicts."),
+	if in.latency, err = m.Float64Histogram(MetricVerdictLatency, metric.WithUnit(result(MetricVerdictLatency).Unit), metric.WithDescription(result(MetricVerdictLatency).Desc),
 		metric.WithExplicitBucketBoundaries(latencyBucketsS...)); err != nil {
 		return nil, err
 	}
 
-	dev, err := m.Float64ObservableGauge(MetricDeviation, metric.WithDescription("value/reference - 1 of the latest verdict per rank and phase."))
+	dev, err := m.Float64ObservableGauge(MetricDeviation, metric.WithUnit(result(MetricDeviation).Unit), metric.WithDescription(result(MetricDeviation).Desc))
 	if err != nil {
 		return nil, err
 	}
-	strag, err := m.Int64ObservableGauge(MetricStraggler, metric.WithDescription("1 while the rank holds an active straggler alert for the phase, else 0."))
+	strag, err := m.Int64ObservableGauge(MetricStraggler, metric.WithUnit(result(MetricStraggler).Unit), metric.WithDescription(result(MetricStraggler).Desc))
 	if err != nil {
 		return nil, err
 	}
-	state, err := m.Int64ObservableGauge(MetricState, metric.WithDescription("Verdict state: ok 0, recovered 1, uncertain 2, candidate 3, straggler 4."))
+	state, err := m.Int64ObservableGauge(MetricState, metric.WithUnit(result(MetricState).Unit), metric.WithDescription(result(MetricState).Desc))
 	if err != nil {
 		return nil, err
 	}

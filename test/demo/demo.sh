@@ -22,6 +22,7 @@ trap 'kill $agent 2>/dev/null || true' EXIT
 sleep 1.5
 
 echo "== fake job: 4 ranks, 20 ms host + 30 ms GPU per step; rank 2 gets a 12 ms host stall per step from step 150"
+echo "   no injection library here (fake CUDA, no CUPTI): no device records, so COMPUTE is - and HINT empty; host phases are judged"
 # LD_LIBRARY_PATH unset: on GPU hosts it names the driver's libcuda.so.1,
 # which the loader would prefer to the fake one beside the trainer.
 env -u LD_LIBRARY_PATH -u LD_PRELOAD "$BIN/fakelibs/faketrainer" --ranks 4 --duration 28 --step-ms 20 --gpu-ms 30 \

@@ -30,6 +30,29 @@ type rendered struct {
 	sa   corev1.ServiceAccount
 	nps  []networkingv1.NetworkPolicy
 	rule *prometheusRule
+	svcs []corev1.Service
+	sm   *serviceMonitor
+}
+
+// serviceMonitor is the Prometheus Operator's ServiceMonitor
+// (monitoring.coreos.com/v1), the fields of its CRD the chart sets:
+// decoded strictly, an unknown field fails as the CRD's schema would.
+type serviceMonitor struct {
+	APIVersion string            `json:"apiVersion"`
+	Kind       string            `json:"kind"`
+	Metadata   metav1.ObjectMeta `json:"metadata"`
+	Spec       struct {
+		NamespaceSelector struct {
+			MatchNames []string `json:"matchNames"`
+		} `json:"namespaceSelector"`
+		Selector  metav1.LabelSelector `json:"selector"`
+		Endpoints []struct {
+			Port          string `json:"port"`
+			Path          string `json:"path"`
+			Interval      string `json:"interval,omitempty"`
+			ScrapeTimeout string `json:"scrapeTimeout,omitempty"`
+		} `json:"endpoints"`
+	} `json:"spec"`
 }
 
 // prometheusRule is the Prometheus Operator's PrometheusRule
@@ -93,6 +116,12 @@ func render(t *testing.T, vals map[string]any) (rendered, error) {
 		case "PrometheusRule":
 			r.rule = &prometheusRule{}
 			into = r.rule
+		case "Service":
+			r.svcs = append(r.svcs, corev1.Service{})
+			into = &r.svcs[len(r.svcs)-1]
+		case "ServiceMonitor":
+			r.sm = &serviceMonitor{}
+			into = r.sm
 		default:
 			t.Fatalf("%s: unexpected kind %q", name, meta.Kind)
 		}
@@ -147,8 +176,8 @@ func TestDefaultsAreLeastPrivilegeAndPrivate(t *testing.T) {
 	if r.rule != nil {
 		t.Error("a PrometheusRule by default (it needs the operator's CRD)")
 	}
-	if len(agent.Ports) != 0 || len(r.nps) != 0 {
-		t.Errorf("ports %v and %d network policies with metrics off", agent.Ports, len(r.nps))
+	if len(agent.Ports) != 0 || len(r.nps) != 0 || len(r.svcs) != 0 || r.sm != nil {
+		t.Errorf("ports %v, %d network policies, %d services and a ServiceMonitor (%v) with metrics off", agent.Ports, len(r.nps), len(r.svcs), r.sm != nil)
 	}
 	// tracefs and debugfs are read-only: on Linux 5.8+ uprobes attach
 	// through the perf PMU without writing uprobe_events.
@@ -196,6 +225,42 @@ func TestVariants(t *testing.T) {
 				if ns := peer.NamespaceSelector; ns == nil || ns.MatchLabels["kubernetes.io/metadata.name"] == "" {
 					t.Errorf("ingress peer %+v admits pods of any namespace by labels a tenant can set", peer)
 				}
+			}
+		}},
+		{"metrics on: a headless Service over the agents' port", map[string]any{"metrics": map[string]any{"enabled": true}}, func(t *testing.T, r rendered) {
+			if len(r.svcs) != 1 {
+				t.Fatalf("%d services, want 1", len(r.svcs))
+			}
+			svc := r.svcs[0]
+			if svc.Spec.ClusterIP != corev1.ClusterIPNone || len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 9464 ||
+				svc.Spec.Ports[0].Name != "metrics" || svc.Spec.Ports[0].TargetPort.String() != "metrics" {
+				t.Errorf("service spec %+v", svc.Spec)
+			}
+			if !selects(svc.Spec.Selector, r.ds.Spec.Template.Labels) {
+				t.Errorf("service selector %v does not select the agent pods %v", svc.Spec.Selector, r.ds.Spec.Template.Labels)
+			}
+			if p := container(t, r.ds.Spec.Template.Spec, "agent", false).Ports; len(p) != 1 || p[0].Name != "metrics" {
+				t.Errorf("the agent's ports %v have no port named metrics for the service", p)
+			}
+			if r.sm != nil {
+				t.Error("a ServiceMonitor without serviceMonitor.enabled (it needs the operator's CRD)")
+			}
+		}},
+		{"serviceMonitor on: scrapes the metrics Service", map[string]any{"metrics": map[string]any{"enabled": true},
+			"serviceMonitor": map[string]any{"enabled": true, "labels": map[string]any{"release": "kube-prometheus-stack"}}}, func(t *testing.T, r rendered) {
+			sm := r.sm
+			if sm == nil || len(r.svcs) != 1 {
+				t.Fatalf("ServiceMonitor %v, %d services", sm, len(r.svcs))
+			}
+			if sm.APIVersion != "monitoring.coreos.com/v1" || sm.Metadata.Namespace != "slowrank" || sm.Metadata.Labels["release"] != "kube-prometheus-stack" {
+				t.Errorf("ServiceMonitor %+v", sm.Metadata)
+			}
+			if !selects(sm.Spec.Selector.MatchLabels, r.svcs[0].Labels) || !slices.Equal(sm.Spec.NamespaceSelector.MatchNames, []string{r.svcs[0].Namespace}) {
+				t.Errorf("ServiceMonitor selects %v in %v, the service has labels %v in %s", sm.Spec.Selector.MatchLabels,
+					sm.Spec.NamespaceSelector.MatchNames, r.svcs[0].Labels, r.svcs[0].Namespace)
+			}
+			if len(sm.Spec.Endpoints) != 1 || sm.Spec.Endpoints[0].Port != r.svcs[0].Spec.Ports[0].Name || sm.Spec.Endpoints[0].Path != "/metrics" {
+				t.Errorf("endpoints %+v", sm.Spec.Endpoints)
 			}
 		}},
 		{"digest pins the image", map[string]any{"image": map[string]any{"tag": "0.2.0", "digest": digest}}, func(t *testing.T, r rendered) {
@@ -266,12 +331,48 @@ func TestRefusedValues(t *testing.T) {
 		"tag latest":        {"image": map[string]any{"tag": "latest"}},
 		"digest not sha256": {"image": map[string]any{"digest": "md5:abc"}},
 		"short digest":      {"image": map[string]any{"digest": "sha256:abc"}},
+		// Without metrics.enabled there is no /metrics to scrape.
+		"serviceMonitor without metrics": {"serviceMonitor": map[string]any{"enabled": true}},
+		"serviceMonitor without the service": {"serviceMonitor": map[string]any{"enabled": true},
+			"metrics": map[string]any{"enabled": true, "service": map[string]any{"enabled": false}}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			if _, err := render(t, vals); err == nil {
 				t.Fatal("rendered")
 			}
 		})
+	}
+}
+
+// selects reports whether every label of sel is in labels.
+func selects(sel, labels map[string]string) bool {
+	for k, v := range sel {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return len(sel) > 0
+}
+
+// TestKubeVersionCoversTheTemplates: the chart emits appArmorProfile, a
+// field of Kubernetes 1.30: helm install refuses an older cluster instead of
+// the API server dropping the field.
+func TestKubeVersionCoversTheTemplates(t *testing.T) {
+	ch, err := loader.Load("../slowrank")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := render(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc := container(t, r.ds.Spec.Template.Spec, "agent", false).SecurityContext; sc.AppArmorProfile == nil {
+		t.Fatal("no appArmorProfile any more: the kubeVersion of 1.30 may be lowered")
+	}
+	for v, want := range map[string]bool{"v1.29.9": false, "v1.30.0": true, "v1.30.2-eks-1234": true, "v1.33.1": true} {
+		if got := chartutil.IsCompatibleRange(ch.Metadata.KubeVersion, v); got != want {
+			t.Errorf("kubeVersion %q admits %s: %v, want %v", ch.Metadata.KubeVersion, v, got, want)
+		}
 	}
 }
 
