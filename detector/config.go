@@ -95,16 +95,16 @@ func (c Config) Validate() error {
 	if c.Window <= 0 {
 		errs = append(errs, fmt.Errorf("window must be positive, got %s", c.Window))
 	}
-	if !(c.Threshold > 0) || c.Threshold > 100 {
-		errs = append(errs, fmt.Errorf("threshold must be in (0, 100], got %g", c.Threshold))
+	if !(c.Threshold > 0 && c.Threshold < 1) {
+		errs = append(errs, fmt.Errorf("threshold must be a fraction in (0, 1), got %g", c.Threshold))
 	}
 	for _, ph := range slices.Sorted(maps.Keys(c.PhaseThresholds)) {
 		t := c.PhaseThresholds[ph]
 		if !slices.Contains(c.Phases, ph) {
 			errs = append(errs, fmt.Errorf("phase threshold names %q, which is not an evaluated phase %q", ph, c.Phases))
 		}
-		if !(t > 0) || t > 100 {
-			errs = append(errs, fmt.Errorf("threshold of phase %q must be in (0, 100], got %g", ph, t))
+		if !(t > 0 && t < 1) {
+			errs = append(errs, fmt.Errorf("threshold of phase %q must be a fraction in (0, 1), got %g", ph, t))
 		}
 	}
 	if c.Floor < 0 {

@@ -618,6 +618,14 @@ func TestConfigValidate(t *testing.T) {
 			t.Errorf("Validate() = %v, want mention of %q", err, want)
 		}
 	}
+	// A threshold is a fraction: 5 read as 500 % once, silently.
+	for _, th := range []float64{5, 1, 0, -0.1} {
+		c := detector.DefaultConfig()
+		c.Threshold = th
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "fraction in (0, 1)") {
+			t.Errorf("threshold %g: Validate() = %v, want a refusal", th, err)
+		}
+	}
 }
 
 func TestForgetJobAndTopologyPruning(t *testing.T) {
