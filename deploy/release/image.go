@@ -81,6 +81,8 @@ func buildImage(s imageSpec) (v1.Image, error) {
 		Architecture: "amd64",
 		OS:           "linux",
 		Created:      v1.Time{Time: s.epoch},
+		// The only type the OCI image spec defines; runtimes refuse others.
+		RootFS: v1.RootFS{Type: "layers"},
 		Config: v1.Config{
 			Entrypoint: entrypoint,
 			Cmd:        command,

@@ -221,3 +221,37 @@ func TestLayerTarRefusesBadNames(t *testing.T) {
 		t.Errorf("entries %q, want %q (sorted, parents added)", names, want)
 	}
 }
+
+func TestCheckConfigRefuses(t *testing.T) {
+	img, err := buildImage(inputs(t, t.TempDir(), time.Unix(0, 0), 0, 0o755))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := checkConfig(img, "1.2.3", "1.2.3"); err != nil {
+		t.Fatalf("the built image: %v", err)
+	}
+	for name, change := range map[string]func(*v1.ConfigFile){
+		"another rootfs type": func(c *v1.ConfigFile) { c.RootFS.Type = "" },
+		"another entrypoint":  func(c *v1.ConfigFile) { c.Config.Entrypoint = []string{"/bin/sh"} },
+		"another command":     func(c *v1.ConfigFile) { c.Config.Cmd = nil },
+		"another user":        func(c *v1.ConfigFile) { c.Config.User = "65532" },
+		"no PATH":             func(c *v1.ConfigFile) { c.Config.Env = nil },
+		"another platform":    func(c *v1.ConfigFile) { c.Architecture = "arm64" },
+	} {
+		t.Run(name, func(t *testing.T) {
+			cf, err := img.ConfigFile()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cf = cf.DeepCopy()
+			change(cf)
+			bad, err := mutate.ConfigFile(img, cf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := checkConfig(bad, "1.2.3", "1.2.3"); err == nil {
+				t.Error("accepted")
+			}
+		})
+	}
+}

@@ -61,6 +61,7 @@ func checkConfig(img v1.Image, refName, version string) error {
 		ok        bool
 	}{
 		{"layout ref name", refName, version, refName == version},
+		{"rootfs type", cf.RootFS.Type, "layers", cf.RootFS.Type == "layers"},
 		{"platform", cf.OS + "/" + cf.Architecture, "linux/amd64", cf.OS == "linux" && cf.Architecture == "amd64"},
 		{"entrypoint", c.Entrypoint, entrypoint, slices.Equal(c.Entrypoint, entrypoint)},
 		{"cmd", c.Cmd, command, slices.Equal(c.Cmd, command)},
