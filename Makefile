@@ -127,3 +127,83 @@ bench: ## Go benchmarks of the detector
 
 clean:
 	rm -rf $(OUT_DIR) out
+
+# ---- Release (deploy/release/README.md) ----------------------------------
+# The release's version is the chart's appVersion (the image tag the chart
+# defaults to). Outputs go to $(RELEASE_DIR); tools and the pinned .deb
+# files to .cache/release. Nothing takes the commit or the clock: the same
+# tree and toolchain build the same files, and the image the same digest.
+RELEASE_VERSION := $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' deploy/helm/slowrank/Chart.yaml)
+RELEASE_REPO    := ghcr.io/slowrank/slowrank
+RELEASE_DIR     ?= out/release
+RELEASE_CACHE   := $(CURDIR)/.cache/release
+RELEASE_TOOL    := $(RELEASE_CACHE)/release
+RELEASE_VALUES  := deploy/helm/slowrank/values.yaml
+RELEASE_MANIFESTS = $(shell grep -l '$(RELEASE_REPO)' deploy/kubernetes/*.yaml)
+RELEASE_GOFLAGS := -trimpath -buildvcs=false -ldflags "-X main.version=$(RELEASE_VERSION)"
+# The library: Debian's CUPTI headers always (a CUDA toolkit's would make
+# another file), and no build paths in its debug information.
+RELEASE_CUPTI   := CUDA_HOME=$(RELEASE_CACHE)/no-cuda-toolkit CUPTI_EXTRA_CFLAGS=-ffile-prefix-map=$(CURDIR)=.
+export SOURCE_DATE_EPOCH ?= 0
+
+.PHONY: release release-image release-check release-pin
+
+$(RELEASE_TOOL): deploy/release/go.mod deploy/release/go.sum $(wildcard deploy/release/*.go)
+	@mkdir -p $(RELEASE_CACHE)
+	cd deploy/release && $(GO) build -trimpath -o $(RELEASE_TOOL) .
+
+release: $(RELEASE_TOOL) ## build the release into out/release: binaries, injection library, chart, OCI image, SHA256SUMS
+	@test -n "$(RELEASE_VERSION)" || { echo "no appVersion in deploy/helm/slowrank/Chart.yaml"; exit 1; }
+	rm -rf $(RELEASE_DIR) && mkdir -p $(RELEASE_DIR)/build
+	CGO_ENABLED=1 GOOS=linux GOARCH=amd64 $(GO) build $(RELEASE_GOFLAGS) -o $(RELEASE_DIR)/slowrank-linux-amd64 ./cmd/slowrank
+	CGO_ENABLED=0 GOOS=linux GOARCH=arm64 $(GO) build $(RELEASE_GOFLAGS) -o $(RELEASE_DIR)/slowrank-linux-arm64 ./cmd/slowrank
+	$(MAKE) --no-print-directory cupti OUT_DIR=$(RELEASE_DIR)/build $(RELEASE_CUPTI)
+	cp $(RELEASE_DIR)/build/libslowrank_cupti.so $(RELEASE_DIR)/libslowrank_cupti-linux-amd64.so
+	$(RELEASE_TOOL) chart -chart deploy/helm/slowrank -o $(RELEASE_DIR) -version $(RELEASE_VERSION)
+	$(MAKE) --no-print-directory release-image
+	rm -rf $(RELEASE_DIR)/build
+	cd $(RELEASE_DIR) && sha256sum slowrank-linux-amd64 slowrank-linux-arm64 libslowrank_cupti-linux-amd64.so \
+	  slowrank-$(RELEASE_VERSION).tgz > SHA256SUMS && echo "$$(cat image.digest)  image (OCI layout image/)" >> SHA256SUMS
+	@cat $(RELEASE_DIR)/SHA256SUMS
+
+# The image from the release's amd64 binary and library (out/release/image,
+# an OCI layout; its digest in out/release/image.digest).
+release-image: $(RELEASE_TOOL)
+	$(RELEASE_TOOL) image -o $(RELEASE_DIR)/image -version $(RELEASE_VERSION) \
+	  -binary $(RELEASE_DIR)/slowrank-linux-amd64 -library $(RELEASE_DIR)/libslowrank_cupti-linux-amd64.so \
+	  $$(deploy/release/fetch-debs.sh deploy/release/debs.lock $(RELEASE_CACHE)/debs | sed 's/^/-deb /') > $(RELEASE_DIR)/image.digest
+	@echo "image $(RELEASE_REPO):$(RELEASE_VERSION)@$$(cat $(RELEASE_DIR)/image.digest)"
+
+release-pin: release ## write the image digest of `make release` into the chart's values and the manifests
+	$(RELEASE_TOOL) pin -values $(RELEASE_VALUES) $(addprefix -manifest ,$(RELEASE_MANIFESTS)) \
+	  -repo $(RELEASE_REPO) -tag $(RELEASE_VERSION) -digest $$(cat $(RELEASE_DIR)/image.digest)
+
+# Checks, in order: the tool's own tests; the release builds (helm lint
+# --strict and helm package inside); the image's config and files, and
+# `slowrank --version` and the init container's copy run in a chroot of its
+# file system (root); the image and the chart built again from inputs with
+# other file times give the same bytes; the chart and the manifests pin one
+# digest, and at a release tag (v$(RELEASE_VERSION) on HEAD) the digest of
+# this tree's image.
+release-check: ## build the release and verify it (helm lint, image config, slowrank --version in the image, reproducible, pinned digest)
+	cd deploy/release && $(GO) vet ./... && $(GO) mod tidy -diff && $(GO) test -count=1 ./...
+	$(MAKE) --no-print-directory release
+	$(RELEASE_TOOL) verify -layout $(RELEASE_DIR)/image -version $(RELEASE_VERSION) \
+	  -binary $(RELEASE_DIR)/slowrank-linux-amd64 -library $(RELEASE_DIR)/libslowrank_cupti-linux-amd64.so
+	rm -rf $(RELEASE_DIR)/again && mkdir -p $(RELEASE_DIR)/again
+	cp -p $(RELEASE_DIR)/slowrank-linux-amd64 $(RELEASE_DIR)/libslowrank_cupti-linux-amd64.so $(RELEASE_DIR)/again/
+	touch -d @1700000000 $(RELEASE_DIR)/again/* && chmod 0700 $(RELEASE_DIR)/again/*
+	$(MAKE) --no-print-directory release-image RELEASE_DIR=$(RELEASE_DIR)/again
+	$(RELEASE_TOOL) chart -chart deploy/helm/slowrank -o $(RELEASE_DIR)/again -version $(RELEASE_VERSION) >/dev/null
+	cmp $(RELEASE_DIR)/image.digest $(RELEASE_DIR)/again/image.digest
+	cmp $(RELEASE_DIR)/slowrank-$(RELEASE_VERSION).tgz $(RELEASE_DIR)/again/slowrank-$(RELEASE_VERSION).tgz
+	diff -r $(RELEASE_DIR)/image $(RELEASE_DIR)/again/image
+	rm -rf $(RELEASE_DIR)/again
+	@echo "reproducible: image $$(cat $(RELEASE_DIR)/image.digest) and chart built twice, same bytes"
+	$(RELEASE_TOOL) pin -check -values $(RELEASE_VALUES) $(addprefix -manifest ,$(RELEASE_MANIFESTS)) \
+	  -repo $(RELEASE_REPO) -tag $(RELEASE_VERSION)
+	@pinned=$$($(RELEASE_TOOL) pinned -values $(RELEASE_VALUES)); built=$$(cat $(RELEASE_DIR)/image.digest); \
+	if [ "$$pinned" = "$$built" ]; then echo "the chart and the manifests pin this tree's image $$built"; \
+	elif [ "$$(git describe --exact-match --tags HEAD 2>/dev/null)" = "v$(RELEASE_VERSION)" ]; then \
+	  echo "release v$(RELEASE_VERSION): the chart pins $$pinned, this tree builds $$built: make release-pin"; exit 1; \
+	else echo "note: the chart pins $$pinned (the last make release-pin); this tree builds $$built. A release tag requires them equal."; fi
