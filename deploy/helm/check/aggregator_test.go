@@ -1,6 +1,9 @@
 package check
 
 import (
+	"maps"
+	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -26,11 +29,16 @@ type aggregatorObjects struct {
 // templates/aggregator*.yaml.
 func renderAggregator(t *testing.T, vals map[string]any) (aggregatorObjects, error) {
 	t.Helper()
+	return renderAggregatorAs(t, "sr", vals)
+}
+
+func renderAggregatorAs(t *testing.T, release string, vals map[string]any) (aggregatorObjects, error) {
+	t.Helper()
 	ch, err := loader.Load("../slowrank")
 	if err != nil {
 		t.Fatal(err)
 	}
-	rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: "sr", Namespace: "slowrank"}, nil)
+	rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: release, Namespace: "slowrank"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,39 +47,45 @@ func renderAggregator(t *testing.T, vals map[string]any) (aggregatorObjects, err
 		return aggregatorObjects{}, err
 	}
 	var objs aggregatorObjects
-	for name, text := range out {
+	names := slices.Sorted(maps.Keys(out))
+	for _, name := range names {
 		base := name[strings.LastIndex(name, "/")+1:]
-		if !strings.HasPrefix(base, "aggregator") || !strings.HasSuffix(base, ".yaml") {
-			continue
-		}
-		for i, doc := range strings.Split(text, "\n---\n") {
-			if strings.TrimSpace(doc) == "" {
-				continue
-			}
-			var meta struct{ Kind string }
-			if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
-				t.Fatalf("%s #%d: %v", name, i, err)
-			}
-			var into any
-			switch meta.Kind {
-			case "Deployment":
-				objs.deploy = &appsv1.Deployment{}
-				into = objs.deploy
-			case "Service":
-				objs.services = append(objs.services, corev1.Service{})
-				into = &objs.services[len(objs.services)-1]
-			case "NetworkPolicy":
-				objs.np = &networkingv1.NetworkPolicy{}
-				into = objs.np
-			default:
-				t.Fatalf("%s #%d: unexpected kind %q", name, i, meta.Kind)
-			}
-			if err := yaml.UnmarshalStrict([]byte(doc), into); err != nil {
-				t.Fatalf("%s #%d does not match the %s API: %v", name, i, meta.Kind, err)
-			}
+		if strings.HasPrefix(base, "aggregator") && strings.HasSuffix(base, ".yaml") {
+			objs.decode(t, name, out[name])
 		}
 	}
 	return objs, nil
+}
+
+// decode adds the documents of text (one file, "---" between documents).
+func (objs *aggregatorObjects) decode(t *testing.T, name, text string) {
+	t.Helper()
+	for i, doc := range strings.Split(text, "\n---\n") {
+		if strings.TrimSpace(doc) == "" {
+			continue
+		}
+		var meta struct{ Kind string }
+		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
+			t.Fatalf("%s #%d: %v", name, i, err)
+		}
+		var into any
+		switch meta.Kind {
+		case "Deployment":
+			objs.deploy = &appsv1.Deployment{}
+			into = objs.deploy
+		case "Service":
+			objs.services = append(objs.services, corev1.Service{})
+			into = &objs.services[len(objs.services)-1]
+		case "NetworkPolicy":
+			objs.np = &networkingv1.NetworkPolicy{}
+			into = objs.np
+		default:
+			t.Fatalf("%s #%d: unexpected kind %q", name, i, meta.Kind)
+		}
+		if err := yaml.UnmarshalStrict([]byte(doc), into); err != nil {
+			t.Fatalf("%s #%d does not match the %s API: %v", name, i, meta.Kind, err)
+		}
+	}
 }
 
 func aggregatorOn(extra map[string]any) map[string]any {
@@ -264,6 +278,33 @@ func TestAggregatorVariants(t *testing.T) {
 			}
 			tt.check(t, objs)
 		})
+	}
+}
+
+// TestAggregatorPlainManifestIsTheChart: deploy/kubernetes/aggregator.yaml
+// is what the chart renders by default for release "slowrank", so that the
+// two forms cannot drift apart.
+func TestAggregatorPlainManifestIsTheChart(t *testing.T) {
+	chart, err := renderAggregatorAs(t, "slowrank", aggregatorOn(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile("../../kubernetes/aggregator.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var plain aggregatorObjects
+	plain.decode(t, "aggregator.yaml", string(b))
+	slices.SortFunc(chart.services, func(a, b corev1.Service) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(plain.services, func(a, b corev1.Service) int { return strings.Compare(a.Name, b.Name) })
+	if !reflect.DeepEqual(chart.deploy, plain.deploy) {
+		t.Errorf("Deployment differs:\nchart %+v\nplain %+v", chart.deploy, plain.deploy)
+	}
+	if !reflect.DeepEqual(chart.services, plain.services) {
+		t.Errorf("Services differ:\nchart %+v\nplain %+v", chart.services, plain.services)
+	}
+	if !reflect.DeepEqual(chart.np, plain.np) {
+		t.Errorf("NetworkPolicy differs:\nchart %+v\nplain %+v", chart.np, plain.np)
 	}
 }
 
