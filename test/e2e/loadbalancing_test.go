@@ -39,6 +39,7 @@ type lbAggregator struct {
 // time until both aggregators have one, at most lbMaxJobs.
 func TestLoadBalancedAggregators(t *testing.T) {
 	bin := testutil.ToolsBin(t, "jaeger", "otelcol")
+	setup := time.Now()
 	st := startStack(t, bin)
 	slowrank := testutil.BuildAgent(t, t.TempDir())
 	root := testutil.RepoRoot(t)
@@ -107,6 +108,7 @@ func TestLoadBalancedAggregators(t *testing.T) {
 	addJob()
 
 	start := time.Now()
+	t.Logf("setup (Jaeger, collectors, slowrank build, aggregators): %v", start.Sub(setup).Round(100*time.Millisecond))
 	deadline := start.Add(lbTimeLimit)
 	found := map[string]string{} // job -> aggregator whose spans name its slow rank in Jaeger
 	var landed map[string][]string
@@ -168,7 +170,8 @@ func TestLoadBalancedAggregators(t *testing.T) {
 		}
 	}
 	landed = jobsPerAggregator(t, aggs)
-	t.Logf("%d jobs over %d aggregators in %v: %v", len(jobs), len(aggs), elapsed.Round(100*time.Millisecond), landed)
+	t.Logf("%d jobs over %d aggregators in %v (aggregators stopped in %v): %v", len(jobs), len(aggs),
+		elapsed.Round(100*time.Millisecond), time.Since(start.Add(elapsed)).Round(100*time.Millisecond), landed)
 	if used := aggregatorsUsed(landed); len(used) != len(aggs) {
 		t.Errorf("jobs reached only %v of %d aggregators (jobs %v)", used, len(aggs), landed)
 	}
