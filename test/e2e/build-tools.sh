@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds the end-to-end test's servers into .cache/tools/bin (git-ignored):
 #   otelcol  OpenTelemetry Collector v0.165.0 (otlp receiver, batch, otlp /
-#            otlphttp / debug exporters, contrib prometheus exporter v0.165.1),
-#            from test/e2e/tools/otelcol
+#            otlphttp / debug exporters, contrib prometheus exporter v0.165.1,
+#            contrib loadbalancing exporter v0.148.0: the newest release the
+#            module proxy serves), from test/e2e/tools/otelcol; it runs
+#            deploy/otelcol.yaml and deploy/otelcol-loadbalancing.yaml
 #   jaeger   Jaeger v2 (github.com/jaegertracing/jaeger/cmd/jaeger v1.76.0),
 #            from test/e2e/tools/jaeger
 # Two modules because Jaeger v1.76.0 pins collector v0.140.0 while the

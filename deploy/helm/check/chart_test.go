@@ -403,6 +403,10 @@ func TestPlainManifestsMatchTheAPI(t *testing.T) {
 				into = &corev1.Pod{}
 			case "DaemonSet":
 				into = &appsv1.DaemonSet{}
+			case "Deployment":
+				into = &appsv1.Deployment{}
+			case "Service":
+				into = &corev1.Service{}
 			case "Job":
 				into = &batchv1.Job{}
 			case "NetworkPolicy":

@@ -2,12 +2,17 @@
 // end-to-end tests. It is what the collector builder (ocb) would generate for
 // the components listed in components(), written by hand so that CI needs no
 // builder tool: OTLP receiver, batch processor, OTLP/OTLP-HTTP/debug
-// exporters and the contrib Prometheus exporter.
+// exporters, the contrib Prometheus exporter and the contrib loadbalancing
+// exporter (deploy/otelcol-loadbalancing.yaml). The loadbalancing exporter
+// is v0.148.0, the newest release the module proxy serves, built here
+// against collector v0.165.0: the end-to-end test
+// TestLoadBalancedAggregators is what says the pair works.
 package main
 
 import (
 	"log"
 
+	"github.com/open-telemetry/opentelemetry-collector-contrib/exporter/loadbalancingexporter"
 	"github.com/open-telemetry/opentelemetry-collector-contrib/exporter/prometheusexporter"
 	"go.opentelemetry.io/collector/component"
 	"go.opentelemetry.io/collector/confmap"
@@ -42,6 +47,7 @@ func components() (otelcol.Factories, error) {
 		otlphttpexporter.NewFactory(),
 		debugexporter.NewFactory(),
 		prometheusexporter.NewFactory(),
+		loadbalancingexporter.NewFactory(),
 	); err != nil {
 		return otelcol.Factories{}, err
 	}
@@ -55,10 +61,11 @@ func components() (otelcol.Factories, error) {
 	f.ReceiverModules = map[component.Type]string{otlpreceiver.NewFactory().Type(): core + "/receiver/otlpreceiver v0.165.0"}
 	f.ProcessorModules = map[component.Type]string{batchprocessor.NewFactory().Type(): core + "/processor/batchprocessor v0.165.0"}
 	f.ExporterModules = map[component.Type]string{
-		otlpexporter.NewFactory().Type():       core + "/exporter/otlpexporter v0.165.0",
-		otlphttpexporter.NewFactory().Type():   core + "/exporter/otlphttpexporter v0.165.0",
-		debugexporter.NewFactory().Type():      core + "/exporter/debugexporter v0.165.0",
-		prometheusexporter.NewFactory().Type(): "github.com/open-telemetry/opentelemetry-collector-contrib/exporter/prometheusexporter v0.165.1",
+		otlpexporter.NewFactory().Type():          core + "/exporter/otlpexporter v0.165.0",
+		otlphttpexporter.NewFactory().Type():      core + "/exporter/otlphttpexporter v0.165.0",
+		debugexporter.NewFactory().Type():         core + "/exporter/debugexporter v0.165.0",
+		prometheusexporter.NewFactory().Type():    "github.com/open-telemetry/opentelemetry-collector-contrib/exporter/prometheusexporter v0.165.1",
+		loadbalancingexporter.NewFactory().Type(): "github.com/open-telemetry/opentelemetry-collector-contrib/exporter/loadbalancingexporter v0.148.0",
 	}
 	return f, nil
 }
