@@ -168,7 +168,7 @@ service:
 // TestLoadBalancingConfigRoutesByJob pins the contract between
 // deploy/otelcol-loadbalancing.yaml and the forwarder's records: the
 // collector routes by the attribute the forwarder puts on the resource.
-// (The contrib loadbalancing exporter itself is not built here; see the
+// (The contrib loadbalancing exporter itself is built here (test/e2e/tools/otelcol); see the
 // file's header.)
 func TestLoadBalancingConfigRoutesByJob(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(testutil.RepoRoot(t), "deploy", "otelcol-loadbalancing.yaml"))
