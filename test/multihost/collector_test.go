@@ -168,8 +168,8 @@ service:
 // TestLoadBalancingConfigRoutesByJob pins the contract between
 // deploy/otelcol-loadbalancing.yaml and the forwarder's records: the
 // collector routes by the attribute the forwarder puts on the resource.
-// (The contrib loadbalancing exporter itself is built here (test/e2e/tools/otelcol); see the
-// file's header.)
+// The collector itself, with the contrib loadbalancing exporter, runs in
+// test/e2e's TestLoadBalancedAggregators.
 func TestLoadBalancingConfigRoutesByJob(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(testutil.RepoRoot(t), "deploy", "otelcol-loadbalancing.yaml"))
 	if err != nil {
