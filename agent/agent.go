@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/slowrank/slowrank/agent/discover"
 	"github.com/slowrank/slowrank/agent/pipeline"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/correlate"
@@ -78,6 +79,9 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// Selector says which processes are ranks (discover.Selector says how).
+type Selector = discover.Selector
+
 // Sink receives the agent's results: facts, topologies and settled windows
 // with their verdicts, from the pipeline (pipeline.Sink says how).
 type Sink = pipeline.Sink
@@ -99,7 +103,7 @@ type Agent struct {
 	log      *slog.Logger
 	probes   *bpf.Probes
 	reader   *bpf.Reader
-	watcher  *Watcher
+	watcher  *discover.Watcher
 	pipe     *pipeline.Pipeline
 	duty     *Duty
 	conv     *converter
@@ -164,7 +168,7 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	w, err := NewWatcher(WatcherConfig{ProcRoot: cfg.ProcRoot, Selector: cfg.Selector, Logger: cfg.Logger.With("component", "discovery")})
+	w, err := discover.NewWatcher(discover.WatcherConfig{ProcRoot: cfg.ProcRoot, Selector: cfg.Selector, Logger: cfg.Logger.With("component", "discovery")})
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/procfs"
 
 	"github.com/slowrank/slowrank/agent/attach"
+	"github.com/slowrank/slowrank/agent/discover"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/correlate"
 	"github.com/slowrank/slowrank/cupti"
@@ -23,8 +24,8 @@ import (
 // goroutine calls it.
 type attacher struct {
 	a     *Agent
-	libs  *attach.Manager[FileID, ProcessKey]
-	procs map[ProcessKey]*procEntry
+	libs  *attach.Manager[discover.FileID, discover.ProcessKey]
+	procs map[discover.ProcessKey]*procEntry
 	// forgets are exited processes whose records may still be in flight.
 	forgets  []pendingForget
 	nextRank int
@@ -34,16 +35,16 @@ type attacher struct {
 }
 
 type procEntry struct {
-	proc Process
+	proc discover.Process
 	rank int
 	job  string
-	libs map[FileID]LibraryKind // the files it maps
+	libs map[discover.FileID]discover.LibraryKind // the files it maps
 	// mem is the process's memory, opened once when it was found: reads
 	// and writes of its control block go through it and never reach an
 	// image an exec brought (procmem.go).
 	mem *procMem
 	// injection library state (duty cycle writes)
-	inject    *Library
+	inject    *discover.Library
 	ctlAddr   uint64
 	ctlGen    uint32
 	lastDuty  cupti.Duty
@@ -82,28 +83,28 @@ type ProcessView struct {
 }
 
 func newAttacher(a *Agent) *attacher {
-	t := &attacher{a: a, procs: map[ProcessKey]*procEntry{}}
-	t.libs = attach.New[FileID, ProcessKey](attach.Config[FileID]{
+	t := &attacher{a: a, procs: map[discover.ProcessKey]*procEntry{}}
+	t.libs = attach.New[discover.FileID, discover.ProcessKey](attach.Config[discover.FileID]{
 		Probes: probeSet{a.probes}, Sink: attachSink{t}, Deliver: a.ctl, Log: a.log,
 	})
 	return t
 }
 
-func (t *attacher) handle(ev Event) {
+func (t *attacher) handle(ev discover.Event) {
 	switch e := ev.(type) {
-	case *ProcessAdded:
+	case *discover.ProcessAdded:
 		t.added(e.Process)
-	case *LibraryMapped:
+	case *discover.LibraryMapped:
 		t.mapped(e.ProcessKey, e.Library)
-	case *LibraryUnmapped:
+	case *discover.LibraryUnmapped:
 		t.unmapped(e.ProcessKey, e.Library.File)
-	case *ProcessExited:
+	case *discover.ProcessExited:
 		t.exited(e.ProcessKey)
 	}
 	t.refreshView()
 }
 
-func (t *attacher) added(p Process) {
+func (t *attacher) added(p discover.Process) {
 	if _, ok := t.procs[p.ProcessKey]; ok {
 		return
 	}
@@ -131,7 +132,7 @@ func (t *attacher) added(p Process) {
 			"pid", p.PID, "parent", parent.proc.PID, "rank", rank, "job", job)
 		return
 	}
-	pe := &procEntry{proc: p, rank: rank, job: job, libs: map[FileID]LibraryKind{}, mem: t.openImageMem(p)}
+	pe := &procEntry{proc: p, rank: rank, job: job, libs: map[discover.FileID]discover.LibraryKind{}, mem: t.openImageMem(p)}
 	t.procs[p.ProcessKey] = pe
 	localRank := p.Identity.LocalRank
 	if localRank < 0 {
@@ -164,7 +165,7 @@ func (t *attacher) added(p Process) {
 // the rank; tracked as one, it would be a silent rank-0 peer of the real
 // one. A launcher that got RANK and started the trainer (a shell wrapper)
 // maps no probed library, so its child is still the rank.
-func (t *attacher) rankParent(p Process, rank int, job string) *procEntry {
+func (t *attacher) rankParent(p discover.Process, rank int, job string) *procEntry {
 	if p.Identity.Rank < 0 || p.PPID <= 0 {
 		return nil
 	}
@@ -176,13 +177,13 @@ func (t *attacher) rankParent(p Process, rank int, job string) *procEntry {
 	return nil
 }
 
-func (t *attacher) mapped(k ProcessKey, lib Library) {
+func (t *attacher) mapped(k discover.ProcessKey, lib discover.Library) {
 	pe := t.procs[k]
 	if pe == nil {
 		return
 	}
 	pe.libs[lib.File] = lib.Kind
-	if lib.Kind == KindCUPTIInject {
+	if lib.Kind == discover.KindCUPTIInject {
 		l := lib
 		pe.inject, pe.dutyValid, pe.ctlAddr = &l, false, 0
 	}
@@ -192,7 +193,7 @@ func (t *attacher) mapped(k ProcessKey, lib Library) {
 	probe := ok && (kind != bpf.LibTorch || t.a.cfg.ProbeTorch)
 	// A deleted file is reached only through its mapping: its path opens
 	// another file or none, which the check refuses.
-	t.libs.Use(k, attach.Library[FileID]{File: lib.File, Name: lib.Path, MapFiles: lib.MapFilesPath, Open: lib.HostPath, PID: k.PID, Owner: pe.proc.Owner.quotaKey(), Kind: uint8(lib.Kind)}, probe)
+	t.libs.Use(k, attach.Library[discover.FileID]{File: lib.File, Name: lib.Path, MapFiles: lib.MapFilesPath, Open: lib.HostPath, PID: k.PID, Owner: pe.proc.Owner.QuotaKey(), Kind: uint8(lib.Kind)}, probe)
 }
 
 // injectAttaching: pe's injection library is still with the attach worker.
@@ -200,7 +201,7 @@ func (t *attacher) injectAttaching(pe *procEntry) bool {
 	return t.libs.Attaching(pe.inject.File)
 }
 
-func (t *attacher) unmapped(k ProcessKey, f FileID) {
+func (t *attacher) unmapped(k discover.ProcessKey, f discover.FileID) {
 	if pe := t.procs[k]; pe != nil {
 		delete(pe.libs, f)
 		if pe.inject != nil && pe.inject.File == f {
@@ -210,7 +211,7 @@ func (t *attacher) unmapped(k ProcessKey, f FileID) {
 	t.libs.Release(k, f)
 }
 
-func (t *attacher) exited(k ProcessKey) {
+func (t *attacher) exited(k discover.ProcessKey) {
 	pe := t.procs[k]
 	if pe == nil {
 		return
@@ -362,7 +363,7 @@ func (t *attacher) refreshView() {
 			if name, ok := t.libs.Name(f); ok {
 				pv.Libraries = append(pv.Libraries, filepath.Base(name))
 			}
-			if kind == KindNCCL && t.libs.Attached(f) {
+			if kind == discover.KindNCCL && t.libs.Attached(f) {
 				pv.NCCLUprobes = "attached"
 				if t.libs.CollectivesDetached(f) {
 					pv.NCCLUprobes = "detached"

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/slowrank/slowrank/agent/discover"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/cupti"
 )
@@ -340,7 +341,7 @@ func (t *attacher) controlAddr(pe *procEntry) error {
 	if err != nil {
 		return err
 	}
-	maps, err := readInto(t.procPath(pe.proc.PID, "maps"), nil, maxMapsBytes)
+	maps, err := discover.ReadMaps(t.a.cfg.ProcRoot, pe.proc.PID)
 	if err != nil {
 		return err
 	}

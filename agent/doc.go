@@ -6,9 +6,8 @@
 // It owns:
 //   - the life cycle (New, Run): the main loop, its tick, the shutdown that
 //     detaches and settles the last window (agent.go);
-//   - which processes are ranks (discover.go, watch.go, policy.go, limits.go;
-//     identity from agent/identity) and what their mapped libraries are
-//     (maps.go);
+//   - following the processes agent/discover reports (the ranks, what
+//     they map) and the resource bounds (limits.go);
 //   - per-process attachment (attach.go, probeset.go) on the per-inode
 //     attach manager of agent/attach;
 //   - the conversion of BPF events and injection-library batches into
@@ -21,8 +20,10 @@
 //     that status and the local API read (status.go, localapi.go, served by
 //     agent/localapi).
 //
-// Elsewhere: capabilities and kernel checks are agent/privilege's (doctor
-// uses the same), correlation and the detector run in agent/pipeline.
+// Elsewhere: which processes are ranks and what they map is
+// agent/discover's, capabilities and kernel checks are agent/privilege's
+// (doctor uses the same), correlation and the detector run in
+// agent/pipeline.
 //
 // Concurrency: one main goroutine (Run's loop) owns the attach state, the
 // converter, the duty plan and the pipeline; the process watcher, the ring

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/slowrank/slowrank/agent/discover"
 	"github.com/slowrank/slowrank/cupti"
 	"github.com/slowrank/slowrank/detector"
 )
@@ -663,7 +664,7 @@ func TestDutyChargesNoDeviceTimeWithoutACollector(t *testing.T) {
 // charges (SetCollecting): those with the injection library in a state
 // that collects when asked.
 func TestProcessCanCollect(t *testing.T) {
-	lib := &Library{}
+	lib := &discover.Library{}
 	read := func(s cupti.State) cuptiState {
 		var c cuptiState
 		c.read, c.lastBlock.Status.State = true, s
@@ -770,12 +771,12 @@ func TestPlanDutyFeedsPluginOpsPerProcess(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCounters()
-			a := &Agent{duty: NewDuty(cfg), conv: newConverter(c, true), counters: c, att: &attacher{procs: map[ProcessKey]*procEntry{}},
+			a := &Agent{duty: NewDuty(cfg), conv: newConverter(c, true), counters: c, att: &attacher{procs: map[discover.ProcessKey]*procEntry{}},
 				log: slog.New(slog.DiscardHandler)}
 			a.att.a = a
 			for i := range tc.procs {
-				k := ProcessKey{PID: 100 + i}
-				a.att.procs[k] = &procEntry{proc: Process{ProcessKey: k}, rank: i}
+				k := discover.ProcessKey{PID: 100 + i}
+				a.att.procs[k] = &procEntry{proc: discover.Process{ProcessKey: k}, rank: i}
 			}
 			for i := int64(0); i <= 120; i++ {
 				now := simStart + i*int64(time.Second)

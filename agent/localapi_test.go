@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/slowrank/slowrank/agent/discover"
 	"github.com/slowrank/slowrank/agent/localapi"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/detector"
@@ -274,7 +275,7 @@ func TestAgentControlPrivileged(t *testing.T) {
 
 	cfg := DefaultConfig()
 	cfg.HostName = "ctl"
-	cfg.Selector = Selector{EnvKey: "SLOWRANK_CONTROL_TEST_RANK"}
+	cfg.Selector = discover.Selector{EnvKey: "SLOWRANK_CONTROL_TEST_RANK"}
 	a, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

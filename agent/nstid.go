@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/slowrank/slowrank/agent/discover"
 )
 
 // A training process in its own PID namespace (a Kubernetes pod without
@@ -119,7 +121,7 @@ func newTIDMap(procRoot string) *tidMap {
 	m := &tidMap{root: procRoot, procs: map[uint32]*nsProc{}, now: time.Now, readDir: os.ReadDir,
 		buf: make([]byte, 0, 4<<10)}
 	m.readFile = func(name string) ([]byte, error) {
-		b, err := readInto(name, m.buf, maxStatusBytes)
+		b, err := discover.ReadInto(name, m.buf, maxStatusBytes)
 		m.buf = b[:0]
 		return b, err
 	}

@@ -4,38 +4,11 @@ import (
 	"log/slog"
 	"testing"
 
+	"github.com/slowrank/slowrank/agent/discover"
 	"github.com/slowrank/slowrank/agent/pipeline"
 	"github.com/slowrank/slowrank/correlate"
 	"github.com/slowrank/slowrank/detector"
 )
-
-// Discovery of fake processes (testdata/proc-cluster): what their cgroup
-// and downward-API environment say becomes the placement the topology
-// carries.
-func TestDiscoverPlacement(t *testing.T) {
-	const node = "gpu-node-7"
-	got, _, err := Discover("testdata/proc-cluster", Selector{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[int]detector.Placement{
-		// The environment's POD_UID is stale: the cgroup's wins.
-		700: {K8s: detector.K8sPod{PodName: "llama-worker-0", PodUID: "6f1c0e4a-2b8d-4c7e-9a51-3d2f8b7e1c90", Namespace: "train", ContainerName: "pytorch"},
-			ContainerID: "4f3a1d2e9b8c7a6f5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f"},
-		// No POD_NAME: in a pod, HOSTNAME is the pod's name.
-		701: {K8s: detector.K8sPod{PodName: "bert-worker-1", PodUID: "0b7d2c1e-5f4a-4e3b-8c2d-1a0f9e8d7c6b", Namespace: "ml-team", ContainerName: "trainer"},
-			ContainerID: "9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f4f3a1d2e9b8c7a6f5e4d3c2b1a0f"},
-		702: {Slurm: detector.SlurmStep{JobID: "4711", StepID: "2"}},
-	}
-	if len(got) != len(want) {
-		t.Fatalf("discovered %d processes, want %d", len(got), len(want))
-	}
-	for _, p := range got {
-		if pl := p.Identity.Placement(node); pl != want[p.PID] {
-			t.Errorf("pid %d: placement\n%+v\nwant\n%+v", p.PID, pl, want[p.PID])
-		}
-	}
-}
 
 func TestRankGPU(t *testing.T) {
 	g := func(idx int, mem uint64) GPUProcess {
@@ -81,12 +54,12 @@ func TestRefreshPlacementsSendsTheGPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	pod := detector.Placement{K8s: detector.K8sPod{PodName: "w-0", PodUID: testUID}, ContainerID: testCID}
-	pe := &procEntry{proc: Process{ProcessKey: ProcessKey{PID: 100}}, rank: 0, job: "j1",
+	pe := &procEntry{proc: discover.Process{ProcessKey: discover.ProcessKey{PID: 100}}, rank: 0, job: "j1",
 		info: correlate.RankInfo{PID: 100, Rank: 0, WorldSize: 1, Host: "h0", Job: "j1", Placement: pod}}
 	corr := correlate.New(correlate.Config{})
 	a := &Agent{
 		log:  slog.New(slog.DiscardHandler),
-		att:  &attacher{procs: map[ProcessKey]*procEntry{pe.proc.ProcessKey: pe}},
+		att:  &attacher{procs: map[discover.ProcessKey]*procEntry{pe.proc.ProcessKey: pe}},
 		pipe: pipeline.New(pipeline.Config{Correlator: corr, Detector: det}),
 		gpu:  newGPUEvidence(nil),
 	}

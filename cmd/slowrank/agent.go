@@ -23,6 +23,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/slowrank/slowrank/agent"
+	"github.com/slowrank/slowrank/agent/discover"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/detector"
 	"github.com/slowrank/slowrank/otel/export"
@@ -48,7 +49,7 @@ func agentCommand() *cli.Command {
 			&cli.StringFlag{Name: "env-key", Value: "RANK", Usage: "without --pid/--match: watch processes whose environment has this variable", EnvVars: []string{"SLOWRANK_ENV_KEY"}},
 			&cli.StringSliceFlag{Name: "allow-uid", Usage: "only processes of this user (uid or name; repeatable) may be ranks, with those of --allow-cgroup (default: every owner)", EnvVars: []string{"SLOWRANK_ALLOW_UID"}},
 			&cli.StringSliceFlag{Name: "allow-cgroup", Usage: "only processes in this cgroup v2 subtree (e.g. /kubepods.slice, /system.slice/slurmstepd.scope; repeatable) may be ranks, with those of --allow-uid", EnvVars: []string{"SLOWRANK_ALLOW_CGROUP"}},
-			&cli.IntFlag{Name: "owner-quota", Value: agent.DefaultOwnerQuota, Usage: "processes tracked at most per owner (a uid; for root, a cgroup), so that one owner's flood cannot take every slot", EnvVars: []string{"SLOWRANK_OWNER_QUOTA"}},
+			&cli.IntFlag{Name: "owner-quota", Value: discover.DefaultOwnerQuota, Usage: "processes tracked at most per owner (a uid; for root, a cgroup), so that one owner's flood cannot take every slot", EnvVars: []string{"SLOWRANK_OWNER_QUOTA"}},
 			&cli.StringFlag{Name: "facts", Usage: "write step and topology facts (JSONL) to this file", EnvVars: []string{"SLOWRANK_FACTS"}},
 			&cli.StringFlag{Name: "verdicts", Usage: "write verdicts and a final summary (JSONL) to this file", EnvVars: []string{"SLOWRANK_VERDICTS"}},
 			&cli.StringFlag{Name: "host-name", Usage: "host name in facts and telemetry (default: os.Hostname)", EnvVars: []string{"SLOWRANK_HOST_NAME"}},
@@ -124,8 +125,8 @@ func agentConfig(c *cli.Context) (agent.Config, error) {
 }
 
 // selectionPolicy reads --allow-uid, --allow-cgroup and --owner-quota.
-func selectionPolicy(c *cli.Context) (agent.Policy, error) {
-	p := agent.Policy{AllowCgroups: c.StringSlice("allow-cgroup"), OwnerQuota: c.Int("owner-quota")}
+func selectionPolicy(c *cli.Context) (discover.Policy, error) {
+	p := discover.Policy{AllowCgroups: c.StringSlice("allow-cgroup"), OwnerQuota: c.Int("owner-quota")}
 	for _, u := range c.StringSlice("allow-uid") {
 		uid, err := lookupUID(u)
 		if err != nil {
@@ -136,7 +137,7 @@ func selectionPolicy(c *cli.Context) (agent.Policy, error) {
 	if p.OwnerQuota < 1 {
 		return p, cli.Exit(fmt.Sprintf("--owner-quota must be at least 1, got %d", p.OwnerQuota), exitUsage)
 	}
-	if err := agent.CheckPolicy(p); err != nil {
+	if err := discover.CheckPolicy(p); err != nil {
 		return p, cli.Exit(fmt.Sprintf("--allow-cgroup: %v", err), exitUsage)
 	}
 	return p, nil
@@ -327,7 +328,7 @@ type dumpRecord struct {
 // agentStartError turns start-up failures into actionable one-line errors.
 func agentStartError(err error) error {
 	switch {
-	case errors.Is(err, agent.ErrNoSuchProcess):
+	case errors.Is(err, discover.ErrNoSuchProcess):
 		return cli.Exit(err.Error(), exitUsage)
 	case errors.Is(err, bpf.ErrPermission):
 		return cli.Exit(fmt.Sprintf("%v: run as root or grant CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE", err), 1)

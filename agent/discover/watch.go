@@ -1,4 +1,4 @@
-package agent
+package discover
 
 import (
 	"context"
@@ -151,7 +151,7 @@ type Watcher struct {
 	seed         maphash.Seed
 	deniedLogged bool
 	bigLogged    bool
-	perOwner     map[string]int // tracked processes per Owner.quotaKey
+	perOwner     map[string]int // tracked processes per Owner.QuotaKey
 	refusalLog   time.Time      // last refusal logged at warning level
 }
 
@@ -338,7 +338,7 @@ func (w *Watcher) consider(st procStat) {
 	case evalSelected:
 		t := &trackedProc{proc: p, execSig: st.ExecSig, vsize: st.VSize, sent: make(map[FileID]Library)}
 		if p.SelectedBy != "pid" {
-			t.quotaKey = p.Owner.quotaKey()
+			t.quotaKey = p.Owner.QuotaKey()
 			if w.perOwner[t.quotaKey] >= w.sel.Policy.quota() {
 				w.stats.refusedQuota.Add(1)
 				w.logRefusal(p, "its owner has its quota of tracked processes")
@@ -418,7 +418,7 @@ func (w *Watcher) refresh(t *trackedProc) {
 func (w *Watcher) refreshMaps(t *trackedProc) bool {
 	pid := t.proc.PID
 	var err error
-	w.buf, err = readInto(w.r.path(pid, "maps"), w.buf, maxMapsBytes)
+	w.buf, err = ReadInto(w.r.path(pid, "maps"), w.buf, maxMapsBytes)
 	w.stats.mapsReads.Add(1)
 	switch {
 	case err != nil && procGone(err):

@@ -1,4 +1,4 @@
-package agent
+package discover
 
 import (
 	"bytes"
@@ -253,6 +253,30 @@ func statFileID(path string) FileID {
 	return FileID{Dev: st.Dev, Inode: st.Ino}
 }
 
+// CheckImage checks that the process p names, under procRoot ("" for
+// /proc), still shows the image discovery judged: the same start time,
+// exec signature and executable (an exec or a reused PID shows another).
+func CheckImage(procRoot string, p Process) error {
+	if procRoot == "" {
+		procRoot = procfs.DefaultMountPoint
+	}
+	data, err := os.ReadFile(procPath(procRoot, p.PID, "stat"))
+	if err != nil {
+		return fmt.Errorf("read stat: %w", err)
+	}
+	st, err := parseStat(data)
+	if err != nil {
+		return err
+	}
+	if st.StartTime != p.StartTime || st.ExecSig != p.ExecSig {
+		return fmt.Errorf("start %d, exec signature %x; found with %d, %x", st.StartTime, st.ExecSig, p.StartTime, p.ExecSig)
+	}
+	if exe := statFileID(procPath(procRoot, p.PID, "exe")); exe != p.ExeFile {
+		return fmt.Errorf("executable %v, found with %v", exe, p.ExeFile)
+	}
+	return nil
+}
+
 func (r *procReader) stat(pid int) (procStat, error) {
 	data, err := r.readFile(r.path(pid, "stat"))
 	if err != nil {
@@ -276,18 +300,23 @@ const (
 // than its bound; its process is not looked at again until it execs.
 var errProcFileTooLarge = errors.New("proc file larger than its bound")
 
-func readProcFile(name string) ([]byte, error) { return readInto(name, nil, maxProcFile) }
+func readProcFile(name string) ([]byte, error) { return ReadInto(name, nil, maxProcFile) }
 
-// ReadMaps reads /proc/PID/maps within the agent's bound (16 MiB), for
-// tools that look at a process the way the agent does (doctor).
-func ReadMaps(pid int) ([]byte, error) {
-	return readInto("/proc/"+strconv.Itoa(pid)+"/maps", nil, maxMapsBytes)
+// ReadMaps reads PID's maps file under procRoot ("" for /proc) within the
+// agent's bound (16 MiB), for what looks at a process the way discovery
+// does (the agent's injection control, doctor).
+func ReadMaps(procRoot string, pid int) ([]byte, error) {
+	if procRoot == "" {
+		procRoot = procfs.DefaultMountPoint
+	}
+	return ReadInto(procPath(procRoot, pid, "maps"), nil, maxMapsBytes)
 }
 
-// readInto reads a whole file of at most limit bytes into buf[:0], reusing
-// its capacity; a larger file is an errProcFileTooLarge after reading
-// limit+1 bytes.
-func readInto(name string, buf []byte, limit int) ([]byte, error) {
+// ReadInto reads a whole file of at most limit bytes into buf[:0], reusing
+// its capacity; a larger file is an error (errProcFileTooLarge) after
+// reading limit+1 bytes. Every proc file a process shapes is read through
+// it.
+func ReadInto(name string, buf []byte, limit int) ([]byte, error) {
 	f, err := os.Open(name)
 	if err != nil {
 		return buf[:0], err
@@ -572,7 +601,7 @@ func ReadLibraries(procRoot string, pid int) ([]Library, error) {
 	if procRoot == "" {
 		procRoot = procfs.DefaultMountPoint
 	}
-	data, err := readInto(procPath(procRoot, pid, "maps"), nil, maxMapsBytes)
+	data, err := ReadInto(procPath(procRoot, pid, "maps"), nil, maxMapsBytes)
 	if err != nil {
 		return nil, fmt.Errorf("read maps: %w", err)
 	}

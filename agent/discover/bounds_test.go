@@ -1,4 +1,4 @@
-package agent
+package discover
 
 import (
 	"bytes"
@@ -30,7 +30,7 @@ func TestReadIntoBoundsTheFile(t *testing.T) {
 			}
 			var m0, m1 runtime.MemStats
 			runtime.ReadMemStats(&m0)
-			b, err := readInto(path, nil, limit)
+			b, err := ReadInto(path, nil, limit)
 			runtime.ReadMemStats(&m1)
 			if tc.ok != (err == nil) || tc.ok && len(b) != tc.size {
 				t.Fatalf("read %d bytes, err %v", len(b), err)

@@ -1,4 +1,4 @@
-package agent
+package discover
 
 import (
 	"bytes"
@@ -36,11 +36,11 @@ type Owner struct {
 	Cgroup string
 }
 
-// quotaKey is what the quota counts per: a uid, except for root, whose
+// QuotaKey is what the quota counts per: a uid, except for root, whose
 // processes are mostly containers (pods running as uid 0) and are counted
 // per cgroup. An unprivileged user cannot take another uid; a container
 // cannot leave its cgroup.
-func (o Owner) quotaKey() string {
+func (o Owner) QuotaKey() string {
 	if o.UID != 0 {
 		return "uid:" + strconv.Itoa(o.UID)
 	}

@@ -1,4 +1,4 @@
-package agent
+package discover
 
 import (
 	"errors"
@@ -9,8 +9,6 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/slowrank/slowrank/bpf"
 )
 
 func TestParseMapsLine(t *testing.T) {
@@ -276,23 +274,6 @@ func BenchmarkLibrariesFromMaps(b *testing.B) {
 	for b.Loop() {
 		if _, err := librariesFromMaps(data, "/proc", 1); err != nil {
 			b.Fatal(err)
-		}
-	}
-}
-
-func TestMissingNamesBounded(t *testing.T) {
-	all := bpf.Specs()
-	tests := []struct {
-		n, max int
-		want   string
-	}{
-		{0, 6, ""},
-		{2, 6, all[0].Name() + ", " + all[1].Name()},
-		{8, 2, all[0].Name() + ", " + all[1].Name() + ", and 6 more"},
-	}
-	for _, tc := range tests {
-		if got := missingNames(all[:tc.n], tc.max); got != tc.want {
-			t.Errorf("missingNames(%d specs, %d) = %q, want %q", tc.n, tc.max, got, tc.want)
 		}
 	}
 }

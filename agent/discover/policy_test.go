@@ -1,4 +1,4 @@
-package agent
+package discover
 
 import (
 	"fmt"
@@ -45,7 +45,7 @@ func TestOwnerQuotaKey(t *testing.T) {
 		{Owner{UID: 0, Cgroup: "/kubepods.slice/pod1"}, "cgroup:/kubepods.slice/pod1"},
 		{Owner{UID: -1}, "uid:-1"},
 	} {
-		if got := tc.owner.quotaKey(); got != tc.want {
+		if got := tc.owner.QuotaKey(); got != tc.want {
 			t.Errorf("%+v: key %q, want %q", tc.owner, got, tc.want)
 		}
 	}
