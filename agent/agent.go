@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/slowrank/slowrank/agent/discover"
+	"github.com/slowrank/slowrank/agent/gpu"
 	"github.com/slowrank/slowrank/agent/pipeline"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/correlate"
@@ -95,6 +96,15 @@ func DefaultConfig() Config {
 	}
 }
 
+// gpuSource is NVML's GPU evidence (agent/gpu) as the agent uses it: Run
+// on its own goroutine, the rest from the main goroutine.
+type gpuSource interface {
+	Run(ctx context.Context, every time.Duration, count func(name string, n int64))
+	ForPID(pid int, start, end int64) *detector.GPUEvidence
+	Placement(pid int) (detector.RankGPU, bool)
+	Close() error
+}
+
 // Agent watches training processes and judges their ranks. Start it with Run;
 // Run returns after the context is cancelled, once the last window has been
 // settled and handed to the sinks.
@@ -120,8 +130,9 @@ type Agent struct {
 	// agent may have begun their collective sequence unseen (midRun).
 	startTicks uint64
 
-	// gpu samples NVML for verdict evidence; nil without NVML.
-	gpu *gpuEvidence
+	// gpu samples NVML for verdict evidence (a *gpu.Evidence); nil
+	// without NVML.
+	gpu gpuSource
 	// probeCounts counts events per probe id (the hot path avoids the map).
 	probeCounts [256]atomic.Uint64
 	trapsSeen   [256]uint64 // probeCounts fed to the duty ledger (main goroutine)
@@ -217,8 +228,8 @@ func New(cfg Config) (*Agent, error) {
 	if duty != nil { // a nil *Duty in the interface would not read as nil
 		pc.Duty = duty
 	}
-	if nv, err := OpenNVML(); err == nil {
-		a.gpu = newGPUEvidence(nv)
+	if nv, err := gpu.OpenNVML(); err == nil {
+		a.gpu = gpu.NewEvidence(nv)
 		pc.Evidence = a.gpuEvidenceFor
 	} else {
 		log.Info("no GPU evidence for verdicts", "reason", err)
@@ -244,7 +255,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	go func() { defer wg.Done(); a.watcher.Run(wctx) }()
 	if a.gpu != nil {
 		wg.Add(1)
-		go func() { defer wg.Done(); a.gpu.run(wctx, time.Second, a.counters) }()
+		go func() { defer wg.Done(); a.gpu.Run(wctx, time.Second, a.counters.add) }()
 	}
 	readDone := make(chan struct{})
 	go func() { defer wg.Done(); defer close(readDone); a.readLoop() }()
@@ -411,7 +422,7 @@ func (a *Agent) drainInput() {
 func (a *Agent) gpuEvidenceFor(job string, rank int, start, end int64) *detector.GPUEvidence {
 	for _, pe := range a.att.procs {
 		if pe.job == job && pe.rank == rank {
-			return a.gpu.forPID(pe.proc.PID, start, end)
+			return a.gpu.ForPID(pe.proc.PID, start, end)
 		}
 	}
 	return nil
@@ -420,7 +431,7 @@ func (a *Agent) gpuEvidenceFor(job string, rank int, start, end int64) *detector
 // Close releases the BPF objects (links, maps, programs). Call it after Run.
 func (a *Agent) Close() error {
 	if a.gpu != nil {
-		a.gpu.nv.Close()
+		a.gpu.Close()
 	}
 	return a.probes.Close()
 }
@@ -478,3 +489,32 @@ func markerProbe(name string) (bpf.ProbeID, bool) {
 // monotonicNow is CLOCK_MONOTONIC, the clock of the BPF records and the
 // library's batches (one reader for the whole module: internal/monoclock).
 func monotonicNow() int64 { return monoclock.Now() }
+
+// placeGPU puts the GPU that NVML last showed pe's process on into
+// pe.info and reports whether that changed it. A process that NVML no
+// longer lists (it is exiting, or a read failed) keeps its last GPU: no
+// topology version for a flap. Main goroutine only.
+func (a *Agent) placeGPU(pe *procEntry) bool {
+	if a.gpu == nil {
+		return false
+	}
+	rg, ok := a.gpu.Placement(pe.proc.PID)
+	if !ok || rg == pe.info.Placement.GPU {
+		return false
+	}
+	pe.info.Placement.GPU = rg
+	return true
+}
+
+// refreshPlacements sends again the identity of each rank whose GPU NVML
+// found (or moved: the context that holds most memory changed) since: a
+// process creates its CUDA context after discovery found it, so its first
+// RankInfo rarely has one. Main goroutine only.
+func (a *Agent) refreshPlacements() {
+	for _, pe := range a.att.procs {
+		if a.placeGPU(pe) {
+			a.log.Debug("rank's GPU found", "pid", pe.proc.PID, "rank", pe.rank, "gpu", pe.info.Placement.GPU.Index, "uuid", pe.info.Placement.GPU.UUID)
+			a.pipe.SetRank(pe.info)
+		}
+	}
+}

@@ -14,8 +14,8 @@
 //     correlate.HostCall, DeviceInterval and topology records (convert*.go,
 //     nccl_*.go);
 //   - device-collection control: the duty cycle and its overhead ledger
-//     (duty.go), the yield to another CUPTI client (cuptiyield.go), NVML
-//     GPU evidence and placement (nvml*.go, gpuevidence.go);
+//     (duty.go), the yield to another CUPTI client (cuptiyield.go), and
+//     the GPU placement agent/gpu's NVML evidence finds;
 //   - the counters every drop is reported in (counters.go) and the state
 //     that status and the local API read (status.go, localapi.go, served by
 //     agent/localapi).

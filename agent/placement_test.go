@@ -10,34 +10,6 @@ import (
 	"github.com/slowrank/slowrank/detector"
 )
 
-func TestRankGPU(t *testing.T) {
-	g := func(idx int, mem uint64) GPUProcess {
-		return GPUProcess{PID: 1, GPUIndex: idx, UUID: "GPU-" + string(rune('a'+idx)), UsedMemory: mem, PCIBusID: "00000000:1" + string(rune('0'+idx)) + ":00.0"}
-	}
-	tests := []struct {
-		name string
-		gs   []GPUProcess
-		want detector.RankGPU
-		ok   bool
-	}{
-		{"no context", nil, detector.RankGPU{}, false},
-		{"one GPU", []GPUProcess{g(3, 70<<30)}, detector.RankGPU{Index: 3, UUID: "GPU-d", PCIBusID: "00000000:13:00.0"}, true},
-		{"one GPU, memory unknown", []GPUProcess{g(2, MemoryUnknown)}, detector.RankGPU{Index: 2, UUID: "GPU-c", PCIBusID: "00000000:12:00.0"}, true},
-		{"stray context on GPU 0", []GPUProcess{g(5, 70<<30), g(0, 500<<20)}, detector.RankGPU{Index: 5, UUID: "GPU-f", PCIBusID: "00000000:15:00.0"}, true},
-		{"two alike", []GPUProcess{g(1, 1<<30), g(2, 1<<30)}, detector.RankGPU{}, false},
-		{"memory unknown on one of two", []GPUProcess{g(1, 1<<30), g(2, MemoryUnknown)}, detector.RankGPU{}, false},
-		{"no UUID", []GPUProcess{{GPUIndex: 1}}, detector.RankGPU{}, false},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			got, ok := rankGPU(tc.gs)
-			if got != tc.want || ok != tc.ok {
-				t.Errorf("got %+v %v, want %+v %v", got, ok, tc.want, tc.ok)
-			}
-		})
-	}
-}
-
 // A container and a pod as their cgroup names them (as in
 // agent/identity's tests).
 const (
@@ -61,7 +33,7 @@ func TestRefreshPlacementsSendsTheGPU(t *testing.T) {
 		log:  slog.New(slog.DiscardHandler),
 		att:  &attacher{procs: map[discover.ProcessKey]*procEntry{pe.proc.ProcessKey: pe}},
 		pipe: pipeline.New(pipeline.Config{Correlator: corr, Detector: det}),
-		gpu:  newGPUEvidence(nil),
+		gpu:  &fakeGPU{},
 	}
 	a.pipe.SetRank(pe.info)
 	// The test reads the topologies straight from the correlator the
@@ -71,7 +43,7 @@ func TestRefreshPlacementsSendsTheGPU(t *testing.T) {
 	}
 
 	gpu := detector.RankGPU{Index: 3, UUID: "GPU-3", PCIBusID: "00000000:3B:00.0"}
-	a.gpu.placed = map[int]detector.RankGPU{100: gpu}
+	a.gpu.(*fakeGPU).placed = map[int]detector.RankGPU{100: gpu}
 	a.refreshPlacements()
 	_, topos := corr.Drain()
 	want := pod
@@ -81,7 +53,7 @@ func TestRefreshPlacementsSendsTheGPU(t *testing.T) {
 	}
 
 	a.refreshPlacements()
-	a.gpu.placed = map[int]detector.RankGPU{}
+	a.gpu.(*fakeGPU).placed = map[int]detector.RankGPU{}
 	a.refreshPlacements()
 	if _, topos := corr.Drain(); len(topos) != 0 {
 		t.Fatalf("unchanged or vanished GPU made topology %+v", topos)
@@ -89,4 +61,15 @@ func TestRefreshPlacementsSendsTheGPU(t *testing.T) {
 	if pe.info.Placement.GPU != gpu {
 		t.Errorf("rank's GPU %+v, want it kept: %+v", pe.info.Placement.GPU, gpu)
 	}
+}
+
+// fakeGPU is NVML's evidence as a test sets it: only the placements.
+type fakeGPU struct {
+	gpuSource
+	placed map[int]detector.RankGPU
+}
+
+func (f *fakeGPU) Placement(pid int) (detector.RankGPU, bool) {
+	rg, ok := f.placed[pid]
+	return rg, ok
 }

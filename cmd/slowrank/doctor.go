@@ -25,6 +25,7 @@ import (
 
 	"github.com/slowrank/slowrank/agent"
 	"github.com/slowrank/slowrank/agent/discover"
+	"github.com/slowrank/slowrank/agent/gpu"
 	"github.com/slowrank/slowrank/agent/localapi"
 	"github.com/slowrank/slowrank/agent/privilege"
 	"github.com/slowrank/slowrank/bpf"
@@ -378,11 +379,11 @@ func isVersion(w string) bool {
 
 func checkNVML() checkResult {
 	r := checkResult{Check: "nvml"}
-	n, err := agent.OpenNVML()
+	n, err := gpu.OpenNVML()
 	if err != nil {
 		r.Status = checkWarn
-		r.Detail = fmt.Sprintf("NVML unavailable: %s", strings.TrimSuffix(err.Error(), ": "+agent.ErrNVMLUnavailable.Error()))
-		if errors.Is(err, agent.ErrNVMLUnavailable) {
+		r.Detail = fmt.Sprintf("NVML unavailable: %s", strings.TrimSuffix(err.Error(), ": "+gpu.ErrNVMLUnavailable.Error()))
+		if errors.Is(err, gpu.ErrNVMLUnavailable) {
 			r.Fix = "install the NVIDIA driver (nvidia-smi must work); on a host without GPUs this is expected and the agent still judges host phases"
 		}
 		return r

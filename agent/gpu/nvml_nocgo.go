@@ -1,6 +1,6 @@
 //go:build !cgo
 
-package agent
+package gpu
 
 import "fmt"
 
@@ -16,11 +16,11 @@ func OpenNVML() (*NVML, error) {
 func (n *NVML) Close() error { return nil }
 
 // GPUProcesses fails with ErrNVMLUnavailable.
-func (n *NVML) GPUProcesses() (map[int][]GPUProcess, error) {
+func (n *NVML) GPUProcesses() (map[int][]Process, error) {
 	return nil, fmt.Errorf("nvml processes: %w", ErrNVMLUnavailable)
 }
 
 // Sample fails with ErrNVMLUnavailable.
-func (n *NVML) Sample(int64) ([]GPUSample, error) {
+func (n *NVML) Sample(int64) ([]Sample, error) {
 	return nil, fmt.Errorf("nvml sample: %w", ErrNVMLUnavailable)
 }

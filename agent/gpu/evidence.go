@@ -1,4 +1,4 @@
-package agent
+package gpu
 
 import (
 	"context"
@@ -7,32 +7,37 @@ import (
 
 	"github.com/slowrank/slowrank/agent/identity"
 	"github.com/slowrank/slowrank/detector"
+	"github.com/slowrank/slowrank/internal/monoclock"
 )
 
 // gpuHistory bounds the samples kept per GPU (10 minutes at one a second).
 const gpuHistory = 600
 
-// gpuEvidence samples NVML on its own goroutine and keeps a bounded history
-// per GPU, so that a verdict can carry what its rank's GPU did during the
-// window (clocks, power, temperature, throttle reasons, ECC and PCIe errors).
-// It is evidence next to a verdict, never a root-cause claim.
-type gpuEvidence struct {
+// Evidence samples NVML on its own goroutine (Run) and keeps a bounded
+// history per GPU, so that a verdict can carry what its rank's GPU did
+// during the window (clocks, power, temperature, throttle reasons, ECC and
+// PCIe errors). It is evidence next to a verdict, never a root-cause claim.
+// Its methods are safe from any goroutine.
+type Evidence struct {
 	nv *NVML
 
 	mu     sync.Mutex
-	hist   map[int][]GPUSample // by GPU index, oldest first
-	pidGPU map[int]int         // PID -> GPU index it trains on
+	hist   map[int][]Sample // by GPU index, oldest first
+	pidGPU map[int]int      // PID -> GPU index it trains on
 	// placed is the GPU of each PID that NVML tells apart (rankGPU):
 	// what the topology names, where pidGPU's evidence may still guess.
 	placed map[int]detector.RankGPU
 }
 
-func newGPUEvidence(nv *NVML) *gpuEvidence {
-	return &gpuEvidence{nv: nv, hist: map[int][]GPUSample{}, pidGPU: map[int]int{}, placed: map[int]detector.RankGPU{}}
+// NewEvidence returns an Evidence that samples nv (nil: one that never
+// samples, for tests).
+func NewEvidence(nv *NVML) *Evidence {
+	return &Evidence{nv: nv, hist: map[int][]Sample{}, pidGPU: map[int]int{}, placed: map[int]detector.RankGPU{}}
 }
 
-// run samples every period until ctx ends; errors are counted, not fatal.
-func (g *gpuEvidence) run(ctx context.Context, every time.Duration, c *counters) {
+// Run samples every period until ctx ends. Errors are counted, not fatal:
+// count receives nvml_errors and nvml_samples.
+func (g *Evidence) Run(ctx context.Context, every time.Duration, count func(name string, n int64)) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -41,14 +46,14 @@ func (g *gpuEvidence) run(ctx context.Context, every time.Duration, c *counters)
 			return
 		case <-t.C:
 		}
-		samples, err := g.nv.Sample(monotonicNow())
+		samples, err := g.nv.Sample(monoclock.Now())
 		if err != nil {
-			c.add("nvml_errors", 1)
+			count("nvml_errors", 1)
 			continue
 		}
 		procs, err := g.nv.GPUProcesses()
 		if err != nil {
-			c.add("nvml_errors", 1)
+			count("nvml_errors", 1)
 		}
 		g.mu.Lock()
 		for _, s := range samples {
@@ -69,12 +74,13 @@ func (g *gpuEvidence) run(ctx context.Context, every time.Duration, c *counters)
 			}
 		}
 		g.mu.Unlock()
-		c.add("nvml_samples", 1)
+		count("nvml_samples", 1)
 	}
 }
 
-// forPID summarises the samples of pid's GPU in [start, end).
-func (g *gpuEvidence) forPID(pid int, start, end int64) *detector.GPUEvidence {
+// ForPID summarises the samples of pid's GPU in [start, end): nil when
+// NVML has not shown pid on a GPU or took no sample then.
+func (g *Evidence) ForPID(pid int, start, end int64) *detector.GPUEvidence {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	idx, ok := g.pidGPU[pid]
@@ -84,51 +90,30 @@ func (g *gpuEvidence) forPID(pid int, start, end int64) *detector.GPUEvidence {
 	return summariseGPU(g.hist[idx], start, end)
 }
 
-// placement returns the GPU that NVML last showed pid training on.
-func (g *gpuEvidence) placement(pid int) (detector.RankGPU, bool) {
+// Placement returns the GPU that NVML last showed pid training on.
+func (g *Evidence) Placement(pid int) (detector.RankGPU, bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	rg, ok := g.placed[pid]
 	return rg, ok
 }
 
-// placeGPU puts the GPU that NVML last showed pe's process on into
-// pe.info and reports whether that changed it. A process that NVML no
-// longer lists (it is exiting, or a read failed) keeps its last GPU: no
-// topology version for a flap. Main goroutine only.
-func (a *Agent) placeGPU(pe *procEntry) bool {
-	if a.gpu == nil {
-		return false
+// Close closes NVML; call it after Run has returned.
+func (g *Evidence) Close() error {
+	if g.nv == nil {
+		return nil
 	}
-	rg, ok := a.gpu.placement(pe.proc.PID)
-	if !ok || rg == pe.info.Placement.GPU {
-		return false
-	}
-	pe.info.Placement.GPU = rg
-	return true
-}
-
-// refreshPlacements sends again the identity of each rank whose GPU NVML
-// found (or moved: the context that holds most memory changed) since: a
-// process creates its CUDA context after discovery found it, so its first
-// RankInfo rarely has one. Main goroutine only.
-func (a *Agent) refreshPlacements() {
-	for _, pe := range a.att.procs {
-		if a.placeGPU(pe) {
-			a.log.Debug("rank's GPU found", "pid", pe.proc.PID, "rank", pe.rank, "gpu", pe.info.Placement.GPU.Index, "uuid", pe.info.Placement.GPU.UUID)
-			a.pipe.SetRank(pe.info)
-		}
-	}
+	return g.nv.Close()
 }
 
 // summariseGPU is the pure part: extremes over the window, OR of the throttle
 // reasons, increases of the cumulative error counters (from the last sample
 // before the window when there is one).
-func summariseGPU(h []GPUSample, start, end int64) *detector.GPUEvidence {
+func summariseGPU(h []Sample, start, end int64) *detector.GPUEvidence {
 	var ev *detector.GPUEvidence
-	var base *GPUSample
+	var base *Sample
 	var reasons uint64
-	var last GPUSample
+	var last Sample
 	for i := range h {
 		s := h[i]
 		if s.AtNS < start {
@@ -172,7 +157,7 @@ func summariseGPU(h []GPUSample, start, end int64) *detector.GPUEvidence {
 // memory) it is none: the local rank or CUDA_VISIBLE_DEVICES would only
 // guess, as the visible devices are renumbered from 0 inside a container.
 // gs is GPUProcesses' list for the process, largest memory first.
-func rankGPU(gs []GPUProcess) (detector.RankGPU, bool) {
+func rankGPU(gs []Process) (detector.RankGPU, bool) {
 	if len(gs) == 0 {
 		return detector.RankGPU{}, false
 	}

@@ -1,6 +1,6 @@
 //go:build cgo
 
-package agent
+package gpu
 
 import (
 	"errors"
@@ -53,7 +53,7 @@ func TestGPUProcessesMock(t *testing.T) {
 	if err == nil {
 		t.Error("no error for the lost GPU 3")
 	}
-	want := map[int][]GPUProcess{
+	want := map[int][]Process{
 		// A stray context on GPU 0 sorts after the GPU the rank trains on.
 		10: {{10, 1, "GPU-1", 70 << 30, "00000000:11:00.0"}, {10, 0, "GPU-0", 500 << 20, ""}},
 		11: {{11, 0, "GPU-0", 500 << 20, ""}, {11, 2, "GPU-2", MemoryUnknown, "00000000:12:00.0"}},

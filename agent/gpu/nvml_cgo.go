@@ -1,6 +1,6 @@
 //go:build cgo
 
-package agent
+package gpu
 
 import (
 	"cmp"
@@ -54,12 +54,12 @@ func (n *NVML) Close() error {
 // (nvmlDeviceGetComputeRunningProcesses on every device). A PID on several GPUs (a stray
 // context on GPU 0 is common) lists them by UsedMemory, largest first, so [0] is the GPU it
 // trains on. A device that fails to answer is skipped; the error reports the first such.
-func (n *NVML) GPUProcesses() (map[int][]GPUProcess, error) {
+func (n *NVML) GPUProcesses() (map[int][]Process, error) {
 	count, ret := n.lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("count nvml devices: %s", nvmlErrorString(ret))
 	}
-	out := make(map[int][]GPUProcess)
+	out := make(map[int][]Process)
 	var firstErr error
 	fail := func(i int, what string, ret nvml.Return) {
 		if firstErr == nil {
@@ -91,11 +91,11 @@ func (n *NVML) GPUProcesses() (map[int][]GPUProcess, error) {
 		}
 		for _, p := range procs {
 			pid := int(p.Pid)
-			out[pid] = append(out[pid], GPUProcess{PID: pid, GPUIndex: i, UUID: uuid, UsedMemory: p.UsedGpuMemory, PCIBusID: bus})
+			out[pid] = append(out[pid], Process{PID: pid, GPUIndex: i, UUID: uuid, UsedMemory: p.UsedGpuMemory, PCIBusID: bus})
 		}
 	}
 	for _, gs := range out {
-		slices.SortStableFunc(gs, func(a, b GPUProcess) int { return cmp.Compare(knownMemory(b), knownMemory(a)) })
+		slices.SortStableFunc(gs, func(a, b Process) int { return cmp.Compare(knownMemory(b), knownMemory(a)) })
 	}
 	return out, firstErr
 }
@@ -113,7 +113,7 @@ func pciBusID(pci nvml.PciInfo) string {
 	return string(b)
 }
 
-func knownMemory(g GPUProcess) uint64 {
+func knownMemory(g Process) uint64 {
 	if g.UsedMemory == MemoryUnknown {
 		return 0
 	}
@@ -123,18 +123,18 @@ func knownMemory(g GPUProcess) uint64 {
 // Sample reads clocks, power, temperature, clock-event reasons, ECC and PCIe
 // replay counters of every GPU. A reading NVML refuses is left zero; a
 // device that fails to answer at all is skipped.
-func (n *NVML) Sample(atNS int64) ([]GPUSample, error) {
+func (n *NVML) Sample(atNS int64) ([]Sample, error) {
 	count, ret := n.lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("count nvml devices: %s", nvmlErrorString(ret))
 	}
-	out := make([]GPUSample, 0, count)
+	out := make([]Sample, 0, count)
 	for i := range count {
 		dev, ret := n.lib.DeviceGetHandleByIndex(i)
 		if ret != nvml.SUCCESS {
 			continue
 		}
-		s := GPUSample{AtNS: atNS, Index: i}
+		s := Sample{AtNS: atNS, Index: i}
 		s.UUID, _ = dev.GetUUID()
 		s.SMClockMHz, _ = dev.GetClockInfo(nvml.CLOCK_SM)
 		s.SMClockLimitMHz, _ = dev.GetMaxClockInfo(nvml.CLOCK_SM)

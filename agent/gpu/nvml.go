@@ -1,4 +1,4 @@
-package agent
+package gpu
 
 import "errors"
 
@@ -8,12 +8,12 @@ import "errors"
 // learns GPU placement from the training processes only.
 var ErrNVMLUnavailable = errors.New("nvml unavailable")
 
-// MemoryUnknown is GPUProcess.UsedMemory when NVML does not know it (no permission, some
+// MemoryUnknown is Process.UsedMemory when NVML does not know it (no permission, some
 // container setups).
 const MemoryUnknown = ^uint64(0)
 
-// GPUProcess is a process that holds a compute context on a GPU.
-type GPUProcess struct {
+// Process is a process that holds a compute context on a GPU.
+type Process struct {
 	PID        int    // in the agent's PID namespace (NVML reports host PIDs)
 	GPUIndex   int    // NVML index, which follows PCI bus order, not CUDA_VISIBLE_DEVICES
 	UUID       string // "GPU-..."
@@ -23,9 +23,9 @@ type GPUProcess struct {
 	PCIBusID string
 }
 
-// GPUSample is one NVML reading of one GPU. Counters are cumulative; fields
+// Sample is one NVML reading of one GPU. Counters are cumulative; fields
 // NVML could not read are zero.
-type GPUSample struct {
+type Sample struct {
 	AtNS            int64 // CLOCK_MONOTONIC
 	Index           int
 	UUID            string
