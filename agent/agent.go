@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/slowrank/slowrank/agent/discover"
+	"github.com/slowrank/slowrank/agent/duty"
 	"github.com/slowrank/slowrank/agent/gpu"
 	"github.com/slowrank/slowrank/agent/pipeline"
 	"github.com/slowrank/slowrank/bpf"
@@ -33,7 +34,7 @@ type Config struct {
 
 	Detector  detector.Config
 	Correlate correlate.Config
-	Duty      DutyConfig
+	Duty      duty.Config
 	// DeviceCollection lets the agent steer the injection library's duty
 	// cycle; without it the library keeps its built-in default.
 	DeviceCollection bool
@@ -90,7 +91,7 @@ type Sink = pipeline.Sink
 // DefaultConfig returns working defaults.
 func DefaultConfig() Config {
 	return Config{
-		Detector: detector.DefaultConfig(), Duty: DefaultDutyConfig(), DeviceCollection: true,
+		Detector: detector.DefaultConfig(), Duty: duty.DefaultConfig(), DeviceCollection: true,
 		RingBufferSize: 8 << 20, Tick: 200 * time.Millisecond, InputQueue: 1 << 16, ForgetDelay: time.Second,
 		Epoch: int(time.Now().Unix()),
 	}
@@ -115,7 +116,7 @@ type Agent struct {
 	reader   *bpf.Reader
 	watcher  *discover.Watcher
 	pipe     *pipeline.Pipeline
-	duty     *Duty
+	duty     *duty.Ledger
 	conv     *converter
 	counters *counters
 	// queue takes the reader goroutine's records to the main goroutine,
@@ -144,7 +145,7 @@ type Agent struct {
 	kchLogged string
 
 	planMu sync.Mutex
-	plan   *DutyPlan // last duty plan applied, for Status
+	plan   *duty.Plan // last duty plan applied, for Status
 
 	control controlState // runtime control (control.go), main goroutine only
 	// lastControl is the control state as of the last refreshCounters,
@@ -155,7 +156,7 @@ type Agent struct {
 	overBound    bool
 }
 
-func (a *Agent) dutyPlan() *DutyPlan {
+func (a *Agent) dutyPlan() *duty.Plan {
 	a.planMu.Lock()
 	defer a.planMu.Unlock()
 	return a.plan
@@ -202,19 +203,19 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Correlate.Host == "" {
 		cfg.Correlate.Host = cfg.HostName
 	}
-	var duty *Duty
+	var ledger *duty.Ledger
 	if cfg.Duty.Period > cfg.Detector.Window {
 		// Every window needs some covered steps, or the device phases of
 		// the windows without any are not judged and streaks break. (When
 		// the budget leaves blocks too short to hold a few steps, the
-		// plan doubles the period anyway: Duty.period.)
+		// plan doubles the period anyway: duty.Ledger.period.)
 		cfg.Duty.Period = cfg.Detector.Window
 	}
 	if cfg.DeviceCollection {
-		duty = NewDuty(cfg.Duty)
+		ledger = duty.New(cfg.Duty)
 	}
 	a := &Agent{
-		cfg: cfg, log: log, probes: probes, reader: reader, watcher: w, duty: duty,
+		cfg: cfg, log: log, probes: probes, reader: reader, watcher: w, duty: ledger,
 		conv:       newConverter(c, cfg.NCCLPlugin),
 		counters:   c,
 		queue:      pipeline.NewQueue(cfg.InputQueue),
@@ -225,8 +226,8 @@ func New(cfg Config) (*Agent, error) {
 	a.conv.tids = newTIDMap(cfg.ProcRoot)
 	a.att = newAttacher(a)
 	pc := pipeline.Config{Log: log, Correlator: correlate.New(cfg.Correlate), Detector: det, Sinks: cfg.Sinks, Dump: cfg.Dump, Count: c.add}
-	if duty != nil { // a nil *Duty in the interface would not read as nil
-		pc.Duty = duty
+	if ledger != nil { // a nil *duty.Ledger in the interface would not read as nil
+		pc.Duty = ledger
 	}
 	if nv, err := gpu.OpenNVML(); err == nil {
 		a.gpu = gpu.NewEvidence(nv)
@@ -285,7 +286,7 @@ loop:
 			a.pipe.Tick(mono)
 			if a.duty != nil && now.Sub(lastDuty) >= time.Second {
 				lastDuty = now
-				a.planDuty(mono) // duty.go
+				a.planDuty(mono) // dutyplan.go
 			}
 			if a.gpu != nil && now.Sub(lastPlaced) >= time.Second { // NVML's sampling period
 				lastPlaced = now

@@ -12,6 +12,7 @@ import (
 
 	"github.com/slowrank/slowrank/agent/attach"
 	"github.com/slowrank/slowrank/agent/discover"
+	"github.com/slowrank/slowrank/agent/duty"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/correlate"
 	"github.com/slowrank/slowrank/cupti"
@@ -270,7 +271,7 @@ func (t *attacher) detachAll() {
 
 // applyDuty writes the duty plan into the control block of every process
 // that loaded the injection library, when it changed.
-func (t *attacher) applyDuty(p DutyPlan) {
+func (t *attacher) applyDuty(p duty.Plan) {
 	d := cupti.Duty{
 		Mode:   cupti.DutyTime,
 		On:     time.Duration(float64(p.Period) * p.OnShare).Round(time.Millisecond),

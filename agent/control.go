@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/slowrank/slowrank/agent/duty"
 	"github.com/slowrank/slowrank/agent/pipeline"
 	"github.com/slowrank/slowrank/cupti"
 	"github.com/slowrank/slowrank/detector"
@@ -117,8 +118,8 @@ func (r ControlRequest) Validate() error {
 	if !r.hasDetector() && !r.hasDuty() {
 		return bad("\"set\" needs at least one of window, threshold, phase_thresholds, floor, consecutive, duty_budget, duty_share, duty_auto, duty_period")
 	}
-	if r.Window != nil && time.Duration(*r.Window) < MinWindow {
-		return bad("window must be at least %s, got %s", MinWindow, time.Duration(*r.Window))
+	if r.Window != nil && time.Duration(*r.Window) < duty.MinWindow {
+		return bad("window must be at least %s, got %s", duty.MinWindow, time.Duration(*r.Window))
 	}
 	if r.Threshold != nil && (!(*r.Threshold > 0) || *r.Threshold > 100) {
 		return bad("threshold must be in (0, 100], got %g", *r.Threshold)
@@ -143,8 +144,8 @@ func (r ControlRequest) Validate() error {
 	if r.DutyShare != nil && r.DutyAuto {
 		return bad("duty_share and duty_auto exclude each other")
 	}
-	if r.DutyPeriod != nil && time.Duration(*r.DutyPeriod) < MinDutyPeriod {
-		return bad("duty_period must be at least %s, got %s", MinDutyPeriod, time.Duration(*r.DutyPeriod))
+	if r.DutyPeriod != nil && time.Duration(*r.DutyPeriod) < duty.MinPeriod {
+		return bad("duty_period must be at least %s, got %s", duty.MinPeriod, time.Duration(*r.DutyPeriod))
 	}
 	return nil
 }
@@ -402,17 +403,19 @@ func (a *Agent) set(req ControlRequest) error {
 	if req.hasDuty() {
 		a.setDuty(req)
 	}
-	if newDet != nil && a.duty != nil && a.duty.cfg.Period > newDet.Window {
+	if newDet != nil && a.duty != nil && a.duty.Config().Period > newDet.Window {
 		// As at start: every window needs some covered steps.
-		a.duty.cfg.Period = newDet.Window
+		d := a.duty.Config()
+		d.Period = newDet.Window
+		a.duty.SetConfig(d)
 	}
 	a.applyPlan()
 	return nil
 }
 
 func (a *Agent) setDuty(req ControlRequest) {
-	d := &a.duty.cfg
-	before := *d
+	d := a.duty.Config()
+	before := d
 	if req.DutyBudget != nil {
 		d.Budget = *req.DutyBudget
 	}
@@ -430,6 +433,7 @@ func (a *Agent) setDuty(req ControlRequest) {
 		d.MinShare, d.MaxShare = a.control.minShare, a.control.maxShare
 		a.control.pinned = 0
 	}
+	a.duty.SetConfig(d)
 	a.counters.add("duty_changes", 1)
 	a.log.Info("duty cycle changed", "budget", fmt.Sprintf("%g -> %g", before.Budget, d.Budget),
 		"period", fmt.Sprintf("%s -> %s", before.Period, d.Period), "pinned_share", a.control.pinned)
@@ -452,7 +456,7 @@ func (a *Agent) controlState() ControlState {
 		st.PausedFor = Duration(time.Since(a.control.pausedAt).Round(time.Millisecond))
 	}
 	if a.duty != nil {
-		d := a.duty.cfg
+		d := a.duty.Config()
 		st.Duty = &DutySettings{Budget: d.Budget, Period: Duration(d.Period), PinnedShare: a.control.pinned, MinShare: d.MinShare, MaxShare: d.MaxShare}
 	}
 	for _, rs := range a.pipe.LiveStats() {

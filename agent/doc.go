@@ -13,8 +13,8 @@
 //   - the conversion of BPF events and injection-library batches into
 //     correlate.HostCall, DeviceInterval and topology records (convert*.go,
 //     nccl_*.go);
-//   - device-collection control: the duty cycle and its overhead ledger
-//     (duty.go), the yield to another CUPTI client (cuptiyield.go), and
+//   - device-collection control: feeding agent/duty's overhead ledger and
+//     applying its duty plan (dutyplan.go), the yield to another CUPTI client (cuptiyield.go), and
 //     the GPU placement agent/gpu's NVML evidence finds;
 //   - the counters every drop is reported in (counters.go) and the state
 //     that status and the local API read (status.go, localapi.go, served by

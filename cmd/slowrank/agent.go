@@ -24,6 +24,7 @@ import (
 
 	"github.com/slowrank/slowrank/agent"
 	"github.com/slowrank/slowrank/agent/discover"
+	"github.com/slowrank/slowrank/agent/duty"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/detector"
 	"github.com/slowrank/slowrank/otel/export"
@@ -54,9 +55,9 @@ func agentCommand() *cli.Command {
 			&cli.StringFlag{Name: "verdicts", Usage: "write verdicts and a final summary (JSONL) to this file", EnvVars: []string{"SLOWRANK_VERDICTS"}},
 			&cli.StringFlag{Name: "host-name", Usage: "host name in facts and telemetry (default: os.Hostname)", EnvVars: []string{"SLOWRANK_HOST_NAME"}},
 			&cli.StringFlag{Name: "job", Usage: "job id (default: from the processes' environment, e.g. TORCHELASTIC_RUN_ID)", EnvVars: []string{"SLOWRANK_JOB"}},
-			&cli.Float64Flag{Name: "overhead-budget", Value: agent.DefaultDutyConfig().Budget, Usage: "overhead the agent may add to training (uprobes, device records, escalations), as a fraction of step time", EnvVars: []string{"SLOWRANK_OVERHEAD_BUDGET"}},
-			&cli.DurationFlag{Name: "uprobe-cost", Value: agent.DefaultDutyConfig().UprobeCost, Usage: "cost of one uprobe trap in a training process, charged to the overhead budget where it lengthens the step (conservative: the H200 measured 1.0-1.35us a trap in a host-bound NCCL loop)", EnvVars: []string{"SLOWRANK_UPROBE_COST"}},
-			&cli.DurationFlag{Name: "nccl-plugin-cost", Value: agent.DefaultDutyConfig().NCCLPluginCost, Usage: "cost of one NCCL operation the injection library records as NCCL's profiler plugin (--nccl-plugin), charged to the overhead budget in full (twice the upper end the H200 measured, 0.29-0.49us an operation: kernel-channel events were not measured)", EnvVars: []string{"SLOWRANK_NCCL_PLUGIN_COST"}},
+			&cli.Float64Flag{Name: "overhead-budget", Value: duty.DefaultConfig().Budget, Usage: "overhead the agent may add to training (uprobes, device records, escalations), as a fraction of step time", EnvVars: []string{"SLOWRANK_OVERHEAD_BUDGET"}},
+			&cli.DurationFlag{Name: "uprobe-cost", Value: duty.DefaultConfig().UprobeCost, Usage: "cost of one uprobe trap in a training process, charged to the overhead budget where it lengthens the step (conservative: the H200 measured 1.0-1.35us a trap in a host-bound NCCL loop)", EnvVars: []string{"SLOWRANK_UPROBE_COST"}},
+			&cli.DurationFlag{Name: "nccl-plugin-cost", Value: duty.DefaultConfig().NCCLPluginCost, Usage: "cost of one NCCL operation the injection library records as NCCL's profiler plugin (--nccl-plugin), charged to the overhead budget in full (twice the upper end the H200 measured, 0.29-0.49us an operation: kernel-channel events were not measured)", EnvVars: []string{"SLOWRANK_NCCL_PLUGIN_COST"}},
 			&cli.BoolFlag{Name: "device-collection", Value: true, Usage: "steer the injection library's duty cycle (off: leave its default)", EnvVars: []string{"SLOWRANK_DEVICE_COLLECTION"}},
 			&cli.StringFlag{Name: "step-marker", Usage: "end a step at every return of this synchronisation call (e.g. cudaDeviceSynchronize) instead of detecting steps from the collective period", EnvVars: []string{"SLOWRANK_STEP_MARKER"}},
 			&cli.BoolFlag{Name: "nccl-plugin", Usage: "take NCCL collectives from the injection library's profiler-plugin records where a job sets NCCL_PROFILER_PLUGIN to it (experimental: a libnccl file's collective uprobes are detached once every process mapping it is on the plugin path, and attached again when one is not; its comm-init and group uprobes stay; not yet run on a real NCCL); off: the uprobes report", EnvVars: []string{"SLOWRANK_NCCL_PLUGIN"}},
@@ -113,7 +114,7 @@ func agentConfig(c *cli.Context) (agent.Config, error) {
 	cfg.DeviceCollection = c.Bool("device-collection")
 	cfg.ProbeTorch = c.Bool("probe-torch")
 	cfg.NCCLPlugin = c.Bool("nccl-plugin")
-	kch, err := agent.ParseKernelChannelMode(c.String("nccl-kernel-channels"))
+	kch, err := duty.ParseKernelChannelMode(c.String("nccl-kernel-channels"))
 	if err != nil {
 		return cfg, cli.Exit("--nccl-kernel-channels: "+err.Error(), exitUsage)
 	}

@@ -1,4 +1,4 @@
-package agent
+package duty
 
 import (
 	"fmt"
@@ -6,20 +6,19 @@ import (
 	"slices"
 	"time"
 
-	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/detector"
 )
 
-// MinDutyPeriod is the shortest duty period: the injection library reads a
+// MinPeriod is the shortest duty period: the injection library reads a
 // shorter one as off (SLOWRANK_MIN_PERIOD_MS in cupti/slowrank_abi.h).
-const MinDutyPeriod = 100 * time.Millisecond
+const MinPeriod = 100 * time.Millisecond
 
 // MinWindow is the shortest detector window the agent takes: the duty
 // period follows the window down to it (a window must contain covered
 // steps), so a shorter window would switch device collection off.
-const MinWindow = MinDutyPeriod
+const MinWindow = MinPeriod
 
-// DutyConfig steers device-record collection under one overhead budget.
+// Config steers device-record collection under one overhead budget.
 //
 // Always-on CUPTI kernel records cost +0.8 % to +8.4 % of step time on an
 // H200 (DESIGN.md section 2), so device records are sampled: collection is on
@@ -29,7 +28,7 @@ const MinWindow = MinDutyPeriod
 // bound of the measured cost), uprobe traps, the NCCL operations the
 // injection library reports as NCCL's profiler plugin, and the library's
 // thread; the spend over Horizon stays within Budget.
-type DutyConfig struct {
+type Config struct {
 	// Budget is the overhead the agent may add to training, as a fraction
 	// of step time (0.003 = 0.3 %).
 	Budget float64
@@ -101,7 +100,7 @@ type DutyConfig struct {
 	// KernelChannels is --nccl-kernel-channels: the NCCL plugin's
 	// kernel-channel events measured apart and kept only while they cost
 	// less than KernelChannelLimit of step time in an on-phase (auto,
-	// duty_kch.go), or on or off as the operator says. A trial decides
+	// kch.go), or on or off as the operator says. A trial decides
 	// once both arms have KernelChannelPairs paired blocks, and keeps them
 	// after KernelChannelMaxPairs if it cannot tell.
 	KernelChannels        KernelChannelMode
@@ -110,13 +109,13 @@ type DutyConfig struct {
 	KernelChannelMaxPairs int
 }
 
-// DefaultDutyConfig returns a budget of 0.3 % over an hour, a quarter of it
+// DefaultConfig returns a budget of 0.3 % over an hour, a quarter of it
 // reserved for escalations, the first 10 minutes' budget (1.8 s of cost)
 // spendable from the start, 10 s periods and 15 s escalations (three of the
 // detector's default 5-s windows: the streak a straggler needs; Greyhound's
 // detailed-profiling window is 20 s).
-func DefaultDutyConfig() DutyConfig {
-	return DutyConfig{
+func DefaultConfig() Config {
+	return Config{
 		Budget: 0.003, Period: 10 * time.Second, MinShare: 0, MaxShare: 0.5,
 		PriorCost: 0.03, Escalation: 15 * time.Second, MinEscalation: 5 * time.Second, EscalationReserve: 0.25, Advance: 10 * time.Minute,
 		Horizon: time.Hour, UprobeCost: 6 * time.Microsecond, NCCLPluginCost: time.Microsecond, LibraryCost: 0.0001,
@@ -126,8 +125,8 @@ func DefaultDutyConfig() DutyConfig {
 	}
 }
 
-// DutyPlan is what the injection library is asked to do.
-type DutyPlan struct {
+// Plan is what the injection library is asked to do.
+type Plan struct {
 	OnShare  float64       // share of each period with collection on
 	Period   time.Duration // length of one cycle
 	Escalate bool          // collection fully on until EscalatedUntil
@@ -140,7 +139,7 @@ type DutyPlan struct {
 	// Overhead is the cost estimate and the ledger behind the plan.
 	Overhead Overhead
 	// KernelChannels: the NCCL plugin's kernel-channel events may be on in
-	// on-phases (duty_kch.go).
+	// on-phases (kch.go).
 	KernelChannels bool
 }
 
@@ -189,7 +188,7 @@ type Overhead struct {
 	Refused      string    `json:"escalation_refused_reason,omitempty"`
 	PairsDropped PairDrops `json:"pairs_dropped"`
 	// Calibrating: the plan runs on-blocks sized to measure the cost
-	// (Duty.calibrate) rather than the budget's base share.
+	// (Ledger.calibrate) rather than the budget's base share.
 	Calibrating bool `json:"calibrating,omitempty"`
 	// KernelChannels is the NCCL plugin's kernel-channel trial, once a
 	// plugin operation was seen or the operator decided.
@@ -212,7 +211,7 @@ const (
 	// minPairSide is the fewest off steps a side of a pair may have.
 	minPairSide = 3
 	// calibrateHalfWidth is the half-width of the cost interval up to which
-	// the first Advance keeps calibrating (Duty.calibrate): the plan is
+	// the first Advance keeps calibrating (Ledger.calibrate): the plan is
 	// priced at the interval's upper end, and the 8 blocks that make an
 	// estimate leave it ±1.5-2.5 % wide at 3 % step jitter, so that an
 	// escalation at the upper end could cost more than at the prior.
@@ -227,7 +226,7 @@ const (
 	activeGrace = int64(30 * time.Second)
 )
 
-// Duty estimates the cost of device collection from paired on/off blocks
+// Ledger estimates the cost of device collection from paired on/off blocks
 // inside the run, keeps the overhead ledger and plans the duty cycle. It is
 // pure: time comes in with each call. Not safe for concurrent use.
 //
@@ -239,8 +238,8 @@ const (
 // The ranks of a host share the duty phase, so their pairs of one block are
 // one observation (they move together in synchronous training): the
 // estimate is a trimmed mean over blocks with a Tukey–McLaughlin t-interval.
-type Duty struct {
-	cfg   DutyConfig
+type Ledger struct {
+	cfg   Config
 	ranks map[int]*rankPairing
 	// steps are the latest step times in ms (a ring of stepWindow).
 	steps  []float64
@@ -272,7 +271,7 @@ type Duty struct {
 	est               CostEstimate
 	estValid          bool
 	bucketLen         int64
-	kch               kchTrial // duty_kch.go
+	kch               kchTrial // kch.go
 }
 
 type span struct{ from, to int64 }
@@ -331,9 +330,9 @@ type pairing struct {
 	to        int64 // end of the last off step after
 }
 
-// NewDuty returns a controller.
-func NewDuty(cfg DutyConfig) *Duty {
-	d := &Duty{cfg: cfg, ranks: map[int]*rankPairing{}, buckets: make([]ledgerBucket, ledgerBuckets), collecting: true}
+// New returns a controller.
+func New(cfg Config) *Ledger {
+	d := &Ledger{cfg: cfg, ranks: map[int]*rankPairing{}, buckets: make([]ledgerBucket, ledgerBuckets), collecting: true}
 	d.bucketLen = max(int64(cfg.Horizon)/ledgerBuckets, 1)
 	for i := range d.buckets {
 		d.buckets[i].idx = math.MinInt64
@@ -341,10 +340,17 @@ func NewDuty(cfg DutyConfig) *Duty {
 	return d
 }
 
+// Config returns the ledger's settings.
+func (d *Ledger) Config() Config { return d.cfg }
+
+// SetConfig changes the ledger's settings (runtime control); the next Plan
+// uses them, what the ledger measured and spent stays.
+func (d *Ledger) SetConfig(cfg Config) { d.cfg = cfg }
+
 // ObserveStep records a rank's step fact: its end, wall time, whether the
 // whole step had device collection on (its gpu flag), and the host's wait
 // for the device and the device's idle time in it (Traps).
-func (d *Duty) ObserveStep(st detector.Step) {
+func (d *Ledger) ObserveStep(st detector.Step) {
 	rank, endNS, gpuOn := st.Rank, st.EndNS, st.GPU
 	stepMS := st.Phases[detector.PhaseStep]
 	d.activity++
@@ -434,7 +440,7 @@ func (d *Duty) ObserveStep(st detector.Step) {
 }
 
 // finish pairs a rank's ended block with the off steps around it.
-func (d *Duty) finish(p *rankPairing) {
+func (d *Ledger) finish(p *rankPairing) {
 	p.pending = false
 	c := &p.cur
 	minSide := min(minPairSide, max(d.cfg.PairSteps, 1))
@@ -496,7 +502,7 @@ func shiftSE(before, after []float64) float64 {
 
 // exclude keeps the job's own slowdown in [from, to) out of the estimate:
 // pairs that overlap it are dropped, those already taken and those to come.
-func (d *Duty) exclude(from, to int64) {
+func (d *Ledger) exclude(from, to int64) {
 	if to <= from {
 		return
 	}
@@ -517,13 +523,13 @@ func (d *Duty) exclude(from, to int64) {
 }
 
 // Forget drops a rank's state (its process exited).
-func (d *Duty) Forget(rank int) { delete(d.ranks, rank) }
+func (d *Ledger) Forget(rank int) { delete(d.ranks, rank) }
 
 // Estimate returns the cost of full collection: the trimmed mean of the
 // paired blocks' ratios with its 95 % interval once MinPairs blocks are
 // paired, else the prior. There is no floor: a noisy estimate near zero has
 // a wide interval, and the plan uses its upper end.
-func (d *Duty) Estimate() CostEstimate {
+func (d *Ledger) Estimate() CostEstimate {
 	if d.estValid {
 		return d.est
 	}
@@ -545,7 +551,7 @@ func (d *Duty) Estimate() CostEstimate {
 
 // chargedCost is the cost of full collection that the ledger charges and
 // the plan divides by: the upper end of the interval (never below zero).
-func (d *Duty) chargedCost() float64 { return max(d.Estimate().High, 0) }
+func (d *Ledger) chargedCost() float64 { return max(d.Estimate().High, 0) }
 
 // Traps are uprobe traps of one training process since the last report.
 // Critical ones delay the step whatever the host's lead: those of a
@@ -566,7 +572,7 @@ type Traps struct {
 }
 
 // ObserveTraps adds one process's uprobe traps to the ledger.
-func (d *Duty) ObserveTraps(now int64, t Traps) {
+func (d *Ledger) ObserveTraps(now int64, t Traps) {
 	c := d.cfg.UprobeCost.Seconds()
 	hidden := d.slack.hide(max(t.Total-t.Critical, 0) * c)
 	if t.Total <= 0 {
@@ -586,7 +592,7 @@ func (d *Duty) ObserveTraps(now int64, t Traps) {
 // device (an upper bound, as NCCLPluginCost is). A
 // process on the plugin path whose libnccl collective uprobes are
 // detached traps on none of its collectives; this is what it still costs.
-func (d *Duty) ObservePluginOps(now int64, ops float64) {
+func (d *Ledger) ObservePluginOps(now int64, ops float64) {
 	if ops <= 0 {
 		return
 	}
@@ -604,7 +610,7 @@ func pushRing(ring []float64, at int, x float64) ([]float64, int) {
 	return ring, (at + 1) % stepWindow
 }
 
-func (d *Duty) bucket(now int64) *ledgerBucket {
+func (d *Ledger) bucket(now int64) *ledgerBucket {
 	idx := now / d.bucketLen
 	b := &d.buckets[int(((idx%ledgerBuckets)+ledgerBuckets)%ledgerBuckets)]
 	if b.idx != idx {
@@ -614,7 +620,7 @@ func (d *Duty) bucket(now int64) *ledgerBucket {
 }
 
 // sums adds up the ledger's last n buckets.
-func (d *Duty) sums(now int64, n int) ledgerBucket {
+func (d *Ledger) sums(now int64, n int) ledgerBucket {
 	var s ledgerBucket
 	cur := now / d.bucketLen
 	for _, b := range d.buckets {
@@ -637,7 +643,7 @@ func (b ledgerBucket) spent() float64 { return b.device + b.uprobes + b.plugin +
 
 // advance charges the ledger for the time since the last call, at the plan
 // that was in force, while the job trains.
-func (d *Duty) advance(now int64) {
+func (d *Ledger) advance(now int64) {
 	if !d.started {
 		d.started, d.last = true, now
 		return
@@ -669,7 +675,7 @@ func (d *Duty) advance(now int64) {
 
 // recentCalls is the spend rate of the uprobes and the NCCL profiler
 // plugin in the recent past: what observing the job's calls costs.
-func (d *Duty) recentCalls(now int64) float64 {
+func (d *Ledger) recentCalls(now int64) float64 {
 	s := d.sums(now, recentBuckets)
 	if s.train <= 0 {
 		return 0
@@ -681,7 +687,7 @@ func (d *Duty) recentCalls(now int64) float64 {
 // records from now on (procEntry.canCollect, and collection is not
 // paused): the plan's on-time costs the job nothing otherwise, and is
 // charged only while one can. The time up to now is charged as it was.
-func (d *Duty) SetCollecting(now int64, on bool) {
+func (d *Ledger) SetCollecting(now int64, on bool) {
 	d.advance(now)
 	d.collecting = on
 }
@@ -691,7 +697,7 @@ func (d *Duty) SetCollecting(now int64, on bool) {
 // granted only when the ledger can pay for it within its allowance over
 // the horizon (Budget × max(training, Advance)); refusals are counted and
 // the last one's reason kept for status.
-func (d *Duty) Suspect(now, from, to int64) bool {
+func (d *Ledger) Suspect(now, from, to int64) bool {
 	d.advance(now)
 	d.exclude(from, to)
 	if now < d.escUntil {
@@ -719,20 +725,20 @@ func (d *Duty) Suspect(now, from, to int64) bool {
 // escalationRate is what a second of escalation is charged, as a share of
 // that second: full collection at the charged cost, the recent calls and
 // the library.
-func (d *Duty) escalationRate(now int64) float64 {
+func (d *Ledger) escalationRate(now int64) float64 {
 	return d.chargedCost() + d.recentCalls(now) + d.cfg.LibraryCost
 }
 
 // escalationCost is what an escalation starting now would be charged, in
 // seconds of cost.
-func (d *Duty) escalationCost(now int64) float64 {
+func (d *Ledger) escalationCost(now int64) float64 {
 	return d.cfg.Escalation.Seconds() * d.escalationRate(now)
 }
 
 // affordable is the longest escalation, up to Escalation, that the ledger
 // s can pay at rate within its allowance: spent + x·rate ≤ Budget ×
 // max(train + x, Advance).
-func (d *Duty) affordable(s ledgerBucket, rate float64) float64 {
+func (d *Ledger) affordable(s ledgerBucket, rate float64) float64 {
 	e, b, a := d.cfg.Escalation.Seconds(), d.cfg.Budget, d.cfg.Advance.Seconds()
 	if rate <= 0 || s.spent()+e*rate <= d.allowance(s.train+e) {
 		return e
@@ -749,11 +755,11 @@ func (d *Duty) affordable(s ledgerBucket, rate float64) float64 {
 
 // allowance is what the ledger may have spent over a horizon holding train
 // seconds of training, in seconds of cost.
-func (d *Duty) allowance(train float64) float64 {
+func (d *Ledger) allowance(train float64) float64 {
 	return d.cfg.Budget * max(train, d.cfg.Advance.Seconds())
 }
 
-func (d *Duty) costSource() string {
+func (d *Ledger) costSource() string {
 	if e := d.Estimate(); e.Measured {
 		return fmt.Sprintf("the upper end of the cost measured from %d pairs", e.Pairs)
 	}
@@ -766,7 +772,7 @@ func (d *Duty) costSource() string {
 // escalation: on-blocks of MinOnSteps+1 steps of the recent step time,
 // each followed by 2·3+2 off steps (3 after the block, 3 before the next,
 // and the two partly collected ones), the period a multiple of
-// MinDutyPeriod at most the configured one (every window keeps an
+// MinPeriod at most the configured one (every window keeps an
 // on-block). A block takes 13 steps, MinPairs (8) of them 10-21 s at
 // 100-200 ms steps, and costs 5 steps of full collection: 8 cost
 // 0.12-0.24 s at 3 %. It goes on while the cost interval is wider than
@@ -774,7 +780,7 @@ func (d *Duty) costSource() string {
 // base share at 0.225 % of a 3 % cost cannot do that: on the H200's 4-rank
 // job (103-ms steps, a 5 % share) its blocks needed the period doubled to
 // 20 s, and no pair was measured in 5 minutes.
-func (d *Duty) calibrate(now int64, s ledgerBucket, est CostEstimate) (share float64, period time.Duration, ok bool) {
+func (d *Ledger) calibrate(now int64, s ledgerBucket, est CostEstimate) (share float64, period time.Duration, ok bool) {
 	c := d.cfg
 	if est.Measured && est.High-est.Low <= 2*calibrateHalfWidth || c.MinOnSteps <= 0 || c.MinShare > 0 || len(d.steps) == 0 || !d.collecting ||
 		s.train >= c.Advance.Seconds() {
@@ -790,7 +796,7 @@ func (d *Duty) calibrate(now int64, s ledgerBucket, est CostEstimate) (share flo
 	step := time.Duration(median(slices.Clone(d.steps)) * 1e6)
 	on := time.Duration(c.MinOnSteps+1) * step
 	need := on + time.Duration(2*min(minPairSide, max(c.PairSteps, 1))+2)*step
-	period = (need + MinDutyPeriod - 1) / MinDutyPeriod * MinDutyPeriod
+	period = (need + MinPeriod - 1) / MinPeriod * MinPeriod
 	if d.calibrating && d.lastPeriod >= period && d.lastPeriod <= period*5/4 {
 		period = d.lastPeriod // a step time at a multiple's edge does not move the phase
 	}
@@ -807,7 +813,7 @@ func (d *Duty) calibrate(now int64, s ledgerBucket, est CostEstimate) (share flo
 // of the cost estimate; none while the ledger is over its allowance. In
 // the first Advance of training the calibration plan replaces a smaller
 // base share until the cost is measured (calibrate).
-func (d *Duty) Plan(now int64) DutyPlan {
+func (d *Ledger) Plan(now int64) Plan {
 	d.advance(now)
 	est := d.Estimate()
 	ch := d.chargedCost()
@@ -828,7 +834,7 @@ func (d *Duty) Plan(now int64) DutyPlan {
 		calibrating, period = false, d.period(share)
 	}
 	d.share, d.calibrating, d.lastPeriod = share, calibrating, period
-	p := DutyPlan{OnShare: share, Period: period, Cost: est.Cost, Measured: est.Measured, Overhead: d.overhead(now, est, s)}
+	p := Plan{OnShare: share, Period: period, Cost: est.Cost, Measured: est.Measured, Overhead: d.overhead(now, est, s)}
 	p.KernelChannels = d.kernelChannelsAt(now, p.Period)
 	if k := d.kch.result; k.State != KernelChannelsIdle {
 		p.Overhead.KernelChannels = &k
@@ -848,7 +854,7 @@ func (d *Duty) Plan(now int64) DutyPlan {
 // Half the period in force is taken only when its blocks would hold a
 // quarter more than needed, so that a share or a step time
 // hovering at a doubling's edge does not move the phase back and forth.
-func (d *Duty) period(share float64) time.Duration {
+func (d *Ledger) period(share float64) time.Duration {
 	p := d.cfg.Period
 	if share <= 0 || share >= 1 || len(d.steps) == 0 || d.cfg.MinOnSteps <= 0 || p <= 0 {
 		d.lastPeriod = p
@@ -867,7 +873,7 @@ func (d *Duty) period(share float64) time.Duration {
 	return p
 }
 
-func (d *Duty) overhead(now int64, est CostEstimate, s ledgerBucket) Overhead {
+func (d *Ledger) overhead(now int64, est CostEstimate, s ledgerBucket) Overhead {
 	o := Overhead{Budget: d.cfg.Budget, Cost: est, Training: time.Duration(s.train * 1e9), Allowance: d.allowance(s.train),
 		EscalationsGranted: d.granted, EscalationsRefused: d.refused, Refused: d.refusal, PairsDropped: d.drops,
 		Calibrating: d.calibrating}
@@ -949,100 +955,4 @@ func median(xs []float64) float64 {
 		return xs[n/2]
 	}
 	return (xs[n/2-1] + xs[n/2]) / 2
-}
-
-// trapsPerEvent is how many uprobe traps one event of a probe stands for
-// (two for an entry/return pair joined in BPF, one for an entry probe), and
-// criticalPerEvent how many of them delay the step whatever the host's lead
-// (Traps): both of a call that waits for the device or for a peer. Its
-// return fires when the device is done; its entry may come while the
-// device waits for the host (a data pipeline's synchronisation before the
-// step's work is queued). They are few a step; the many are collectives.
-var trapsPerEvent, criticalPerEvent = func() (t, c [bpf.MaxProbeID]uint64) {
-	for _, s := range bpf.Specs() {
-		if int(s.ID) >= len(t) {
-			continue
-		}
-		t[s.ID] = 1
-		if s.Return == "" {
-			continue
-		}
-		t[s.ID] = 2
-		switch s.Class {
-		case bpf.ClassSyncWait, bpf.ClassTorchWorkWait, bpf.ClassTorchFutureWait:
-			c[s.ID] = 2
-		}
-	}
-	return t, c
-}()
-
-// planDuty feeds the uprobe traps and the NCCL profiler plugin's
-// operations since the last call to the ledger, plans the duty cycle and
-// applies it. Main goroutine.
-//
-// A process on the NCCL plugin path traps on the libnccl collective
-// uprobes until every process mapping that file is on the plugin path and
-// they are detached (agent/attach/collectives.go); until then the converter
-// drops the events it reads (nccl_uprobe_events_superseded), and they are
-// counted here like any other, because their traps were paid. The
-// plugin's operations cost the process too, with the uprobes attached or
-// not: every plugin collective or send/recv record the converter took,
-// whatever became of it (converter.pluginOps), is charged at
-// NCCLPluginCost.
-func (a *Agent) planDuty(now int64) {
-	var traps, critical uint64
-	for id := range a.probeCounts {
-		n := a.probeCounts[id].Load()
-		traps += (n - a.trapsSeen[id]) * trapsPerEvent[id]
-		critical += (n - a.trapsSeen[id]) * criticalPerEvent[id]
-		a.trapsSeen[id] = n
-	}
-	ops := a.conv.pluginOps()
-	ops, a.pluginOpsSeen = ops-a.pluginOpsSeen, ops
-	collecting := false
-	for _, pe := range a.att.procs {
-		collecting = collecting || pe.canCollect()
-	}
-	a.duty.SetCollecting(now, collecting && !a.control.paused)
-	if procs := float64(len(a.att.procs)); procs > 0 {
-		// Ranks issue the same collective sequence: the mean per process
-		// is each one's share.
-		a.duty.ObserveTraps(now, Traps{Total: float64(traps) / procs, Critical: float64(critical) / procs})
-		a.duty.ObservePluginOps(now, float64(ops)/procs)
-	}
-	plan := a.duty.Plan(now)
-	a.att.applyDuty(plan)
-	a.planMu.Lock()
-	a.plan = &plan
-	a.planMu.Unlock()
-	o := plan.Overhead
-	a.counters.set("duty_escalations_granted", o.EscalationsGranted)
-	a.counters.set("duty_escalations_refused", o.EscalationsRefused)
-	a.counters.set("duty_pairs_dropped_short", o.PairsDropped.Short)
-	a.counters.set("duty_pairs_dropped_drift", o.PairsDropped.Drift)
-	a.counters.set("duty_pairs_dropped_suspect", o.PairsDropped.Suspect)
-	a.noteKernelChannels(o.KernelChannels)
-}
-
-// noteKernelChannels logs the kernel-channel trial's decision once and
-// keeps its gauge (0: on or undecided, 1: off).
-func (a *Agent) noteKernelChannels(k *KernelChannels) {
-	if k == nil {
-		return
-	}
-	off := int64(0)
-	if k.State == KernelChannelsDenied {
-		off = 1
-	}
-	a.counters.set("nccl_kernel_channels_off", off)
-	if k.State == a.kchLogged {
-		return
-	}
-	a.kchLogged = k.State
-	switch k.State {
-	case KernelChannelsDenied:
-		a.log.Warn("NCCL plugin kernel-channel events off: no device arrival order from now on", "reason", k.Reason)
-	case KernelChannelsKept, KernelChannelsTrial:
-		a.log.Info("NCCL plugin kernel-channel events "+k.State, "reason", k.Reason)
-	}
 }

@@ -1,26 +1,23 @@
-package agent
+package duty
 
 import (
 	"fmt"
-	"log/slog"
 	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/slowrank/slowrank/agent/discover"
-	"github.com/slowrank/slowrank/cupti"
 	"github.com/slowrank/slowrank/detector"
 )
 
-// dutySim runs a synchronous training job against a Duty: step times with
+// dutySim runs a synchronous training job against a Ledger: step times with
 // jitter, a true cost of device collection on the covered part of each step,
 // the library's time-based duty cycle and escalations as the plans ask, a
 // plan every second as the agent makes.
 type dutySim struct {
-	d      *Duty
-	cfg    DutyConfig
+	d      *Ledger
+	cfg    Config
 	rng    *rand.Rand
 	ranks  int
 	baseMS float64
@@ -45,7 +42,7 @@ type dutySim struct {
 	now      int64
 	steps    int64 // steps run
 	nextPlan int64
-	plan     DutyPlan
+	plan     Plan
 	escFrom  int64 // when the escalating plan was applied
 	// true spend: seconds of slowdown from collection, and training seconds
 	trueDevice, train float64
@@ -53,8 +50,8 @@ type dutySim struct {
 
 const simStart = int64(1000 * time.Second)
 
-func newDutySim(cfg DutyConfig, seed uint64) *dutySim {
-	s := &dutySim{d: NewDuty(cfg), cfg: cfg, rng: rand.New(rand.NewPCG(seed, 7)), ranks: 4, baseMS: 57, jitter: 0.01,
+func newDutySim(cfg Config, seed uint64) *dutySim {
+	s := &dutySim{d: New(cfg), cfg: cfg, rng: rand.New(rand.NewPCG(seed, 7)), ranks: 4, baseMS: 57, jitter: 0.01,
 		now: simStart, nextPlan: simStart}
 	s.plan = s.d.Plan(simStart)
 	s.nextPlan += int64(time.Second)
@@ -146,8 +143,8 @@ func stepFact(rank int, step, end int64, ms, waitMS float64, gpu bool) detector.
 }
 
 func TestDutyUsesPriorUntilMeasured(t *testing.T) {
-	cfg := DefaultDutyConfig()
-	d := NewDuty(cfg)
+	cfg := DefaultConfig()
+	d := New(cfg)
 	p := d.Plan(simStart)
 	want := (cfg.Budget*(1-cfg.EscalationReserve) - cfg.LibraryCost) / cfg.PriorCost
 	if p.Measured || p.Overhead.Cost.Measured || math.Abs(p.OnShare-want) > 1e-9 {
@@ -165,7 +162,7 @@ func TestDutyEstimateRecoversInjectedCost(t *testing.T) {
 		{"8 % on covered steps", 0.08},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := newDutySim(DefaultDutyConfig(), 1)
+			s := newDutySim(DefaultConfig(), 1)
 			s.cost = tc.cost
 			s.run(15 * time.Minute)
 			e := s.d.Estimate()
@@ -185,10 +182,10 @@ func TestDutyEstimateRecoversInjectedCost(t *testing.T) {
 }
 
 func TestDutyJobSlowdownIsNotCost(t *testing.T) {
-	period := int64(DefaultDutyConfig().Period)
+	period := int64(DefaultConfig().Period)
 	for _, tc := range []struct {
 		name string
-		cfg  func(*DutyConfig)
+		cfg  func(*Config)
 		slow func(t int64) float64
 		// suspect: escalations at these offsets into each 100 s
 		suspectEvery time.Duration
@@ -222,7 +219,7 @@ func TestDutyJobSlowdownIsNotCost(t *testing.T) {
 			name: "a slowdown during each escalation",
 			// A budget that pays for every escalation; the job is 20 %
 			// slower from 2 s to 18 s into each one.
-			cfg:          func(c *DutyConfig) { c.Budget = 0.05 },
+			cfg:          func(c *Config) { c.Budget = 0.05 },
 			suspectEvery: 100 * time.Second,
 			slow: func(t int64) float64 {
 				if pos := (t - simStart) % int64(100*time.Second); pos > int64(2*time.Second) && pos < int64(18*time.Second) {
@@ -234,7 +231,7 @@ func TestDutyJobSlowdownIsNotCost(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := DefaultDutyConfig()
+			cfg := DefaultConfig()
 			if tc.cfg != nil {
 				tc.cfg(&cfg)
 			}
@@ -275,9 +272,9 @@ func TestDutySuspicionDropsItsPairs(t *testing.T) {
 		{"suspicion settled after the block is paired", 6*15 + 40},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := DefaultDutyConfig()
+			cfg := DefaultConfig()
 			cfg.Advance = 0 // no escalation: its own span would be excluded too
-			d := NewDuty(cfg)
+			d := New(cfg)
 			now := simStart
 			var from, to int64
 			for i := 0; i < 15*12; i++ {
@@ -317,7 +314,7 @@ func TestDutyShareFollowsUpperBound(t *testing.T) {
 		{"a quiet estimate near zero allows the largest share", 0.001, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := DefaultDutyConfig()
+			cfg := DefaultConfig()
 			cfg.Advance = 0 // the share after the first minutes' calibration
 			s := newDutySim(cfg, 3)
 			s.jitter = tc.jitter
@@ -344,7 +341,7 @@ func TestDutyShareFollowsUpperBound(t *testing.T) {
 // until the ledger has paid for the first; grants never come back to back,
 // and the spend over the hour stays within the budget.
 func TestDutyEscalationsPaidByLedger(t *testing.T) {
-	cfg := DefaultDutyConfig()
+	cfg := DefaultConfig()
 	s := newDutySim(cfg, 4)
 	s.cost = 0.02
 	type attempt struct {
@@ -395,7 +392,7 @@ func TestDutyEscalationsPaidByLedger(t *testing.T) {
 }
 
 func TestDutyUprobeSpendReducesBaseShare(t *testing.T) {
-	cfg := DefaultDutyConfig()
+	cfg := DefaultConfig()
 	base := cfg.Budget*(1-cfg.EscalationReserve) - cfg.LibraryCost
 	for _, tc := range []struct {
 		name      string
@@ -408,8 +405,8 @@ func TestDutyUprobeSpendReducesBaseShare(t *testing.T) {
 		{"traps beyond the budget leave no share", 600, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := NewDuty(cfg)
-			var p DutyPlan
+			d := New(cfg)
+			var p Plan
 			for i := int64(0); i <= 120; i++ {
 				now := simStart + i*int64(time.Second)
 				d.ObserveStep(stepFact(0, i, now, 1000, 0, false))
@@ -433,7 +430,7 @@ func TestDutySpendWithinBudget(t *testing.T) {
 	for seed := uint64(1); seed <= 6; seed++ {
 		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 99))
-			cfg := DefaultDutyConfig()
+			cfg := DefaultConfig()
 			s := newDutySim(cfg, seed)
 			s.ranks = 1 + rng.IntN(4)
 			s.baseMS = 30 + 170*rng.Float64()
@@ -467,7 +464,7 @@ func TestDutySpendWithinBudget(t *testing.T) {
 // shorter than a step covers no step and pairs nothing); a share that
 // allows them keeps the configured period.
 func TestDutyOnBlocksHoldWholeSteps(t *testing.T) {
-	cfg := DefaultDutyConfig()
+	cfg := DefaultConfig()
 	cfg.Advance = 0 // the periods after the first minutes' calibration
 	for _, tc := range []struct {
 		name   string
@@ -482,8 +479,8 @@ func TestDutyOnBlocksHoldWholeSteps(t *testing.T) {
 		{"traps beyond the budget: no share, the configured period", 248, 600, 10 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := NewDuty(cfg)
-			var p DutyPlan
+			d := New(cfg)
+			var p Plan
 			for i := int64(0); i <= 120; i++ {
 				now := simStart + i*int64(time.Second)
 				d.ObserveStep(stepFact(0, i, now, tc.stepMS, 0, false))
@@ -514,11 +511,11 @@ func TestDutyMeasuresGPUBoundJobs(t *testing.T) {
 		minSteps int
 		measured bool
 	}{
-		{"blocks sized in steps", DefaultDutyConfig().MinOnSteps, true},
+		{"blocks sized in steps", DefaultConfig().MinOnSteps, true},
 		{"fixed period (MinOnSteps 0)", 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := DefaultDutyConfig()
+			cfg := DefaultConfig()
 			cfg.MinOnSteps = tc.minSteps
 			s := newDutySim(cfg, 3)
 			s.ranks, s.baseMS, s.cost = 1, 248, 0.01
@@ -544,7 +541,7 @@ func TestDutyMeasuresGPUBoundJobs(t *testing.T) {
 // own traps always are, a few long waits hide nothing, and device records
 // that show the device waiting for the host hide nothing either.
 func TestDutyChargesTrapsTheHostsWaitDoesNotHide(t *testing.T) {
-	cfg := DefaultDutyConfig()
+	cfg := DefaultConfig()
 	cfg.Advance = 0 // the base share, not the first minutes' calibration
 	c := cfg.UprobeCost.Seconds()
 	every := func(ms float64) func(int, int) float64 { return func(int, int) float64 { return ms } }
@@ -583,8 +580,8 @@ func TestDutyChargesTrapsTheHostsWaitDoesNotHide(t *testing.T) {
 		}, 0, 512, 24, 512 * c},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := NewDuty(cfg)
-			var p DutyPlan
+			d := New(cfg)
+			var p Plan
 			now, i := simStart, 0
 			for sec := 1; sec <= 120; sec++ {
 				for end := simStart + int64(sec)*int64(time.Second); now+int64(tc.stepMS*1e6) <= end; i++ {
@@ -618,7 +615,7 @@ func TestDutyChargesTrapsTheHostsWaitDoesNotHide(t *testing.T) {
 // TestDutyBanksNoWaitForABurstOfTraps: a minute of steps without traps
 // leaves at most one ring of steps' wait to hide a burst in.
 func TestDutyBanksNoWaitForABurstOfTraps(t *testing.T) {
-	d := NewDuty(DefaultDutyConfig())
+	d := New(DefaultConfig())
 	now := simStart
 	for i := 0; i < 60*12; i++ {
 		now += int64(82 * time.Millisecond)
@@ -639,7 +636,7 @@ func TestDutyBanksNoWaitForABurstOfTraps(t *testing.T) {
 // costs the job nothing and the ledger charges none; from the moment one
 // can, it does.
 func TestDutyChargesNoDeviceTimeWithoutACollector(t *testing.T) {
-	d := NewDuty(DefaultDutyConfig())
+	d := New(DefaultConfig())
 	now, collecting := simStart, false
 	run := func(minutes int) {
 		for i := 0; i < minutes*60; i++ {
@@ -660,45 +657,13 @@ func TestDutyChargesNoDeviceTimeWithoutACollector(t *testing.T) {
 	}
 }
 
-// TestProcessCanCollect: the processes whose device on-time the ledger
-// charges (SetCollecting): those with the injection library in a state
-// that collects when asked.
-func TestProcessCanCollect(t *testing.T) {
-	lib := &discover.Library{}
-	read := func(s cupti.State) cuptiState {
-		var c cuptiState
-		c.read, c.lastBlock.Status.State = true, s
-		return c
-	}
-	for _, tc := range []struct {
-		name string
-		pe   procEntry
-		want bool
-	}{
-		{"no injection library", procEntry{}, false},
-		{"library not read yet", procEntry{inject: lib}, true},
-		{"collecting", procEntry{inject: lib, cupti: read(cupti.StateOn)}, true},
-		{"off-phase of the duty cycle", procEntry{inject: lib, cupti: read(cupti.StateOffPhase)}, true},
-		{"refused by CUPTI", procEntry{inject: lib, cupti: read(cupti.StateRefused)}, false},
-		{"yielded to another client", procEntry{inject: lib, cupti: read(cupti.StateYielded)}, false},
-		{"no libcupti", procEntry{inject: lib, cupti: read(cupti.StateUnavailable)}, false},
-		{"disabled by the user", procEntry{inject: lib, cupti: read(cupti.StateDisabled)}, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if got := tc.pe.canCollect(); got != tc.want {
-				t.Fatalf("canCollect %v, want %v", got, tc.want)
-			}
-		})
-	}
-}
-
 // TestDutyChargesPluginOpsInTotal: the NCCL operations the profiler plugin
 // recorded are charged at NCCLPluginCost each, in their own field and in
 // Total, all of them (none hidden in the host's wait), and the base share
 // is what the budget leaves after them. A process on the plugin path
 // whose collective uprobes are detached reports no trap and still spends.
 func TestDutyChargesPluginOpsInTotal(t *testing.T) {
-	base := DefaultDutyConfig().Budget*(1-DefaultDutyConfig().EscalationReserve) - DefaultDutyConfig().LibraryCost
+	base := DefaultConfig().Budget*(1-DefaultConfig().EscalationReserve) - DefaultConfig().LibraryCost
 	for _, tc := range []struct {
 		name      string
 		cost      time.Duration // NCCLPluginCost; 0: the default
@@ -714,12 +679,12 @@ func TestDutyChargesPluginOpsInTotal(t *testing.T) {
 		{"plugin ops beyond the budget leave no share", 0, 3000, 0, 3000e-6, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := DefaultDutyConfig()
+			cfg := DefaultConfig()
 			if tc.cost > 0 {
 				cfg.NCCLPluginCost = tc.cost
 			}
-			d := NewDuty(cfg)
-			var p DutyPlan
+			d := New(cfg)
+			var p Plan
 			// A synchronisation's wait of 30 % of the step: it hides
 			// traps, never the plugin's operations.
 			for i := int64(0); i <= 120; i++ {
@@ -745,60 +710,6 @@ func TestDutyChargesPluginOpsInTotal(t *testing.T) {
 	}
 }
 
-// TestPlanDutyFeedsPluginOpsPerProcess: the agent charges the plugin
-// records the converter counted since the last plan (fed, superseded,
-// withheld or dropped: each was recorded in a training process), divided among the
-// tracked processes like the traps; with no libnccl uprobe event at all
-// (collective uprobes detached) the base share still falls.
-func TestPlanDutyFeedsPluginOpsPerProcess(t *testing.T) {
-	cfg := DefaultDutyConfig()
-	base := cfg.Budget*(1-cfg.EscalationReserve) - cfg.LibraryCost
-	for _, tc := range []struct {
-		name      string
-		procs     int
-		perSecond map[string]int64 // converter counts added each second, all processes
-		wantSpend float64
-	}{
-		{"no plugin records", 2, nil, 0},
-		{"2 processes, 1000 collectives/s fed", 2, map[string]int64{"nccl_plugin_colls": 1000}, 500e-6},
-		{"superseded, withheld and dropped records were recorded too", 2, map[string]int64{"nccl_plugin_colls": 500,
-			"nccl_plugin_records_superseded": 200, "nccl_plugin_records_kept_on_uprobes": 100,
-			"nccl_plugin_records_implausible": 100, "nccl_plugin_records_before_comm": 100}, 500e-6},
-		{"records dropped on the library's full ring were paid for", 2, map[string]int64{"nccl_plugin_colls": 600,
-			"cupti_lib_nccl_ring_full": 400}, 500e-6},
-		{"other counters are no operations", 1, map[string]int64{"nccl_plugin_comms": 1000, "nccl_uprobe_events_superseded": 1000,
-			"cupti_lib_nccl_colls": 1000}, 0},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := newCounters()
-			a := &Agent{duty: NewDuty(cfg), conv: newConverter(c, true), counters: c, att: &attacher{procs: map[discover.ProcessKey]*procEntry{}},
-				log: slog.New(slog.DiscardHandler)}
-			a.att.a = a
-			for i := range tc.procs {
-				k := discover.ProcessKey{PID: 100 + i}
-				a.att.procs[k] = &procEntry{proc: discover.Process{ProcessKey: k}, rank: i}
-			}
-			for i := int64(0); i <= 120; i++ {
-				now := simStart + i*int64(time.Second)
-				a.duty.ObserveStep(stepFact(0, i, now, 1000, 0, false))
-				if i > 0 {
-					for k, n := range tc.perSecond {
-						c.add(k, n)
-					}
-				}
-				a.planDuty(now)
-			}
-			p := a.dutyPlan()
-			if o := p.Overhead; math.Abs(o.NCCLPlugin-tc.wantSpend) > 1e-9 || o.Uprobes != 0 {
-				t.Fatalf("plugin spend %g, uprobes %g, want %g and 0", o.NCCLPlugin, o.Uprobes, tc.wantSpend)
-			}
-			if want := (base - tc.wantSpend) / cfg.PriorCost; math.Abs(p.OnShare-want) > 1e-9 {
-				t.Fatalf("share %g, want %g", p.OnShare, want)
-			}
-		})
-	}
-}
-
 // TestDutyFirstCandidateGetsDeviceRecords: at defaults (the agent's 5-s
 // window as the period), a 4-rank job of 50-200 ms steps with 3 % step
 // jitter gets its first escalation within one window of its first
@@ -811,7 +722,7 @@ func TestDutyFirstCandidateGetsDeviceRecords(t *testing.T) {
 	for _, stepMS := range []float64{50, 100, 200} {
 		for _, first := range []time.Duration{5 * time.Second, 30 * time.Second} {
 			t.Run(fmt.Sprintf("%g ms steps, first candidate %s into the run", stepMS, first), func(t *testing.T) {
-				cfg := DefaultDutyConfig()
+				cfg := DefaultConfig()
 				cfg.Period = window // the agent's period at defaults: the detector window
 				s := newDutySim(cfg, uint64(stepMS)+uint64(first))
 				s.baseMS, s.jitter, s.cost = stepMS, 0.03, 0.02
@@ -884,9 +795,9 @@ func TestDutyPairDriftIsJudgedAgainstJitter(t *testing.T) {
 		{"no jitter, sides 1 % apart: within the tolerance", 0, 0.01, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := DefaultDutyConfig()
+			cfg := DefaultConfig()
 			cfg.Advance = 0
-			d := NewDuty(cfg)
+			d := New(cfg)
 			now := simStart
 			step := func(ms float64, on bool) {
 				now += int64(ms * 1e6)
@@ -934,9 +845,9 @@ func TestDutyEscalationShortenedToWhatTheLedgerPays(t *testing.T) {
 		{"no advance, 10 s of training", 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := DefaultDutyConfig()
+			cfg := DefaultConfig()
 			cfg.MaxShare, cfg.Advance = 0, tc.advance
-			d := NewDuty(cfg)
+			d := New(cfg)
 			now := simStart
 			for i := range 11 {
 				d.ObserveStep(stepFact(0, int64(i), now, 1000, 0, false))

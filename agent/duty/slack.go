@@ -1,4 +1,4 @@
-package agent
+package duty
 
 import (
 	"slices"

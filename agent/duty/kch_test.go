@@ -1,4 +1,4 @@
-package agent
+package duty
 
 import (
 	"strings"
@@ -27,7 +27,7 @@ func TestKernelChannelsMeasuredApart(t *testing.T) {
 		{"the operator's on holds, however dear", KernelChannelsOn, 1000, 0.05, KernelChannelsKept, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := DefaultDutyConfig()
+			cfg := DefaultConfig()
 			cfg.KernelChannels = tc.mode
 			s := newDutySim(cfg, 3)
 			s.cost, s.pluginOps, s.kchCost = 0.02, tc.pluginOps, tc.kchCost

@@ -1,4 +1,4 @@
-package agent
+package duty
 
 import (
 	"fmt"
@@ -78,7 +78,7 @@ const armSlack = int64(500 * time.Millisecond)
 
 const maxArmSwitches = 64
 
-// kchTrial is the trial's state in Duty.
+// kchTrial is the trial's state in Ledger.
 type kchTrial struct {
 	seen     bool // a plugin operation was observed
 	on       bool // the arm asked for: kernel channels on
@@ -94,7 +94,7 @@ type armSwitch struct {
 
 // arm returns whether kernel channels are asked for at now, alternating
 // every two periods during the trial.
-func (d *Duty) kernelChannelsAt(now int64, period time.Duration) bool {
+func (d *Ledger) kernelChannelsAt(now int64, period time.Duration) bool {
 	t := &d.kch
 	switch {
 	case d.cfg.KernelChannels == KernelChannelsOff:
@@ -155,7 +155,7 @@ func (t *kchTrial) armOf(from, to int64) int8 {
 
 // decideKernelChannels ends the trial once the arms' difference is clearly
 // above or below the limit, or after KernelChannelMaxPairs blocks an arm.
-func (d *Duty) decideKernelChannels() {
+func (d *Ledger) decideKernelChannels() {
 	var with, without []float64
 	for _, cl := range d.clusters {
 		switch cl.arm {
@@ -191,4 +191,4 @@ func (d *Duty) decideKernelChannels() {
 }
 
 // KernelChannelsResult is the trial's state and measurement.
-func (d *Duty) KernelChannelsResult() KernelChannels { return d.kch.result }
+func (d *Ledger) KernelChannelsResult() KernelChannels { return d.kch.result }
