@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/slowrank/slowrank/agent/capture"
 	"github.com/slowrank/slowrank/agent/discover"
 	"github.com/slowrank/slowrank/agent/duty"
 	"github.com/slowrank/slowrank/agent/gpu"
@@ -110,14 +111,17 @@ type gpuSource interface {
 // Run returns after the context is cancelled, once the last window has been
 // settled and handed to the sinks.
 type Agent struct {
-	cfg      Config
-	log      *slog.Logger
-	probes   *bpf.Probes
-	reader   *bpf.Reader
-	watcher  *discover.Watcher
-	pipe     *pipeline.Pipeline
-	duty     *duty.Ledger
-	conv     *converter
+	cfg     Config
+	log     *slog.Logger
+	probes  *bpf.Probes
+	reader  *bpf.Reader
+	watcher *discover.Watcher
+	pipe    *pipeline.Pipeline
+	duty    *duty.Ledger
+	conv    *capture.Converter
+	// tids translates injection-library thread ids into host ones, for
+	// the converter and the attacher alike.
+	tids     *capture.TIDMap
 	counters *counters
 	// queue takes the reader goroutine's records to the main goroutine,
 	// bounded by Config.InputQueue.
@@ -137,7 +141,7 @@ type Agent struct {
 	// probeCounts counts events per probe id (the hot path avoids the map).
 	probeCounts [256]atomic.Uint64
 	trapsSeen   [256]uint64 // probeCounts fed to the duty ledger (main goroutine)
-	// pluginOpsSeen is converter.pluginOps fed to the duty ledger (main
+	// pluginOpsSeen is capture.PluginOps fed to the duty ledger (main
 	// goroutine).
 	pluginOpsSeen int64
 	// kchLogged is the kernel-channel trial's state last logged (main
@@ -214,16 +218,26 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.DeviceCollection {
 		ledger = duty.New(cfg.Duty)
 	}
+	var marker bpf.ProbeID
+	if cfg.StepMarker != "" {
+		id, ok := markerProbe(cfg.StepMarker)
+		if !ok {
+			probes.Close()
+			return nil, fmt.Errorf("step marker %q is not a probed synchronisation call (try cudaDeviceSynchronize, cudaStreamSynchronize, cuCtxSynchronize)", cfg.StepMarker)
+		}
+		marker = id
+	}
+	tids := capture.NewTIDMap(cfg.ProcRoot)
 	a := &Agent{
 		cfg: cfg, log: log, probes: probes, reader: reader, watcher: w, duty: ledger,
-		conv:       newConverter(c, cfg.NCCLPlugin),
+		conv:       capture.New(capture.Config{Count: c.add, NCCLPlugin: cfg.NCCLPlugin, Marker: marker, TIDs: tids}),
+		tids:       tids,
 		counters:   c,
 		queue:      pipeline.NewQueue(cfg.InputQueue),
 		ctl:        make(chan func()),
 		started:    time.Now(),
 		startTicks: selfStartTicks(),
 	}
-	a.conv.tids = newTIDMap(cfg.ProcRoot)
 	a.att = newAttacher(a)
 	pc := pipeline.Config{Log: log, Correlator: correlate.New(cfg.Correlate), Detector: det, Sinks: cfg.Sinks, Dump: cfg.Dump, Count: c.add}
 	if ledger != nil { // a nil *duty.Ledger in the interface would not read as nil
@@ -236,14 +250,6 @@ func New(cfg Config) (*Agent, error) {
 		log.Info("no GPU evidence for verdicts", "reason", err)
 	}
 	a.pipe = pipeline.New(pc)
-	if cfg.StepMarker != "" {
-		id, ok := markerProbe(cfg.StepMarker)
-		if !ok {
-			probes.Close()
-			return nil, fmt.Errorf("step marker %q is not a probed synchronisation call (try cudaDeviceSynchronize, cudaStreamSynchronize, cuCtxSynchronize)", cfg.StepMarker)
-		}
-		a.conv.marker = id
-	}
 	return a, nil
 }
 
@@ -387,14 +393,14 @@ func (a *Agent) readLoop() {
 		if id := ev.Base().Probe; int(id) < len(a.probeCounts) {
 			a.probeCounts[id].Add(1)
 		}
-		batch = a.conv.convert(ev, batch)
+		batch = a.conv.Convert(ev, batch)
 	}
 }
 
 // handleBatch feeds a batch from readLoop to the pipeline.
 func (a *Agent) handleBatch(batch []pipeline.Input) {
 	for i := range batch {
-		if c, ok := batch[i].Other().(CUPTICall); ok {
+		if c, ok := batch[i].Other().(capture.CUPTICall); ok {
 			a.att.foreignCUPTICall(c) // the attacher's, not the pipeline's
 			continue
 		}
@@ -445,7 +451,7 @@ func (a *Agent) refreshCounters() {
 		a.counters.set("attach_opened_path", int64(st.OpenedPath))
 	}
 	a.counters.set("events_decoded", int64(a.reader.Decoded()))
-	if p50, p99, ok := a.conv.latencyQuantiles(); ok {
+	if p50, p99, ok := a.conv.LatencyQuantiles(); ok {
 		a.counters.set("device_latency_p50_us", p50/1000)
 		a.counters.set("device_latency_p99_us", p99/1000)
 	}

@@ -240,7 +240,7 @@ func (t *attacher) forgetDue(now int64) {
 		}
 		t.a.drainInput()
 		t.a.pipe.Forget(f.pid, f.rank)
-		t.a.conv.forgetPID(f.pid)
+		t.a.conv.Forget(f.pid)
 	}
 	t.forgets = kept
 	t.libs.RetryFailed(now)
@@ -254,7 +254,7 @@ func (t *attacher) tendPlugin(now int64) {
 	if !t.a.cfg.NCCLPlugin {
 		return
 	}
-	ready := t.a.conv.pluginReady(now)
+	ready := t.a.conv.PluginReady(now)
 	for k := range t.procs {
 		t.libs.SetPlugin(k, ready[uint32(k.PID)])
 	}

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/slowrank/slowrank/agent/capture"
 	"github.com/slowrank/slowrank/agent/discover"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/cupti"
@@ -22,17 +23,6 @@ import (
 // cupti/slowrank_abi.h): while another client is active the library makes
 // no CUPTI call, so the user's profile is complete, and it resumes after
 // the other client's session ended.
-
-// CUPTICall is one call into libcupti seen by a uprobe.
-type CUPTICall struct {
-	PID, TID uint32
-	// Fn is the function: the probe that saw the call (bpf.ProbeCUPTIEnable,
-	// ...; the bpf.ClassCUPTICall probes).
-	Fn     bpf.ProbeID
-	Arg    uint64 // first argument (activity kind, flush flags, request callback)
-	Arg2   uint64 // second argument (completion callback)
-	TimeNs int64  // CLOCK_MONOTONIC
-}
 
 const flushForced = 1 // CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
 
@@ -68,7 +58,7 @@ type yieldTracker struct {
 }
 
 // call applies one libcupti call; it returns true when the decision changed.
-func (y *yieldTracker) call(c CUPTICall) bool {
+func (y *yieldTracker) call(c capture.CUPTICall) bool {
 	if c.TID == y.ctlTID && y.ctlTID != 0 {
 		return false // the library's own call
 	}
@@ -93,7 +83,7 @@ func (y *yieldTracker) call(c CUPTICall) bool {
 // kinds are trusted (KindsKept) only once its session was seen from its
 // registration on: kinds it enabled before the agent watched are unknown,
 // and the library then re-enables every kind it switched off itself.
-func (y *yieldTracker) noteForeign(c CUPTICall) {
+func (y *yieldTracker) noteForeign(c capture.CUPTICall) {
 	f := &y.foreign
 	switch c.Fn {
 	case bpf.ProbeCUPTIRegisterCallbacks:
@@ -208,7 +198,7 @@ func (t *attacher) tendOne(pe *procEntry, now int64) error {
 	// namespace, the uprobes report the host's (nstid.go). Until it is
 	// translated, no decision is written: the library keeps waiting rather
 	// than take its own calls for another client's.
-	ctl, err := t.a.conv.tids.host(uint32(pe.proc.PID), cb.Status.CtlTID)
+	ctl, err := t.a.tids.Host(uint32(pe.proc.PID), cb.Status.CtlTID)
 	if err != nil {
 		return fmt.Errorf("control thread %d: %w", cb.Status.CtlTID, err)
 	}
@@ -269,7 +259,7 @@ func (t *attacher) writeHandback(pe *procEntry) error {
 }
 
 // foreignCUPTICall handles a uprobe hit on libcupti.
-func (t *attacher) foreignCUPTICall(c CUPTICall) {
+func (t *attacher) foreignCUPTICall(c capture.CUPTICall) {
 	for _, pe := range t.procs {
 		if uint32(pe.proc.PID) != c.PID || pe.inject == nil {
 			continue

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"github.com/slowrank/slowrank/agent/capture"
 	"github.com/slowrank/slowrank/agent/duty"
 	"github.com/slowrank/slowrank/bpf"
 )
@@ -41,7 +42,7 @@ var trapsPerEvent, criticalPerEvent = func() (t, c [bpf.MaxProbeID]uint64) {
 // counted here like any other, because their traps were paid. The
 // plugin's operations cost the process too, with the uprobes attached or
 // not: every plugin collective or send/recv record the converter took,
-// whatever became of it (converter.pluginOps), is charged at
+// whatever became of it (capture.PluginOps), is charged at
 // NCCLPluginCost.
 func (a *Agent) planDuty(now int64) {
 	var traps, critical uint64
@@ -51,7 +52,7 @@ func (a *Agent) planDuty(now int64) {
 		critical += (n - a.trapsSeen[id]) * criticalPerEvent[id]
 		a.trapsSeen[id] = n
 	}
-	ops := a.conv.pluginOps()
+	ops := capture.PluginOps(a.counters.get)
 	ops, a.pluginOpsSeen = ops-a.pluginOpsSeen, ops
 	collecting := false
 	for _, pe := range a.att.procs {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/slowrank/slowrank/agent/capture"
 	"github.com/slowrank/slowrank/agent/discover"
 	"github.com/slowrank/slowrank/agent/duty"
 	"github.com/slowrank/slowrank/cupti"
@@ -70,7 +71,7 @@ func TestPlanDutyFeedsPluginOpsPerProcess(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCounters()
-			a := &Agent{duty: duty.New(cfg), conv: newConverter(c, true), counters: c, att: &attacher{procs: map[discover.ProcessKey]*procEntry{}},
+			a := &Agent{duty: duty.New(cfg), conv: capture.New(capture.Config{Count: c.add, NCCLPlugin: true}), counters: c, att: &attacher{procs: map[discover.ProcessKey]*procEntry{}},
 				log: slog.New(slog.DiscardHandler)}
 			a.att.a = a
 			for i := range tc.procs {

@@ -90,7 +90,7 @@ func (a *Agent) Status() Status {
 		st.Uprobes = "uprobe_multi"
 	}
 	st.Processes = len(st.Procs)
-	withNCCLPaths(st.Procs, a.conv.ncclPaths())
+	withNCCLPaths(st.Procs, a.conv.NCCLPaths())
 	for _, r := range snap.Ranks {
 		if r.Verdict != nil && r.Verdict.AlertActive {
 			st.Alerts = append(st.Alerts, *r.Verdict)

@@ -1,4 +1,4 @@
-package agent
+package capture
 
 import (
 	"errors"
@@ -109,7 +109,7 @@ func TestTIDMapTranslatesNamespacedThreads(t *testing.T) {
 	root := t.TempDir()
 	procTree(t, root, 500, map[uint32][]uint32{500: {500, 1}, 501: {501, 2}})
 	procTree(t, root, 600, map[uint32][]uint32{600: {600}, 601: {601}}) // the host's namespace
-	m := newTIDMap(root)
+	m := NewTIDMap(root)
 	now := time.Unix(1000, 0)
 	m.now = func() time.Time { return now }
 	scans := 0
@@ -121,7 +121,7 @@ func TestTIDMapTranslatesNamespacedThreads(t *testing.T) {
 	}{
 		{500, 1, 500}, {500, 2, 501}, {600, 601, 601}, {600, 77, 77}, {500, 0, 0},
 	} {
-		if got, err := m.host(tt.pid, tt.tid); err != nil || got != tt.want {
+		if got, err := m.Host(tt.pid, tt.tid); err != nil || got != tt.want {
 			t.Errorf("host(%d, %d) = %d, %v; want %d", tt.pid, tt.tid, got, err, tt.want)
 		}
 	}
@@ -132,14 +132,14 @@ func TestTIDMapTranslatesNamespacedThreads(t *testing.T) {
 	// A thread started after the scan: a miss scans again, but not more
 	// often than nsRescanEvery.
 	procTree(t, root, 500, map[uint32][]uint32{500: {500, 1}, 501: {501, 2}, 502: {502, 3}})
-	if _, err := m.host(500, 3); !errors.Is(err, errTIDUnknown) {
+	if _, err := m.Host(500, 3); !errors.Is(err, errTIDUnknown) {
 		t.Fatalf("within the rescan interval: err %v, want errTIDUnknown", err)
 	}
 	now = now.Add(nsRescanEvery)
-	if got, err := m.host(500, 3); err != nil || got != 502 {
+	if got, err := m.Host(500, 3); err != nil || got != 502 {
 		t.Fatalf("after the interval: %d, %v; want 502", got, err)
 	}
-	if _, err := m.host(500, 9); !errors.Is(err, errTIDUnknown) {
+	if _, err := m.Host(500, 9); !errors.Is(err, errTIDUnknown) {
 		t.Fatalf("a thread that is none of the process's: err %v", err)
 	}
 	if scans != 2 {
@@ -149,10 +149,10 @@ func TestTIDMapTranslatesNamespacedThreads(t *testing.T) {
 	// An exited process is forgotten: its pid, reused, is read afresh.
 	m.forget(500)
 	procTree(t, root, 500, map[uint32][]uint32{500: {500}})
-	if got, err := m.host(500, 1); err != nil || got != 1 {
+	if got, err := m.Host(500, 1); err != nil || got != 1 {
 		t.Fatalf("reused pid in the host's namespace: %d, %v", got, err)
 	}
-	if _, err := m.host(999, 1); err == nil {
+	if _, err := m.Host(999, 1); err == nil {
 		t.Fatal("a process without status: no error")
 	}
 }
@@ -164,8 +164,8 @@ func TestTIDMapBoundsThreads(t *testing.T) {
 		threads[700+i] = []uint32{700 + i, 1 + i}
 	}
 	procTree(t, root, 700, threads)
-	m := newTIDMap(root)
-	if _, err := m.host(700, 1); err != nil && !errors.Is(err, errTIDUnknown) {
+	m := NewTIDMap(root)
+	if _, err := m.Host(700, 1); err != nil && !errors.Is(err, errTIDUnknown) {
 		t.Fatal(err)
 	}
 	if n := len(m.procs[700].host); n != maxNSThreads {
@@ -200,12 +200,12 @@ func TestTIDMapOnARealNamespace(t *testing.T) {
 	if child == 0 {
 		t.Fatal("unshare started no child")
 	}
-	m := newTIDMap("")
-	if got, err := m.host(child, 1); err != nil || got != child {
+	m := NewTIDMap("")
+	if got, err := m.Host(child, 1); err != nil || got != child {
 		t.Fatalf("host(%d, 1) = %d, %v; want %d", child, got, err, child)
 	}
 	self := uint32(os.Getpid())
-	if got, err := m.host(self, self); err != nil || got != self {
+	if got, err := m.Host(self, self); err != nil || got != self {
 		t.Fatalf("the agent's own namespace: host(%d, %d) = %d, %v", self, self, got, err)
 	}
 }
@@ -218,7 +218,7 @@ func TestPluginRecordsOfANamespacedProcessMatchTheUprobes(t *testing.T) {
 	root := t.TempDir()
 	procTree(t, root, pidNCCL, map[uint32][]uint32{pidNCCL: {pidNCCL, 1}, 4201: {4201, 2}, 4202: {4202, 3}})
 	c := newConverter(newCounters(), true)
-	c.tids = newTIDMap(root)
+	c.tids = NewTIDMap(root)
 	var calls []correlate.HostCall
 	count := func(in []pipeline.Input) { calls = append(calls, hostCalls(in)...) }
 	// The uprobes see calls on host threads 4201 and 4202.
@@ -233,7 +233,7 @@ func TestPluginRecordsOfANamespacedProcessMatchTheUprobes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	count(c.convert(&bpf.BatchEvent{Header: bpf.Header{Type: bpf.EventBatch, PID: pidNCCL, StartNs: uint64(emitAt), EndNs: uint64(emitAt)}, Data: data}, nil))
+	count(c.Convert(&bpf.BatchEvent{Header: bpf.Header{Type: bpf.EventBatch, PID: pidNCCL, StartNs: uint64(emitAt), EndNs: uint64(emitAt)}, Data: data}, nil))
 	if len(calls) != 4 {
 		t.Fatalf("%d host calls, want 4 (2 by the uprobes, 2 new by the plugin): %+v", len(calls), calls)
 	}

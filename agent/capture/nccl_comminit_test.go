@@ -1,4 +1,4 @@
-package agent
+package capture
 
 import (
 	"testing"
@@ -15,15 +15,15 @@ const (
 
 // uprobeInit is the uprobes' report of a creating call start..end of a
 // communicator rank of nranks (-1: not known, as for ncclCommSplit).
-func uprobeInitOf(c *converter, start, end uint64, rank, nranks int32) []pipeline.Input {
-	return c.convert(&bpf.CommInitEvent{Header: bpf.Header{
+func uprobeInitOf(c *testConverter, start, end uint64, rank, nranks int32) []pipeline.Input {
+	return c.Convert(&bpf.CommInitEvent{Header: bpf.Header{
 		Type: bpf.EventCommInit, Probe: bpf.ProbeNCCLCommSplit, PID: pidNCCL, TID: 3, StartNs: start, EndNs: end,
 	}, Comm: splitComm, CommValid: true, Rank: rank, NRanks: nranks, IsSplit: rank < 0, Parent: uprobeComm}, nil)
 }
 
 // onPluginPath puts the process on the plugin path on communicator A, its
 // collective uprobes then detached (no uprobe collective comes any more).
-func onPluginPath(t *testing.T, c *converter) {
+func onPluginPath(t *testing.T, c *testConverter) {
 	t.Helper()
 	uprobeCollOn(c, 3, uprobeComm, t0+100, t0+110)
 	// The switch's record is the uprobes' call (superseded); the next one
@@ -31,7 +31,7 @@ func onPluginPath(t *testing.T, c *converter) {
 	pluginBatch(c, cupti.Batch{NCCLComms: []cupti.NCCLComm{pluginComm5(3)}, NCCLColls: []cupti.NCCLColl{pluginColl(3, t0+102)}})
 	uprobeCollOn(c, 3, uprobeComm, t0+200, t0+210) // superseded: the plugin's
 	pluginBatch(c, cupti.Batch{NCCLColls: []cupti.NCCLColl{pluginColl(3, t0+202)}})
-	if p := c.ncclPaths()[pidNCCL]; p != "plugin v5" {
+	if p := c.NCCLPaths()[pidNCCL]; p != "plugin v5" {
 		t.Fatalf("path %q, want plugin v5", p)
 	}
 }
@@ -101,11 +101,11 @@ func TestPluginCommTakesTheHandleOfItsCreation(t *testing.T) {
 // non-blocking) and it has made no collective yet.
 func TestPluginReadyWaitsForUnnamedCommunicators(t *testing.T) {
 	c := newConverter(newCounters(), true)
-	if c.pluginReady(emitAt)[pidNCCL] {
+	if c.PluginReady(emitAt)[pidNCCL] {
 		t.Fatal("ready before the plugin path")
 	}
 	onPluginPath(t, c)
-	if !c.pluginReady(emitAt + commNameWait)[pidNCCL] {
+	if !c.PluginReady(emitAt + commNameWait)[pidNCCL] {
 		t.Fatal("not ready with every communicator named")
 	}
 	// A record whose creation the uprobes did not report (emitted at emitAt).
@@ -119,14 +119,14 @@ func TestPluginReadyWaitsForUnnamedCommunicators(t *testing.T) {
 		{emitAt + commNameGrace - 1, false}, // still
 		{emitAt + commNameGrace, true},      // a communicator without collectives is not waited for
 	} {
-		if got := c.pluginReady(tc.at)[pidNCCL]; got != tc.ready {
+		if got := c.PluginReady(tc.at)[pidNCCL]; got != tc.ready {
 			t.Errorf("at +%d ns: ready %v, want %v", tc.at-emitAt, got, tc.ready)
 		}
 	}
 	r := pluginColl(3, t0+6_000_000)
 	r.CommHash = hashB
 	pluginBatch(c, cupti.Batch{NCCLColls: []cupti.NCCLColl{r}}) // its first collective names it
-	if !c.pluginReady(emitAt + commNameWait)[pidNCCL] {
+	if !c.PluginReady(emitAt + commNameWait)[pidNCCL] {
 		t.Error("not ready once the communicator is named")
 	}
 }

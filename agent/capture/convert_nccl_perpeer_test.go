@@ -1,4 +1,4 @@
-package agent
+package capture
 
 import (
 	"testing"
@@ -9,8 +9,8 @@ import (
 )
 
 // uprobeCall is a libnccl collective of probe p as the uprobes report it.
-func uprobeCall(c *converter, p bpf.ProbeID, tid uint32, start, end uint64) []pipeline.Input {
-	return c.convert(&bpf.CollEvent{Header: bpf.Header{
+func uprobeCall(c *testConverter, p bpf.ProbeID, tid uint32, start, end uint64) []pipeline.Input {
+	return c.Convert(&bpf.CollEvent{Header: bpf.Header{
 		Type: bpf.EventColl, Probe: p, PID: pidNCCL, TID: tid, StartNs: start, EndNs: end,
 	}, Count: 64, Datatype: 7}, nil)
 }
@@ -62,7 +62,7 @@ func TestPerPeerCollectiveKeepsTheProcessOnUprobes(t *testing.T) {
 			if got := c.counters.get("nccl_plugin_records_kept_on_uprobes"); got != int64(len(recs)) {
 				t.Errorf("nccl_plugin_records_kept_on_uprobes = %d, want %d", got, len(recs))
 			}
-			if got := c.pluginOps(); got != int64(len(recs)) {
+			if got := PluginOps(c.counters.get); got != int64(len(recs)) {
 				t.Errorf("plugin operations charged %d, want the %d records: the process paid for each", got, len(recs))
 			}
 			for key, want := range map[string]int64{
@@ -73,10 +73,10 @@ func TestPerPeerCollectiveKeepsTheProcessOnUprobes(t *testing.T) {
 					t.Errorf("%s = %d, want %d", key, got, want)
 				}
 			}
-			if p := c.ncclPaths()[pidNCCL]; p != tc.path {
+			if p := c.NCCLPaths()[pidNCCL]; p != tc.path {
 				t.Errorf("path %q, want %q", p, tc.path)
 			}
-			if c.pluginReady(emitAt + commNameGrace)[pidNCCL] {
+			if c.PluginReady(emitAt + commNameGrace)[pidNCCL] {
 				t.Error("ready: its libnccl file's collective uprobes would be closed")
 			}
 		})
@@ -102,7 +102,7 @@ func TestPerPeerCollectiveAfterTheSwitchReturnsToUprobes(t *testing.T) {
 	// Call 1 (thread 1) before the switch, the uprobes' alone.
 	count(uprobeColl(c, 1, t0+100, t0+110))
 	count(pluginBatch(c, cupti.Batch{NCCLComms: []cupti.NCCLComm{pluginComm5(3)}, NCCLColls: []cupti.NCCLColl{pluginColl(1, t0+202)}}))
-	if !c.pluginReady(emitAt)[pidNCCL] {
+	if !c.PluginReady(emitAt)[pidNCCL] {
 		t.Fatal("not ready on the plugin path")
 	}
 	// Call 2 (thread 1, the plugin's record above) and call 3 (thread 2):
@@ -112,7 +112,7 @@ func TestPerPeerCollectiveAfterTheSwitchReturnsToUprobes(t *testing.T) {
 	// NCCL 2.27 launches a grouped call in its ncclGroupEnd: call 4 on
 	// thread 3, its group end after it.
 	count(uprobeColl(c, 3, t0+270, t0+275))
-	c.convert(&bpf.GroupEvent{Header: bpf.Header{Type: bpf.EventGroup, PID: pidNCCL, TID: 3, StartNs: t0 + 276, EndNs: t0 + 290}, HasReturn: true}, nil)
+	c.Convert(&bpf.GroupEvent{Header: bpf.Header{Type: bpf.EventGroup, PID: pidNCCL, TID: 3, StartNs: t0 + 276, EndNs: t0 + 290}, HasReturn: true}, nil)
 	// The all-to-all (thread 1): back on the uprobes.
 	count(uprobeCall(c, bpf.ProbeNCCLAllToAll, 1, t0+300, t0+310))
 	// Call 5 (thread 2) after the return.
@@ -135,10 +135,10 @@ func TestPerPeerCollectiveAfterTheSwitchReturnsToUprobes(t *testing.T) {
 			t.Errorf("%s = %d, want %d", key, got, want)
 		}
 	}
-	if p := c.ncclPaths()[pidNCCL]; p != "uprobes (alltoall: plugin reports it per peer)" {
+	if p := c.NCCLPaths()[pidNCCL]; p != "uprobes (alltoall: plugin reports it per peer)" {
 		t.Errorf("path %q", p)
 	}
-	if c.pluginReady(emitAt + commNameGrace)[pidNCCL] {
+	if c.PluginReady(emitAt + commNameGrace)[pidNCCL] {
 		t.Error("still ready after the return: its collective uprobes would be closed")
 	}
 }
@@ -151,7 +151,7 @@ func TestPerPeerCollectiveWithThePluginPathOff(t *testing.T) {
 		t.Error("the all-to-all was not fed")
 	}
 	pluginBatch(c, cupti.Batch{NCCLComms: []cupti.NCCLComm{pluginComm5(3)}, NCCLColls: perPeer(1, t0+100, 2)})
-	if p := c.ncclPaths()[pidNCCL]; p != "uprobes" {
+	if p := c.NCCLPaths()[pidNCCL]; p != "uprobes" {
 		t.Errorf("path %q, want uprobes", p)
 	}
 	if n := c.counters.get("nccl_processes_kept_on_uprobes") + c.counters.get("nccl_plugin_records_kept_on_uprobes"); n != 0 {

@@ -1,4 +1,4 @@
-package agent
+package capture
 
 import (
 	"testing"
@@ -38,13 +38,13 @@ func hostCalls(in []pipeline.Input) []correlate.HostCall {
 	return hs
 }
 
-func uprobeColl(c *converter, tid uint32, start, end uint64) []pipeline.Input {
-	return c.convert(&bpf.CollEvent{Header: bpf.Header{
+func uprobeColl(c *testConverter, tid uint32, start, end uint64) []pipeline.Input {
+	return c.Convert(&bpf.CollEvent{Header: bpf.Header{
 		Type: bpf.EventColl, Probe: bpf.ProbeNCCLAllReduce, PID: pidNCCL, TID: tid, StartNs: start, EndNs: end,
 	}, Count: 1024, Datatype: 9}, nil)
 }
 
-func pluginBatch(c *converter, b cupti.Batch) []pipeline.Input {
+func pluginBatch(c *testConverter, b cupti.Batch) []pipeline.Input {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.ncclRecords(pidNCCL, c.proc(pidNCCL), &b, emitAt, nil)
@@ -147,7 +147,7 @@ func TestCaptureSwitchCountsEachCallOnce(t *testing.T) {
 	count(uprobeColl(c, 1, t0+100, t0+110))
 	count(uprobeColl(c, 1, t0+200, t0+210))
 	count(uprobeColl(c, 2, t0+150, t0+160))
-	if p := c.ncclPaths()[pidNCCL]; p != "uprobes" {
+	if p := c.NCCLPaths()[pidNCCL]; p != "uprobes" {
 		t.Fatalf("path before any plugin record %q, want uprobes", p)
 	}
 	// The first plugin batch repeats calls 2 and 3 (the mask flipped before
@@ -156,7 +156,7 @@ func TestCaptureSwitchCountsEachCallOnce(t *testing.T) {
 		NCCLComms: []cupti.NCCLComm{pluginComm5(3)},
 		NCCLColls: []cupti.NCCLColl{pluginColl(1, t0+202), pluginColl(2, t0+152), pluginColl(1, t0+302), pluginColl(3, t0+305)},
 	}))
-	if p := c.ncclPaths()[pidNCCL]; p != "plugin v5" {
+	if p := c.NCCLPaths()[pidNCCL]; p != "plugin v5" {
 		t.Fatalf("path after the comm record %q, want plugin v5", p)
 	}
 	// The uprobes' calls 4 and 5 arrive after the switch: superseded. A
@@ -175,7 +175,7 @@ func TestCaptureSwitchCountsEachCallOnce(t *testing.T) {
 			t.Errorf("%s = %d, want %d", key, got, want)
 		}
 	}
-	if got := c.pluginOps(); got != 4 {
+	if got := PluginOps(c.counters.get); got != 4 {
 		t.Errorf("plugin operations charged %d, want the 4 records, fed or superseded", got)
 	}
 }
@@ -185,7 +185,7 @@ func TestCaptureSwitchCountsEachCallOnce(t *testing.T) {
 func TestCaptureSwitchCutCoversTheGroupEnd(t *testing.T) {
 	c := newConverter(newCounters(), true)
 	uprobeColl(c, 1, t0+100, t0+110)
-	c.convert(&bpf.GroupEvent{Header: bpf.Header{Type: bpf.EventGroup, PID: pidNCCL, TID: 1, StartNs: t0 + 120, EndNs: t0 + 150}, HasReturn: true}, nil)
+	c.Convert(&bpf.GroupEvent{Header: bpf.Header{Type: bpf.EventGroup, PID: pidNCCL, TID: 1, StartNs: t0 + 120, EndNs: t0 + 150}, HasReturn: true}, nil)
 	r := pluginColl(1, 0)
 	r.HasAPI, r.Version, r.LaunchStartNs, r.LaunchEndNs = false, 4, t0+130, t0+140
 	comm := pluginComm5(3)
@@ -215,7 +215,7 @@ func TestPluginRecordsNotUsedAreCounted(t *testing.T) {
 			if got := c.counters.get(tc.key); got != 1 {
 				t.Errorf("%s = %d, want 1", tc.key, got)
 			}
-			if got, want := c.pluginOps(), int64(len(tc.batch.NCCLColls)); got != want {
+			if got, want := PluginOps(c.counters.get), int64(len(tc.batch.NCCLColls)); got != want {
 				t.Errorf("plugin operations charged %d, want %d (one per collective record)", got, want)
 			}
 		})
@@ -268,39 +268,6 @@ func TestPluginKernelRecordsNameTheirCall(t *testing.T) {
 	}
 }
 
-func TestPluginOnlyProcessesSayCUDANeverLoadedTheLibrary(t *testing.T) {
-	tests := []struct {
-		name        string
-		cupti, path string
-		want        string
-	}{
-		{"init on the plugin path: NCCL loaded it alone", "init", "plugin v5", PluginOnly},
-		{"init on uprobes: the library is starting", "init", "", "init"},
-		{"CUDA initialised it: its CUPTI state stays", "on", "plugin v5", "on"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			procs := []ProcessView{{PID: 7, Injected: true, CUPTI: tt.cupti}}
-			paths := map[uint32]string{}
-			if tt.path != "" {
-				paths[7] = tt.path
-			}
-			withNCCLPaths(procs, paths)
-			if procs[0].CUPTI != tt.want {
-				t.Errorf("CUPTI %q, want %q", procs[0].CUPTI, tt.want)
-			}
-		})
-	}
-}
-
-func TestProcessesWithoutEventsAreOnUprobes(t *testing.T) {
-	procs := []ProcessView{{PID: 1}, {PID: 2}}
-	withNCCLPaths(procs, map[uint32]string{2: "plugin v5"})
-	if procs[0].NCCL != "uprobes" || procs[1].NCCL != "plugin v5" {
-		t.Errorf("paths %q %q", procs[0].NCCL, procs[1].NCCL)
-	}
-}
-
 // Off by default (Config.NCCLPlugin): the plugin's records are counted and
 // ignored, the process stays on its uprobes, whose calls are all kept.
 func TestPluginRecordsIgnoredUnlessEnabled(t *testing.T) {
@@ -314,7 +281,7 @@ func TestPluginRecordsIgnoredUnlessEnabled(t *testing.T) {
 	if n := cnt.snapshot()["nccl_plugin_records_ignored"]; n != 1 {
 		t.Errorf("nccl_plugin_records_ignored = %d, want 1", n)
 	}
-	if p := c.ncclPaths()[pidNCCL]; p != "uprobes" {
+	if p := c.NCCLPaths()[pidNCCL]; p != "uprobes" {
 		t.Errorf("capture path %q, want uprobes", p)
 	}
 	if len(hostCalls(uprobeColl(c, 1, t0+1000, t0+1010))) != 1 {
@@ -329,7 +296,7 @@ func TestCallsBeforeTheFirstCollectiveRecordStayTheUprobes(t *testing.T) {
 	c := newConverter(newCounters(), true)
 	pluginBatch(c, cupti.Batch{NCCLComms: []cupti.NCCLComm{pluginComm5(3)}})
 	calls := len(hostCalls(uprobeColl(c, 1, t0+100, t0+110))) + len(hostCalls(uprobeColl(c, 1, t0+200, t0+210)))
-	if p := c.ncclPaths()[pidNCCL]; p != "uprobes" {
+	if p := c.NCCLPaths()[pidNCCL]; p != "uprobes" {
 		t.Fatalf("path after a comm record alone %q, want uprobes", p)
 	}
 	calls += len(hostCalls(pluginBatch(c, cupti.Batch{NCCLColls: []cupti.NCCLColl{pluginColl(1, t0+302)}})))
@@ -337,7 +304,7 @@ func TestCallsBeforeTheFirstCollectiveRecordStayTheUprobes(t *testing.T) {
 	if calls != 3 {
 		t.Errorf("%d host calls for 3 calls", calls)
 	}
-	if p := c.ncclPaths()[pidNCCL]; p != "plugin v5" {
+	if p := c.NCCLPaths()[pidNCCL]; p != "plugin v5" {
 		t.Errorf("path after the first collective record %q, want plugin v5", p)
 	}
 }
@@ -366,7 +333,7 @@ func TestNestedBcastIsOneBroadcast(t *testing.T) {
 			c := newConverter(newCounters(), false)
 			var out []pipeline.Input
 			for _, e := range tc.events {
-				out = c.convert(e, out)
+				out = c.Convert(e, out)
 			}
 			if hs := hostCalls(out); len(hs) != tc.want {
 				t.Errorf("%d host calls, want %d: %+v", len(hs), tc.want, hs)

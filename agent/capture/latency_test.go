@@ -1,4 +1,4 @@
-package agent
+package capture
 
 import (
 	"testing"
@@ -22,9 +22,9 @@ func TestDeviceLatencyFromBatches(t *testing.T) {
 			lat = 2_000_000
 		}
 		ev := &bpf.BatchEvent{Header: bpf.Header{Type: bpf.EventBatch, PID: 7, StartNs: 5_000 + lat, EndNs: 5_000 + lat}, Data: data}
-		c.convert(ev, nil)
+		c.Convert(ev, nil)
 	}
-	p50, p99, ok := c.latencyQuantiles()
+	p50, p99, ok := c.LatencyQuantiles()
 	if !ok || p50 != 1_000_000 || p99 != 2_000_000 {
 		t.Fatalf("quantiles = %d, %d, %v; want 1 ms and 2 ms", p50, p99, ok)
 	}
@@ -57,7 +57,7 @@ func TestImplausibleDeviceTimesAreDropped(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			out := c.convert(&bpf.BatchEvent{Header: bpf.Header{Type: bpf.EventBatch, PID: 7, StartNs: emit, EndNs: emit}, Data: data}, nil)
+			out := c.Convert(&bpf.BatchEvent{Header: bpf.Header{Type: bpf.EventBatch, PID: 7, StartNs: emit, EndNs: emit}, Data: data}, nil)
 			devices := 0
 			for _, in := range out {
 				if _, ok := in.Device(); ok {

@@ -1,4 +1,4 @@
-package agent
+package capture
 
 import (
 	"math"
@@ -12,28 +12,67 @@ import (
 	"github.com/slowrank/slowrank/cupti"
 )
 
-// converter turns decoded ring-buffer events into correlate inputs. It runs
-// on the reader goroutine only and keeps the per-process state that decoding
-// CUPTI batches needs (interned kernel names, open collection periods, batch
-// sequence numbers to detect lost batches).
-type converter struct {
-	mu       sync.Mutex // forgetPID comes from the main goroutine
-	names    *cupti.Interner
-	procs    map[uint32]*convProc
-	counters *counters
+// Bounds on what training processes can make the agent hold. Everything a
+// traced process sends is bounded: a batch by cupti.BatchMax (decoded without
+// unbounded allocation), a kernel name by cupti.NameMax, the records per
+// process by correlate.Config.MaxHostRecords/MaxDeviceRecords, the queue
+// between reader and pipeline by the agent's Config.InputQueue, and the interned kernel
+// names by the limits below (per process and in total; refused definitions
+// are counted in names_refused and resolve to "kernel#<id>").
+const (
+	// MaxInternedProcesses bounds the processes whose kernel names are kept.
+	MaxInternedProcesses = 1024
+	// MaxNamesPerProcess bounds the kernel names kept per process.
+	MaxNamesPerProcess = 1 << 14
+	// MaxInternedNames bounds the kernel names kept in total (at most
+	// cupti.NameMax bytes each: about 40 MiB in the worst case).
+	MaxInternedNames = 1 << 16
+)
+
+// Config configures a Converter.
+type Config struct {
+	// Count adds n to the agent's counter name: every record dropped,
+	// refused or superseded is counted through it, none silently. It is
+	// called from the converting goroutine and must be safe for that.
+	Count func(name string, n int64)
+	// NCCLPlugin takes a process's NCCL collectives from the injection
+	// library's profiler-plugin records once it has them (the agent's
+	// Config.NCCLPlugin); off, those records are counted and ignored.
+	NCCLPlugin bool
+	// Marker is the synchronisation probe whose every return also ends a
+	// step (the agent's Config.StepMarker), 0 for none.
+	Marker bpf.ProbeID
+	// TIDs translates the plugin records' thread ids into the uprobes'
+	// (nil: taken as they come); the agent shares it with its control of
+	// the injection library.
+	TIDs *TIDMap
+}
+
+// Converter turns decoded ring-buffer events into correlate inputs and
+// keeps the per-process state that needs (interned kernel names, open
+// collection periods, batch sequence numbers to detect lost batches, the
+// NCCL capture path). Convert runs on one goroutine (the agent's ring-buffer
+// reader); Forget, PluginReady, NCCLPaths, NameStats and LatencyQuantiles
+// may be called from another (the agent's main goroutine): the state they
+// share is under mu.
+type Converter struct {
+	mu    sync.Mutex
+	names *cupti.Interner
+	procs map[uint32]*convProc
+	count func(name string, n int64)
 	// refused counts name definitions dropped by MaxInternedNames.
 	refused int64
 	// latencies of recent batches (ns), a ring of latencyRing.
 	latencies []int64
 	latIdx    int
-	// marker is the probe whose calls cut steps (Config.StepMarker), 0: none.
+	// marker is the probe whose calls cut steps (Config.Marker), 0: none.
 	marker bpf.ProbeID
 	// ncclPlugin: profiler-plugin records replace the libnccl uprobes
 	// (Config.NCCLPlugin); off, they are counted and ignored.
 	ncclPlugin bool
 	// tids translates the plugin records' thread ids (the process's PID
 	// namespace's) into the uprobes' (the host's); nil: as they come.
-	tids *tidMap
+	tids *TIDMap
 }
 
 type convProc struct {
@@ -57,14 +96,16 @@ type convProc struct {
 
 type callSpan struct{ start, end uint64 }
 
-func newConverter(c *counters, ncclPlugin bool) *converter {
-	return &converter{
+// New returns a Converter.
+func New(cfg Config) *Converter {
+	return &Converter{
 		names: cupti.NewInternerWithLimits(MaxInternedProcesses, MaxNamesPerProcess),
-		procs: map[uint32]*convProc{}, counters: c, ncclPlugin: ncclPlugin,
+		procs: map[uint32]*convProc{}, count: cfg.Count, ncclPlugin: cfg.NCCLPlugin,
+		marker: cfg.Marker, tids: cfg.TIDs,
 	}
 }
 
-func (c *converter) proc(pid uint32) *convProc {
+func (c *Converter) proc(pid uint32) *convProc {
 	p := c.procs[pid]
 	if p == nil {
 		p = &convProc{}
@@ -73,15 +114,18 @@ func (c *converter) proc(pid uint32) *convProc {
 	return p
 }
 
-// refusedNames returns the name definitions dropped by MaxInternedNames.
-func (c *converter) refusedNames() int64 {
+// NameStats returns the interner's counts of kernel names, Refused
+// including the definitions dropped by MaxInternedNames.
+func (c *Converter) NameStats() cupti.InternerStats {
+	st := c.names.Stats()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.refused
+	st.Refused += uint64(c.refused)
+	return st
 }
 
-// forgetPID drops a process's decoding state.
-func (c *converter) forgetPID(pid uint32) {
+// Forget drops a process's decoding state.
+func (c *Converter) Forget(pid uint32) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.procs, pid)
@@ -89,9 +133,11 @@ func (c *converter) forgetPID(pid uint32) {
 	c.tids.forget(pid)
 }
 
-// convert appends the correlate inputs of ev to out. Only batches touch the
-// per-process state (under mu); host calls are converted without locking.
-func (c *converter) convert(ev bpf.Event, out []pipeline.Input) []pipeline.Input {
+// Convert appends the correlate inputs of ev to out. What touches the
+// per-process state (batches, and the NCCL, communicator-init and torch
+// events that the capture paths and the torch gates follow) takes mu; the
+// rest (synchronisations, CUPTI calls) is converted without it.
+func (c *Converter) Convert(ev bpf.Event, out []pipeline.Input) []pipeline.Input {
 	switch e := ev.(type) {
 	case *bpf.CollEvent:
 		if !c.ncclUprobeColl(e) {
@@ -122,7 +168,7 @@ func (c *converter) convert(ev bpf.Event, out []pipeline.Input) []pipeline.Input
 		return append(out, pipeline.HostInput(correlate.HostCall{PID: e.PID, TID: e.TID, Kind: kind, StartNS: int64(e.StartNs), EndNS: int64(e.EndNs)}))
 	case *bpf.CommInitEvent:
 		if !e.CommValid || e.Ret != 0 && e.Ret != 7 { // 7: ncclInProgress (non-blocking)
-			c.counters.add("comm_init_failed", 1)
+			c.count("comm_init_failed", 1)
 			return out
 		}
 		c.ncclUprobeInit(e)
@@ -144,7 +190,7 @@ func (c *converter) convert(ev bpf.Event, out []pipeline.Input) []pipeline.Input
 	case *bpf.BatchEvent:
 		return c.batch(e, out)
 	}
-	c.counters.add("events_unknown", 1)
+	c.count("events_unknown", 1)
 	return out
 }
 
@@ -171,7 +217,7 @@ func (c *converter) convert(ev bpf.Event, out []pipeline.Input) []pipeline.Input
 // autograd device thread under CUDA), which need not be the one that issued
 // the all-reduce. Waits of a process with no torch collective yet are
 // counted (torch_future_waits_ignored) and dropped.
-func (c *converter) torch(e *bpf.TorchEvent, out []pipeline.Input) []pipeline.Input {
+func (c *Converter) torch(e *bpf.TorchEvent, out []pipeline.Input) []pipeline.Input {
 	h := correlate.HostCall{PID: e.PID, TID: e.TID, StartNS: int64(e.StartNs), EndNS: int64(e.EndNs), Comm: e.Self}
 	switch e.Probe.Class() {
 	case bpf.ClassTorchWorkWait:
@@ -181,7 +227,7 @@ func (c *converter) torch(e *bpf.TorchEvent, out []pipeline.Input) []pipeline.In
 		coll := c.proc(e.PID).sawTorchColl
 		c.mu.Unlock()
 		if !coll {
-			c.counters.add("torch_future_waits_ignored", 1)
+			c.count("torch_future_waits_ignored", 1)
 			return out
 		}
 		h.Kind, h.Comm = correlate.HostCollWait, 0
@@ -192,12 +238,12 @@ func (c *converter) torch(e *bpf.TorchEvent, out []pipeline.Input) []pipeline.In
 		sawNCCL := p.sawNCCL
 		c.mu.Unlock()
 		if sawNCCL {
-			c.counters.add("torch_collectives_redundant", 1)
+			c.count("torch_collectives_redundant", 1)
 			return out
 		}
 		h.Kind, h.Op = correlate.HostCollective, probeOp(e.Probe)
 	default: // unreachable: the decoder gives torch records to torch classes only
-		c.counters.add("events_unknown", 1)
+		c.count("events_unknown", 1)
 		return out
 	}
 	return append(out, pipeline.HostInput(h))
@@ -205,13 +251,13 @@ func (c *converter) torch(e *bpf.TorchEvent, out []pipeline.Input) []pipeline.In
 
 // batch converts one CUPTI batch: kernels and copies into device intervals,
 // collection transitions into coverage, lost batches and records into drops.
-func (c *converter) batch(e *bpf.BatchEvent, out []pipeline.Input) []pipeline.Input {
+func (c *Converter) batch(e *bpf.BatchEvent, out []pipeline.Input) []pipeline.Input {
 	b, err := cupti.DecodeBatch(e.Data)
 	if err != nil {
-		c.counters.add("batches_malformed", 1)
+		c.count("batches_malformed", 1)
 		return out
 	}
-	c.counters.add("batches", 1)
+	c.count("batches", 1)
 	pid := e.PID
 	c.hostTIDs(pid, b.NCCLColls) // reads /proc: before the lock
 	c.mu.Lock()
@@ -229,7 +275,7 @@ func (c *converter) batch(e *bpf.BatchEvent, out []pipeline.Input) []pipeline.In
 	c.names.Observe(pid, &b)
 	if p.lastSeq != 0 && b.Header.Seq > p.lastSeq+1 && !b.Header.EpochStart() {
 		gap := c.plausible(b.Header.Seq - p.lastSeq - 1)
-		c.counters.add("batches_lost", int64(gap))
+		c.count("batches_lost", int64(gap))
 		out = append(out, pipeline.OtherInput(correlate.Drop{PID: pid, Device: gap, FromNS: p.openSince, ToNS: int64(e.EndNs)}))
 	}
 	p.lastSeq = b.Header.Seq
@@ -242,7 +288,7 @@ func (c *converter) batch(e *bpf.BatchEvent, out []pipeline.Input) []pipeline.In
 	}
 	if drops > p.lastDrop {
 		n := c.plausible(drops - p.lastDrop)
-		c.counters.add("device_records_dropped", int64(n))
+		c.count("device_records_dropped", int64(n))
 		out = append(out, pipeline.OtherInput(correlate.Drop{PID: pid, Device: n, FromNS: p.openSince, ToNS: int64(e.EndNs)}))
 		p.lastDrop = drops
 	}
@@ -292,9 +338,9 @@ func (c *converter) batch(e *bpf.BatchEvent, out []pipeline.Input) []pipeline.In
 		}))
 	}
 	out = c.ncclRecords(pid, p, &b, emitted, out)
-	c.counters.add("device_records", int64(len(b.Kernels)+len(b.Copies)))
+	c.count("device_records", int64(len(b.Kernels)+len(b.Copies)))
 	if implausible > 0 {
-		c.counters.add("device_records_implausible", int64(implausible))
+		c.count("device_records_implausible", int64(implausible))
 	}
 	return out
 }
@@ -326,9 +372,9 @@ func plausibleSpan(start, end uint64, emitted int64) bool {
 // batches_implausible and clamped, so counters never wrap.
 const maxPlausibleLoss = 1 << 30
 
-func (c *converter) plausible(n uint64) uint64 {
+func (c *Converter) plausible(n uint64) uint64 {
 	if n > maxPlausibleLoss {
-		c.counters.add("batches_implausible", 1)
+		c.count("batches_implausible", 1)
 		return maxPlausibleLoss
 	}
 	return n
@@ -339,7 +385,7 @@ const latencyRing = 4096
 
 // deviceLatency records how long after the newest kernel of a batch ended the
 // batch reached the agent (emit time, CLOCK_MONOTONIC on both sides).
-func (c *converter) deviceLatency(b *cupti.Batch, emitted int64) {
+func (c *Converter) deviceLatency(b *cupti.Batch, emitted int64) {
 	var newest uint64
 	for _, k := range b.Kernels {
 		newest = max(newest, k.EndNs)
@@ -358,9 +404,9 @@ func (c *converter) deviceLatency(b *cupti.Batch, emitted int64) {
 	}
 }
 
-// latencyQuantiles returns the median and 99th percentile (ns) of recent
+// LatencyQuantiles returns the median and 99th percentile (ns) of recent
 // device-record latencies, ok false without samples.
-func (c *converter) latencyQuantiles() (p50, p99 int64, ok bool) {
+func (c *Converter) LatencyQuantiles() (p50, p99 int64, ok bool) {
 	c.mu.Lock()
 	s := slices.Clone(c.latencies)
 	c.mu.Unlock()
@@ -397,7 +443,7 @@ func probeOp(p bpf.ProbeID) correlate.Op { return correlate.Op(p.Op()) }
 // configurations, ...) as agent counters cupti_lib_NAME, summed over
 // processes: each stats record carries a process's cumulative values, and
 // what grew since its last record is added.
-func (c *converter) libStats(p *convProc, st cupti.Stats) {
+func (c *Converter) libStats(p *convProc, st cupti.Stats) {
 	for i := 0; i < st.N && i < cupti.NumStats; i++ {
 		v := st.Counters[i]
 		prev := p.libStats[i]
@@ -405,7 +451,7 @@ func (c *converter) libStats(p *convProc, st cupti.Stats) {
 			prev = 0 // the process restarted its counters (a new library instance)
 		}
 		if d := v - prev; d > 0 {
-			c.counters.add("cupti_lib_"+cupti.Stat(i).String(), int64(min(d, 1<<62)))
+			c.count("cupti_lib_"+cupti.Stat(i).String(), int64(min(d, 1<<62)))
 		}
 		p.libStats[i] = v
 	}

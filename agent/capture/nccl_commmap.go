@@ -1,4 +1,4 @@
-package agent
+package capture
 
 import (
 	"github.com/slowrank/slowrank/agent/pipeline"
@@ -117,7 +117,7 @@ type pluginCommState struct {
 	hasInit bool // a comm record came (else only collectives did)
 	record  cupti.NCCLComm
 	// since is when its record came (the batch's emit time), for
-	// pluginReady's wait for its creation.
+	// PluginReady's wait for its creation.
 	since int64
 	// byInit: handle is the ncclComm_t of the uprobes' creation of it
 	// (nccl_comminit.go), found before its first collective.
@@ -146,11 +146,11 @@ func (n *ncclCapture) name(st *pluginCommState, k pluginComm, r *cupti.NCCLColl,
 // resolve gives the handle of the plugin communicator k at its collective
 // r, and feeds its CommInit under that handle unless the correlator knows
 // the communicator already (from the uprobes). Caller holds c.mu.
-func (c *converter) resolve(pid uint32, n *ncclCapture, k pluginComm, r *cupti.NCCLColl, start int64, out []pipeline.Input) (uint64, []pipeline.Input) {
+func (c *Converter) resolve(pid uint32, n *ncclCapture, k pluginComm, r *cupti.NCCLColl, start int64, out []pipeline.Input) (uint64, []pipeline.Input) {
 	st := n.comms[k]
 	if st == nil {
 		if len(n.comms) >= MaxPluginComms {
-			c.counters.add("nccl_plugin_comms_refused", 1)
+			c.count("nccl_plugin_comms_refused", 1)
 			return k.handle(), out
 		}
 		st = &pluginCommState{}
@@ -160,7 +160,7 @@ func (c *converter) resolve(pid uint32, n *ncclCapture, k pluginComm, r *cupti.N
 		return st.handle, out
 	}
 	st.resolved = true
-	c.counters.add(n.name(st, k, r, start), 1)
+	c.count(n.name(st, k, r, start), 1)
 	if st.hasInit && !n.fed[st.handle] {
 		ci := st.init
 		ci.PID, ci.Comm = pid, st.handle

@@ -1,4 +1,4 @@
-package agent
+package capture
 
 import (
 	"testing"
@@ -11,8 +11,8 @@ import (
 
 const uprobeComm = uint64(0x7f00_1234_5000) // the trainer's ncclComm_t
 
-func uprobeCollOn(c *converter, tid uint32, comm, start, end uint64) []pipeline.Input {
-	return c.convert(&bpf.CollEvent{Header: bpf.Header{
+func uprobeCollOn(c *testConverter, tid uint32, comm, start, end uint64) []pipeline.Input {
+	return c.Convert(&bpf.CollEvent{Header: bpf.Header{
 		Type: bpf.EventColl, Probe: bpf.ProbeNCCLAllReduce, PID: pidNCCL, TID: tid, StartNs: start, EndNs: end,
 	}, Count: 1024, Datatype: 9, Comm: comm}, nil)
 }
@@ -54,7 +54,7 @@ func TestPluginCommTakesTheUprobesHandle(t *testing.T) {
 			c := newConverter(newCounters(), true)
 			// A call of another size on another comm makes thread 3's cut
 			// (the switch's record below is the uprobes'), never a twin.
-			c.convert(&bpf.CollEvent{Header: bpf.Header{
+			c.Convert(&bpf.CollEvent{Header: bpf.Header{
 				Type: bpf.EventColl, Probe: bpf.ProbeNCCLAllReduce, PID: pidNCCL, TID: 3, StartNs: t0 + 40, EndNs: t0 + 60,
 			}, Count: 64, Datatype: 9, Comm: 0xdead0000}, nil)
 			if tc.fedBefore {

@@ -1,4 +1,4 @@
-package agent
+package capture
 
 import (
 	"slices"
@@ -41,12 +41,12 @@ func TestHostEventsDoNotAllocate(t *testing.T) {
 	q := pipeline.NewQueue(1 << 16)
 	coll := &bpf.CollEvent{Header: bpf.Header{Type: bpf.EventColl, Probe: bpf.ProbeNCCLAllReduce, PID: 7, StartNs: 1, EndNs: 2}, Count: 1024}
 	sync := &bpf.SyncEvent{Header: bpf.Header{Type: bpf.EventSync, Probe: bpf.ProbeCUDAStreamSynchronize, PID: 7, StartNs: 3, EndNs: 4}}
-	conv.convert(coll, nil) // the process's state exists from here on
+	conv.Convert(coll, nil) // the process's state exists from here on
 	batch := q.Get()
 	allocs := testing.AllocsPerRun(100, func() {
 		for range pipeline.Batch / 2 {
-			batch = conv.convert(coll, batch)
-			batch = conv.convert(sync, batch)
+			batch = conv.Convert(coll, batch)
+			batch = conv.Convert(sync, batch)
 		}
 		batch, _ = q.Offer(batch)
 		q.Done(<-q.C())

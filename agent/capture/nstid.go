@@ -1,4 +1,4 @@
-package agent
+package capture
 
 import (
 	"bytes"
@@ -19,7 +19,7 @@ import (
 // publishes (the control block's ctl_tid, the NCCL plugin records' tid),
 // and the host's, which the uprobes report (bpf_get_current_pid_tgid).
 // Compared as they come, the library's own CUPTI calls look like another
-// client's and its plugin records match no uprobe call. tidMap turns the
+// client's and its plugin records match no uprobe call. TIDMap turns the
 // library's ids into the host's from the NSpid line of
 // /proc/PID/task/TID/status, which lists a thread's id in every namespace
 // from the proc mount's (the host's: the agent reads the host's /proc)
@@ -87,7 +87,7 @@ const (
 	maxStatusBytes = 16 << 10
 )
 
-// nsProc is what tidMap knows of one process.
+// nsProc is what TIDMap knows of one process.
 type nsProc struct {
 	// nested: the process lives in a PID namespace below the proc mount's
 	// (known once its own status was read; false: ids are the host's).
@@ -96,11 +96,11 @@ type nsProc struct {
 	scannedAt     time.Time         // last scan of its threads
 }
 
-// tidMap translates the thread ids an injection library publishes into
+// TIDMap translates the thread ids an injection library publishes into
 // host thread ids, per process, with a cache that a miss refreshes (at most
-// every nsRescanEvery). Safe for concurrent use: the converter (reader
+// every nsRescanEvery). Safe for concurrent use: the Converter (reader
 // goroutine) and the attacher (main goroutine) share it.
-type tidMap struct {
+type TIDMap struct {
 	root string // the proc filesystem
 	mu   sync.Mutex
 	// procs are bounded by the processes the agent tracks: forget drops
@@ -114,11 +114,13 @@ type tidMap struct {
 	readDir  func(name string) ([]os.DirEntry, error)
 }
 
-func newTIDMap(procRoot string) *tidMap {
+// NewTIDMap returns a TIDMap over the proc filesystem at procRoot ("" for
+// /proc).
+func NewTIDMap(procRoot string) *TIDMap {
 	if procRoot == "" {
 		procRoot = "/proc"
 	}
-	m := &tidMap{root: procRoot, procs: map[uint32]*nsProc{}, now: time.Now, readDir: os.ReadDir,
+	m := &TIDMap{root: procRoot, procs: map[uint32]*nsProc{}, now: time.Now, readDir: os.ReadDir,
 		buf: make([]byte, 0, 4<<10)}
 	m.readFile = func(name string) ([]byte, error) {
 		b, err := discover.ReadInto(name, m.buf, maxStatusBytes)
@@ -131,10 +133,10 @@ func newTIDMap(procRoot string) *tidMap {
 // errTIDUnknown: the id is no thread of the process the scan found.
 var errTIDUnknown = errors.New("no thread of the process has that id in its namespace")
 
-// host returns the host id of the thread that process pid (a host id)
+// Host returns the host id of the thread that process pid (a host id)
 // calls tid in its own namespace. In the host's namespace that is tid
 // itself; 0 stays 0 (not published yet).
-func (m *tidMap) host(pid, tid uint32) (uint32, error) {
+func (m *TIDMap) Host(pid, tid uint32) (uint32, error) {
 	if m == nil || tid == 0 {
 		return tid, nil
 	}
@@ -175,7 +177,7 @@ func (m *tidMap) host(pid, tid uint32) (uint32, error) {
 }
 
 // scan rebuilds p's map from the threads of pid alive now.
-func (m *tidMap) scan(pid uint32, p *nsProc) error {
+func (m *TIDMap) scan(pid uint32, p *nsProc) error {
 	dir := filepath.Join(m.root, strconv.Itoa(int(pid)), "task")
 	ents, err := m.readDir(dir)
 	if err != nil {
@@ -201,7 +203,7 @@ func (m *tidMap) scan(pid uint32, p *nsProc) error {
 }
 
 // forget drops an exited process.
-func (m *tidMap) forget(pid uint32) {
+func (m *TIDMap) forget(pid uint32) {
 	if m == nil {
 		return
 	}

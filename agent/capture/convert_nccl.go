@@ -1,4 +1,4 @@
-package agent
+package capture
 
 import (
 	"strconv"
@@ -9,51 +9,9 @@ import (
 	"github.com/slowrank/slowrank/cupti"
 )
 
-// A process's NCCL collectives reach the agent by one of two capture paths:
-// the libnccl uprobes (a trap per call) or the injection library acting as
-// NCCL's profiler plugin (records in its batches, docs/nccl-profiler-plugin.md).
-// A process is on the plugin path from the first NCCL_COLL record of its
-// batches on (the library turns NCCL's mask on only once the agent asked
-// for the plugin, so calls between a communicator's creation and the mask
-// are the uprobes' alone), else on uprobes. A communicator's NCCL_COMM
-// record waits for its first collective, which says which handle it takes
-// (nccl_commmap.go); the pipeline reorders the process's inputs from the
-// switch on (agent/pipeline/reorder.go). Both may see the same calls around
-// the switch: the uprobes report in real time, the plugin a batch (~100 ms)
-// later, and the libnccl uprobes stay attached (they trap in every process
-// mapping the inode). Each call is counted once by a cut per thread:
-//
-//   - at the switch, cut[tid] is the end of the last libnccl call (or
-//     ncclGroupEnd) the uprobes reported for that thread;
-//   - a plugin record whose call started at or before cut[tid] was already
-//     reported by the uprobes: dropped (nccl_plugin_records_superseded);
-//   - a uprobe collective ending after cut[tid] is the plugin's to report:
-//     dropped (nccl_uprobe_events_superseded); one ending at or before it
-//     (delivered late) is kept, the plugin's record of it is not;
-//   - a uprobe comm init is always kept: the plugin's comm record of it
-//     takes its ncclComm_t and feeds no CommInit of its own
-//     (nccl_comminit.go).
-//
-// A thread's calls are sequential, and the plugin's start of a call (its
-// CollApi start, or its launch on NCCL 2.27, which happens inside the call
-// or at the ncclGroupEnd that follows it) lies within the uprobes' interval
-// of that call or of its ncclGroupEnd, so the cut splits the calls exactly.
-//
-// From NCCL 2.28 ncclAlltoAll, ncclGather and ncclScatter reach the plugin
-// as their per-peer Send/Recv tasks, and nothing in the record names the
-// collective, while the uprobes report one alltoall/gather/scatter call:
-// the same job would change its collectives' tokens at the switch. So a
-// process whose uprobes report one of them (perPeer) stays on, or returns
-// to, the uprobes path: its later plugin records are withheld
-// (nccl_plugin_records_kept_on_uprobes), every uprobe collective is kept,
-// and it is never "ready" (pluginReady), so its libnccl file keeps its
-// collective uprobes. After a switch the return is exact per thread too:
-// superseded[tid] is the end of the thread's last libnccl call whose uprobe
-// event was dropped for the plugin; a plugin record starting at or before
-// it is fed (the uprobes dropped that call), a later one withheld (the
-// uprobes keep it). A process whose first such call comes after its
-// collective uprobes were closed is not seen (its calls arrive as sends
-// and receives): the full conversion is still open.
+// ncclCapture is one process's NCCL capture path: which of the two it is
+// on, the per-thread cuts between them, and the communicators' names on
+// the plugin path (doc.go says how the two paths share the calls).
 type ncclCapture struct {
 	plugin  bool
 	version uint8            // profiler API NCCL bound (4, 5, 6)
@@ -164,7 +122,7 @@ func (n *ncclCapture) reportedByUprobes(tid uint32, startNs int64) bool {
 // ncclUprobeInit notes a libnccl comm-init uprobe event: before the switch
 // it makes the thread's cut; with the plugin path on, it is the creation the
 // plugin's comm record of it is matched to (nccl_comminit.go).
-func (c *converter) ncclUprobeInit(e *bpf.CommInitEvent) {
+func (c *Converter) ncclUprobeInit(e *bpf.CommInitEvent) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := &c.proc(e.PID).nccl
@@ -180,17 +138,17 @@ func (c *converter) ncclUprobeInit(e *bpf.CommInitEvent) {
 // ncclUprobeColl filters a libnccl collective like ncclUprobe and, with
 // the plugin path on, keeps it as the twin of the plugin's record of the
 // same call (nccl_commmap.go).
-func (c *converter) ncclUprobeColl(e *bpf.CollEvent) bool {
-	c.mu.Lock() // procs is shared with forgetPID (main goroutine)
+func (c *Converter) ncclUprobeColl(e *bpf.CollEvent) bool {
+	c.mu.Lock() // procs is shared with Forget (main goroutine)
 	p := c.proc(e.PID)
 	if p.nestedBcast(e) {
 		c.mu.Unlock()
-		c.counters.add("nccl_uprobe_nested_calls", 1)
+		c.count("nccl_uprobe_nested_calls", 1)
 		return false
 	}
 	if op := probeOp(e.Probe); c.ncclPlugin && p.nccl.perPeer == "" && perPeerOp(op) {
 		p.nccl.perPeer = op // on the uprobes from this call on, for good
-		c.counters.add("nccl_processes_kept_on_uprobes", 1)
+		c.count("nccl_processes_kept_on_uprobes", 1)
 	}
 	keep := p.nccl.keepUprobe(e.TID, int64(e.EndNs))
 	if c.ncclPlugin {
@@ -201,7 +159,7 @@ func (c *converter) ncclUprobeColl(e *bpf.CollEvent) bool {
 	}
 	c.mu.Unlock()
 	if !keep {
-		c.counters.add("nccl_uprobe_events_superseded", 1)
+		c.count("nccl_uprobe_events_superseded", 1)
 	}
 	return keep
 }
@@ -232,7 +190,7 @@ func (p *convProc) nestedBcast(e *bpf.CollEvent) bool {
 // ncclGroupEnd feeds an ncclGroupEnd's end to the cut (the launch of a
 // group's collectives, the plugin's start of them on NCCL 2.27, happens in
 // it). Group events are never superseded: the plugin reports no groups.
-func (c *converter) ncclGroupEnd(e *bpf.GroupEvent) {
+func (c *Converter) ncclGroupEnd(e *bpf.GroupEvent) {
 	c.mu.Lock()
 	switch n := &c.proc(e.PID).nccl; {
 	case !n.plugin:
@@ -248,7 +206,7 @@ func (c *converter) ncclGroupEnd(e *bpf.GroupEvent) {
 // gone before it was seen keeps its namespace's id: it matches no uprobe
 // call, so at a switch of capture path it may be counted twice, never lost
 // (nccl_plugin_tids_unmapped).
-func (c *converter) hostTIDs(pid uint32, colls []cupti.NCCLColl) {
+func (c *Converter) hostTIDs(pid uint32, colls []cupti.NCCLColl) {
 	if c.tids == nil || !c.ncclPlugin {
 		return
 	}
@@ -258,9 +216,9 @@ func (c *converter) hostTIDs(pid uint32, colls []cupti.NCCLColl) {
 			colls[i].TID = to
 			continue
 		}
-		h, err := c.tids.host(pid, colls[i].TID)
+		h, err := c.tids.Host(pid, colls[i].TID)
 		if err != nil {
-			c.counters.add("nccl_plugin_tids_unmapped", 1)
+			c.count("nccl_plugin_tids_unmapped", 1)
 			continue
 		}
 		from, to = colls[i].TID, h
@@ -269,10 +227,10 @@ func (c *converter) hostTIDs(pid uint32, colls []cupti.NCCLColl) {
 }
 
 // ncclRecords converts the plugin's records of one batch. Caller holds c.mu.
-func (c *converter) ncclRecords(pid uint32, p *convProc, b *cupti.Batch, emitted int64, out []pipeline.Input) []pipeline.Input {
+func (c *Converter) ncclRecords(pid uint32, p *convProc, b *cupti.Batch, emitted int64, out []pipeline.Input) []pipeline.Input {
 	if !c.ncclPlugin {
 		if n := len(b.NCCLComms) + len(b.NCCLColls) + len(b.NCCLKernels); n > 0 {
-			c.counters.add("nccl_plugin_records_ignored", int64(n)) // Config.NCCLPlugin off: the uprobes report
+			c.count("nccl_plugin_records_ignored", int64(n)) // Config.NCCLPlugin off: the uprobes report
 		}
 		return out
 	}
@@ -300,7 +258,7 @@ func (c *converter) ncclRecords(pid uint32, p *convProc, b *cupti.Batch, emitted
 // ncclComm keeps each communicator's comm record (inits and the re-sends
 // of every attach epoch) until its first collective says which handle it
 // takes (nccl_commmap.go), and turns its finalize into a CommDestroy.
-func (c *converter) ncclComm(pid uint32, p *convProc, cm cupti.NCCLComm, emitted int64, out []pipeline.Input) []pipeline.Input {
+func (c *Converter) ncclComm(pid uint32, p *convProc, cm cupti.NCCLComm, emitted int64, out []pipeline.Input) []pipeline.Input {
 	n := &p.nccl
 	n.version, n.heard = cm.Version, true
 	k := pluginComm{hash: cm.Hash, rank: cm.Rank}
@@ -321,7 +279,7 @@ func (c *converter) ncclComm(pid uint32, p *convProc, cm cupti.NCCLComm, emitted
 		return out
 	}
 	if st == nil && len(n.comms) >= MaxPluginComms {
-		c.counters.add("nccl_plugin_comms_refused", 1)
+		c.count("nccl_plugin_comms_refused", 1)
 		return out
 	}
 	if st == nil {
@@ -333,15 +291,15 @@ func (c *converter) ncclComm(pid uint32, p *convProc, cm cupti.NCCLComm, emitted
 		PID: pid, NRanks: int(cm.NRanks), Rank: int(cm.Rank), UniqueIDHash: cm.Hash, AtNS: int64(cm.InitNs),
 	}
 	n.initHandle(st, &cm)
-	c.counters.add("nccl_plugin_comms", 1)
+	c.count("nccl_plugin_comms", 1)
 	return out
 }
 
 // switchToPlugin puts the process on the plugin path at its first
 // collective record: the pipeline reorders its inputs from then on.
-func (c *converter) switchToPlugin(pid uint32, n *ncclCapture, emitted int64, out []pipeline.Input) []pipeline.Input {
+func (c *Converter) switchToPlugin(pid uint32, n *ncclCapture, emitted int64, out []pipeline.Input) []pipeline.Input {
 	n.plugin, n.switchedAt = true, emitted
-	c.counters.add("nccl_plugin_processes", 1)
+	c.count("nccl_plugin_processes", 1)
 	return append(out, pipeline.OtherInput(pipeline.PluginPath{PID: pid}))
 }
 
@@ -353,18 +311,18 @@ const MaxPluginComms = 1024
 // the same call: same op names, count, ncclDataType_t; Comm is the
 // communicator's plugin handle. The interval is the user's call up to its
 // enqueue (CollApi, v5), or NCCL's launch (v4, no API events).
-func (c *converter) ncclColl(pid uint32, p *convProc, r cupti.NCCLColl, emitted int64, out []pipeline.Input) []pipeline.Input {
+func (c *Converter) ncclColl(pid uint32, p *convProc, r cupti.NCCLColl, emitted int64, out []pipeline.Input) []pipeline.Input {
 	n := &p.nccl
 	n.heard = true
 	if !n.plugin && n.perPeer != "" {
 		// Never switched: the uprobes report every call of this process.
-		c.counters.add("nccl_plugin_records_kept_on_uprobes", 1)
+		c.count("nccl_plugin_records_kept_on_uprobes", 1)
 		return out
 	}
 	if !n.plugin {
 		if len(n.comms) == 0 {
 			// No comm record yet: the uprobes still report this process.
-			c.counters.add("nccl_plugin_records_before_comm", 1)
+			c.count("nccl_plugin_records_before_comm", 1)
 			return out
 		}
 		out = c.switchToPlugin(pid, n, emitted, out)
@@ -374,18 +332,18 @@ func (c *converter) ncclColl(pid uint32, p *convProc, r cupti.NCCLColl, emitted 
 		start, end = r.APIStartNs, r.APIEndNs
 	}
 	if !plausibleSpan(start, end, emitted) {
-		c.counters.add("nccl_plugin_records_implausible", 1)
+		c.count("nccl_plugin_records_implausible", 1)
 		return out
 	}
 	if n.reportedByUprobes(r.TID, int64(start)) {
-		c.counters.add("nccl_plugin_records_superseded", 1)
+		c.count("nccl_plugin_records_superseded", 1)
 		return out
 	}
 	if n.withheld(r.TID, int64(start)) {
-		c.counters.add("nccl_plugin_records_kept_on_uprobes", 1)
+		c.count("nccl_plugin_records_kept_on_uprobes", 1)
 		return out
 	}
-	c.counters.add("nccl_plugin_colls", 1)
+	c.count("nccl_plugin_colls", 1)
 	p.sawNCCL = true // torch's c10d collectives are then redundant, as with uprobes
 	comm, out := c.resolve(pid, n, pluginComm{hash: r.CommHash, rank: r.Rank}, &r, int64(start), out)
 	return append(out, pipeline.HostInput(correlate.HostCall{
@@ -403,7 +361,7 @@ func (c *converter) ncclColl(pid uint32, p *convProc, r cupti.NCCLColl, emitted 
 // Op, NCCL seq): the device arrival order (correlate/devarrival.go). It is
 // not a DeviceInterval: CUPTI's record of the same kernel is one, in the
 // duty cycle's on-phases both come, and the kernel would count twice.
-func (c *converter) ncclKernel(pid uint32, p *convProc, k cupti.NCCLKernel, out []pipeline.Input) []pipeline.Input {
+func (c *Converter) ncclKernel(pid uint32, p *convProc, k cupti.NCCLKernel, out []pipeline.Input) []pipeline.Input {
 	n := &p.nccl
 	st := n.comms[pluginComm{hash: k.CommHash, rank: k.Rank}]
 	var why string
@@ -416,10 +374,10 @@ func (c *converter) ncclKernel(pid uint32, p *convProc, k cupti.NCCLKernel, out 
 		why = "nccl_kernel_records_off_plugin" // its call is the uprobes' (or not fed): nothing to join
 	}
 	if why != "" {
-		c.counters.add(why, 1)
+		c.count(why, 1)
 		return out
 	}
-	c.counters.add("nccl_kernel_records", 1)
+	c.count("nccl_kernel_records", 1)
 	return append(out, pipeline.OtherInput(correlate.CollKernel{
 		PID: pid, Comm: st.handle, Op: ncclOp(k.Func), NCCLSeq: k.Seq,
 		StartNS: int64(k.GPUStartNs), EndNS: int64(k.GPUEndNs),
@@ -435,18 +393,19 @@ var pluginOpCounters = [...]string{
 	"nccl_plugin_records_implausible", "nccl_plugin_records_before_comm",
 }
 
-// pluginOps is the number of NCCL operations the plugin recorded, of all
-// processes, since the agent started: what the duty ledger charges them by
-// (Agent.planDuty). Records the library dropped on its full ring never
-// reach the converter, but the process paid for them: they are charged
-// too, from the library's own count (a dropped kernel record is charged
-// as an operation: an upper bound).
-func (c *converter) pluginOps() int64 {
+// PluginOps is the number of NCCL operations the plugin recorded, of all
+// processes, since the agent started, read through get from the counters
+// that Config.Count fed: what the duty ledger charges them by (the agent's
+// planDuty). Records the library dropped on its full ring never reach the
+// Converter, but the process paid for them: they are charged too, from
+// the library's own count (a dropped kernel record is charged as an
+// operation: an upper bound).
+func PluginOps(get func(name string) int64) int64 {
 	var n int64
 	for _, k := range pluginOpCounters {
-		n += c.counters.get(k)
+		n += get(k)
 	}
-	return n + c.counters.get(libRingFull)
+	return n + get(libRingFull)
 }
 
 // libRingFull is the library's count of plugin records dropped on its full
@@ -507,8 +466,8 @@ func (n *ncclCapture) path() string {
 	return "plugin"
 }
 
-// ncclPaths returns the capture path of every process the converter knows.
-func (c *converter) ncclPaths() map[uint32]string {
+// NCCLPaths returns the capture path of every process the Converter knows.
+func (c *Converter) NCCLPaths() map[uint32]string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	m := make(map[uint32]string, len(c.procs))

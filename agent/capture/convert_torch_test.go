@@ -1,4 +1,4 @@
-package agent
+package capture
 
 import (
 	"testing"
@@ -34,15 +34,15 @@ func TestConvertFutureWait(t *testing.T) {
 	}
 
 	// A wait before any collective of the process: not a collective wait.
-	if out := conv.convert(torchEvent(bpf.ProbeTorchFutureWait, pid, pid, 1, 5, 0xf00), nil); len(out) != 0 {
+	if out := conv.Convert(torchEvent(bpf.ProbeTorchFutureWait, pid, pid, 1, 5, 0xf00), nil); len(out) != 0 {
 		t.Fatalf("wait before any collective: %+v", hosts(out))
 	}
 	// The all-reduce of a bucket (main thread), then the wait on its future
 	// from another thread of the same process.
-	out := conv.convert(torchEvent(bpf.ProbeTorchGlooAllreduce, pid, pid, 10, 11, 0xa0), nil)
-	out = conv.convert(torchEvent(bpf.ProbeTorchFutureWait, pid, pid+1, 12, 30, 0xf00), out)
+	out := conv.Convert(torchEvent(bpf.ProbeTorchGlooAllreduce, pid, pid, 10, 11, 0xa0), nil)
+	out = conv.Convert(torchEvent(bpf.ProbeTorchFutureWait, pid, pid+1, 12, 30, 0xf00), out)
 	// Another process's wait stays unrelated to pid's collectives.
-	out = conv.convert(torchEvent(bpf.ProbeTorchFutureWait, other, other, 12, 30, 0xf01), out)
+	out = conv.Convert(torchEvent(bpf.ProbeTorchFutureWait, other, other, 12, 30, 0xf01), out)
 	got := hosts(out)
 	want := []correlate.HostCall{
 		{PID: pid, TID: pid, Kind: correlate.HostCollective, Op: "allreduce", Comm: 0xa0, StartNS: 10, EndNS: 11},
@@ -63,18 +63,18 @@ func TestConvertFutureWait(t *testing.T) {
 	// An NCCL process: its torch collectives are redundant for the steps but
 	// still make its futures' waits collective waits.
 	const nccl = 30
-	conv.convert(&bpf.CollEvent{Header: bpf.Header{Type: bpf.EventColl, Probe: bpf.ProbeNCCLAllReduce, PID: nccl, TID: nccl,
+	conv.Convert(&bpf.CollEvent{Header: bpf.Header{Type: bpf.EventColl, Probe: bpf.ProbeNCCLAllReduce, PID: nccl, TID: nccl,
 		StartNs: 1, EndNs: 2}, Count: 8}, nil)
-	out = conv.convert(torchEvent(bpf.ProbeTorchNCCLAllreduce, nccl, nccl, 3, 4, 0xb0), nil)
-	out = conv.convert(torchEvent(bpf.ProbeTorchFutureWait, nccl, nccl, 5, 6, 0xf02), out)
+	out = conv.Convert(torchEvent(bpf.ProbeTorchNCCLAllreduce, nccl, nccl, 3, 4, 0xb0), nil)
+	out = conv.Convert(torchEvent(bpf.ProbeTorchFutureWait, nccl, nccl, 5, 6, 0xf02), out)
 	if got := hosts(out); len(got) != 1 || got[0].Kind != correlate.HostCollWait || got[0].Op != "" {
 		t.Errorf("NCCL process: %+v, want one coll wait", got)
 	}
 
 	// A forgotten (exited) process starts over: a reused pid's first wait
 	// is not a collective wait.
-	conv.forgetPID(pid)
-	if out := conv.convert(torchEvent(bpf.ProbeTorchFutureWait, pid, pid, 40, 50, 0xf00), nil); len(out) != 0 {
+	conv.Forget(pid)
+	if out := conv.Convert(torchEvent(bpf.ProbeTorchFutureWait, pid, pid, 40, 50, 0xf00), nil); len(out) != 0 {
 		t.Errorf("wait of a forgotten pid: %+v", hosts(out))
 	}
 }

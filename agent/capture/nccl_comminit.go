@@ -1,4 +1,4 @@
-package agent
+package capture
 
 import (
 	"github.com/slowrank/slowrank/bpf"
@@ -18,7 +18,7 @@ import (
 // the creating call still runs, the uprobes report at its return. A
 // communicator created in a group or non-blocking (its init runs later, in
 // ncclGroupEnd or a thread of NCCL) finds no such CommInit and falls back on
-// its twin: the uprobes are made again for it (pluginReady).
+// its twin: the uprobes are made again for it (PluginReady).
 
 // uprobeInit is a communicator creation the uprobes reported.
 type uprobeInit struct {
@@ -76,11 +76,11 @@ const (
 	commNameGrace = int64(5e9)
 )
 
-// pluginReady returns the processes whose collectives need no uprobe as of
+// PluginReady returns the processes whose collectives need no uprobe as of
 // now (monotonic ns): on the plugin path, not kept on the uprobes by a
 // collective the plugin reports per peer (convert_nccl.go), with no
 // communicator that only a twin can still name.
-func (c *converter) pluginReady(now int64) map[uint32]bool {
+func (c *Converter) PluginReady(now int64) map[uint32]bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ready := map[uint32]bool{}
