@@ -130,10 +130,6 @@ type Agent struct {
 	ctl     chan func()
 	att     *attacher
 	started time.Time
-	// startTicks is the agent's start in clock ticks after boot (as
-	// ProcessKey.StartTime), 0 when unknown: processes older than the
-	// agent may have begun their collective sequence unseen (midRun).
-	startTicks uint64
 
 	// gpu samples NVML for verdict evidence (a *gpu.Evidence); nil
 	// without NVML.
@@ -230,15 +226,13 @@ func New(cfg Config) (*Agent, error) {
 	tids := capture.NewTIDMap(cfg.ProcRoot)
 	a := &Agent{
 		cfg: cfg, log: log, probes: probes, reader: reader, watcher: w, duty: ledger,
-		conv:       capture.New(capture.Config{Count: c.add, NCCLPlugin: cfg.NCCLPlugin, Marker: marker, TIDs: tids}),
-		tids:       tids,
-		counters:   c,
-		queue:      pipeline.NewQueue(cfg.InputQueue),
-		ctl:        make(chan func()),
-		started:    time.Now(),
-		startTicks: selfStartTicks(),
+		conv:     capture.New(capture.Config{Count: c.add, NCCLPlugin: cfg.NCCLPlugin, Marker: marker, TIDs: tids}),
+		tids:     tids,
+		counters: c,
+		queue:    pipeline.NewQueue(cfg.InputQueue),
+		ctl:      make(chan func()),
+		started:  time.Now(),
 	}
-	a.att = newAttacher(a)
 	pc := pipeline.Config{Log: log, Correlator: correlate.New(cfg.Correlate), Detector: det, Sinks: cfg.Sinks, Dump: cfg.Dump, Count: c.add}
 	if ledger != nil { // a nil *duty.Ledger in the interface would not read as nil
 		pc.Duty = ledger
@@ -250,6 +244,7 @@ func New(cfg Config) (*Agent, error) {
 		log.Info("no GPU evidence for verdicts", "reason", err)
 	}
 	a.pipe = pipeline.New(pc)
+	a.att = newAttacher(a)
 	return a, nil
 }
 
@@ -497,29 +492,13 @@ func markerProbe(name string) (bpf.ProbeID, bool) {
 // library's batches (one reader for the whole module: internal/monoclock).
 func monotonicNow() int64 { return monoclock.Now() }
 
-// placeGPU puts the GPU that NVML last showed pe's process on into
-// pe.info and reports whether that changed it. A process that NVML no
-// longer lists (it is exiting, or a read failed) keeps its last GPU: no
-// topology version for a flap. Main goroutine only.
-func (a *Agent) placeGPU(pe *procEntry) bool {
-	if a.gpu == nil {
-		return false
-	}
-	rg, ok := a.gpu.Placement(pe.proc.PID)
-	if !ok || rg == pe.info.Placement.GPU {
-		return false
-	}
-	pe.info.Placement.GPU = rg
-	return true
-}
-
 // refreshPlacements sends again the identity of each rank whose GPU NVML
 // found (or moved: the context that holds most memory changed) since: a
 // process creates its CUDA context after discovery found it, so its first
 // RankInfo rarely has one. Main goroutine only.
 func (a *Agent) refreshPlacements() {
 	for _, pe := range a.att.procs {
-		if a.placeGPU(pe) {
+		if a.att.placeGPU(pe) {
 			a.log.Debug("rank's GPU found", "pid", pe.proc.PID, "rank", pe.rank, "gpu", pe.info.Placement.GPU.Index, "uuid", pe.info.Placement.GPU.UUID)
 			a.pipe.SetRank(pe.info)
 		}

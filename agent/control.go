@@ -210,7 +210,7 @@ type FactCounts struct {
 
 // controlState is the agent's runtime-control state (main goroutine only).
 type controlState struct {
-	paused   bool
+	// pausedAt is when collection was paused (attacher.paused).
 	pausedAt time.Time
 	// pinned is the on-share pinned by duty_share (0: none); minShare and
 	// maxShare are the bounds it replaced.
@@ -272,10 +272,10 @@ func (a *Agent) ControlState(ctx context.Context) (ControlState, error) {
 }
 
 func (a *Agent) pause() {
-	if a.control.paused {
+	if a.att.paused {
 		return
 	}
-	a.control.paused, a.control.pausedAt = true, time.Now()
+	a.att.paused, a.control.pausedAt = true, time.Now()
 	off := cupti.Duty{Mode: cupti.DutyOff}
 	for _, pe := range a.att.procs {
 		if err := a.probes.Untrack(uint32(pe.proc.PID)); err != nil {
@@ -297,11 +297,11 @@ func (a *Agent) pause() {
 }
 
 func (a *Agent) resume() {
-	if !a.control.paused {
+	if !a.att.paused {
 		return
 	}
 	pausedFor := time.Since(a.control.pausedAt)
-	a.control.paused = false
+	a.att.paused = false
 	for _, pe := range a.att.procs {
 		if err := a.probes.Track(uint32(pe.proc.PID), uint32(pe.rank)); err != nil {
 			a.counters.add("track_errors", 1)
@@ -331,7 +331,7 @@ func (a *Agent) resume() {
 // applyPlan plans the duty cycle now and applies it (as Run does every
 // second), unless collection is paused.
 func (a *Agent) applyPlan() {
-	if a.duty == nil || a.control.paused {
+	if a.duty == nil || a.att.paused {
 		return
 	}
 	a.planDuty(monotonicNow())
@@ -444,7 +444,7 @@ func (a *Agent) controlState() ControlState {
 	cfg := a.pipe.DetectorConfig()
 	swap := a.pipe.SwapStatus()
 	st := ControlState{
-		Paused: a.control.paused,
+		Paused: a.att.paused,
 		Detector: DetectorSettings{
 			Window: Duration(cfg.Window), Threshold: cfg.Threshold, PhaseThresholds: cfg.PhaseThresholds,
 			Floor: Duration(cfg.Floor), Consecutive: cfg.Consecutive, Lateness: Duration(cfg.Lateness),

@@ -9,7 +9,7 @@
 //     bounds (limits.go);
 //   - the process attacher: following the processes agent/discover
 //     reports, attaching each to the per-inode attach manager of
-//     agent/attach (attach.go, probeset.go), the injection library's
+//     agent/attach (attacher.go, probeset.go), the injection library's
 //     control block through /proc/PID/mem (procmem.go) and the yield to
 //     another CUPTI client (cuptiyield.go);
 //   - the reader goroutine that hands BPF events to agent/capture's
@@ -29,9 +29,10 @@
 // (doctor uses the same); correlation and the detector run in
 // agent/pipeline. None of them imports agent.
 //
-// Concurrency: one main goroutine (Run's loop) owns the attach state, the
-// converter, the duty plan and the pipeline; the process watcher, the ring
-// buffer reader and the NVML sampler run in their own goroutines and hand
+// Concurrency: one main goroutine (Run's loop) owns the attacher, the duty
+// plan and the pipeline; the process watcher, the ring buffer reader
+// (which runs agent/capture's converter) and the NVML sampler run in their
+// own goroutines and hand
 // their results to it through channels and a bounded queue
 // (pipeline.Queue), whose overflow is counted. Functions that say "Main
 // goroutine" must be called from it; Status and the counters are safe from

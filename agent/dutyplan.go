@@ -58,7 +58,7 @@ func (a *Agent) planDuty(now int64) {
 	for _, pe := range a.att.procs {
 		collecting = collecting || pe.canCollect()
 	}
-	a.duty.SetCollecting(now, collecting && !a.control.paused)
+	a.duty.SetCollecting(now, collecting && !a.att.paused)
 	if procs := float64(len(a.att.procs)); procs > 0 {
 		// Ranks issue the same collective sequence: the mean per process
 		// is each one's share.

@@ -71,9 +71,8 @@ func TestPlanDutyFeedsPluginOpsPerProcess(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCounters()
-			a := &Agent{duty: duty.New(cfg), conv: capture.New(capture.Config{Count: c.add, NCCLPlugin: true}), counters: c, att: &attacher{procs: map[discover.ProcessKey]*procEntry{}},
-				log: slog.New(slog.DiscardHandler)}
-			a.att.a = a
+			a := &Agent{duty: duty.New(cfg), conv: capture.New(capture.Config{Count: c.add, NCCLPlugin: true}), counters: c, log: slog.New(slog.DiscardHandler)}
+			a.att = &attacher{procs: map[discover.ProcessKey]*procEntry{}, log: a.log, count: c.add}
 			for i := range tc.procs {
 				k := discover.ProcessKey{PID: 100 + i}
 				a.att.procs[k] = &procEntry{proc: discover.Process{ProcessKey: k}, rank: i}

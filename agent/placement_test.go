@@ -29,11 +29,12 @@ func TestRefreshPlacementsSendsTheGPU(t *testing.T) {
 	pe := &procEntry{proc: discover.Process{ProcessKey: discover.ProcessKey{PID: 100}}, rank: 0, job: "j1",
 		info: correlate.RankInfo{PID: 100, Rank: 0, WorldSize: 1, Host: "h0", Job: "j1", Placement: pod}}
 	corr := correlate.New(correlate.Config{})
+	fake := &fakeGPU{}
 	a := &Agent{
 		log:  slog.New(slog.DiscardHandler),
-		att:  &attacher{procs: map[discover.ProcessKey]*procEntry{pe.proc.ProcessKey: pe}},
+		att:  &attacher{gpu: fake, procs: map[discover.ProcessKey]*procEntry{pe.proc.ProcessKey: pe}},
 		pipe: pipeline.New(pipeline.Config{Correlator: corr, Detector: det}),
-		gpu:  &fakeGPU{},
+		gpu:  fake,
 	}
 	a.pipe.SetRank(pe.info)
 	// The test reads the topologies straight from the correlator the
@@ -43,7 +44,7 @@ func TestRefreshPlacementsSendsTheGPU(t *testing.T) {
 	}
 
 	gpu := detector.RankGPU{Index: 3, UUID: "GPU-3", PCIBusID: "00000000:3B:00.0"}
-	a.gpu.(*fakeGPU).placed = map[int]detector.RankGPU{100: gpu}
+	fake.placed = map[int]detector.RankGPU{100: gpu}
 	a.refreshPlacements()
 	_, topos := corr.Drain()
 	want := pod
@@ -53,7 +54,7 @@ func TestRefreshPlacementsSendsTheGPU(t *testing.T) {
 	}
 
 	a.refreshPlacements()
-	a.gpu.(*fakeGPU).placed = map[int]detector.RankGPU{}
+	fake.placed = map[int]detector.RankGPU{}
 	a.refreshPlacements()
 	if _, topos := corr.Drain(); len(topos) != 0 {
 		t.Fatalf("unchanged or vanished GPU made topology %+v", topos)

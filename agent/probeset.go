@@ -62,26 +62,26 @@ func libSource(lib attach.Library[discover.FileID]) bpf.LibSource {
 type attachSink struct{ t *attacher }
 
 // Count implements attach.Sink.
-func (s attachSink) Count(name string, n int64) { s.t.a.counters.add(name, n) }
+func (s attachSink) Count(name string, n int64) { s.t.count(name, n) }
 
 // Attached implements attach.Sink: what the attachment holds, in counters
 // and the log.
 func (s attachSink) Attached(lib attach.Library[discover.FileID], link attach.Link, took time.Duration) {
-	a, att := s.t.a, attachment(link)
+	t, att := s.t, attachment(link)
 	if missing, required := att.Missing(); len(missing) > 0 {
-		a.counters.add("symbols_missing", int64(len(missing)))
+		t.count("symbols_missing", int64(len(missing)))
 		// Once per library, by name: an operator who asked for a probe
 		// (e.g. --probe-torch on a torch that does not export it) learns it
 		// is absent, and what it would have measured is not.
-		log := a.log.Info
+		log := t.log.Info
 		if required {
-			log = a.log.Warn
+			log = t.log.Warn
 		}
 		log("library lacks probed symbols", "path", lib.Name, "missing", len(missing),
 			"symbols", missingNames(missing, 6), "stripped", att.Stripped)
 	}
-	a.counters.add("probes_attached", int64(att.Attached()))
-	a.log.Info("attached", "library", filepath.Base(lib.Name), "kind", discover.LibraryKind(lib.Kind), "probes", att.Attached(),
+	t.count("probes_attached", int64(att.Attached()))
+	t.log.Info("attached", "library", filepath.Base(lib.Name), "kind", discover.LibraryKind(lib.Kind), "probes", att.Attached(),
 		"took", took.Round(time.Millisecond), "queued", s.t.libs.Pending())
 	s.t.refreshView()
 }

@@ -84,15 +84,15 @@ func (t *attacher) openImageMem(p discover.Process) *procMem {
 	if err := t.sameImage(p); err != nil {
 		m.Close()
 		m.err = err
-		t.a.counters.add("proc_mem_image_changed", 1)
-		t.a.log.Info("training process exec'ed while it was being found: its memory is not used", "pid", p.PID, "err", err)
+		t.count("proc_mem_image_changed", 1)
+		t.log.Info("training process exec'ed while it was being found: its memory is not used", "pid", p.PID, "err", err)
 	}
 	return m
 }
 
 // sameImage checks that p's process shows the image discovery judged.
 func (t *attacher) sameImage(p discover.Process) error {
-	if err := discover.CheckImage(t.a.cfg.ProcRoot, p); err != nil {
+	if err := discover.CheckImage(t.procRoot, p); err != nil {
 		return fmt.Errorf("%w: %w", errImageChanged, err)
 	}
 	return nil

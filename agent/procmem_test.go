@@ -111,7 +111,7 @@ func TestNoWriteLandsInTheImageAnExecBrought(t *testing.T) {
 	e := startExecImage(t)
 	pid := e.cmd.Process.Pid
 	a := &Agent{counters: newCounters(), log: slog.New(slog.DiscardHandler)}
-	att := &attacher{a: a, procs: map[discover.ProcessKey]*procEntry{}}
+	att := &attacher{count: a.counters.add, log: a.log, procs: map[discover.ProcessKey]*procEntry{}}
 	pe := &procEntry{proc: discover.Process{ProcessKey: discover.ProcessKey{PID: pid}}, inject: &discover.Library{},
 		mem: openProcMem(att.procPath(pid, "mem"))}
 	defer pe.mem.Close()
@@ -235,7 +235,7 @@ func TestInspectInjectionRefusesARenamedFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := &Agent{counters: newCounters(), log: slog.New(slog.DiscardHandler)}
-	att := &attacher{a: a}
+	att := &attacher{count: a.counters.add, log: a.log}
 	pe := &procEntry{inject: &discover.Library{HostPath: path, File: discover.FileID{Dev: st.Dev, Inode: st.Ino}}}
 	if _, err := att.inspectInjection(pe); err == nil || errors.Is(err, bpf.ErrFileChanged) {
 		t.Fatalf("the mapped file: %v, want an ELF error", err)
@@ -285,7 +285,7 @@ func TestInspectInjectionReadsTheMapping(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := &Agent{counters: newCounters(), log: slog.New(slog.DiscardHandler)}
-	att := &attacher{a: a}
+	att := &attacher{count: a.counters.add, log: a.log}
 	pe := &procEntry{inject: &discover.Library{HostPath: path, MapFilesPath: mapFiles, File: discover.FileID{Dev: st.Dev, Inode: st.Ino}}}
 	if _, err := att.inspectInjection(pe); err == nil || errors.Is(err, bpf.ErrFileChanged) {
 		t.Fatalf("through the mapping: %v, want an ELF error of the mapped file", err)
@@ -343,7 +343,7 @@ func TestOpenImageMemRefusesAnImageNobodyJudged(t *testing.T) {
 				tt.stale(&p)
 			}
 			a := &Agent{counters: newCounters(), log: slog.New(slog.DiscardHandler)}
-			att := &attacher{a: a}
+			att := &attacher{count: a.counters.add, log: a.log}
 			m := att.openImageMem(p)
 			defer m.Close()
 			_, readErr := cupti.ReadControl(m, int64(e.addr))

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -11,8 +12,10 @@ import (
 	"github.com/prometheus/procfs"
 
 	"github.com/slowrank/slowrank/agent/attach"
+	"github.com/slowrank/slowrank/agent/capture"
 	"github.com/slowrank/slowrank/agent/discover"
 	"github.com/slowrank/slowrank/agent/duty"
+	"github.com/slowrank/slowrank/agent/pipeline"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/correlate"
 	"github.com/slowrank/slowrank/cupti"
@@ -22,9 +25,40 @@ import (
 // filter entry and duty-cycle writes into the injection library's control
 // block each) and into uses of their libraries, which the attach manager
 // (agent/attach) attaches once per library file. Only the agent's main
-// goroutine calls it.
+// goroutine calls it. What it uses of the agent is in its fields, given by
+// newAttacher.
 type attacher struct {
-	a     *Agent
+	log   *slog.Logger
+	count func(name string, n int64) // the agent's counters
+	// probes is the BPF side: the filter of tracked processes (Track,
+	// Untrack) and, through probeSet, the attachments.
+	probes *bpf.Probes
+	// conv is the converter: it forgets an exited process's state and
+	// says which processes are on the NCCL plugin path; tids translates
+	// the injection library's thread ids (shared with conv).
+	conv *capture.Converter
+	tids *capture.TIDMap
+	// pipe is told of each rank found and forgotten.
+	pipe *pipeline.Pipeline
+	// gpu is NVML's evidence of the ranks' GPUs; nil without NVML.
+	gpu gpuSource
+	// drain hands the pipeline what the reader queued and runs pending
+	// control, before an exited process is forgotten.
+	drain func()
+	// What the agent's Config says of the processes (Config.ProcRoot,
+	// HostName, Job, Epoch, ForgetDelay, ProbeTorch, NCCLPlugin).
+	procRoot, host, job    string
+	epoch                  int
+	forgetDelay            time.Duration
+	probeTorch, ncclPlugin bool
+	// startTicks is the agent's start in clock ticks after boot (as
+	// ProcessKey.StartTime), 0 when unknown: processes older than the
+	// agent may have begun their collective sequence unseen (midRun).
+	startTicks uint64
+	// paused is runtime control's pause of collection (control.go): new
+	// processes are not tracked and the duty cycle written is off.
+	paused bool
+
 	libs  *attach.Manager[discover.FileID, discover.ProcessKey]
 	procs map[discover.ProcessKey]*procEntry
 	// forgets are exited processes whose records may still be in flight.
@@ -83,8 +117,17 @@ type ProcessView struct {
 	NCCLUprobes string `json:"nccl_collective_uprobes,omitempty"`
 }
 
+// newAttacher returns the attacher of the agent a is being built into,
+// with what it uses of it; a's probes, converter, pipeline and NVML
+// evidence are set.
 func newAttacher(a *Agent) *attacher {
-	t := &attacher{a: a, procs: map[discover.ProcessKey]*procEntry{}}
+	t := &attacher{
+		log: a.log, count: a.counters.add, probes: a.probes, conv: a.conv, tids: a.tids, pipe: a.pipe, gpu: a.gpu,
+		drain: a.drainInput, procRoot: a.cfg.ProcRoot, host: a.cfg.HostName, job: a.cfg.Job, epoch: a.cfg.Epoch,
+		forgetDelay: a.cfg.ForgetDelay, probeTorch: a.cfg.ProbeTorch, ncclPlugin: a.cfg.NCCLPlugin,
+		startTicks: selfStartTicks(),
+		procs:      map[discover.ProcessKey]*procEntry{},
+	}
 	t.libs = attach.New[discover.FileID, discover.ProcessKey](attach.Config[discover.FileID]{
 		Probes: probeSet{a.probes}, Sink: attachSink{t}, Deliver: a.ctl, Log: a.log,
 	})
@@ -113,14 +156,14 @@ func (t *attacher) added(p discover.Process) {
 	if rank < 0 && strings.HasPrefix(p.SelectedBy, "env:") {
 		// Selected by an environment marker but without a rank (a launcher
 		// such as torchrun itself): not a rank, nothing to judge.
-		t.a.counters.add("processes_without_rank", 1)
+		t.count("processes_without_rank", 1)
 		return
 	}
 	if rank < 0 {
 		rank = 1_000_000 + t.nextRank // no rank in the environment: a stable synthetic one
 		t.nextRank++
 	}
-	job := t.a.cfg.Job
+	job := t.job
 	if job == "" {
 		job = p.Identity.JobID
 	}
@@ -128,8 +171,8 @@ func (t *attacher) added(p discover.Process) {
 		job = "default"
 	}
 	if parent := t.rankParent(p, rank, job); parent != nil {
-		t.a.counters.add("processes_rank_workers", 1)
-		t.a.log.Info("process started by a rank with the rank's own identity (a compile or data-loader worker): not a rank",
+		t.count("processes_rank_workers", 1)
+		t.log.Info("process started by a rank with the rank's own identity (a compile or data-loader worker): not a rank",
 			"pid", p.PID, "parent", parent.proc.PID, "rank", rank, "job", job)
 		return
 	}
@@ -144,19 +187,19 @@ func (t *attacher) added(p discover.Process) {
 	// BPF only emits them after Track, and the main goroutine owns both.
 	pe.info = correlate.RankInfo{
 		PID: uint32(p.PID), Rank: rank, LocalRank: localRank, WorldSize: world,
-		Host: t.a.cfg.HostName, Job: job, Epoch: t.a.cfg.Epoch,
-		MidRun:    t.a.midRun(p.StartTime),
-		Placement: p.Identity.Placement(t.a.cfg.HostName),
+		Host: t.host, Job: job, Epoch: t.epoch,
+		MidRun:    t.midRun(p.StartTime),
+		Placement: p.Identity.Placement(t.host),
 	}
-	t.a.placeGPU(pe)
-	t.a.pipe.SetRank(pe.info)
-	if t.a.control.paused {
+	t.placeGPU(pe)
+	t.pipe.SetRank(pe.info)
+	if t.paused {
 		// Collection is paused: tracked on resume (control.go).
-	} else if err := t.a.probes.Track(uint32(p.PID), uint32(rank)); err != nil {
-		t.a.counters.add("track_errors", 1)
-		t.a.log.Warn("track process", "pid", p.PID, "err", err)
+	} else if err := t.probes.Track(uint32(p.PID), uint32(rank)); err != nil {
+		t.count("track_errors", 1)
+		t.log.Warn("track process", "pid", p.PID, "err", err)
 	}
-	t.a.log.Info("training process found", "pid", p.PID, "rank", rank, "job", job, "selected_by", p.SelectedBy)
+	t.log.Info("training process found", "pid", p.PID, "rank", rank, "job", job, "selected_by", p.SelectedBy)
 }
 
 // rankParent returns the tracked process that started p when it is the
@@ -191,7 +234,7 @@ func (t *attacher) mapped(k discover.ProcessKey, lib discover.Library) {
 	// Torch's libraries without --probe-torch are followed (status lists
 	// them) but not attached.
 	kind, ok := bpfKind(lib.Kind)
-	probe := ok && (kind != bpf.LibTorch || t.a.cfg.ProbeTorch)
+	probe := ok && (kind != bpf.LibTorch || t.probeTorch)
 	// A deleted file is reached only through its mapping: its path opens
 	// another file or none, which the check refuses.
 	t.libs.Use(k, attach.Library[discover.FileID]{File: lib.File, Name: lib.Path, MapFiles: lib.MapFilesPath, Open: lib.HostPath, PID: k.PID, Owner: pe.proc.Owner.QuotaKey(), Kind: uint8(lib.Kind)}, probe)
@@ -219,14 +262,14 @@ func (t *attacher) exited(k discover.ProcessKey) {
 	}
 	delete(t.procs, k)
 	pe.mem.Close()
-	if err := t.a.probes.Untrack(uint32(k.PID)); err != nil {
-		t.a.counters.add("untrack_errors", 1)
+	if err := t.probes.Untrack(uint32(k.PID)); err != nil {
+		t.count("untrack_errors", 1)
 	}
 	for f := range pe.libs {
 		t.libs.Release(k, f)
 	}
-	t.forgets = append(t.forgets, pendingForget{at: monotonicNow() + int64(t.a.cfg.ForgetDelay), pid: uint32(k.PID), rank: pe.rank})
-	t.a.log.Info("training process exited", "pid", k.PID, "rank", pe.rank)
+	t.forgets = append(t.forgets, pendingForget{at: monotonicNow() + int64(t.forgetDelay), pid: uint32(k.PID), rank: pe.rank})
+	t.log.Info("training process exited", "pid", k.PID, "rank", pe.rank)
 }
 
 // forgetDue tells the pipeline about exited processes whose in-flight
@@ -238,9 +281,9 @@ func (t *attacher) forgetDue(now int64) {
 			kept = append(kept, f)
 			continue
 		}
-		t.a.drainInput()
-		t.a.pipe.Forget(f.pid, f.rank)
-		t.a.conv.Forget(f.pid)
+		t.drain()
+		t.pipe.Forget(f.pid, f.rank)
+		t.conv.Forget(f.pid)
 	}
 	t.forgets = kept
 	t.libs.RetryFailed(now)
@@ -251,10 +294,10 @@ func (t *attacher) forgetDue(now int64) {
 // collectives through the profiler plugin, so that it closes the collective
 // uprobes of a libnccl file all of whose users do (agent/attach).
 func (t *attacher) tendPlugin(now int64) {
-	if !t.a.cfg.NCCLPlugin {
+	if !t.ncclPlugin {
 		return
 	}
-	ready := t.a.conv.PluginReady(now)
+	ready := t.conv.PluginReady(now)
 	for k := range t.procs {
 		t.libs.SetPlugin(k, ready[uint32(k.PID)])
 	}
@@ -285,9 +328,9 @@ func (t *attacher) applyDuty(p duty.Plan) {
 	}
 	// Without it the library keeps NCCL's profiler mask at 0: NCCL then
 	// calls no plugin, whose records this agent would only count.
-	d.NCCLPlugin = t.a.cfg.NCCLPlugin
+	d.NCCLPlugin = t.ncclPlugin
 	d.NCCLNoKernelChannels = !p.KernelChannels
-	if t.a.control.paused {
+	if t.paused {
 		d = cupti.Duty{Mode: cupti.DutyOff} // control.go: paused
 	}
 	now := time.Now()
@@ -300,12 +343,12 @@ func (t *attacher) applyDuty(p duty.Plan) {
 			continue // written once its attachment exists (next plan)
 		}
 		if err := t.writeDuty(pe, d); err != nil {
-			t.a.counters.add("duty_write_errors", 1)
-			t.a.log.Debug("write duty cycle", "pid", pe.proc.PID, "err", err)
+			t.count("duty_write_errors", 1)
+			t.log.Debug("write duty cycle", "pid", pe.proc.PID, "err", err)
 			continue
 		}
 		pe.lastDuty, pe.dutyValid, pe.dutyAt = d, true, now
-		t.a.counters.add("duty_writes", 1)
+		t.count("duty_writes", 1)
 	}
 }
 
@@ -386,6 +429,22 @@ func (t *attacher) processes() []ProcessView {
 	return append([]ProcessView(nil), t.view...)
 }
 
+// placeGPU puts the GPU that NVML last showed pe's process on into
+// pe.info and reports whether that changed it. A process that NVML no
+// longer lists (it is exiting, or a read failed) keeps its last GPU: no
+// topology version for a flap. Main goroutine only.
+func (t *attacher) placeGPU(pe *procEntry) bool {
+	if t.gpu == nil {
+		return false
+	}
+	rg, ok := t.gpu.Placement(pe.proc.PID)
+	if !ok || rg == pe.info.Placement.GPU {
+		return false
+	}
+	pe.info.Placement.GPU = rg
+	return true
+}
+
 // userHZ is the unit of the start times in /proc/PID/stat (USER_HZ, fixed
 // at 100 by the kernel's ABI).
 const userHZ = 100
@@ -394,8 +453,8 @@ const userHZ = 100
 // than two seconds before the agent: long enough to have created its NCCL
 // communicators unseen (importing torch alone takes longer), as after an
 // agent restart during training.
-func (a *Agent) midRun(startTicks uint64) bool {
-	return a.startTicks > 0 && startTicks+2*userHZ < a.startTicks
+func (t *attacher) midRun(startTicks uint64) bool {
+	return t.startTicks > 0 && startTicks+2*userHZ < t.startTicks
 }
 
 // selfStartTicks is the agent's own start time in clock ticks after boot,
