@@ -36,6 +36,7 @@
 // reading another user's environ and maps needs root or CAP_SYS_PTRACE
 // (AccessError and the Denied counts say when it was refused).
 //
-// It imports only agent/identity (depguard in .golangci.yml): the agent
-// imports it, never the other way round.
+// It imports only agent/identity and detector (whose placement an
+// identity gives; depguard in .golangci.yml): the agent imports it, never
+// the other way round.
 package discover
