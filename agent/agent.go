@@ -291,7 +291,7 @@ loop:
 			}
 			if a.gpu != nil && now.Sub(lastPlaced) >= time.Second { // NVML's sampling period
 				lastPlaced = now
-				a.refreshPlacements() // gpuevidence.go
+				a.refreshPlacements() // attacher.go, placeGPU
 			}
 			a.refreshCounters()
 		}

@@ -109,7 +109,7 @@ type ProcessView struct {
 	CUPTI string `json:"cupti,omitempty"`
 	// NCCL is the capture path of its NCCL collectives: "plugin v5" once
 	// the injection library's profiler-plugin records arrived, else
-	// "uprobes" (convert_nccl.go).
+	// "uprobes" (agent/capture).
 	NCCL string `json:"nccl,omitempty"`
 	// NCCLUprobes says, for a process mapping libnccl, whether that file's
 	// collective uprobes are "attached" or "detached" (every process

@@ -195,7 +195,7 @@ func (t *attacher) tendOne(pe *procEntry, now int64) error {
 		return err
 	}
 	// The library publishes its control thread's id in its own PID
-	// namespace, the uprobes report the host's (nstid.go). Until it is
+	// namespace, the uprobes report the host's (capture.TIDMap). Until it is
 	// translated, no decision is written: the library keeps waiting rather
 	// than take its own calls for another client's.
 	ctl, err := t.tids.Host(uint32(pe.proc.PID), cb.Status.CtlTID)

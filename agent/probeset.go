@@ -34,7 +34,7 @@ func (s probeSet) Attach(lib attach.Library[discover.FileID]) (attach.Link, erro
 // manager closes while every process mapping the file is on the profiler
 // plugin path (docs/nccl-profiler-plugin.md §7). Its communicator-init
 // uprobes stay: rare calls, and the plugin's communicators created later
-// take their ncclComm_t (nccl_commmap.go); so do the group uprobes, whose
+// take their ncclComm_t (agent/capture/nccl_commmap.go); so do the group uprobes, whose
 // calls the correlator takes from the uprobes on either path.
 type ncclLink struct{ *bpf.Attachment }
 
