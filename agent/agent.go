@@ -9,6 +9,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/slowrank/slowrank/agent/capture"
+	"github.com/slowrank/slowrank/agent/discover"
+	"github.com/slowrank/slowrank/agent/duty"
+	"github.com/slowrank/slowrank/agent/gpu"
 	"github.com/slowrank/slowrank/agent/pipeline"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/correlate"
@@ -31,7 +35,7 @@ type Config struct {
 
 	Detector  detector.Config
 	Correlate correlate.Config
-	Duty      DutyConfig
+	Duty      duty.Config
 	// DeviceCollection lets the agent steer the injection library's duty
 	// cycle; without it the library keeps its built-in default.
 	DeviceCollection bool
@@ -78,6 +82,9 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// Selector says which processes are ranks (discover.Selector says how).
+type Selector = discover.Selector
+
 // Sink receives the agent's results: facts, topologies and settled windows
 // with their verdicts, from the pipeline (pipeline.Sink says how).
 type Sink = pipeline.Sink
@@ -85,24 +92,36 @@ type Sink = pipeline.Sink
 // DefaultConfig returns working defaults.
 func DefaultConfig() Config {
 	return Config{
-		Detector: detector.DefaultConfig(), Duty: DefaultDutyConfig(), DeviceCollection: true,
+		Detector: detector.DefaultConfig(), Duty: duty.DefaultConfig(), DeviceCollection: true,
 		RingBufferSize: 8 << 20, Tick: 200 * time.Millisecond, InputQueue: 1 << 16, ForgetDelay: time.Second,
 		Epoch: int(time.Now().Unix()),
 	}
+}
+
+// gpuSource is NVML's GPU evidence (agent/gpu) as the agent uses it: Run
+// on its own goroutine, the rest from the main goroutine.
+type gpuSource interface {
+	Run(ctx context.Context, every time.Duration, count func(name string, n int64))
+	ForPID(pid int, start, end int64) *detector.GPUEvidence
+	Placement(pid int) (detector.RankGPU, bool)
+	Close() error
 }
 
 // Agent watches training processes and judges their ranks. Start it with Run;
 // Run returns after the context is cancelled, once the last window has been
 // settled and handed to the sinks.
 type Agent struct {
-	cfg      Config
-	log      *slog.Logger
-	probes   *bpf.Probes
-	reader   *bpf.Reader
-	watcher  *Watcher
-	pipe     *pipeline.Pipeline
-	duty     *Duty
-	conv     *converter
+	cfg     Config
+	log     *slog.Logger
+	probes  *bpf.Probes
+	reader  *bpf.Reader
+	watcher *discover.Watcher
+	pipe    *pipeline.Pipeline
+	duty    *duty.Ledger
+	conv    *capture.Converter
+	// tids translates injection-library thread ids into host ones, for
+	// the converter and the attacher alike.
+	tids     *capture.TIDMap
 	counters *counters
 	// queue takes the reader goroutine's records to the main goroutine,
 	// bounded by Config.InputQueue.
@@ -111,17 +130,14 @@ type Agent struct {
 	ctl     chan func()
 	att     *attacher
 	started time.Time
-	// startTicks is the agent's start in clock ticks after boot (as
-	// ProcessKey.StartTime), 0 when unknown: processes older than the
-	// agent may have begun their collective sequence unseen (midRun).
-	startTicks uint64
 
-	// gpu samples NVML for verdict evidence; nil without NVML.
-	gpu *gpuEvidence
+	// gpu samples NVML for verdict evidence (a *gpu.Evidence); nil
+	// without NVML.
+	gpu gpuSource
 	// probeCounts counts events per probe id (the hot path avoids the map).
 	probeCounts [256]atomic.Uint64
 	trapsSeen   [256]uint64 // probeCounts fed to the duty ledger (main goroutine)
-	// pluginOpsSeen is converter.pluginOps fed to the duty ledger (main
+	// pluginOpsSeen is capture.PluginOps fed to the duty ledger (main
 	// goroutine).
 	pluginOpsSeen int64
 	// kchLogged is the kernel-channel trial's state last logged (main
@@ -129,7 +145,7 @@ type Agent struct {
 	kchLogged string
 
 	planMu sync.Mutex
-	plan   *DutyPlan // last duty plan applied, for Status
+	plan   *duty.Plan // last duty plan applied, for Status
 
 	control controlState // runtime control (control.go), main goroutine only
 	// lastControl is the control state as of the last refreshCounters,
@@ -140,7 +156,7 @@ type Agent struct {
 	overBound    bool
 }
 
-func (a *Agent) dutyPlan() *DutyPlan {
+func (a *Agent) dutyPlan() *duty.Plan {
 	a.planMu.Lock()
 	defer a.planMu.Unlock()
 	return a.plan
@@ -164,7 +180,7 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	w, err := NewWatcher(WatcherConfig{ProcRoot: cfg.ProcRoot, Selector: cfg.Selector, Logger: cfg.Logger.With("component", "discovery")})
+	w, err := discover.NewWatcher(discover.WatcherConfig{ProcRoot: cfg.ProcRoot, Selector: cfg.Selector, Logger: cfg.Logger.With("component", "discovery")})
 	if err != nil {
 		return nil, err
 	}
@@ -187,47 +203,48 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Correlate.Host == "" {
 		cfg.Correlate.Host = cfg.HostName
 	}
-	var duty *Duty
+	var ledger *duty.Ledger
 	if cfg.Duty.Period > cfg.Detector.Window {
 		// Every window needs some covered steps, or the device phases of
 		// the windows without any are not judged and streaks break. (When
 		// the budget leaves blocks too short to hold a few steps, the
-		// plan doubles the period anyway: Duty.period.)
+		// plan doubles the period anyway: duty.Ledger.period.)
 		cfg.Duty.Period = cfg.Detector.Window
 	}
 	if cfg.DeviceCollection {
-		duty = NewDuty(cfg.Duty)
+		ledger = duty.New(cfg.Duty)
 	}
-	a := &Agent{
-		cfg: cfg, log: log, probes: probes, reader: reader, watcher: w, duty: duty,
-		conv:       newConverter(c, cfg.NCCLPlugin),
-		counters:   c,
-		queue:      pipeline.NewQueue(cfg.InputQueue),
-		ctl:        make(chan func()),
-		started:    time.Now(),
-		startTicks: selfStartTicks(),
-	}
-	a.conv.tids = newTIDMap(cfg.ProcRoot)
-	a.att = newAttacher(a)
-	pc := pipeline.Config{Log: log, Correlator: correlate.New(cfg.Correlate), Detector: det, Sinks: cfg.Sinks, Dump: cfg.Dump, Count: c.add}
-	if duty != nil { // a nil *Duty in the interface would not read as nil
-		pc.Duty = duty
-	}
-	if nv, err := OpenNVML(); err == nil {
-		a.gpu = newGPUEvidence(nv)
-		pc.Evidence = a.gpuEvidenceFor
-	} else {
-		log.Info("no GPU evidence for verdicts", "reason", err)
-	}
-	a.pipe = pipeline.New(pc)
+	var marker bpf.ProbeID
 	if cfg.StepMarker != "" {
 		id, ok := markerProbe(cfg.StepMarker)
 		if !ok {
 			probes.Close()
 			return nil, fmt.Errorf("step marker %q is not a probed synchronisation call (try cudaDeviceSynchronize, cudaStreamSynchronize, cuCtxSynchronize)", cfg.StepMarker)
 		}
-		a.conv.marker = id
+		marker = id
 	}
+	tids := capture.NewTIDMap(cfg.ProcRoot)
+	a := &Agent{
+		cfg: cfg, log: log, probes: probes, reader: reader, watcher: w, duty: ledger,
+		conv:     capture.New(capture.Config{Count: c.add, NCCLPlugin: cfg.NCCLPlugin, Marker: marker, TIDs: tids}),
+		tids:     tids,
+		counters: c,
+		queue:    pipeline.NewQueue(cfg.InputQueue),
+		ctl:      make(chan func()),
+		started:  time.Now(),
+	}
+	pc := pipeline.Config{Log: log, Correlator: correlate.New(cfg.Correlate), Detector: det, Sinks: cfg.Sinks, Dump: cfg.Dump, Count: c.add}
+	if ledger != nil { // a nil *duty.Ledger in the interface would not read as nil
+		pc.Duty = ledger
+	}
+	if nv, err := gpu.OpenNVML(); err == nil {
+		a.gpu = gpu.NewEvidence(nv)
+		pc.Evidence = a.gpuEvidenceFor
+	} else {
+		log.Info("no GPU evidence for verdicts", "reason", err)
+	}
+	a.pipe = pipeline.New(pc)
+	a.att = newAttacher(a)
 	return a, nil
 }
 
@@ -240,7 +257,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	go func() { defer wg.Done(); a.watcher.Run(wctx) }()
 	if a.gpu != nil {
 		wg.Add(1)
-		go func() { defer wg.Done(); a.gpu.run(wctx, time.Second, a.counters) }()
+		go func() { defer wg.Done(); a.gpu.Run(wctx, time.Second, a.counters.add) }()
 	}
 	readDone := make(chan struct{})
 	go func() { defer wg.Done(); defer close(readDone); a.readLoop() }()
@@ -270,11 +287,11 @@ loop:
 			a.pipe.Tick(mono)
 			if a.duty != nil && now.Sub(lastDuty) >= time.Second {
 				lastDuty = now
-				a.planDuty(mono) // duty.go
+				a.planDuty(mono) // dutyplan.go
 			}
 			if a.gpu != nil && now.Sub(lastPlaced) >= time.Second { // NVML's sampling period
 				lastPlaced = now
-				a.refreshPlacements() // gpuevidence.go
+				a.refreshPlacements() // attacher.go, placeGPU
 			}
 			a.refreshCounters()
 		}
@@ -371,14 +388,14 @@ func (a *Agent) readLoop() {
 		if id := ev.Base().Probe; int(id) < len(a.probeCounts) {
 			a.probeCounts[id].Add(1)
 		}
-		batch = a.conv.convert(ev, batch)
+		batch = a.conv.Convert(ev, batch)
 	}
 }
 
 // handleBatch feeds a batch from readLoop to the pipeline.
 func (a *Agent) handleBatch(batch []pipeline.Input) {
 	for i := range batch {
-		if c, ok := batch[i].Other().(CUPTICall); ok {
+		if c, ok := batch[i].Other().(capture.CUPTICall); ok {
 			a.att.foreignCUPTICall(c) // the attacher's, not the pipeline's
 			continue
 		}
@@ -407,7 +424,7 @@ func (a *Agent) drainInput() {
 func (a *Agent) gpuEvidenceFor(job string, rank int, start, end int64) *detector.GPUEvidence {
 	for _, pe := range a.att.procs {
 		if pe.job == job && pe.rank == rank {
-			return a.gpu.forPID(pe.proc.PID, start, end)
+			return a.gpu.ForPID(pe.proc.PID, start, end)
 		}
 	}
 	return nil
@@ -416,7 +433,7 @@ func (a *Agent) gpuEvidenceFor(job string, rank int, start, end int64) *detector
 // Close releases the BPF objects (links, maps, programs). Call it after Run.
 func (a *Agent) Close() error {
 	if a.gpu != nil {
-		a.gpu.nv.Close()
+		a.gpu.Close()
 	}
 	return a.probes.Close()
 }
@@ -429,7 +446,7 @@ func (a *Agent) refreshCounters() {
 		a.counters.set("attach_opened_path", int64(st.OpenedPath))
 	}
 	a.counters.set("events_decoded", int64(a.reader.Decoded()))
-	if p50, p99, ok := a.conv.latencyQuantiles(); ok {
+	if p50, p99, ok := a.conv.LatencyQuantiles(); ok {
 		a.counters.set("device_latency_p50_us", p50/1000)
 		a.counters.set("device_latency_p99_us", p99/1000)
 	}
@@ -474,3 +491,16 @@ func markerProbe(name string) (bpf.ProbeID, bool) {
 // monotonicNow is CLOCK_MONOTONIC, the clock of the BPF records and the
 // library's batches (one reader for the whole module: internal/monoclock).
 func monotonicNow() int64 { return monoclock.Now() }
+
+// refreshPlacements sends again the identity of each rank whose GPU NVML
+// found (or moved: the context that holds most memory changed) since: a
+// process creates its CUDA context after discovery found it, so its first
+// RankInfo rarely has one. Main goroutine only.
+func (a *Agent) refreshPlacements() {
+	for _, pe := range a.att.procs {
+		if a.att.placeGPU(pe) {
+			a.log.Debug("rank's GPU found", "pid", pe.proc.PID, "rank", pe.rank, "gpu", pe.info.Placement.GPU.Index, "uuid", pe.info.Placement.GPU.UUID)
+			a.pipe.SetRank(pe.info)
+		}
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/slowrank/slowrank/agent/duty"
 	"github.com/slowrank/slowrank/agent/pipeline"
 	"github.com/slowrank/slowrank/cupti"
 	"github.com/slowrank/slowrank/detector"
@@ -117,8 +118,8 @@ func (r ControlRequest) Validate() error {
 	if !r.hasDetector() && !r.hasDuty() {
 		return bad("\"set\" needs at least one of window, threshold, phase_thresholds, floor, consecutive, duty_budget, duty_share, duty_auto, duty_period")
 	}
-	if r.Window != nil && time.Duration(*r.Window) < MinWindow {
-		return bad("window must be at least %s, got %s", MinWindow, time.Duration(*r.Window))
+	if r.Window != nil && time.Duration(*r.Window) < duty.MinWindow {
+		return bad("window must be at least %s, got %s", duty.MinWindow, time.Duration(*r.Window))
 	}
 	if r.Threshold != nil && (!(*r.Threshold > 0) || *r.Threshold > 100) {
 		return bad("threshold must be in (0, 100], got %g", *r.Threshold)
@@ -143,8 +144,8 @@ func (r ControlRequest) Validate() error {
 	if r.DutyShare != nil && r.DutyAuto {
 		return bad("duty_share and duty_auto exclude each other")
 	}
-	if r.DutyPeriod != nil && time.Duration(*r.DutyPeriod) < MinDutyPeriod {
-		return bad("duty_period must be at least %s, got %s", MinDutyPeriod, time.Duration(*r.DutyPeriod))
+	if r.DutyPeriod != nil && time.Duration(*r.DutyPeriod) < duty.MinPeriod {
+		return bad("duty_period must be at least %s, got %s", duty.MinPeriod, time.Duration(*r.DutyPeriod))
 	}
 	return nil
 }
@@ -209,7 +210,7 @@ type FactCounts struct {
 
 // controlState is the agent's runtime-control state (main goroutine only).
 type controlState struct {
-	paused   bool
+	// pausedAt is when collection was paused (attacher.paused).
 	pausedAt time.Time
 	// pinned is the on-share pinned by duty_share (0: none); minShare and
 	// maxShare are the bounds it replaced.
@@ -271,10 +272,10 @@ func (a *Agent) ControlState(ctx context.Context) (ControlState, error) {
 }
 
 func (a *Agent) pause() {
-	if a.control.paused {
+	if a.att.paused {
 		return
 	}
-	a.control.paused, a.control.pausedAt = true, time.Now()
+	a.att.paused, a.control.pausedAt = true, time.Now()
 	off := cupti.Duty{Mode: cupti.DutyOff}
 	for _, pe := range a.att.procs {
 		if err := a.probes.Untrack(uint32(pe.proc.PID)); err != nil {
@@ -296,11 +297,11 @@ func (a *Agent) pause() {
 }
 
 func (a *Agent) resume() {
-	if !a.control.paused {
+	if !a.att.paused {
 		return
 	}
 	pausedFor := time.Since(a.control.pausedAt)
-	a.control.paused = false
+	a.att.paused = false
 	for _, pe := range a.att.procs {
 		if err := a.probes.Track(uint32(pe.proc.PID), uint32(pe.rank)); err != nil {
 			a.counters.add("track_errors", 1)
@@ -330,7 +331,7 @@ func (a *Agent) resume() {
 // applyPlan plans the duty cycle now and applies it (as Run does every
 // second), unless collection is paused.
 func (a *Agent) applyPlan() {
-	if a.duty == nil || a.control.paused {
+	if a.duty == nil || a.att.paused {
 		return
 	}
 	a.planDuty(monotonicNow())
@@ -402,17 +403,19 @@ func (a *Agent) set(req ControlRequest) error {
 	if req.hasDuty() {
 		a.setDuty(req)
 	}
-	if newDet != nil && a.duty != nil && a.duty.cfg.Period > newDet.Window {
+	if newDet != nil && a.duty != nil && a.duty.Config().Period > newDet.Window {
 		// As at start: every window needs some covered steps.
-		a.duty.cfg.Period = newDet.Window
+		d := a.duty.Config()
+		d.Period = newDet.Window
+		a.duty.SetConfig(d)
 	}
 	a.applyPlan()
 	return nil
 }
 
 func (a *Agent) setDuty(req ControlRequest) {
-	d := &a.duty.cfg
-	before := *d
+	d := a.duty.Config()
+	before := d
 	if req.DutyBudget != nil {
 		d.Budget = *req.DutyBudget
 	}
@@ -430,6 +433,7 @@ func (a *Agent) setDuty(req ControlRequest) {
 		d.MinShare, d.MaxShare = a.control.minShare, a.control.maxShare
 		a.control.pinned = 0
 	}
+	a.duty.SetConfig(d)
 	a.counters.add("duty_changes", 1)
 	a.log.Info("duty cycle changed", "budget", fmt.Sprintf("%g -> %g", before.Budget, d.Budget),
 		"period", fmt.Sprintf("%s -> %s", before.Period, d.Period), "pinned_share", a.control.pinned)
@@ -440,7 +444,7 @@ func (a *Agent) controlState() ControlState {
 	cfg := a.pipe.DetectorConfig()
 	swap := a.pipe.SwapStatus()
 	st := ControlState{
-		Paused: a.control.paused,
+		Paused: a.att.paused,
 		Detector: DetectorSettings{
 			Window: Duration(cfg.Window), Threshold: cfg.Threshold, PhaseThresholds: cfg.PhaseThresholds,
 			Floor: Duration(cfg.Floor), Consecutive: cfg.Consecutive, Lateness: Duration(cfg.Lateness),
@@ -452,7 +456,7 @@ func (a *Agent) controlState() ControlState {
 		st.PausedFor = Duration(time.Since(a.control.pausedAt).Round(time.Millisecond))
 	}
 	if a.duty != nil {
-		d := a.duty.cfg
+		d := a.duty.Config()
 		st.Duty = &DutySettings{Budget: d.Budget, Period: Duration(d.Period), PinnedShare: a.control.pinned, MinShare: d.MinShare, MaxShare: d.MaxShare}
 	}
 	for _, rs := range a.pipe.LiveStats() {

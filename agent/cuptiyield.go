@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/slowrank/slowrank/agent/capture"
+	"github.com/slowrank/slowrank/agent/discover"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/cupti"
 )
@@ -21,17 +23,6 @@ import (
 // cupti/slowrank_abi.h): while another client is active the library makes
 // no CUPTI call, so the user's profile is complete, and it resumes after
 // the other client's session ended.
-
-// CUPTICall is one call into libcupti seen by a uprobe.
-type CUPTICall struct {
-	PID, TID uint32
-	// Fn is the function: the probe that saw the call (bpf.ProbeCUPTIEnable,
-	// ...; the bpf.ClassCUPTICall probes).
-	Fn     bpf.ProbeID
-	Arg    uint64 // first argument (activity kind, flush flags, request callback)
-	Arg2   uint64 // second argument (completion callback)
-	TimeNs int64  // CLOCK_MONOTONIC
-}
 
 const flushForced = 1 // CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
 
@@ -67,7 +58,7 @@ type yieldTracker struct {
 }
 
 // call applies one libcupti call; it returns true when the decision changed.
-func (y *yieldTracker) call(c CUPTICall) bool {
+func (y *yieldTracker) call(c capture.CUPTICall) bool {
 	if c.TID == y.ctlTID && y.ctlTID != 0 {
 		return false // the library's own call
 	}
@@ -92,7 +83,7 @@ func (y *yieldTracker) call(c CUPTICall) bool {
 // kinds are trusted (KindsKept) only once its session was seen from its
 // registration on: kinds it enabled before the agent watched are unknown,
 // and the library then re-enables every kind it switched off itself.
-func (y *yieldTracker) noteForeign(c CUPTICall) {
+func (y *yieldTracker) noteForeign(c capture.CUPTICall) {
 	f := &y.foreign
 	switch c.Fn {
 	case bpf.ProbeCUPTIRegisterCallbacks:
@@ -183,8 +174,8 @@ func (t *attacher) tendCUPTI(now int64) {
 			continue
 		}
 		if err := t.tendOne(pe, now); err != nil {
-			t.a.counters.add("cupti_control_errors", 1)
-			t.a.log.Debug("injection library control block", "pid", pe.proc.PID, "err", err)
+			t.count("cupti_control_errors", 1)
+			t.log.Debug("injection library control block", "pid", pe.proc.PID, "err", err)
 		}
 		tended = true
 	}
@@ -204,10 +195,10 @@ func (t *attacher) tendOne(pe *procEntry, now int64) error {
 		return err
 	}
 	// The library publishes its control thread's id in its own PID
-	// namespace, the uprobes report the host's (nstid.go). Until it is
+	// namespace, the uprobes report the host's (capture.TIDMap). Until it is
 	// translated, no decision is written: the library keeps waiting rather
 	// than take its own calls for another client's.
-	ctl, err := t.a.conv.tids.host(uint32(pe.proc.PID), cb.Status.CtlTID)
+	ctl, err := t.tids.Host(uint32(pe.proc.PID), cb.Status.CtlTID)
 	if err != nil {
 		return fmt.Errorf("control thread %d: %w", cb.Status.CtlTID, err)
 	}
@@ -230,8 +221,8 @@ func (t *attacher) tendOne(pe *procEntry, now int64) error {
 // whose new generation makes the library read both.
 func (t *attacher) writeDecision(pe *procEntry, seen uint32) error {
 	if err := t.writeHandback(pe); err != nil {
-		t.a.counters.add("cupti_handback_errors", 1)
-		t.a.log.Debug("write handback", "pid", pe.proc.PID, "err", err)
+		t.count("cupti_handback_errors", 1)
+		t.log.Debug("write handback", "pid", pe.proc.PID, "err", err)
 	}
 	return t.writeYield(pe, seen)
 }
@@ -263,12 +254,12 @@ func (t *attacher) writeHandback(pe *procEntry) error {
 		return err
 	}
 	cs.track.foreignDirty = false
-	t.a.counters.add("cupti_handback_writes", 1)
+	t.count("cupti_handback_writes", 1)
 	return nil
 }
 
 // foreignCUPTICall handles a uprobe hit on libcupti.
-func (t *attacher) foreignCUPTICall(c CUPTICall) {
+func (t *attacher) foreignCUPTICall(c capture.CUPTICall) {
 	for _, pe := range t.procs {
 		if uint32(pe.proc.PID) != c.PID || pe.inject == nil {
 			continue
@@ -276,20 +267,20 @@ func (t *attacher) foreignCUPTICall(c CUPTICall) {
 		if pe.cupti.track.ctlTID == 0 {
 			// Not read yet: learn the control thread first.
 			if err := t.tendOne(pe, c.TimeNs); err != nil {
-				t.a.counters.add("cupti_control_errors", 1)
+				t.count("cupti_control_errors", 1)
 			}
 		}
 		if c.TID == pe.cupti.track.ctlTID {
-			t.a.counters.add("cupti_own_calls", 1)
+			t.count("cupti_own_calls", 1)
 			return
 		}
-		t.a.counters.add("cupti_foreign_calls", 1)
+		t.count("cupti_foreign_calls", 1)
 		if !pe.cupti.track.call(c) && !pe.cupti.track.foreignDirty {
 			return
 		}
 		if err := t.writeDecision(pe, pe.cupti.lastBlock.Yield.Gen); err != nil {
-			t.a.counters.add("cupti_control_errors", 1)
-			t.a.log.Debug("write yield", "pid", pe.proc.PID, "err", err)
+			t.count("cupti_control_errors", 1)
+			t.log.Debug("write yield", "pid", pe.proc.PID, "err", err)
 		}
 		return
 	}
@@ -306,17 +297,17 @@ func (t *attacher) writeYield(pe *procEntry, seen uint32) error {
 		return err
 	}
 	pe.cupti.yieldGen = gen
-	t.a.counters.add("cupti_decisions", 1)
+	t.count("cupti_decisions", 1)
 	if pe.cupti.wrote && active == pe.cupti.wroteActive {
 		return nil // the same decision again (new hand-back data)
 	}
 	pe.cupti.wrote, pe.cupti.wroteActive = true, active
 	if active {
-		t.a.counters.add("cupti_yields", 1)
-		t.a.log.Info("device collection yields to another CUPTI client (Kineto, nsys?)", "pid", pe.proc.PID,
+		t.count("cupti_yields", 1)
+		t.log.Info("device collection yields to another CUPTI client (Kineto, nsys?)", "pid", pe.proc.PID,
 			"tid", pe.cupti.track.foreignTID, "cautious", pe.cupti.track.cautious)
 	} else if pe.cupti.track.sessions > 0 || pe.cupti.lastBlock.Status.State == cupti.StateYielded {
-		t.a.counters.add("cupti_resumes", 1)
+		t.count("cupti_resumes", 1)
 	}
 	return nil
 }
@@ -340,7 +331,7 @@ func (t *attacher) controlAddr(pe *procEntry) error {
 	if err != nil {
 		return err
 	}
-	maps, err := readInto(t.procPath(pe.proc.PID, "maps"), nil, maxMapsBytes)
+	maps, err := discover.ReadMaps(t.procRoot, pe.proc.PID)
 	if err != nil {
 		return err
 	}
@@ -366,16 +357,16 @@ func (t *attacher) controlAddr(pe *procEntry) error {
 func (t *attacher) inspectInjection(pe *procEntry) (cupti.Library, error) {
 	f, mapped, err := bpf.OpenMapped(bpf.LibSource{MapFiles: pe.inject.MapFilesPath, Path: pe.inject.HostPath, Want: bpf.FileID(pe.inject.File)})
 	if errors.Is(err, bpf.ErrFileChanged) {
-		t.a.counters.add("inject_files_refused", 1)
+		t.count("inject_files_refused", 1)
 	}
 	if err != nil {
 		return cupti.Library{}, fmt.Errorf("open injection library: %w", err)
 	}
 	defer f.Close()
 	if mapped {
-		t.a.counters.add("inject_opened_map_files", 1)
+		t.count("inject_opened_map_files", 1)
 	} else {
-		t.a.counters.add("inject_opened_path", 1)
+		t.count("inject_opened_path", 1)
 	}
 	lib, err := cupti.InspectLibrary("/proc/self/fd/" + strconv.Itoa(int(f.Fd())))
 	if err != nil {
@@ -392,17 +383,17 @@ func (t *attacher) memRefused(pe *procEntry, err error) {
 	case errors.Is(err, errImageGone):
 		if pe.mem != nil && !pe.mem.goneCounted {
 			pe.mem.goneCounted = true
-			t.a.counters.add("proc_mem_image_gone", 1)
-			t.a.log.Info("training process replaced its image (exec): no more reads or writes of its memory until it is found again",
+			t.count("proc_mem_image_gone", 1)
+			t.log.Info("training process replaced its image (exec): no more reads or writes of its memory until it is found again",
 				"pid", pe.proc.PID)
 		}
 	case errors.Is(err, cupti.ErrControl), errors.Is(err, cupti.ErrHandback), errors.Is(err, cupti.ErrBlockMoved):
-		t.a.counters.add("proc_mem_block_refused", 1)
+		t.count("proc_mem_block_refused", 1)
 	}
 }
 
 func (t *attacher) procPath(pid int, name string) string {
-	root := t.a.cfg.ProcRoot
+	root := t.procRoot
 	if root == "" {
 		root = "/proc"
 	}

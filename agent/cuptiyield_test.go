@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/slowrank/slowrank/agent/capture"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/cupti"
 )
@@ -11,11 +12,11 @@ import (
 func TestYieldTrackerDecisions(t *testing.T) {
 	const ctl = 77
 	s := int64(time.Second)
-	call := func(fn bpf.ProbeID, tid uint32, at int64, arg uint64) CUPTICall {
-		return CUPTICall{PID: 1, TID: tid, Fn: fn, Arg: arg, TimeNs: at}
+	call := func(fn bpf.ProbeID, tid uint32, at int64, arg uint64) capture.CUPTICall {
+		return capture.CUPTICall{PID: 1, TID: tid, Fn: fn, Arg: arg, TimeNs: at}
 	}
 	type step struct {
-		call     *CUPTICall
+		call     *capture.CUPTICall
 		tick     int64 // when call is nil
 		attach   bool  // attached(tick, foreignSubscriber=true)
 		active   bool
@@ -96,20 +97,20 @@ func TestYieldTrackerDecisions(t *testing.T) {
 // trusted only once its registration was seen.
 func TestYieldTrackerRemembersForeignCallbacks(t *testing.T) {
 	const ctl, kineto = 77, 5
-	c := func(fn bpf.ProbeID, tid uint32, at int64, arg, arg2 uint64) CUPTICall {
-		return CUPTICall{PID: 1, TID: tid, Fn: fn, Arg: arg, Arg2: arg2, TimeNs: at}
+	c := func(fn bpf.ProbeID, tid uint32, at int64, arg, arg2 uint64) capture.CUPTICall {
+		return capture.CUPTICall{PID: 1, TID: tid, Fn: fn, Arg: arg, Arg2: arg2, TimeNs: at}
 	}
 	cases := []struct {
 		name      string
-		calls     []CUPTICall
+		calls     []capture.CUPTICall
 		want      cupti.ForeignCallbacks
 		wantDirty bool
 	}{
-		{"the library's own calls are not the other client's", []CUPTICall{
+		{"the library's own calls are not the other client's", []capture.CUPTICall{
 			c(bpf.ProbeCUPTIRegisterCallbacks, ctl, 10, 0x1000, 0x2000),
 			c(bpf.ProbeCUPTIEnable, ctl, 11, 10, 0),
 		}, cupti.ForeignCallbacks{}, false},
-		{"a Kineto session from its registration on", []CUPTICall{
+		{"a Kineto session from its registration on", []capture.CUPTICall{
 			c(bpf.ProbeCUPTIRegisterTimestamp, kineto, 10, 0x3000, 0),
 			c(bpf.ProbeCUPTIRegisterCallbacks, kineto, 11, 0x1000, 0x2000),
 			c(bpf.ProbeCUPTIEnable, kineto, 12, 10, 0),
@@ -118,15 +119,15 @@ func TestYieldTrackerRemembersForeignCallbacks(t *testing.T) {
 			c(bpf.ProbeCUPTIDisable, kineto, 15, 41, 0),
 		}, cupti.ForeignCallbacks{RequestFn: 0x1000, CompleteFn: 0x2000, PairNs: 11, TimestampFn: 0x3000, TimestampNs: 10,
 			Kinds: 1 << 10, KindsKept: true}, true},
-		{"kinds enabled before the agent watched are unknown: not kept", []CUPTICall{
+		{"kinds enabled before the agent watched are unknown: not kept", []capture.CUPTICall{
 			c(bpf.ProbeCUPTIEnable, kineto, 12, 10, 0),
 		}, cupti.ForeignCallbacks{Kinds: 1 << 10}, true},
-		{"finalize clears the kinds but keeps the callbacks", []CUPTICall{
+		{"finalize clears the kinds but keeps the callbacks", []capture.CUPTICall{
 			c(bpf.ProbeCUPTIRegisterCallbacks, kineto, 11, 0x1000, 0x2000),
 			c(bpf.ProbeCUPTIEnable, kineto, 12, 10, 0),
 			c(bpf.ProbeCUPTIFinalize, kineto, 20, 0, 0),
 		}, cupti.ForeignCallbacks{RequestFn: 0x1000, CompleteFn: 0x2000, PairNs: 11, KindsKept: true}, true},
-		{"a flush changes nothing to give back", []CUPTICall{
+		{"a flush changes nothing to give back", []capture.CUPTICall{
 			c(bpf.ProbeCUPTIFlushAll, kineto, 12, 0, 0),
 		}, cupti.ForeignCallbacks{}, false},
 	}

@@ -5,28 +5,34 @@
 //
 // It owns:
 //   - the life cycle (New, Run): the main loop, its tick, the shutdown that
-//     detaches and settles the last window (agent.go);
-//   - which processes are ranks (discover.go, watch.go, policy.go, limits.go;
-//     identity from agent/identity) and what their mapped libraries are
-//     (maps.go);
-//   - per-process attachment (attach.go, probeset.go) on the per-inode
-//     attach manager of agent/attach;
-//   - the conversion of BPF events and injection-library batches into
-//     correlate.HostCall, DeviceInterval and topology records (convert*.go,
-//     nccl_*.go);
-//   - device-collection control: the duty cycle and its overhead ledger
-//     (duty.go), the yield to another CUPTI client (cuptiyield.go), NVML
-//     GPU evidence and placement (nvml*.go, gpuevidence.go);
-//   - the counters every drop is reported in (counters.go) and the state
-//     that status and the local API read (status.go, localapi.go, served by
+//     detaches and settles the last window (agent.go), and the resource
+//     bounds (limits.go);
+//   - the process attacher: following the processes agent/discover
+//     reports, attaching each to the per-inode attach manager of
+//     agent/attach (attacher.go, probeset.go), the injection library's
+//     control block through /proc/PID/mem (procmem.go) and the yield to
+//     another CUPTI client (cuptiyield.go);
+//   - the reader goroutine that hands BPF events to agent/capture's
+//     converter and its records to agent/pipeline;
+//   - device-collection control: feeding agent/duty's overhead ledger and
+//     applying its duty plan (dutyplan.go), and the GPU placement that
+//     agent/gpu's NVML evidence finds;
+//   - control and status: runtime control (control.go), the counters every
+//     drop is reported in (counters.go) and the state that status and the
+//     local API read (status.go, observe.go, localapi.go, served by
 //     agent/localapi).
 //
-// Elsewhere: capabilities and kernel checks are agent/privilege's (doctor
-// uses the same), correlation and the detector run in agent/pipeline.
+// Elsewhere: which processes are ranks and what they map is
+// agent/discover's; the conversion into correlate's records, with the NCCL
+// dual capture path, agent/capture's; the overhead ledger agent/duty's;
+// NVML agent/gpu's; capabilities and kernel checks agent/privilege's
+// (doctor uses the same); correlation and the detector run in
+// agent/pipeline. None of them imports agent.
 //
-// Concurrency: one main goroutine (Run's loop) owns the attach state, the
-// converter, the duty plan and the pipeline; the process watcher, the ring
-// buffer reader and the NVML sampler run in their own goroutines and hand
+// Concurrency: one main goroutine (Run's loop) owns the attacher, the duty
+// plan and the pipeline; the process watcher, the ring buffer reader
+// (which runs agent/capture's converter) and the NVML sampler run in their
+// own goroutines and hand
 // their results to it through channels and a bounded queue
 // (pipeline.Queue), whose overflow is counted. Functions that say "Main
 // goroutine" must be called from it; Status and the counters are safe from

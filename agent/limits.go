@@ -15,22 +15,11 @@ import (
 	"time"
 )
 
-// Bounds on what training processes can make the agent hold. Everything a
-// traced process sends is bounded: a batch by cupti.BatchMax (decoded without
-// unbounded allocation), a kernel name by cupti.NameMax, the records per
-// process by correlate.Config.MaxHostRecords/MaxDeviceRecords, the queue
-// between reader and pipeline by Config.InputQueue, and the interned kernel
-// names by the limits below (per process and in total; refused definitions
-// are counted in names_refused and resolve to "kernel#<id>").
-const (
-	// MaxInternedProcesses bounds the processes whose kernel names are kept.
-	MaxInternedProcesses = 1024
-	// MaxNamesPerProcess bounds the kernel names kept per process.
-	MaxNamesPerProcess = 1 << 14
-	// MaxInternedNames bounds the kernel names kept in total (at most
-	// cupti.NameMax bytes each: about 40 MiB in the worst case).
-	MaxInternedNames = 1 << 16
-)
+// Bounds on what training processes can make the agent hold: see
+// agent/capture (MaxInternedNames and its neighbours) for what a traced
+// process sends, Config.InputQueue for the queue between reader and
+// pipeline, correlate.Config.MaxHostRecords/MaxDeviceRecords for the
+// records per process, and MaxMemory below for the whole.
 
 // memoryReserve is what the process needs outside the Go heap: text, stacks
 // of threads, cgo, the page tables. The ring buffer (mapped twice) comes on
@@ -180,9 +169,9 @@ func (a *Agent) refreshPipeline() {
 	for k, v := range a.pipe.Counters() {
 		c.set(k, v)
 	}
-	st := a.conv.names.Stats()
+	st := a.conv.NameStats()
 	c.set("names_interned", int64(st.Names))
-	c.set("names_refused", int64(st.Refused)+a.conv.refusedNames())
+	c.set("names_refused", int64(st.Refused))
 	c.set("names_missing", int64(st.Missing))
 }
 

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/slowrank/slowrank/agent/discover"
+	"github.com/slowrank/slowrank/agent/duty"
 	"github.com/slowrank/slowrank/agent/localapi"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/detector"
@@ -41,7 +43,7 @@ func (f *fakeController) Status() Status {
 		},
 		Alerts:   []detector.Verdict{v},
 		Counters: map[string]int64{"events": 1234, "probe_ncclAllReduce": 99},
-		Overhead: &Overhead{Budget: 0.003, Cost: CostEstimate{Cost: 0.02, Low: 0.018, High: 0.022, Pairs: 40, Measured: true},
+		Overhead: &duty.Overhead{Budget: 0.003, Cost: duty.CostEstimate{Cost: 0.02, Low: 0.018, High: 0.022, Pairs: 40, Measured: true},
 			Device: 0.0015, Uprobes: 0.001, Library: 0.0001, Total: 0.0026, EscalationsGranted: 3, EscalationsRefused: 5},
 	}
 }
@@ -274,7 +276,7 @@ func TestAgentControlPrivileged(t *testing.T) {
 
 	cfg := DefaultConfig()
 	cfg.HostName = "ctl"
-	cfg.Selector = Selector{EnvKey: "SLOWRANK_CONTROL_TEST_RANK"}
+	cfg.Selector = discover.Selector{EnvKey: "SLOWRANK_CONTROL_TEST_RANK"}
 	a, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -3,7 +3,7 @@ package agent
 import "testing"
 
 func TestMidRun(t *testing.T) {
-	a := &Agent{startTicks: 10_000}
+	a := &attacher{startTicks: 10_000}
 	tests := []struct {
 		start uint64
 		want  bool
@@ -18,7 +18,7 @@ func TestMidRun(t *testing.T) {
 			t.Errorf("midRun(%d) = %v, want %v", tt.start, got, tt.want)
 		}
 	}
-	if (&Agent{}).midRun(0) {
+	if (&attacher{}).midRun(0) {
 		t.Errorf("unknown agent start: nothing is mid-run")
 	}
 	if selfStartTicks() == 0 {

@@ -4,66 +4,11 @@ import (
 	"log/slog"
 	"testing"
 
+	"github.com/slowrank/slowrank/agent/discover"
 	"github.com/slowrank/slowrank/agent/pipeline"
 	"github.com/slowrank/slowrank/correlate"
 	"github.com/slowrank/slowrank/detector"
 )
-
-// Discovery of fake processes (testdata/proc-cluster): what their cgroup
-// and downward-API environment say becomes the placement the topology
-// carries.
-func TestDiscoverPlacement(t *testing.T) {
-	const node = "gpu-node-7"
-	got, _, err := Discover("testdata/proc-cluster", Selector{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[int]detector.Placement{
-		// The environment's POD_UID is stale: the cgroup's wins.
-		700: {K8s: detector.K8sPod{PodName: "llama-worker-0", PodUID: "6f1c0e4a-2b8d-4c7e-9a51-3d2f8b7e1c90", Namespace: "train", ContainerName: "pytorch"},
-			ContainerID: "4f3a1d2e9b8c7a6f5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f"},
-		// No POD_NAME: in a pod, HOSTNAME is the pod's name.
-		701: {K8s: detector.K8sPod{PodName: "bert-worker-1", PodUID: "0b7d2c1e-5f4a-4e3b-8c2d-1a0f9e8d7c6b", Namespace: "ml-team", ContainerName: "trainer"},
-			ContainerID: "9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f4f3a1d2e9b8c7a6f5e4d3c2b1a0f"},
-		702: {Slurm: detector.SlurmStep{JobID: "4711", StepID: "2"}},
-	}
-	if len(got) != len(want) {
-		t.Fatalf("discovered %d processes, want %d", len(got), len(want))
-	}
-	for _, p := range got {
-		if pl := p.Identity.Placement(node); pl != want[p.PID] {
-			t.Errorf("pid %d: placement\n%+v\nwant\n%+v", p.PID, pl, want[p.PID])
-		}
-	}
-}
-
-func TestRankGPU(t *testing.T) {
-	g := func(idx int, mem uint64) GPUProcess {
-		return GPUProcess{PID: 1, GPUIndex: idx, UUID: "GPU-" + string(rune('a'+idx)), UsedMemory: mem, PCIBusID: "00000000:1" + string(rune('0'+idx)) + ":00.0"}
-	}
-	tests := []struct {
-		name string
-		gs   []GPUProcess
-		want detector.RankGPU
-		ok   bool
-	}{
-		{"no context", nil, detector.RankGPU{}, false},
-		{"one GPU", []GPUProcess{g(3, 70<<30)}, detector.RankGPU{Index: 3, UUID: "GPU-d", PCIBusID: "00000000:13:00.0"}, true},
-		{"one GPU, memory unknown", []GPUProcess{g(2, MemoryUnknown)}, detector.RankGPU{Index: 2, UUID: "GPU-c", PCIBusID: "00000000:12:00.0"}, true},
-		{"stray context on GPU 0", []GPUProcess{g(5, 70<<30), g(0, 500<<20)}, detector.RankGPU{Index: 5, UUID: "GPU-f", PCIBusID: "00000000:15:00.0"}, true},
-		{"two alike", []GPUProcess{g(1, 1<<30), g(2, 1<<30)}, detector.RankGPU{}, false},
-		{"memory unknown on one of two", []GPUProcess{g(1, 1<<30), g(2, MemoryUnknown)}, detector.RankGPU{}, false},
-		{"no UUID", []GPUProcess{{GPUIndex: 1}}, detector.RankGPU{}, false},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			got, ok := rankGPU(tc.gs)
-			if got != tc.want || ok != tc.ok {
-				t.Errorf("got %+v %v, want %+v %v", got, ok, tc.want, tc.ok)
-			}
-		})
-	}
-}
 
 // A container and a pod as their cgroup names them (as in
 // agent/identity's tests).
@@ -81,14 +26,15 @@ func TestRefreshPlacementsSendsTheGPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	pod := detector.Placement{K8s: detector.K8sPod{PodName: "w-0", PodUID: testUID}, ContainerID: testCID}
-	pe := &procEntry{proc: Process{ProcessKey: ProcessKey{PID: 100}}, rank: 0, job: "j1",
+	pe := &procEntry{proc: discover.Process{ProcessKey: discover.ProcessKey{PID: 100}}, rank: 0, job: "j1",
 		info: correlate.RankInfo{PID: 100, Rank: 0, WorldSize: 1, Host: "h0", Job: "j1", Placement: pod}}
 	corr := correlate.New(correlate.Config{})
+	fake := &fakeGPU{}
 	a := &Agent{
 		log:  slog.New(slog.DiscardHandler),
-		att:  &attacher{procs: map[ProcessKey]*procEntry{pe.proc.ProcessKey: pe}},
+		att:  &attacher{gpu: fake, procs: map[discover.ProcessKey]*procEntry{pe.proc.ProcessKey: pe}},
 		pipe: pipeline.New(pipeline.Config{Correlator: corr, Detector: det}),
-		gpu:  newGPUEvidence(nil),
+		gpu:  fake,
 	}
 	a.pipe.SetRank(pe.info)
 	// The test reads the topologies straight from the correlator the
@@ -98,7 +44,7 @@ func TestRefreshPlacementsSendsTheGPU(t *testing.T) {
 	}
 
 	gpu := detector.RankGPU{Index: 3, UUID: "GPU-3", PCIBusID: "00000000:3B:00.0"}
-	a.gpu.placed = map[int]detector.RankGPU{100: gpu}
+	fake.placed = map[int]detector.RankGPU{100: gpu}
 	a.refreshPlacements()
 	_, topos := corr.Drain()
 	want := pod
@@ -108,7 +54,7 @@ func TestRefreshPlacementsSendsTheGPU(t *testing.T) {
 	}
 
 	a.refreshPlacements()
-	a.gpu.placed = map[int]detector.RankGPU{}
+	fake.placed = map[int]detector.RankGPU{}
 	a.refreshPlacements()
 	if _, topos := corr.Drain(); len(topos) != 0 {
 		t.Fatalf("unchanged or vanished GPU made topology %+v", topos)
@@ -116,4 +62,15 @@ func TestRefreshPlacementsSendsTheGPU(t *testing.T) {
 	if pe.info.Placement.GPU != gpu {
 		t.Errorf("rank's GPU %+v, want it kept: %+v", pe.info.Placement.GPU, gpu)
 	}
+}
+
+// fakeGPU is NVML's evidence as a test sets it: only the placements.
+type fakeGPU struct {
+	gpuSource
+	placed map[int]detector.RankGPU
+}
+
+func (f *fakeGPU) Placement(pid int) (detector.RankGPU, bool) {
+	rg, ok := f.placed[pid]
+	return rg, ok
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/slowrank/slowrank/agent/attach"
+	"github.com/slowrank/slowrank/agent/discover"
 	"github.com/slowrank/slowrank/bpf"
 )
 
@@ -15,8 +16,8 @@ import (
 type probeSet struct{ probes *bpf.Probes }
 
 // Attach implements attach.ProbeSet; it runs on the attach worker.
-func (s probeSet) Attach(lib attach.Library[FileID]) (attach.Link, error) {
-	kind, _ := bpfKind(LibraryKind(lib.Kind)) // the attacher asks only for kinds it has
+func (s probeSet) Attach(lib attach.Library[discover.FileID]) (attach.Link, error) {
+	kind, _ := bpfKind(discover.LibraryKind(lib.Kind)) // the attacher asks only for kinds it has
 	// lib.Open is a path another user may rename a file onto: the attach
 	// takes the file the process maps, through its mapping (bpf/libfile.go).
 	att, err := s.probes.AttachLibrary(libSource(lib), kind)
@@ -33,7 +34,7 @@ func (s probeSet) Attach(lib attach.Library[FileID]) (attach.Link, error) {
 // manager closes while every process mapping the file is on the profiler
 // plugin path (docs/nccl-profiler-plugin.md §7). Its communicator-init
 // uprobes stay: rare calls, and the plugin's communicators created later
-// take their ncclComm_t (nccl_commmap.go); so do the group uprobes, whose
+// take their ncclComm_t (agent/capture/nccl_commmap.go); so do the group uprobes, whose
 // calls the correlator takes from the uprobes on either path.
 type ncclLink struct{ *bpf.Attachment }
 
@@ -44,7 +45,7 @@ func (l ncclLink) DetachCollectives() error {
 }
 
 // ReattachCollectives implements attach.Partial.
-func (l ncclLink) ReattachCollectives(via attach.Library[FileID]) error {
+func (l ncclLink) ReattachCollectives(via attach.Library[discover.FileID]) error {
 	_, err := l.ReattachClass(bpf.ClassCollective, libSource(via))
 	return err
 }
@@ -52,7 +53,7 @@ func (l ncclLink) ReattachCollectives(via attach.Library[FileID]) error {
 // libSource says where lib's process maps the file: its mapping, and the
 // path checked against the mapping's identity where the mapping cannot be
 // opened.
-func libSource(lib attach.Library[FileID]) bpf.LibSource {
+func libSource(lib attach.Library[discover.FileID]) bpf.LibSource {
 	return bpf.LibSource{MapFiles: lib.MapFiles, Path: lib.Open, Want: bpf.FileID(lib.File)}
 }
 
@@ -61,26 +62,26 @@ func libSource(lib attach.Library[FileID]) bpf.LibSource {
 type attachSink struct{ t *attacher }
 
 // Count implements attach.Sink.
-func (s attachSink) Count(name string, n int64) { s.t.a.counters.add(name, n) }
+func (s attachSink) Count(name string, n int64) { s.t.count(name, n) }
 
 // Attached implements attach.Sink: what the attachment holds, in counters
 // and the log.
-func (s attachSink) Attached(lib attach.Library[FileID], link attach.Link, took time.Duration) {
-	a, att := s.t.a, attachment(link)
+func (s attachSink) Attached(lib attach.Library[discover.FileID], link attach.Link, took time.Duration) {
+	t, att := s.t, attachment(link)
 	if missing, required := att.Missing(); len(missing) > 0 {
-		a.counters.add("symbols_missing", int64(len(missing)))
+		t.count("symbols_missing", int64(len(missing)))
 		// Once per library, by name: an operator who asked for a probe
 		// (e.g. --probe-torch on a torch that does not export it) learns it
 		// is absent, and what it would have measured is not.
-		log := a.log.Info
+		log := t.log.Info
 		if required {
-			log = a.log.Warn
+			log = t.log.Warn
 		}
 		log("library lacks probed symbols", "path", lib.Name, "missing", len(missing),
 			"symbols", missingNames(missing, 6), "stripped", att.Stripped)
 	}
-	a.counters.add("probes_attached", int64(att.Attached()))
-	a.log.Info("attached", "library", filepath.Base(lib.Name), "kind", LibraryKind(lib.Kind), "probes", att.Attached(),
+	t.count("probes_attached", int64(att.Attached()))
+	t.log.Info("attached", "library", filepath.Base(lib.Name), "kind", discover.LibraryKind(lib.Kind), "probes", att.Attached(),
 		"took", took.Round(time.Millisecond), "queued", s.t.libs.Pending())
 	s.t.refreshView()
 }
@@ -98,19 +99,19 @@ func missingNames(specs []bpf.ProbeSpec, max int) string {
 	return strings.Join(names, ", ")
 }
 
-func bpfKind(k LibraryKind) (bpf.LibKind, bool) {
+func bpfKind(k discover.LibraryKind) (bpf.LibKind, bool) {
 	switch k {
-	case KindNCCL:
+	case discover.KindNCCL:
 		return bpf.LibNCCL, true
-	case KindCUDART:
+	case discover.KindCUDART:
 		return bpf.LibCUDART, true
-	case KindCUDA:
+	case discover.KindCUDA:
 		return bpf.LibCUDA, true
-	case KindTorchCPU, KindTorchCUDA:
+	case discover.KindTorchCPU, discover.KindTorchCUDA:
 		return bpf.LibTorch, true
-	case KindCUPTIInject:
+	case discover.KindCUPTIInject:
 		return bpf.LibCUPTI, true
-	case KindCUPTIRuntime:
+	case discover.KindCUPTIRuntime:
 		return bpf.LibCUPTIRuntime, true
 	}
 	return 0, false

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+
+	"github.com/slowrank/slowrank/agent/discover"
 )
 
 // A training process can exec another program under the same PID (a
@@ -74,7 +76,7 @@ func openProcMem(path string) *procMem {
 // stack lands at the same addresses: an unprivileged image with
 // randomization off, of its own user, which the agent's writes cannot give
 // anything that user lacks. Three reads, once per process found.
-func (t *attacher) openImageMem(p Process) *procMem {
+func (t *attacher) openImageMem(p discover.Process) *procMem {
 	m := openProcMem(t.procPath(p.PID, "mem"))
 	if m.f == nil {
 		return m
@@ -82,27 +84,16 @@ func (t *attacher) openImageMem(p Process) *procMem {
 	if err := t.sameImage(p); err != nil {
 		m.Close()
 		m.err = err
-		t.a.counters.add("proc_mem_image_changed", 1)
-		t.a.log.Info("training process exec'ed while it was being found: its memory is not used", "pid", p.PID, "err", err)
+		t.count("proc_mem_image_changed", 1)
+		t.log.Info("training process exec'ed while it was being found: its memory is not used", "pid", p.PID, "err", err)
 	}
 	return m
 }
 
 // sameImage checks that p's process shows the image discovery judged.
-func (t *attacher) sameImage(p Process) error {
-	data, err := os.ReadFile(t.procPath(p.PID, "stat"))
-	if err != nil {
-		return fmt.Errorf("%w: read stat: %w", errImageChanged, err)
-	}
-	st, err := parseStat(data)
-	if err != nil {
+func (t *attacher) sameImage(p discover.Process) error {
+	if err := discover.CheckImage(t.procRoot, p); err != nil {
 		return fmt.Errorf("%w: %w", errImageChanged, err)
-	}
-	if st.StartTime != p.StartTime || st.ExecSig != p.ExecSig {
-		return fmt.Errorf("%w: start %d, exec signature %x; found with %d, %x", errImageChanged, st.StartTime, st.ExecSig, p.StartTime, p.ExecSig)
-	}
-	if exe := statFileID(t.procPath(p.PID, "exe")); exe != p.ExeFile {
-		return fmt.Errorf("%w: executable %v, found with %v", errImageChanged, exe, p.ExeFile)
 	}
 	return nil
 }

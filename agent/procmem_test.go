@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -15,6 +16,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/slowrank/slowrank/agent/discover"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/cupti"
 )
@@ -109,8 +111,8 @@ func TestNoWriteLandsInTheImageAnExecBrought(t *testing.T) {
 	e := startExecImage(t)
 	pid := e.cmd.Process.Pid
 	a := &Agent{counters: newCounters(), log: slog.New(slog.DiscardHandler)}
-	att := &attacher{a: a, procs: map[ProcessKey]*procEntry{}}
-	pe := &procEntry{proc: Process{ProcessKey: ProcessKey{PID: pid}}, inject: &Library{},
+	att := &attacher{count: a.counters.add, log: a.log, procs: map[discover.ProcessKey]*procEntry{}}
+	pe := &procEntry{proc: discover.Process{ProcessKey: discover.ProcessKey{PID: pid}}, inject: &discover.Library{},
 		mem: openProcMem(att.procPath(pid, "mem"))}
 	defer pe.mem.Close()
 	hb := e.addr + 1024
@@ -233,8 +235,8 @@ func TestInspectInjectionRefusesARenamedFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := &Agent{counters: newCounters(), log: slog.New(slog.DiscardHandler)}
-	att := &attacher{a: a}
-	pe := &procEntry{inject: &Library{HostPath: path, File: FileID{Dev: st.Dev, Inode: st.Ino}}}
+	att := &attacher{count: a.counters.add, log: a.log}
+	pe := &procEntry{inject: &discover.Library{HostPath: path, File: discover.FileID{Dev: st.Dev, Inode: st.Ino}}}
 	if _, err := att.inspectInjection(pe); err == nil || errors.Is(err, bpf.ErrFileChanged) {
 		t.Fatalf("the mapped file: %v, want an ELF error", err)
 	}
@@ -283,8 +285,8 @@ func TestInspectInjectionReadsTheMapping(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := &Agent{counters: newCounters(), log: slog.New(slog.DiscardHandler)}
-	att := &attacher{a: a}
-	pe := &procEntry{inject: &Library{HostPath: path, MapFilesPath: mapFiles, File: FileID{Dev: st.Dev, Inode: st.Ino}}}
+	att := &attacher{count: a.counters.add, log: a.log}
+	pe := &procEntry{inject: &discover.Library{HostPath: path, MapFilesPath: mapFiles, File: discover.FileID{Dev: st.Dev, Inode: st.Ino}}}
 	if _, err := att.inspectInjection(pe); err == nil || errors.Is(err, bpf.ErrFileChanged) {
 		t.Fatalf("through the mapping: %v, want an ELF error of the mapped file", err)
 	}
@@ -309,30 +311,26 @@ func TestInspectInjectionReadsTheMapping(t *testing.T) {
 func TestOpenImageMemRefusesAnImageNobodyJudged(t *testing.T) {
 	tests := []struct {
 		name  string
-		exec  bool             // the process execs after discovery, before the open
-		stale func(p *Process) // discovery's view as another change leaves it
+		exec  bool                      // the process execs after discovery, before the open
+		stale func(p *discover.Process) // discovery's view as another change leaves it
 		keep  bool
 	}{
 		{name: "the judged image", keep: true},
 		{name: "exec of the same executable", exec: true},
-		{name: "another executable", stale: func(p *Process) { p.ExeFile.Inode++ }},
-		{name: "PID reused", stale: func(p *Process) { p.StartTime++ }},
-		{name: "exec while discovery read the environment", stale: func(p *Process) { p.ExecSig[1]++ }},
-	}
-	r, err := newProcReader("/proc")
-	if err != nil {
-		t.Fatal(err)
+		{name: "another executable", stale: func(p *discover.Process) { p.ExeFile.Inode++ }},
+		{name: "PID reused", stale: func(p *discover.Process) { p.StartTime++ }},
+		{name: "exec while discovery read the environment", stale: func(p *discover.Process) { p.ExecSig[1]++ }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			e := startExecImage(t)
 			pid := e.cmd.Process.Pid
-			st, err := r.stat(pid)
-			if err != nil {
-				t.Fatal(err)
+			found, _, err := discover.Discover("/proc", discover.Selector{PIDs: []int{pid}})
+			if err != nil || len(found) != 1 {
+				t.Fatalf("discover the image: %v, %d processes", err, len(found))
 			}
-			p := Process{ProcessKey: ProcessKey{PID: pid, StartTime: st.StartTime}, ExecSig: st.ExecSig, ExeFile: r.exeFile(pid)}
-			if p.ExeFile == (FileID{}) {
+			p := found[0]
+			if p.ExeFile == (discover.FileID{}) {
 				t.Fatal("exe of the image not readable")
 			}
 			if tt.exec {
@@ -345,7 +343,7 @@ func TestOpenImageMemRefusesAnImageNobodyJudged(t *testing.T) {
 				tt.stale(&p)
 			}
 			a := &Agent{counters: newCounters(), log: slog.New(slog.DiscardHandler)}
-			att := &attacher{a: a}
+			att := &attacher{count: a.counters.add, log: a.log}
 			m := att.openImageMem(p)
 			defer m.Close()
 			_, readErr := cupti.ReadControl(m, int64(e.addr))
@@ -371,4 +369,22 @@ func TestOpenImageMemRefusesAnImageNobodyJudged(t *testing.T) {
 			}
 		})
 	}
+}
+
+// buildC compiles one C file into dir/out with gcc, skipping without it.
+func buildC(t *testing.T, dir, out, src string, args ...string) string {
+	t.Helper()
+	cc, err := exec.LookPath("gcc")
+	if err != nil {
+		t.Skip("no gcc:", err)
+	}
+	c := filepath.Join(dir, out+".c")
+	if err := os.WriteFile(c, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, out)
+	if msg, err := exec.Command(cc, append(args, "-o", bin, c)...).CombinedOutput(); err != nil {
+		t.Fatalf("gcc %s: %v\n%s", out, err, msg)
+	}
+	return bin
 }

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/slowrank/slowrank/agent/duty"
 	"github.com/slowrank/slowrank/agent/pipeline"
 	"github.com/slowrank/slowrank/cupti"
 	"github.com/slowrank/slowrank/detector"
@@ -11,6 +12,10 @@ import (
 
 // RankView is one row of the live view: a rank's latest step and verdict.
 type RankView = pipeline.RankView
+
+// Overhead is the duty ledger's account that Status carries (duty.Overhead
+// says what each figure is).
+type Overhead = duty.Overhead
 
 // Status is a snapshot of what a running agent is doing: the live view and
 // `slowrank status` show it.
@@ -35,7 +40,7 @@ type Status struct {
 	Recent       []detector.Verdict `json:"recent_verdicts"`
 	Procs        []ProcessView      `json:"process_list"`
 	Counters     map[string]int64   `json:"counters"`
-	Overhead     *Overhead          `json:"overhead,omitempty"` // cost estimate and budget ledger (duty.go)
+	Overhead     *Overhead          `json:"overhead,omitempty"` // cost estimate and budget ledger (agent/duty)
 }
 
 // StatusReport is the body of GET /status: the agent's Status, its
@@ -85,7 +90,7 @@ func (a *Agent) Status() Status {
 		st.Uprobes = "uprobe_multi"
 	}
 	st.Processes = len(st.Procs)
-	withNCCLPaths(st.Procs, a.conv.ncclPaths())
+	withNCCLPaths(st.Procs, a.conv.NCCLPaths())
 	for _, r := range snap.Ranks {
 		if r.Verdict != nil && r.Verdict.AlertActive {
 			st.Alerts = append(st.Alerts, *r.Verdict)

@@ -214,7 +214,7 @@ var specs = []ProbeSpec{
 	// what is probed is the out-of-line copy a library exports; call sites
 	// that inlined it are not seen. Future::wait is generic (RPC, jit fork,
 	// torch.futures): the agent counts it as a collective wait only in
-	// processes that issue torch collectives (agent/convert.go).
+	// processes that issue torch collectives (agent/capture/convert.go).
 	// waitAndThrow() is not probed: its callers are RPC, distributed
 	// autograd and collectAll, not the collectives of a training step.
 	// Measured: torch 2.11's libtorch_cpu.so and libtorch_python.so export

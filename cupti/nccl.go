@@ -14,7 +14,7 @@ type NCCLFunc uint8
 // NCCL operations. The line comments are the String() names (stringer
 // -linecomment, ncclfunc_string.go). correlate.OpSendRecv is "nccl_" and
 // its name, as is the op the agent gives any operation without a uprobe op
-// of its own (agent/convert_nccl.go).
+// of its own (agent/capture/convert_nccl.go).
 const (
 	NCCLFuncUnknown       NCCLFunc = iota // unknown
 	NCCLFuncBroadcast                     // broadcast

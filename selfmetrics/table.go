@@ -38,7 +38,7 @@ var Table = []Metric{
 			s("correlate_evicted", "reason", "correlate_evicted"),   // per-rank state evicted
 			s("correlate_dropped_host", "reason", "correlate_host"), // host intervals beyond the correlator's bounds
 			s("correlate_dropped_device", "reason", "correlate_device"),
-			// The NCCL profiler plugin's path (agent/convert_nccl.go, cupti/slowrank_nccl.c).
+			// The NCCL profiler plugin's path (agent/capture/convert_nccl.go, cupti/slowrank_nccl.c).
 			s("nccl_plugin_records_before_comm", "reason", "nccl_before_comm"), // collectives of a process with no comm record yet (its uprobes report them)
 			s("nccl_plugin_records_implausible", "reason", "nccl_implausible_time"),
 			s("nccl_kernel_records_off_plugin", "reason", "nccl_kernel_off_plugin"), // kernels of calls the uprobes report (or not fed): nothing to join them to

@@ -31,7 +31,7 @@
 // library, giving a Link to close) and reports through Sink (counters, and
 // each attachment made). Package agent implements both over bpf.Probes
 // (agent/probeset.go) and keeps the processes themselves: ranks, the BPF
-// filter entries, duty-cycle writes (agent/attach.go). The counters it
+// filter entries, duty-cycle writes (agent/attacher.go). The counters it
 // reports (attach_errors, attach_retries, attachments_reused,
 // libraries_attached, libraries_detached) keep their names in the agent's
 // metrics.

@@ -9,8 +9,8 @@
 // (/proc/PID/environ, /proc/PID/cgroup) and functions of their results; no
 // I/O, no clocks, no goroutines, no logging. It keeps only the variables it
 // reads (IsVar): no other part of a process's environment, secrets
-// included, is kept. Package agent reads the files (discover.go,
-// policy.go) and carries an Identity per process (agent.Identity is an
+// included, is kept. Package agent/discover reads the files (discover.go,
+// policy.go) and carries an Identity per process (discover.Identity is an
 // alias).
 //
 // Concurrency: no state; everything is safe for concurrent use.

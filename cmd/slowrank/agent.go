@@ -23,6 +23,8 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/slowrank/slowrank/agent"
+	"github.com/slowrank/slowrank/agent/discover"
+	"github.com/slowrank/slowrank/agent/duty"
 	"github.com/slowrank/slowrank/bpf"
 	"github.com/slowrank/slowrank/detector"
 	"github.com/slowrank/slowrank/otel/export"
@@ -48,14 +50,14 @@ func agentCommand() *cli.Command {
 			&cli.StringFlag{Name: "env-key", Value: "RANK", Usage: "without --pid/--match: watch processes whose environment has this variable", EnvVars: []string{"SLOWRANK_ENV_KEY"}},
 			&cli.StringSliceFlag{Name: "allow-uid", Usage: "only processes of this user (uid or name; repeatable) may be ranks, with those of --allow-cgroup (default: every owner)", EnvVars: []string{"SLOWRANK_ALLOW_UID"}},
 			&cli.StringSliceFlag{Name: "allow-cgroup", Usage: "only processes in this cgroup v2 subtree (e.g. /kubepods.slice, /system.slice/slurmstepd.scope; repeatable) may be ranks, with those of --allow-uid", EnvVars: []string{"SLOWRANK_ALLOW_CGROUP"}},
-			&cli.IntFlag{Name: "owner-quota", Value: agent.DefaultOwnerQuota, Usage: "processes tracked at most per owner (a uid; for root, a cgroup), so that one owner's flood cannot take every slot", EnvVars: []string{"SLOWRANK_OWNER_QUOTA"}},
+			&cli.IntFlag{Name: "owner-quota", Value: discover.DefaultOwnerQuota, Usage: "processes tracked at most per owner (a uid; for root, a cgroup), so that one owner's flood cannot take every slot", EnvVars: []string{"SLOWRANK_OWNER_QUOTA"}},
 			&cli.StringFlag{Name: "facts", Usage: "write step and topology facts (JSONL) to this file", EnvVars: []string{"SLOWRANK_FACTS"}},
 			&cli.StringFlag{Name: "verdicts", Usage: "write verdicts and a final summary (JSONL) to this file", EnvVars: []string{"SLOWRANK_VERDICTS"}},
 			&cli.StringFlag{Name: "host-name", Usage: "host name in facts and telemetry (default: os.Hostname)", EnvVars: []string{"SLOWRANK_HOST_NAME"}},
 			&cli.StringFlag{Name: "job", Usage: "job id (default: from the processes' environment, e.g. TORCHELASTIC_RUN_ID)", EnvVars: []string{"SLOWRANK_JOB"}},
-			&cli.Float64Flag{Name: "overhead-budget", Value: agent.DefaultDutyConfig().Budget, Usage: "overhead the agent may add to training (uprobes, device records, escalations), as a fraction of step time", EnvVars: []string{"SLOWRANK_OVERHEAD_BUDGET"}},
-			&cli.DurationFlag{Name: "uprobe-cost", Value: agent.DefaultDutyConfig().UprobeCost, Usage: "cost of one uprobe trap in a training process, charged to the overhead budget where it lengthens the step (conservative: the H200 measured 1.0-1.35us a trap in a host-bound NCCL loop)", EnvVars: []string{"SLOWRANK_UPROBE_COST"}},
-			&cli.DurationFlag{Name: "nccl-plugin-cost", Value: agent.DefaultDutyConfig().NCCLPluginCost, Usage: "cost of one NCCL operation the injection library records as NCCL's profiler plugin (--nccl-plugin), charged to the overhead budget in full (twice the upper end the H200 measured, 0.29-0.49us an operation: kernel-channel events were not measured)", EnvVars: []string{"SLOWRANK_NCCL_PLUGIN_COST"}},
+			&cli.Float64Flag{Name: "overhead-budget", Value: duty.DefaultConfig().Budget, Usage: "overhead the agent may add to training (uprobes, device records, escalations), as a fraction of step time", EnvVars: []string{"SLOWRANK_OVERHEAD_BUDGET"}},
+			&cli.DurationFlag{Name: "uprobe-cost", Value: duty.DefaultConfig().UprobeCost, Usage: "cost of one uprobe trap in a training process, charged to the overhead budget where it lengthens the step (conservative: the H200 measured 1.0-1.35us a trap in a host-bound NCCL loop)", EnvVars: []string{"SLOWRANK_UPROBE_COST"}},
+			&cli.DurationFlag{Name: "nccl-plugin-cost", Value: duty.DefaultConfig().NCCLPluginCost, Usage: "cost of one NCCL operation the injection library records as NCCL's profiler plugin (--nccl-plugin), charged to the overhead budget in full (twice the upper end the H200 measured, 0.29-0.49us an operation: kernel-channel events were not measured)", EnvVars: []string{"SLOWRANK_NCCL_PLUGIN_COST"}},
 			&cli.BoolFlag{Name: "device-collection", Value: true, Usage: "steer the injection library's duty cycle (off: leave its default)", EnvVars: []string{"SLOWRANK_DEVICE_COLLECTION"}},
 			&cli.StringFlag{Name: "step-marker", Usage: "end a step at every return of this synchronisation call (e.g. cudaDeviceSynchronize) instead of detecting steps from the collective period", EnvVars: []string{"SLOWRANK_STEP_MARKER"}},
 			&cli.BoolFlag{Name: "nccl-plugin", Usage: "take NCCL collectives from the injection library's profiler-plugin records where a job sets NCCL_PROFILER_PLUGIN to it (experimental: a libnccl file's collective uprobes are detached once every process mapping it is on the plugin path, and attached again when one is not; its comm-init and group uprobes stay; not yet run on a real NCCL); off: the uprobes report", EnvVars: []string{"SLOWRANK_NCCL_PLUGIN"}},
@@ -112,7 +114,7 @@ func agentConfig(c *cli.Context) (agent.Config, error) {
 	cfg.DeviceCollection = c.Bool("device-collection")
 	cfg.ProbeTorch = c.Bool("probe-torch")
 	cfg.NCCLPlugin = c.Bool("nccl-plugin")
-	kch, err := agent.ParseKernelChannelMode(c.String("nccl-kernel-channels"))
+	kch, err := duty.ParseKernelChannelMode(c.String("nccl-kernel-channels"))
 	if err != nil {
 		return cfg, cli.Exit("--nccl-kernel-channels: "+err.Error(), exitUsage)
 	}
@@ -124,8 +126,8 @@ func agentConfig(c *cli.Context) (agent.Config, error) {
 }
 
 // selectionPolicy reads --allow-uid, --allow-cgroup and --owner-quota.
-func selectionPolicy(c *cli.Context) (agent.Policy, error) {
-	p := agent.Policy{AllowCgroups: c.StringSlice("allow-cgroup"), OwnerQuota: c.Int("owner-quota")}
+func selectionPolicy(c *cli.Context) (discover.Policy, error) {
+	p := discover.Policy{AllowCgroups: c.StringSlice("allow-cgroup"), OwnerQuota: c.Int("owner-quota")}
 	for _, u := range c.StringSlice("allow-uid") {
 		uid, err := lookupUID(u)
 		if err != nil {
@@ -136,7 +138,7 @@ func selectionPolicy(c *cli.Context) (agent.Policy, error) {
 	if p.OwnerQuota < 1 {
 		return p, cli.Exit(fmt.Sprintf("--owner-quota must be at least 1, got %d", p.OwnerQuota), exitUsage)
 	}
-	if err := agent.CheckPolicy(p); err != nil {
+	if err := discover.CheckPolicy(p); err != nil {
 		return p, cli.Exit(fmt.Sprintf("--allow-cgroup: %v", err), exitUsage)
 	}
 	return p, nil
@@ -327,7 +329,7 @@ type dumpRecord struct {
 // agentStartError turns start-up failures into actionable one-line errors.
 func agentStartError(err error) error {
 	switch {
-	case errors.Is(err, agent.ErrNoSuchProcess):
+	case errors.Is(err, discover.ErrNoSuchProcess):
 		return cli.Exit(err.Error(), exitUsage)
 	case errors.Is(err, bpf.ErrPermission):
 		return cli.Exit(fmt.Sprintf("%v: run as root or grant CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE", err), 1)

@@ -10,7 +10,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/slowrank/slowrank/agent"
+	"github.com/slowrank/slowrank/agent/duty"
 	"github.com/slowrank/slowrank/detector"
 )
 
@@ -39,8 +39,8 @@ func detectorFlags() []cli.Flag {
 func detectorConfig(c *cli.Context) (detector.Config, error) {
 	cfg := detector.DefaultConfig()
 	cfg.Window = c.Duration("window")
-	if cfg.Window < agent.MinWindow {
-		return cfg, cli.Exit(fmt.Sprintf("--window must be at least %s (the shortest duty period of device collection), got %s", agent.MinWindow, cfg.Window), exitUsage)
+	if cfg.Window < duty.MinWindow {
+		return cfg, cli.Exit(fmt.Sprintf("--window must be at least %s (the shortest duty period of device collection), got %s", duty.MinWindow, cfg.Window), exitUsage)
 	}
 	cfg.Threshold = c.Float64("threshold")
 	if err := checkThreshold(c, "threshold", cfg.Threshold); err != nil {

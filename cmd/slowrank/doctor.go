@@ -25,6 +25,8 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/slowrank/slowrank/agent"
+	"github.com/slowrank/slowrank/agent/discover"
+	"github.com/slowrank/slowrank/agent/gpu"
 	"github.com/slowrank/slowrank/agent/localapi"
 	"github.com/slowrank/slowrank/agent/privilege"
 	"github.com/slowrank/slowrank/bpf"
@@ -68,7 +70,7 @@ func doctorCommand() *cli.Command {
 			&cli.BoolFlag{Name: "json", Usage: "print the checks as a JSON array", EnvVars: []string{"SLOWRANK_JSON"}},
 			&cli.StringFlag{Name: "otlp-endpoint", Usage: "OTLP endpoint to test (default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT)"},
 			&cli.StringFlag{Name: "lib", Usage: "the injection library libslowrank_cupti.so (default: next to the binary, bin/, /opt/slowrank/lib)", EnvVars: []string{"SLOWRANK_CUPTI_LIB_PATH"}},
-			&cli.StringFlag{Name: "env-key", Value: agent.DefaultEnvKey, Usage: "training processes are those whose environment has this variable", EnvVars: []string{"SLOWRANK_ENV_KEY"}},
+			&cli.StringFlag{Name: "env-key", Value: discover.DefaultEnvKey, Usage: "training processes are those whose environment has this variable", EnvVars: []string{"SLOWRANK_ENV_KEY"}},
 			&cli.StringFlag{Name: "socket", Value: localapi.DefaultSocket, Usage: "a running agent's Unix socket", EnvVars: []string{"SLOWRANK_STATUS_SOCKET"}},
 		},
 		Action: func(c *cli.Context) error {
@@ -379,11 +381,11 @@ func isVersion(w string) bool {
 
 func checkNVML() checkResult {
 	r := checkResult{Check: "nvml"}
-	n, err := agent.OpenNVML()
+	n, err := gpu.OpenNVML()
 	if err != nil {
 		r.Status = checkWarn
-		r.Detail = fmt.Sprintf("NVML unavailable: %s", strings.TrimSuffix(err.Error(), ": "+agent.ErrNVMLUnavailable.Error()))
-		if errors.Is(err, agent.ErrNVMLUnavailable) {
+		r.Detail = fmt.Sprintf("NVML unavailable: %s", strings.TrimSuffix(err.Error(), ": "+gpu.ErrNVMLUnavailable.Error()))
+		if errors.Is(err, gpu.ErrNVMLUnavailable) {
 			r.Fix = "install the NVIDIA driver (nvidia-smi must work); on a host without GPUs this is expected and the agent still judges host phases"
 		}
 		return r
@@ -419,9 +421,9 @@ func injectionCandidates(explicit string) []string {
 	}
 	var c []string
 	if exe, err := os.Executable(); err == nil {
-		c = append(c, filepath.Join(filepath.Dir(exe), agent.InjectionLibraryName))
+		c = append(c, filepath.Join(filepath.Dir(exe), discover.InjectionLibraryName))
 	}
-	c = append(c, filepath.Join("bin", agent.InjectionLibraryName), filepath.Join(injectionLibDir, agent.InjectionLibraryName))
+	c = append(c, filepath.Join("bin", discover.InjectionLibraryName), filepath.Join(injectionLibDir, discover.InjectionLibraryName))
 	return c
 }
 
@@ -525,12 +527,12 @@ func checkCUDA() checkResult {
 // injectionBlocks reads the injection library's control block in a process
 // and, where the library has one, its NCCL plugin status (nil when absent
 // or unreadable: an older library, a torn mapping).
-func injectionBlocks(pid int, lib agent.Library) (cupti.ControlBlock, *cupti.NCCLStatus, error) {
+func injectionBlocks(pid int, lib discover.Library) (cupti.ControlBlock, *cupti.NCCLStatus, error) {
 	info, err := cupti.InspectLibrary(lib.HostPath)
 	if err != nil {
 		return cupti.ControlBlock{}, nil, err
 	}
-	maps, err := agent.ReadMaps(pid)
+	maps, err := discover.ReadMaps("", pid)
 	if err != nil {
 		return cupti.ControlBlock{}, nil, err
 	}
@@ -586,7 +588,7 @@ func libraryState(cb cupti.ControlBlock, st *cupti.NCCLStatus) string {
 // or the name "slowrank" (NCCL then opens libnccl-profiler-slowrank.so).
 func ourPlugin(v string) bool {
 	base := filepath.Base(v)
-	return v == "slowrank" || base == agent.InjectionLibraryName || base == "libnccl-profiler-slowrank.so"
+	return v == "slowrank" || base == discover.InjectionLibraryName || base == "libnccl-profiler-slowrank.so"
 }
 
 // ncclCapture says which path a process's NCCL collectives take: from the
@@ -620,8 +622,8 @@ const maxListed = 16
 func checkProcesses(envKey, libPath string) (checkResult, map[int]string) {
 	r := checkResult{Check: "processes"}
 	plugins := map[int]string{}
-	procs, stats, err := agent.Discover("", agent.Selector{EnvKey: envKey})
-	var denied *agent.AccessError
+	procs, stats, err := discover.Discover("", agent.Selector{EnvKey: envKey})
+	var denied *discover.AccessError
 	if err != nil && !errors.As(err, &denied) {
 		r.Status, r.Detail = checkWarn, fmt.Sprintf("scan /proc: %v", err)
 		return r, plugins
@@ -641,12 +643,12 @@ func checkProcesses(envKey, libPath string) (checkResult, map[int]string) {
 	injectedEnv, loaded, pluginOnly := 0, 0, 0
 	var missing []string // CUDA_INJECTION64_PATH values naming no file
 	for i, p := range procs {
-		libs, lerr := agent.ReadLibraries("", p.PID)
+		libs, lerr := discover.ReadLibraries("", p.PID)
 		var kinds []string
-		var inj *agent.Library
+		var inj *discover.Library
 		for j := range libs {
 			kinds = append(kinds, libs[j].Kind.String())
-			if libs[j].Kind == agent.KindCUPTIInject {
+			if libs[j].Kind == discover.KindCUPTIInject {
 				inj = &libs[j]
 			}
 		}
@@ -673,10 +675,10 @@ func checkProcesses(envKey, libPath string) (checkResult, map[int]string) {
 		case p.Identity.Injected:
 			state = "CUDA_INJECTION64_PATH set, library not loaded yet"
 		}
-		if slices.Contains(kinds, agent.KindNCCL.String()) || inj != nil {
+		if slices.Contains(kinds, discover.KindNCCL.String()) || inj != nil {
 			state += "; " + ncclCapture(p.Identity.ProfilerPlugin, st)
 		}
-		if slices.Contains(kinds, agent.KindNCCL.String()) {
+		if slices.Contains(kinds, discover.KindNCCL.String()) {
 			plugins[p.PID] = p.Identity.ProfilerPlugin
 		}
 		if lerr != nil {
@@ -705,7 +707,7 @@ func checkProcesses(envKey, libPath string) (checkResult, map[int]string) {
 		r.Status = checkWarn
 		lib := libPath
 		if lib == "" {
-			lib = filepath.Join(injectionLibDir, agent.InjectionLibraryName)
+			lib = filepath.Join(injectionLibDir, discover.InjectionLibraryName)
 		}
 		r.Fix = fmt.Sprintf("start the job with CUDA_INJECTION64_PATH=%s for device phases (compute, comm); host phases work without it", lib)
 		if len(missing) > 0 {
@@ -749,7 +751,7 @@ func injectionFileMissing(pid int, path string) bool {
 }
 
 // deniedNote says which processes' environment could not be read.
-func deniedNote(denied *agent.AccessError) string {
+func deniedNote(denied *discover.AccessError) string {
 	if denied == nil {
 		return ""
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/slowrank/slowrank/agent"
+	"github.com/slowrank/slowrank/agent/duty"
 	"github.com/slowrank/slowrank/agent/localapi"
 	"github.com/slowrank/slowrank/detector"
 )
@@ -655,9 +656,9 @@ func writeWrapped(w io.Writer, prefix, text string) {
 // kernelChannelsText is the NCCL plugin's kernel-channel trial in one line
 // of at most 69 columns: the cost is of an on-phase's step time (its reason
 // in full is in --json).
-func kernelChannelsText(k *agent.KernelChannels) string {
+func kernelChannelsText(k *duty.KernelChannels) string {
 	switch {
-	case k.State == agent.KernelChannelsTrial:
+	case k.State == duty.KernelChannelsTrial:
 		return fmt.Sprintf("NCCL kernel channels: cost measured apart, %d/%d blocks with/without", k.With, k.Apart)
 	case k.Limit == 0:
 		return fmt.Sprintf("NCCL kernel channels %s (--nccl-kernel-channels)", k.State)

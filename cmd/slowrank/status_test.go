@@ -15,6 +15,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/slowrank/slowrank/agent"
+	"github.com/slowrank/slowrank/agent/duty"
 	"github.com/slowrank/slowrank/agent/localapi"
 	"github.com/slowrank/slowrank/detector"
 )
@@ -83,7 +84,7 @@ func (f *fakeAgent) Status() agent.Status {
 		Recent:   []detector.Verdict{c, v},
 		Procs:    procs,
 		Counters: map[string]int64{"events": 24110, "ringbuf_lost": 0, "attach_errors": 1},
-		Overhead: &agent.Overhead{Budget: 0.003, Cost: agent.CostEstimate{Cost: 0.0245, Low: 0.0205, High: 0.029, Pairs: 64, Measured: true},
+		Overhead: &agent.Overhead{Budget: 0.003, Cost: duty.CostEstimate{Cost: 0.0245, Low: 0.0205, High: 0.029, Pairs: 64, Measured: true},
 			Refused: "the ledger pays for 3.3 s of full collection, less than the 5s an escalation needs: 15s costs 0.424 s at 2.83 % of step time " +
 				"(the upper end of the cost measured from 11 pairs), 0.129 s are left of 1.035 s (0.30 % of 5m45s of training and the escalation)",
 			Device: 0.0016, Uprobes: 0.0009, Library: 0.0001, Total: 0.0026, Training: time.Hour, EscalationsGranted: 4, EscalationsRefused: 110},
@@ -332,16 +333,16 @@ func TestStatusOverheadShowsPluginOnlyWhenSpent(t *testing.T) {
 func TestStatusOverheadShowsKernelChannels(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		k    *agent.KernelChannels
+		k    *duty.KernelChannels
 		want string // "": no line
 	}{
 		{"no plugin: no line", nil, ""},
-		{"a trial", &agent.KernelChannels{State: agent.KernelChannelsTrial, With: 3, Apart: 2}, "cost measured apart, 3/2 blocks"},
-		{"found dear", &agent.KernelChannels{State: agent.KernelChannelsDenied, Cost: 0.0493, Low: 0.0412, High: 0.0574, Limit: 0.01},
+		{"a trial", &duty.KernelChannels{State: duty.KernelChannelsTrial, With: 3, Apart: 2}, "cost measured apart, 3/2 blocks"},
+		{"found dear", &duty.KernelChannels{State: duty.KernelChannelsDenied, Cost: 0.0493, Low: 0.0412, High: 0.0574, Limit: 0.01},
 			"NCCL kernel channels off: +4.93% [+4.12, +5.74] (limit 1%)"},
-		{"wide figures", &agent.KernelChannels{State: agent.KernelChannelsKept, Cost: -0.1234, Low: -0.2987, High: 0.125, Limit: 0.025},
+		{"wide figures", &duty.KernelChannels{State: duty.KernelChannelsKept, Cost: -0.1234, Low: -0.2987, High: 0.125, Limit: 0.025},
 			"NCCL kernel channels on: -12.34% [-29.87, +12.50] (limit 2.5%)"},
-		{"the operator's", &agent.KernelChannels{State: agent.KernelChannelsDenied}, "NCCL kernel channels off (--nccl-kernel-channels)"},
+		{"the operator's", &duty.KernelChannels{State: duty.KernelChannelsDenied}, "NCCL kernel channels off (--nccl-kernel-channels)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var b bytes.Buffer
