@@ -77,7 +77,7 @@ func TestPlan(t *testing.T) {
 			warns:  []string{`slowrank: container "t" has envFrom; the CUDA_INJECTION64_PATH added takes precedence over one it may define`},
 			volume: true},
 		{name: "a pod set up by hand is left alone", pod: byHand, noOps: true,
-			want: map[string]patched{"t": {[]mount{{Name: VolumeName, MountPath: libDir + "/", ReadOnly: true}}, []envVar{{EnvInjection, lib}}}},
+			want:   map[string]patched{"t": {[]mount{{Name: VolumeName, MountPath: libDir + "/", ReadOnly: true}}, []envVar{{EnvInjection, lib}}}},
 			volume: true},
 		{name: "init containers are not patched", pod: withInit,
 			want:   map[string]patched{"trainer": {[]mount{libMount}, []envVar{{EnvInjection, lib}}}},
