@@ -80,7 +80,7 @@ func TestHandlerAnswers(t *testing.T) {
 		{name: "a review without uid: admitted with a warning",
 			body: reviewOf("", bare), warning: "no request uid", count: func(s Stats) int64 { return s.Errors }},
 		{name: "a body over the limit: admitted with a warning",
-			body: reviewOf("u9", strings.Replace(bare, `"name":"p"`, `"name":"`+strings.Repeat("p", 8<<10)+`"`, 1)),
+			body:    reviewOf("u9", strings.Replace(bare, `"name":"p"`, `"name":"`+strings.Repeat("p", 8<<10)+`"`, 1)),
 			warning: "too large", count: func(s Stats) int64 { return s.Errors }},
 	}
 	for _, tt := range tests {
