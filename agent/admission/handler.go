@@ -114,6 +114,7 @@ func (h *Handler) review(r *http.Request) (uid string, ops []Op, warns []string)
 	}
 	ops, warns, kept := plan(p, h.opts)
 	h.stats.kept.Add(int64(kept))
+	warns = capWarnings(warns)
 	if len(ops) == 0 {
 		h.stats.unchanged.Add(1)
 		return uid, nil, warns
@@ -128,6 +129,18 @@ func (h *Handler) fail(uid string, err error) []string {
 	h.stats.errors.Add(1)
 	h.log.Warn("bad admission request, pod admitted unpatched", "uid", uid, "err", err)
 	return []string{"slowrank: bad admission request, the pod is admitted without the library: " + truncate(err.Error(), 200)}
+}
+
+// maxWarnings bounds the warnings of one answer: they come back to the
+// user through the API server, which is not the place for one per container
+// of a pod that has hundreds.
+const maxWarnings = 8
+
+func capWarnings(warns []string) []string {
+	if len(warns) <= maxWarnings {
+		return warns
+	}
+	return append(warns[:maxWarnings-1:maxWarnings-1], fmt.Sprintf("slowrank: %d more warnings like these", len(warns)-maxWarnings+1))
 }
 
 func podName(p *pod) string {

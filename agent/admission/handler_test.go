@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -100,6 +101,27 @@ func TestHandlerAnswers(t *testing.T) {
 				t.Errorf("stats %+v", st)
 			}
 		})
+	}
+}
+
+func TestHandlerBoundsWarnings(t *testing.T) {
+	var cs []string
+	for i := range 20 {
+		cs = append(cs, `{"name":"`+strings.Repeat("c", 100)+strconv.Itoa(i)+`","env":[{"name":"CUDA_INJECTION64_PATH","value":"/x"}]}`)
+	}
+	pod := `{"metadata":{"labels":{"slowrank.dev/inject":"true"}},"spec":{"containers":[` + strings.Join(cs, ",") + `]}}`
+	h := newTestHandler(t, 0)
+	resp := post(t, h, reviewOf("w", pod))
+	if len(resp.Warnings) != maxWarnings || !strings.Contains(resp.Warnings[maxWarnings-1], "13 more warnings") {
+		t.Errorf("%d warnings: %q", len(resp.Warnings), resp.Warnings)
+	}
+	for _, w := range resp.Warnings {
+		if len(w) > 160 {
+			t.Errorf("warning of %d bytes: %q", len(w), w)
+		}
+	}
+	if st := h.Stats(); st.ValuesKept != 20 || st.Patched != 1 {
+		t.Errorf("stats %+v", st)
 	}
 }
 

@@ -114,12 +114,12 @@ func plan(p *pod, o Options) (ops []Op, warns []string, kept int) {
 			if have, ok := lookup(c.Env, e.Name); ok {
 				if have.Value != e.Value {
 					kept++
-					warns = append(warns, fmt.Sprintf("slowrank: container %q sets %s; its value is kept", c.Name, e.Name))
+					warns = append(warns, fmt.Sprintf("slowrank: container %q sets %s; its value is kept", truncate(c.Name, 63), e.Name))
 				}
 				continue
 			}
 			if len(c.EnvFrom) > 0 {
-				warns = append(warns, fmt.Sprintf("slowrank: container %q has envFrom; the %s added takes precedence over one it may define", c.Name, e.Name))
+				warns = append(warns, fmt.Sprintf("slowrank: container %q has envFrom; the %s added takes precedence over one it may define", truncate(c.Name, 63), e.Name))
 			}
 			ops = append(ops, addTo(base+"/env", n, e))
 			n++
