@@ -31,5 +31,7 @@
 // Handler is safe for concurrent use; Stats may be read at any time.
 //
 // admission imports no other slowrank package and no Kubernetes module: it
-// decodes the few fields it needs from the review, and ignores the rest.
+// decodes the few fields it needs from the review, with exact keys as the
+// API server does, and ignores the rest. Its tests apply the patches with
+// the JSON patch library the API server uses.
 package admission

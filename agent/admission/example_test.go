@@ -43,44 +43,28 @@ func TestExampleJobsAgree(t *testing.T) {
 	if len(templates) != 2 {
 		t.Fatalf("%d Jobs in the example, want the hand-edited one and the labelled one", len(templates))
 	}
-	type volumes struct {
-		Spec struct {
-			Volumes []hostPathVolume `json:"volumes"`
-		} `json:"spec"`
-	}
-	var byHand, labelled volumes
-	if err := json.Unmarshal(templates[0], &byHand); err != nil {
-		t.Fatal(err)
-	}
-	var p pod
-	if err := json.Unmarshal(templates[1], &p); err != nil {
-		t.Fatal(err)
-	}
+	p := mustDecode(t, string(templates[1]))
 	if !p.optedIn() {
 		t.Fatalf("the second Job lacks the label %s: \"true\"", InjectLabel)
 	}
-	ops, warns, _ := plan(&p, Options{LibDir: libDir})
+	ops, warns, _ := plan(p, Options{LibDir: libDir})
 	if len(warns) != 0 {
 		t.Errorf("warnings %q", warns)
 	}
-	patched := applyPatch(t, string(templates[1]), ops)
-	if err := json.Unmarshal(patched, &labelled); err != nil {
+	var byHand, labelled testPod
+	if err := json.Unmarshal(templates[0], &byHand); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(applyPatch(t, string(templates[1]), ops), &labelled); err != nil {
 		t.Fatal(err)
 	}
 	if !reflect.DeepEqual(labelled.Spec.Volumes, byHand.Spec.Volumes) {
 		t.Errorf("patched volumes %+v, by hand %+v", labelled.Spec.Volumes, byHand.Spec.Volumes)
 	}
-	var hc, lc container
-	for _, x := range []struct {
-		raw []byte
-		c   *container
-	}{{templates[0], &hc}, {patched, &lc}} {
-		var q pod
-		if err := json.Unmarshal(x.raw, &q); err != nil || len(q.Spec.Containers) != 1 {
-			t.Fatalf("containers: %v", err)
-		}
-		*x.c = q.Spec.Containers[0]
+	if len(byHand.Spec.Containers) != 1 || len(labelled.Spec.Containers) != 1 {
+		t.Fatalf("containers: %d by hand, %d labelled, want one each", len(byHand.Spec.Containers), len(labelled.Spec.Containers))
 	}
+	hc, lc := byHand.Spec.Containers[0], labelled.Spec.Containers[0]
 	if !reflect.DeepEqual(hc.VolumeMounts, lc.VolumeMounts) {
 		t.Errorf("patched mounts %+v, by hand %+v", lc.VolumeMounts, hc.VolumeMounts)
 	}

@@ -149,7 +149,8 @@ func TestNewRefusesBadConfig(t *testing.T) {
 // FuzzDecodeReview: the review's bytes come from the API server, across a
 // trust boundary. Whatever they are, the answer is an allowed review for the
 // uid read, and a patch, when there is one, is a JSON array of adds under
-// /spec.
+// /spec that the API server's patch library applies to the pod, after which
+// the pod needs no other.
 func FuzzDecodeReview(f *testing.F) {
 	for _, pod := range []string{bare, twoContainers, userValue, valueFrom, envFrom, byHand, withInit, `null`, `{}`, `[]`} {
 		f.Add([]byte(reviewOf("u", pod)))
@@ -173,6 +174,20 @@ func FuzzDecodeReview(f *testing.F) {
 			if op.Op != "add" || !strings.HasPrefix(op.Path, "/spec/") {
 				t.Fatalf("op %+v", op)
 			}
+		}
+		// The patch applies to the object as the API server applies it,
+		// and the patched pod needs nothing more.
+		var rv review
+		if err := json.Unmarshal(body, &rv); err != nil {
+			t.Fatal(err)
+		}
+		after := applyPatch(t, string(rv.Request.Object), ops)
+		q, err := decodePod(after)
+		if err != nil {
+			t.Fatalf("the patched pod %s: %v", after, err)
+		}
+		if again, _, _ := plan(q, h.opts); p.optedIn() && len(again) != 0 {
+			t.Fatalf("patched %s, then again %+v", after, again)
 		}
 		resp := post(t, h, string(body))
 		if !resp.Allowed || resp.UID != uid {

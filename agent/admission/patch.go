@@ -30,18 +30,18 @@ type Options struct {
 	NCCLPlugin bool
 }
 
-// pod holds the fields of a v1 Pod that the patch depends on; the rest of
-// the object is ignored.
+// pod holds the fields of a v1 Pod that the patch depends on (decodePod
+// reads them); the rest of the object is ignored.
 type pod struct {
 	Metadata struct {
-		Name         string            `json:"name"`
-		GenerateName string            `json:"generateName"`
-		Labels       map[string]string `json:"labels"`
-	} `json:"metadata"`
+		Name         string
+		GenerateName string
+		Labels       map[string]string
+	}
 	Spec struct {
-		Volumes    []named     `json:"volumes"`
-		Containers []container `json:"containers"`
-	} `json:"spec"`
+		Volumes    []named
+		Containers []container
+	}
 }
 
 type named struct {
@@ -49,10 +49,10 @@ type named struct {
 }
 
 type container struct {
-	Name         string     `json:"name"`
-	Env          []envVar   `json:"env"`
-	EnvFrom      []struct{} `json:"envFrom"`
-	VolumeMounts []mount    `json:"volumeMounts"`
+	Name         string
+	Env          []envVar
+	HasEnvFrom   bool // envFrom is not empty
+	VolumeMounts []mount
 }
 
 // envVar is a container's variable; Value is empty for one set from a
@@ -118,7 +118,7 @@ func plan(p *pod, o Options) (ops []Op, warns []string, kept int) {
 				}
 				continue
 			}
-			if len(c.EnvFrom) > 0 {
+			if c.HasEnvFrom {
 				warns = append(warns, fmt.Sprintf("slowrank: container %q has envFrom; the %s added takes precedence over one it may define", truncate(c.Name, 63), e.Name))
 			}
 			ops = append(ops, addTo(base+"/env", n, e))

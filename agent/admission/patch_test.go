@@ -3,9 +3,11 @@ package admission
 import (
 	"encoding/json"
 	"reflect"
-	"strconv"
+	"slices"
 	"strings"
 	"testing"
+
+	jsonpatch "gopkg.in/evanphx/json-patch.v4"
 )
 
 const libDir = "/opt/slowrank/lib"
@@ -85,12 +87,9 @@ func TestPlan(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var p pod
-			if err := json.Unmarshal([]byte(tt.pod), &p); err != nil {
-				t.Fatal(err)
-			}
+			p := mustDecode(t, tt.pod)
 			o := Options{LibDir: libDir, NCCLPlugin: tt.nccl}
-			ops, warns, kept := plan(&p, o)
+			ops, warns, kept := plan(p, o)
 			if tt.noOps != (len(ops) == 0) {
 				t.Fatalf("ops = %+v", ops)
 			}
@@ -98,7 +97,7 @@ func TestPlan(t *testing.T) {
 				t.Errorf("warnings = %q, kept %d; want %q, %d", warns, kept, tt.warns, tt.kept)
 			}
 			after := applyPatch(t, tt.pod, ops)
-			var q pod
+			var q testPod
 			if err := json.Unmarshal(after, &q); err != nil {
 				t.Fatal(err)
 			}
@@ -107,14 +106,14 @@ func TestPlan(t *testing.T) {
 					t.Errorf("container %s: mounts %+v env %+v; want %+v", c.Name, c.VolumeMounts, c.Env, tt.want[c.Name])
 				}
 			}
-			if got := hasVolume(q.Spec.Volumes, VolumeName); got != tt.volume {
+			if got := slices.ContainsFunc(q.Spec.Volumes, func(v hostPathVolume) bool { return v.Name == VolumeName }); got != tt.volume {
 				t.Errorf("library volume = %v", got)
 			}
 			if strings.Contains(string(after), `"initContainers":[{"name":"fetch"}]`) != (tt.pod == withInit) {
 				t.Errorf("init containers changed: %s", after)
 			}
 			// Idempotent: the patched pod needs nothing more.
-			if again, _, _ := plan(&q, o); len(again) != 0 {
+			if again, _, _ := plan(mustDecode(t, string(after)), o); len(again) != 0 {
 				t.Errorf("second patch = %+v", again)
 			}
 		})
@@ -122,18 +121,9 @@ func TestPlan(t *testing.T) {
 }
 
 func TestPlanVolume(t *testing.T) {
-	var p pod
-	if err := json.Unmarshal([]byte(bare), &p); err != nil {
-		t.Fatal(err)
-	}
-	ops, _, _ := plan(&p, Options{LibDir: libDir})
-	after := applyPatch(t, bare, ops)
-	var q struct {
-		Spec struct {
-			Volumes []hostPathVolume `json:"volumes"`
-		} `json:"spec"`
-	}
-	if err := json.Unmarshal(after, &q); err != nil {
+	ops, _, _ := plan(mustDecode(t, bare), Options{LibDir: libDir})
+	var q testPod
+	if err := json.Unmarshal(applyPatch(t, bare, ops), &q); err != nil {
 		t.Fatal(err)
 	}
 	want := hostPathVolume{Name: VolumeName}
@@ -154,72 +144,54 @@ func TestOptedIn(t *testing.T) {
 		{`{"app":"x"}`, false},
 		{`null`, false},
 	} {
-		var p pod
-		if err := json.Unmarshal([]byte(`{"metadata":{"labels":`+tt.labels+`}}`), &p); err != nil {
-			t.Fatal(err)
-		}
+		p := mustDecode(t, `{"metadata":{"labels":`+tt.labels+`},"spec":{}}`)
 		if got := p.optedIn(); got != tt.want {
 			t.Errorf("labels %s: opted in = %v, want %v", tt.labels, got, tt.want)
 		}
 	}
 }
 
-// applyPatch applies "add" operations (RFC 6902) to doc, as the API server
-// does, so that the tests check the pod that results, not the patch's text.
-func applyPatch(t *testing.T, doc string, ops []Op) []byte {
+// applyPatch applies the patch to doc with the JSON patch library and
+// version that the API server uses (k8s.io/apiserver's mutating webhook
+// dispatcher, Kubernetes 1.37), so that the tests check the pod that results.
+func applyPatch(t testing.TB, doc string, ops []Op) []byte {
 	t.Helper()
-	var root any
-	if err := json.Unmarshal([]byte(doc), &root); err != nil {
-		t.Fatal(err)
+	if len(ops) == 0 {
+		return []byte(doc)
 	}
-	for _, op := range ops {
-		if op.Op != "add" {
-			t.Fatalf("unexpected op %+v", op)
-		}
-		// Round-trip the value so that it is made of maps and slices.
-		raw, err := json.Marshal(op.Value)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var v any
-		if err := json.Unmarshal(raw, &v); err != nil {
-			t.Fatal(err)
-		}
-		root = addAt(t, root, strings.Split(op.Path, "/")[1:], v)
-	}
-	out, err := json.Marshal(root)
+	raw, err := json.Marshal(ops)
 	if err != nil {
 		t.Fatal(err)
+	}
+	patch, err := jsonpatch.DecodePatch(raw)
+	if err != nil {
+		t.Fatalf("patch %s: %v", raw, err)
+	}
+	out, err := patch.Apply([]byte(doc))
+	if err != nil {
+		t.Fatalf("patch %s does not apply: %v", raw, err)
 	}
 	return out
 }
 
-func addAt(t *testing.T, node any, path []string, v any) any {
+// testPod is a pod as the tests read it back after the patch: every field
+// the patch writes.
+type testPod struct {
+	Spec struct {
+		Volumes    []hostPathVolume `json:"volumes"`
+		Containers []struct {
+			Name         string   `json:"name"`
+			Env          []envVar `json:"env"`
+			VolumeMounts []mount  `json:"volumeMounts"`
+		} `json:"containers"`
+	} `json:"spec"`
+}
+
+func mustDecode(t testing.TB, doc string) *pod {
 	t.Helper()
-	key := strings.ReplaceAll(strings.ReplaceAll(path[0], "~1", "/"), "~0", "~")
-	switch n := node.(type) {
-	case map[string]any:
-		if len(path) == 1 {
-			n[key] = v
-			return n
-		}
-		child, ok := n[key]
-		if !ok {
-			t.Fatalf("patch path through missing member %q", key)
-		}
-		n[key] = addAt(t, child, path[1:], v)
-		return n
-	case []any:
-		if len(path) == 1 && key == "-" {
-			return append(n, v)
-		}
-		i, err := strconv.Atoi(key)
-		if err != nil || i < 0 || i >= len(n) || len(path) == 1 {
-			t.Fatalf("bad array index %q in patch", key)
-		}
-		n[i] = addAt(t, n[i], path[1:], v)
-		return n
+	p, err := decodePod([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("patch path through a scalar at %q", key)
-	return nil
+	return p
 }

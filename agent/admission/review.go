@@ -69,9 +69,8 @@ func decodeReview(body []byte) (uid string, p *pod, err error) {
 	if req.Kind != (groupVersionKind{Version: "v1", Kind: "Pod"}) || req.Operation != "CREATE" {
 		return uid, nil, fmt.Errorf("%w: %s %s/%s/%s", errNotPodCreate, req.Operation, req.Kind.Group, req.Kind.Version, req.Kind.Kind)
 	}
-	p = new(pod)
-	if err := json.Unmarshal(req.Object, p); err != nil {
-		return uid, nil, fmt.Errorf("decoding the pod: %w", err)
+	if p, err = decodePod(req.Object); err != nil {
+		return uid, nil, err
 	}
 	return uid, p, nil
 }
