@@ -201,3 +201,22 @@ func FuzzDecodeReview(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkHandler: one review of a labelled two-container pod, decoded,
+// planned and answered (the API server waits for this within
+// timeoutSeconds).
+func BenchmarkHandler(b *testing.B) {
+	h := newTestHandler(b, 0)
+	body := reviewOf("bench", twoContainers)
+	b.ReportAllocs()
+	for b.Loop() {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, MutatePath, strings.NewReader(body)))
+		if rec.Code != http.StatusOK {
+			b.Fatal(rec.Code)
+		}
+	}
+	if h.Stats().Patched == 0 {
+		b.Fatal("nothing patched")
+	}
+}
