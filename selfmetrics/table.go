@@ -9,6 +9,7 @@ const (
 	Forward   = "forward"   // the fact forwarder to an aggregator (forward.Forwarder)
 	Aggregate = "aggregate" // slowrank aggregate
 	Process   = "process"   // CPU and memory of the slowrank process (/proc/self)
+	Webhook   = "webhook"   // slowrank webhook (agent/admission)
 )
 
 // Loss metrics: every record that slowrank drops, sees late or twice, by
@@ -583,6 +584,21 @@ var Table = []Metric{
 		Desc: "Facts waiting for the detector.", Series: []Series{s("aggregate_queued")}},
 	{Name: "slowrank.aggregate.settle.lag", Kind: Gauge, Unit: "s", Component: Aggregate,
 		Desc: "How long after its deadline the last settled window reached the sinks.", Series: []Series{{Key: "aggregate_lag_ns", Scale: 1e-9}}},
+
+	// slowrank webhook (agent/admission): every review is admitted; these
+	// say what was done to it.
+	{Name: "slowrank.webhook.reviews", Kind: Counter, Unit: "{review}", Component: Webhook,
+		Desc: "Pod admission reviews answered, by outcome (bad_request: admitted unpatched, with a warning).", Series: []Series{
+			s("webhook_patched", "outcome", "patched"),
+			s("webhook_not_opted_in", "outcome", "not_opted_in"),
+			s("webhook_unchanged", "outcome", "unchanged"),
+			s("webhook_not_pod_create", "outcome", "not_pod_create"),
+			s("webhook_bad_request", "outcome", "bad_request"),
+		}},
+	{Name: "slowrank.webhook.values.kept", Kind: Counter, Unit: "{variable}", Component: Webhook,
+		Desc: "Variables (CUDA_INJECTION64_PATH, NCCL_PROFILER_PLUGIN) that a container set to another value itself, kept.", Series: []Series{s("webhook_values_kept")}},
+	{Name: "slowrank.webhook.certificate.reload.failures", Kind: Counter, Unit: "{reload}", Component: Webhook,
+		Desc: "Certificate reloads that failed; the previous certificate is still served.", Series: []Series{s("webhook_cert_reload_failures")}},
 }
 
 // s is a series of the metric's component.

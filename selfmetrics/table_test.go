@@ -20,7 +20,7 @@ var (
 
 func TestTable(t *testing.T) {
 	names, keys, prom := map[string]bool{}, map[string]bool{}, map[string]string{}
-	comps := []string{Agent, Library, Outputs, Export, Forward, Aggregate, Process}
+	comps := []string{Agent, Library, Outputs, Export, Forward, Aggregate, Process, Webhook}
 	for _, m := range Table {
 		if !nameRE.MatchString(m.Name) {
 			t.Errorf("%s: not a dotted lowercase slowrank.* name", m.Name)
@@ -122,7 +122,7 @@ func TestPrometheusNames(t *testing.T) {
 	}
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
 	defer mp.Shutdown(context.Background())
-	src := Source{Components: []string{Agent, Library, Outputs, Export, Forward, Aggregate, Process}, Observe: func(obs func(string, float64, ...string)) {
+	src := Source{Components: []string{Agent, Library, Outputs, Export, Forward, Aggregate, Process, Webhook}, Observe: func(obs func(string, float64, ...string)) {
 		for _, m := range Table {
 			if m.Kind != Gauge {
 				continue

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/slowrank/slowrank/agent"
+	"github.com/slowrank/slowrank/agent/discover"
 	"github.com/slowrank/slowrank/agent/privilege"
 	"github.com/slowrank/slowrank/cupti"
 )
@@ -368,14 +369,14 @@ func TestCheckAgentSocket(t *testing.T) {
 // for CUDA. Real processes, selected by an environment key of their own.
 func TestDoctorReportsAMissingInjectionLibraryFile(t *testing.T) {
 	dir := t.TempDir()
-	present := filepath.Join(dir, "lib", agent.InjectionLibraryName)
+	present := filepath.Join(dir, "lib", discover.InjectionLibraryName)
 	if err := os.MkdirAll(filepath.Dir(present), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(present, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	missing := filepath.Join(dir, agent.InjectionLibraryName) // the directory lacks it
+	missing := filepath.Join(dir, discover.InjectionLibraryName) // the directory lacks it
 	key := fmt.Sprintf("SLOWRANK_DOCTOR_TEST_%d", os.Getpid())
 	start := func(t *testing.T, rank int, lib string) int {
 		cmd := exec.Command("sleep", "60")

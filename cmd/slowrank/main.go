@@ -64,6 +64,7 @@ func newApp() *cli.App {
 			statusCommand(),
 			topCommand(),
 			controlCommand(),
+			webhookCommand(),
 		},
 		// main prints errors and picks the exit code; never exit inside Run.
 		ExitErrHandler: func(*cli.Context, error) {},
