@@ -121,12 +121,12 @@ func (r ControlRequest) Validate() error {
 	if r.Window != nil && time.Duration(*r.Window) < duty.MinWindow {
 		return bad("window must be at least %s, got %s", duty.MinWindow, time.Duration(*r.Window))
 	}
-	if r.Threshold != nil && (!(*r.Threshold > 0) || *r.Threshold > 100) {
-		return bad("threshold must be in (0, 100], got %g", *r.Threshold)
+	if r.Threshold != nil && !(*r.Threshold > 0 && *r.Threshold < 1) {
+		return bad("threshold must be a fraction in (0, 1), got %g", *r.Threshold)
 	}
 	for _, ph := range slices.Sorted(maps.Keys(r.PhaseThresholds)) {
-		if t := r.PhaseThresholds[ph]; ph == "" || !(t >= 0) || t > 100 {
-			return bad("phase threshold %q=%g: want a phase name and a value in (0, 100], or 0 to remove the override", ph, t)
+		if t := r.PhaseThresholds[ph]; ph == "" || !(t >= 0 && t < 1) {
+			return bad("phase threshold %q=%g: want a phase name and a fraction in (0, 1), or 0 to remove the override", ph, t)
 		}
 	}
 	if r.Floor != nil && *r.Floor < 0 {

@@ -38,6 +38,8 @@ func TestControlRequestValidate(t *testing.T) {
 		{"zero window", ControlRequest{Action: "set", Window: d("0s")}, "window must be at least 100ms"},
 		{"window under the shortest duty period", ControlRequest{Action: "set", Window: d("99ms")}, "window must be at least 100ms"},
 		{"negative threshold", ControlRequest{Action: "set", Threshold: ptr(-0.1)}, "threshold"},
+		{"threshold as a percentage", ControlRequest{Action: "set", Threshold: ptr(5.0)}, "fraction in (0, 1)"},
+		{"phase threshold as a percentage", ControlRequest{Action: "set", PhaseThresholds: map[string]float64{"host": 15}}, "fraction in (0, 1)"},
 		{"negative floor", ControlRequest{Action: "set", Floor: d("-1ms")}, "floor"},
 		{"zero consecutive", ControlRequest{Action: "set", Consecutive: ptr(0)}, "consecutive"},
 		{"budget 1", ControlRequest{Action: "set", DutyBudget: ptr(1.0)}, "duty_budget"},
