@@ -48,7 +48,9 @@ import "slices"
 // A boundary of normal length after held short ones whose call returned at
 // once (below 1/paceRatio of the ends' median wait and 1/groupRatio² of
 // their median share of the step) is a preemption of the host between a
-// burst's brief calls: short. And on the synchronisation clock (the
+// burst's brief calls: short; before any short one, up to paceNormal such
+// boundaries are held until the next one tells (a burst's first groups,
+// late: dropped with it; one of normal length: reported). And on the synchronisation clock (the
 // fallback, whose ranks no collective couples) a boundary whose call
 // waited for as large a share of its step as the ends' calls do (half at
 // least) is an iteration's end however short: iterations that got shorter
@@ -243,8 +245,16 @@ func (d *seqDet) hold(t, w int64) bool {
 	// burst, and a boundary that ends an iteration settles it (reported,
 	// one boundary late).
 	brief := ok && ps.short > 0 && t-ps.open < p
+	// doubt: a boundary of normal length whose call returned at once,
+	// before any short one is held: held, up to paceNormal of them, to see
+	// whether a burst follows (the end-of-training burst's first group
+	// came 15.9 ms after the step up to it on a loaded host, its call 42
+	// µs, and ended a step after the last iteration's). A boundary of
+	// normal length next reports them (host stalls that left the GPU idle
+	// are iterations), the end of the lock drops them with the burst.
+	doubt := normal && ps.short == 0 && ps.normals < paceNormal && ps.noWait(w, t-ps.last)
 	switch {
-	case normal && (ps.short < paceRegime && !brief || ps.normals == paceNormal):
+	case normal && !doubt && (ps.short < paceRegime && !brief || ps.normals == paceNormal):
 		// A burst ends: merged into the step that t closes.
 		d.settleHeld()
 		return false
