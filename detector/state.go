@@ -2,7 +2,8 @@ package detector
 
 import (
 	"math"
-	"slices"
+
+	"github.com/slowrank/slowrank/internal/stats"
 )
 
 // dedupeRing is the number of recent (epoch, step) keys remembered per rank to
@@ -74,7 +75,7 @@ func (r *rankState) baseline() (ms float64, n int, strict bool) {
 			strictN++
 		}
 	}
-	return medianInPlace(s[:n]), n, strictN >= minBaseline
+	return stats.Median(s[:n]), n, strictN >= minBaseline
 }
 
 // hostBaseline returns the median host time of the recorded windows that
@@ -91,16 +92,7 @@ func (r *rankState) hostBaseline() float64 {
 	if k < minBaseline {
 		return math.NaN()
 	}
-	return medianInPlace(s[:k])
-}
-
-func medianInPlace(v []float64) float64 {
-	slices.Sort(v)
-	n := len(v)
-	if n%2 == 1 {
-		return v[n/2]
-	}
-	return (v[n/2-1] + v[n/2]) / 2
+	return stats.Median(s[:k])
 }
 
 type stepKey struct {
