@@ -42,21 +42,23 @@ import "slices"
 // most maxHeld boundaries are held; beyond that they are settled as a
 // burst.
 //
-// Where the steps' ends wait for their GPU work (the closing calls of the
-// latest steps reported last a quarter of their steps at least), the wait
-// decides before the length, which a loaded host's preemptions stretch.
-// A boundary of normal length after held short ones whose call returned at
+// On the synchronisation clock (the fallback, whose ranks no collective
+// couples), where the steps' ends wait for their GPU work (the closing
+// calls of the latest steps reported last a quarter of their steps at
+// least), the wait decides before the length, which a loaded host's
+// preemptions stretch. (On a communicator the ranks wait for the slowest
+// one, whose calls return at once, and must hold alike: length alone.) A
+// boundary of normal length after held short ones whose call returned at
 // once (below 1/paceRatio of the ends' median wait and 1/groupRatio² of
 // their median share of the step) is a preemption of the host between a
 // burst's brief calls: short; before any short one, up to paceNormal such
 // boundaries are held until the next one tells (a burst's first groups,
-// late: dropped with it; one of normal length: reported). And on the synchronisation clock (the
-// fallback, whose ranks no collective couples) a boundary whose call
-// waited for as large a share of its step as the ends' calls do (half at
-// least) is an iteration's end however short: iterations that got shorter
-// and still wait for their GPU work, reported at once, not held for
-// ConfirmSpan. A burst's synchronisations (a checkpoint's copies, the end
-// of training's groups) wait for a far smaller share, or nothing.
+// late: dropped with it; one of normal length: reported). And a boundary
+// whose call waited for as large a share of its step as the ends' calls
+// do (half at least) is an iteration's end however short: iterations that
+// got shorter and still wait for their GPU work, reported at once, not
+// held for ConfirmSpan. A burst's synchronisations (a checkpoint's copies,
+// the end of training's groups) wait for a far smaller share, or nothing.
 //
 // Held boundaries consume no index: the detector's count stays the step
 // index, and the alignment across ranks (steps.go) sees only reported
@@ -218,17 +220,17 @@ func (d *seqDet) settleHeld() {
 func (d *seqDet) hold(t, w int64) bool {
 	ps := &d.pace
 	p, ok := ps.pace()
-	// On the synchronisation clock, whose ranks no collective couples, a
+	// The waits decide on the synchronisation clock only, whose ranks no
+	// collective couples: on a communicator the ranks wait for the slowest
+	// one, whose calls return at once, and must hold alike. There a
 	// step whose closing call waited as the ends' do is an iteration that
 	// got shorter, whatever its length: the Trainer's 10x shorter
 	// iterations on a loaded host, after a lock confirmed before them
 	// (their steps 0.8 of 1.8 ms waiting, against 8.2 of 15.8), were held
 	// for ConfirmSpan, longer than they lasted (101 facts for 400), or,
 	// straddling 1/paceRatio of the pace, merged into the next (397).
-	// (Ranks coupled by collectives hold alike only by the calls: a
-	// peer's wait for the slowest rank is in its own calls alone.)
 	normal := !ok || (t-ps.last)*paceRatio >= p || d.syncOnly && ps.waitedAsEnds(w, t-ps.last)
-	if normal && ps.short > 0 && ps.noWait(w, t-ps.last) {
+	if normal && d.syncOnly && ps.short > 0 && ps.noWait(w, t-ps.last) {
 		// A preemption of the host between a burst's brief calls, not an
 		// iteration's end, whose call waits for the GPU: short. (On a
 		// loaded 2-core host the end-of-training burst's 67 groups took
@@ -252,7 +254,7 @@ func (d *seqDet) hold(t, w int64) bool {
 	// µs, and ended a step after the last iteration's). A boundary of
 	// normal length next reports them (host stalls that left the GPU idle
 	// are iterations), the end of the lock drops them with the burst.
-	doubt := normal && ps.short == 0 && ps.normals < paceNormal && ps.noWait(w, t-ps.last)
+	doubt := normal && d.syncOnly && ps.short == 0 && ps.normals < paceNormal && ps.noWait(w, t-ps.last)
 	switch {
 	case normal && !doubt && (ps.short < paceRegime && !brief || ps.normals == paceNormal):
 		// A burst ends: merged into the step that t closes.
