@@ -3,6 +3,8 @@ package correlate
 import (
 	"math"
 	"slices"
+
+	"github.com/slowrank/slowrank/internal/stats"
 )
 
 // Arrival order: every local member of a communicator notes the host
@@ -218,7 +220,7 @@ func (c *Correlator) arrivalStage(p *proc, s *pendingStep) {
 	}
 	c.sc.lags = lags
 	if len(lags) > 0 {
-		s.lagMS, s.hasLag = medianNS(lags)/1e6, true
+		s.lagMS, s.hasLag = stats.MedianIntFloat(lags)/1e6, true
 	}
 }
 

@@ -4,6 +4,8 @@ import (
 	"math"
 	"slices"
 	"time"
+
+	"github.com/slowrank/slowrank/internal/stats"
 )
 
 // Device arrival: on the NCCL profiler plugin's path each collective call
@@ -237,7 +239,7 @@ func (c *Correlator) deviceArrival(p *proc, s *pendingStep) {
 	}
 	c.sc.lags = lags
 	if len(lags) > 0 {
-		s.devLagMS, s.hasDevLag = medianNS(lags)/1e6, true
+		s.devLagMS, s.hasDevLag = stats.MedianIntFloat(lags)/1e6, true
 	}
 	if whole {
 		s.collDevMS, s.hasCollDev = float64(sum)/1e6, true
@@ -296,16 +298,6 @@ func (c *Correlator) kernelOrder(g *commGroup, starts, ends []int64, self int) (
 		return mine - lo, orderUndecided, true
 	}
 	return mine - lo, orderNotLast, true
-}
-
-// medianNS is the median of xs, which it sorts.
-func medianNS(xs []int64) float64 {
-	slices.Sort(xs)
-	m := len(xs) / 2
-	if len(xs)%2 == 0 {
-		return (float64(xs[m-1]) + float64(xs[m])) / 2
-	}
-	return float64(xs[m])
 }
 
 // deviceFields returns the step's DeviceLastArrival, DeviceArrivalLagMS

@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"fmt"
 	"testing"
+
+	"github.com/slowrank/slowrank/internal/stats"
 )
 
 // pluginJob lays out n iterations of "AB S" for two ranks on one host as
@@ -378,7 +380,7 @@ func TestReplayH200DeviceArrival(t *testing.T) {
 	if len(lags) == 0 {
 		t.Fatal("no device lag of rank 1")
 	}
-	if med := medianNS(lags) / 1e6; med < 0.75*2.58 || med > 1.25*2.58 {
+	if med := stats.MedianIntFloat(lags) / 1e6; med < 0.75*2.58 || med > 1.25*2.58 {
 		t.Errorf("rank 1's median device lag %.2f ms, CUPTI's 2.58 ms", med)
 	}
 	var realigned uint64

@@ -126,7 +126,12 @@
 // the same iteration on every rank. Held boundaries that keep coming for
 // 16 boundaries and ConfirmSpan, through up to 3 steps of normal length
 // between them (logging steps), are a new pace (iterations that got
-// shorter): they are reported as steps after all. A process that reports
+// shorter): they are reported as steps after all. On the
+// synchronisation clock, where the steps' ends wait for their GPU work,
+// the wait decides before the length: a boundary
+// in a burst whose call returned at once is short however long (a
+// preemption between the burst's calls), and a step whose call waited for as large a share of it as the ends' do is
+// an iteration however short. A process that reports
 // HostMarker calls is cut at markers only (HostCall.Count > 0 is the step
 // index).
 //

@@ -526,11 +526,64 @@ func TestReplayTrainerEpilogueLate(t *testing.T) {
 // burst (262 facts for 260 iterations). A boundary that would close a step
 // shorter than the pace after held ones is held too, and dropped with them
 // at the end of the lock.
+//
+// loaded-burst-no-wait: on a far more loaded host (load average 20 on 2
+// cores), the burst's 67 groups took 160 ms, preemptions of 3.6 to 19 ms
+// among 0.35 ms groups, so that the step the held ones made outgrew the
+// pace (15 ms) and boundaries of normal length closed steps of the burst:
+// 262 and 263 facts (1 and 2 outside the iterations). Their calls returned
+// at once (9 to 17 µs) where the iterations' ends wait for the GPU (8.3
+// ms): a boundary of normal length inside a burst whose call did not wait
+// is a short one. (The ranks' iteration 0 began 106 ms apart, 7
+// iterations: rank 0's first step took the index of rank 1's step that
+// ended with it, as the agent numbers the uncoupled Trainer loop's ranks.)
 func TestReplayTrainerEpiloguePreempted(t *testing.T) {
 	for _, f := range []string{"preempted-early", "preempted-long", "preempted-longer"} {
 		t.Run(f, func(t *testing.T) {
 			replayTrainerFile(t, "testdata/trainer-epilogue-"+f+"-2ranks.records.gz", 1)
 		})
+	}
+	t.Run("loaded-burst-no-wait", func(t *testing.T) {
+		replayUncoupledTrainerFile(t, "testdata/trainer-epilogue-loaded-burst-no-wait-2ranks.records.gz", 1)
+	})
+}
+
+// Another run on that host: rank 1's burst began 15.9 ms after the step up
+// to it, its first group's call 42 µs against the ends' 8 ms, so that no
+// short boundary was held yet and that group ended a step of normal length
+// after the last iteration's (262 facts for 260, 1 outside). A boundary of
+// normal length whose call returned at once is held until the next one
+// tells (a burst: dropped with it). Only the facts after the iterations
+// are checked: rank 0's first lock came at iteration 3 in this capture
+// (257 facts), a failure of another rule.
+func TestReplayTrainerEpilogueFirstGroupLate(t *testing.T) {
+	for _, tick := range []int64{200e6, 50e6, 1e9} {
+		f, err := os.Open("testdata/trainer-epilogue-loaded-first-group-late-2ranks.records.gz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		zr, err := gzip.NewReader(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, steps, iters := feedTrainerRecords(t, zr, tick)
+		f.Close()
+		for rank, its := range iters {
+			outside, past := 0, 0
+			for _, s := range steps {
+				i := sort.Search(len(its), func(k int) bool { return its[k][1] >= s.EndNS })
+				switch {
+				case s.Rank != rank:
+				case i == len(its):
+					past++
+				case s.EndNS <= its[i][0]:
+					outside++
+				}
+			}
+			if outside > 0 || past > 1 {
+				t.Errorf("tick %d ms, rank %d: %d facts outside the iterations, %d after the last", tick/1e6, rank, outside, past)
+			}
+		}
 	}
 }
 
@@ -685,13 +738,30 @@ func TestReplayTrainerEpiloguePreempted(t *testing.T) {
 //     ms instance, it was taken by longEnd (401/400). An end whose group
 //     has two calls that waited more than twice as long is no iteration's
 //     end.
+//
+// Live failures of --speedup 10 at 972cb1e, on a host loaded far more than
+// before (load average 20 on 2 cores: other test runs beside the busy
+// loops), the first 100 iterations 15 to 60 ms:
+//   - 10-loaded-confirmed-before: the synchronisation clock's first lock
+//     was confirmed (ConfirmSpan, 2 s) before the change of pace at 2.9 s,
+//     so that the 2 ms iterations after it were held against rank 0's 47
+//     ms pace as a burst, for ConfirmSpan, longer than the 300 of them
+//     lasted (0.9 s): dropped at the end, 101 facts for 400 (299 burst
+//     steps); rank 1's pace was 15 ms, and 2.04 ms steps stayed above 1/8
+//     of it. Their closing calls waited 0.8 of 1.8 ms, a share of the step
+//     like the old ends' 8.2 of 15.8: on the synchronisation clock such a
+//     step is an iteration that got shorter, not a burst (pace.go);
+//   - 10-loaded-straddles-pace: the new pace's steps (1.2 to 2.8 ms)
+//     straddled 1/8 of the 15.8 ms pace, and the short ones were merged
+//     into the next (397/400, 399/400).
 func TestReplayTrainerSpeedup(t *testing.T) {
 	for _, f := range []string{"3", "3-loaded", "3-loaded-preempted-before-logging", "3-loaded-run-preempted",
 		"3-loaded-keeps-sync-clock", "3-loaded-preempted-logging", "3-loaded-preempted-iteration-1", "10", "10-loaded", "10-loaded-preempted-run", "10-loaded-preempted-walk2", "10-loaded-preempted-walk3",
 		"10-loaded-keeps-sync-clock", "10-loaded-irregular-keeps-sync-clock", "10-loaded-irregular-keeps-sync-clock2", "10-loaded-preempted-logging", "10-loaded-regroup", "10-loaded-logging-spikes", "10-loaded-kept-after-logging", "10-loaded-new-pace-by-count",
 		"10-logging-spike-no-wait", "10-loaded-preempted-before-logging", "10-loaded-preempted-before-logging2",
 		"10-loaded-spikes-at-count-no-wait", "10-loaded-spikes-no-wait", "10-loaded-spike-brief-wait",
-		"10-loaded-preempted-first-iterations", "10-loaded-aligned-to-withdrawn", "10-loaded-logging-after-waits", "0.33", "0.33-loaded-preempted"} {
+		"10-loaded-preempted-first-iterations", "10-loaded-aligned-to-withdrawn", "10-loaded-logging-after-waits",
+		"10-loaded-confirmed-before", "10-loaded-straddles-pace", "0.33", "0.33-loaded-preempted"} {
 		t.Run("speedup "+f, func(t *testing.T) {
 			replayTrainerFile(t, "testdata/trainer-speedup"+f+"-2ranks.records.gz", 0)
 		})
@@ -776,6 +846,22 @@ func replayTrainerFile(t *testing.T, path string, after int) {
 // replayTrainerFileFrom is replayTrainerFile with the first fact in
 // iteration firstAt.
 func replayTrainerFileFrom(t *testing.T, path string, after, firstAt int) {
+	replayTrainerFileWith(t, path, after, firstAt, true)
+}
+
+// replayUncoupledTrainerFile is replayTrainerFile for ranks that no
+// collective couples (the fake Trainer loop) whose iterations began far
+// apart in time: a step is numbered as a peer's step that ends about when
+// it does, the same time rather than the same iteration, and the indices
+// are not checked across ranks (TestLoopShapesAreIterations does not
+// either for that loop).
+func replayUncoupledTrainerFile(t *testing.T, path string, after int) {
+	replayTrainerFileWith(t, path, after, 0, false)
+}
+
+// replayTrainerFileWith is replayTrainerFileFrom; coupled: step k must be
+// the same iteration on every rank.
+func replayTrainerFileWith(t *testing.T, path string, after, firstAt int, coupled bool) {
 	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
@@ -787,7 +873,7 @@ func replayTrainerFileFrom(t *testing.T, path string, after, firstAt int) {
 	}
 	for _, tick := range []int64{200e6, 50e6, 1e9} {
 		t.Run(fmt.Sprintf("tick %d ms", tick/1e6), func(t *testing.T) {
-			replayTrainerRecords(t, zr, tick, after, firstAt)
+			replayTrainerRecords(t, zr, tick, after, firstAt, coupled)
 		})
 		if _, err := f.Seek(0, io.SeekStart); err != nil {
 			t.Fatal(err)
@@ -801,9 +887,9 @@ func replayTrainerFileFrom(t *testing.T, path string, after, firstAt int) {
 // replayTrainerRecords feeds the records, advancing event time every tick
 // of it (the agent's ticks), and checks that every rank's steps are its
 // iterations (of every rank with iterations: ranks 0 to n-1), the first
-// in iteration firstAt, numbered alike on all ranks, at most after of them
-// after the last iteration.
-func replayTrainerRecords(t *testing.T, r io.Reader, tick int64, after, firstAt int) {
+// in iteration firstAt, numbered alike on all ranks (when coupled), at
+// most after of them after the last iteration.
+func replayTrainerRecords(t *testing.T, r io.Reader, tick int64, after, firstAt int, coupled bool) {
 	c, steps, iters := feedTrainerRecords(t, r, tick)
 	iterOf := map[int64]map[int]int{}
 	for rank := range len(iters) {
@@ -849,7 +935,9 @@ func replayTrainerRecords(t *testing.T, r io.Reader, tick int64, after, firstAt 
 		}
 		checkContiguous(t, mine)
 	}
-	checkSameIterations(t, iterOf)
+	if coupled {
+		checkSameIterations(t, iterOf)
+	}
 	bursts := map[int]uint64{}
 	for _, st := range c.Stats() {
 		bursts[st.Rank] += st.BurstSteps

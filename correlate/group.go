@@ -153,7 +153,7 @@ func (d *seqDet) instance(t, w int64, counts bool) {
 	d.setInstT(k, t)
 	d.setInstW(k, w)
 	if d.grp <= 1 {
-		d.boundary(t, counts)
+		d.boundary(t, w, counts)
 	} else if end, from := d.groupEnd(k); end {
 		// the instances from, from+grp, …, k end steps (a step's end found
 		// again one group later, a new pace's run), reported now
@@ -166,7 +166,7 @@ func (d *seqDet) instance(t, w int64, counts bool) {
 				d.grpOpen = true
 				d.startStep(d.instAt(e))
 			} else {
-				d.boundary(d.instAt(e), counts)
+				d.boundary(d.instAt(e), d.instWait(e), counts)
 			}
 		}
 	}
@@ -704,7 +704,7 @@ func (d *seqDet) ungroup(k, n int64) {
 	d.runFrom, d.runLast, d.pend = -1, -1, -1
 	d.startStep(d.instAt(e0 - 1))
 	for e := e0; e <= k; e++ {
-		d.boundary(d.instAt(e), false)
+		d.boundary(d.instAt(e), d.instWait(e), false)
 	}
 }
 
@@ -730,7 +730,7 @@ func (d *seqDet) regroup(m, k int64) {
 	}
 	d.startStep(d.instAt(max(e0-m, d.instFrom-1)))
 	for e := e0; e <= k; e += m {
-		d.boundary(d.instAt(e), false)
+		d.boundary(d.instAt(e), d.instWait(e), false)
 	}
 }
 

@@ -42,6 +42,24 @@ import "slices"
 // most maxHeld boundaries are held; beyond that they are settled as a
 // burst.
 //
+// On the synchronisation clock (the fallback, whose ranks no collective
+// couples), where the steps' ends wait for their GPU work (the closing
+// calls of the latest steps reported last a quarter of their steps at
+// least), the wait decides before the length, which a loaded host's
+// preemptions stretch. (On a communicator the ranks wait for the slowest
+// one, whose calls return at once, and must hold alike: length alone.) A
+// boundary of normal length after held short ones whose call returned at
+// once (below 1/paceRatio of the ends' median wait and 1/groupRatio² of
+// their median share of the step) is a preemption of the host between a
+// burst's brief calls: short; before any short one, up to paceNormal such
+// boundaries are held until the next one tells (a burst's first groups,
+// late: dropped with it; one of normal length: reported). And a boundary
+// whose call waited for as large a share of its step as the ends' calls
+// do (half at least) is an iteration's end however short: iterations that
+// got shorter and still wait for their GPU work, reported at once, not
+// held for ConfirmSpan. A burst's synchronisations (a checkpoint's copies,
+// the end of training's groups) wait for a far smaller share, or nothing.
+//
 // Held boundaries consume no index: the detector's count stays the step
 // index, and the alignment across ranks (steps.go) sees only reported
 // steps. The decisions depend on one rank's timing, as the grouping of
@@ -77,6 +95,8 @@ const (
 type paceState struct {
 	ref     [paceRef]int64 // durations of the latest steps reported, a ring
 	nRef    int
+	waits   [paceRef][2]int64 // their closing calls' durations and shares of the step (per waitScale), a ring
+	nWait   int
 	open    int64      // start of the open step: the latest start or boundary reported
 	last    int64      // the latest boundary, held or not, or the start
 	held    []heldStep // boundaries held, in order
@@ -85,10 +105,11 @@ type paceState struct {
 	chainT  int64      // start of the first held step
 }
 
-// heldStep is a held boundary at t; normal: one of normal length after
-// paceRegime short ones (a logging step of a new pace, or a burst's end).
+// heldStep is a held boundary at t, whose closing call lasted w; normal:
+// one of normal length after paceRegime short ones (a logging step of a
+// new pace, or a burst's end).
 type heldStep struct {
-	t      int64
+	t, w   int64
 	normal bool
 }
 
@@ -103,6 +124,52 @@ func (ps *paceState) pace() (int64, bool) {
 	copy(ds[:n], ps.ref[:n])
 	slices.Sort(ds[:n])
 	return ds[n/2], true
+}
+
+// noteWait notes the duration w of the call that closed a step of
+// duration d reported (w < 0: unknown).
+func (ps *paceState) noteWait(w, d int64) {
+	if w < 0 || d <= 0 {
+		return
+	}
+	ps.waits[ps.nWait%paceRef] = [2]int64{w, w * waitScale / d}
+	ps.nWait++
+}
+
+// endWaits returns the median duration of the calls that closed the
+// latest steps reported and the median of their shares of those steps
+// (per waitScale); ok when the ends wait for their GPU work: that share is
+// a quarter at least (as group.go's waited), not a host-bound loop's.
+func (ps *paceState) endWaits() (wait, share int64, ok bool) {
+	if ps.nWait < paceMinRef {
+		return 0, 0, false
+	}
+	n := min(ps.nWait, paceRef)
+	var ws, sh [paceRef]int64
+	for i := range n {
+		ws[i], sh[i] = ps.waits[i][0], ps.waits[i][1]
+	}
+	slices.Sort(ws[:n])
+	slices.Sort(sh[:n])
+	wait, share = ws[n/2], sh[n/2]
+	return wait, share, share*groupRatio*groupRatio >= waitScale
+}
+
+// waitedAsEnds reports whether the call that closed a boundary of
+// duration d after w waited for as large a share of its step as the
+// steps' ends do (half at least): an iteration's end, however short.
+func (ps *paceState) waitedAsEnds(w, d int64) bool {
+	_, share, ok := ps.endWaits()
+	return ok && w >= 0 && w*waitScale*groupRatio >= share*max(d, 1)
+}
+
+// noWait reports whether the call that closed a boundary of duration d
+// after w returned at once where the steps' ends wait: for less than
+// 1/paceRatio of their median wait and less than 1/groupRatio² of their
+// median share.
+func (ps *paceState) noWait(w, d int64) bool {
+	wait, share, ok := ps.endWaits()
+	return ok && w >= 0 && w*paceRatio < wait && w*waitScale*groupRatio*groupRatio < share*max(d, 1)
 }
 
 // startStep opens a step at t; boundaries held in a previous open step
@@ -139,7 +206,7 @@ func (d *seqDet) settleHeld() {
 			d.emit(detEvent{kind: evBurst, idx: n})
 			n = 0
 		}
-		d.report(h.t, true)
+		d.report(h.t, h.w, true)
 	}
 	if n > 0 {
 		d.emit(detEvent{kind: evBurst, idx: n})
@@ -147,12 +214,31 @@ func (d *seqDet) settleHeld() {
 	ps.held, ps.short, ps.normals = ps.held[:0], 0, 0
 }
 
-// hold reports whether the boundary at t of a confirmed lock is held; it
-// reports the held boundaries when they become the new pace.
-func (d *seqDet) hold(t int64) bool {
+// hold reports whether the boundary at t of a confirmed lock, whose
+// closing call lasted w, is held; it reports the held boundaries when they
+// become the new pace.
+func (d *seqDet) hold(t, w int64) bool {
 	ps := &d.pace
 	p, ok := ps.pace()
-	normal := !ok || (t-ps.last)*paceRatio >= p
+	// The waits decide on the synchronisation clock only, whose ranks no
+	// collective couples: on a communicator the ranks wait for the slowest
+	// one, whose calls return at once, and must hold alike. There a
+	// step whose closing call waited as the ends' do is an iteration that
+	// got shorter, whatever its length: the Trainer's 10x shorter
+	// iterations on a loaded host, after a lock confirmed before them
+	// (their steps 0.8 of 1.8 ms waiting, against 8.2 of 15.8), were held
+	// for ConfirmSpan, longer than they lasted (101 facts for 400), or,
+	// straddling 1/paceRatio of the pace, merged into the next (397).
+	normal := !ok || (t-ps.last)*paceRatio >= p || d.syncOnly && ps.waitedAsEnds(w, t-ps.last)
+	if normal && d.syncOnly && ps.short > 0 && ps.noWait(w, t-ps.last) {
+		// A preemption of the host between a burst's brief calls, not an
+		// iteration's end, whose call waits for the GPU: short. (On a
+		// loaded 2-core host the end-of-training burst's 67 groups took
+		// 160 ms, delays of 3.6 to 19 ms among 0.35 ms groups, their
+		// calls 9 to 17 µs against the ends' 8.3 ms: two or three facts
+		// after the last iteration.)
+		normal = false
+	}
 	// brief: t would close a step, the held ones merged, still shorter
 	// than the pace: a burst's group that a preemption delayed (1.9, 8.2
 	// or 11 ms after 0.3 ms ones, 4.5, 9.9 and 12.2 ms merged, against
@@ -161,8 +247,16 @@ func (d *seqDet) hold(t int64) bool {
 	// burst, and a boundary that ends an iteration settles it (reported,
 	// one boundary late).
 	brief := ok && ps.short > 0 && t-ps.open < p
+	// doubt: a boundary of normal length whose call returned at once,
+	// before any short one is held: held, up to paceNormal of them, to see
+	// whether a burst follows (the end-of-training burst's first group
+	// came 15.9 ms after the step up to it on a loaded host, its call 42
+	// µs, and ended a step after the last iteration's). A boundary of
+	// normal length next reports them (host stalls that left the GPU idle
+	// are iterations), the end of the lock drops them with the burst.
+	doubt := normal && d.syncOnly && ps.short == 0 && ps.normals < paceNormal && ps.noWait(w, t-ps.last)
 	switch {
-	case normal && (ps.short < paceRegime && !brief || ps.normals == paceNormal):
+	case normal && !doubt && (ps.short < paceRegime && !brief || ps.normals == paceNormal):
 		// A burst ends: merged into the step that t closes.
 		d.settleHeld()
 		return false
@@ -173,7 +267,7 @@ func (d *seqDet) hold(t int64) bool {
 			return false
 		}
 	}
-	ps.held = append(ps.held, heldStep{t: t, normal: normal})
+	ps.held = append(ps.held, heldStep{t: t, w: w, normal: normal})
 	ps.last = t
 	if normal {
 		ps.normals++
@@ -186,7 +280,7 @@ func (d *seqDet) hold(t int64) bool {
 	// A new pace: the held boundaries are steps.
 	held := ps.held
 	for _, h := range held {
-		d.report(h.t, true)
+		d.report(h.t, h.w, true)
 	}
 	ps.held, ps.short, ps.normals = held[:0], 0, 0
 	return true

@@ -388,18 +388,20 @@ func (d *seqDet) cycleDone(t, w int64) {
 // the Trainer's cycle could: three facts per iteration). A sequence's
 // first lock holds nothing while tentative: its init-time steps are
 // withdrawn by the confirmation's trim.
-func (d *seqDet) boundary(t int64, counts bool) {
-	if (!d.tentative || !d.first) && d.hold(t) {
+func (d *seqDet) boundary(t, w int64, counts bool) {
+	if (!d.tentative || !d.first) && d.hold(t, w) {
 		return
 	}
-	d.report(t, counts)
+	d.report(t, w, counts)
 }
 
-// report reports a boundary at t.
-func (d *seqDet) report(t int64, counts bool) {
+// report reports a boundary at t, whose closing call lasted w (< 0:
+// unknown).
+func (d *seqDet) report(t, w int64, counts bool) {
 	ps := &d.pace
 	ps.ref[ps.nRef%paceRef] = t - ps.open
 	ps.nRef++
+	ps.noteWait(w, t-ps.open)
 	ps.open, ps.last = t, t
 	d.emit(detEvent{kind: evBoundary, tentative: d.tentative, gen: d.gen, t: t, idx: d.nextIdx})
 	d.nextIdx++
@@ -842,7 +844,7 @@ func (d *seqDet) lockAt(cyc []int32, j, n int64, tentative bool) {
 			// The iteration before the first instance: from the latest
 			// synchronisation to the call that ends it.
 			d.startStep(s)
-			d.report(startT, false)
+			d.report(startT, -1, false)
 		} else {
 			d.startStep(startT)
 		}

@@ -5,6 +5,8 @@ import (
 	"math"
 	"slices"
 	"sort"
+
+	"github.com/slowrank/slowrank/internal/stats"
 )
 
 // cohort is a set of ranks compared with each other in one window.
@@ -215,7 +217,7 @@ func (d *Detector) members(win *window, c cohort) []member {
 			}
 			m.fp = modeFP(m.rw.fps)
 			if len(m.rw.tokens) > 0 {
-				m.tokens = medianInt(m.rw.tokens)
+				m.tokens = stats.MedianInt(slices.Clone(m.rw.tokens))
 			}
 			m.hasWL = m.fp != "" || m.tokens > 0
 		}
@@ -531,25 +533,10 @@ func (d *Detector) comparableRanks(ms []member, self, p int, cache map[signature
 	return list, count
 }
 
+// median is the median of vals, sorted in the detector's scratch buffer.
 func (d *Detector) median(vals []float64) float64 {
-	s := append(d.scratchValues[:0], vals...)
-	slices.Sort(s)
-	d.scratchValues = s
-	n := len(s)
-	if n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[n/2-1] + s[n/2]) / 2
-}
-
-func medianInt(vals []int64) int64 {
-	s := slices.Clone(vals)
-	slices.Sort(s)
-	n := len(s)
-	if n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[n/2-1] + s[n/2]) / 2
+	d.scratchValues = append(d.scratchValues[:0], vals...)
+	return stats.Median(d.scratchValues)
 }
 
 // modeFP returns the most frequent fingerprint (ties: the smallest string).

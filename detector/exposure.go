@@ -5,6 +5,8 @@ import (
 	"math"
 	"slices"
 	"sort"
+
+	"github.com/slowrank/slowrank/internal/stats"
 )
 
 // peerEvidence holds, per evidence phase, the sorted medians of the cohort
@@ -290,15 +292,7 @@ func describeSteps(ex *Exposure, me member, rs *rankState, js jobStep) {
 
 func ptr(v float64) *float64 { return &v }
 
-func medianOf(vals []float64) float64 {
-	s := slices.Clone(vals)
-	slices.Sort(s)
-	n := len(s)
-	if n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[n/2-1] + s[n/2]) / 2
-}
+func medianOf(vals []float64) float64 { return stats.Median(slices.Clone(vals)) }
 
 // exposureText says in words what the exposure evidence of phase showed.
 func (d *Detector) exposureText(ex *Exposure, phase string) string {

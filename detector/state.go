@@ -2,7 +2,8 @@ package detector
 
 import (
 	"math"
-	"slices"
+
+	"github.com/slowrank/slowrank/internal/stats"
 )
 
 // dedupeRing is the number of recent (epoch, step) keys remembered per rank to
@@ -74,7 +75,7 @@ func (r *rankState) baseline() (ms float64, n int, strict bool) {
 			strictN++
 		}
 	}
-	all := medianInPlace(s[:n])
+	all := stats.Median(s[:n])
 	if n <= minBaseline {
 		return all, n, strictN >= minBaseline
 	}
@@ -82,7 +83,7 @@ func (r *rankState) baseline() (ms float64, n int, strict bool) {
 	for i := range last {
 		last[i] = r.base[(int(r.baseHead)+baselineRing-1-i)%baselineRing]
 	}
-	return min(all, medianInPlace(last[:])), n, strictN >= minBaseline
+	return min(all, stats.Median(last[:])), n, strictN >= minBaseline
 }
 
 // hostBaseline returns the median host time of the recorded windows that
@@ -99,16 +100,7 @@ func (r *rankState) hostBaseline() float64 {
 	if k < minBaseline {
 		return math.NaN()
 	}
-	return medianInPlace(s[:k])
-}
-
-func medianInPlace(v []float64) float64 {
-	slices.Sort(v)
-	n := len(v)
-	if n%2 == 1 {
-		return v[n/2]
-	}
-	return (v[n/2-1] + v[n/2]) / 2
+	return stats.Median(s[:k])
 }
 
 type stepKey struct {

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/slowrank/slowrank/agent/identity"
+	"github.com/slowrank/slowrank/internal/hexname"
 )
 
 // LibraryKind says which probed library a mapped file is, judged by its basename.
@@ -87,20 +88,10 @@ func classifyLibraryBytes(base []byte) LibraryKind {
 	if k := kindOfStem(stem); k != KindUnknown {
 		return k
 	}
-	if j := len(stem) - 9; j > 0 && stem[j] == '-' && isHex(stem[j+1:]) {
+	if j := len(stem) - 9; j > 0 && stem[j] == '-' && hexname.IsLower(stem[j+1:]) {
 		return kindOfStem(stem[:j])
 	}
 	return KindUnknown
-}
-
-func isHex(s []byte) bool {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return len(s) > 0
 }
 
 // FileID identifies a file on the host: the device number (dev_t, as unix.Mkdev builds it and

@@ -3,6 +3,8 @@ package identity
 import (
 	"bytes"
 	"strings"
+
+	"github.com/slowrank/slowrank/internal/hexname"
 )
 
 // What a process's cgroup says about its container. Container runtimes name
@@ -129,7 +131,7 @@ func podUIDOf(name string) string {
 }
 
 // isContainerID reports whether s is 64 lowercase hex digits.
-func isContainerID(s string) bool { return len(s) == 64 && isHex([]byte(s)) }
+func isContainerID(s string) bool { return len(s) == 64 && hexname.IsLower([]byte(s)) }
 
 // isUUID reports whether s is a UUID in the canonical lowercase form
 // (8-4-4-4-12 hex digits), as Kubernetes writes pod UIDs.
@@ -150,15 +152,4 @@ func isUUID(s string) bool {
 		}
 	}
 	return true
-}
-
-// isHex reports whether s is non-empty lowercase hexadecimal.
-func isHex(s []byte) bool {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return len(s) > 0
 }

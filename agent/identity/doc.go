@@ -19,6 +19,6 @@
 // caller's part, needs CAP_DAC_READ_SEARCH or CAP_SYS_PTRACE: see
 // agent/privilege.)
 //
-// It imports only detector (for detector.Placement); depguard in
-// .golangci.yml keeps it so.
+// It imports only detector (for detector.Placement) and internal/hexname;
+// depguard in .golangci.yml keeps it so.
 package identity
