@@ -207,7 +207,7 @@ func TestDeviceArrivalWaitsForPeersKernels(t *testing.T) {
 }
 
 // An on-phase without kernel channels (the agent measuring their cost
-// apart, or off: agent/duty_kch.go) sends no kernel record: its steps are
+// apart, or off: agent/duty/kch.go) sends no kernel record: its steps are
 // not held for them (on the H200's trial every such step waited the full
 // 3 s and counted as a timeout), and keep no device evidence.
 func TestOnPhaseWithoutKernelChannelsIsNotWaitedFor(t *testing.T) {

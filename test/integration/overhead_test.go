@@ -13,7 +13,7 @@ import (
 
 // TestUprobeChargeFollowsTheHostsWait: the overhead ledger charges the
 // uprobe traps of real probed processes where they lengthen the step
-// (agent.Traps). A trainer whose device work outlasts its host work waits
+// (duty.Traps). A trainer whose device work outlasts its host work waits
 // at each step's synchronisation, and its collectives' traps hide in that
 // wait; one whose device has nothing queued while the host runs pays
 // every trap.
