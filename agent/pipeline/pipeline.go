@@ -268,7 +268,7 @@ func (p *Pipeline) settle(now int64) {
 	if suspicious && p.duty != nil {
 		p.duty.Suspect(now, from, to)
 	}
-	p.noteSettled(len(windows), verdicts)
+	p.noteSettled(windows, verdicts)
 }
 
 // suspect says whether a verdict asks for device records: a slow-looking

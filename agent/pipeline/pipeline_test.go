@@ -173,7 +173,7 @@ func TestSnapshotOrdersRanksAndKeepsTheLastVerdicts(t *testing.T) {
 	for i := range vs {
 		vs[i] = detector.Verdict{Job: "a", Rank: 2, Window: int64(i)}
 	}
-	p.noteSettled(3, vs)
+	p.noteSettled([]detector.SettledWindow{{Job: "a"}, {Job: "b"}, {Job: "a", Index: 1}}, vs)
 	s := p.Snapshot()
 	var order []rankKey
 	for _, r := range s.Ranks {
@@ -190,5 +190,36 @@ func TestSnapshotOrdersRanksAndKeepsTheLastVerdicts(t *testing.T) {
 	}
 	if s.Windows != 3 || s.Facts != 4 || s.Verdicts != int64(len(vs)) {
 		t.Errorf("windows %d facts %d verdicts %d", s.Windows, s.Facts, s.Verdicts)
+	}
+}
+
+// A row shows a rank's non-ok verdict while it is current: a later window
+// of the job settled without one clears it, but not an active alert.
+func TestSnapshotForgetsAVerdictALaterWindowDidNotRepeat(t *testing.T) {
+	det, _ := detector.New(detector.DefaultConfig())
+	p := New(Config{Correlator: correlate.New(correlate.Config{}), Detector: det})
+	for r := range 3 {
+		p.noteStep(detector.Step{Job: "a", Rank: r, Host: "h"})
+	}
+	p.noteStep(detector.Step{Job: "b", Rank: 0, Host: "h"})
+	p.noteSettled([]detector.SettledWindow{{Job: "a"}, {Job: "b"}}, []detector.Verdict{
+		{Job: "a", Rank: 0, Window: 0, State: detector.StateUncertain},
+		{Job: "a", Rank: 1, Window: 0, State: detector.StateStraggler, AlertActive: true},
+		{Job: "b", Rank: 0, Window: 0, State: detector.StateUncertain},
+	})
+	p.noteSettled([]detector.SettledWindow{{Job: "a", Index: 1}}, []detector.Verdict{
+		{Job: "a", Rank: 2, Window: 1, State: detector.StateCandidate},
+	})
+	got := map[rankKey]string{}
+	for _, r := range p.Snapshot().Ranks {
+		got[rankKey{r.Job, r.Rank}] = "ok"
+		if r.Verdict != nil {
+			got[rankKey{r.Job, r.Rank}] = r.Verdict.State
+		}
+	}
+	want := map[rankKey]string{{"a", 0}: "ok", {"a", 1}: detector.StateStraggler, {"a", 2}: detector.StateCandidate,
+		{"b", 0}: detector.StateUncertain}
+	if !maps.Equal(got, want) {
+		t.Errorf("rows %v, want %v", got, want)
 	}
 }

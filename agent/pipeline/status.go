@@ -37,11 +37,24 @@ func (p *Pipeline) noteStep(st detector.Step) {
 	p.status.facts++
 }
 
-func (p *Pipeline) noteSettled(windows int, verdicts []detector.Verdict) {
+// noteSettled records the verdicts of the windows settled. A rank's row
+// keeps its latest non-ok verdict only while it is current: a later window
+// of its job that settled without one for it was ok (or had no steps of
+// it), so the row reads ok again, unless an alert is active, which only
+// "recovered" ends. (The demo's healthy ranks read "uncertain" to the end
+// from their job's first window.)
+func (p *Pipeline) noteSettled(windows []detector.SettledWindow, verdicts []detector.Verdict) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.status.windows += int64(windows)
+	p.status.windows += int64(len(windows))
 	p.status.verdictN += int64(len(verdicts))
+	for _, w := range windows {
+		for k, v := range p.status.verdicts {
+			if k.job == w.Job && v.Window < w.Index && !v.AlertActive {
+				delete(p.status.verdicts, k)
+			}
+		}
+	}
 	for _, v := range verdicts {
 		p.status.verdicts[rankKey{v.Job, v.Rank}] = v
 	}
