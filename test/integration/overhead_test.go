@@ -29,10 +29,13 @@ func TestUprobeChargeFollowsTheHostsWait(t *testing.T) {
 			[]string{"--steps", "1000", "--gpu-ms", "12", "--buckets", "4"},
 			func(c, h float64) bool { return h > 0 && h >= c }, "hidden >= charged > 0"},
 		// No device compute: the host waits only for the collectives it
-		// queued last (about 0.4 ms of 4.4), which its traps delayed.
+		// queued last (about 0.4 ms of 4.4), which its traps delayed. On
+		// a loaded machine a few steps still wait a quarter of the step
+		// for all ranks (a preempted peer): 6.9 % of the charge was hidden
+		// in one CI run; the case it must stay apart from hides 72 %.
 		{"a host-bound trainer pays every trap",
 			[]string{"--steps", "1000", "--gpu-ms", "0", "--buckets", "4"},
-			func(c, h float64) bool { return c > 0 && h <= 0.05*c }, "hidden <= 5 % of charged"},
+			func(c, h float64) bool { return c > 0 && h <= 0.15*c }, "hidden <= 15 % of charged"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var mu sync.Mutex
