@@ -20,7 +20,11 @@
 # (SLOW_FROM_START, host:10, for START_S 45 s), its stall sized from the
 # first run's measured step (REF_STEP_MS where the first did not run).
 #
-# RUNS (default "schedule start") may also name nvrx and nvrx-start: the
+# RUNS (default "schedule start") may also name start-ns (the slow-from-start
+# job in its own PID namespace, with its own /proc, as a container runs it:
+# unshare --pid --fork --mount-proc), start-nolib (the same job without the
+# injection library: no device records, the agent's uprobes alone), and
+# nvrx and nvrx-start: the
 # same two jobs with NVIDIA's nvidia-resiliency-ext straggler detection in
 # the training code instead of the agent (sensitivity.py train --nvrx: its
 # sections around data loading, which holds the host stall, and the
@@ -112,7 +116,7 @@ if [ -z "${DRY:-}" ] && [ "${gpus:-0}" -lt "$RANKS" ]; then SHARE=(--share-gpu);
 echo "sensitivity.sh: runs '$RUNS', $RANKS ranks on ${gpus:-0} GPU(s)${SHARE:+ (shared, per-rank NCCL_HOSTID)}, rank $SLOW_RANK slow: kinds '$KINDS' x mags '$MAGS' %, warm-up ${WARMUP_S} s, slow ${SLOW_S} s, healthy ${HEALTHY_S} s; from start $SLOW_FROM_START for ${START_S} s; gpu mode $GPU_MODE; budget ${BUDGET_S} s${DRY:+ (DRY RUN)}"
 # The agent, its library and the collector only for slowrank's runs.
 SLOWRANK_RUNS=
-for r in $RUNS; do case $r in schedule | start) SLOWRANK_RUNS=1 ;; esac; done
+for r in $RUNS; do case $r in schedule | start*) SLOWRANK_RUNS=1 ;; esac; done
 if [ -n "$SLOWRANK_RUNS" ] && { [ -z "${DRY:-}" ] || [ -n "${DRY_AGENT:-}" ]; } && [ ! -x "$AGENT" ]; then
   echo "no agent binary at $AGENT: run 'make build' on the development machine and carry bin/slowrank"; exit 2
 fi
@@ -146,8 +150,14 @@ status_loop() {
 # extension built by nvrx_export.sh build): no agent and no injection
 # library, since CUPTI takes one subscriber a process.
 one_run() {
-  local name=$1 est=$2 rc=0 left inj=("${INJ[@]}") judge
+  local name=$1 est=$2 rc=0 left inj=("${INJ[@]}") judge wrap=()
   shift 2
+  case $name in
+    *-nolib) inj=() ;;  # no injection library: no device records, the uprobes alone
+    *-ns)  # a container's PID namespace (as the agent meets a pod), its own /proc
+      if ! command -v unshare >/dev/null; then echo "== $name: skipped (no unshare for a PID namespace)"; return 0; fi
+      wrap=(unshare --pid --fork --mount-proc --kill-child) ;;
+  esac
   left=$((BUDGET_S - RESERVE - SECONDS))
   if ((est > left)); then echo "== $name: skipped (needs ~${est} s, ${left} s left)"; return 0; fi
   echo "== $name: start at t=${SECONDS} s (estimate ${est} s)"
@@ -165,7 +175,7 @@ one_run() {
     judge=(--verdicts "$OUT/$name-verdicts.jsonl")
   fi
   # shellcheck disable=SC2086 # MODEL is a list of flags
-  env "${TRAIN_ENV[@]}" "${inj[@]}" TORCHELASTIC_RUN_ID="$name" "$PY" bench/gpu/sensitivity.py train \
+  "${wrap[@]}" env "${TRAIN_ENV[@]}" "${inj[@]}" TORCHELASTIC_RUN_ID="$name" "$PY" bench/gpu/sensitivity.py train \
     --out-dir "$OUT/$name" --ranks "$RANKS" --slow-rank "$SLOW_RANK" --gpu-mode "$GPU_MODE" \
     --kill-after $((left - 5)) "${SHARE[@]}" "${DEV_FLAGS[@]}" $MODEL "$@" >"$OUT/$name-train.log" 2>&1 || rc=$?
   if [ -n "$SAMPLER" ]; then kill "$SAMPLER" 2>/dev/null || true; wait "$SAMPLER" 2>/dev/null || true; SAMPLER=; fi
@@ -233,6 +243,11 @@ for run in $RUNS; do
       echo "from start: the stall is sized from a ${ref} ms step"
       one_run sens-start $((STARTUP + START_S)) --port 29662 --from-start "$SLOW_FROM_START" \
         --start-s "$START_S" --ref-step-ms "$ref" ;;
+    start-ns | start-nolib)
+      ref=$(ref_of sens-schedule)
+      echo "from start ($run): the stall is sized from a ${ref} ms step"
+      one_run "sens-$run" $((STARTUP + START_S)) --port $((29665 + ${#run} % 2)) --from-start "$SLOW_FROM_START" \
+        --start-s "$START_S" --ref-step-ms "$ref" ;;
     nvrx)
       nvrx_ready || continue
       one_run sens-nvrx $((STARTUP + WARMUP_S + n * m * (SLOW_S + HEALTHY_S))) --port 29663 --nvrx \
@@ -245,7 +260,7 @@ for run in $RUNS; do
       echo "NVRx from start: the stall is sized from a ${ref} ms step"
       one_run sens-nvrx-start $((STARTUP + START_S)) --port 29664 --nvrx --nvrx-interval-s "$NVRX_INTERVAL_S" \
         --from-start "$SLOW_FROM_START" --start-s "$START_S" --ref-step-ms "$ref" ;;
-    *) echo "sensitivity.sh: RUNS names '$run' (want schedule, start, nvrx, nvrx-start)"; exit 2 ;;
+    *) echo "sensitivity.sh: RUNS names '$run' (want schedule, start, start-ns, start-nolib, nvrx, nvrx-start)"; exit 2 ;;
   esac
 done
 
