@@ -54,6 +54,9 @@ func aggregateCommand() *cli.Command {
 			&cli.IntFlag{Name: "max-ranks-per-host", Value: 1024, Usage: "ranks one host name may send steps for, over all its jobs", EnvVars: []string{"SLOWRANK_MAX_RANKS_PER_HOST"}},
 			&cli.IntFlag{Name: "max-jobs-per-host", Value: 16, Usage: "jobs one host name may take part in at once", EnvVars: []string{"SLOWRANK_MAX_JOBS_PER_HOST"}},
 			&cli.IntFlag{Name: "max-ranks-per-client", Usage: "ranks one client (its client certificate, else its source address) may send steps for, whatever host names it claims (default: --max-ranks/16, at least 1024)", EnvVars: []string{"SLOWRANK_MAX_RANKS_PER_CLIENT"}},
+			&cli.IntFlag{Name: "max-hosts-per-client", Usage: "host names one client may bring in (default: --max-hosts/16, at least 64); raise it behind a collector that relays a fleet", EnvVars: []string{"SLOWRANK_MAX_HOSTS_PER_CLIENT"}},
+			&cli.IntFlag{Name: "max-jobs-per-client", Usage: "jobs one client's hosts may take part in at once (default 64, a quarter of the 256 jobs the detector tracks); behind a collector it bounds every job this aggregator gets", EnvVars: []string{"SLOWRANK_MAX_JOBS_PER_CLIENT"}},
+			&cli.IntFlag{Name: "max-queue-per-client", Usage: "facts of one client waiting for the detector (default: a quarter of the queue); beyond it its requests get a retryable refusal", EnvVars: []string{"SLOWRANK_MAX_QUEUE_PER_CLIENT"}},
 			&cli.StringFlag{Name: "host-name", Usage: "host name in telemetry (default: os.Hostname)", EnvVars: []string{"SLOWRANK_HOST_NAME"}},
 			&cli.StringFlag{Name: "otel", Value: "auto", Usage: "OpenTelemetry export: auto (on when OTEL_EXPORTER_OTLP_ENDPOINT is set), on, off, stdout", EnvVars: []string{"SLOWRANK_OTEL"}},
 			&cli.IntFlag{Name: "sample-every", Value: 20, Usage: "export every rank's span of one step in N as a baseline (anomalous windows: all)", EnvVars: []string{"SLOWRANK_SAMPLE_EVERY"}},
@@ -124,6 +127,9 @@ func runAggregate(c *cli.Context) error {
 		MaxRanksPerHost:   c.Int("max-ranks-per-host"),
 		MaxJobsPerHost:    c.Int("max-jobs-per-host"),
 		MaxRanksPerClient: c.Int("max-ranks-per-client"),
+		MaxHostsPerClient: c.Int("max-hosts-per-client"),
+		MaxJobsPerClient:  c.Int("max-jobs-per-client"),
+		MaxQueuePerClient: c.Int("max-queue-per-client"),
 		StatsEvery:        statsEvery(c.Duration("stats-every")),
 		Logger:            log,
 	})
@@ -193,8 +199,13 @@ func checkAggregateLimits(c *cli.Context) (int64, error) {
 			return 0, cli.Exit(fmt.Sprintf("--%s must be positive, got %d", name, n), exitUsage)
 		}
 	}
-	if n := c.Int("max-ranks-per-client"); n < 0 {
-		return 0, cli.Exit(fmt.Sprintf("--max-ranks-per-client must be positive (or 0 for the default), got %d", n), exitUsage)
+	for _, name := range []string{"max-ranks-per-client", "max-hosts-per-client", "max-jobs-per-client", "max-queue-per-client"} {
+		if n := c.Int(name); n < 0 {
+			return 0, cli.Exit(fmt.Sprintf("--%s must be positive (or 0 for the default), got %d", name, n), exitUsage)
+		}
+	}
+	if n, all := c.Int("max-hosts-per-client"), c.Int("max-hosts"); n > all {
+		return 0, cli.Exit(fmt.Sprintf("--max-hosts-per-client %d is more than --max-hosts %d", n, all), exitUsage)
 	}
 	if c.Int("max-conns-per-source") > c.Int("max-conns") {
 		return 0, cli.Exit(fmt.Sprintf("--max-conns-per-source %d is more than --max-conns %d", c.Int("max-conns-per-source"), c.Int("max-conns")), exitUsage)

@@ -24,6 +24,11 @@ func TestAggregateLimitsAreUsageErrors(t *testing.T) {
 		{"zero max-ranks", []string{"--max-ranks", "0"}},
 		{"negative max-ranks-per-host", []string{"--max-ranks-per-host", "-3"}},
 		{"negative max-jobs-per-host", []string{"--max-jobs-per-host", "-3"}},
+		{"negative max-ranks-per-client", []string{"--max-ranks-per-client", "-1"}},
+		{"negative max-hosts-per-client", []string{"--max-hosts-per-client", "-1"}},
+		{"negative max-jobs-per-client", []string{"--max-jobs-per-client", "-1"}},
+		{"negative max-queue-per-client", []string{"--max-queue-per-client", "-1"}},
+		{"more hosts per client than in all", []string{"--max-hosts", "100", "--max-hosts-per-client", "101"}},
 		{"client CA without TLS", []string{"--tls-client-ca", "/nonexistent"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
