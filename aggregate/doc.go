@@ -6,7 +6,8 @@
 // hosts' topologies (one merged, versioned topology per job), the timeline
 // on which windows are cut, and the receiver's security limits; the wire
 // schema, its decoding and its validation are package wire's. It imports
-// detector and wire; nothing in slowrank imports it but cmd.
+// detector and wire (and internal/certfile, which reloads a renewed TLS
+// certificate); nothing in slowrank imports it but cmd.
 //
 // # Wire schema
 //

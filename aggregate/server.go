@@ -26,6 +26,7 @@ import (
 	_ "google.golang.org/grpc/encoding/gzip" // collectors send gzip by default
 	"google.golang.org/grpc/status"
 
+	"github.com/slowrank/slowrank/internal/certfile"
 	"github.com/slowrank/slowrank/otel/wire"
 )
 
@@ -167,6 +168,9 @@ type ServerStats struct {
 	RefusedConns  int64 // connections closed at once: their source had MaxConnsPerSource, or all were taken and no source held more
 	EvictedConns  int64 // connections closed to make room, all being taken, for a source that held fewer
 	Impersonation int64 // records naming a host their client certificate does not
+	// CertReloadFailures counts renewed TLS certificates that failed to
+	// load (the previous one is still served).
+	CertReloadFailures int64
 }
 
 // Server is the OTLP receiver in front of an Ingester.
@@ -181,7 +185,8 @@ type Server struct {
 	mem   budget
 	auth  []byte // "Bearer <token>", nil without a token
 	tls   bool
-	mtls  bool // client certificates name the hosts a client may claim
+	mtls  bool               // client certificates name the hosts a client may claim
+	certs *certfile.Reloader // the TLS certificate, nil without TLS
 	stats struct {
 		requests, records, rejected, ignored, unauthorized, tooLarge, bad, busy atomic.Int64
 		slow, impersonation                                                     atomic.Int64
@@ -208,10 +213,11 @@ func NewServer(cfg ServerConfig, ing Ingester) (*Server, error) {
 	if cfg.Token != "" {
 		s.auth = []byte("Bearer " + cfg.Token)
 	}
-	tlsCfg, err := serverTLS(cfg)
+	tlsCfg, certs, err := serverTLS(cfg, s.log)
 	if err != nil {
 		return nil, err
 	}
+	s.certs = certs
 	s.tls, s.mtls = tlsCfg != nil, cfg.ClientCAFile != ""
 	s.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(cfg.MaxRequestBytes), grpc.MaxSendMsgSize(1<<20))
 	plogotlp.RegisterGRPCServer(s.grpc, &logsService{s: s})
@@ -252,29 +258,30 @@ func NewServer(cfg ServerConfig, ing Ingester) (*Server, error) {
 	return s, nil
 }
 
-// serverTLS builds the TLS configuration (nil without TLS); with a client
-// CA every client must present a certificate it signed.
-func serverTLS(cfg ServerConfig) (*tls.Config, error) {
+// serverTLS builds the TLS configuration (nil without TLS) and the
+// certificate's reloader, which follows a renewed Secret without a restart;
+// with a client CA every client must present a certificate it signed.
+func serverTLS(cfg ServerConfig, log *slog.Logger) (*tls.Config, *certfile.Reloader, error) {
 	if cfg.TLSCertFile == "" {
-		return nil, nil
+		return nil, nil, nil
 	}
-	cert, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
+	certs, err := certfile.New(cfg.TLSCertFile, cfg.TLSKeyFile, "aggregator certificate", log)
 	if err != nil {
-		return nil, fmt.Errorf("load TLS certificate: %w", err)
+		return nil, nil, err
 	}
-	c := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}}
+	c := &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: certs.GetCertificate, NextProtos: []string{"h2", "http/1.1"}}
 	if cfg.ClientCAFile != "" {
 		pem, err := os.ReadFile(cfg.ClientCAFile)
 		if err != nil {
-			return nil, fmt.Errorf("client CA: %w", err)
+			return nil, nil, fmt.Errorf("client CA: %w", err)
 		}
 		c.ClientCAs = x509.NewCertPool()
 		if !c.ClientCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("client CA: no PEM certificate in %s", cfg.ClientCAFile)
+			return nil, nil, fmt.Errorf("client CA: no PEM certificate in %s", cfg.ClientCAFile)
 		}
 		c.ClientAuth = tls.RequireAndVerifyClientCert
 	}
-	return c, nil
+	return c, certs, nil
 }
 
 // warnExposure warns when the receiver listens beyond loopback without TLS
@@ -325,7 +332,15 @@ func (s *Server) Stats() ServerStats {
 		Ignored: s.stats.ignored.Load(), Unauthorized: s.stats.unauthorized.Load(), TooLarge: s.stats.tooLarge.Load(),
 		BadRequests: s.stats.bad.Load(), Busy: s.stats.busy.Load(), SlowBodies: s.stats.slow.Load(),
 		RefusedConns: s.conns.refused.Load(), EvictedConns: s.conns.evicted.Load(), Impersonation: s.stats.impersonation.Load(),
+		CertReloadFailures: s.certReloadFailures(),
 	}
+}
+
+func (s *Server) certReloadFailures() int64 {
+	if s.certs == nil {
+		return 0
+	}
+	return s.certs.Failures()
 }
 
 func (s *Server) authorized(r *http.Request) bool {

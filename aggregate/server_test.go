@@ -7,6 +7,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -28,6 +29,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/slowrank/slowrank/detector"
+	"github.com/slowrank/slowrank/internal/certfile/certtest"
 	"github.com/slowrank/slowrank/otel/forward"
 	"github.com/slowrank/slowrank/otel/wire"
 )
@@ -354,5 +356,35 @@ func TestServerBindsLoopbackByDefault(t *testing.T) {
 	host, _, err := net.SplitHostPort(DefaultListen)
 	if err != nil || !net.ParseIP(host).IsLoopback() {
 		t.Fatalf("default listen %q is not loopback", DefaultListen)
+	}
+}
+
+// TestServerServesRenewedCertificate: cert-manager renews the aggregator's
+// Secret; the next handshake presents the new certificate, without a
+// restart (its agents would otherwise fail when the old one expires).
+func TestServerServesRenewedCertificate(t *testing.T) {
+	dir := t.TempDir()
+	old := certtest.Write(t, dir, 1)
+	ts := startServer(t, ServerConfig{TLSCertFile: filepath.Join(dir, "tls.crt"), TLSKeyFile: filepath.Join(dir, "tls.key")})
+	handshake := func(ca *x509.Certificate) error {
+		pool := x509.NewCertPool()
+		pool.AddCert(ca)
+		c, err := tls.Dial("tcp", ts.addr, &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})
+		if err == nil {
+			c.Close()
+		}
+		return err
+	}
+	if err := handshake(old); err != nil {
+		t.Fatal(err)
+	}
+	renewed := certtest.Write(t, dir, 2)
+	for deadline := time.Now().Add(5 * time.Second); handshake(renewed) != nil; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the renewed certificate is not served after 5 s")
+		}
+	}
+	if handshake(old) == nil {
+		t.Error("the old certificate is still served")
 	}
 }

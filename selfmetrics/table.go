@@ -597,6 +597,8 @@ var Table = []Metric{
 		}},
 	{Name: "slowrank.webhook.values.kept", Kind: Counter, Unit: "{variable}", Component: Webhook,
 		Desc: "Variables (CUDA_INJECTION64_PATH, NCCL_PROFILER_PLUGIN) that a container set to another value itself, kept.", Series: []Series{s("webhook_values_kept")}},
+	{Name: "slowrank.aggregate.certificate.reload.failures", Kind: Counter, Unit: "{reload}", Component: Aggregate,
+		Desc: "Renewed TLS certificates that failed to load; the previous certificate is still served.", Series: []Series{s("aggregate_cert_reload_failures")}},
 	{Name: "slowrank.webhook.certificate.reload.failures", Kind: Counter, Unit: "{reload}", Component: Webhook,
 		Desc: "Certificate reloads that failed; the previous certificate is still served.", Series: []Series{s("webhook_cert_reload_failures")}},
 }

@@ -32,6 +32,7 @@
 //
 // admission imports no other slowrank package and no Kubernetes module: it
 // decodes the few fields it needs from the review, with exact keys as the
-// API server does, and ignores the rest. Its tests apply the patches with
-// the JSON patch library the API server uses.
+// API server does, and ignores the rest; its certificate comes from the
+// caller (internal/certfile's reloader, which its tests use too). Its tests
+// apply the patches with the JSON patch library the API server uses.
 package admission

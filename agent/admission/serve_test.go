@@ -1,80 +1,32 @@
 package admission
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"io"
 	"log/slog"
-	"math/big"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/slowrank/slowrank/internal/certfile"
+	"github.com/slowrank/slowrank/internal/certfile/certtest"
 )
 
-// writeCert writes a self-signed certificate for 127.0.0.1 with the given
-// serial to dir/tls.crt and dir/tls.key, as a Secret's volume holds them.
-func writeCert(t *testing.T, dir string, serial int64) *x509.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(serial),
-		Subject:               pkix.Name{CommonName: "sr-webhook.slowrank.svc"},
-		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Written beside and renamed, as the kubelet swaps a Secret's files.
-	for name, block := range map[string]*pem.Block{"tls.crt": {Type: "CERTIFICATE", Bytes: der}, "tls.key": {Type: "EC PRIVATE KEY", Bytes: kder}} {
-		tmp := filepath.Join(dir, "."+name)
-		if err := os.WriteFile(tmp, pem.EncodeToMemory(block), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cert
-}
-
 // serve starts the webhook's HTTPS server on a loopback port.
-func serve(t *testing.T, certs *CertReloader) (*Handler, string) {
+func serve(t *testing.T, certs *certfile.Reloader) (*Handler, string) {
 	t.Helper()
 	h := newTestHandler(t, 0)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := NewServer("", h, certs)
+	srv := NewServer("", h, certs.GetCertificate)
 	done := make(chan error, 1)
 	go func() { done <- srv.ServeTLS(ln, "", "") }()
 	t.Cleanup(func() {
@@ -97,8 +49,8 @@ func client(ca *x509.Certificate) *http.Client {
 
 func TestServeHTTPS(t *testing.T) {
 	dir := t.TempDir()
-	ca := writeCert(t, dir, 1)
-	certs, err := NewCertReloader(filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), slog.New(slog.DiscardHandler))
+	ca := certtest.Write(t, dir, 1)
+	certs, err := certfile.New(filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), "webhook certificate", slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,8 +86,8 @@ func TestServeHTTPS(t *testing.T) {
 // next handshake presents the new certificate without a restart.
 func TestServeReloadsRenewedCertificate(t *testing.T) {
 	dir := t.TempDir()
-	old := writeCert(t, dir, 1)
-	certs, err := NewCertReloader(filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), slog.New(slog.DiscardHandler))
+	old := certtest.Write(t, dir, 1)
+	certs, err := certfile.New(filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), "webhook certificate", slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +102,7 @@ func TestServeReloadsRenewedCertificate(t *testing.T) {
 	if err := served(old); err != nil {
 		t.Fatal(err)
 	}
-	renewed := writeCert(t, dir, 2)
+	renewed := certtest.Write(t, dir, 2)
 	deadline := time.Now().Add(5 * time.Second)
 	for served(renewed) != nil {
 		if time.Now().After(deadline) {
@@ -160,29 +112,5 @@ func TestServeReloadsRenewedCertificate(t *testing.T) {
 	}
 	if served(old) == nil {
 		t.Error("the old certificate is still served")
-	}
-}
-
-// TestReloadKeepsCertificateOnBadPair: a half-written renewal does not take
-// the webhook's certificate away.
-func TestReloadKeepsCertificateOnBadPair(t *testing.T) {
-	dir := t.TempDir()
-	writeCert(t, dir, 1)
-	certs, err := NewCertReloader(filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	before, _ := certs.GetCertificate(nil)
-	if err := os.WriteFile(filepath.Join(dir, "tls.key"), []byte("not a key"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := certs.Reload(); err == nil {
-		t.Fatal("a bad pair reloaded")
-	}
-	if after, _ := certs.GetCertificate(nil); after != before || certs.Failures() != 1 {
-		t.Errorf("certificate replaced (%v) or failure not counted (%d)", after != before, certs.Failures())
-	}
-	if _, err := NewCertReloader(filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), nil); err == nil {
-		t.Error("NewCertReloader accepted a bad pair")
 	}
 }

@@ -269,6 +269,7 @@ func aggregateCounters(agg *aggregate.Aggregator, srv *aggregate.Server) map[str
 		"aggregate_refused_conns":        ss.RefusedConns,
 		"aggregate_evicted_conns":        ss.EvictedConns,
 		"aggregate_impersonation":        ss.Impersonation,
+		"aggregate_cert_reload_failures": ss.CertReloadFailures,
 		"aggregate_refused_ranks":        st.RefusedRanks,
 		"aggregate_refused_ranks_client": st.RefusedRanksClient,
 		"aggregate_refused_hosts_client": st.RefusedHostsClient,

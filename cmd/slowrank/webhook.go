@@ -17,6 +17,7 @@ import (
 
 	"github.com/slowrank/slowrank/agent"
 	"github.com/slowrank/slowrank/agent/admission"
+	"github.com/slowrank/slowrank/internal/certfile"
 	"github.com/slowrank/slowrank/selfmetrics"
 )
 
@@ -66,7 +67,7 @@ func runWebhook(c *cli.Context) error {
 		return cli.Exit("--otel must be auto, on or off (the webhook exports metrics only)", exitUsage)
 	}
 	log := slog.Default()
-	certs, err := admission.NewCertReloader(c.String("cert"), c.String("key"), log)
+	certs, err := certfile.New(c.String("cert"), c.String("key"), "webhook certificate", log.With("component", "webhook"))
 	if err != nil {
 		return cli.Exit(err.Error(), exitUsage)
 	}
@@ -104,7 +105,7 @@ func runWebhook(c *cli.Context) error {
 	if d := c.Duration("stats-every"); d > 0 {
 		go logWebhookStats(ctx, d, h, log)
 	}
-	srv := admission.NewServer("", h, certs)
+	srv := admission.NewServer("", h, certs.GetCertificate)
 	served := make(chan error, 1)
 	go func() { served <- srv.ServeTLS(ln, "", "") }()
 	log.Info("webhook running", "listen", ln.Addr().String(), "lib_dir", c.String("lib-dir"), "nccl_plugin", c.Bool("nccl-plugin"))
@@ -130,7 +131,7 @@ func runWebhook(c *cli.Context) error {
 
 // reloadOnHangup reloads the certificate on SIGHUP (it is also reloaded when
 // its files change).
-func reloadOnHangup(ctx context.Context, certs *admission.CertReloader, log *slog.Logger) {
+func reloadOnHangup(ctx context.Context, certs *certfile.Reloader, log *slog.Logger) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -165,7 +166,7 @@ func logWebhookStats(ctx context.Context, every time.Duration, h *admission.Hand
 
 // webhookCounters feeds the webhook's counters to the self-metrics (keys
 // of selfmetrics.Table).
-func webhookCounters(h *admission.Handler, certs *admission.CertReloader) map[string]int64 {
+func webhookCounters(h *admission.Handler, certs *certfile.Reloader) map[string]int64 {
 	st := h.Stats()
 	return map[string]int64{
 		"webhook_patched":              st.Patched,
