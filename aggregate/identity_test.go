@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/slowrank/slowrank/detector"
+	"github.com/slowrank/slowrank/otel/forward"
 	"github.com/slowrank/slowrank/otel/wire"
 )
 
@@ -226,6 +227,41 @@ func TestClientIDIsTheCertificateElseTheSource(t *testing.T) {
 			r := &http.Request{RemoteAddr: tt.remote}
 			if got := clientID(r, tt.hosts); got != tt.want {
 				t.Errorf("clientID(%s, %v) = %q, want %q", tt.remote, tt.hosts, got, tt.want)
+			}
+		})
+	}
+}
+
+// staticCert is a client certificate that is never renewed.
+type staticCert struct{ c tls.Certificate }
+
+func (s staticCert) GetClientCertificate(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+	return &s.c, nil
+}
+func (staticCert) Failures() int64 { return 0 }
+
+// TestForwarderPresentsItsClientCertificate: slowrank's own agent, given a
+// certificate naming its host (--aggregator-cert), is admitted by an
+// aggregator that requires one, over gRPC and HTTP; without it, nothing
+// it sends gets in.
+func TestForwarderPresentsItsClientCertificate(t *testing.T) {
+	ca := newTestCA(t)
+	certFile, keyFile := ca.writeServerPair(t)
+	hostA := staticCert{ca.issue(t, "agent", []string{"hostA"})}
+	for _, scheme := range []string{"grpcs://", "https://"} {
+		t.Run(scheme, func(t *testing.T) {
+			ts := startServer(t, ServerConfig{TLSCertFile: certFile, TLSKeyFile: keyFile, ClientCAFile: ca.file})
+			forwardSteps(t, forward.Config{Endpoint: scheme + ts.addr, RootCAs: ca.pool, ClientCert: hostA}, 6)
+			ts.waitFacts(t, 6)
+			if st := ts.srv.Stats(); st.Impersonation != 0 {
+				t.Errorf("stats %+v", st)
+			}
+			f := forwardSteps(t, forward.Config{Endpoint: scheme + ts.addr, RootCAs: ca.pool, MaxBackoff: 50 * time.Millisecond}, 2)
+			for deadline := time.Now().Add(5 * time.Second); f.Stats().Failures == 0 && time.Now().Before(deadline); {
+				time.Sleep(20 * time.Millisecond)
+			}
+			if st := f.Stats(); st.Sent != 0 || st.Failures == 0 {
+				t.Fatalf("a forwarder without a certificate got in: %+v", st)
 			}
 		})
 	}

@@ -536,6 +536,8 @@ var Table = []Metric{
 		}},
 	{Name: "slowrank.forward.queued", Kind: Gauge, Unit: "{record}", Component: Forward,
 		Desc: "Step facts waiting to be forwarded.", Series: []Series{s("forward_queued")}},
+	{Name: "slowrank.forward.certificate.reload.failures", Kind: Counter, Unit: "{reload}", Component: Forward,
+		Desc: "Renewed client certificates (--aggregator-cert) that failed to load; the previous one is still sent.", Series: []Series{s("forward_cert_reload_failures")}},
 
 	// The aggregator (slowrank aggregate).
 	{Name: "slowrank.aggregate.requests", Kind: Counter, Unit: "{request}", Component: Aggregate,

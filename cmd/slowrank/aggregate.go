@@ -18,6 +18,7 @@ import (
 
 	"github.com/slowrank/slowrank/agent"
 	"github.com/slowrank/slowrank/aggregate"
+	"github.com/slowrank/slowrank/internal/certfile"
 	"github.com/slowrank/slowrank/otel/forward"
 	"github.com/slowrank/slowrank/selfmetrics"
 )
@@ -298,6 +299,8 @@ func aggregatorFlags() []cli.Flag {
 		&cli.StringFlag{Name: "aggregator-token-file", Usage: "send 'authorization: Bearer <token>' with the token in this file", EnvVars: []string{"SLOWRANK_AGGREGATOR_TOKEN_FILE"}},
 		&cli.StringFlag{Name: "aggregator-compression", Value: "gzip", Usage: "gzip or none: how request bodies to the aggregator are sent", EnvVars: []string{"SLOWRANK_AGGREGATOR_COMPRESSION"}},
 		&cli.StringFlag{Name: "aggregator-ca", Usage: "PEM CA certificates that verify a grpcs:// or https:// aggregator (default: the system's)", EnvVars: []string{"SLOWRANK_AGGREGATOR_CA"}},
+		&cli.StringFlag{Name: "aggregator-cert", Usage: "PEM client certificate for a grpcs:// or https:// aggregator that requires one (--tls-client-ca: it names the hosts this agent may speak for); reloaded when renewed", EnvVars: []string{"SLOWRANK_AGGREGATOR_CERT"}},
+		&cli.StringFlag{Name: "aggregator-key", Usage: "PEM private key of --aggregator-cert", EnvVars: []string{"SLOWRANK_AGGREGATOR_KEY"}},
 	}
 }
 
@@ -332,12 +335,37 @@ func openForwarder(c *cli.Context, host string) (*forward.Forwarder, error) {
 			return nil, cli.Exit(fmt.Sprintf("--aggregator-ca: no PEM certificate in %s", p), exitUsage)
 		}
 	}
+	if err := clientCert(c, &cfg); err != nil {
+		return nil, err
+	}
 	f, err := forward.New(cfg)
 	if err != nil {
 		return nil, cli.Exit(fmt.Sprintf("--aggregator: %v", err), exitUsage)
 	}
 	slog.Info("forwarding facts to the aggregator", "aggregator", ep)
 	return f, nil
+}
+
+// clientCert loads --aggregator-cert and --aggregator-key into cfg: both or
+// neither, and only for a TLS endpoint (a certificate offered over
+// plaintext would never be asked for, and the user would think it was).
+func clientCert(c *cli.Context, cfg *forward.Config) error {
+	cert, key := c.String("aggregator-cert"), c.String("aggregator-key")
+	if cert == "" && key == "" {
+		return nil
+	}
+	if cert == "" || key == "" {
+		return cli.Exit("--aggregator-cert and --aggregator-key go together", exitUsage)
+	}
+	if !strings.HasPrefix(cfg.Endpoint, "grpcs://") && !strings.HasPrefix(cfg.Endpoint, "https://") {
+		return cli.Exit(fmt.Sprintf("--aggregator-cert needs a grpcs:// or https:// --aggregator, got %q", cfg.Endpoint), exitUsage)
+	}
+	r, err := certfile.New(cert, key, "aggregator client certificate", slog.Default().With("component", "forward"))
+	if err != nil {
+		return cli.Exit("--aggregator-cert: "+err.Error(), exitUsage)
+	}
+	cfg.ClientCert = r
+	return nil
 }
 
 // closeForwarder sends what is queued within ctx and logs what was lost.

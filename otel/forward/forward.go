@@ -2,6 +2,7 @@ package forward
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -18,6 +19,15 @@ import (
 	"github.com/slowrank/slowrank/otel/wire"
 )
 
+// ClientCertSource is a TLS client certificate that may be renewed while
+// the forwarder runs.
+type ClientCertSource interface {
+	GetClientCertificate(*tls.CertificateRequestInfo) (*tls.Certificate, error)
+	// Failures counts renewals that failed to load (the previous
+	// certificate is still sent).
+	Failures() int64
+}
+
 // Config configures a Forwarder.
 type Config struct {
 	// Endpoint is the aggregator (or a collector in front of it):
@@ -32,6 +42,11 @@ type Config struct {
 	Token string
 	// RootCAs verifies a TLS endpoint (nil: the system pool).
 	RootCAs *x509.CertPool
+	// ClientCert, when set, gives the certificate a TLS endpoint that
+	// asks for one gets (an aggregator with --tls-client-ca lets a client
+	// speak only for the hosts its certificate names); internal/certfile's
+	// Reloader follows a renewed one. Its failed reloads are counted.
+	ClientCert ClientCertSource
 	// NoCompression sends request bodies as they are. By default they are
 	// gzip'ed (gRPC's gzip compressor, or Content-Encoding: gzip): a step
 	// fact's 14 attributes shrink about 7.6 times, which every collector
@@ -266,6 +281,9 @@ func (f *Forwarder) Counters() map[string]int64 {
 	m := map[string]int64{
 		"forward_sent": st.Sent, "forward_requests": st.Requests, "forward_failures": st.Failures,
 		"forward_queued": int64(st.Queued),
+	}
+	if f.cfg.ClientCert != nil {
+		m["forward_cert_reload_failures"] = f.cfg.ClientCert.Failures()
 	}
 	for reason, n := range st.Dropped {
 		m["forward_dropped_"+reason] = n

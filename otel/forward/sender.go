@@ -56,6 +56,9 @@ func newSender(cfg Config) (sender, error) {
 		scheme, rest = "grpc", ep
 	}
 	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: cfg.RootCAs}
+	if cfg.ClientCert != nil {
+		tlsCfg.GetClientCertificate = cfg.ClientCert.GetClientCertificate
+	}
 	switch scheme {
 	case "grpc", "grpcs":
 		if _, _, err := net.SplitHostPort(rest); err != nil || strings.Contains(rest, "/") {
