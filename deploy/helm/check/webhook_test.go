@@ -11,6 +11,7 @@ import (
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 )
@@ -29,6 +30,7 @@ type webhookObjects struct {
 	mwcs     []admissionv1.MutatingWebhookConfiguration
 	certs    []certificate
 	issuers  []issuer
+	pdbs     []policyv1.PodDisruptionBudget
 }
 
 // certificate is cert-manager.io/v1 Certificate, the fields the chart sets.
@@ -112,6 +114,9 @@ func renderWebhook(t *testing.T, webhook map[string]any) (webhookObjects, error)
 			case "Issuer":
 				o.issuers = append(o.issuers, issuer{})
 				into = &o.issuers[len(o.issuers)-1]
+			case "PodDisruptionBudget":
+				o.pdbs = append(o.pdbs, policyv1.PodDisruptionBudget{})
+				into = &o.pdbs[len(o.pdbs)-1]
 			default:
 				t.Fatalf("%s: unexpected kind %q", name, meta.Kind)
 			}
@@ -254,6 +259,31 @@ func TestWebhookVariants(t *testing.T) {
 		}
 		if s := o.deploys[0].Spec.Template.Spec.Volumes[0].Secret; s == nil || s.SecretName != "my-tls" {
 			t.Errorf("volume %+v, want the Secret my-tls", s)
+		}
+	})
+	t.Run("two replicas: spread over nodes, evicted one at a time", func(t *testing.T) {
+		o, err := renderWebhook(t, map[string]any{"enabled": true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		labels := o.deploys[0].Spec.Template.Labels
+		if len(o.pdbs) != 1 || o.pdbs[0].Spec.MaxUnavailable == nil || o.pdbs[0].Spec.MaxUnavailable.IntValue() != 1 ||
+			o.pdbs[0].Spec.MinAvailable != nil || !selects(o.pdbs[0].Spec.Selector.MatchLabels, labels) {
+			t.Fatalf("disruption budgets %+v, want one taking one webhook pod at a time", o.pdbs)
+		}
+		spread := o.deploys[0].Spec.Template.Spec.TopologySpreadConstraints
+		if len(spread) != 1 || spread[0].TopologyKey != "kubernetes.io/hostname" || spread[0].WhenUnsatisfiable != corev1.ScheduleAnyway ||
+			!selects(spread[0].LabelSelector.MatchLabels, labels) {
+			t.Errorf("spread %+v, want the replicas on different nodes where they can be", spread)
+		}
+	})
+	t.Run("one replica: no budget that would block a drain", func(t *testing.T) {
+		o, err := renderWebhook(t, map[string]any{"enabled": true, "replicas": 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(o.pdbs) != 0 || len(o.deploys[0].Spec.Template.Spec.TopologySpreadConstraints) != 0 {
+			t.Errorf("budgets %+v, spread %+v", o.pdbs, o.deploys[0].Spec.Template.Spec.TopologySpreadConstraints)
 		}
 	})
 	t.Run("an existing ClusterIssuer", func(t *testing.T) {
