@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # fetch-debs.sh LOCK DIR: downloads the .deb files that LOCK pins into DIR
 # (once), checks their sha256, and writes each one's file system tree as
-# DIR/NAME.tar (dpkg-deb --fsys-tarfile). Prints NAME=VERSION=DIR/NAME.tar
-# lines, the -deb arguments of `release image`.
+# DIR/NAME.tar (dpkg-deb --fsys-tarfile) and its control stanza as
+# DIR/NAME.control (dpkg-deb -f: the image's dpkg status, for scanners).
+# Prints NAME=VERSION=DIR/NAME.tar lines, the -deb arguments of `release
+# image`.
 set -euo pipefail
 lock=$1 dir=$2
 mkdir -p "$dir"
@@ -21,8 +23,9 @@ while read -r name version sum; do
     echo "$sum  $deb" | sha256sum --quiet -c - || {
       echo "fetch-debs: $deb does not have the sha256 that $lock pins" >&2; exit 1; }
   fi
-  if [ ! -f "$dir/$name.tar" ] || [ "$deb" -nt "$dir/$name.tar" ]; then
+  if [ ! -f "$dir/$name.tar" ] || [ "$deb" -nt "$dir/$name.tar" ] || [ ! -f "$dir/$name.control" ]; then
     dpkg-deb --fsys-tarfile "$deb" > "$dir/$name.tar.new" && mv "$dir/$name.tar.new" "$dir/$name.tar"
+    dpkg-deb -f "$deb" > "$dir/$name.control.new" && mv "$dir/$name.control.new" "$dir/$name.control"
   fi
   echo "$name=$version=$dir/$name.tar"
 done < "$lock"

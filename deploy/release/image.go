@@ -37,11 +37,37 @@ var (
 )
 
 // debPackage is one Debian package of the base layer: its file system tree
-// (`dpkg-deb --fsys-tarfile`) and the name=version it came from (a label).
+// (`dpkg-deb --fsys-tarfile`), the name=version it came from (a label), and
+// beside the tree its control stanza (`dpkg-deb -f`, NAME.control for
+// NAME.tar: fetch-debs.sh writes both).
 type debPackage struct {
 	nameVersion string
 	fsysTar     string
 }
+
+// packagesLabel names the base layer's packages (NAME=VERSION ...).
+const packagesLabel = "io.slowrank.base.debian-packages"
+
+// controlFile is where the package's control stanza is.
+func (p debPackage) controlFile() string { return strings.TrimSuffix(p.fsysTar, ".tar") + ".control" }
+
+// What image scanners (Trivy, Grype, Syft) read to name the operating
+// system and its packages, as distroless images give it: an os-release
+// with Debian's ID and version (its packages are Debian 12's, so Debian's
+// security tracker applies to them), and one dpkg status stanza per package
+// in status.d. debs.lock must pin bookworm packages.
+const (
+	osReleasePath = "etc/os-release"
+	dpkgStatusDir = "var/lib/dpkg/status.d/"
+	osRelease     = `PRETTY_NAME="slowrank (Debian GNU/Linux 12 packages)"
+NAME="Debian GNU/Linux"
+VERSION_ID="12"
+VERSION="12 (bookworm)"
+VERSION_CODENAME=bookworm
+ID=debian
+HOME_URL="https://github.com/slowrank/slowrank"
+`
+)
 
 // imageSpec is everything the image is made of.
 type imageSpec struct {
@@ -95,7 +121,7 @@ func buildImage(s imageSpec) (v1.Image, error) {
 				"org.opencontainers.image.version":     s.version,
 				"org.opencontainers.image.source":      "https://github.com/slowrank/slowrank",
 				"org.opencontainers.image.licenses":    "GPL-2.0-only OR BSD-2-Clause",
-				"io.slowrank.base.debian-packages":     strings.Join(pkgs, " "),
+				packagesLabel:                          strings.Join(pkgs, " "),
 			},
 		},
 	}
@@ -151,6 +177,16 @@ func baseFiles(pkgs []debPackage) ([]file, error) {
 			files = append(files, e)
 		}
 	}
+	meta, err := packageMetadata(pkgs)
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range meta {
+		if _, ok := seen[m.name]; ok {
+			return nil, fmt.Errorf("/%s is already in a package", m.name)
+		}
+		files = append(files, m)
+	}
 	if bb, ok := seen[busyboxPath]; !ok || bb.typ != tar.TypeReg {
 		return nil, fmt.Errorf("no /%s in the packages (busybox-static)", busyboxPath)
 	}
@@ -162,6 +198,46 @@ func baseFiles(pkgs []debPackage) ([]file, error) {
 		files = append(files, file{name: name, typ: tar.TypeSymlink, mode: 0o777, linkname: "busybox"})
 	}
 	return files, nil
+}
+
+// packageMetadata is what scanners read (osRelease): the os-release and
+// each package's control stanza as its dpkg status, marked installed.
+func packageMetadata(pkgs []debPackage) ([]file, error) {
+	files := []file{{name: osReleasePath, typ: tar.TypeReg, mode: 0o644, data: []byte(osRelease)}}
+	names := map[string]bool{}
+	for _, p := range pkgs {
+		b, err := os.ReadFile(p.controlFile())
+		if err != nil {
+			return nil, fmt.Errorf("package %s: control: %w", p.nameVersion, err)
+		}
+		fields := controlFields(b)
+		name, version := fields["Package"], fields["Version"]
+		if name == "" || version == "" || strings.ContainsAny(name, "/ ") || names[name] {
+			return nil, fmt.Errorf("package %s: control %s: want one Package and a Version", p.nameVersion, p.controlFile())
+		}
+		if want := name + "=" + version; want != p.nameVersion {
+			return nil, fmt.Errorf("package %s: its control stanza is %s", p.nameVersion, want)
+		}
+		names[name] = true
+		stanza := strings.TrimRight(string(b), "\n") + "\n"
+		if fields["Status"] == "" {
+			stanza += "Status: install ok installed\n"
+		}
+		files = append(files, file{name: dpkgStatusDir + name, typ: tar.TypeReg, mode: 0o644, data: []byte(stanza)})
+	}
+	return files, nil
+}
+
+// controlFields are a control stanza's single-line fields (continuation
+// lines, which start with a space, are skipped).
+func controlFields(b []byte) map[string]string {
+	m := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && k != "" && !strings.HasPrefix(line, " ") {
+			m[k] = strings.TrimSpace(v)
+		}
+	}
+	return m
 }
 
 // newLayer is an OCI layer (gzip) of files.

@@ -77,6 +77,14 @@ func inputs(t *testing.T, dir string, mtime time.Time, uid int, perm os.FileMode
 		tar.Header{Typeflag: tar.TypeReg, Name: "./bin/busybox", Mode: 0o755},
 		tar.Header{Typeflag: tar.TypeDir, Name: "./usr/share/doc/libc6/", Mode: 0o755},
 	)
+	for path, stanza := range map[string]string{
+		filepath.Join(dir, "libc6.control"):   "Package: libc6\nVersion: 2.36\nDescription: GNU C Library\n glibc\n",
+		filepath.Join(dir, "busybox.control"): "Package: busybox-static\nVersion: 1:1.35\n",
+	} {
+		if err := os.WriteFile(path, []byte(stanza), perm); err != nil {
+			t.Fatal(err)
+		}
+	}
 	return imageSpec{version: "1.2.3", binary: bin, library: lib, epoch: time.Unix(0, 0).UTC(),
 		packages: []debPackage{{"libc6=2.36", libc}, {"busybox-static=1:1.35", bb}}}
 }
@@ -143,7 +151,7 @@ func TestImageLayoutRoundTrip(t *testing.T) {
 	// The flattened file system: what the chart relies on, with fixed
 	// owners, modes and times.
 	tr := tar.NewReader(mutate.Extract(got))
-	entries := map[string]*tar.Header{}
+	entries, contents := map[string]*tar.Header{}, map[string]string{}
 	for {
 		h, err := tr.Next()
 		if err == io.EOF {
@@ -153,6 +161,23 @@ func TestImageLayoutRoundTrip(t *testing.T) {
 			t.Fatal(err)
 		}
 		entries[strings.TrimSuffix(h.Name, "/")] = h
+		if strings.HasPrefix(h.Name, dpkgStatusDir) || h.Name == osReleasePath {
+			b, err := io.ReadAll(tr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			contents[h.Name] = string(b)
+		}
+	}
+	// What scanners read: the OS and each package, installed.
+	if !strings.Contains(contents[osReleasePath], "ID=debian\n") || !strings.Contains(contents[osReleasePath], `VERSION_ID="12"`) {
+		t.Errorf("os-release %q", contents[osReleasePath])
+	}
+	if got, want := contents[dpkgStatusDir+"libc6"], "Package: libc6\nVersion: 2.36\nDescription: GNU C Library\n glibc\nStatus: install ok installed\n"; got != want {
+		t.Errorf("dpkg status of libc6 %q, want %q", got, want)
+	}
+	if got := contents[dpkgStatusDir+"busybox-static"]; !strings.HasPrefix(got, "Package: busybox-static\nVersion: 1:1.35\n") {
+		t.Errorf("dpkg status of busybox-static %q", got)
 	}
 	for _, c := range []struct {
 		name     string
@@ -164,6 +189,8 @@ func TestImageLayoutRoundTrip(t *testing.T) {
 		{libraryPath, tar.TypeReg, 0o644, ""},
 		{"opt/slowrank/lib", tar.TypeDir, 0o755, ""},
 		{"bin/busybox", tar.TypeReg, 0o755, ""},
+		{osReleasePath, tar.TypeReg, 0o644, ""},
+		{dpkgStatusDir + "libc6", tar.TypeReg, 0o644, ""},
 		{"bin/sh", tar.TypeSymlink, 0o777, "busybox"},
 		{"bin/mv", tar.TypeSymlink, 0o777, "busybox"},
 		{"lib/x86_64-linux-gnu/libc.so.6", tar.TypeReg, 0o755, ""},
@@ -185,8 +212,10 @@ func TestBaseFilesRefusesConflicts(t *testing.T) {
 	dir := t.TempDir()
 	s := inputs(t, dir, time.Unix(0, 0), 0, 0o755)
 	for name, pkgs := range map[string][]debPackage{
-		"a file in two packages": {s.packages[0], s.packages[0]},
-		"no busybox":             {s.packages[0]},
+		"a file in two packages":      {s.packages[0], s.packages[0]},
+		"no busybox":                  {s.packages[0]},
+		"a stanza of another version": {{"libc6=2.37", s.packages[0].fsysTar}, s.packages[1]},
+		"no stanza":                   {{"libc6=2.36", filepath.Join(dir, "elsewhere.tar")}, s.packages[1]},
 	} {
 		t.Run(name, func(t *testing.T) {
 			if _, err := baseFiles(pkgs); err == nil {

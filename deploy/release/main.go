@@ -194,6 +194,13 @@ func verify(ctx context.Context, dir, version, binary, library string) error {
 	if err := checkFiles(root, binary, library); err != nil {
 		return err
 	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return fmt.Errorf("image config: %w", err)
+	}
+	if err := checkScannable(root, cf.Config.Labels[packagesLabel]); err != nil {
+		return err
+	}
 	if err := checkRuns(ctx, root, version); err != nil {
 		return err
 	}
@@ -201,6 +208,6 @@ func verify(ctx context.Context, dir, version, binary, library string) error {
 	if err != nil {
 		return fmt.Errorf("image digest: %w", err)
 	}
-	fmt.Printf("image %s: config, /%s, /%s and `slowrank --version` (%s) checked\n", d, binaryPath, libraryPath, version)
+	fmt.Printf("image %s: config, /%s, /%s, the packages scanners see and `slowrank --version` (%s) checked\n", d, binaryPath, libraryPath, version)
 	return nil
 }

@@ -138,6 +138,30 @@ func writeFile(dst string, r io.Reader, mode os.FileMode) error {
 
 // checkFiles checks the extracted image at root: the binary and the library
 // are the released ones (same bytes), with the modes the chart needs, the
+// checkScannable checks that a scanner finds the OS and every package of
+// the label (NAME=VERSION ...) in the extracted image at root, installed.
+func checkScannable(root, packages string) error {
+	osr, err := os.ReadFile(filepath.Join(root, osReleasePath))
+	if err != nil || !strings.Contains(string(osr), "\nID=debian\n") {
+		return fmt.Errorf("image /%s does not name Debian (%v): scanners would not match its packages", osReleasePath, err)
+	}
+	if packages == "" {
+		return errors.New("image names no base packages (label " + packagesLabel + ")")
+	}
+	for _, nv := range strings.Fields(packages) {
+		name, version, _ := strings.Cut(nv, "=")
+		b, err := os.ReadFile(filepath.Join(root, dpkgStatusDir, name))
+		if err != nil {
+			return fmt.Errorf("image has no dpkg status for %s: %w", nv, err)
+		}
+		f := controlFields(b)
+		if f["Package"] != name || f["Version"] != version || f["Status"] != "install ok installed" {
+			return fmt.Errorf("image's dpkg status for %s says %s %s (%s)", nv, f["Package"], f["Version"], f["Status"])
+		}
+	}
+	return nil
+}
+
 // library an x86-64 shared object exporting the CUDA injection entry point.
 func checkFiles(root, binary, library string) error {
 	for _, f := range []struct {

@@ -68,3 +68,45 @@ func TestCheckFilesRefuses(t *testing.T) {
 		})
 	}
 }
+
+func TestCheckScannable(t *testing.T) {
+	const pkgs = "libc6=2.36-9 busybox-static=1:1.35"
+	good := map[string]string{
+		osReleasePath:                    osRelease,
+		dpkgStatusDir + "libc6":          "Package: libc6\nVersion: 2.36-9\nStatus: install ok installed\n",
+		dpkgStatusDir + "busybox-static": "Package: busybox-static\nVersion: 1:1.35\nStatus: install ok installed\n",
+	}
+	for _, c := range []struct {
+		name   string
+		change map[string]string // path -> contents ("" removes it)
+		ok     bool
+	}{
+		{"as built", nil, true},
+		{"no os-release", map[string]string{osReleasePath: ""}, false},
+		{"another OS", map[string]string{osReleasePath: "ID=alpine\n"}, false},
+		{"a package without status", map[string]string{dpkgStatusDir + "libc6": ""}, false},
+		{"another version", map[string]string{dpkgStatusDir + "libc6": "Package: libc6\nVersion: 2.36-8\nStatus: install ok installed\n"}, false},
+		{"not installed", map[string]string{dpkgStatusDir + "libc6": "Package: libc6\nVersion: 2.36-9\nStatus: deinstall ok config-files\n"}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			root := t.TempDir()
+			for path, text := range good {
+				if v, ok := c.change[path]; ok {
+					text = v
+				}
+				if text == "" {
+					continue
+				}
+				if err := os.MkdirAll(filepath.Dir(filepath.Join(root, path)), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(root, path), []byte(text), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := checkScannable(root, pkgs); (err == nil) != c.ok {
+				t.Errorf("checkScannable = %v, want ok %v", err, c.ok)
+			}
+		})
+	}
+}
