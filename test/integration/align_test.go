@@ -153,7 +153,7 @@ func runLateAgent(t *testing.T, trainer string, run int, offset time.Duration, a
 		cancel()
 		// The trainer's failure is the one to report; the agent's stop and
 		// close only release what it holds.
-		_ = <-done
+		t.Logf("agent stopped: %v", <-done)
 		_ = a.Close()
 		t.Fatalf("fake trainer: %v\n%s", err, out.String())
 	}
