@@ -196,7 +196,7 @@ func New(cfg Config) (*Agent, error) {
 	}
 	reader, err := probes.NewReader()
 	if err != nil {
-		probes.Close()
+		_ = probes.Close() // nothing attached yet: the reader's error is the one to return
 		return nil, fmt.Errorf("open ring buffer: %w", err)
 	}
 	c := newCounters()
@@ -218,7 +218,7 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.StepMarker != "" {
 		id, ok := markerProbe(cfg.StepMarker)
 		if !ok {
-			probes.Close()
+			_ = probes.Close() // nothing attached yet: the configuration's error is the one to return
 			return nil, fmt.Errorf("step marker %q is not a probed synchronisation call (try cudaDeviceSynchronize, cudaStreamSynchronize, cuCtxSynchronize)", cfg.StepMarker)
 		}
 		marker = id
@@ -249,12 +249,15 @@ func New(cfg Config) (*Agent, error) {
 }
 
 // Run attaches to training processes as they appear and runs until ctx is
-// cancelled; then it detaches, settles the last window and returns.
+// cancelled; then it detaches, settles the last window and returns. It
+// returns an error, after the same orderly stop, when the process watcher
+// cannot list processes at all: nothing would ever be attached.
 func (a *Agent) Run(ctx context.Context) error {
 	wctx, stopWatch := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); a.watcher.Run(wctx) }()
+	watchErr := make(chan error, 1)
+	go func() { defer wg.Done(); watchErr <- a.watcher.Run(wctx) }()
 	if a.gpu != nil {
 		wg.Add(1)
 		go func() { defer wg.Done(); a.gpu.Run(wctx, time.Second, a.counters.add) }()
@@ -265,14 +268,25 @@ func (a *Agent) Run(ctx context.Context) error {
 	tick := time.NewTicker(a.cfg.Tick)
 	defer tick.Stop()
 	var lastDuty, lastPlaced time.Time
+	var runErr error
+	events := a.watcher.Events()
 loop:
 	for {
 		select {
 		case <-ctx.Done():
 			break loop
-		case ev, ok := <-a.watcher.Events():
+		case ev, ok := <-events:
 			if ok {
 				a.att.handle(ev)
+				continue
+			}
+			// The watcher stopped before us: only its first poll ends it
+			// (the proc tree cannot be listed). A closed channel is always
+			// ready: stop reading it either way.
+			events = nil
+			if err := <-watchErr; err != nil {
+				runErr = fmt.Errorf("watch processes: %w", err)
+				break loop
 			}
 		case batch := <-a.queue.C():
 			a.handleBatch(batch)
@@ -308,7 +322,7 @@ loop:
 	case <-readDone:
 	case <-time.After(2 * time.Second):
 		a.counters.add("shutdown_read_timeout", 1)
-		a.reader.Close()
+		_ = a.reader.Close() // only to unblock the stuck read (counted above): the agent is stopping
 	}
 	a.drainInput()
 	a.pipe.Flush(monotonicNow())
@@ -328,7 +342,7 @@ loop:
 			"escalations_granted", o.EscalationsGranted, "escalations_refused", o.EscalationsRefused)...)
 	}
 	a.refreshCounters()
-	return nil
+	return runErr
 }
 
 // do runs f on the agent's main goroutine, where the attacher, pipeline and
@@ -432,10 +446,11 @@ func (a *Agent) gpuEvidenceFor(job string, rank int, start, end int64) *detector
 
 // Close releases the BPF objects (links, maps, programs). Call it after Run.
 func (a *Agent) Close() error {
+	var gerr error
 	if a.gpu != nil {
-		a.gpu.Close()
+		gerr = a.gpu.Close()
 	}
-	return a.probes.Close()
+	return errors.Join(gerr, a.probes.Close())
 }
 
 func (a *Agent) refreshCounters() {

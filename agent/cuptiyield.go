@@ -362,7 +362,7 @@ func (t *attacher) inspectInjection(pe *procEntry) (cupti.Library, error) {
 	if err != nil {
 		return cupti.Library{}, fmt.Errorf("open injection library: %w", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	if mapped {
 		t.count("inject_opened_map_files", 1)
 	} else {

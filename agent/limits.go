@@ -226,7 +226,7 @@ func NextEpoch(stateDir string, now time.Time) (int, error) {
 		werr = os.Rename(tmp, path)
 	}
 	if werr != nil {
-		os.Remove(tmp)
+		_ = os.Remove(tmp) // best effort: the write's error is the one to return, and the next start writes its own
 		return epoch, fmt.Errorf("write epoch: %w", werr)
 	}
 	return epoch, nil
@@ -240,7 +240,7 @@ func readNoFollow(path string) ([]byte, error) {
 		}
 		return nil, fmt.Errorf("read epoch: %w", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	b := make([]byte, 64)
 	n, err := f.Read(b)
 	if err != nil && n == 0 {

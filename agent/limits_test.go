@@ -57,14 +57,22 @@ func TestNextEpoch(t *testing.T) {
 		t.Errorf("no state dir: %d %v", e, err)
 	}
 	// Garbage in the file and a planted symlink are errors, not followed.
-	os.WriteFile(filepath.Join(dir, epochFile), []byte("banana\n"), 0o640)
+	if err := os.WriteFile(filepath.Join(dir, epochFile), []byte("banana\n"), 0o640); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := NextEpoch(dir, now); err == nil || !strings.Contains(err.Error(), "invalid epoch") {
 		t.Errorf("garbage epoch: %v", err)
 	}
 	victim := filepath.Join(t.TempDir(), "victim")
-	os.WriteFile(victim, []byte("1900000000\n"), 0o600)
-	os.Remove(filepath.Join(dir, epochFile))
-	os.Symlink(victim, filepath.Join(dir, epochFile))
+	if err := os.WriteFile(victim, []byte("1900000000\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, epochFile)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(victim, filepath.Join(dir, epochFile)); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := NextEpoch(dir, now); err == nil || !strings.Contains(err.Error(), "symbolic link") {
 		t.Errorf("symlinked epoch file: %v", err)
 	}

@@ -272,7 +272,7 @@ func TestAgentControlPrivileged(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	t.Cleanup(func() { cmd.Process.Kill(); _ = cmd.Wait() }) // reaps the killed child: Wait reports the kill
 
 	cfg := DefaultConfig()
 	cfg.HostName = "ctl"
@@ -281,7 +281,11 @@ func TestAgentControlPrivileged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer a.Close()
+	defer func() {
+		if err := a.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
@@ -291,7 +295,11 @@ func TestAgentControlPrivileged(t *testing.T) {
 		cancel()
 		t.Fatal(err)
 	}
-	defer srv.Close()
+	defer func() {
+		if err := srv.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
 	c := unixClient(sock)
 	post := func(body string) ControlResponse {
 		t.Helper()
@@ -342,8 +350,11 @@ func TestAgentControlPrivileged(t *testing.T) {
 			t.Fatal(err)
 		}
 		var buf bytes.Buffer
-		io.Copy(&buf, resp.Body)
+		_, err = io.Copy(&buf, resp.Body)
 		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
 		if metrics = buf.String(); strings.Contains(metrics, "slowrank_agent_paused_ratio 0\n") && strings.Contains(metrics, "slowrank_agent_processes 1\n") {
 			break
 		}

@@ -30,7 +30,11 @@ func promHandler(t *testing.T, observe func(func(string, float64, ...string))) h
 		t.Fatal(err)
 	}
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
-	t.Cleanup(func() { mp.Shutdown(context.Background()) })
+	t.Cleanup(func() {
+		if err := mp.Shutdown(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
 	if _, err := selfmetrics.Register(mp.Meter("test"), selfmetrics.Source{
 		Components: []string{selfmetrics.Agent, selfmetrics.Library}, Observe: observe}); err != nil {
 		t.Fatal(err)

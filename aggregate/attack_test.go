@@ -215,8 +215,12 @@ func TestBodiesBeyondTheMemoryBudgetAreRefused(t *testing.T) {
 	for i := range 2 {
 		c := dialFrom(t, fmt.Sprintf("127.0.0.%d", 40+i), ts.addr)
 		conns = append(conns, c)
-		fmt.Fprintf(c, "POST /v1/logs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\nContent-Type: application/x-protobuf\r\nContent-Length: %d\r\n\r\n", 48<<10)
-		c.Write(make([]byte, 1)) // the rest never comes
+		if _, err := fmt.Fprintf(c, "POST /v1/logs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\nContent-Type: application/x-protobuf\r\nContent-Length: %d\r\n\r\n", 48<<10); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Write(make([]byte, 1)); err != nil { // the rest never comes
+			t.Fatal(err)
+		}
 	}
 	t.Cleanup(func() {
 		for _, c := range conns {

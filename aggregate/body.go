@@ -130,7 +130,7 @@ func gunzip(body []byte, limit int64) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gzip body: %w", err)
 	}
-	defer zr.Close()
+	defer func() { _ = zr.Close() }() // repeats the error a read returned
 	out, err := io.ReadAll(io.LimitReader(zr, limit+1))
 	if err != nil {
 		return nil, fmt.Errorf("gzip body: %w", err)

@@ -207,8 +207,12 @@ func selfSigned(t *testing.T) (certFile, keyFile string, pool *x509.CertPool) {
 	}
 	dir := t.TempDir()
 	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
-	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600)
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	cert, _ := x509.ParseCertificate(der)
 	pool = x509.NewCertPool()
 	pool.AddCert(cert)
@@ -273,8 +277,12 @@ func TestServerHTTPLimitsAndPartialSuccess(t *testing.T) {
 	// Too large once decompressed (a small gzip bomb).
 	var zb bytes.Buffer
 	zw := gzip.NewWriter(&zb)
-	zw.Write(make([]byte, 1<<20))
-	zw.Close()
+	if _, err := zw.Write(make([]byte, 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
 	resp, _ = postLogs(t, ts.addr, zb.Bytes(), map[string]string{"Content-Encoding": "gzip"})
 	if resp.StatusCode != http.StatusRequestEntityTooLarge {
 		t.Fatalf("gzip bomb: %d", resp.StatusCode)
@@ -296,8 +304,12 @@ func TestServerHTTPLimitsAndPartialSuccess(t *testing.T) {
 	body, _ := plogotlp.NewExportRequestFromLogs(ld).MarshalProto()
 	zb.Reset()
 	zw = gzip.NewWriter(&zb)
-	zw.Write(body)
-	zw.Close()
+	if _, err := zw.Write(body); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
 	resp, out := postLogs(t, ts.addr, zb.Bytes(), map[string]string{"Content-Encoding": "gzip"})
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("good request: %d %s", resp.StatusCode, out)

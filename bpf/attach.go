@@ -244,14 +244,14 @@ func (p *Probes) AttachLibrary(src LibSource, kind LibKind) (*Attachment, error)
 		p.libsNoSymbols.Add(1)
 	}
 	if attached == 0 && firstErr != nil {
-		a.close()
+		_ = a.close() // whatever was made of it: the attach's error is the one to return
 		return nil, fmt.Errorf("attach %s (%s): %w", path, kind, firstErr)
 	}
 
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		a.close()
+		_ = a.close() // the probes closed under it: that is the error to return
 		return nil, fmt.Errorf("attach %s: probes are closed", path)
 	}
 	p.attachments[a] = struct{}{}

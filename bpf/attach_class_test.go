@@ -16,7 +16,7 @@ func TestDetachClassKeepsTheOthers(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Load: %v", err)
 	}
-	defer p.Close()
+	defer closeOK(t, p)
 	dir := fakeLibs(t)
 	r, err := p.NewReader()
 	if err != nil {

@@ -30,7 +30,7 @@ func BenchmarkProbeCost(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer p.Close()
+	defer closeOK(b, p)
 	r, err := p.NewReader()
 	if err != nil {
 		b.Fatal(err)
@@ -114,7 +114,7 @@ func BenchmarkDetach(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			defer p.Close()
+			defer closeOK(b, p)
 			if !mode.single && !p.UprobeMulti() {
 				b.Skip("kernel without uprobe_multi links")
 			}

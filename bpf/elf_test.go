@@ -123,7 +123,7 @@ func TestStrippedLibrary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Close()
+	defer closeOK(t, p)
 	a, err := p.AttachLibrary(LibSource{Path: stripped}, LibNCCL)
 	if err != nil {
 		t.Fatal(err)
@@ -142,9 +142,11 @@ func TestAttachNotELF(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Close()
+	defer closeOK(t, p)
 	path := filepath.Join(t.TempDir(), "libnccl.so.2")
-	os.WriteFile(path, []byte("not an elf file"), 0o644)
+	if err := os.WriteFile(path, []byte("not an elf file"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := p.AttachLibrary(LibSource{Path: path}, LibNCCL); err == nil {
 		t.Error("attach of a non-ELF file succeeded")
 	}

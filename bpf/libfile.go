@@ -86,7 +86,7 @@ func openLibFile(src LibSource, mapFiles opener) (*libFile, error) {
 		if mfErr == nil {
 			lf, err := statLibFile(f, true)
 			if err != nil {
-				f.Close()
+				_ = f.Close() // read only
 			}
 			return lf, err
 		}
@@ -100,11 +100,11 @@ func openLibFile(src LibSource, mapFiles opener) (*libFile, error) {
 	}
 	lf, err := statLibFile(f, false)
 	if err != nil {
-		f.Close()
+		_ = f.Close() // read only
 		return nil, err
 	}
 	if src.Want != (FileID{}) && lf.id != src.Want {
-		f.Close()
+		_ = f.Close() // read only
 		return nil, fmt.Errorf("%w: %s is %d:%d, the mapping %d:%d", ErrFileChanged, src.Path, lf.id.Dev, lf.id.Inode, src.Want.Dev, src.Want.Inode)
 	}
 	return lf, nil
@@ -140,7 +140,9 @@ func (lf *libFile) attachPath() string {
 	return "/proc/self/fd/" + strconv.Itoa(int(lf.f.Fd()))
 }
 
-func (lf *libFile) Close() error { return lf.f.Close() }
+// Close closes the file. It returns nothing: the file is open read-only,
+// and the uprobes made through it hold the inode, not the descriptor.
+func (lf *libFile) Close() { _ = lf.f.Close() }
 
 // openLibFile is openLibFile counting the refusals and how each file was
 // opened.

@@ -83,7 +83,7 @@ func breakpoints(t *testing.T, a *Attachment, pid int, id FileID) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer mem.Close()
+	defer func() { _ = mem.Close() }() // read only
 	n, seen := 0, 0
 	for _, r := range a.Results {
 		if r.Status != StatusAttached {
@@ -198,7 +198,7 @@ func TestAttachSwapAfterOpenLandsInMappedFile(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Load: %v", err)
 			}
-			defer p.Close()
+			defer closeOK(t, p)
 			if mode.refuse {
 				p.openMapFiles = refuseMapFiles
 			}
@@ -210,7 +210,7 @@ func TestAttachSwapAfterOpenLandsInMappedFile(t *testing.T) {
 			if err != nil {
 				t.Fatalf("AttachLibrary: %v", err)
 			}
-			defer a.Close()
+			defer closeOK(t, a)
 			if got := statID(t, l.path); got != l.idB {
 				t.Fatalf("the hook did not swap: path is %v", got)
 			}
@@ -288,7 +288,7 @@ func TestAttachRacingSwapNeverLandsElsewhere(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Load: %v", err)
 			}
-			defer p.Close()
+			defer closeOK(t, p)
 			if mode.refuse {
 				p.openMapFiles = refuseMapFiles
 			}

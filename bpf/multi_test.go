@@ -177,7 +177,7 @@ func TestSharedLinkFailureAttachesFunctionByFunction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer a.Close()
+	defer closeOK(t, a)
 	var fns []resolved
 	for _, pl := range a.links {
 		fns = append(fns, pl.fns...)
@@ -188,9 +188,13 @@ func TestSharedLinkFailureAttachesFunctionByFunction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.Close() // the same functions are attached again below
+	closeOK(t, a) // the same functions are attached again below
 	made, errs := p.attachClass(ex, path, ClassSyncWait, append(fns, bad), nil)
-	defer closeProbes(made)
+	defer func() {
+		if err := closeProbes(made); err != nil {
+			t.Error(err)
+		}
+	}()
 	if len(errs) != 1 || errs[bad.offset] == nil {
 		t.Errorf("errors %v, want one for offset %#x", errs, bad.offset)
 	}
@@ -263,7 +267,7 @@ func loadMulti(t *testing.T) *Probes {
 	if err != nil {
 		t.Fatalf("Load: %v", err)
 	}
-	t.Cleanup(func() { p.Close() })
+	t.Cleanup(func() { closeOK(t, p) })
 	if !p.UprobeMulti() {
 		t.Fatal("Load chose perf-event uprobes on a kernel with uprobe_multi")
 	}

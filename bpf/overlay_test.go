@@ -79,7 +79,7 @@ func TestAttachThroughOverlayMapping(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Load: %v", err)
 	}
-	defer p.Close()
+	defer closeOK(t, p)
 	r, err := p.NewReader()
 	if err != nil {
 		t.Fatal(err)
@@ -100,7 +100,7 @@ func TestAttachThroughOverlayMapping(t *testing.T) {
 	if err != nil {
 		t.Fatalf("AttachLibrary: %v", err)
 	}
-	defer a.Close()
+	defer closeOK(t, a)
 	if got := statsOf(t, p); got.OpenedMapFiles != 1 || got.OpenedPath != 0 {
 		t.Errorf("opened through map_files %d, through the path %d; want 1, 0", got.OpenedMapFiles, got.OpenedPath)
 	}

@@ -82,7 +82,7 @@ func TestUprobesEndToEnd(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Load: %v", err)
 			}
-			defer p.Close()
+			defer closeOK(t, p)
 			if !tc.single && !p.UprobeMulti() {
 				t.Skip("kernel without uprobe_multi links")
 			}
@@ -143,18 +143,28 @@ func uprobesEndToEnd(t *testing.T, p *Probes) {
 		switch f[0] {
 		case "comm":
 			for i := range comms {
-				fmt.Sscanf(f[i+1], "%x", &comms[i])
+				if _, err := fmt.Sscanf(f[i+1], "%x", &comms[i]); err != nil {
+					t.Fatalf("child line %q: %v", line, err)
+				}
 			}
 		case "pg":
-			fmt.Sscanf(f[1], "%x", &pg)
+			if _, err := fmt.Sscanf(f[1], "%x", &pg); err != nil {
+				t.Fatalf("child line %q: %v", line, err)
+			}
 		case "work":
 			var w, fu uint64
-			fmt.Sscanf(f[1], "%x", &w)
-			fmt.Sscanf(f[2], "%x", &fu)
+			if _, err := fmt.Sscanf(f[1], "%x", &w); err != nil {
+				t.Fatalf("child line %q: %v", line, err)
+			}
+			if _, err := fmt.Sscanf(f[2], "%x", &fu); err != nil {
+				t.Fatalf("child line %q: %v", line, err)
+			}
 			work, future = append(work, w), append(future, fu)
 		case "sync":
 			var ns int64
-			fmt.Sscanf(f[2], "%d", &ns)
+			if _, err := fmt.Sscanf(f[2], "%d", &ns); err != nil {
+				t.Fatalf("child line %q: %v", line, err)
+			}
 			syncs[f[1]] = append(syncs[f[1]], time.Duration(ns))
 		}
 	}
@@ -419,7 +429,7 @@ func TestSemaphoreInBSS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Close()
+	defer closeOK(t, p)
 	bss := filepath.Join(dir, "probe", "bss")
 	env := "LD_LIBRARY_PATH=" + bss // DT_RUNPATH yields to it
 	early := startChild(t, dir, env)
@@ -479,7 +489,7 @@ func TestReadDeadline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Close()
+	defer closeOK(t, p)
 	r, err := p.NewReader()
 	if err != nil {
 		t.Fatal(err)
@@ -507,7 +517,7 @@ func TestTrackUntrack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Close()
+	defer closeOK(t, p)
 	for _, pid := range []uint32{10, 11} {
 		if err := p.Track(pid, pid); err != nil {
 			t.Fatal(err)
@@ -534,7 +544,7 @@ func TestAttachMissingAndBad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Close()
+	defer closeOK(t, p)
 	// A library without any NCCL symbol: everything missing, no error.
 	a, err := p.AttachLibrary(LibSource{Path: filepath.Join(dir, "libcudart.so.13")}, LibNCCL)
 	if err != nil {
@@ -569,7 +579,7 @@ func TestLoadUnprivileged(t *testing.T) {
 	}
 	p, err := Load(Options{})
 	if err == nil {
-		p.Close()
+		closeOK(t, p)
 		t.Skip("this kernel lets unprivileged users load these programs")
 	}
 	if !errors.Is(err, ErrPermission) && !errors.Is(err, ErrNotSupported) {

@@ -80,7 +80,7 @@ func readLibraryFile(path string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open injection library: %w", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	fi, err := f.Stat()
 	if err != nil {
 		return nil, fmt.Errorf("stat injection library: %w", err)

@@ -131,7 +131,7 @@ func unitDirectives(t *testing.T, path string) map[string]string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	out := map[string]string{}
 	section := ""
 	sc := bufio.NewScanner(f)

@@ -68,7 +68,9 @@ func BenchmarkSettle(b *testing.B) {
 				d, _ := detector.New(cfg)
 				d.SetOrigin("bench", 0)
 				for _, s := range steps {
-					d.AddStep(s)
+					if _, err := d.AddStep(s); err != nil {
+						b.Fatal(err)
+					}
 				}
 				b.StartTimer()
 				if vs := d.Flush(); len(vs) == 0 {
@@ -95,7 +97,9 @@ func BenchmarkStatePerRankPhase(b *testing.B) {
 			for _, s := range benchSteps(n, 2, int64(cfg.Window)) {
 				s.EndNS += w * int64(cfg.Window)
 				s.Step += w * 10
-				d.AddStep(s)
+				if _, err := d.AddStep(s); err != nil {
+					b.Fatal(err)
+				}
 			}
 		}
 		d.Flush()

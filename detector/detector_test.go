@@ -483,8 +483,12 @@ func TestFinalWindowSettledOnFlushAndAdvance(t *testing.T) {
 		t.Fatalf("Advance past lateness: %+v", vs)
 	}
 	d2, _ := detector.New(cfg)
-	d2.AddStep(detector.Step{Job: "j", Rank: 0, Step: 1, EndNS: 2 * sec, Phases: map[string]float64{"compute": 100}})
-	d2.AddStep(detector.Step{Job: "j", Rank: 1, Step: 1, EndNS: 2 * sec, Phases: map[string]float64{"compute": 150}})
+	if _, err := d2.AddStep(detector.Step{Job: "j", Rank: 0, Step: 1, EndNS: 2 * sec, Phases: map[string]float64{"compute": 100}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d2.AddStep(detector.Step{Job: "j", Rank: 1, Step: 1, EndNS: 2 * sec, Phases: map[string]float64{"compute": 150}}); err != nil {
+		t.Fatal(err)
+	}
 	if vs := d2.Flush(); len(vs) != 1 || vs[0].Rank != 1 {
 		t.Fatalf("Flush did not settle the last window: %+v", vs)
 	}
@@ -633,8 +637,12 @@ func TestForgetJobAndTopologyPruning(t *testing.T) {
 	cfg.Lateness, cfg.MaxJobs = 0, 1
 	d, _ := detector.New(cfg)
 	for v := 1; v <= 50; v++ {
-		d.AddTopology(detector.Topology{Job: "a", Version: v, Groups: []detector.Group{{ID: "dp", Type: "dp", Ranks: []int{0, 1}}}})
-		d.AddStep(detector.Step{Job: "a", Topo: v, Rank: 0, Step: int64(v), EndNS: int64(v) * 6 * sec, Phases: map[string]float64{"compute": 1}})
+		if err := d.AddTopology(detector.Topology{Job: "a", Version: v, Groups: []detector.Group{{ID: "dp", Type: "dp", Ranks: []int{0, 1}}}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.AddStep(detector.Step{Job: "a", Topo: v, Rank: 0, Step: int64(v), EndNS: int64(v) * 6 * sec, Phases: map[string]float64{"compute": 1}}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if _, err := d.AddStep(detector.Step{Job: "b", Rank: 0, Step: 1, EndNS: 1, Phases: map[string]float64{}}); err != nil {
 		t.Fatal(err)
@@ -646,7 +654,9 @@ func TestForgetJobAndTopologyPruning(t *testing.T) {
 	if n := len(d.Summaries()); n != 0 {
 		t.Fatalf("after ForgetJob: %d jobs", n)
 	}
-	d.AddStep(detector.Step{Job: "b", Rank: 0, Step: 1, EndNS: 1, Phases: map[string]float64{}})
+	if _, err := d.AddStep(detector.Step{Job: "b", Rank: 0, Step: 1, EndNS: 1, Phases: map[string]float64{}}); err != nil {
+		t.Fatal(err)
+	}
 	if s := d.Summaries(); len(s) != 1 || s[0].Job != "b" {
 		t.Fatalf("the freed slot was not reused: %+v", s)
 	}

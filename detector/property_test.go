@@ -147,10 +147,12 @@ func TestPropertyHealthyJobRaisesNoAlert(t *testing.T) {
 		c := sim.Default()
 		c.Ranks, c.Seed, c.Duration = 32, seed, 120*time.Second
 		var steps []detector.Step
-		sim.Generate(c, func(v any) error {
+		if err := sim.Generate(c, func(v any) error {
 			steps = append(steps, v.(detector.Step))
 			return nil
-		})
+		}); err != nil {
+			t.Fatal(err)
+		}
 		for _, v := range judge(t, detector.DefaultConfig(), steps) {
 			if v.State == "straggler" {
 				t.Fatalf("seed %d: false alert %+v", seed, v)

@@ -121,7 +121,11 @@ func TestPrometheusNames(t *testing.T) {
 		t.Fatal(err)
 	}
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
-	defer mp.Shutdown(context.Background())
+	defer func() {
+		if err := mp.Shutdown(context.Background()); err != nil {
+			t.Error(err)
+		}
+	}()
 	src := Source{Components: []string{Agent, Library, Outputs, Export, Forward, Aggregate, Process, Webhook}, Observe: func(obs func(string, float64, ...string)) {
 		for _, m := range Table {
 			if m.Kind != Gauge {

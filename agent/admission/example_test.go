@@ -20,7 +20,7 @@ func TestExampleJobsAgree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	var templates []json.RawMessage
 	dec := yaml.NewDecoder(f)
 	for {

@@ -92,7 +92,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		out, _ = encodeReview(uid, nil, []string{"slowrank: webhook error, the pod is admitted without the library"})
 	}
 	w.Header().Set("Content-Type", "application/json")
-	w.Write(out)
+	if _, err := w.Write(out); err != nil {
+		// The API server went away (its timeout): it applies the webhook's
+		// failurePolicy, and the pod may start without what was decided
+		// for it, counted above as if answered.
+		h.log.Warn("admission answer not delivered", "uid", uid, "err", err)
+	}
 }
 
 // review reads and decides one request, and counts its outcome.

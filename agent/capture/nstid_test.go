@@ -187,7 +187,7 @@ func TestTIDMapOnARealNamespace(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	defer func() { cmd.Process.Kill(); _ = cmd.Wait() }() // reaps the killed child: Wait reports the kill
 	var child uint32
 	for i := 0; i < 100 && child == 0; i++ {
 		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", cmd.Process.Pid, cmd.Process.Pid))

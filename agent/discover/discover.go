@@ -321,7 +321,7 @@ func ReadInto(name string, buf []byte, limit int) ([]byte, error) {
 	if err != nil {
 		return buf[:0], err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	buf = buf[:0]
 	if cap(buf) == 0 {
 		buf = make([]byte, 0, min(64<<10, limit+1))

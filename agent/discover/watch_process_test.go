@@ -272,7 +272,7 @@ func TestWatcherSeesDlopenWithinOneSecond(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer mem.Close()
+	defer func() { _ = mem.Close() }() // read only
 	var buf [4]byte
 	if _, err := mem.ReadAt(buf[:], int64(l.RuntimeAddr(vals["slowrank_test_data"], first))); err != nil {
 		t.Fatal(err)

@@ -1,6 +1,7 @@
 package localapi
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -161,7 +162,7 @@ func NewServer[R, C any](b Backend[R, C], cfg ServerConfig) (*Server, error) {
 	if cfg.Addr != "" {
 		ln, err := listenTCP(cfg.Addr, cfg.AllowRemote)
 		if err != nil {
-			s.Close()
+			_ = s.Close() // what it opened so far: the listen error is the one to return
 			return nil, err
 		}
 		s.srvs = append(s.srvs, s.serve(ln, false))
@@ -424,7 +425,7 @@ func listenIn(dir, name string) (*net.UnixListener, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer d.Close()
+	defer func() { _ = d.Close() }() // a directory, opened only to name it
 	via := fmt.Sprintf("/proc/self/fd/%d/%s", d.Fd(), name)
 	return net.ListenUnix("unix", &net.UnixAddr{Name: via, Net: "unix"})
 }
@@ -643,11 +644,20 @@ func writeError(w http.ResponseWriter, code int, msg string) {
 	writeJSON(w, code, ControlResponse[struct{}]{Error: msg})
 }
 
+// writeJSON answers v with code. It encodes before it writes anything: a
+// value the encoder refuses (a NaN) answers 500 with the reason, not code
+// with an empty or cut body.
 func writeJSON(w http.ResponseWriter, code int, v any) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		code = http.StatusInternalServerError
+		b.Reset()
+		_ = json.NewEncoder(&b).Encode(ControlResponse[struct{}]{Error: "encode the answer: " + err.Error()}) // a string: cannot fail
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(code)
-	enc := json.NewEncoder(w)
-	enc.SetEscapeHTML(false)
-	enc.Encode(v)
+	w.Write(b.Bytes())
 }

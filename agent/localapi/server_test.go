@@ -2,8 +2,10 @@ package localapi
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -298,22 +300,30 @@ func TestServerSocketSafety(t *testing.T) {
 	if err != nil {
 		t.Fatalf("stale socket: %v", err)
 	}
-	s.Close()
+	closeServer(t, s)
 	// A regular file or a symbolic link is never replaced.
 	file := filepath.Join(dir, "file.sock")
-	os.WriteFile(file, []byte("x"), 0o600)
+	if err := os.WriteFile(file, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := NewServer(f, ServerConfig{Socket: file}); err == nil {
 		t.Fatal("replaced a regular file")
 	}
 	link := filepath.Join(dir, "link.sock")
-	os.Symlink(file, link)
+	if err := os.Symlink(file, link); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := NewServer(f, ServerConfig{Socket: link}); err == nil {
 		t.Fatal("replaced a symbolic link")
 	}
 	// A directory others can write to is refused.
 	open := filepath.Join(dir, "open")
-	os.Mkdir(open, 0o777)
-	os.Chmod(open, 0o777)
+	if err := os.Mkdir(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(open, 0o777); err != nil { // past the umask
+		t.Fatal(err)
+	}
 	if _, err := NewServer(f, ServerConfig{Socket: filepath.Join(open, "a.sock")}); err == nil || !strings.Contains(err.Error(), "writable") {
 		t.Fatalf("world-writable directory: %v", err)
 	}
@@ -391,9 +401,9 @@ func getStatus(path string, d time.Duration) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	io.Copy(io.Discard, resp.Body)
+	_, err = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	return resp.StatusCode, nil
+	return resp.StatusCode, err
 }
 
 // TestServerTakesSocketOnceHolderGoes: a server started while another
@@ -422,7 +432,7 @@ func TestServerTakesSocketOnceHolderGoes(t *testing.T) {
 			if err != nil {
 				t.Fatalf("NewServer with the socket held: %v", err)
 			}
-			defer s.Close()
+			defer closeServer(t, s)
 			if !s.Waiting() || len(s.Addrs()) != 1 || !strings.HasPrefix(s.Addrs()[0], "http://") {
 				t.Fatalf("waiting %v, addrs %v: want waiting, serving TCP only", s.Waiting(), s.Addrs())
 			}
@@ -485,7 +495,7 @@ func TestServerLeavesLiveSocketAlone(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer s1.Close()
+			defer closeServer(t, s1)
 			s2, err := NewServer(&fakeBackend{}, ServerConfig{Socket: sock, RetryInterval: 10 * time.Millisecond})
 			if err != nil {
 				t.Fatal(err)
@@ -521,7 +531,7 @@ func TestServerRemakesRemovedSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	defer closeServer(t, s)
 	if err := os.Remove(sock); err != nil {
 		t.Fatal(err)
 	}
@@ -602,7 +612,7 @@ func TestServerSocketPathLength(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer s.Close()
+			defer closeServer(t, s)
 			fi, err := os.Lstat(sock)
 			if err != nil || fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o600 {
 				t.Fatalf("socket %v mode %v", err, fi.Mode())
@@ -616,5 +626,28 @@ func TestServerSocketPathLength(t *testing.T) {
 				t.Fatalf("pause over the socket: %d", resp.StatusCode)
 			}
 		})
+	}
+}
+
+// An answer the encoder refuses (a NaN in a report) is a 500 that says
+// why, never the intended status with an empty body.
+func TestWriteJSONUnencodableAnswersServerError(t *testing.T) {
+	rec := httptest.NewRecorder()
+	writeJSON(rec, http.StatusOK, map[string]float64{"share": math.NaN()})
+	var cr ControlResponse[struct{}]
+	if err := json.Unmarshal(rec.Body.Bytes(), &cr); err != nil {
+		t.Fatalf("body %q: %v", rec.Body.String(), err)
+	}
+	if rec.Code != http.StatusInternalServerError || !strings.Contains(cr.Error, "NaN") {
+		t.Fatalf("answered %d %+v, want 500 naming the NaN", rec.Code, cr)
+	}
+}
+
+// closeServer closes s and fails the test when Close reports an error (a
+// socket it could not remove).
+func closeServer(t *testing.T, s *Server) {
+	t.Helper()
+	if err := s.Close(); err != nil {
+		t.Error(err)
 	}
 }

@@ -51,7 +51,8 @@ func (p *Pipeline) addTopology(t detector.Topology) error {
 		return err
 	}
 	if p.swap.old != nil {
-		p.swap.old.AddTopology(t)
+		// The checks are on t alone, and the current detector just passed it.
+		_ = p.swap.old.AddTopology(t)
 	}
 	if p.swap.topos == nil {
 		p.swap.topos = map[string][]detector.Topology{}
@@ -221,7 +222,7 @@ func (p *Pipeline) SwapDetector(cfg detector.Config, now int64) error {
 	}
 	for _, ts := range p.swap.topos {
 		for _, t := range ts {
-			nd.AddTopology(t)
+			_ = nd.AddTopology(t) // kept only once a detector accepted it: the checks are on t alone
 		}
 	}
 	p.det = nd

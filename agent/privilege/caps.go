@@ -487,11 +487,17 @@ func DropCapabilities(chk CapCheck) error {
 	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
 		return fmt.Errorf("%w: clear ambient set: %w", ErrCannotDrop, err)
 	}
+	// Root's new image gains its inheritable set whatever the bounding set
+	// says: a set left as it is would carry the capabilities dropped above
+	// across the exec.
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 	var data [2]unix.CapUserData
-	if err := unix.Capget(&hdr, &data[0]); err == nil {
-		data[0].Inheritable, data[1].Inheritable = 0, 0
-		unix.Capset(&hdr, &data[0])
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("%w: read the capability sets: %w", ErrCannotDrop, err)
+	}
+	data[0].Inheritable, data[1].Inheritable = 0, 0
+	if err := unix.Capset(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("%w: clear the inheritable set: %w", ErrCannotDrop, err)
 	}
 	err = syscall.Exec(exe, os.Args, env)
 	return fmt.Errorf("%w: re-execute %s: %w", ErrCannotDrop, exe, err)

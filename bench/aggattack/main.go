@@ -114,7 +114,9 @@ func idle401(ctx context.Context, wg *sync.WaitGroup, addr string, n int) {
 		go func() {
 			defer wg.Done()
 			defer c.Close()
-			fmt.Fprintf(c, "POST /v1/logs HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\nContent-Length: 4\r\n\r\njunk")
+			// The server may drop the connection at once: no answer is then
+			// what the attack records.
+			_, _ = fmt.Fprintf(c, "POST /v1/logs HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\nContent-Length: 4\r\n\r\njunk")
 			_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
 			if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil {
 				resp.Body.Close()
@@ -138,7 +140,9 @@ func slowBodies(ctx context.Context, wg *sync.WaitGroup, addr, token string, n i
 		go func() {
 			defer wg.Done()
 			defer c.Close()
-			fmt.Fprintf(c, "POST /v1/logs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/x-protobuf\r\nContent-Length: 100000\r\n\r\n", token)
+			// A connection the server closed fails the trickle below, which
+			// is where the attack ends.
+			_, _ = fmt.Fprintf(c, "POST /v1/logs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/x-protobuf\r\nContent-Length: 100000\r\n\r\n", token)
 			tick := time.NewTicker(200 * time.Millisecond)
 			defer tick.Stop()
 			for {
@@ -194,7 +198,9 @@ func stalled(ctx context.Context, wg *sync.WaitGroup, addr, token string, n int)
 		go func() {
 			defer wg.Done()
 			defer c.Close()
-			fmt.Fprintf(c, "POST /v1/logs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/x-protobuf\r\nContent-Length: %d\r\n\r\n", token, 4<<20-1)
+			// Held open until the end whatever the server does with it: its
+			// effect is measured on the legitimate clients.
+			_, _ = fmt.Fprintf(c, "POST /v1/logs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/x-protobuf\r\nContent-Length: %d\r\n\r\n", token, 4<<20-1)
 			<-ctx.Done()
 		}()
 	}

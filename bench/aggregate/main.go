@@ -373,7 +373,7 @@ func scanVerdicts(path string, offset int64, o options, windows map[int64]*Windo
 	if err != nil {
 		return offset
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	if _, err := f.Seek(offset, io.SeekStart); err != nil {
 		return offset
 	}

@@ -38,25 +38,32 @@ const maxBody = 64 << 20
 
 // recorder writes JSON lines, one writer for every goroutine.
 type recorder struct {
-	mu sync.Mutex
-	w  *bufio.Writer
+	mu  sync.Mutex
+	w   *bufio.Writer
+	err error // the first line that could not be marshalled
 }
 
+// write appends v as a line. A write error stays in the bufio.Writer, which
+// then refuses everything: flush returns it, with the first line that could
+// not be marshalled, so a run with a hole fails instead of summarising it.
 func (r *recorder) write(v any) {
 	b, err := json.Marshal(v)
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	if err != nil {
+		if r.err == nil {
+			r.err = fmt.Errorf("marshal a probe line: %w", err)
+		}
 		return
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.w.Write(b)
-	r.w.WriteByte('\n')
+	_, _ = r.w.Write(b)
+	_ = r.w.WriteByte('\n')
 }
 
-func (r *recorder) flush() {
+func (r *recorder) flush() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.w.Flush()
+	return errors.Join(r.err, r.w.Flush())
 }
 
 // stepBytes is what one traces request carried of one (job, step).
@@ -297,8 +304,9 @@ func (p *probe) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func gzipSize(b []byte) int {
 	var buf bytes.Buffer
 	zw := gzip.NewWriter(&buf)
-	zw.Write(b)
-	zw.Close()
+	// Into a buffer: neither can fail.
+	_, _ = zw.Write(b)
+	_ = zw.Close()
 	return buf.Len()
 }
 
@@ -541,7 +549,9 @@ func probeMain(args []string) error {
 	every := fs.Int("follow-every", 8, "follow the traces whose id's first byte is a multiple of this (a sample independent of timing and of the agent's baseline rule)")
 	out := fs.String("out", "probe.jsonl", "JSON lines written here")
 	ready := fs.String("ready", "", "write the listening address to this file once listening")
-	fs.Parse(args)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
 	host, _, err := net.SplitHostPort(*listen)
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
@@ -558,7 +568,7 @@ func probeMain(args []string) error {
 	if err != nil {
 		return fmt.Errorf("create output: %w", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // the result is flushed and synced below, or the run failed already
 	rec := &recorder{w: bufio.NewWriterSize(f, 1<<16)}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -573,7 +583,11 @@ func probeMain(args []string) error {
 		return fmt.Errorf("listen: %w", err)
 	}
 	srv := &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second}
-	go srv.Serve(ln)
+	go func() {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			fmt.Fprintln(os.Stderr, "latency probe: serving stopped:", err)
+		}
+	}()
 	if *ready != "" {
 		if err := os.WriteFile(*ready, []byte(ln.Addr().String()+"\n"), 0o644); err != nil {
 			return err
@@ -605,18 +619,22 @@ loop:
 			break loop
 		case <-tick.C:
 			clock()
-			rec.flush()
+			_ = rec.flush() // its error stays: the last flush returns it
 		}
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	srv.Shutdown(sctx)
+	if err := srv.Shutdown(sctx); err != nil {
+		fmt.Fprintln(os.Stderr, "latency probe: requests still in flight at the end are not recorded:", err)
+	}
 	wg.Wait()
 	clock()
 	p.tot.mu.Lock()
 	rec.write(map[string]any{"kind": "totals", "totals": p.tot, "jaeger_skipped": skipped, "jaeger_timeouts": timeouts})
 	p.tot.mu.Unlock()
-	rec.flush()
+	if err := rec.flush(); err != nil {
+		return fmt.Errorf("write %s: %w", *out, err)
+	}
 	return f.Sync()
 }
 
@@ -708,7 +726,7 @@ func jaegerTrace(ctx context.Context, c *http.Client, base, id string) (int, int
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		io.Copy(io.Discard, resp.Body)
+		_, _ = io.Copy(io.Discard, resp.Body) // drained for the connection's reuse: the status is the error
 		return 0, 0, fmt.Errorf("jaeger: %s", resp.Status)
 	}
 	var r struct {

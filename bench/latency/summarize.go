@@ -29,7 +29,7 @@ func openRaw(dir, name string) (io.ReadCloser, error) {
 	}
 	zr, err := gzip.NewReader(f)
 	if err != nil {
-		f.Close()
+		_ = f.Close() // read only
 		return nil, fmt.Errorf("gunzip %s: %w", name, err)
 	}
 	return struct {
@@ -276,7 +276,9 @@ func summarizeMain(args []string) error {
 	fs := flag.NewFlagSet("summarize", flag.ExitOnError)
 	dir := fs.String("raw", "bench/results/raw/latency", "raw directory of a run.sh run")
 	out := fs.String("out", "bench/results/latency.json", "summary written here")
-	fs.Parse(args)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
 	r, err := readRaw(*dir)
 	if err != nil {
 		return err
@@ -291,7 +293,9 @@ func writeSummary(path string, v any) error {
 		return err
 	}
 	b = append(b, '\n')
-	os.Stdout.Write(b)
+	if _, err := os.Stdout.Write(b); err != nil {
+		return err
+	}
 	return os.WriteFile(path, b, 0o644)
 }
 
@@ -435,7 +439,9 @@ func volumeMain(args []string) error {
 	fs := flag.NewFlagSet("volume", flag.ExitOnError)
 	dir := fs.String("raw", "bench/results/raw/volume", "raw directory of a bench/volume/run.sh run")
 	out := fs.String("out", "bench/results/volume.json", "summary written here")
-	fs.Parse(args)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
 	r, err := readRaw(*dir)
 	if err != nil {
 		return err

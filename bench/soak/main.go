@@ -115,7 +115,11 @@ func main() {
 	if err != nil {
 		fatal(err)
 	}
-	defer a.Close()
+	defer func() {
+		if err := a.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "soak: releasing the BPF objects:", err)
+		}
+	}()
 	ctx, cancel := context.WithCancel(context.Background())
 	runDone := make(chan error, 1)
 	go func() { runDone <- a.Run(ctx) }()
@@ -186,10 +190,15 @@ func main() {
 	stopJobs()
 	jobsWG.Wait()
 	cancel()
-	<-runDone
+	if err := <-runDone; err != nil {
+		fmt.Fprintln(os.Stderr, "soak: the agent ended with", err)
+	}
 	res.Counters = a.Counters()
-	facts.Close()
-	verdicts.Close()
+	for _, w := range []*export.JSONLWriter{facts, verdicts} {
+		if err := w.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "soak: closing an output:", err)
+		}
+	}
 	judge(&res)
 	write(*out, res)
 	fmt.Fprintln(os.Stderr, "verdict:", res.Verdict)
@@ -297,7 +306,9 @@ func mib(v int64) float64     { return float64(v) / (1 << 20) }
 func truncate(path string) {
 	// The writer appends at its own offset: truncating under it leaves a
 	// sparse file, which is fine for a soak (the bytes are not kept).
-	os.Truncate(path, 0)
+	if err := os.Truncate(path, 0); err != nil {
+		fmt.Fprintln(os.Stderr, "soak: truncate:", err) // the file grows: the soak goes on
+	}
 }
 
 func write(path string, r result) {

@@ -212,16 +212,25 @@ func runAgent(c *cli.Context) error {
 	if path := c.String("dump-events"); path != "" {
 		dump, err := export.NewJSONLWriter(path)
 		if err != nil {
-			closeSinks(context.Background(), nil)
+			_ = closeSinks(context.Background(), nil) // nothing written yet: the start's error is the one to return
 			return cli.Exit(fmt.Sprintf("--dump-events: %v", err), exitUsage)
 		}
-		defer dump.Close()
+		defer func() {
+			// The dump is not among the outputs whose losses are metrics:
+			// say here what it lost.
+			if err := dump.Close(); err != nil {
+				log.Warn("closing --dump-events", "err", err)
+			}
+			if n := dump.Lost(); n > 0 {
+				log.Warn("--dump-events lost records", "lost", n)
+			}
+		}()
 		defer reopenOnHangup(dump)()
 		cfg.Dump = func(v any) { dump.Write(dumpRecord{Type: fmt.Sprintf("%T", v), Record: v}) }
 	}
 	fwd, err := openForwarder(c, cfg.HostName)
 	if err != nil {
-		closeSinks(context.Background(), nil)
+		_ = closeSinks(context.Background(), nil) // nothing written yet: the start's error is the one to return
 		return err
 	}
 	if fwd != nil {
@@ -230,14 +239,18 @@ func runAgent(c *cli.Context) error {
 	a, err := buildAgent(ctx, cfg, log)
 	if err != nil {
 		closeForwarder(context.Background(), fwd)
-		closeSinks(context.Background(), nil)
+		_ = closeSinks(context.Background(), nil) // nothing written yet: the start's error is the one to return
 		if errors.Is(err, errStoppedWhileStarting) {
 			log.Info("agent stopped while it was starting")
 			return nil
 		}
 		return agentStartError(err)
 	}
-	defer a.Close()
+	defer func() {
+		if err := a.Close(); err != nil {
+			log.Warn("releasing the BPF objects", "err", err)
+		}
+	}()
 	statusSrv, closeStatus := startStatusServer(c, a, sinks) // status.go: local endpoint
 	defer closeStatus()
 	sinks.self.set(observeAgent(a, statusSrv))
@@ -248,7 +261,7 @@ func runAgent(c *cli.Context) error {
 		defer cancel()
 	}
 	if c.Bool("live") {
-		go liveView(ctx, a, c.Duration("live-interval"))
+		go liveView(ctx, a, c.Duration("live-interval"), log)
 	}
 	log.Info("agent running", "host", cfg.HostName, "epoch", cfg.Epoch, "window", cfg.Detector.Window)
 	if err := a.Run(ctx); err != nil {
@@ -256,7 +269,9 @@ func runAgent(c *cli.Context) error {
 	}
 	summaries := a.Summaries()
 	if c.Bool("live") {
-		renderView(os.Stdout, a.Status(), false)
+		if err := renderView(os.Stdout, a.Status(), false); err != nil {
+			log.Warn("live view not written", "err", err)
+		}
 	}
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -303,7 +318,9 @@ func buildAgent(ctx context.Context, cfg agent.Config, log *slog.Logger) (*agent
 	select {
 	case b := <-done:
 		if b.err == nil && ctx.Err() != nil {
-			b.a.Close()
+			if err := b.a.Close(); err != nil {
+				log.Warn("releasing the BPF objects", "err", err)
+			}
 			return nil, errStoppedWhileStarting
 		}
 		return b.a, b.err
@@ -312,7 +329,9 @@ func buildAgent(ctx context.Context, cfg agent.Config, log *slog.Logger) (*agent
 	select {
 	case b := <-done:
 		if b.err == nil {
-			b.a.Close()
+			if err := b.a.Close(); err != nil {
+				log.Warn("releasing the BPF objects", "err", err)
+			}
 		}
 	case <-time.After(startGrace):
 		log.Warn("agent still starting after a stop signal: exiting without it", "waited", startGrace)
@@ -339,7 +358,9 @@ func agentStartError(err error) error {
 	return err
 }
 
-func liveView(ctx context.Context, a *agent.Agent, every time.Duration) {
+// liveView draws the agent's table on stdout every period. A stdout that
+// cannot be written ends the view, said once in the log; the agent runs on.
+func liveView(ctx context.Context, a *agent.Agent, every time.Duration, log *slog.Logger) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	tty := isTerminal(os.Stdout)
@@ -348,7 +369,10 @@ func liveView(ctx context.Context, a *agent.Agent, every time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			renderView(os.Stdout, a.Status(), tty)
+			if err := renderView(os.Stdout, a.Status(), tty); err != nil {
+				log.Warn("live view stopped: stdout cannot be written", "err", err)
+				return
+			}
 		}
 	}
 }
@@ -386,11 +410,12 @@ func (s *sinkSet) list() []agent.Sink {
 func openSinks(c *cli.Context, cfg agent.Config, comps []string) (*sinkSet, func(context.Context, []detector.Summary) error, error) {
 	s := &sinkSet{self: &selfSource{}}
 	fail := func(err error) (*sinkSet, func(context.Context, []detector.Summary) error, error) {
+		// Nothing was written yet: the configuration's error is the one to return.
 		if s.facts != nil {
-			s.facts.Close()
+			_ = s.facts.Close()
 		}
 		if s.verdicts != nil {
-			s.verdicts.Close()
+			_ = s.verdicts.Close()
 		}
 		return nil, nil, cli.Exit(err.Error(), exitUsage)
 	}

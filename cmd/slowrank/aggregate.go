@@ -135,7 +135,7 @@ func runAggregate(c *cli.Context) error {
 		Logger:            log,
 	})
 	if err != nil {
-		closeSinks(context.Background(), nil)
+		_ = closeSinks(context.Background(), nil) // nothing written yet: the start's error is the one to return
 		return cli.Exit(err.Error(), exitUsage)
 	}
 	srv, err := aggregate.NewServer(aggregate.ServerConfig{
@@ -152,7 +152,7 @@ func runAggregate(c *cli.Context) error {
 		Logger:            log,
 	}, agg)
 	if err != nil {
-		closeSinks(context.Background(), nil)
+		_ = closeSinks(context.Background(), nil) // nothing written yet: the start's error is the one to return
 		return cli.Exit(err.Error(), exitUsage)
 	}
 	sinks.self.set(observeCounters(func() map[string]int64 { return aggregateCounters(agg, srv) }))

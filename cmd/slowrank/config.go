@@ -394,7 +394,7 @@ func readConfig(path string) ([]byte, error) {
 		}
 		return nil, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	if fi, err := f.Stat(); err == nil && fi.IsDir() {
 		return nil, errors.New("is a directory")
 	}

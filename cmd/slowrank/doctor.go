@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"net"
 	"net/url"
@@ -85,7 +84,11 @@ func doctorCommand() *cli.Command {
 					return err
 				}
 			} else {
-				writeDoctor(os.Stdout, checks)
+				var b bytes.Buffer
+				writeDoctor(&b, checks)
+				if err := writeOut(os.Stdout, &b); err != nil {
+					return err
+				}
 			}
 			if doctorFailed(checks) {
 				return cli.Exit("", 1)
@@ -137,7 +140,7 @@ func runDoctor(ctx context.Context, o doctorOptions) []checkResult {
 
 // writeDoctor prints one line per check, a fix line under each that is not
 // ok, and a verdict.
-func writeDoctor(w io.Writer, checks []checkResult) {
+func writeDoctor(w *bytes.Buffer, checks []checkResult) {
 	host, _ := os.Hostname()
 	fmt.Fprintf(w, "slowrank doctor %s on %s\n", version, host)
 	counts := map[string]int{}
@@ -390,7 +393,7 @@ func checkNVML() checkResult {
 		}
 		return r
 	}
-	defer n.Close()
+	defer func() { _ = n.Close() }() // only read from: the doctor's verdict is made
 	gpus := 0
 	if ents, err := os.ReadDir(nvidiaGPUsDir); err == nil {
 		gpus = len(ents)
@@ -544,7 +547,7 @@ func injectionBlocks(pid int, lib discover.Library) (cupti.ControlBlock, *cupti.
 	if err != nil {
 		return cupti.ControlBlock{}, nil, err
 	}
-	defer mem.Close()
+	defer func() { _ = mem.Close() }() // read only
 	cb, err := cupti.ReadControl(mem, int64(addr))
 	if err != nil {
 		return cupti.ControlBlock{}, nil, err

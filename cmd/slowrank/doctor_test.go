@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -301,7 +302,7 @@ func TestDoctorNCCLLinesAddLinesOnly(t *testing.T) {
 		{Check: "processes", Status: checkWarn, Detail: "4 found", Items: []string{"pid 1 rank 0 job j: library not loaded"}, Fix: "start the job with ..."},
 		{Check: "agent", Status: checkOK, Detail: "running (version v, up 3s)"},
 	}
-	var before, after strings.Builder
+	var before, after bytes.Buffer
 	writeDoctor(&before, checks)
 	checks[1].Items = []string{"pid 1 rank 0 job j: NCCL plugin v5; libnccl collective uprobes detached"}
 	writeDoctor(&after, checks)
@@ -384,7 +385,7 @@ func TestDoctorReportsAMissingInjectionLibraryFile(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		t.Cleanup(func() { cmd.Process.Kill(); _ = cmd.Wait() }) // reaps the killed child: Wait reports the kill
 		return cmd.Process.Pid
 	}
 	for _, tc := range []struct {

@@ -22,7 +22,7 @@ func replayFile(t *testing.T, name string, cfg detector.Config) *replayResult {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	zr, err := gzip.NewReader(f)
 	if err != nil {
 		t.Fatal(err)

@@ -47,21 +47,31 @@ func TestSIGHUPReopensTheOutputs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer w.Close()
+	defer func() {
+		if err := w.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
 	stop := reopenOnHangup(w, nil)
 	defer stop()
 	w.Write(1)
-	w.Flush()
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.Rename(path, path+".1"); err != nil {
 		t.Fatal(err)
 	}
-	syscall.Kill(os.Getpid(), syscall.SIGHUP)
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
 	deadline := time.Now().Add(5 * time.Second)
 	for w.Reopened() == 0 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	w.Write(2)
-	w.Flush()
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	b, err := os.ReadFile(path)
 	if err != nil || strings.TrimSpace(string(b)) != "2" {
 		t.Fatalf("after SIGHUP the new file holds %q (%v), want 2", b, err)

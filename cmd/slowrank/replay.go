@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -59,7 +60,9 @@ func replayCommand() *cli.Command {
 				return err
 			}
 			if c.Bool("report") {
-				writeReport(os.Stderr, res, cfg)
+				var b bytes.Buffer
+				writeReport(&b, res, cfg)
+				fmt.Fprint(os.Stderr, b.String()) // stderr: there is no place left to report its failure
 			}
 			return nil
 		},
@@ -282,10 +285,10 @@ func openInput(path string) (io.Reader, func(), error) {
 	// A directory opens but cannot be read: say so now, a usage error,
 	// not a read failure later. Pipes and devices are fine.
 	if fi, err := f.Stat(); err == nil && fi.IsDir() {
-		f.Close()
+		_ = f.Close() // read only
 		return nil, nil, fmt.Errorf("open facts: %s is a directory, want a JSONL file or - for stdin", path)
 	}
-	return f, func() { f.Close() }, nil
+	return f, func() { _ = f.Close() }, nil // read only
 }
 
 // createOutput creates path for writing (0640, never through a symlink); "-"
@@ -319,7 +322,7 @@ func openCharDevice(path string) (*os.File, error) {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
 	if fi, err := f.Stat(); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
-		f.Close()
+		_ = f.Close() // nothing written: the check's error is the one to return
 		return nil, fmt.Errorf("open %s: no longer a character device", path)
 	}
 	return f, nil

@@ -24,7 +24,9 @@ func run(t *testing.T, stdin string, args ...string) (string, int) {
 	dir := t.TempDir()
 	out := filepath.Join(dir, "out")
 	inFile := filepath.Join(dir, "in")
-	os.WriteFile(inFile, []byte(stdin), 0o600)
+	if err := os.WriteFile(inFile, []byte(stdin), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	full := []string{"slowrank"}
 	for _, a := range args {
 		a = strings.ReplaceAll(a, "$OUT", out)
@@ -64,8 +66,12 @@ func TestReplayGolden(t *testing.T) {
 	}
 	golden := filepath.Join("testdata", "replay.golden.jsonl")
 	if *update {
-		os.WriteFile(filepath.Join("testdata", "replay.facts.jsonl"), []byte(facts), 0o644)
-		os.WriteFile(golden, []byte(got), 0o644)
+		if err := os.WriteFile(filepath.Join("testdata", "replay.facts.jsonl"), []byte(facts), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	want, err := os.ReadFile(golden)
 	if err != nil {
@@ -146,9 +152,13 @@ func TestPhaseThresholdFlag(t *testing.T) {
 func TestCreateOutputRefusesSymlink(t *testing.T) {
 	dir := t.TempDir()
 	target := filepath.Join(dir, "victim")
-	os.WriteFile(target, []byte("keep"), 0o600)
+	if err := os.WriteFile(target, []byte("keep"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	link := filepath.Join(dir, "out.jsonl")
-	os.Symlink(target, link)
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
 	if _, _, err := createOutput(link); err == nil {
 		t.Fatal("created output through a symlink")
 	}

@@ -1,8 +1,8 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
-	"io"
 	"sort"
 	"strings"
 	"time"
@@ -12,7 +12,7 @@ import (
 
 // writeReport prints who is slow, in which phase, since when and compared
 // with whom, from a replay's verdicts and summaries.
-func writeReport(w io.Writer, res *replayResult, cfg detector.Config) {
+func writeReport(w *bytes.Buffer, res *replayResult, cfg detector.Config) {
 	type key struct {
 		job   string
 		rank  int

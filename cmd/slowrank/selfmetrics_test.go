@@ -22,7 +22,11 @@ func TestSelfMetricKeysDeclared(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer srv.Shutdown(t.Context())
+	defer func() {
+		if err := srv.Shutdown(t.Context()); err != nil {
+			t.Error(err)
+		}
+	}()
 	for k := range aggregateCounters(agg, srv) {
 		if _, s, ok := selfmetrics.Lookup(k); !ok || strings.HasSuffix(s.Key, "*") {
 			t.Errorf("counter %q is not declared in selfmetrics.Table", k)
@@ -37,7 +41,11 @@ func TestStatusServerKeysDeclared(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer srv.Close()
+	defer func() {
+		if err := srv.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
 	for k := range srv.Counters() {
 		if _, s, ok := selfmetrics.Lookup(k); !ok || strings.HasSuffix(s.Key, "*") {
 			t.Errorf("counter %q is not declared in selfmetrics.Table", k)

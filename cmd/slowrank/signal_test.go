@@ -100,7 +100,7 @@ func TestAgentStopsOnSIGINTInItsFirstMoments(t *testing.T) {
 					for !tookSIGINTBack(cmd.Process.Pid) {
 						if time.Since(t0) > 5*time.Second {
 							_ = cmd.Process.Kill()
-							<-exited
+							t.Logf("killed: %v", <-exited)
 							t.Fatal("the agent still ignores SIGINT 5 s after its start")
 						}
 						time.Sleep(time.Millisecond)
@@ -132,7 +132,7 @@ func TestAgentStopsOnSIGINTInItsFirstMoments(t *testing.T) {
 					t.Logf("exited %s after SIGINT", time.Since(start).Round(time.Millisecond))
 				case <-time.After(8 * time.Second):
 					_ = cmd.Process.Kill()
-					<-exited
+					t.Logf("killed: %v", <-exited)
 					t.Fatalf("agent still running 8 s after SIGINT sent %s after its start", after)
 				}
 			})

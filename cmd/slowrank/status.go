@@ -332,8 +332,9 @@ func statusCommand() *cli.Command {
 				enc.SetIndent("", "  ")
 				return enc.Encode(rep)
 			}
-			writeStatus(os.Stdout, rep, e.where, c.Int("verdicts"))
-			return nil
+			var b bytes.Buffer
+			writeStatus(&b, rep, e.where, c.Int("verdicts"))
+			return writeOut(os.Stdout, &b)
 		},
 	}
 }
@@ -348,8 +349,9 @@ func controlCommand() *cli.Command {
 		if err != nil {
 			return cli.Exit(err.Error(), 1)
 		}
-		writeControl(os.Stdout, *cr.Control)
-		return nil
+		var b bytes.Buffer
+		writeControl(&b, *cr.Control)
+		return writeOut(os.Stdout, &b)
 	}
 	return &cli.Command{
 		Name:  "control",
@@ -436,8 +438,19 @@ func controlSetRequest(c *cli.Context) (agent.ControlRequest, error) {
 	return req, nil
 }
 
+// writeOut writes what a printer rendered into b (the write* functions
+// render into a buffer, which cannot fail) to w, once: a write that fails
+// (a full disk under a redirection) is the command's error, not an output
+// cut short under exit status 0.
+func writeOut(w io.Writer, b *bytes.Buffer) error {
+	if _, err := w.Write(b.Bytes()); err != nil {
+		return fmt.Errorf("write output: %w", err)
+	}
+	return nil
+}
+
 // writeControl prints the runtime-control state in a few lines.
-func writeControl(w io.Writer, cs agent.ControlState) {
+func writeControl(w *bytes.Buffer, cs agent.ControlState) {
 	state := "running"
 	if cs.Paused {
 		state = fmt.Sprintf("PAUSED for %s", time.Duration(cs.PausedFor).Round(time.Second))
@@ -460,7 +473,7 @@ func writeControl(w io.Writer, cs agent.ControlState) {
 }
 
 // writeStatus prints a status report for people (80 columns).
-func writeStatus(w io.Writer, rep agent.StatusReport, where string, nVerdicts int) {
+func writeStatus(w *bytes.Buffer, rep agent.StatusReport, where string, nVerdicts int) {
 	ver := rep.Version
 	if ver == "" {
 		ver = "?"
@@ -610,7 +623,7 @@ func thresholdText(d agent.DetectorSettings) string {
 }
 
 // writeOverhead prints the overhead ledger and the cost estimate behind it.
-func writeOverhead(w io.Writer, o agent.Overhead) {
+func writeOverhead(w *bytes.Buffer, o agent.Overhead) {
 	cost := fmt.Sprintf("prior %.2f%% (%d pairs so far)", o.Cost.Cost*100, o.Cost.Pairs)
 	if o.Cost.Measured {
 		cost = fmt.Sprintf("%.2f%% [%.2f%%, %.2f%%] from %d pairs", o.Cost.Cost*100, o.Cost.Low*100, o.Cost.High*100, o.Cost.Pairs)
@@ -640,7 +653,7 @@ func writeOverhead(w io.Writer, o agent.Overhead) {
 
 // writeWrapped prints prefix and text at the overhead block's indent,
 // wrapped at 80 columns (the whole text is in --json).
-func writeWrapped(w io.Writer, prefix, text string) {
+func writeWrapped(w *bytes.Buffer, prefix, text string) {
 	const indent = "           "
 	line := indent + prefix
 	for _, word := range strings.Fields(text) {

@@ -32,7 +32,9 @@ func captureRun(t *testing.T, args ...string) (string, int) {
 	os.Stdout = f
 	err = newApp().Run(append([]string{"slowrank"}, args...))
 	os.Stdout = saved
-	f.Close()
+	if cerr := f.Close(); cerr != nil {
+		t.Fatal(cerr)
+	}
 	code := 0
 	var ec cli.ExitCoder
 	switch {
@@ -135,7 +137,11 @@ func startFake(t *testing.T) (*fakeAgent, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { srv.Close() })
+	t.Cleanup(func() {
+		if err := srv.Close(); err != nil {
+			t.Error(err)
+		}
+	})
 	return f, sock
 }
 
@@ -353,5 +359,20 @@ func TestStatusOverheadShowsKernelChannels(t *testing.T) {
 			}
 			checkWidth(t, out, 80)
 		})
+	}
+}
+
+// A printed command whose output cannot be written (a full disk under a
+// redirection) fails, instead of exiting 0 with its output cut.
+func TestWriteOutFailsWhenTheOutputCannotBeWritten(t *testing.T) {
+	f, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
+	if err != nil {
+		t.Skipf("/dev/full: %v", err)
+	}
+	defer func() { _ = f.Close() }() // nothing reached it
+	var b bytes.Buffer
+	writeControl(&b, agent.ControlState{})
+	if err := writeOut(f, &b); err == nil {
+		t.Fatal("writing to a full disk succeeded")
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -53,7 +54,9 @@ func watch(ctx context.Context, e *endpoint, out *os.File, every time.Duration, 
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for n := 1; ; n++ {
-		frame(ctx, e, out, tty)
+		if err := frame(ctx, e, out, tty); err != nil {
+			return err
+		}
 		if count > 0 && n >= count {
 			return nil
 		}
@@ -65,23 +68,26 @@ func watch(ctx context.Context, e *endpoint, out *os.File, every time.Duration, 
 	}
 }
 
-// frame draws one refresh.
-func frame(ctx context.Context, e *endpoint, w io.Writer, clear bool) {
+// frame draws one refresh. It returns the write's error: a screen that
+// cannot be written ends top.
+func frame(ctx context.Context, e *endpoint, w io.Writer, clear bool) error {
 	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
+	var b bytes.Buffer
 	rep, err := e.status(rctx)
 	if err != nil {
 		if clear {
-			io.WriteString(w, "\x1b[H\x1b[2J")
+			b.WriteString("\x1b[H\x1b[2J")
 		}
-		fmt.Fprintf(w, "slowrank top: %s %s\n  %v\n  retrying every refresh; Ctrl-C to quit\n",
+		fmt.Fprintf(&b, "slowrank top: %s %s\n  %v\n  retrying every refresh; Ctrl-C to quit\n",
 			time.Now().Format("15:04:05"), e.where, err)
-		return
+		return writeOut(w, &b)
 	}
-	renderView(w, rep.Status, clear)
+	_ = renderView(&b, rep.Status, clear) // into a buffer: cannot fail
 	if line := controlLine(rep); line != "" {
-		fmt.Fprintln(w, line)
+		fmt.Fprintln(&b, line)
 	}
+	return writeOut(w, &b)
 }
 
 // controlLine says, in one line, what runtime control changed (nothing

@@ -88,9 +88,11 @@ func fakeControlSocket(t *testing.T) (string, *atomic.Int64) {
 	var n atomic.Int64
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n.Add(1)
-		json.NewEncoder(w).Encode(agent.ControlResponse{OK: true, Control: &agent.ControlState{}})
+		if err := json.NewEncoder(w).Encode(agent.ControlResponse{OK: true, Control: &agent.ControlState{}}); err != nil {
+			t.Error(err)
+		}
 	})}
-	go srv.Serve(ln)
+	go func() { _ = srv.Serve(ln) }() // http.ErrServerClosed at cleanup; failing to serve fails the requests
 	t.Cleanup(func() { srv.Close() })
 	return sock, &n
 }

@@ -32,8 +32,8 @@ var viewColumns = fmt.Sprintf(viewFormat, "RANK", "STEP#", "STEP", "COMPUTE", "H
 // cursor control beyond an optional clear), so it works over SSH, in tmux and
 // in a log file. Ranks are grouped by job under a "job" line (in the order
 // the status lists them, by job and rank), so that two jobs on one host are
-// told apart.
-func renderView(w io.Writer, st agent.Status, clear bool) {
+// told apart. It returns the write's error.
+func renderView(w io.Writer, st agent.Status, clear bool) error {
 	var b strings.Builder
 	if clear {
 		b.WriteString("\x1b[H\x1b[2J")
@@ -69,7 +69,8 @@ func renderView(w io.Writer, st agent.Status, clear bool) {
 	for _, v := range st.Alerts {
 		b.WriteString(alertLine(v, several) + "\n")
 	}
-	io.WriteString(w, b.String())
+	_, err := io.WriteString(w, b.String())
+	return err
 }
 
 // computeNote says why COMPUTE is "-" in every row when no device records

@@ -43,7 +43,9 @@ func viewStatus() agent.Status {
 
 func TestRenderViewGolden(t *testing.T) {
 	var b bytes.Buffer
-	renderView(&b, viewStatus(), false)
+	if err := renderView(&b, viewStatus(), false); err != nil {
+		t.Fatal(err)
+	}
 	got := b.String()
 	checkWidth(t, got, 80)
 	golden := filepath.Join("testdata", "view.golden.txt")
@@ -127,7 +129,9 @@ func TestRenderViewJobs(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var b bytes.Buffer
-			renderView(&b, tc.st, false)
+			if err := renderView(&b, tc.st, false); err != nil {
+				t.Fatal(err)
+			}
 			out := b.String()
 			checkWidth(t, out, 80)
 			rest := out

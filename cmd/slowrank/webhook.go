@@ -112,8 +112,7 @@ func runWebhook(c *cli.Context) error {
 	select {
 	case <-ctx.Done():
 	case err := <-served:
-		closeSinks(context.Background(), nil)
-		return fmt.Errorf("serving the webhook: %w", err)
+		return errors.Join(fmt.Errorf("serving the webhook: %w", err), closeSinks(context.Background(), nil))
 	}
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -147,33 +147,40 @@ func openOutput(path string, truncate bool) (*os.File, fileID, error) {
 		}
 		return nil, fileID{}, fmt.Errorf("open jsonl output: %w", err)
 	}
+	id, err := checkOutput(f, path, created, truncate)
+	if err != nil {
+		_ = f.Close() // nothing was written through it: the check's error is the one to return
+		return nil, fileID{}, err
+	}
+	return f, id, nil
+}
+
+// checkOutput is openOutput's check of what it opened: a regular file, ours
+// with a single link unless we just created it (then mode 0640 regardless
+// of umask), emptied when truncate.
+func checkOutput(f *os.File, path string, created, truncate bool) (fileID, error) {
 	fi, err := f.Stat()
 	if err != nil {
-		f.Close()
-		return nil, fileID{}, fmt.Errorf("stat %s: %w", path, err)
+		return fileID{}, fmt.Errorf("stat %s: %w", path, err)
 	}
 	if !fi.Mode().IsRegular() {
-		f.Close()
-		return nil, fileID{}, fmt.Errorf("open %s (%s): %w", path, fi.Mode().Type(), ErrNotRegular)
+		return fileID{}, fmt.Errorf("open %s (%s): %w", path, fi.Mode().Type(), ErrNotRegular)
 	}
 	if created {
 		if err := f.Chmod(0o640); err != nil {
-			f.Close()
-			return nil, fileID{}, fmt.Errorf("chmod %s: %w", path, err)
+			return fileID{}, fmt.Errorf("chmod %s: %w", path, err)
 		}
-		return f, idOf(fi), nil
+		return idOf(fi), nil
 	}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok && (st.Nlink > 1 || int(st.Uid) != os.Geteuid()) {
-		f.Close()
-		return nil, fileID{}, fmt.Errorf("open %s: %w", path, ErrUnsafeFile)
+		return fileID{}, fmt.Errorf("open %s: %w", path, ErrUnsafeFile)
 	}
 	if truncate {
 		if err := f.Truncate(0); err != nil {
-			f.Close()
-			return nil, fileID{}, fmt.Errorf("truncate %s: %w", path, err)
+			return fileID{}, fmt.Errorf("truncate %s: %w", path, err)
 		}
 	}
-	return f, idOf(fi), nil
+	return idOf(fi), nil
 }
 
 // Reopen opens the path again and writes there from now on (after log
@@ -209,7 +216,15 @@ func (w *JSONLWriter) reopenLocked() error {
 	old := w.f
 	w.f, w.id = f, id
 	w.reopened.Add(1)
-	old.Close()
+	if err := old.Close(); err != nil {
+		// Its lines went out through write(2) and were counted written; a
+		// close error (NFS reporting a deferred write failure) cannot say
+		// which were lost, so it shows as the writer's last error
+		// (jsonl_NAME_write_failing) until the next write succeeds.
+		w.mu.Lock()
+		w.lastErr = fmt.Errorf("close rotated %s: %w", w.path, err)
+		w.mu.Unlock()
+	}
 	return nil
 }
 
@@ -236,11 +251,13 @@ func (w *JSONLWriter) checkRotated() {
 }
 
 // Write appends v as one JSON line. It does not touch the file; it fails
-// only when v cannot be marshalled, the buffer is full (ErrBufferFull) or
-// the writer is closed (ErrClosed). The last two count the line as lost.
+// only when v cannot be marshalled (a NaN, a channel), the buffer is full
+// (ErrBufferFull) or the writer is closed (ErrClosed), and counts the line
+// as lost in each case: a caller may drop the error, the loss is in Lost.
 func (w *JSONLWriter) Write(v any) error {
 	line, err := json.Marshal(v)
 	if err != nil {
+		w.lost.Add(1)
 		return fmt.Errorf("marshal jsonl line: %w", err)
 	}
 	w.mu.Lock()
@@ -267,8 +284,8 @@ func (w *JSONLWriter) Write(v any) error {
 	return nil
 }
 
-// Lost returns the number of lines dropped (buffer full, closed, or still
-// unwritten when Close gave up).
+// Lost returns the number of lines dropped (not marshallable, buffer full,
+// closed, or still unwritten when Close gave up).
 func (w *JSONLWriter) Lost() int64 { return w.lost.Load() }
 
 // Written returns the number of lines that reached the file.

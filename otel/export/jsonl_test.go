@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -55,15 +56,36 @@ func TestJSONLWriterCreatesMode0640(t *testing.T) {
 	}
 }
 
-// checkJSONL asserts that every line of path is a JSON object, returns the count.
-func checkJSONL(t *testing.T, path string) int {
-	t.Helper()
-	f, err := os.Open(path)
+// A value that cannot be marshalled (a NaN in a fact) is a lost line like
+// any other: callers drop Write's error, the count must show it.
+func TestJSONLWriterCountsUnmarshallableLineLost(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "facts.jsonl")
+	w, err := NewJSONLWriter(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
+	if err := w.Write(map[string]float64{"v": math.NaN()}); err == nil {
+		t.Fatal("a NaN marshalled")
+	}
+	if err := w.Write(1); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if w.Lost() != 1 || w.Written() != 1 {
+		t.Fatalf("lost %d, written %d; want 1 and 1", w.Lost(), w.Written())
+	}
+}
+
+// checkJSONL asserts that every line of path is a JSON object, returns the count.
+func checkJSONL(t *testing.T, path string) int {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
 	n := 0
 	for sc.Scan() {
 		var m map[string]any
@@ -147,7 +169,7 @@ func TestJSONLWriterDevFull(t *testing.T) {
 		t.Skipf("/dev/full: %v", err)
 	}
 	w := newJSONLWriter("/dev/full", f, fileID{}, false)
-	defer f.Close()
+	defer func() { _ = f.Close() }() // /dev/full: nothing ever reached it
 	for i := 0; i < 10; i++ {
 		if err := w.Write(map[string]int{"i": i}); err != nil {
 			t.Fatal(err)
@@ -262,7 +284,7 @@ func TestJSONLWriterRefusesNonRegularFiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer reader.Close()
+	defer func() { _ = reader.Close() }() // the read end, open only so that the FIFO has a reader
 	sock := filepath.Join(dir, "sock")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
@@ -270,7 +292,9 @@ func TestJSONLWriterRefusesNonRegularFiles(t *testing.T) {
 	}
 	defer ln.Close()
 	sub := filepath.Join(dir, "dir")
-	os.Mkdir(sub, 0o700)
+	if err := os.Mkdir(sub, 0o700); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct{ name, path string }{
 		{"FIFO without a reader", fifo},
 		{"FIFO with a reader", readFifo},
@@ -286,14 +310,14 @@ func TestJSONLWriterRefusesNonRegularFiles(t *testing.T) {
 				{"NewJSONLWriter", func(p string) error {
 					w, err := NewJSONLWriter(p)
 					if err == nil {
-						w.Close()
+						_ = w.Close() // opened where it must not: the nil error fails the test
 					}
 					return err
 				}},
 				{"CreateOutput", func(p string) error {
 					f, err := CreateOutput(p)
 					if err == nil {
-						f.Close()
+						_ = f.Close() // opened where it must not: the nil error fails the test
 					}
 					return err
 				}},
@@ -311,6 +335,15 @@ func TestJSONLWriterRefusesNonRegularFiles(t *testing.T) {
 			}
 		})
 	}
+}
+
+// copyFile copies src to dst (mode 0600), as logrotate's copy does.
+func copyFile(src, dst string) error {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dst, b, 0o600)
 }
 
 func readLines(t *testing.T, path string) []string {
@@ -344,8 +377,9 @@ func TestJSONLWriterFollowsRotation(t *testing.T) {
 			return nil
 		}},
 		{"removed file", func(w *JSONLWriter, path string) error {
-			b, _ := os.ReadFile(path)
-			os.WriteFile(path+".1", b, 0o600)
+			if err := copyFile(path, path+".1"); err != nil {
+				return err
+			}
 			if err := os.Remove(path); err != nil {
 				return err
 			}
@@ -365,14 +399,18 @@ func TestJSONLWriterFollowsRotation(t *testing.T) {
 			w.ioMu.Lock()
 			w.checkEvery = 20 * time.Millisecond
 			w.ioMu.Unlock()
-			w.Write(1)
+			if err := w.Write(1); err != nil {
+				t.Fatal(err)
+			}
 			if err := w.Flush(); err != nil {
 				t.Fatal(err)
 			}
 			if err := tc.rotate(w, path); err != nil {
 				t.Fatal(err)
 			}
-			w.Write(2)
+			if err := w.Write(2); err != nil {
+				t.Fatal(err)
+			}
 			if err := w.Close(); err != nil {
 				t.Fatal(err)
 			}
@@ -404,8 +442,9 @@ func TestJSONLWriterAfterCopytruncateWritesNoNULs(t *testing.T) {
 	if err := w.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	b, _ := os.ReadFile(path)
-	os.WriteFile(path+".1", b, 0o600)
+	if err := copyFile(path, path+".1"); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.Truncate(path, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -434,24 +473,40 @@ func TestJSONLWriterReopenAppendsAndRefusesUnsafe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer w.Close()
-	os.Rename(path, path+".1")
-	os.WriteFile(path, []byte("0\n"), 0o600)
+	defer func() {
+		if err := w.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	if err := os.Rename(path, path+".1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte("0\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if err := w.Reopen(); err != nil {
 		t.Fatal(err)
 	}
 	w.Write(1)
-	w.Flush()
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	if got := readLines(t, path); strings.Join(got, ",") != "0,1" {
 		t.Errorf("after reopen %q, want [0 1]", got)
 	}
-	os.Rename(path, path+".2")
-	syscall.Mkfifo(path, 0o666)
+	if err := os.Rename(path, path+".2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(path, 0o666); err != nil {
+		t.Fatal(err)
+	}
 	if err := w.Reopen(); !errors.Is(err, ErrNotRegular) {
 		t.Errorf("reopen onto a FIFO: %v, want ErrNotRegular", err)
 	}
 	w.Write(2)
-	w.Flush()
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	if got := readLines(t, path+".2"); strings.Join(got, ",") != "0,1,2" {
 		t.Errorf("kept file %q, want [0 1 2]", got)
 	}

@@ -2,6 +2,7 @@ package export
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -16,13 +17,12 @@ import (
 // jsonlKinds returns the "kind" of every line of the file at path.
 func jsonlKinds(t *testing.T, path string) []string {
 	t.Helper()
-	f, err := os.Open(path)
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
 	var kinds []string
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
 		var v struct{ Kind string }
 		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {

@@ -121,7 +121,9 @@ func TestAgentToJaegerAndPrometheus(t *testing.T) {
 			t.Errorf("agent /metrics has undeclared counters:\n%s", grepLines(body, "slowrank_component_events_total"))
 		}
 	}
-	agentCmd.Process.Signal(os.Interrupt)
+	if err := agentCmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
 	select {
 	case err := <-agentDone:
 		if err != nil {

@@ -240,7 +240,7 @@ func jobsPerAggregator(t *testing.T, aggs []*lbAggregator) map[string][]string {
 				out[fact.Job] = append(out[fact.Job], a.name)
 			}
 		}
-		f.Close()
+		_ = f.Close() // read only
 		if err := sc.Err(); err != nil {
 			t.Fatalf("%s: %v", a.facts, err)
 		}

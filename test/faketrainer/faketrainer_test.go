@@ -173,7 +173,7 @@ func readTruth(t *testing.T, path string) []record {
 	if err != nil {
 		t.Fatalf("open truth: %v", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	var recs []record
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)

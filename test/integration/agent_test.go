@@ -94,7 +94,9 @@ func (j job) runAll(t *testing.T, window time.Duration, args ...string) (*captur
 	}
 	if path := dumpPath(t); path != "" {
 		if b, err := os.ReadFile(truth); err == nil {
-			os.WriteFile(path+".truth", b, 0o644)
+			if err := os.WriteFile(path+".truth", b, 0o644); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	stop()
@@ -134,7 +136,12 @@ func (j job) startAgent(t *testing.T, window time.Duration) (sink *captureSink, 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() { cancel(); a.Close() })
+	t.Cleanup(func() {
+		cancel()
+		if err := a.Close(); err != nil {
+			t.Error(err)
+		}
+	})
 	stop = func() {
 		t.Helper()
 		time.Sleep(300 * time.Millisecond) // in-flight ring buffer records

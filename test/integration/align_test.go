@@ -31,11 +31,15 @@ func TestCutPointAlignedWhateverTheAttach(t *testing.T) {
 	testutil.RequireAgent(t, "to attach uprobes")
 	runs := 20
 	if s := os.Getenv("SLOWRANK_IT_ALIGN_RUNS"); s != "" {
-		fmt.Sscan(s, &runs)
+		if _, err := fmt.Sscan(s, &runs); err != nil {
+			t.Fatalf("SLOWRANK_IT_ALIGN_RUNS=%q: %v", s, err)
+		}
 	}
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("SLOWRANK_IT_ALIGN_SEED"); s != "" {
-		fmt.Sscan(s, &seed)
+		if _, err := fmt.Sscan(s, &seed); err != nil {
+			t.Fatalf("SLOWRANK_IT_ALIGN_SEED=%q: %v", s, err)
+		}
 	}
 	t.Logf("seed %d (SLOWRANK_IT_ALIGN_SEED=%d repeats it)", seed, seed)
 	rng := rand.New(rand.NewPCG(seed, 16))
@@ -139,7 +143,7 @@ func runLateAgent(t *testing.T, trainer string, run int, offset time.Duration, a
 	a, err := agent.New(cfg)
 	if err != nil {
 		cmd.Process.Kill()
-		cmd.Wait()
+		_ = cmd.Wait() // reaps the killed trainer: Wait reports the kill
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -147,13 +151,19 @@ func runLateAgent(t *testing.T, trainer string, run int, offset time.Duration, a
 	go func() { done <- a.Run(ctx) }()
 	if err := cmd.Wait(); err != nil {
 		cancel()
-		<-done
-		a.Close()
+		// The trainer's failure is the one to report; the agent's stop and
+		// close only release what it holds.
+		t.Logf("agent stopped: %v", <-done)
+		_ = a.Close()
 		t.Fatalf("fake trainer: %v\n%s", err, out.String())
 	}
 	time.Sleep(300 * time.Millisecond) // in-flight ring buffer records
 	cancel()
-	defer a.Close()
+	defer func() {
+		if err := a.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
 	select {
 	case err := <-done:
 		if err != nil {
@@ -164,7 +174,9 @@ func runLateAgent(t *testing.T, trainer string, run int, offset time.Duration, a
 	}
 	if dump != "" {
 		if b, err := os.ReadFile(truth); err == nil {
-			os.WriteFile(dump+".truth", b, 0o644)
+			if err := os.WriteFile(dump+".truth", b, 0o644); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	steps := testutil.ReadTruth(t, truth)["step"]

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -35,15 +36,27 @@ func dumpTo(t *testing.T, path string) func(any) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
+	var (
+		mu     sync.Mutex
+		encErr error // the first record that could not be written: a dump with a hole replays wrong
+	)
 	enc := json.NewEncoder(f)
-	t.Cleanup(func() { mu.Lock(); f.Close(); mu.Unlock() })
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if err := errors.Join(encErr, f.Close()); err != nil {
+			t.Errorf("dump %s: %v", path, err)
+		}
+	})
 	return func(v any) {
 		mu.Lock()
 		defer mu.Unlock()
-		enc.Encode(struct {
+		err := enc.Encode(struct {
 			Type   string `json:"type"`
 			Record any    `json:"record"`
 		}{fmt.Sprintf("%T", v), v})
+		if encErr == nil {
+			encErr = err
+		}
 	}
 }

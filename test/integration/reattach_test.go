@@ -183,7 +183,9 @@ func runReattach(t *testing.T, envB []string) reattachRun {
 	for i, path := range []string{truthA, truthB} {
 		if d := dumpPath(t); d != "" {
 			if b, err := os.ReadFile(path); err == nil {
-				os.WriteFile(fmt.Sprintf("%s.%c.truth", d, 'A'+i), b, 0o644)
+				if err := os.WriteFile(fmt.Sprintf("%s.%c.truth", d, 'A'+i), b, 0o644); err != nil {
+					t.Fatal(err)
+				}
 			}
 		}
 	}

@@ -56,7 +56,9 @@ func TestThroughCollector(t *testing.T) {
 	defer func() {
 		_ = srv.Shutdown(context.Background())
 		cancel()
-		<-done
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
 	}()
 
 	colAddr := testutil.FreeAddr(t)

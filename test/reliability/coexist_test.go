@@ -38,7 +38,9 @@ func TestProfilerGetsCompleteTraceWhileAgentCollects(t *testing.T) {
 	cmd.Stdout, cmd.Stderr = f, f
 	start := time.Now()
 	err = cmd.Run()
-	f.Close()
+	if cerr := f.Close(); cerr != nil {
+		t.Fatal(cerr)
+	}
 	text, _ := os.ReadFile(out)
 	t.Logf("after %s:\n%s", time.Since(start).Round(time.Millisecond), text)
 	if err != nil {

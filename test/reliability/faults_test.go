@@ -65,7 +65,7 @@ func TestFaultOTLPEndpoint(t *testing.T) {
 	}{
 		{"down", nil},
 		{"slow", func(w http.ResponseWriter, r *http.Request) {
-			io.Copy(io.Discard, r.Body)
+			_, _ = io.Copy(io.Discard, r.Body) // the body is not what the test checks
 			select {
 			case <-time.After(5 * time.Second):
 			case <-r.Context().Done():
@@ -73,7 +73,7 @@ func TestFaultOTLPEndpoint(t *testing.T) {
 			w.WriteHeader(http.StatusOK)
 		}},
 		{"rejecting", func(w http.ResponseWriter, r *http.Request) {
-			io.Copy(io.Discard, r.Body)
+			_, _ = io.Copy(io.Discard, r.Body) // the body is not what the test checks
 			http.Error(w, "rejected by test", http.StatusBadRequest)
 		}},
 	}
@@ -90,7 +90,7 @@ func TestFaultOTLPEndpoint(t *testing.T) {
 				ln.Close()
 			} else {
 				srv := &http.Server{Handler: tc.handler}
-				go srv.Serve(ln)
+				go func() { _ = srv.Serve(ln) }() // http.ErrServerClosed at cleanup; failing to serve shows in the agent's counters
 				t.Cleanup(func() { srv.Close() })
 			}
 			env := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
@@ -130,11 +130,17 @@ func exportFailures(c map[string]int64) int64 {
 func TestFaultJSONLDiskFull(t *testing.T) {
 	tl, dir := parallelWithTools(t)
 	full := filepath.Join(dir, "full")
-	os.Mkdir(full, 0o755)
+	if err := os.Mkdir(full, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "slowrank-test", full).CombinedOutput(); err != nil {
 		t.Skipf("cannot mount a tmpfs: %v %s", err, out)
 	}
-	t.Cleanup(func() { exec.Command("umount", "-l", full).Run() })
+	t.Cleanup(func() {
+		if err := exec.Command("umount", "-l", full).Run(); err != nil {
+			t.Logf("umount %s: %v (a tmpfs left mounted)", full, err)
+		}
+	})
 	facts, verdicts := filepath.Join(full, "facts.jsonl"), filepath.Join(full, "verdicts.jsonl")
 	ag := startBoundedAgent(t, tl, dir, nil, "--facts", facts, "--verdicts", verdicts, "--emit-ok")
 	tr := startTrainer(t, tl, dir, nil, nil, "--ranks", "4", "--duration", "5", "--step-ms", "3", "--gpu-ms", "4", "--sleep-before-start", "1000")
@@ -285,7 +291,9 @@ func TestFaultThousandThreads(t *testing.T) {
 func TestFaultLibraryReplacedOnDisk(t *testing.T) {
 	tl, dir := parallelWithTools(t)
 	libs := filepath.Join(dir, "libs")
-	os.Mkdir(libs, 0o755)
+	if err := os.Mkdir(libs, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	nccl := filepath.Join(libs, "libnccl.so.2")
 	if err := copyFile(filepath.Join(tl.libDir, "libnccl.so.2"), nccl, 0o755); err != nil {
 		t.Fatal(err)
@@ -342,9 +350,13 @@ func TestOutputFiles(t *testing.T) {
 		}
 	}
 	victim := filepath.Join(dir, "victim")
-	os.WriteFile(victim, []byte("keep"), 0o600)
+	if err := os.WriteFile(victim, []byte("keep"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	link := filepath.Join(dir, "link.jsonl")
-	os.Symlink(victim, link)
+	if err := os.Symlink(victim, link); err != nil {
+		t.Fatal(err)
+	}
 	cmd := exec.Command(tl.slowrank, "agent", "--env-key", markOf(t), "--status-socket", "", "--state-dir", "", "--facts", link, "--duration", "1s")
 	out, err := cmd.CombinedOutput()
 	var ee *exec.ExitError

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"net"
 	"net/http"
@@ -98,7 +100,9 @@ var buildTools = sync.OnceValues(func() (*tools, error) {
 	if err != nil {
 		return nil, err
 	}
-	os.Chmod(dir, 0o755) // trainers run as nobody in some tests
+	if err := os.Chmod(dir, 0o755); err != nil { // trainers run as nobody in some tests
+		return nil, err
+	}
 	tl := &tools{dir: dir, slowrank: filepath.Join(dir, "slowrank"), libDir: filepath.Join(dir, "fakelibs"),
 		trainer: filepath.Join(dir, "fakelibs", "faketrainer"), injectee: filepath.Join(dir, "injectee")}
 	run := func(name string, args ...string) error {
@@ -131,7 +135,9 @@ var buildTools = sync.OnceValues(func() (*tools, error) {
 		tl.cuptiLib = filepath.Join(dir, "libslowrank_cupti.so")
 	}
 	for _, p := range []string{tl.libDir, tl.injectee} {
-		os.Chmod(p, 0o755)
+		if err := os.Chmod(p, 0o755); err != nil && !errors.Is(err, fs.ErrNotExist) { // not built: its tests skip
+			return nil, err
+		}
 	}
 	return tl, nil
 })
@@ -226,7 +232,7 @@ func startAgentWith(t *testing.T, tl *tools, dir string, prefix, env []string, e
 	}
 	go func() {
 		p.waitErr = p.cmd.Wait()
-		logf.Close()
+		_ = logf.Close() // the agent's own log, written by it and read by name
 		close(p.done)
 	}()
 	go p.sampleRSS()
@@ -385,7 +391,9 @@ func (p *agentProc) stop() map[string]int64 {
 	if !p.alive() {
 		p.t.Fatalf("agent had already exited: %v", p.waitErr)
 	}
-	p.cmd.Process.Signal(syscall.SIGTERM)
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		p.t.Fatal(err)
+	}
 	select {
 	case <-p.done:
 	case <-time.After(30 * time.Second):
@@ -476,7 +484,7 @@ func startTrainer(t *testing.T, tl *tools, dir string, prefix, env []string, arg
 		select {
 		case <-tr.done:
 		default:
-			syscall.Kill(-tr.cmd.Process.Pid, syscall.SIGKILL)
+			_ = syscall.Kill(-tr.cmd.Process.Pid, syscall.SIGKILL) // its group may be gone already
 			tr.cmd.Process.Kill()
 			<-tr.done
 		}

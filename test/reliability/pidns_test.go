@@ -44,7 +44,7 @@ func TestDeviceRecordsFlowFromAPIDNamespace(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	t.Cleanup(func() { cmd.Process.Kill(); _ = cmd.Wait() }) // reaps the killed child: Wait reports the kill
 	flowing := false
 	deadline := time.Now().Add(runMS * time.Millisecond)
 	var st statusReport
@@ -58,8 +58,10 @@ func TestDeviceRecordsFlowFromAPIDNamespace(t *testing.T) {
 		time.Sleep(time.Second) // a yield, if any, would follow the library's first calls
 		cmd.Process.Kill()      // --kill-child: the injectee goes with unshare
 	}
-	cmd.Wait()
-	f.Close()
+	_ = cmd.Wait() // killed above when the library ran: its status is the kill
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
 	text, _ := os.ReadFile(outPath)
 	lines := readInjectee(t, string(text))
 	if len(lines) == 0 {

@@ -138,7 +138,9 @@ func TestCapabilitiesMinimalSetWorks(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(truthDir) })
-	os.Chmod(truthDir, 0o777)
+	if err := os.Chmod(truthDir, 0o777); err != nil {
+		t.Fatal(err)
+	}
 	facts := filepath.Join(dir, "facts.jsonl")
 	ag := startAgentWith(t, tl, dir, setprivCaps(keptCaps), nil, "--facts", facts)
 	ag.waitSocket()

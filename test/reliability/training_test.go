@@ -311,7 +311,9 @@ func TestInjectionLibraryWhenAgentDies(t *testing.T) {
 			break
 		}
 	}
-	inj.cmd.Process.Signal(syscall.SIGTERM)
+	if err := inj.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
 	<-inj.done
 	lines = readInjectee(t, inj.output())
 	var attached, detachedAt int64 = -1, -1
@@ -381,7 +383,9 @@ func startInjectee(t *testing.T, tl *tools, ms int, mode string) *injectee {
 	if err := inj.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { inj.cmd.Wait(); f.Close(); close(inj.done) }()
+	// Its exit status is not what the tests check (they kill it); its
+	// output is written by it and read by name.
+	go func() { _ = inj.cmd.Wait(); _ = f.Close(); close(inj.done) }()
 	t.Cleanup(func() {
 		inj.cmd.Process.Kill()
 		<-inj.done

@@ -3,6 +3,7 @@ package sensitivity
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -168,7 +169,7 @@ func readSteps(t *testing.T, path string) []truthStep {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	var out []truthStep
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
@@ -261,9 +262,12 @@ func writeRun(t *testing.T, dir string, plan []phase, step float64, fromStart bo
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer f.Close()
 		w := bufio.NewWriter(f)
-		defer w.Flush()
+		defer func() {
+			if err := errors.Join(w.Flush(), f.Close()); err != nil {
+				t.Fatal(err) // a run cut short would be judged as it is
+			}
+		}()
 		files[r] = w
 		writeJSON(t, w, map[string]any{"meta": true, "rank": r, "world": ranks, "slow_rank": slowRank, "device": "fake",
 			"plan": plan, "args": map[string]any{"from_start": fromStart}})
@@ -282,7 +286,9 @@ func writeJSON(t *testing.T, w *bufio.Writer, v any) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.Write(append(b, '\n'))
+	if _, err := w.Write(append(b, '\n')); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // result is the part of sensitivity.py's judgement that the test checks.

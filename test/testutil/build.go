@@ -90,7 +90,10 @@ func SharedInjectionLibrary(t testing.TB) string {
 			injErr = err
 			return
 		}
-		os.Chmod(dir, 0o755)
+		if err := os.Chmod(dir, 0o755); err != nil { // past the umask: trainers running as nobody read it
+			injErr = err
+			return
+		}
 		injLib = filepath.Join(dir, "libslowrank_cupti.so")
 		if b, err := os.ReadFile(filepath.Join(root, "bin", "libslowrank_cupti.so")); err == nil {
 			injErr = os.WriteFile(injLib, b, 0o755)

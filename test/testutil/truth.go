@@ -38,7 +38,7 @@ func ReadTruth(t testing.TB, path string) map[string][]TruthRecord {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	out := map[string][]TruthRecord{}
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
