@@ -382,10 +382,10 @@ func TestServerServesRenewedCertificate(t *testing.T) {
 		pool := x509.NewCertPool()
 		pool.AddCert(ca)
 		c, err := tls.Dial("tcp", ts.addr, &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})
-		if err == nil {
-			c.Close()
+		if err != nil {
+			return err
 		}
-		return err
+		return c.Close()
 	}
 	if err := handshake(old); err != nil {
 		t.Fatal(err)
