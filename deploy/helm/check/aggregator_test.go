@@ -8,9 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"helm.sh/helm/v3/pkg/chart/loader"
-	"helm.sh/helm/v3/pkg/chartutil"
-	"helm.sh/helm/v3/pkg/engine"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -34,15 +31,7 @@ func renderAggregator(t *testing.T, vals map[string]any) (aggregatorObjects, err
 
 func renderAggregatorAs(t *testing.T, release string, vals map[string]any) (aggregatorObjects, error) {
 	t.Helper()
-	ch, err := loader.Load("../slowrank")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: release, Namespace: "slowrank"}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := engine.Render(ch, rv)
+	out, err := renderFiles(t, release, vals)
 	if err != nil {
 		return aggregatorObjects{}, err
 	}

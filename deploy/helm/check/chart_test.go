@@ -83,15 +83,7 @@ type ruleSpec struct {
 // render renders the chart with vals and decodes every manifest strictly.
 func render(t *testing.T, vals map[string]any) (rendered, error) {
 	t.Helper()
-	ch, err := loader.Load("../slowrank")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: "sr", Namespace: "slowrank"}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := engine.Render(ch, rv)
+	out, err := renderFiles(t, "sr", vals)
 	if err != nil {
 		return rendered{}, err
 	}
@@ -130,6 +122,21 @@ func render(t *testing.T, vals map[string]any) (rendered, error) {
 		}
 	}
 	return r, nil
+}
+
+// renderFiles renders the chart for release in namespace "slowrank" with
+// vals: the text of each template by its name (slowrank/templates/...).
+func renderFiles(t *testing.T, release string, vals map[string]any) (map[string]string, error) {
+	t.Helper()
+	ch, err := loader.Load("../slowrank")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: release, Namespace: "slowrank"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return engine.Render(ch, rv)
 }
 
 func container(t *testing.T, spec corev1.PodSpec, name string, init bool) corev1.Container {

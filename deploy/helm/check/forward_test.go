@@ -4,9 +4,6 @@ import (
 	"strings"
 	"testing"
 
-	"helm.sh/helm/v3/pkg/chart/loader"
-	"helm.sh/helm/v3/pkg/chartutil"
-	"helm.sh/helm/v3/pkg/engine"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
@@ -17,15 +14,7 @@ import (
 // the install notes.
 func renderAgents(t *testing.T, vals map[string]any) (*appsv1.DaemonSet, string, error) {
 	t.Helper()
-	ch, err := loader.Load("../slowrank")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: "sr", Namespace: "slowrank"}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := engine.Render(ch, rv)
+	out, err := renderFiles(t, "sr", vals)
 	if err != nil {
 		return nil, "", err
 	}

@@ -5,9 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"helm.sh/helm/v3/pkg/chart/loader"
-	"helm.sh/helm/v3/pkg/chartutil"
-	"helm.sh/helm/v3/pkg/engine"
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -68,16 +65,8 @@ type issuer struct {
 // agent's are checked by chart_test.go).
 func renderWebhook(t *testing.T, webhook map[string]any) (webhookObjects, error) {
 	t.Helper()
-	ch, err := loader.Load("../slowrank")
-	if err != nil {
-		t.Fatal(err)
-	}
 	vals := map[string]any{"image": map[string]any{"tag": "0.1.0", "digest": digest}, "webhook": webhook}
-	rv, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: "sr", Namespace: "slowrank"}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := engine.Render(ch, rv)
+	out, err := renderFiles(t, "sr", vals)
 	if err != nil {
 		return webhookObjects{}, err
 	}
