@@ -560,6 +560,9 @@ func (d *burstDet) yield(h *HostCall) bool {
 // latestStep: a burstDet keeps no step times.
 func (d *burstDet) latestStep() (int64, bool) { return 0, false }
 
+// evenSteps: a burstDet keeps no step times.
+func (d *burstDet) evenSteps() bool { return false }
+
 // finish reports the latest burst when it is complete by count and the
 // process exited: no next burst will confirm it. When the agent stops, the
 // burst stays open.

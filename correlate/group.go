@@ -819,6 +819,12 @@ func (d *seqDet) regular() bool {
 	return ds[0]*groupRatio >= ds[regularN-1-regularOut]
 }
 
+// evenSteps: the latest steps are steady or regular.
+func (d *seqDet) evenSteps() bool {
+	_, steady := d.steady()
+	return steady || d.regular()
+}
+
 // steady reports whether the latest steadyN steps agree within groupRatio;
 // thr is half their median: the shorter steps before them are init-time.
 func (d *seqDet) steady() (thr int64, ok bool) {

@@ -34,6 +34,11 @@ type stepDetector interface {
 	// latestStep is the duration of the latest step the detector reported,
 	// when it keeps it.
 	latestStep() (ns int64, ok bool)
+	// evenSteps reports whether the detector's latest steps agree within
+	// a factor of two: all of the latest steadyN, or all of the latest
+	// regularN but the longest regularOut (logging steps, preemptions).
+	// False while it keeps too few step times, or none.
+	evenSteps() bool
 	// hasKnown reports whether a cycle has been confirmed.
 	hasKnown() bool
 	// state is what the step timeline reads: the pending events, the lock
@@ -59,6 +64,7 @@ func (*noDetector) yield(*HostCall) bool       { return true }
 func (*noDetector) finish(bool)                {}
 func (*noDetector) latestStep() (int64, bool)  { return 0, false }
 func (*noDetector) hasKnown() bool             { return false }
+func (*noDetector) evenSteps() bool            { return false }
 
 type detParams struct {
 	repeats, maxPeriod, confirm, promote, noSyncMin int

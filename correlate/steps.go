@@ -115,8 +115,7 @@ func (c *Correlator) takeClock(p *proc, pc *procComm, evs []detEvent) bool {
 	case pc.sync:
 		return false
 	case cur.sync:
-		sd := cur.det.(*seqDet) // the fallback clock counts synchronisations (Correlator.sync)
-		if _, steady := sd.steady(); (p.clockConfirmed || steady || sd.regular()) && c.coarser(p, pc, evs) {
+		if (p.clockConfirmed || cur.det.evenSteps()) && c.coarser(p, pc, evs) {
 			// A regular synchronisation clock stays against an occasional
 			// collective (logging every N iterations), also through the
 			// longer step of that logging iteration (regular).
