@@ -26,6 +26,13 @@
 //   - the timing detector (burst.go) finds the period of collectives that
 //     carry no sizes (torch c10d over gloo) from their gaps.
 //
+// Tests: those that drive a detector alone are here (period_test.go).
+// A rule is pinned by what the settling makes of it, so most tests drive
+// the whole Correlator and stay in correlate: stepdet_group_test.go,
+// stepdet_pace_test.go and stepdet_burst_test.go beside the replays of
+// captures (extloops_test.go, gloo_test.go, init_test.go, ...); the rule
+// catalogue in correlate/doc.go names the test of each rule.
+//
 // Decisions depend only on what a detector was fed: every member of a
 // communicator, which sees the same sequence, cuts the same iteration
 // alike. Everything is bounded by Params (token history, known cycles,
