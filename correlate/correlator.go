@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/slowrank/slowrank/correlate/stepdet"
 	"github.com/slowrank/slowrank/detector"
 )
 
@@ -13,7 +14,7 @@ import (
 // use: one goroutine feeds it and drains it.
 type Correlator struct {
 	cfg Config
-	par detParams
+	par stepdet.Params
 
 	procs      map[uint32]*proc
 	order      []*proc // procs by pid, for deterministic settling
@@ -60,13 +61,13 @@ func New(cfg Config) *Correlator {
 	cfg = cfg.withDefaults()
 	return &Correlator{
 		cfg: cfg,
-		par: detParams{
-			repeats:     cfg.Repeats,
-			maxPeriod:   cfg.MaxPeriod,
-			confirm:     cfg.ConfirmCycles,
-			promote:     cfg.PromoteCycles,
-			noSyncMin:   cfg.NoSyncMinCalls,
-			confirmSpan: int64(cfg.ConfirmSpan),
+		par: stepdet.Params{
+			Repeats:     cfg.Repeats,
+			MaxPeriod:   cfg.MaxPeriod,
+			Confirm:     cfg.ConfirmCycles,
+			Promote:     cfg.PromoteCycles,
+			NoSyncMin:   cfg.NoSyncMinCalls,
+			ConfirmSpan: int64(cfg.ConfirmSpan),
 		},
 		procs:   make(map[uint32]*proc),
 		groups:  make(map[uint32]*commGroup),
@@ -129,7 +130,7 @@ type proc struct {
 	names        map[uint32]uint64
 	lastHost     int64
 	maxDevEnd    int64
-	retired      detCounts // of the detectors p no longer holds
+	retired      stepdet.Counts // of the detectors p no longer holds
 
 	recent [recentN]recentComm
 
@@ -164,8 +165,8 @@ type procComm struct {
 	p         *proc
 	handle    uint64
 	grp       *commGroup
-	seq       uint64       // collective calls since creation
-	det       stepDetector // a noDetector before the first collective
+	seq       uint64           // collective calls since creation
+	det       stepdet.Detector // stepdet.NewNone before the first collective
 	splits    int
 	sync      bool // the synchronisation fallback pseudo communicator
 	regular   bool // a cycle has been confirmed on it: it carries per-step traffic
@@ -264,8 +265,9 @@ func (c *Correlator) AddHostCall(h HostCall) {
 		if h.Op != "" {
 			c.collective(p, &h, late)
 		} else {
+			call := h.stepCall()
 			for _, pc := range p.commList {
-				pc.det.wait(&h)
+				pc.det.Wait(call)
 			}
 		}
 	case HostSyncWait:
@@ -325,12 +327,13 @@ func (c *Correlator) collective(p *proc, h *HostCall, late bool) {
 	if h.HasNCCLSeq {
 		c.keyCall(pc, h.Op, h.NCCLSeq, pc.seq)
 	}
-	if pc.det.yield(h) {
+	call := h.stepCall()
+	if pc.det.Yield(call) {
 		c.onEvents(p, pc)
-		p.retired.add(pc.det.state().detCounts)
+		p.retired.Add(pc.det.Status().Counts)
 		pc.det = c.newDetector(pc, h)
 	}
-	pc.det.collective(h, c.urgent(p))
+	pc.det.Collective(call, c.urgent(p))
 	c.onEvents(p, pc)
 }
 
@@ -338,20 +341,18 @@ func (c *Correlator) collective(p *proc, h *HostCall, late bool) {
 // h. Collectives without sizes (torch c10d) make a degenerate token
 // sequence: their timing finds the steps (burst.go) until a call with a
 // size shows that the tokens can. NCCL calls always carry sizes.
-func (c *Correlator) newDetector(pc *procComm, h *HostCall) stepDetector {
+func (c *Correlator) newDetector(pc *procComm, h *HostCall) stepdet.Detector {
 	if h.Count == 0 {
-		return newBurstDet(c.par)
+		return stepdet.NewBurst(c.par)
 	}
-	d := newSeqDet(c.par, false)
-	// Seen from its creation, the first call is token 0; else the sequence
-	// began unseen (the cut point does not depend on it).
-	d.fromCreation, d.createdAt = pc.created && pc.seq == 1, pc.createdAt
-	return d
+	// Seen from its creation, the first call is token 0.
+	return stepdet.NewSeq(c.par, pc.created && pc.seq == 1, pc.createdAt)
 }
 
 func (c *Correlator) sync(p *proc, h *HostCall) {
+	call := h.stepCall()
 	for _, pc := range p.commList {
-		pc.det.sync(h, c.urgent(p))
+		pc.det.Sync(call, c.urgent(p))
 		c.onEvents(p, pc)
 	}
 	p.syncCalls++
@@ -361,16 +362,13 @@ func (c *Correlator) sync(p *proc, h *HostCall) {
 	// Until a communicator is the clock, the synchronisations may be: a
 	// collective seen does not stop them (the transformers Trainer's
 	// logging all-gather every 500 iterations; model copies to the GPU
-	// before DDP's first broadcast make no steps: see seqDet.boundary).
+	// before DDP's first broadcast make no steps: see stepdet's seqDet.boundary).
 	if p.syncPC == nil {
-		sd := newSeqDet(c.par, true)
-		sd.procColl = &p.everColl
-		p.syncPC = &procComm{p: p, sync: true, det: sd}
+		p.syncPC = &procComm{p: p, sync: true, det: stepdet.NewSyncClock(c.par, &p.everColl)}
 	}
-	p.syncPC.det.sync(h, c.urgent(p))
+	p.syncPC.det.Sync(call, c.urgent(p))
 	if p.syncCalls < syncFallbackMin {
-		d := p.syncPC.det.state()
-		d.events = d.events[:0] // too early to tell that no collective will come
+		p.syncPC.det.Status().Take() // too early to tell that no collective will come
 		return
 	}
 	c.onEvents(p, p.syncPC)
@@ -405,7 +403,7 @@ func (c *Correlator) procComm(p *proc, handle uint64) *procComm {
 	if pc := p.comms[handle]; pc != nil {
 		return pc
 	}
-	pc := &procComm{p: p, handle: handle, det: &noDetector{}}
+	pc := &procComm{p: p, handle: handle, det: stepdet.NewNone()}
 	if handle == 0 {
 		// c10d calls without a known group: one default group per job.
 		c.join(c.group(defaultUID(p.info.Job), 0, true), pc)
@@ -437,7 +435,7 @@ func (c *Correlator) AddCommInit(ci CommInit) {
 	if old := p.comms[ci.Comm]; old != nil {
 		c.retireComm(p, old)
 	}
-	pc := &procComm{p: p, handle: ci.Comm, det: &noDetector{}, created: true, createdAt: ci.AtNS}
+	pc := &procComm{p: p, handle: ci.Comm, det: stepdet.NewNone(), created: true, createdAt: ci.AtNS}
 	if uid != 0 {
 		c.join(c.group(uid, ci.NRanks, false), pc)
 	}
@@ -456,7 +454,7 @@ func (c *Correlator) AddCommDestroy(cd CommDestroy) {
 		// Its cycle lasted until its end, as at a process's exit: a
 		// tentative lock that held its cycles is confirmed, not dropped
 		// (torch's destroy_process_group at the end of training).
-		pc.det.finish(true)
+		pc.det.Finish(true)
 		c.onEvents(p, pc)
 		c.retireComm(p, pc)
 	}
@@ -468,7 +466,7 @@ func (c *Correlator) retireComm(p *proc, pc *procComm) {
 	if i := slices.Index(p.commList, pc); i >= 0 {
 		p.commList = slices.Delete(p.commList, i, i+1)
 	}
-	p.retired.add(pc.det.state().detCounts)
+	p.retired.Add(pc.det.Status().Counts)
 	if p.clock == pc {
 		c.dropTentative(p)
 		p.clock = nil
@@ -591,11 +589,11 @@ func (c *Correlator) Forget(pid uint32) {
 // by count is reported.
 func (c *Correlator) finish(p *proc, exited bool) {
 	for _, pc := range p.commList {
-		pc.det.finish(exited)
+		pc.det.Finish(exited)
 		c.onEvents(p, pc)
 	}
 	if p.syncPC != nil && p.syncCalls >= syncFallbackMin {
-		p.syncPC.det.finish(exited)
+		p.syncPC.det.Finish(exited)
 		c.onEvents(p, p.syncPC)
 	}
 }
@@ -700,11 +698,11 @@ func (c *Correlator) statsOf(p *proc) RankStats {
 	}
 	n := p.retired
 	for _, pc := range p.commList {
-		n.add(pc.det.state().detCounts)
+		n.Add(pc.det.Status().Counts)
 	}
-	st.IrregularCalls += n.irregular
-	st.Relocks += n.relocks
-	st.InitCalls += n.initCalls
+	st.IrregularCalls += n.Irregular
+	st.Relocks += n.Relocks
+	st.InitCalls += n.InitCalls
 	return st
 }
 

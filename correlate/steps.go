@@ -4,6 +4,7 @@ import (
 	"math"
 	"slices"
 
+	"github.com/slowrank/slowrank/correlate/stepdet"
 	"github.com/slowrank/slowrank/detector"
 )
 
@@ -75,13 +76,11 @@ func (s *pendingStep) set(ph int, ns int64) {
 // onEvents hands the step detector's events of pc to the process's step
 // timeline when pc is (or becomes) the process's clock.
 func (c *Correlator) onEvents(p *proc, pc *procComm) {
-	d := pc.det.state()
-	if len(d.events) == 0 {
+	evs := pc.det.Status().Take()
+	if len(evs) == 0 {
 		return
 	}
-	evs := d.events
-	d.events = d.events[:0]
-	if !pc.regular && pc.det.hasKnown() {
+	if !pc.regular && pc.det.HasKnown() {
 		pc.regular = true
 		if pc.grp != nil {
 			c.markGroupDirty(pc.grp)
@@ -102,21 +101,20 @@ func (c *Correlator) onEvents(p *proc, pc *procComm) {
 // while the clock is itself tentative or unlocked; any confirmed lock takes
 // over from the synchronisation fallback at once and from a clock that has
 // stayed unlocked for PromoteCycles of its cycles.
-func (c *Correlator) takeClock(p *proc, pc *procComm, evs []detEvent) bool {
-	d := pc.det.state()
-	if !d.locked {
+func (c *Correlator) takeClock(p *proc, pc *procComm, evs []stepdet.Event) bool {
+	d := pc.det.Status()
+	if !d.Locked() {
 		return false
 	}
 	cur := p.clock
-	confirmed := !d.tentative
-	curSettled := cur != nil && cur.det.state().locked && !cur.det.state().tentative
+	confirmed := !d.Tentative()
+	curSettled := cur != nil && cur.det.Status().Locked() && !cur.det.Status().Tentative()
 	switch {
 	case cur == nil:
 	case pc.sync:
 		return false
 	case cur.sync:
-		sd := cur.det.(*seqDet) // the fallback clock counts synchronisations (Correlator.sync)
-		if _, steady := sd.steady(); (p.clockConfirmed || steady || sd.regular()) && c.coarser(p, pc, evs) {
+		if (p.clockConfirmed || cur.det.EvenSteps()) && c.coarser(p, pc, evs) {
 			// A regular synchronisation clock stays against an occasional
 			// collective (logging every N iterations), also through the
 			// longer step of that logging iteration (regular).
@@ -134,9 +132,9 @@ func (c *Correlator) takeClock(p *proc, pc *procComm, evs []detEvent) bool {
 		// communicator went quiet without leaving its lock. pc may be
 		// tentative still: its first lock waits ConfirmSpan, whose steps
 		// would be lost; withdrawn, they go with it.
-	case confirmed && !cur.det.state().locked:
+	case confirmed && !cur.det.Status().Locked():
 		for _, e := range evs {
-			if e.kind == evBoundary {
+			if e.Kind == stepdet.Boundary {
 				p.clockIdle++
 			}
 		}
@@ -158,21 +156,21 @@ func (c *Correlator) takeClock(p *proc, pc *procComm, evs []detEvent) bool {
 
 // quietClock reports whether p's clock made no step for PromoteCycles of
 // pc's steps and of its own, as of pc's latest boundary in evs.
-func (c *Correlator) quietClock(p *proc, pc *procComm, evs []detEvent) bool {
+func (c *Correlator) quietClock(p *proc, pc *procComm, evs []stepdet.Event) bool {
 	if p.lastEnd == math.MinInt64 {
 		return false
 	}
 	last := int64(math.MinInt64)
 	for _, e := range evs {
-		if e.kind == evBoundary {
-			last = max(last, e.t)
+		if e.Kind == stepdet.Boundary {
+			last = max(last, e.T)
 		}
 	}
-	step, ok := pc.det.latestStep()
+	step, ok := pc.det.LatestStep()
 	if !ok || last == math.MinInt64 {
 		return false
 	}
-	if own, ok := p.clock.det.latestStep(); ok {
+	if own, ok := p.clock.det.LatestStep(); ok {
 		step = max(step, own)
 	}
 	return last-p.lastEnd > int64(c.cfg.PromoteCycles)*step
@@ -180,14 +178,14 @@ func (c *Correlator) quietClock(p *proc, pc *procComm, evs []detEvent) bool {
 
 // spansIterations reports whether each step of pc that evs report (and
 // its latest), as far back as p remembers its own steps (endsN), holds
-// more than maxGroup steps of p: pc's cycle spans many iterations (the
+// more than stepdet.MaxGroup steps of p: pc's cycle spans many iterations (the
 // collective of a logging step every N iterations), since an iteration
-// holds at most maxGroup instances of a cycle (group.go), so that p's
+// holds at most stepdet.MaxGroup instances of a cycle (group.go), so that p's
 // steps cannot be instances inside one of pc's. A clock that ticks
 // several times per iteration (synchronisations that no grouping
 // resolved) holds a few steps in each of the job's per-iteration
 // collective steps, and gives way.
-func (c *Correlator) spansIterations(p *proc, pc *procComm, evs []detEvent) bool {
+func (c *Correlator) spansIterations(p *proc, pc *procComm, evs []stepdet.Event) bool {
 	oldest := int64(math.MaxInt64)
 	for _, e := range p.ends {
 		if e.end != 0 {
@@ -205,24 +203,24 @@ func (c *Correlator) spansIterations(p *proc, pc *procComm, evs []detEvent) bool
 				n++
 			}
 		}
-		if n <= maxGroup && from < oldest {
+		if n <= stepdet.MaxGroup && from < oldest {
 			return // a lower bound only
 		}
-		judged, all = true, all && n > maxGroup
+		judged, all = true, all && n > stepdet.MaxGroup
 	}
 	last, lastB := int64(-1), int64(-1)
 	for _, e := range evs {
-		switch e.kind {
-		case evStart:
-			last = e.t
-		case evBoundary:
+		switch e.Kind {
+		case stepdet.Start:
+			last = e.T
+		case stepdet.Boundary:
 			if last >= 0 {
-				note(last, e.t)
+				note(last, e.T)
 			}
-			last, lastB = e.t, e.t
+			last, lastB = e.T, e.T
 		}
 	}
-	if ns, ok := pc.det.latestStep(); ok && lastB >= 0 {
+	if ns, ok := pc.det.LatestStep(); ok && lastB >= 0 {
 		note(lastB-ns, lastB)
 	}
 	return judged && all
@@ -231,26 +229,26 @@ func (c *Correlator) spansIterations(p *proc, pc *procComm, evs []detEvent) bool
 // coarser reports whether the steps of pc (its latest, or the shortest
 // that evs report) are more than twice as long as the latest step of p's
 // clock.
-func (c *Correlator) coarser(p *proc, pc *procComm, evs []detEvent) bool {
+func (c *Correlator) coarser(p *proc, pc *procComm, evs []stepdet.Event) bool {
 	prev := p.ends[uint64(p.lastIdx-1)%endsN]
 	if p.lastIdx < 1 || prev.idx != p.lastIdx-1 || prev.end == 0 {
 		return false
 	}
 	clk := p.lastEnd - prev.end
 	shortest := int64(-1)
-	if ns, ok := pc.det.latestStep(); ok {
+	if ns, ok := pc.det.LatestStep(); ok {
 		shortest = ns
 	}
 	last := int64(-1)
 	for _, e := range evs {
-		switch e.kind {
-		case evStart:
-			last = e.t
-		case evBoundary:
-			if d := e.t - last; last >= 0 && (shortest < 0 || d < shortest) {
+		switch e.Kind {
+		case stepdet.Start:
+			last = e.T
+		case stepdet.Boundary:
+			if d := e.T - last; last >= 0 && (shortest < 0 || d < shortest) {
 				shortest = d
 			}
-			last = e.t
+			last = e.T
 		}
 	}
 	return shortest > 2*clk
@@ -374,29 +372,29 @@ func (c *Correlator) renumber(p *proc, from, d int64, depth int) {
 	}
 }
 
-func (c *Correlator) apply(p *proc, evs []detEvent) {
+func (c *Correlator) apply(p *proc, evs []stepdet.Event) {
 	for _, e := range evs {
-		switch e.kind {
-		case evStart:
-			p.open(e.t)
-		case evBoundary:
+		switch e.Kind {
+		case stepdet.Start:
+			p.open(e.T)
+		case stepdet.Boundary:
 			p.clockIdle = 0
-			if !e.tentative {
+			if !e.Tentative {
 				p.clockConfirmed, p.anchor = true, alignAnchor{}
 			}
-			if p.haveOpen && e.t > p.openStart {
-				idx := e.idx + p.idxOffset
+			if p.haveOpen && e.T > p.openStart {
+				idx := e.Idx + p.idxOffset
 				realign := false
 				var anchor alignAnchor
 				if p.align && p.hasInfo {
 					own := idx
-					if own <= p.lastIdx && (p.switched || e.t > p.lastEnd) {
+					if own <= p.lastIdx && (p.switched || e.T > p.lastEnd) {
 						own = p.lastIdx + 1 // as below
 					}
-					if peer, a, ok := c.alignToPeers(p, e.t, e.t-p.openStart); ok && peer > p.lastIdx {
+					if peer, a, ok := c.alignToPeers(p, e.T, e.T-p.openStart); ok && peer > p.lastIdx {
 						p.idxOffset += peer - idx
 						idx = peer
-						if a.ok && e.tentative && own > p.lastIdx {
+						if a.ok && e.Tentative && own > p.lastIdx {
 							a.serial, a.at, a.own = p.clockSerial, peer, own
 							anchor = a
 						}
@@ -408,30 +406,30 @@ func (c *Correlator) apply(p *proc, evs []detEvent) {
 				// peer's step (the peer has not closed that iteration yet): the
 				// lock's own count from alignOff is then behind the steps a trim
 				// left, and every step up to them would be dropped.
-				if idx <= p.lastIdx && (p.switched || realign && e.t > p.lastEnd) {
+				if idx <= p.lastIdx && (p.switched || realign && e.T > p.lastEnd) {
 					p.idxOffset += p.lastIdx + 1 - idx
 					idx = p.lastIdx + 1
 				}
 				if idx > p.lastIdx {
 					p.switched = false
-					c.closeStep(p, p.openStart, e.t, idx, e.gen, e.tentative)
+					c.closeStep(p, p.openStart, e.T, idx, e.Gen, e.Tentative)
 					if anchor.ok {
 						p.anchor = anchor
 					}
 				}
 			}
-			p.open(e.t)
-		case evBreak:
+			p.open(e.T)
+		case stepdet.Break:
 			p.haveOpen = false
-		case evRetract:
-			c.retractGen(p, p.clockSerial, e.gen)
+		case stepdet.Retract:
+			c.retractGen(p, p.clockSerial, e.Gen)
 			p.haveOpen = false
 			if !p.clockConfirmed && p.hasInfo {
 				// The aligned step was withdrawn: align the next one.
 				p.align, p.idxOffset, p.anchor = true, p.alignOff, alignAnchor{}
 			}
-		case evTrim:
-			if c.trimGen(p, p.clockSerial, e.gen, e.t) && !p.clockConfirmed && p.hasInfo && !standing(p, p.clockSerial, e.gen) {
+		case stepdet.Trim:
+			if c.trimGen(p, p.clockSerial, e.Gen, e.T) && !p.clockConfirmed && p.hasInfo && !standing(p, p.clockSerial, e.Gen) {
 				// The lock's first steps, the aligned one among them, were
 				// withdrawn: align the next one, as after a retract. Steps
 				// that stand after the trim are consecutive iterations,
@@ -441,17 +439,17 @@ func (c *Correlator) apply(p *proc, evs []detEvent) {
 				// testdata trainer-speedup10-loaded-new-pace-by-count).
 				p.align, p.idxOffset, p.anchor = true, p.alignOff, alignAnchor{}
 			}
-		case evBurst:
-			p.stats.BurstSteps += uint64(e.idx)
-		case evConfirm:
+		case stepdet.Burst:
+			p.stats.BurstSteps += uint64(e.Idx)
+		case stepdet.Confirm:
 			p.clockConfirmed, p.anchor = true, alignAnchor{}
 			for _, s := range p.pending {
-				if s.clock == p.clockSerial && s.gen == e.gen {
+				if s.clock == p.clockSerial && s.gen == e.Gen {
 					s.tentative = false
 				}
 			}
 			for _, q := range c.procs {
-				if a := q.anchor; a.ok && a.pid == p.pid && a.clock == p.clockSerial && a.gen == e.gen {
+				if a := q.anchor; a.ok && a.pid == p.pid && a.clock == p.clockSerial && a.gen == e.Gen {
 					q.anchor = alignAnchor{} // the peer's step stands
 				}
 			}
@@ -503,47 +501,18 @@ func (c *Correlator) retractGen(p *proc, clock, gen uint32) {
 }
 
 // trimGen withdraws the tentative steps of one lock up to its latest
-// init-time step (a synchronisation per parameter copied to the GPU) and
-// reports whether it withdrew any. A step is init-time when it is not in a
-// run itself (a run is steadyN+1 consecutive steps that agree within
-// groupRatio) and shorter than 1/groupRatio of each of the next steps of
-// a run (up to steadyN+1 of them: the next one alone was iteration 1,
-// preempted to twice the others, so that iteration 0 was withdrawn as
-// init-time, TestReplayTrainerSpeedup's preempted-iteration-1; their
-// median was a run of three preempted iterations of 4 ms and two of 2.2
-// and 2.6 ms, so that a 2 ms iteration before them and the 189 before it
-// were withdrawn: TestReplayTrimUnderPreemptions), or, with no run after
-// it, than minNS (half the
-// median of the lock's latest steps: after a 3x slow-down within the
-// first ConfirmSpan, a preempted iteration of the old pace between two
-// runs was shorter than that, and the 31 iterations before it were
-// withdrawn: speedup0.33-loaded-preempted). So a change
-// of pace within the first ConfirmSpan keeps the old pace's iterations
-// (withdrawing every step before the latest one shorter than minNS
-// withdrew 100 iterations before a 3x slow-down) and withdraws the copies'
-// steps before a 10x speed-up, as long as the new iterations.
+// init-time step (a synchronisation per parameter copied to the GPU, by
+// stepdet.InitTime's rule) and reports whether it withdrew any.
 func (c *Correlator) trimGen(p *proc, clock, gen uint32, minNS int64) bool {
-	var idx []int // the lock's tentative steps in p.pending
+	var idx []int    // the lock's tentative steps in p.pending
+	var durs []int64 // their durations
 	for i, s := range p.pending {
 		if s.tentative && s.clock == clock && s.gen == gen {
 			idx = append(idx, i)
+			durs = append(durs, s.end-s.start)
 		}
 	}
-	dur := func(k int) int64 { s := p.pending[idx[k]]; return s.end - s.start }
-	const w = steadyN + 1
-	inRun := make([]bool, len(idx))
-	for a := 0; a+w <= len(idx); a++ {
-		lo, hi := dur(a), dur(a)
-		for k := a + 1; k < a+w; k++ {
-			lo, hi = min(lo, dur(k)), max(hi, dur(k))
-		}
-		if lo*groupRatio >= hi {
-			for k := a; k < a+w; k++ {
-				inRun[k] = true
-			}
-		}
-	}
-	cut := initCut(len(idx), dur, inRun, minNS)
+	cut := stepdet.InitTime(durs, minNS)
 	if cut < 0 {
 		return false
 	}
@@ -560,33 +529,6 @@ func (c *Correlator) trimGen(p *proc, clock, gen uint32, minNS int64) bool {
 	}
 	c.rewind(p)
 	return true
-}
-
-// initCut returns the latest init-time step of n steps (durations dur,
-// inRun: in a run) by trimGen's rule, -1 when none. The step after it is
-// init-time too when it is in no run and the step after that is far
-// longer (paceRatio) than the lock's latest steps (2·minNS is their
-// median): that one is the first iteration, after the copies, and the last
-// copies' step can be as long as an iteration (FSDP2 and a CUDA graph at
-// world size 1 on the H200: 15 ms before iteration 0's 3.9–4.2 s, a fact
-// before the first iteration).
-func initCut(n int, dur func(int) int64, inRun []bool, minNS int64) int {
-	const w = steadyN + 1
-	var next []int64 // the durations of the next steps of a run, nearest first
-	for k := n - 1; k >= 0; k-- {
-		d := dur(k)
-		if inRun[k] {
-			next = append([]int64{d}, next[:min(len(next), w-1)]...)
-			continue
-		}
-		if len(next) == 0 && d < minNS || len(next) > 0 && d*groupRatio < slices.Min(next) {
-			if k+2 < n && !inRun[k+1] && dur(k+2) > paceRatio*2*minNS {
-				return k + 1
-			}
-			return k
-		}
-	}
-	return -1
 }
 
 // standing reports whether a tentative step of the lock gen of clock is

@@ -3,6 +3,7 @@ package correlate
 import (
 	"time"
 
+	"github.com/slowrank/slowrank/correlate/stepdet"
 	"github.com/slowrank/slowrank/detector"
 )
 
@@ -56,6 +57,11 @@ type HostCall struct {
 	// the key by which the call's CollKernel names it.
 	NCCLSeq    uint64 `json:",omitempty"`
 	HasNCCLSeq bool   `json:",omitempty"`
+}
+
+// stepCall is what step detection sees of h.
+func (h *HostCall) stepCall() stepdet.Call {
+	return stepdet.Call{TID: h.TID, Op: string(h.Op), Count: h.Count, Datatype: h.Datatype, StartNS: h.StartNS, EndNS: h.EndNS}
 }
 
 // CollKernel is the GPU interval of one NCCL collective's kernel as NCCL's
@@ -182,7 +188,7 @@ type RankInfo struct {
 	// MidRun: the process ran before the agent attached, so its
 	// communicators may have been created and its collective sequence
 	// begun unseen. Informational: steps are cut at a point of the cycle
-	// that does not depend on what was seen (seqDet.canonStart) and
+	// that does not depend on what was seen (stepdet's seqDet.canonStart) and
 	// numbered like a peer's step that ends at the same time
 	// (alignToPeers) in any case.
 	MidRun bool

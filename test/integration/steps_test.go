@@ -117,7 +117,7 @@ func TestLoopShapesAreIterations(t *testing.T) {
 			steps, extra, firstAt, after := 260, []string(nil), int64(0), 0
 			loop := shape
 			if shape == "trainer+epilogue" {
-				// The burst is merged into no step (correlate/pace.go);
+				// The burst is merged into no step (correlate/stepdet/pace.go);
 				// the step up to it is one fact after the last iteration.
 				loop, extra, after = "trainer", []string{"--epilogue"}, 1
 			}

@@ -1,4 +1,4 @@
-package correlate
+package stepdet
 
 import "slices"
 
@@ -10,7 +10,7 @@ import "slices"
 // bucket. The synchronisation token does not rescue it: gloo's CUDA path
 // synchronises a stream once per bucket on its worker threads, and many
 // loops make no per-step synchronisation at all. A communicator whose
-// collectives have no size (HostCall.Count == 0) is therefore handed to a
+// collectives have no size (Call.Count == 0) is therefore handed to a
 // burstDet, which takes the period from timing.
 //
 // Why call timing and not the period of synchronisation calls: the
@@ -141,9 +141,9 @@ type burstCycle struct {
 }
 
 type burstDet struct {
-	detState
-	par  detParams
-	sigs map[Op]int32
+	State
+	par  Params
+	sigs map[string]int32
 
 	// Rings of the latest calls, indexed by absolute call number & mask.
 	ids        []int32
@@ -185,14 +185,14 @@ type burstDet struct {
 	clock uint64
 }
 
-func newBurstDet(par detParams) *burstDet {
+func newBurstDet(par Params) *burstDet {
 	capacity := 1
-	for capacity < (par.repeats+2)*par.maxPeriod+1 {
+	for capacity < (par.Repeats+2)*par.MaxPeriod+1 {
 		capacity <<= 1
 	}
-	d := &burstDet{par: par, sigs: make(map[Op]int32), max: capacity, lastIdx: -1, held: -1}
+	d := &burstDet{par: par, sigs: make(map[string]int32), max: capacity, lastIdx: -1, held: -1}
 	d.alloc(min(64, capacity))
-	d.runs = make([]int32, par.maxPeriod+1)
+	d.runs = make([]int32, par.MaxPeriod+1)
 	return d
 }
 
@@ -212,7 +212,7 @@ func (d *burstDet) alloc(size int) {
 }
 
 // intern maps an op to its token; beyond maxSigs ops share one token.
-func (d *burstDet) intern(op Op) int32 {
+func (d *burstDet) intern(op string) int32 {
 	if id, ok := d.sigs[op]; ok {
 		return id
 	}
@@ -224,7 +224,7 @@ func (d *burstDet) intern(op Op) int32 {
 	return id
 }
 
-func (d *burstDet) hasKnown() bool { return len(d.known) > 0 }
+func (d *burstDet) HasKnown() bool { return len(d.known) > 0 }
 
 func (d *burstDet) at(i int64) int32 { return d.ids[i&d.mask] }
 func (d *burstDet) oldest() int64 {
@@ -243,7 +243,7 @@ func (d *burstDet) gap(i int64) (int64, bool) {
 
 // collective pushes a call; its op is its token. The waits since the
 // previous call count when both are on one thread.
-func (d *burstDet) collective(h *HostCall, _ bool) {
+func (d *burstDet) Collective(h Call, _ bool) {
 	w := d.waiting
 	if d.n == 0 || h.TID != d.tid {
 		w = 0
@@ -254,7 +254,7 @@ func (d *burstDet) collective(h *HostCall, _ bool) {
 
 // wait notes a collective wait of the latest call's thread after that
 // call's return: time blocked on the peers, not in the gap.
-func (d *burstDet) wait(h *HostCall) {
+func (d *burstDet) Wait(h Call) {
 	if d.n == 0 || h.TID != d.tid {
 		return
 	}
@@ -266,7 +266,7 @@ func (d *burstDet) wait(h *HostCall) {
 // sync notes the return of a synchronisation, never a token: the stable
 // point after the latest call when it is the first one after that call's
 // return.
-func (d *burstDet) sync(h *HostCall, _ bool) {
+func (d *burstDet) Sync(h Call, _ bool) {
 	if t := h.EndNS; d.cutOpen && d.n > 0 && t > d.end[(d.n-1)&d.mask] {
 		d.cut[(d.n-1)&d.mask] = t
 		d.cutOpen = false
@@ -296,7 +296,7 @@ func (d *burstDet) push(id int32, start, end, waited int64) {
 	if d.locked {
 		d.check(n)
 	} else {
-		d.irregular++
+		d.Irregular++
 	}
 	if d.locked {
 		switch {
@@ -318,7 +318,7 @@ func (d *burstDet) reachOf(n int64) int32 {
 		return -1
 	}
 	var r int32
-	for k := n - 1; k >= 1 && int(r) < d.par.maxPeriod; k-- {
+	for k := n - 1; k >= 1 && int(r) < d.par.MaxPeriod; k-- {
 		gk, ok := d.gap(k)
 		if !ok || gk*burstRatio >= g {
 			break
@@ -338,7 +338,7 @@ func (d *burstDet) updateRuns(n int64) {
 		d.runsOn = true
 		d.bestP, d.bestRun = 0, 0
 		oldest := d.oldest()
-		for p := int64(1); p <= min(int64(d.par.maxPeriod), n-oldest); p++ {
+		for p := int64(1); p <= min(int64(d.par.MaxPeriod), n-oldest); p++ {
 			var r int32
 			for i := n; i-p >= oldest && d.at(i) == d.at(i-p); i-- {
 				r++
@@ -352,7 +352,7 @@ func (d *burstDet) updateRuns(n int64) {
 	}
 	d.bestP, d.bestRun = 0, 0
 	x := d.at(n)
-	for p := int64(1); p <= min(int64(d.par.maxPeriod), n); p++ {
+	for p := int64(1); p <= min(int64(d.par.MaxPeriod), n); p++ {
 		r := d.runs[p]
 		if d.at(n-p) == x {
 			r++
@@ -509,7 +509,7 @@ func (d *burstDet) inside(b int64) bool {
 func (d *burstDet) boundary(b int64, counts bool) {
 	p := d.num.p
 	idx := d.num.of(b)
-	d.emit(detEvent{kind: evBoundary, tentative: d.tentative, gen: d.gen, t: d.cut[(b+p-1)&d.mask], idx: idx})
+	d.emit(Event{Kind: Boundary, Tentative: d.tentative, Gen: d.gen, T: d.cut[(b+p-1)&d.mask], Idx: idx})
 	d.lastIdx = idx
 	d.floor = b + p
 	if !counts || !d.tentative {
@@ -518,7 +518,7 @@ func (d *burstDet) boundary(b int64, counts bool) {
 	d.since++
 	if d.since >= d.need {
 		d.tentative = false
-		d.emit(detEvent{kind: evConfirm, gen: d.gen})
+		d.emit(Event{Kind: Confirm, Gen: d.gen})
 		num := d.num
 		d.latest = &num
 		d.remember()
@@ -526,9 +526,9 @@ func (d *burstDet) boundary(b int64, counts bool) {
 }
 
 func (d *burstDet) breakLock() {
-	d.irregular += uint64(d.pos) + 1
+	d.Irregular += uint64(d.pos) + 1
 	if d.held >= 0 {
-		d.irregular += uint64(d.num.p)
+		d.Irregular += uint64(d.num.p)
 	}
 	d.unlock()
 }
@@ -539,17 +539,17 @@ func (d *burstDet) unlock() {
 		return
 	}
 	if d.tentative {
-		d.emit(detEvent{kind: evRetract, gen: d.gen})
+		d.emit(Event{Kind: Retract, Gen: d.gen})
 		d.floor, d.lastIdx = d.genFloor, d.genLast
 	} else {
-		d.emit(detEvent{kind: evBreak})
+		d.emit(Event{Kind: Break})
 	}
 	d.locked, d.tentative, d.misses, d.held = false, false, 0, -1
 }
 
 // yield gives up the communicator at the first call with a size: the
 // token detector can tell its steps.
-func (d *burstDet) yield(h *HostCall) bool {
+func (d *burstDet) Yield(h Call) bool {
 	if h.Count == 0 {
 		return false
 	}
@@ -558,12 +558,15 @@ func (d *burstDet) yield(h *HostCall) bool {
 }
 
 // latestStep: a burstDet keeps no step times.
-func (d *burstDet) latestStep() (int64, bool) { return 0, false }
+func (d *burstDet) LatestStep() (int64, bool) { return 0, false }
+
+// evenSteps: a burstDet keeps no step times.
+func (d *burstDet) EvenSteps() bool { return false }
 
 // finish reports the latest burst when it is complete by count and the
 // process exited: no next burst will confirm it. When the agent stops, the
 // burst stays open.
-func (d *burstDet) finish(exited bool) {
+func (d *burstDet) Finish(exited bool) {
 	if exited && d.locked && !d.tentative && d.held < 0 && d.pos == d.num.p-1 {
 		d.boundary(d.n-d.num.p, false)
 		d.unlock()
@@ -610,11 +613,11 @@ func (d *burstDet) search(n int64) {
 func (d *burstDet) gapCandidate(n int64) (p, b0 int64, ok bool) {
 	r := int64(d.reach[n&d.mask])
 	p = r + 1
-	k := int64(d.par.repeats)
+	k := int64(d.par.Repeats)
 	if p < d.lastP {
 		k = max(k, (k-1)*d.lastP/p+1)
 	}
-	if r < 1 || p > int64(d.par.maxPeriod) || n-(k-1)*p < max(1, d.oldest()+1) {
+	if r < 1 || p > int64(d.par.MaxPeriod) || n-(k-1)*p < max(1, d.oldest()+1) {
 		return 0, 0, false
 	}
 	for j := int64(1); j < k; j++ {
@@ -708,7 +711,7 @@ func (d *burstDet) wholeBurst(cyc []int32, b, bound int64) bool {
 // starts at the phase whose smallest gap is the largest.
 func (d *burstDet) tokenCandidate(n int64) (p, b0 int64, ok bool) {
 	p, run := d.bestP, d.bestRun
-	if !d.runsOn || p == 0 || run < int64(d.par.repeats-1)*p {
+	if !d.runsOn || p == 0 || run < int64(d.par.Repeats-1)*p {
 		return 0, 0, false
 	}
 	distinct := false
@@ -760,7 +763,7 @@ func (d *burstDet) relockKnown(n int64) bool {
 		// A cycle of one signature comes back with its timing: a dominant
 		// gap after the burst (or even spacing for one call per step).
 		if single(kc.ids) && (kc.mode == byGap && int64(d.reach[n&d.mask]) < p-1 ||
-			kc.mode == byFlat && d.flat < int64(d.par.repeats)) {
+			kc.mode == byFlat && d.flat < int64(d.par.Repeats)) {
 			continue
 		}
 		match := true
@@ -775,7 +778,7 @@ func (d *burstDet) relockKnown(n int64) bool {
 		}
 		d.clock++
 		kc.lastUse = d.clock
-		d.relocks++
+		d.Relocks++
 		d.lockAt(kc.mode, kc.ids, n, n)
 		return true
 	}
@@ -825,12 +828,12 @@ func (d *burstDet) lockAt(mode burstMode, cyc []int32, b0, n int64) {
 	d.gen++
 	d.genFloor, d.genLast = d.floor, d.lastIdx
 	d.since, d.misses, d.held = 0, 0, -1
-	d.need = d.par.confirm
+	d.need = d.par.Confirm
 	if len(d.known) > 0 {
-		d.need = d.par.promote
+		d.need = d.par.Promote
 	}
 	d.num = d.numbering(p, b0)
-	d.emit(detEvent{kind: evStart, t: d.cut[(b0-1)&d.mask]})
+	d.emit(Event{Kind: Start, T: d.cut[(b0-1)&d.mask]})
 	for b := b0; b+p <= n; b += p {
 		d.boundary(b, false)
 		if int64(d.reach[(b+p)&d.mask]) >= p-1 {

@@ -1,4 +1,4 @@
-package correlate
+package stepdet
 
 import (
 	"cmp"
@@ -44,7 +44,7 @@ const tokS int32 = 0 // the synchronisation token
 const maxSigs = 4096
 
 type sigKey struct {
-	op     Op
+	op     string
 	count  uint64
 	dtype  uint32
 	stream uint64
@@ -92,8 +92,8 @@ func (k *knownCycle) step(x int32) bool {
 }
 
 type seqDet struct {
-	detState
-	par      detParams
+	State
+	par      Params
 	syncOnly bool // every token is a synchronisation (fallback clock)
 	// fromCreation: the communicator's creation was seen at createdAt, so
 	// token 0 is its first call and the creation is a stable start before
@@ -178,9 +178,9 @@ type seqDet struct {
 	pace paceState // boundaries far shorter than the steps are held (pace.go)
 }
 
-func newSeqDet(par detParams, syncOnly bool) *seqDet {
+func newSeqDet(par Params, syncOnly bool) *seqDet {
 	size := 64
-	want := (par.repeats + 1) * par.maxPeriod
+	want := (par.Repeats + 1) * par.MaxPeriod
 	capacity := 1
 	for capacity < want+1 {
 		capacity <<= 1
@@ -199,7 +199,7 @@ func newSeqDet(par detParams, syncOnly bool) *seqDet {
 	d.ts = make([]int64, size)
 	d.ws = make([]int64, size)
 	d.mask = int64(size - 1)
-	d.runs = make([]int32, par.maxPeriod+1)
+	d.runs = make([]int32, par.MaxPeriod+1)
 	d.runsFresh = true
 	return d
 }
@@ -238,10 +238,10 @@ func (d *seqDet) reset() {
 	if d.locked {
 		d.dropHeld()
 		if d.tentative {
-			d.emit(detEvent{kind: evRetract, gen: d.gen})
+			d.emit(Event{Kind: Retract, Gen: d.gen})
 			d.nextIdx = d.genBase
 		} else {
-			d.emit(detEvent{kind: evBreak})
+			d.emit(Event{Kind: Break})
 		}
 	}
 	d.locked, d.tentative = false, false
@@ -275,10 +275,10 @@ func (d *seqDet) grow() {
 }
 
 // hasKnown reports whether a cycle has been confirmed on this sequence.
-func (d *seqDet) hasKnown() bool { return len(d.known) > 0 }
+func (d *seqDet) HasKnown() bool { return len(d.known) > 0 }
 
 // collective pushes the token of a collective's signature.
-func (d *seqDet) collective(h *HostCall, urgent bool) {
+func (d *seqDet) Collective(h Call, urgent bool) {
 	d.collSinceS = true
 	d.urgent = urgent
 	d.push(d.intern(sigKey{op: h.Op, count: h.Count, dtype: h.Datatype}), h.EndNS, h.EndNS-h.StartNS)
@@ -290,9 +290,9 @@ func (d *seqDet) collective(h *HostCall, urgent bool) {
 // stream for its first iterations (CUDA graph warm-up) is still the same
 // loop.
 // wait: the token sequence does not depend on timing.
-func (*seqDet) wait(*HostCall) {}
+func (*seqDet) Wait(Call) {}
 
-func (d *seqDet) sync(h *HostCall, urgent bool) {
+func (d *seqDet) Sync(h Call, urgent bool) {
 	switch {
 	case d.syncOnly:
 		d.urgent = urgent
@@ -305,10 +305,10 @@ func (d *seqDet) sync(h *HostCall, urgent bool) {
 }
 
 // yield is false: every call, with a size or not, is a token.
-func (d *seqDet) yield(*HostCall) bool { return false }
+func (d *seqDet) Yield(Call) bool { return false }
 
 // latestStep is the duration of the latest step reported.
-func (d *seqDet) latestStep() (int64, bool) {
+func (d *seqDet) LatestStep() (int64, bool) {
 	if d.nStep < 2 {
 		return 0, false
 	}
@@ -355,7 +355,7 @@ func (d *seqDet) push(id int32, t, w int64) {
 		}
 		d.breakLock(n)
 	} else {
-		d.irregular++
+		d.Irregular++
 	}
 	var best int64
 	var bestRun int32
@@ -403,7 +403,7 @@ func (d *seqDet) report(t, w int64, counts bool) {
 	ps.nRef++
 	ps.noteWait(w, t-ps.open)
 	ps.open, ps.last = t, t
-	d.emit(detEvent{kind: evBoundary, tentative: d.tentative, gen: d.gen, t: t, idx: d.nextIdx})
+	d.emit(Event{Kind: Boundary, Tentative: d.tentative, Gen: d.gen, T: t, Idx: d.nextIdx})
 	d.nextIdx++
 	d.stepT[d.nStep%len(d.stepT)] = t
 	d.nStep++
@@ -421,7 +421,7 @@ func (d *seqDet) report(t, w int64, counts bool) {
 			if !ok {
 				return
 			}
-			d.emit(detEvent{kind: evTrim, gen: d.gen, t: thr})
+			d.emit(Event{Kind: Trim, Gen: d.gen, T: thr})
 		}
 		d.confirm()
 	}
@@ -446,12 +446,12 @@ func (d *seqDet) report(t, w int64, counts bool) {
 // lock takes the clock over and withdraws the tentative steps; a process
 // whose collectives never make a cycle gets its steps late, not lost.
 func (d *seqDet) held(t int64) bool {
-	return !d.first || d.urgent || t-d.lockT >= d.par.confirmSpan && !d.afterColl
+	return !d.first || d.urgent || t-d.lockT >= d.par.ConfirmSpan && !d.afterColl
 }
 
 func (d *seqDet) confirm() {
 	d.tentative = false
-	d.emit(detEvent{kind: evConfirm, gen: d.gen})
+	d.emit(Event{Kind: Confirm, Gen: d.gen})
 	d.remember(d.cycle)
 	d.noteInit()
 }
@@ -470,20 +470,20 @@ func (d *seqDet) noteInit() {
 		}
 	}
 	if d.colls > in {
-		d.initCalls = d.colls - in
+		d.InitCalls = d.colls - in
 	}
 }
 
 // finish is the end of the sequence (the process exited, or the agent
 // stops: alike): a tentative lock that held its cycles is confirmed, since
 // a cycle that lasted until the end is no init-time burst.
-func (d *seqDet) finish(bool) {
+func (d *seqDet) Finish(bool) {
 	if d.locked && d.tentative && d.since >= d.need {
 		if d.syncOnly && d.first {
 			// as at a confirmation within the sequence (report): the
 			// shorter steps before the steady ones are init-time
 			if thr, ok := d.steady(); ok {
-				d.emit(detEvent{kind: evTrim, gen: d.gen, t: thr})
+				d.emit(Event{Kind: Trim, Gen: d.gen, T: thr})
 			}
 		}
 		d.confirm()
@@ -504,7 +504,7 @@ func (d *seqDet) settled() int64 {
 // and its tokens are unsettled again.
 func (d *seqDet) retract() {
 	d.dropHeld()
-	d.emit(detEvent{kind: evRetract, gen: d.gen})
+	d.emit(Event{Kind: Retract, Gen: d.gen})
 	d.nextIdx = d.genBase
 	d.floor = d.genFloor
 }
@@ -521,17 +521,17 @@ func (d *seqDet) passLone() bool {
 		return false
 	}
 	d.lone = true
-	d.irregular++
+	d.Irregular++
 	return true
 }
 
 func (d *seqDet) breakLock(n int64) {
-	d.irregular += uint64(d.pos) + 1
+	d.Irregular += uint64(d.pos) + 1
 	if d.tentative {
 		d.retract()
 	} else {
 		d.dropHeld()
-		d.emit(detEvent{kind: evBreak})
+		d.emit(Event{Kind: Break})
 	}
 	d.locked, d.tentative = false, false
 	d.runsFresh = false
@@ -551,7 +551,7 @@ func (d *seqDet) breakLock(n int64) {
 // updateRuns extends runs by token n and returns the period with the
 // longest run (ties: the smallest).
 func (d *seqDet) updateRuns(n int64) (best int64, bestRun int32) {
-	lim := int64(d.par.maxPeriod)
+	lim := int64(d.par.MaxPeriod)
 	if n < lim {
 		lim = n
 	}
@@ -580,7 +580,7 @@ func (d *seqDet) updateRuns(n int64) (best int64, bestRun int32) {
 // which they were not maintained.
 func (d *seqDet) recomputeRuns(n int64) (best int64, bestRun int32) {
 	oldest := d.oldest()
-	lim := int64(d.par.maxPeriod)
+	lim := int64(d.par.MaxPeriod)
 	if n-oldest < lim {
 		lim = n - oldest
 	}
@@ -615,7 +615,7 @@ func (d *seqDet) stepKnown(id int32, n int64) bool {
 		}
 		d.clock++
 		k.lastUse = d.clock
-		d.relocks++
+		d.Relocks++
 		d.lockAt(k.ids, j, n, false)
 		return true
 	}
@@ -625,7 +625,7 @@ func (d *seqDet) stepKnown(id int32, n int64) bool {
 // search locks onto the period with the longest run when that run covers
 // Repeats cycles and the cycle qualifies.
 func (d *seqDet) search(n, best int64, bestRun int32) {
-	if best == 0 || int64(bestRun) < int64(d.par.repeats-1)*best {
+	if best == 0 || int64(bestRun) < int64(d.par.Repeats-1)*best {
 		return
 	}
 	p := best
@@ -669,7 +669,7 @@ func (d *seqDet) search(n, best int64, bestRun int32) {
 			d.clock++
 			k.lastUse = d.clock
 			confirmed = true
-			d.relocks++
+			d.Relocks++
 			break
 		}
 	}
@@ -788,9 +788,9 @@ func (d *seqDet) backOverS(j int64, cyc []int32) int64 {
 // of event time (a DDP loop with a few buckets and no .item(): Lightning).
 func (d *seqDet) noSyncAllowed(n int64) bool {
 	if d.lastS < 0 {
-		return n+1 >= int64(d.par.noSyncMin) || d.tAt(n)-d.firstT >= d.par.confirmSpan
+		return n+1 >= int64(d.par.NoSyncMin) || d.tAt(n)-d.firstT >= d.par.ConfirmSpan
 	}
-	return n-d.lastS >= int64(d.par.noSyncMin) || d.tAt(n)-d.lastST >= d.par.confirmSpan
+	return n-d.lastS >= int64(d.par.NoSyncMin) || d.tAt(n)-d.lastST >= d.par.ConfirmSpan
 }
 
 // lockAt locks onto cyc whose first instance starts at token j; tokens up
@@ -809,9 +809,9 @@ func (d *seqDet) lockAt(cyc []int32, j, n int64, tentative bool) {
 	d.lone = false
 	d.lockJ, d.lockT = j, d.tAt(j)
 	if tentative {
-		d.need = d.par.confirm
+		d.need = d.par.Confirm
 		if len(d.known) > 0 {
-			d.need = d.par.promote
+			d.need = d.par.Promote
 		}
 	}
 	known := d.knownGroup(cyc)

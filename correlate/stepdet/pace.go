@@ -1,4 +1,4 @@
-package correlate
+package stepdet
 
 import "slices"
 
@@ -16,7 +16,8 @@ import "slices"
 // reported and consumes no index. The next boundary of normal length
 // closes the open step with the held ones merged into it: one step, one
 // index. The end of the lock (a break, the end of the sequence) drops them
-// with the open step. Either way they are counted (evBurst, BurstSteps).
+// with the open step. Either way they are counted (Burst events, which
+// correlate counts as BurstSteps).
 //
 // A genuine change of pace (iterations that get shorter after a warm-up,
 // a smaller batch) is held at first too, but does not end: once paceRegime
@@ -61,8 +62,8 @@ import "slices"
 // the end of training's groups) wait for a far smaller share, or nothing.
 //
 // Held boundaries consume no index: the detector's count stays the step
-// index, and the alignment across ranks (steps.go) sees only reported
-// steps. The decisions depend on one rank's timing, as the grouping of
+// index, and the alignment across ranks (correlate's steps.go) sees only
+// reported steps. The decisions depend on one rank's timing, as the grouping of
 // group.go does; ranks coupled by their collectives see the same burst
 // (the same calls, far below the threshold) and hold alike once their
 // locks are confirmed. A sequence's first lock holds nothing while it is
@@ -177,7 +178,7 @@ func (ps *paceState) noWait(w, d int64) bool {
 func (d *seqDet) startStep(t int64) {
 	d.dropHeld()
 	d.pace.open, d.pace.last = t, t
-	d.emit(detEvent{kind: evStart, t: t})
+	d.emit(Event{Kind: Start, T: t})
 }
 
 // dropHeld drops the held boundaries with the open step (the lock or the
@@ -186,7 +187,7 @@ func (d *seqDet) startStep(t int64) {
 func (d *seqDet) dropHeld() {
 	ps := &d.pace
 	if n := len(ps.held); n > 0 {
-		d.emit(detEvent{kind: evBurst, idx: int64(n)})
+		d.emit(Event{Kind: Burst, Idx: int64(n)})
 	}
 	ps.held, ps.short, ps.normals = ps.held[:0], 0, 0
 }
@@ -203,13 +204,13 @@ func (d *seqDet) settleHeld() {
 			continue
 		}
 		if n > 0 {
-			d.emit(detEvent{kind: evBurst, idx: n})
+			d.emit(Event{Kind: Burst, Idx: n})
 			n = 0
 		}
 		d.report(h.t, h.w, true)
 	}
 	if n > 0 {
-		d.emit(detEvent{kind: evBurst, idx: n})
+		d.emit(Event{Kind: Burst, Idx: n})
 	}
 	ps.held, ps.short, ps.normals = ps.held[:0], 0, 0
 }
@@ -274,7 +275,7 @@ func (d *seqDet) hold(t, w int64) bool {
 		return true
 	}
 	ps.normals = 0
-	if ps.short++; ps.short < paceRegime || !d.urgent && t-ps.chainT < d.par.confirmSpan {
+	if ps.short++; ps.short < paceRegime || !d.urgent && t-ps.chainT < d.par.ConfirmSpan {
 		return true
 	}
 	// A new pace: the held boundaries are steps.

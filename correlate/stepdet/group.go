@@ -1,4 +1,4 @@
-package correlate
+package stepdet
 
 import (
 	"math"
@@ -83,9 +83,9 @@ const (
 	// groupRatio: the dominant instance lasts at least this many times
 	// every other instance of its iteration (burstRatio's counterpart).
 	groupRatio = 2
-	// maxGroup is the most instances of a cycle per iteration.
-	maxGroup = 16
-	// instRing: instance end times kept (Repeats+1 groups of maxGroup fit).
+	// MaxGroup is the most instances of a cycle per iteration.
+	MaxGroup = 16
+	// instRing: instance end times kept (Repeats+1 groups of MaxGroup fit).
 	instRing = 256
 	// domN, domQ: the dominant duration is the domQ+1-th shortest of the
 	// latest domN instances that ended steps of groups. It was their median
@@ -135,7 +135,7 @@ func (d *seqDet) reach(k int64) int64 {
 		return 0
 	}
 	var r int64
-	for i := k - 1; r < maxGroup; i-- {
+	for i := k - 1; r < MaxGroup; i-- {
 		di, ok := d.dur(i)
 		if !ok || di*groupRatio >= dk {
 			break
@@ -342,7 +342,7 @@ func (d *seqDet) keptRun(k, dk int64) int64 {
 		d.keptFrom = k
 	}
 	d.keptLast = k
-	if (d.keptLast-d.keptFrom)/d.grp+1 < int64(d.par.repeats) {
+	if (d.keptLast-d.keptFrom)/d.grp+1 < int64(d.par.Repeats) {
 		return -1
 	}
 	return d.keptFrom
@@ -555,11 +555,11 @@ func (d *seqDet) newPace(k int64) int64 {
 	if !ok {
 		ref = d.domDur
 	}
-	if (d.runLast-d.runFrom)/d.grp+1 < int64(d.par.repeats) || d.instAt(d.runLast)-d.instAt(d.runFrom) < groupRatio*ref {
+	if (d.runLast-d.runFrom)/d.grp+1 < int64(d.par.Repeats) || d.instAt(d.runLast)-d.instAt(d.runFrom) < groupRatio*ref {
 		return -1
 	}
 	if d.runSlid > 0 {
-		d.emit(detEvent{kind: evBurst, idx: d.runSlid})
+		d.emit(Event{Kind: Burst, Idx: d.runSlid})
 	}
 	return d.runFrom
 }
@@ -573,7 +573,7 @@ func (d *seqDet) newPace(k int64) int64 {
 func (d *seqDet) findGroup(k int64) {
 	r := d.reach(k)
 	m := r + 1
-	reps := int64(d.par.repeats)
+	reps := int64(d.par.Repeats)
 	if m == d.grp {
 		return // the current grouping; its phase is kept or found again by groupEnd
 	}
@@ -596,7 +596,7 @@ func (d *seqDet) findGroup(k int64) {
 		// TestReplayTrainerSpeedup's 10-loaded-regroup).
 		reps = max(reps, settledReps)
 	}
-	if m < 2 || m > maxGroup {
+	if m < 2 || m > MaxGroup {
 		return
 	}
 	if d.grp <= 1 && d.stalled(m, k, reps) {
@@ -696,7 +696,7 @@ func (d *seqDet) ungroup(k, n int64) {
 		}
 		e0--
 	}
-	d.emit(detEvent{kind: evRetract, gen: d.gen})
+	d.emit(Event{Kind: Retract, Gen: d.gen})
 	d.nextIdx = d.genBase
 	d.gen++
 	d.since, d.nStep = 0, 0
@@ -711,7 +711,7 @@ func (d *seqDet) ungroup(k, n int64) {
 // regroup withdraws the lock's steps and reports groups of m instances
 // ending with instance k instead, from the first group (see above).
 func (d *seqDet) regroup(m, k int64) {
-	d.emit(detEvent{kind: evRetract, gen: d.gen})
+	d.emit(Event{Kind: Retract, Gen: d.gen})
 	d.nextIdx = d.genBase
 	d.gen++
 	d.since, d.nStep = 0, 0
@@ -736,7 +736,7 @@ func (d *seqDet) regroup(m, k int64) {
 
 // initGroup reports whether the group ending with instance g, which
 // reaches as far as the regroup's groups up to k, is init-time (the
-// model's copy to the GPU, a synchronisation per tensor) by trimGen's
+// model's copy to the GPU, a synchronisation per tensor) by InitTime's
 // rule, which the confirmation of the fallback clock's first lock applies
 // to its steps: shorter than 1/groupRatio of each of the next groups (up
 // to steadyN+1 of them) and ending no run of steadyN+1 groups that agree
@@ -819,6 +819,12 @@ func (d *seqDet) regular() bool {
 	return ds[0]*groupRatio >= ds[regularN-1-regularOut]
 }
 
+// evenSteps: the latest steps are steady or regular.
+func (d *seqDet) EvenSteps() bool {
+	_, steady := d.steady()
+	return steady || d.regular()
+}
+
 // steady reports whether the latest steadyN steps agree within groupRatio;
 // thr is half their median: the shorter steps before them are init-time.
 func (d *seqDet) steady() (thr int64, ok bool) {
@@ -842,4 +848,70 @@ func (d *seqDet) latestSteps(ds []int64) bool {
 	}
 	slices.Sort(ds)
 	return true
+}
+
+// InitTime returns the latest init-time step (a synchronisation per
+// parameter copied to the GPU) of a tentative lock whose steps lasted
+// durs, -1 when none: the settling withdraws it and the steps before it
+// at a Trim event (T is minNS). A step is init-time when it is not in a
+// run itself (a run is steadyN+1 consecutive steps that agree within
+// groupRatio) and shorter than 1/groupRatio of each of the next steps of
+// a run (up to steadyN+1 of them: the next one alone was iteration 1,
+// preempted to twice the others, so that iteration 0 was withdrawn as
+// init-time, TestReplayTrainerSpeedup's preempted-iteration-1; their
+// median was a run of three preempted iterations of 4 ms and two of 2.2
+// and 2.6 ms, so that a 2 ms iteration before them and the 189 before it
+// were withdrawn: TestReplayTrimUnderPreemptions), or, with no run after
+// it, than minNS (half the
+// median of the lock's latest steps: after a 3x slow-down within the
+// first ConfirmSpan, a preempted iteration of the old pace between two
+// runs was shorter than that, and the 31 iterations before it were
+// withdrawn: speedup0.33-loaded-preempted). So a change
+// of pace within the first ConfirmSpan keeps the old pace's iterations
+// (withdrawing every step before the latest one shorter than minNS
+// withdrew 100 iterations before a 3x slow-down) and withdraws the copies'
+// steps before a 10x speed-up, as long as the new iterations.
+func InitTime(durs []int64, minNS int64) int {
+	dur := func(k int) int64 { return durs[k] }
+	const w = steadyN + 1
+	inRun := make([]bool, len(durs))
+	for a := 0; a+w <= len(durs); a++ {
+		lo, hi := dur(a), dur(a)
+		for k := a + 1; k < a+w; k++ {
+			lo, hi = min(lo, dur(k)), max(hi, dur(k))
+		}
+		if lo*groupRatio >= hi {
+			for k := a; k < a+w; k++ {
+				inRun[k] = true
+			}
+		}
+	}
+	return initCut(len(durs), dur, inRun, minNS)
+}
+
+// initCut returns the latest init-time step of n steps (durations dur,
+// inRun: in a run) by InitTime's rule, -1 when none. The step after it is
+// init-time too when it is in no run and the step after that is far
+// longer (paceRatio) than the lock's latest steps (2·minNS is their
+// median): that one is the first iteration, after the copies, and the last
+// copies' step can be as long as an iteration (FSDP2 and a CUDA graph at
+// world size 1 on the H200: 15 ms before iteration 0's 3.9–4.2 s, a fact
+// before the first iteration).
+func initCut(n int, dur func(int) int64, inRun []bool, minNS int64) int {
+	const w = steadyN + 1
+	var next []int64 // the durations of the next steps of a run, nearest first
+	for k := n - 1; k >= 0; k-- {
+		d := dur(k)
+		if inRun[k] {
+			next = append([]int64{d}, next[:min(len(next), w-1)]...)
+			continue
+		}
+		if len(next) == 0 && d < minNS || len(next) > 0 && d*groupRatio < slices.Min(next) {
+			if k+2 < n && !inRun[k+1] && dur(k+2) > paceRatio*2*minNS {
+				return k + 1
+			}
+			return k
+		}
+	}
+	return -1
 }

@@ -1,4 +1,4 @@
-package correlate
+package stepdet
 
 import (
 	"math/rand/v2"
@@ -8,7 +8,7 @@ import (
 // TestInternPredictionMatchesMap: the locked fast path of intern returns
 // exactly what the map would, through locks, breaks and a reset.
 func TestInternPredictionMatchesMap(t *testing.T) {
-	d := newSeqDet(detParams{repeats: 3, maxPeriod: 64, confirm: 2, promote: 1, noSyncMin: 4}, false)
+	d := newSeqDet(Params{Repeats: 3, MaxPeriod: 64, Confirm: 2, Promote: 1, NoSyncMin: 4}, false)
 	rng := rand.New(rand.NewPCG(7, 8))
 	key := func(i int) sigKey { return sigKey{op: "allreduce", count: uint64(i), dtype: 7} }
 	n := 0
