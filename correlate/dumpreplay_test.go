@@ -22,7 +22,7 @@ func replayDump(t *testing.T, path string) ([]detector.Step, *Correlator) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	zr, err := gzip.NewReader(f)
 	if err != nil {
 		t.Fatal(err)

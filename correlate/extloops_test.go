@@ -567,7 +567,7 @@ func TestReplayTrainerEpilogueFirstGroupLate(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, steps, iters := feedTrainerRecords(t, zr, tick)
-		f.Close()
+		_ = f.Close() // read only
 		for rank, its := range iters {
 			outside, past := 0, 0
 			for _, s := range steps {
@@ -817,7 +817,7 @@ func TestReplayTrimUnderPreemptions(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, steps, iters := feedTrainerRecords(t, zr, tick)
-		f.Close()
+		_ = f.Close() // read only
 		for rank := range 2 {
 			its := iters[rank]
 			per := make([]int, upTo)
@@ -866,7 +866,7 @@ func replayTrainerFileWith(t *testing.T, path string, after, firstAt int, couple
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	zr, err := gzip.NewReader(f)
 	if err != nil {
 		t.Fatal(err)

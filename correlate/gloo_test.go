@@ -40,7 +40,7 @@ func replayGloo(t *testing.T, path string, tick int64) (ranks []glooRank, iterOf
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	zr, err := gzip.NewReader(f)
 	if err != nil {
 		t.Fatal(err)
