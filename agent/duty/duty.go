@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/slowrank/slowrank/detector"
+	"github.com/slowrank/slowrank/internal/stats"
 )
 
 // MinPeriod is the shortest duty period: the injection library reads a
@@ -935,24 +936,18 @@ func tQuantile975(df int) float64 {
 }
 
 // quantile sorts xs and returns its q-quantile (the lower of the two
-// values around it).
+// values around it), 0 for no samples.
 func quantile(xs []float64, q float64) float64 {
 	if len(xs) == 0 {
 		return 0
 	}
-	slices.Sort(xs)
-	return xs[int(q*float64(len(xs)-1))]
+	return stats.LowerQuantile(xs, q)
 }
 
-// median sorts xs and returns its median.
+// median sorts xs and returns its median, 0 for no samples.
 func median(xs []float64) float64 {
 	if len(xs) == 0 {
 		return 0
 	}
-	slices.Sort(xs)
-	n := len(xs)
-	if n%2 == 1 {
-		return xs[n/2]
-	}
-	return (xs[n/2-1] + xs[n/2]) / 2
+	return stats.Median(xs)
 }

@@ -1,6 +1,7 @@
 // Package stats holds the order statistics that several packages compute
-// alike (the medians of detector's windows and of correlate's arrival
-// lags), so that one definition serves them all. It is pure arithmetic on
+// alike (the medians of detector's windows, of correlate's arrival lags and
+// of the duty cycle's steps, and the duty cycle's quantiles), so that one
+// definition serves them all. It is pure arithmetic on
 // the caller's slices: no state, no I/O, no other slowrank package, so
 // that the pure packages (detector, correlate) may import it.
 package stats
@@ -40,4 +41,12 @@ func MedianIntFloat(xs []int64) float64 {
 		return float64(xs[n/2])
 	}
 	return (float64(xs[n/2-1]) + float64(xs[n/2])) / 2
+}
+
+// LowerQuantile sorts xs in place and returns its q-quantile, q in [0, 1]:
+// the lower of the two values around it (no interpolation, so the result
+// is one of the samples). xs must not be empty.
+func LowerQuantile(xs []float64, q float64) float64 {
+	slices.Sort(xs)
+	return xs[int(q*float64(len(xs)-1))]
 }

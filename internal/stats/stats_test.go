@@ -2,6 +2,7 @@ package stats
 
 import (
 	"math"
+	"slices"
 	"testing"
 )
 
@@ -57,5 +58,24 @@ func TestMedianIntExactBeyondFloat(t *testing.T) {
 	const big = int64(1) << 60
 	if got := MedianInt([]int64{big + 1, big + 3}); got != big+2 {
 		t.Errorf("MedianInt = %d, want %d", got, big+2)
+	}
+}
+
+func TestLowerQuantile(t *testing.T) {
+	for _, tc := range []struct {
+		xs   []float64
+		q    float64
+		want float64
+	}{
+		{[]float64{5}, 0.25, 5},
+		{[]float64{4, 1, 3, 2}, 0, 1},
+		{[]float64{4, 1, 3, 2}, 0.25, 1},
+		{[]float64{4, 1, 3, 2}, 0.5, 2},
+		{[]float64{4, 1, 3, 2}, 1, 4},
+		{[]float64{9, 7, 8, 6, 5}, 0.25, 6},
+	} {
+		if got := LowerQuantile(slices.Clone(tc.xs), tc.q); got != tc.want {
+			t.Errorf("LowerQuantile(%v, %v) = %v, want %v", tc.xs, tc.q, got, tc.want)
+		}
 	}
 }
