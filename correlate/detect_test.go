@@ -369,6 +369,41 @@ func TestClockTakenByMoreRanks(t *testing.T) {
 	}
 }
 
+// TestSyncClockKeptAgainstCoarserCommunicator: a communicator whose steps
+// are more than twice as long as the steps of a confirmed or steady
+// synchronisation clock does not take that clock over (the Trainer's
+// logging all-gather every N iterations), also where each of its steps
+// holds no more of the clock's than an iteration may (stepdet.MaxGroup),
+// which would make it an iteration of grouped instances.
+func TestSyncClockKeptAgainstCoarserCommunicator(t *testing.T) {
+	for _, every := range []int{3, 8} {
+		t.Run(fmt.Sprintf("a collective every %d iterations", every), func(t *testing.T) {
+			c := newTest(Config{}, 0)
+			c.AddCommInit(CommInit{PID: pid(0), Comm: 1, NRanks: 2, UniqueIDHash: 0x71})
+			var b batch
+			const iters = 200
+			for i := range iters {
+				base := int64(i) * 10 * ms
+				if i >= 100 && i%every == 0 { // after the synchronisation clock confirmed
+					b.coll(pid(0), 1, "allgather", 4096, base+5*ms, base+5*ms+us)
+				}
+				b.sync(pid(0), base+8*ms, base+10*ms)
+			}
+			b.feed(c)
+			steps, _ := c.Flush()
+			checkContiguous(t, steps)
+			if len(steps) < iters-80 {
+				t.Fatalf("%d steps for %d iterations", len(steps), iters)
+			}
+			for _, s := range steps {
+				if s.EndNS-s.StartNS != 10*ms {
+					t.Fatalf("step %d lasts %v: not one iteration", s.Step, time.Duration(s.EndNS-s.StartNS))
+				}
+			}
+		})
+	}
+}
+
 // Without any synchronisation a cycle is accepted after NoSyncMinCalls
 // calls; steps end at the return of the cycle's last collective.
 func TestNoSync(t *testing.T) {
