@@ -373,8 +373,8 @@ func TestClockTakenByMoreRanks(t *testing.T) {
 // are more than twice as long as the steps of a confirmed or steady
 // synchronisation clock does not take that clock over (the Trainer's
 // logging all-gather every N iterations), also where each of its steps
-// holds no more of the clock's than an iteration may (stepdet.MaxGroup),
-// which would make it an iteration of grouped instances.
+// holds no more of the clock's steps than an iteration may hold instances
+// of a cycle (stepdet.MaxGroup), so that spansIterations keeps nothing.
 func TestSyncClockKeptAgainstCoarserCommunicator(t *testing.T) {
 	for _, every := range []int{3, 8} {
 		t.Run(fmt.Sprintf("a collective every %d iterations", every), func(t *testing.T) {
