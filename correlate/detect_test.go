@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/slowrank/slowrank/detector"
 )
@@ -311,6 +312,95 @@ func TestClockTakeover(t *testing.T) {
 	// boundary.
 	if fmt.Sprint(got) != fmt.Sprint(seq(0, 29)) || steps[0].Step != 0 {
 		t.Fatalf("steps end iterations %v", got)
+	}
+}
+
+// TestClockTakenByMoreRanks: a process's step clock is the first of its
+// communicators to lock, and one with more ranks takes it over (more ranks
+// agree on its numbering): at once while the clock is tentative, else once
+// confirmed. The TP communicator's steps end at the synchronisation after
+// its collective (3 ms into each 10 ms iteration), the DP communicator's
+// at the one after its own (the iteration's end), so the clock shows in
+// where the steps end.
+func TestClockTakenByMoreRanks(t *testing.T) {
+	tests := []struct {
+		name   string
+		dp     int   // the second communicator's ranks
+		dpFrom int   // the iteration of its first collective
+		end    int64 // where the steps end in their iteration
+		latest int   // of the latest steps only (0: every step)
+	}{
+		{name: "more ranks while the clock is tentative", dp: 4, dpFrom: 0, end: 10 * ms},
+		{name: "more ranks after the clock confirmed", dp: 4, dpFrom: 15, end: 10 * ms, latest: 10},
+		{name: "as many ranks", dp: 2, dpFrom: 0, end: 3 * ms},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newTest(Config{}, 0)
+			c.AddCommInit(CommInit{PID: pid(0), Comm: 1, NRanks: 2, UniqueIDHash: 0x71})
+			c.AddCommInit(CommInit{PID: pid(0), Comm: 2, NRanks: tc.dp, UniqueIDHash: 0xd4})
+			var b batch
+			for i := range 40 {
+				base := int64(i) * 10 * ms
+				b.coll(pid(0), 1, "allgather", 4096, base+1*ms, base+1*ms+us)
+				b.sync(pid(0), base+2*ms, base+3*ms)
+				if i >= tc.dpFrom {
+					b.coll(pid(0), 2, "allreduce", 1<<20, base+4*ms, base+4*ms+us)
+					b.coll(pid(0), 2, "allreduce", 1<<19, base+5*ms, base+5*ms+us)
+				}
+				b.sync(pid(0), base+8*ms, base+10*ms)
+			}
+			b.feed(c)
+			steps, _ := c.Flush()
+			checkContiguous(t, steps)
+			if len(steps) < 20 {
+				t.Fatalf("%d steps", len(steps))
+			}
+			from := 0
+			if tc.latest > 0 {
+				from = len(steps) - tc.latest
+			}
+			for _, s := range steps[from:] {
+				if e := (s.EndNS-1)%(10*ms) + 1; e != tc.end {
+					t.Fatalf("step %d ends %v into its iteration, want %v", s.Step, time.Duration(e), time.Duration(tc.end))
+				}
+			}
+		})
+	}
+}
+
+// TestSyncClockKeptAgainstCoarserCommunicator: a communicator whose steps
+// are more than twice as long as the steps of a confirmed or steady
+// synchronisation clock does not take that clock over (the Trainer's
+// logging all-gather every N iterations), also where each of its steps
+// holds no more of the clock's steps than an iteration may hold instances
+// of a cycle (stepdet.MaxGroup), so that spansIterations keeps nothing.
+func TestSyncClockKeptAgainstCoarserCommunicator(t *testing.T) {
+	for _, every := range []int{3, 8} {
+		t.Run(fmt.Sprintf("a collective every %d iterations", every), func(t *testing.T) {
+			c := newTest(Config{}, 0)
+			c.AddCommInit(CommInit{PID: pid(0), Comm: 1, NRanks: 2, UniqueIDHash: 0x71})
+			var b batch
+			const iters = 200
+			for i := range iters {
+				base := int64(i) * 10 * ms
+				if i >= 100 && i%every == 0 { // after the synchronisation clock confirmed
+					b.coll(pid(0), 1, "allgather", 4096, base+5*ms, base+5*ms+us)
+				}
+				b.sync(pid(0), base+8*ms, base+10*ms)
+			}
+			b.feed(c)
+			steps, _ := c.Flush()
+			checkContiguous(t, steps)
+			if len(steps) < iters-80 {
+				t.Fatalf("%d steps for %d iterations", len(steps), iters)
+			}
+			for _, s := range steps {
+				if s.EndNS-s.StartNS != 10*ms {
+					t.Fatalf("step %d lasts %v: not one iteration", s.Step, time.Duration(s.EndNS-s.StartNS))
+				}
+			}
+		})
 	}
 }
 

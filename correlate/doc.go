@@ -160,9 +160,10 @@
 // hash is the commit that added the rule, whose message gives its
 // reasons) and the test that pins it (go test -run NAME ./correlate/...).
 // Each named test was seen to fail with its rule's code switched off
-// (December 2026, on the move to correlate/stepdet); "unpinned" marks a
-// rule whose switching off failed no test. A new rule comes with a capture
-// that fails without it, a test, and a line here.
+// (December 2026, on the move to correlate/stepdet; rules 9, 13, 24, 27,
+// 39, 51, 52 and 56 failed none then and got their tests after); a rule
+// whose switching off fails no test is marked "unpinned". A new rule comes
+// with a capture that fails without it, a test, and a line here.
 //
 // Token detector (stepdet/period.go):
 //
@@ -192,7 +193,7 @@
 //  8. A cycle without synchronisations is accepted after NoSyncMinCalls
 //     calls without one (noSyncAllowed). 150fdc5; TestNoSync.
 //  9. Or after ConfirmSpan without one (a DDP loop with few buckets).
-//     a8d1fcd; unpinned.
+//     a8d1fcd; TestNoSyncCycleAcceptedAfterConfirmSpan.
 //  10. Such a cycle's first instance reaches back over the occasional
 //     synchronisations before its region (backOverS: Lightning's first
 //     iterations). b955795, testdata/h200-lightning-1rank;
@@ -206,8 +207,10 @@
 //     TestExternalLoopShapes/lightning,_buckets_rebuilt_after_iteration_0.
 //  13. A communicator's first lock starts at the return of an init-time
 //     call right before it (initBefore: the first iteration after DDP's
-//     broadcast), which is no stable start for the cut point. 99a5a30,
-//     6eb308a; unpinned.
+//     broadcast), which is no stable start for the cut point; it matters
+//     for a cycle without synchronisations only (with one, the cut point
+//     follows a synchronisation). 99a5a30, 6eb308a;
+//     TestFirstLockStartsAfterInitCall.
 //  14. Without a communicator clock, a process's synchronisations (keyed by
 //     function, not stream) are its clock after syncFallbackMin of them
 //     (correlator.go). 150fdc5; TestStepDetection/warm-up_then_lock,
@@ -254,7 +257,8 @@
 //  24. A new pace: a run of groups at one position, the first dominating,
 //     lasting twice the lock's recent steps, ends steps and re-learns the
 //     dominant duration (newPace). 193796a, 46eb02b,
-//     testdata/trainer-speedup10-loaded-2ranks; unpinned.
+//     testdata/trainer-speedup10-loaded-2ranks;
+//     TestGroupNewPaceAfterLostPhase.
 //  25. A group whose one instance a preemption delayed keeps its phase
 //     (delayedInGroup). 566e166, 937f398, c2bc28c;
 //     TestReplayTrainerSpeedup/speedup_10-loaded-preempted-first-iterations.
@@ -265,7 +269,8 @@
 //     TestReplayTrainerSpeedup/speedup_10-loaded-preempted-walk3.
 //  27. A candidate step end is confirmed only by a group whose dominant
 //     instance lasts half the dominant ones at least (briefAfter: spikes
-//     in a logging step). 566e166, 0e82c0e; unpinned.
+//     in a logging step). 566e166, 0e82c0e;
+//     TestGroupPhaseKeptUnderPreemptions/a_long_spike_followed_by_brief_ones_in_a_logging_step.
 //  28. Where the step ends' calls wait for the GPU, an instance whose call
 //     waited less than 1/4 of their share is no iteration's end (waited).
 //     1caac3e, f6831ae; TestGroupPhaseKeptUnderPreemptions,
@@ -312,8 +317,9 @@
 //     TestReplayTrainerEpilogueFirstGroupLate.
 //  39. A boundary after held ones is held while the step it would close is
 //     shorter than the pace (brief). 783c20a, c54a228,
-//     testdata/trainer-epilogue-preempted-{early,long,longer}-2ranks;
-//     unpinned (the next rule holds those captures too).
+//     testdata/trainer-epilogue-preempted-{early,long,longer}-2ranks
+//     (the next rule holds those captures too);
+//     TestBurstGroupDelayedBelowThePaceIsHeld (on a communicator).
 //  40. On the synchronisation clock a burst's boundary whose call returned
 //     at once is short (noWait). e5da5b2, 62473fb,
 //     testdata/trainer-epilogue-loaded-burst-no-wait-2ranks;
@@ -357,11 +363,11 @@
 //
 //  51. The clock is the first communicator that locks; one with more ranks
 //     takes over (at once while the clock is tentative, else confirmed).
-//     150fdc5; unpinned.
+//     150fdc5; TestClockTakenByMoreRanks.
 //  52. A communicator whose steps are more than twice as long does not
 //     take a confirmed, steady or regular synchronisation clock over
-//     (coarser, EvenSteps). 27d96a2, 566e166, 0e8700d; unpinned (the
-//     next rule holds its captures too).
+//     (coarser, EvenSteps). 27d96a2, 566e166, 0e8700d (the next rule
+//     holds its captures too); TestSyncClockKeptAgainstCoarserCommunicator.
 //  53. Nor any when each of its steps holds more than MaxGroup of the
 //     clock's (spansIterations). 6ef231a;
 //     TestReplayTrainerSpeedup/speedup_10-loaded-irregular-keeps-sync-clock,
@@ -375,7 +381,7 @@
 //     TestMidRunAttachAligned, TestCutPointIndependentOfAttach.
 //  56. A retract or trim of the aligned step re-arms the alignment; a step
 //     that then finds no peer continues after the steps standing. 2323594,
-//     a88f6d7, testdata/trainer-2ranks; unpinned.
+//     a88f6d7, testdata/trainer-2ranks; TestAlignmentRearmedAfterWithdrawal.
 //  57. An alignment to a peer's tentative step that its lock withdraws
 //     numbers nothing (unanchor, renumber). e5216b4,
 //     testdata/trainer-speedup10-loaded-aligned-to-withdrawn-2ranks;

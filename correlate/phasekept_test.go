@@ -42,6 +42,32 @@ func loggingSpike(k int64) func(i int) ([]loopCall, int64) {
 	}
 }
 
+// loggingCallsLong is fastTrainerIter with logging synchronisations
+// lengthened (preempted inside the call, so that each waited): after the
+// speed-up, in every logging step, synchronisation k of long lasts
+// long[k] more.
+func loggingCallsLong(long map[int64]int64) func(i int) ([]loopCall, int64) {
+	return func(i int) ([]loopCall, int64) {
+		cs, d := fastTrainerIter(i)
+		if i < 100 || i%50 != 49 {
+			return cs, d
+		}
+		var shift int64 // of the later calls, by the earlier ones lengthened
+		for _, k := range []int64{40, 45, 50} {
+			at := 14*ms + k*88*us + shift
+			shift += long[k]
+			for j := range cs {
+				if cs[j].at == at && cs[j].sync {
+					cs[j].dur += long[k]
+				}
+			}
+			delayFrom(cs, at+1, long[k])
+			d += long[k]
+		}
+		return cs, d
+	}
+}
+
 // TestGroupPhaseKeptUnderPreemptions: the phase of groups of five
 // synchronisations (the Trainer's, 1.3 ms iterations after a 10x
 // speed-up) is kept by the count of calls per iteration through what a
@@ -84,6 +110,15 @@ func TestGroupPhaseKeptUnderPreemptions(t *testing.T) {
 		// as an iteration's end
 		name: "a spike without a wait at the count in a logging step",
 		iter: loggingSpike(3),
+	}, {
+		// a preemption of 4 ms inside a logging synchronisation off the
+		// count (a step end candidate: it dominates its group and lasts
+		// as long as the dominant instances), then two of 0.7 ms a group
+		// apart, each dominating its group and half as long as the
+		// dominant instances (1.2 ms): the first of them is too brief to
+		// confirm the candidate, a quarter of it (briefAfter)
+		name: "a long spike followed by brief ones in a logging step",
+		iter: loggingCallsLong(map[int64]int64{40: 4 * ms, 45: 700 * us, 50: 700 * us}),
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

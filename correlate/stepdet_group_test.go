@@ -168,6 +168,37 @@ func TestGroupPaceChange(t *testing.T) {
 	}
 }
 
+// TestGroupNewPaceAfterLostPhase: the Trainer's five synchronisations
+// per iteration (groups of five) get 3x or 10x shorter right after a
+// logging step whose extra calls (101 synchronisations) are no multiple
+// of the group: the phase is lost and cannot be kept by the count, and the
+// dominant duration is still the old pace's, which the new iterations
+// never reach half of. A run of groups at one position, the first
+// dominating, that lasts twice the lock's recent steps is a new pace
+// (newPace): its instances end steps and the dominant duration is learned
+// again. One step per iteration, step k iteration k. (The grouping waited
+// for an instance half as long as the last dominant one: 111 facts for
+// 600 iterations, 193796a.)
+func TestGroupNewPaceAfterLostPhase(t *testing.T) {
+	for _, f := range []float64{3, 10} {
+		t.Run(fmt.Sprintf("%gx shorter", f), func(t *testing.T) {
+			iter := func(i int) ([]loopCall, int64) {
+				if i >= 100 {
+					cs, d := trainerIter(1) // the five synchronisations
+					return scaleIter(cs, d, f)
+				}
+				cs, d := trainerIter(i)
+				if i == 99 { // a logging step of 101 synchronisations
+					cs = append(cs, loopCall{sync: true, at: 35*ms + 100*220*us, dur: 5 * us})
+				}
+				return cs, d
+			}
+			c, starts, ends := runTrainerLoop(1200*ms, 400, iter)
+			checkDominantEnds(t, checkIterations(t, c, starts, ends, 0, 0), starts, ends, iter)
+		})
+	}
+}
+
 // TestGroupPaceChangeTentative: as TestGroupPaceChange, at the fake
 // trainer's pace (iterations of 14.8 ms, then 3x or 10x shorter, or 3x
 // longer, from iteration 100 on, logging steps of full length; the

@@ -695,7 +695,7 @@ func (d *seqDet) canonStart(j, p, n int64) int64 {
 		if r == 0 {
 			return d.fromCreation
 		}
-		return r-1 >= d.oldest() && (d.at(r-1) == tokS || d.syncOnly && r == j && d.initBefore(r, p))
+		return r-1 >= d.oldest() && d.at(r-1) == tokS
 	}
 	best, bestSeg := int64(-1), int64(-1)
 	// Candidates r in (j, j+p] weigh every phase of the cycle wherever the
