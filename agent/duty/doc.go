@@ -27,6 +27,6 @@
 // Requirements: none. It is pure: event time (CLOCK_MONOTONIC ns) comes in
 // with each call, so its tests simulate hours of training in milliseconds.
 //
-// It imports only detector and internal/stats (depguard in .golangci.yml): the agent imports
-// it, never the other way round.
+// It imports only detector and internal/stats (depguard in
+// .golangci.yml): the agent imports it, never the other way round.
 package duty
