@@ -359,8 +359,10 @@ func listenUnix(path string) (ln net.Listener, fi os.FileInfo, replaced bool, er
 		if !staleDial(err) {
 			return nil, nil, false, fmt.Errorf("%w: %s: %w", ErrSocketInUse, path, err)
 		}
-		// Stale (a previous agent died): replaced by the rename below.
-		replaced = true
+		// Stale (a previous agent died): replaced by the rename below. A
+		// socket gone between the Lstat and the dial (its holder unlinked
+		// it as it closed) is nothing replaced: no takeover to count.
+		replaced = !errors.Is(err, syscall.ENOENT)
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, nil, false, fmt.Errorf("stat status socket: %w", err)
 	}
